@@ -1,0 +1,19 @@
+# Two commands matter: `make demo` (the main job) and `make test` (the suite). Both set up first.
+VENV := .venv
+PY   := $(VENV)/bin/python
+
+.PHONY: setup demo test parity clean
+setup:            ## system packages, patched kp (cached wheel), .venv with catchat editable
+	@bash tools/setup.sh
+
+demo: setup       ## check the device, then train configs/tiny.toml on Shakespeare and sample from it
+	@bash tools/demo.sh
+
+test: setup       ## the whole suite, real shaders on the default Vulkan device (lavapipe in CI)
+	$(PY) -m pytest
+
+parity: setup     ## every kernel and the whole model against numpy on this machine's device
+	$(VENV)/bin/catchat parity
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,69 @@
+"""`catchat doctor`: is everything catchat needs here, and does a shader compute the right thing?"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.errors import CatchatError
+
+
+@dataclass
+class Check:
+    what: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def run_smoke_kernel(dev, n: int = 1000, seed: int = 0) -> float:
+    """Run glsl/axpby.comp once on `dev` and return its max abs error against numpy."""
+    from catchat.vk.device import host_view
+    from catchat.vk.kernels import Axpby, axpby_reference
+
+    rng = np.random.default_rng(seed)
+    x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    tx, ty = dev.tensor(x), dev.tensor(y)
+    kp = dev.kp
+    dev.sequence().record(kp.OpTensorSyncDevice([tx, ty])).record(Axpby(dev, tx, ty, n)(1.5, -0.5, 0.25)) \
+        .record(kp.OpTensorSyncLocal([ty])).eval()
+    return float(np.abs(host_view(ty) - axpby_reference(x, y, 1.5, -0.5, 0.25)).max())
+
+
+def checks() -> list[Check]:
+    """Every check in order; later ones are skipped when what they need is missing."""
+    from catchat.vk import device as vkdev
+    from catchat.vk import probe, shaders
+
+    out = [Check("numpy", int(np.__version__.split(".")[0]) < 2, np.__version__,
+                 "pip install 'numpy<2' (kp 0.9.0's tensor views are unreliable under numpy 2)")]
+    try:
+        devices = probe.probe_devices()
+        out.append(Check("vulkan devices", bool(devices), f"{len(devices)} found",
+                         "apt-get install mesa-vulkan-drivers"))
+    except CatchatError as e:
+        return out + [Check("vulkan loader", False, e.message, e.hint or "")]
+    try:
+        kp = vkdev.import_kp()
+        patched = bool(getattr(kp, "catchat_dispatch_barrier", 0))
+        out.append(Check("kp", patched, f"{importlib.metadata.version('kp')}"
+                         + (" (dispatch-barrier patch applied)" if patched else " (UNPATCHED)"),
+                         "run `make setup`: it builds kp with tools/kp-patches/ applied"))
+    except CatchatError as e:
+        return out + [Check("kp", False, e.message, e.hint or "")]
+    try:
+        out.append(Check("glslc", True, shaders.glslc_version()))
+    except CatchatError as e:
+        return out + [Check("glslc", False, e.message, e.hint or "")]
+    for info in devices:
+        label = f"device {info.index}: {info.name}"
+        try:
+            dev = vkdev.open_device(info.index)
+            err = run_smoke_kernel(dev)
+            out.append(Check(label, err < 1e-5, f"{info.type}, {info.driver}; axpby max abs error {err:.1e}",
+                             "this device computes wrong results: update its driver"))
+        except CatchatError as e:
+            out.append(Check(label, False, e.message, e.hint or ""))
+    return out

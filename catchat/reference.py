@@ -1,0 +1,491 @@
+"""The numpy reference model: the oracle every shader is tested against.
+
+Plain, readable, CPU-only. The contract is docs/model.md; shapes are time-major. Each operation
+has a `*_forward` and a `*_backward` side by side (llm.c style). Arithmetic follows the dtype of
+the parameters passed in (float32 to compare with the GPU, float64 for finite differences).
+
+Sections: RNG and dropout masks / layers / loss / model / optimizers / one training step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.model import ModelSpec, ParamLayout
+
+# ---------------------------------------------------------------------------------------------
+# RNG: counter-based hash shared with GLSL (uint32 wraparound)
+# ---------------------------------------------------------------------------------------------
+
+_M32 = np.uint64(0xFFFFFFFF)
+_K1 = np.uint64(0x7FEB352D)
+_K2 = np.uint64(0x846CA68B)
+_S15, _S16, _S8 = np.uint64(15), np.uint64(16), np.uint64(8)
+STREAM_EMBEDDING = 1  # counter = vocab row v
+STREAM_HIDDEN = 16  # + layer; counter = b * H + j
+
+
+def _u32(x) -> np.ndarray:
+    """Python ints / arrays -> uint64 array holding uint32 values (wrapped, as GLSL uint)."""
+    if isinstance(x, int):
+        x = x & 0xFFFFFFFF
+    return np.asarray(x).astype(np.uint64) & _M32
+
+
+def mix32(x):
+    """The 32-bit integer hash of docs/model.md; uint32 in, uint32 out (scalar or array).
+
+    Products are formed in uint64 and masked, which is exactly uint32 wraparound.
+    """
+    x = _u32(x)
+    x ^= x >> _S16
+    x = (x * _K1) & _M32
+    x ^= x >> _S15
+    x = (x * _K2) & _M32
+    x ^= x >> _S16
+    return x.astype(np.uint32)[()]
+
+
+def rng_u32(seed, stream, counter):
+    """rng_u32 = mix32(mix32(mix32(counter) ^ stream) ^ seed); broadcasts over arrays."""
+    a = _u32(mix32(counter)) ^ _u32(stream)
+    b = _u32(mix32(a)) ^ _u32(seed)
+    return mix32(b)
+
+
+def rng_uniform(seed, stream, counter):
+    """Uniform in [0, 1) with 24 random bits, exactly representable in float32."""
+    u = _u32(rng_u32(seed, stream, counter)) >> _S8
+    return (u.astype(np.float32) * np.float32(2.0**-24))[()]
+
+
+def step_seed(run_seed: int, global_step: int, micro_batch: int) -> int:
+    """Per-micro-batch dropout seed: mix32(run_seed ^ mix32(global_step * 64 + micro_batch))."""
+    inner = int(mix32((global_step * 64 + micro_batch) & 0xFFFFFFFF))
+    return int(mix32((int(run_seed) & 0xFFFFFFFF) ^ inner))
+
+
+def _keep(seed: int, stream: int, counter: np.ndarray, p: float) -> np.ndarray:
+    # compare in float32 as the shader does: uniform is exact there, so keep is bit-identical
+    return rng_uniform(seed, stream, counter) >= np.float32(p)
+
+
+def embedding_keep_mask(seed: int, V: int, p: float) -> np.ndarray:
+    """bool [V]: which embedding rows survive dropout this micro-batch."""
+    return _keep(seed, STREAM_EMBEDDING, np.arange(V, dtype=np.uint64), p)  # [V]
+
+
+def hidden_keep_mask(seed: int, layer: int, B: int, H: int, p: float) -> np.ndarray:
+    """bool [B, H]: the variational (whole-window) dropout mask of `layer`'s GRU output."""
+    counter = np.arange(B * H, dtype=np.uint64).reshape(B, H)  # b * H + j
+    return _keep(seed, STREAM_HIDDEN + layer, counter, p)  # [B, H]
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedding
+# ---------------------------------------------------------------------------------------------
+
+
+def embedding_forward(E: np.ndarray, tokens: np.ndarray, row_scale: np.ndarray) -> np.ndarray:
+    """x[t,b] = E[tok[t,b]] * row_scale[tok[t,b]].
+
+    E [V,H]; tokens [T,B] ints; row_scale [V] = sqrt(H) * keep / (1 - p_emb). Returns x [T,B,H].
+    """
+    return E[tokens] * row_scale[tokens][..., None]  # [T,B,H]
+
+
+def embedding_backward(dE: np.ndarray, dx: np.ndarray, tokens: np.ndarray, row_scale: np.ndarray):
+    """Accumulate into dE [V,H] row by row, tokens in time-major order (deterministic sum).
+
+    dx [T,B,H]; tokens [T,B]; row_scale [V].
+    """
+    H = dx.shape[-1]
+    rows = (dx * row_scale[tokens][..., None]).reshape(-1, H)  # [T*B, H]
+    np.add.at(dE, tokens.reshape(-1).astype(np.intp), rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# GRU layer (PyTorch gate order r, z, n), with resets and an optional BPTT gradient clamp
+# ---------------------------------------------------------------------------------------------
+
+
+def _sigmoid(a: np.ndarray) -> np.ndarray:
+    # the tanh form never overflows (1 / (1 + exp(-a)) warns for large negative a)
+    return 0.5 * (1.0 + np.tanh(0.5 * a))
+
+
+def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh):
+    """One GRU layer over a window.
+
+    x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
+    entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H].
+    Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
+    """
+    T, B, _ = x.shape
+    H = w_hh.shape[1]
+    dt = x.dtype
+    carry = 1 - resets.astype(dt)  # [T,B] 0 where the state is reset
+    gi = x @ w_ih.T + b_ih  # [T,B,3H] input projections: no recurrence, all steps at once
+    o = np.empty((T, B, H), dt)  # [T,B,H]
+    hprev = np.empty((T, B, H), dt)  # [T,B,H] state entering step t (after the reset)
+    r = np.empty((T, B, H), dt)  # [T,B,H]
+    z = np.empty((T, B, H), dt)  # [T,B,H]
+    n = np.empty((T, B, H), dt)  # [T,B,H]
+    ghn = np.empty((T, B, H), dt)  # [T,B,H] W_hn h + b_hn (kept: r multiplies it)
+    h = h0.astype(dt)  # [B,H]
+    for t in range(T):
+        h = h * carry[t][:, None]
+        gh = h @ w_hh.T + b_hh  # [B,3H]
+        r[t] = _sigmoid(gi[t, :, :H] + gh[:, :H])
+        z[t] = _sigmoid(gi[t, :, H : 2 * H] + gh[:, H : 2 * H])
+        ghn[t] = gh[:, 2 * H :]
+        n[t] = np.tanh(gi[t, :, 2 * H :] + r[t] * ghn[t])
+        hprev[t] = h
+        h = (1 - z[t]) * n[t] + z[t] * h
+        o[t] = h
+    cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh)
+    return o, cache
+
+
+def gru_layer_backward(do, dhT, cache, clamp=None):
+    """Backward of `gru_layer_forward`.
+
+    do [T,B,H] gradient on the outputs; dhT [B,H] or None: gradient on the final state from
+    beyond the window. clamp: None, or c > 0 to clamp elementwise to [-c, c] the gradient that
+    step t (t >= 1) sends into h_{t-1}; the hits (elements with |g| > c) are counted. The
+    gradient into the carried-in h0 (t = 0) is returned unclamped: truncated BPTT never uses it.
+    Returns dx [T,B,H], dh0 [B,H], dw_ih [3H,H], dw_hh [3H,H], db_ih [3H], db_hh [3H], hits.
+    """
+    x, hprev, r, z, n, ghn = (cache[k] for k in ("x", "hprev", "r", "z", "n", "ghn"))
+    carry, w_ih, w_hh = cache["carry"], cache["w_ih"], cache["w_hh"]
+    T, B, H = do.shape
+    dx = np.empty_like(x)  # [T,B,H]
+    dw_ih = np.zeros_like(w_ih)  # [3H,H]
+    dw_hh = np.zeros_like(w_hh)  # [3H,H]
+    db_ih = np.zeros(3 * H, do.dtype)  # [3H]
+    db_hh = np.zeros(3 * H, do.dtype)  # [3H]
+    dh = np.zeros((B, H), do.dtype) if dhT is None else dhT.astype(do.dtype)  # [B,H] into h_t
+    hits = 0
+    for t in reversed(range(T)):
+        dh = dh + do[t]  # total gradient on h_t
+        dn = dh * (1 - z[t])
+        dz = dh * (hprev[t] - n[t])
+        dan = dn * (1 - n[t] ** 2)  # pre-tanh of n
+        daz = dz * z[t] * (1 - z[t])  # pre-sigmoid of z
+        dar = dan * ghn[t] * r[t] * (1 - r[t])  # pre-sigmoid of r
+        dgi = np.concatenate([dar, daz, dan], axis=1)  # [B,3H]
+        dgh = np.concatenate([dar, daz, dan * r[t]], axis=1)  # [B,3H] r gates W_hn h + b_hn
+        dx[t] = dgi @ w_ih
+        dw_ih += dgi.T @ x[t]
+        dw_hh += dgh.T @ hprev[t]
+        db_ih += dgi.sum(0)
+        db_hh += dgh.sum(0)
+        dh = (dh * z[t] + dgh @ w_hh) * carry[t][:, None]  # into h_{t-1}; none through a reset
+        if clamp is not None and t > 0:
+            hits += int(np.count_nonzero(np.abs(dh) > clamp))
+            dh = np.clip(dh, -clamp, clamp)
+    return dx, dh, dw_ih, dw_hh, db_ih, db_hh, hits
+
+
+# ---------------------------------------------------------------------------------------------
+# Residual + variational dropout + RMSNorm
+# ---------------------------------------------------------------------------------------------
+
+
+def residual_rmsnorm_forward(x, o, hid_scale, g, eps):
+    """out = RMSNorm(x + o * hid_scale) * g.
+
+    x, o [T,B,H]; hid_scale [B,H] = keep / (1 - p_hid), the same for every t; g [H].
+    Returns out [T,B,H] and the cache.
+    """
+    y = x + o * hid_scale  # [T,B,H]
+    rstd = 1 / np.sqrt((y * y).mean(-1, keepdims=True) + eps)  # [T,B,1]
+    return y * rstd * g, dict(y=y, rstd=rstd, hid_scale=hid_scale, g=g)
+
+
+def residual_rmsnorm_backward(dout, cache):
+    """dout [T,B,H] -> dx [T,B,H], do [T,B,H], dg [H]."""
+    y, rstd, hid_scale, g = cache["y"], cache["rstd"], cache["hid_scale"], cache["g"]
+    yhat = y * rstd  # [T,B,H]
+    dg = (dout * yhat).sum((0, 1))  # [H]
+    dyhat = dout * g  # [T,B,H]
+    dy = rstd * (dyhat - yhat * (dyhat * yhat).mean(-1, keepdims=True))  # [T,B,H]
+    return dy, dy * hid_scale, dg
+
+
+# ---------------------------------------------------------------------------------------------
+# Head (no bias; W is embedding.weight when tied)
+# ---------------------------------------------------------------------------------------------
+
+
+def head_forward(x, W):
+    """x [T,B,H], W [V,H] -> logits [T,B,V]."""
+    return x @ W.T
+
+
+def head_backward(dlogits, x, W):
+    """dlogits [T,B,V] -> dx [T,B,H], dW [V,H]."""
+    V = W.shape[0]
+    dW = dlogits.reshape(-1, V).T @ x.reshape(-1, x.shape[-1])  # [V,H]
+    return dlogits @ W, dW
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss: PyTorch's cross_entropy(label_smoothing=e), pad targets masked
+# ---------------------------------------------------------------------------------------------
+
+
+def cross_entropy_forward_backward(logits, targets, n_valid, smoothing=0.0):
+    """Smoothed cross-entropy and its gradient, normalised by the whole step's valid count.
+
+    logits [T,B,V]; targets [T,B] (0 = pad: masked); n_valid: valid targets of the whole
+    optimizer step (0 gives loss 0 and zero gradient). Returns (loss_sum / n_valid,
+    dlogits [T,B,V], top1_hits, top5_hits, n_valid_here); hits count valid targets whose rank
+    (ties broken to the lower index) is < 1 / < 5.
+    """
+    V = logits.shape[-1]
+    e = float(smoothing)
+    tgt = targets.astype(np.intp)[..., None]  # [T,B,1]
+    valid = targets != 0  # [T,B]
+    inv = 1.0 / n_valid if n_valid > 0 else 0.0
+    shifted = logits - logits.max(-1, keepdims=True)  # [T,B,V] stable log-softmax
+    logp = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))  # [T,B,V]
+    logp_t = np.take_along_axis(logp, tgt, -1)[..., 0]  # [T,B]
+    loss_i = -((1 - e) * logp_t + (e / V) * logp.sum(-1))  # [T,B]
+    loss = float(loss_i[valid].sum()) * inv
+    dlogits = np.exp(logp) - e / V  # [T,B,V]
+    np.put_along_axis(dlogits, tgt, np.take_along_axis(dlogits, tgt, -1) - (1 - e), -1)
+    dlogits *= (valid * inv).astype(logits.dtype)[..., None]
+    # rank of the target = logits above it + equal logits at a lower index
+    lt = np.take_along_axis(logits, tgt, -1)  # [T,B,1]
+    lower = np.arange(V) < tgt  # [T,B,V]
+    rank = ((logits > lt) | ((logits == lt) & lower)).sum(-1)  # [T,B]
+    top1 = int(np.count_nonzero(valid & (rank < 1)))
+    top5 = int(np.count_nonzero(valid & (rank < 5)))
+    return loss, dlogits, top1, top5, int(np.count_nonzero(valid))
+
+
+# ---------------------------------------------------------------------------------------------
+# The model: forward and backward over one window
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """What one micro-batch's forward/backward produces (grads/dh0 are None without grads)."""
+
+    loss: float  # this micro-batch's share: its loss sum / the step's n_valid
+    logits: np.ndarray  # [T,B,V]
+    grads: dict[str, np.ndarray] | None  # by parameter name, already divided by n_valid
+    dh0: np.ndarray | None  # [L,B,H] gradient on the carried-in state (for checks only)
+    hT: np.ndarray  # [L,B,H] state after the last step, carried to the next window
+    top1: int
+    top5: int
+    n_valid: int  # valid targets in this micro-batch
+    clamp_hits: int  # BPTT clamp hits summed over layers
+
+
+def _dropout_scale(keep: np.ndarray, p: float, dt) -> np.ndarray:
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    return (keep / (1.0 - p)).astype(dt)
+
+
+def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
+                           *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
+                           need_grads=True) -> Result:
+    """Forward (and backward) of the whole model over one window; docs/model.md, exactly.
+
+    params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
+    h0 [L,B,H]; n_valid_step: valid targets of the whole optimizer step; seed: this
+    micro-batch's dropout seed (`step_seed`).
+    """
+    E = params["embedding.weight"]  # [V,H]
+    dt = E.dtype
+    V, H, L = spec.vocab_size, spec.hidden, spec.layers
+    T, B = tokens.shape
+    tokens = tokens.astype(np.intp)
+    row_scale = math.sqrt(H) * _dropout_scale(embedding_keep_mask(seed, V, p_emb), p_emb, dt)  # [V]
+    x = embedding_forward(E, tokens, row_scale)  # [T,B,H]
+    xs, gcaches, ncaches = [], [], []
+    hT = np.empty((L, B, H), dt)  # [L,B,H]
+    for l in range(L):
+        pre = f"layers.{l}."
+        hid_scale = _dropout_scale(hidden_keep_mask(seed, l, B, H, p_hid), p_hid, dt)  # [B,H]
+        o, gc = gru_layer_forward(x, h0[l], resets, params[pre + "gru.weight_ih"],
+                                  params[pre + "gru.weight_hh"], params[pre + "gru.bias_ih"],
+                                  params[pre + "gru.bias_hh"])  # [T,B,H]
+        hT[l] = o[-1]
+        xs.append(x)
+        x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)
+        gcaches.append(gc)
+        ncaches.append(nc)
+    head_name = "embedding.weight" if spec.tie_embeddings else "head.weight"
+    W_head = params[head_name]  # [V,H]
+    logits = head_forward(x, W_head)  # [T,B,V]
+    loss, dlogits, top1, top5, nv = cross_entropy_forward_backward(logits, targets, n_valid_step,
+                                                                   smoothing)
+    if not need_grads:
+        return Result(loss, logits, None, None, hT, top1, top5, nv, 0)
+
+    grads = {k: np.zeros_like(v) for k, v in params.items()}
+    dx, dW = head_backward(dlogits, x, W_head)  # [T,B,H], [V,H]
+    grads[head_name] += dW  # tied: the head's share lands on the embedding
+    dh0 = np.empty((L, B, H), dt)  # [L,B,H]
+    hits = 0
+    for l in reversed(range(L)):
+        pre = f"layers.{l}."
+        dx_res, do, dg = residual_rmsnorm_backward(dx, ncaches[l])
+        dx_gru, dh0[l], dwi, dwh, dbi, dbh, h = gru_layer_backward(do, None, gcaches[l], clamp)
+        grads[pre + "norm.weight"] += dg
+        grads[pre + "gru.weight_ih"] += dwi
+        grads[pre + "gru.weight_hh"] += dwh
+        grads[pre + "gru.bias_ih"] += dbi
+        grads[pre + "gru.bias_hh"] += dbh
+        hits += h
+        dx = dx_res + dx_gru  # residual path + through the GRU's input
+    embedding_backward(grads["embedding.weight"], dx, tokens, row_scale)
+    return Result(loss, logits, grads, dh0, hT, top1, top5, nv, hits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient norm, clipping, optimizers (flat arrays in ParamLayout order, updated in place)
+# ---------------------------------------------------------------------------------------------
+
+
+def grad_norm(flat_g: np.ndarray) -> float:
+    """sqrt(sum g^2) over all parameters, accumulated in float64."""
+    g = flat_g.astype(np.float64)
+    return math.sqrt(float(g @ g))
+
+
+def clip_scale(norm: float, clip: float | None) -> float:
+    """PyTorch's clip_grad_norm_ factor min(1, clip / (norm + 1e-6)); 1 when clip is None/0."""
+    if not clip:
+        return 1.0
+    return min(1.0, clip / (norm + 1e-6))
+
+
+def _moments(g, m, v, b1, b2):
+    m *= b1
+    m += (1 - b1) * g
+    v *= b2
+    v += (1 - b2) * g * g
+
+
+def adamw_step(p, g, m, v, t, lr, b1, b2, eps, wd, decay_mask):
+    """One AdamW step in place (PyTorch semantics; t starts at 1)."""
+    p *= 1 - lr * wd * decay_mask  # decoupled decay, only where the mask is 1
+    _moments(g, m, v, b1, b2)
+    denom = np.sqrt(v / (1 - b2**t)) + eps
+    p -= (lr / (1 - b1**t)) * m / denom
+
+
+def nadam_coefficients(t: int, b1: float, psi: float = 0.004) -> tuple[float, float, float]:
+    """(mu_t, mu_{t+1}, prod_{i<=t} mu_i) in float64 for NAdam step t (t starts at 1)."""
+    mus = b1 * (1.0 - 0.5 * 0.96 ** (np.arange(1, t + 2, dtype=np.float64) * psi))  # mu_1..mu_{t+1}
+    return float(mus[t - 1]), float(mus[t]), float(np.prod(mus[:t]))
+
+
+def nadam_step(p, g, m, v, t, lr, b1, b2, eps, wd, decay_mask, mu_t, mu_next, mu_prod):
+    """One NAdam(decoupled_weight_decay=True) step in place; coefficients from nadam_coefficients."""
+    p *= 1 - lr * wd * decay_mask
+    _moments(g, m, v, b1, b2)
+    denom = np.sqrt(v / (1 - b2**t)) + eps
+    p -= (lr * (1 - mu_t) / (1 - mu_prod)) * g / denom
+    p -= (lr * mu_next / (1 - mu_prod * mu_next)) * m / denom
+
+
+def _normalise(a: np.ndarray) -> np.ndarray:
+    return a / max(float(np.sqrt(a @ a)), 1e-12)  # floor: an all-zero block stays finite
+
+
+def spectral_project(W_block, u, bound):
+    """One power iteration on a [H,H] block with persistent unit vector u [H].
+
+    Returns (W_block', u'): the block scaled by bound / sigma when sigma > bound, and new u.
+    """
+    v = _normalise(W_block.T @ u)  # [H]
+    Wv = W_block @ v  # [H]
+    u = _normalise(Wv)
+    sigma = float(u @ Wv)
+    if sigma > bound:
+        W_block = W_block * (bound / sigma)
+    return W_block, u
+
+
+def spectral_u_init(spec: ModelSpec, dtype=np.float32) -> np.ndarray:
+    """Power-iteration vectors u [L, 2 (ih, hh), 3 (r, z, n), H], all normalised ones."""
+    H = spec.hidden
+    return np.full((spec.layers, 2, 3, H), 1.0 / math.sqrt(H), dtype)
+
+
+def spectral_project_model(flat, layout: ParamLayout, u, bound):
+    """Project every gate block of every weight_ih / weight_hh in `flat`; u updated in place."""
+    H = layout.spec.hidden
+    for l in range(layout.spec.layers):
+        for k, which in enumerate(("weight_ih", "weight_hh")):
+            W = layout.view(flat, f"layers.{l}.gru.{which}")  # [3H,H] view
+            for gate in range(3):
+                rows = slice(gate * H, (gate + 1) * H)
+                W[rows], u[l, k, gate] = spectral_project(W[rows], u[l, k, gate], bound)
+
+
+# ---------------------------------------------------------------------------------------------
+# One optimizer step over a list of micro-batches
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_train_step(flat, m, v, layout: ParamLayout, micro_batches, *, global_step,
+                         lr, optimizer="adamw", b1=0.9, b2=0.999, eps=1e-8, wd=0.0, clip=1.0,
+                         smoothing=0.0, p_emb=0.0, p_hid=0.0, run_seed=0, clamp=None,
+                         spectral_bound=None, spectral_u=None, opt_t=None) -> dict:
+    """Forward/backward every micro-batch, then clip and apply one optimizer step in place.
+
+    flat, m, v [total]: parameters and moments (ParamLayout order). micro_batches: list of
+    (tokens [T,B], targets [T,B], resets [T,B], h0 [L,B,H] or None); None continues from the
+    previous micro-batch's hT (zeros for the first). global_step: steps completed before this
+    one (it seeds dropout); opt_t: the optimizer's step count, default global_step + 1.
+    Gradients are summed and normalised by the step's total valid-target count. The update is
+    skipped when that count is 0 or the norm is not finite.
+    Returns dict(loss, grad_norm, clipped, skipped, clamp_hits, hT: list of [L,B,H]).
+    """
+    spec = layout.spec
+    params = layout.unflatten(flat)
+    n_valid = sum(int(np.count_nonzero(tg)) for _, tg, _, _ in micro_batches)  # host count
+    g = np.zeros_like(flat)  # [total]
+    loss, hits, hTs = 0.0, 0, []
+    h = np.zeros((spec.layers, micro_batches[0][0].shape[1], spec.hidden), flat.dtype)
+    for k, (tok, tg, rs, h0) in enumerate(micro_batches):
+        h = h if h0 is None else h0
+        res = model_forward_backward(params, spec, tok, tg, rs, h, n_valid, smoothing=smoothing,
+                                     p_emb=p_emb, p_hid=p_hid, clamp=clamp,
+                                     seed=step_seed(run_seed, global_step, k))
+        g += layout.flatten(res.grads, flat.dtype)
+        loss += res.loss
+        hits += res.clamp_hits
+        h = res.hT
+        hTs.append(res.hT)
+    norm = grad_norm(g)
+    out = dict(loss=loss, grad_norm=norm, clipped=False, skipped=True, clamp_hits=hits, hT=hTs)
+    if n_valid == 0 or not math.isfinite(norm):
+        return out
+    scale = clip_scale(norm, clip)
+    g *= scale
+    t = global_step + 1 if opt_t is None else opt_t
+    mask = layout.decay_mask().astype(flat.dtype)
+    if optimizer == "adamw":
+        adamw_step(flat, g, m, v, t, lr, b1, b2, eps, wd, mask)
+    elif optimizer == "nadam":
+        nadam_step(flat, g, m, v, t, lr, b1, b2, eps, wd, mask, *nadam_coefficients(t, b1))
+    else:
+        raise ValueError(f"unknown optimizer {optimizer!r} (expected 'adamw' or 'nadam')")
+    if spectral_bound is not None:
+        if spectral_u is None:
+            raise ValueError("spectral_bound needs spectral_u (see spectral_u_init)")
+        spectral_project_model(flat, layout, spectral_u, spectral_bound)
+    out.update(clipped=scale < 1.0, skipped=False)
+    return out

@@ -1,0 +1,1 @@
+"""Vulkan layer: device, shader build, kernels and the recorded GPU program."""

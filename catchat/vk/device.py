@@ -1,0 +1,144 @@
+"""The Vulkan device: one kp.Manager for the whole run, device choice, tensors and host views.
+
+Rules from shared/notes/kompute.md that live here so no other module has to remember them:
+- the Manager must outlive every tensor, algorithm and sequence it made (else: segfault);
+- kp.Manager() aborts the process when there is no driver, so the loader is probed first;
+- host views of tensors go through `host_view`, which is right under numpy 1 and 2;
+- tensors are 32-bit sized and must fit maxStorageBufferRange: checked here, with the size asked.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catchat.errors import VulkanUnavailable
+from catchat.vk.probe import DeviceInfo, probe_devices
+
+ENV_DEVICE = "CATCHAT_DEVICE"
+_KP_DTYPES = (np.float32, np.uint32, np.int32)
+
+
+def import_kp():
+    """The kp module, or a one-line error naming what to install."""
+    try:
+        import kp
+    except ImportError as exc:
+        if "vulkan" in str(exc).lower():
+            raise VulkanUnavailable("no Vulkan loader (libvulkan.so.1) on this machine",
+                                    hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)")
+        raise VulkanUnavailable(f"the Kompute Python package `kp` is not importable ({exc})",
+                                hint="run `make setup` (builds kp 0.9.0 from source against Debian's headers)")
+    return kp
+
+
+def host_view(tensor) -> np.ndarray:
+    """A writable, properly strided 1-D view of a kp tensor's host (staging) memory.
+
+    Some kp builds under numpy 2 return `data()` with stride 0 (every element aliases element 0);
+    re-striding from the item size is right for those and a no-op for correct builds.
+    """
+    d = tensor.data()
+    return np.lib.stride_tricks.as_strided(d, (tensor.size(),), (d.itemsize,), writeable=True)
+
+
+def select_device(devices: list[DeviceInfo], selector: str | int | None) -> DeviceInfo:
+    """Pick a device by index or case-insensitive name substring; default: the first discrete GPU,
+    else the first device."""
+    if not devices:
+        raise VulkanUnavailable("Vulkan found no device",
+                                hint="apt-get install mesa-vulkan-drivers   (CPU fallback: lavapipe)")
+    if selector is None or str(selector).strip() == "":
+        return next((d for d in devices if d.type == "discrete GPU"), devices[0])
+    sel = str(selector).strip()
+    names = ", ".join(f"{d.index}: {d.name}" for d in devices)
+    if sel.isdigit():
+        i = int(sel)
+        if i >= len(devices):
+            raise VulkanUnavailable(f"no Vulkan device with index {i} (have {names})",
+                                    hint="pick one from `catchat devices`")
+        return devices[i]
+    hits = [d for d in devices if sel.lower() in d.name.lower()]
+    if not hits:
+        raise VulkanUnavailable(f"no Vulkan device whose name contains {sel!r} (have {names})",
+                                hint="pick one from `catchat devices`")
+    return hits[0]
+
+
+@dataclass
+class Device:
+    """An open Vulkan device. Keep this object alive as long as anything made from it is used."""
+
+    info: DeviceInfo
+    manager: object
+    kp: object
+    _keep: list = field(default_factory=list, repr=False)
+
+    def tensor(self, data_or_size, dtype=np.float32, kind: str = "device"):
+        """A kp tensor holding `data_or_size` (an array, or a size to zero-fill) of float32/uint32/int32.
+
+        The device side holds garbage until an OpTensorSyncDevice runs (kp semantics).
+        """
+        dtype = np.dtype(dtype)
+        if dtype.type not in _KP_DTYPES:
+            raise TypeError(f"kp tensors hold float32, uint32 or int32, not {dtype}")
+        arr = (np.zeros(int(data_or_size), dtype) if np.isscalar(data_or_size)
+               else np.ascontiguousarray(data_or_size, dtype=dtype).ravel())
+        if arr.size == 0:
+            arr = np.zeros(1, dtype)  # Vulkan buffers cannot be empty
+        self.check_buffer_size(arr.nbytes)
+        kinds = {"device": self.kp.TensorTypes.device, "host": self.kp.TensorTypes.host,
+                 "storage": self.kp.TensorTypes.storage}
+        return self.manager.tensor_t(arr, kinds[kind])
+
+    def check_buffer_size(self, nbytes: int, what: str = "a buffer") -> None:
+        """Refuse a buffer larger than the device's maxStorageBufferRange (kp would wrap silently)."""
+        limit = min(self.info.max_storage_buffer_bytes, 2**32 - 1)
+        if nbytes > limit:
+            raise VulkanUnavailable(
+                f"{what} of {nbytes / 2**20:.1f} MiB exceeds this device's maximum storage buffer "
+                f"({limit / 2**20:.0f} MiB on {self.info.name})",
+                hint="lower model.hidden, data.batch_lanes or data.window in the config")
+
+    def sequence(self, timestamps: int = 0):
+        """A kp sequence; `timestamps` > 0 reserves that many timestamp slots (ops + 1)."""
+        return self.manager.sequence(0, timestamps) if timestamps else self.manager.sequence()
+
+    def algorithm(self, tensors, spirv: bytes, workgroups, spec_consts=(), push_consts=()):
+        """A kp algorithm with uint32 specialization and push constants (the dtype recipe that
+        kp 0.9.0 needs: push constants take the dtype of spec_consts)."""
+        if len(tensors) > 32:
+            raise ValueError(f"{len(tensors)} bindings: more than 32 give wrong results silently")
+        wg = [int(w) for w in workgroups] + [1] * (3 - len(workgroups))
+        if any(w < 1 for w in wg):
+            raise ValueError(f"workgroup counts must be >= 1, got {wg}")
+        return self.manager.algorithm(list(tensors), spirv, wg,
+                                      np.asarray(spec_consts, dtype=np.uint32),
+                                      np.asarray(push_consts, dtype=np.uint32))
+
+
+def open_device(selector: str | int | None = None) -> Device:
+    """Open the chosen device (argument, else $CATCHAT_DEVICE, else the first discrete GPU)."""
+    if selector is None:
+        selector = os.environ.get(ENV_DEVICE)
+    info = select_device(probe_devices(), selector)  # probe first: kp aborts without a driver
+    kp = import_kp()
+    try:
+        manager = kp.Manager(info.index)
+    except RuntimeError as exc:
+        raise VulkanUnavailable(f"could not open Vulkan device {info.index} ({info.name}): {exc}",
+                                hint="check the driver with `vulkaninfo --summary`")
+    return Device(info=info, manager=manager, kp=kp)
+
+
+def pack_push(*values) -> np.ndarray:
+    """Push-constant block as uint32 words: ints as uint32, floats as their float32 bits."""
+    out = np.empty(len(values), dtype=np.uint32)
+    for i, v in enumerate(values):
+        if isinstance(v, (float, np.floating)):
+            out[i] = np.float32(v).view(np.uint32)
+        else:
+            out[i] = np.uint32(int(v) & 0xFFFFFFFF)
+    return out

@@ -1,0 +1,131 @@
+"""Ask the Vulkan loader directly (ctypes) what kp does not tell: device type, driver, limits.
+
+kp 0.9.0 reports a device's name and workgroup limits only. Tile sizes and buffer checks need
+maxComputeSharedMemorySize, maxStorageBufferRange and the subgroup size, and `catchat devices`
+shows the driver; this module reads them with vkGetPhysicalDeviceProperties2. Devices come in
+vkEnumeratePhysicalDevices order, the same order kp's Manager(index) uses.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from dataclasses import dataclass
+
+from catchat.errors import VulkanUnavailable
+
+_DEVICE_TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
+_VENDORS = {0x10DE: "NVIDIA", 0x1002: "AMD", 0x8086: "Intel", 0x10005: "Mesa", 0x13B5: "ARM", 0x5143: "Qualcomm"}
+
+# Byte offsets inside VkPhysicalDeviceProperties (checked against vulkaninfo on lavapipe and NVIDIA).
+_PROPS_SIZE = 1024  # the real struct is 824 bytes; leave room
+_OFF_API, _OFF_DRIVER_VERSION, _OFF_VENDOR, _OFF_TYPE, _OFF_NAME = 0, 4, 8, 16, 20
+_LIMITS = 296
+_OFF_STORAGE_RANGE = _LIMITS + 7 * 4
+_OFF_PUSH_SIZE = _LIMITS + 8 * 4
+_OFF_SHARED_MEM = _LIMITS + 216
+_OFF_WG_INVOCATIONS = _LIMITS + 232
+
+_STYPE_APP_INFO, _STYPE_INSTANCE_INFO = 0, 1
+_STYPE_PROPS2, _STYPE_SUBGROUP, _STYPE_DRIVER = 1000059001, 1000094000, 1000196000
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What catchat needs to know about one Vulkan physical device."""
+
+    index: int
+    name: str
+    type: str
+    vendor: str
+    driver: str
+    api_version: str
+    max_storage_buffer_bytes: int
+    max_shared_memory_bytes: int
+    max_push_constant_bytes: int
+    max_workgroup_invocations: int
+    subgroup_size: int
+
+
+class _AppInfo(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("pApplicationName", ctypes.c_char_p),
+                ("applicationVersion", ctypes.c_uint32), ("pEngineName", ctypes.c_char_p),
+                ("engineVersion", ctypes.c_uint32), ("apiVersion", ctypes.c_uint32)]
+
+
+class _InstanceInfo(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+                ("pApplicationInfo", ctypes.POINTER(_AppInfo)), ("enabledLayerCount", ctypes.c_uint32),
+                ("ppEnabledLayerNames", ctypes.c_void_p), ("enabledExtensionCount", ctypes.c_uint32),
+                ("ppEnabledExtensionNames", ctypes.c_void_p)]
+
+
+class _SubgroupProps(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("subgroupSize", ctypes.c_uint32),
+                ("stages", ctypes.c_uint32), ("ops", ctypes.c_uint32), ("quad", ctypes.c_uint32)]
+
+
+class _DriverProps(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("driverID", ctypes.c_uint32),
+                ("driverName", ctypes.c_char * 256), ("driverInfo", ctypes.c_char * 256),
+                ("conformance", ctypes.c_uint8 * 4)]
+
+
+class _Props2(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("props", ctypes.c_uint8 * _PROPS_SIZE)]
+
+
+def load_vulkan() -> ctypes.CDLL:
+    """The Vulkan loader library, or VulkanUnavailable naming the package to install."""
+    name = ctypes.util.find_library("vulkan") or "libvulkan.so.1"
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        raise VulkanUnavailable("no Vulkan loader (libvulkan.so.1) on this machine",
+                                hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)")
+
+
+def _version(v: int) -> str:
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+def probe_devices() -> list[DeviceInfo]:
+    """Every Vulkan physical device with its type, driver and the limits catchat sizes kernels by."""
+    vk = load_vulkan()
+    app = _AppInfo(_STYPE_APP_INFO, None, b"catchat", 1, b"catchat", 1, (1 << 22) | (2 << 12))
+    info = _InstanceInfo(_STYPE_INSTANCE_INFO, None, 0, ctypes.pointer(app), 0, None, 0, None)
+    instance = ctypes.c_void_p()
+    if vk.vkCreateInstance(ctypes.byref(info), None, ctypes.byref(instance)) != 0:
+        raise VulkanUnavailable("the Vulkan loader found no working driver (vkCreateInstance failed)",
+                                hint="apt-get install mesa-vulkan-drivers   (CPU fallback: lavapipe)")
+    try:
+        count = ctypes.c_uint32(0)
+        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
+        handles = (ctypes.c_void_p * count.value)()
+        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+        return [_describe(vk, i, handles[i]) for i in range(count.value)]
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
+    driver = _DriverProps(_STYPE_DRIVER, None)
+    subgroup = _SubgroupProps(_STYPE_SUBGROUP, ctypes.cast(ctypes.pointer(driver), ctypes.c_void_p))
+    props2 = _Props2(_STYPE_PROPS2, ctypes.cast(ctypes.pointer(subgroup), ctypes.c_void_p))
+    vk.vkGetPhysicalDeviceProperties2(ctypes.c_void_p(handle), ctypes.byref(props2))
+    raw = bytes(props2.props)
+    u32 = lambda off: int.from_bytes(raw[off:off + 4], "little")  # noqa: E731
+    vendor_id = u32(_OFF_VENDOR)
+    return DeviceInfo(
+        index=index,
+        name=raw[_OFF_NAME:_OFF_NAME + 256].split(b"\0", 1)[0].decode(errors="replace"),
+        type=_DEVICE_TYPES.get(u32(_OFF_TYPE), "unknown"),
+        vendor=_VENDORS.get(vendor_id, f"0x{vendor_id:04x}"),
+        driver=f"{driver.driverName.decode(errors='replace')} {driver.driverInfo.decode(errors='replace')}".strip(),
+        api_version=_version(u32(_OFF_API)),
+        max_storage_buffer_bytes=u32(_OFF_STORAGE_RANGE),
+        max_shared_memory_bytes=u32(_OFF_SHARED_MEM),
+        max_push_constant_bytes=u32(_OFF_PUSH_SIZE),
+        max_workgroup_invocations=u32(_OFF_WG_INVOCATIONS),
+        subgroup_size=subgroup.subgroupSize,
+    )

@@ -1,0 +1,15 @@
+#version 450
+// y[i] = a * x[i] + b * y[i] + c   for i < n.
+// The smallest real kernel: gradient zeroing (a=b=c=0), scaling, accumulation; `catchat doctor`
+// and the chained-dispatch ordering test run it.
+#include "common.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };
+layout(set = 0, binding = 1) buffer Y { float y[]; };
+layout(push_constant) uniform Push { uint n; float a; float b; float c; } pc;
+
+void main() {
+    uint i = gl_GlobalInvocationID.x;
+    if (i < pc.n) y[i] = pc.a * x[i] + pc.b * y[i] + pc.c;
+}

@@ -1,0 +1,18 @@
+// Shared helpers for catchat's compute shaders. Geometry arrives as specialization constants
+// (constant_id 0 = workgroup size), shapes as push constants, per-step scalars in a buffer.
+#ifndef CATCHAT_COMMON_GLSL
+#define CATCHAT_COMMON_GLSL
+
+// The counter-based RNG of docs/model.md, bit-identical to catchat.reference.mix32/rng_u32.
+uint mix32(uint x) {
+    x ^= x >> 16; x *= 0x7feb352du;
+    x ^= x >> 15; x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+uint rng_u32(uint seed, uint stream, uint counter) { return mix32(mix32(mix32(counter) ^ stream) ^ seed); }
+float rng_uniform(uint seed, uint stream, uint counter) { return float(rng_u32(seed, stream, counter) >> 8) * (1.0 / 16777216.0); }
+
+uint ceil_div(uint a, uint b) { return (a + b - 1u) / b; }
+
+#endif

@@ -1,0 +1,128 @@
+"""Device layer: selection, host views under numpy 1 and 2, push-constant packing, size checks, CLI."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from catchat.errors import VulkanUnavailable
+from catchat.vk import device as vkdev
+from catchat.vk.probe import DeviceInfo, probe_devices
+
+
+def _info(i, name, kind):
+    return DeviceInfo(i, name, kind, "x", "drv", "1.3", 2**27, 32768, 128, 1024, 32)
+
+
+DEVICES = [_info(0, "llvmpipe (LLVM 15)", "CPU"), _info(1, "NVIDIA H200", "discrete GPU")]
+
+
+def test_select_device_default_prefers_discrete():
+    assert vkdev.select_device(DEVICES, None).index == 1
+    assert vkdev.select_device(DEVICES[:1], "").index == 0
+
+
+def test_select_device_by_index_and_name():
+    assert vkdev.select_device(DEVICES, "0").index == 0
+    assert vkdev.select_device(DEVICES, 1).index == 1
+    assert vkdev.select_device(DEVICES, "h200").index == 1
+    with pytest.raises(VulkanUnavailable, match="no Vulkan device with index 5"):
+        vkdev.select_device(DEVICES, "5")
+    with pytest.raises(VulkanUnavailable, match="contains 'radeon'"):
+        vkdev.select_device(DEVICES, "radeon")
+    with pytest.raises(VulkanUnavailable, match="found no device"):
+        vkdev.select_device([], None)
+
+
+def test_host_view_fixes_stride_zero_views():
+    """Simulate the kp-under-numpy-2 bug: data() aliasing element 0 with stride 0."""
+    backing = np.arange(8, dtype=np.float32)
+
+    class FakeTensor:
+        def data(self):
+            return np.lib.stride_tricks.as_strided(backing, (8,), (0,), writeable=True)
+
+        def size(self):
+            return 8
+
+    view = vkdev.host_view(FakeTensor())
+    assert view.strides == (4,)
+    assert list(view) == list(range(8))
+    view[5] = 50.0
+    assert backing[5] == 50.0
+
+
+def test_host_view_on_real_tensor(dev):
+    t = dev.tensor(np.arange(10, dtype=np.uint32), np.uint32)
+    v = vkdev.host_view(t)
+    assert v.dtype == np.uint32 and list(v) == list(range(10))
+    v[3] = 99
+    assert int(t.data()[3]) == 99
+
+
+def test_pack_push_bits():
+    words = vkdev.pack_push(5, 1.5, -1, np.float32(0.25))
+    assert words.dtype == np.uint32
+    assert words[0] == 5 and words[2] == 0xFFFFFFFF
+    assert words[1:2].view(np.float32)[0] == 1.5 and words[3:4].view(np.float32)[0] == 0.25
+
+
+def test_buffer_size_limit_is_checked(dev):
+    with pytest.raises(VulkanUnavailable, match="exceeds this device's maximum storage buffer"):
+        dev.check_buffer_size(dev.info.max_storage_buffer_bytes + 4, "activations")
+    with pytest.raises(TypeError):
+        dev.tensor(np.zeros(3, np.float64), np.float64)
+
+
+def test_probe_reports_limits():
+    infos = probe_devices()
+    assert infos, "no Vulkan device: install mesa-vulkan-drivers"
+    for d in infos:
+        assert d.max_shared_memory_bytes >= 16384  # Vulkan's guaranteed minimum
+        assert d.max_workgroup_invocations >= 128
+        assert d.max_push_constant_bytes >= 128
+        assert d.subgroup_size >= 1 and d.name
+
+
+def test_algorithm_guards(dev):
+    t = dev.tensor(4)
+    from catchat.vk.shaders import compile_shader
+
+    with pytest.raises(ValueError, match="more than 32"):
+        dev.algorithm([t] * 33, compile_shader("axpby"), [1])
+    with pytest.raises(ValueError, match=">= 1"):
+        dev.algorithm([t, t], compile_shader("axpby"), [0])
+
+
+def _catchat(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "catchat.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_cli_version_and_help():
+    r = _catchat("--version")
+    assert r.returncode == 0 and "catchat" in r.stdout
+    r = _catchat("--help")
+    assert r.returncode == 0 and "doctor" in r.stdout and "devices" in r.stdout
+
+
+def test_cli_unknown_flag_is_an_error():
+    r = _catchat("doctor", "--temperature", "0.5")
+    assert r.returncode == 2 and "No such option" in r.stderr
+
+
+def test_cli_no_vulkan_driver_is_one_line_exit_2():
+    bogus = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
+    r = _catchat("devices", env=bogus)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert "mesa-vulkan-drivers" in r.stderr
+    assert len(r.stderr.strip().splitlines()) <= 2
+
+
+def test_cli_doctor_passes_here():
+    r = _catchat("doctor")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "axpby max abs error" in r.stdout and "all checks passed" in r.stdout

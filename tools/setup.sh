@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One-time (and idempotent) setup for catchat on Debian, as root or with sudo:
+#   1. system packages: Vulkan loader + lavapipe, headers, glslc, fmt, pybind11, cmake, g++
+#   2. the Kompute Python package `kp==0.9.0`, built from its source distribution against
+#      those system headers (no network fetches inside CMake), with catchat's patches from
+#      tools/kp-patches/ applied; the built wheel is cached, so a second setup takes seconds
+#   3. a virtualenv .venv with catchat installed editable plus its dev extras
+# Re-running it does only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+KP_VERSION=0.9.0
+VENV=.venv
+CACHE="${CATCHAT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/catchat}"
+APT_PACKAGES=(mesa-vulkan-drivers libvulkan-dev vulkan-tools glslc libfmt-dev pybind11-dev cmake g++ make)
+
+say() { printf '\033[1msetup:\033[0m %s\n' "$*"; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# --- 1. system packages ------------------------------------------------------------
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+python3 -c 'import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_path("include"), "Python.h")))' \
+    || missing+=(python3-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+    say "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    as_root apt-get update -qq
+    as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || { echo "setup: catchat needs Python >= 3.11 (found $(python3 --version))" >&2; exit 1; }
+
+# --- 2. virtualenv -----------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV"
+    python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip -q --disable-pip-version-check)
+"$PY" -c 'import setuptools, wheel' 2>/dev/null || "${PIP[@]}" install setuptools wheel
+"$PY" -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' 2>/dev/null \
+    || "${PIP[@]}" install 'numpy>=1.24,<2'
+
+# --- 3. kp, patched, from a wheel cache keyed by version + patches --------------------
+patch_hash=$(cat tools/kp-patches/*.patch | sha256sum | cut -c1-12)
+pytag=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+wheel_dir="$CACHE/wheels/kp-$KP_VERSION-$patch_hash-$pytag"
+if ! ls "$wheel_dir"/kp-*.whl >/dev/null 2>&1; then
+    say "building kp $KP_VERSION from source (patches $patch_hash; about 90 s on 2 cores)"
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    "${PIP[@]}" download --no-deps --no-binary=:all: "kp==$KP_VERSION" -d "$work" 2>/dev/null
+    tar xzf "$work"/kp-$KP_VERSION.tar.gz -C "$work"
+    for p in tools/kp-patches/*.patch; do patch -s -p1 -d "$work/kp-$KP_VERSION" < "$p"; done
+    KOMPUTE_OPT_INSTALL=OFF KOMPUTE_OPT_USE_BUILT_IN_VULKAN_HEADER=OFF \
+    KOMPUTE_OPT_USE_BUILT_IN_FMT=OFF KOMPUTE_OPT_USE_BUILT_IN_PYBIND11=OFF \
+        "${PIP[@]}" wheel --no-build-isolation --no-deps -w "$work/wheel" "$work/kp-$KP_VERSION" \
+        > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; echo "setup: kp build failed" >&2; exit 1; }
+    mkdir -p "$(dirname "$wheel_dir")" && rm -rf "$wheel_dir" && mv "$work/wheel" "$wheel_dir"
+fi
+if ! "$PY" -c 'import kp, sys; sys.exit(not getattr(kp, "catchat_dispatch_barrier", 0))' 2>/dev/null; then
+    say "installing kp from $wheel_dir"
+    "${PIP[@]}" install --force-reinstall --no-deps "$wheel_dir"/kp-*.whl
+fi
+
+# --- 4. catchat itself (editable) + dev extras -----------------------------------------
+stamp="$VENV/.catchat-installed"
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing catchat (editable) with dev extras"
+    "${PIP[@]}" install -e '.[dev]'
+    echo "$want" > "$stamp"
+fi
+say "ready: $("$PY" -c 'import kp, catchat; print(f"catchat {catchat.__version__}, kp {kp.__version__} (patched)")')"
