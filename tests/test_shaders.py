@@ -56,3 +56,16 @@ def test_missing_shader_and_include(glsl_tree):
     (glsl_tree / "inc.comp").write_text('#version 450\n#include "missing.glsl"\nvoid main() {}\n')
     with pytest.raises(ShaderCompileError, match="missing.glsl"):
         shaders.compile_shader("inc")
+
+
+def test_slots_agree_with_glsl():
+    """catchat/vk/slots.py and glsl/include/slots.glsl name the same word slots."""
+    import re
+
+    from catchat.vk import slots
+
+    text = (shaders.INCLUDE_DIR / "slots.glsl").read_text()
+    glsl = {m[1]: int(m[2]) for m in re.finditer(r"#define ((?:HP|ST)_\w+) (\d+)u", text)}
+    assert glsl == slots.all_slots()
+    assert max(v for k, v in glsl.items() if k.startswith("HP_") and k != "HP_WORDS") < slots.HP_WORDS
+    assert max(v for k, v in glsl.items() if k.startswith("ST_") and k != "ST_WORDS") < slots.ST_WORDS

@@ -1,0 +1,59 @@
+"""Word slots of the two small buffers every training-step kernel shares (mirrors glsl/include/slots.glsl).
+
+`hyper` (uint32 words, floats stored as their bits) is uploaded by the host before every
+micro-batch: values that change every step live here, never in push constants frozen at record
+time. `stats` (uint32 words) is written by the GPU and read back after a step.
+A test checks this file and the GLSL include agree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# --- hyper: host -> GPU, every micro-batch --------------------------------------------------
+HP_LR = 0  # f32 learning rate of this step
+HP_BETA1 = 1  # f32
+HP_BETA2 = 2  # f32
+HP_EPS = 3  # f32 Adam epsilon
+HP_WEIGHT_DECAY = 4  # f32 decoupled weight decay (applied where the layout's decay mask is 1)
+HP_CLIP = 5  # f32 max global grad norm; 0 = no clipping
+HP_INV_N_VALID = 6  # f32 1 / valid targets of the whole optimizer step (0 when there are none)
+HP_SEED = 7  # u32 dropout seed of this micro-batch (reference.step_seed)
+HP_STEP = 8  # u32 optimizer step t being taken (1-based)
+HP_BIAS_CORR1 = 9  # f32 1 - beta1^t (AdamW)
+HP_BIAS_CORR2 = 10  # f32 1 - beta2^t
+HP_NADAM_COEF_G = 11  # f32 lr * (1 - mu_t) / (1 - mu_prod_t)
+HP_NADAM_COEF_M = 12  # f32 lr * mu_{t+1} / (1 - mu_prod_t * mu_{t+1})
+HP_N_VALID = 13  # u32 valid targets of the whole optimizer step
+HP_P_EMB = 14  # f32 embedding-row dropout probability
+HP_P_HID = 15  # f32 hidden (variational) dropout probability
+HP_SMOOTHING = 16  # f32 label smoothing e
+HP_GRADH_CLAMP = 17  # f32 per-timestep clamp of the BPTT hidden-state gradient; 0 = off
+HP_SPECTRAL_BOUND = 18  # f32 spectral-norm bound of GRU gate blocks; 0 = off
+HP_WORDS = 32
+
+# --- stats: GPU -> host, zeroed at the start of every optimizer step ---------------------------
+ST_LOSS_SUM = 0  # f32 sum over valid targets of the (smoothed) per-token loss, all micro-batches
+ST_TOP1 = 1  # u32 valid targets whose logit is the largest
+ST_TOP5 = 2  # u32 valid targets among the 5 largest logits
+ST_N_VALID = 3  # u32 valid targets seen by the loss kernel (a check on the host's count)
+ST_GRAD_NORM_SQ = 4  # f32 sum of squared gradients, before clipping
+ST_CLAMP_HITS = 5  # u32 elements the hidden-state gradient clamp bound
+ST_SKIPPED = 6  # u32 1 when the optimizer did not apply the step (no valid targets / non-finite)
+ST_CLIP_SCALE = 7  # f32 the factor gradients were scaled by (1 = not clipped)
+ST_WORDS = 16
+
+
+def f32_bits(x: float) -> np.uint32:
+    """The bits of float32(x) as a uint32 word."""
+    return np.float32(x).view(np.uint32)
+
+
+def word_f32(words: np.ndarray, slot: int) -> float:
+    """Read a float slot of a uint32 word array."""
+    return float(np.asarray(words, dtype=np.uint32)[slot:slot + 1].view(np.float32)[0])
+
+
+def all_slots() -> dict[str, int]:
+    """Every HP_* and ST_* name with its index (for the GLSL agreement test)."""
+    return {k: v for k, v in globals().items() if k.startswith(("HP_", "ST_")) and isinstance(v, int)}
