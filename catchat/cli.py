@@ -55,6 +55,27 @@ def doctor():
     console.print("all checks passed")
 
 
+@cli.command()
+@DEVICE_OPTION
+def parity(device):
+    """Run every kernel and the whole model against numpy on a device; exit 1 on any mismatch."""
+    from catchat.parity import timed_run
+    from catchat.vk.device import open_device
+
+    dev = open_device(device)
+    console.print(f"device: {dev.info.name} ({dev.info.type}, {dev.info.driver})")
+    results, seconds = timed_run(dev)
+    table = Table("group", "kernel", "shape", "max abs err", "max rel err", "tolerance", "result")
+    for group, r in results:
+        table.add_row(group, r.kernel, r.shape, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+                      f"{r.atol:g} + {r.rtol:g}*|ref|", "[green]pass[/green]" if r.ok else "[red]FAIL[/red]")
+    console.print(table)
+    failed = sum(not r.ok for _, r in results)
+    console.print(f"{len(results) - failed} passed, {failed} failed in {seconds:.1f} s")
+    if failed:
+        raise SystemExit(1)
+
+
 def main(argv=None):
     """Console-script entry point: run the CLI, turning CatchatError into a short message + exit code."""
     try:

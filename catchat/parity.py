@@ -1,0 +1,54 @@
+"""`catchat parity`: every kernel and the whole model against the numpy reference, on one device.
+
+The same checks are the test suite's parity tests; here they run on the user's own GPU in
+seconds and print a table (kernel, shape, max abs error, max rel error, pass/fail).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from collections.abc import Callable, Iterator
+
+from catchat.vk.kernels import ParityResult, ordering_check
+
+# Kernel families in the order a training step runs them; each module has parity_checks(dev).
+FAMILIES = (
+    "catchat.vk.kernels",
+    "catchat.vk.kernels.dropout",
+    "catchat.vk.kernels.embedding",
+    "catchat.vk.kernels.gemm",
+    "catchat.vk.kernels.gru",
+    "catchat.vk.kernels.norm",
+    "catchat.vk.kernels.loss",
+    "catchat.vk.kernels.optim",
+)
+
+
+def check_groups(dev) -> Iterator[tuple[str, Callable[[], list[ParityResult]]]]:
+    """(group name, thunk) for every parity group: kernel families, ordering, the whole model."""
+    for name in FAMILIES:
+        module = importlib.import_module(name)
+        yield name.rsplit(".", 1)[-1], (lambda m=module: m.parity_checks(dev))
+    yield "ordering", lambda: [ordering_check(dev)]
+    from catchat.vk import program
+
+    yield "model", lambda: program.parity_checks(dev)
+
+
+def run_all(dev, on_result: Callable[[str, ParityResult], None] | None = None) -> list[tuple[str, ParityResult]]:
+    """Run every group; returns (group, result) pairs in order."""
+    out = []
+    for group, thunk in check_groups(dev):
+        for r in thunk():
+            out.append((group, r))
+            if on_result:
+                on_result(group, r)
+    return out
+
+
+def timed_run(dev):
+    """Run all checks and return (results, seconds)."""
+    start = time.perf_counter()
+    results = run_all(dev)
+    return results, time.perf_counter() - start

@@ -1,0 +1,360 @@
+"""The optimizer step: global gradient norm, clipping + AdamW / NAdam, spectral-norm projection.
+
+Per optimizer step, recorded in this order after the last micro-batch's backward:
+    GradNorm()        grads -> stats[ST_GRAD_NORM_SQ]                     (2 dispatches)
+    Optimizer()       skip guard, clip, decay, AdamW/NAdam on params, m, v (1 dispatch)
+    SpectralProject() power iteration + projection of the GRU gate blocks  (4 dispatches)
+Per-step scalars come from the `hyper` words (`optimizer_hyper_words` computes this family's).
+This family overwrites its stats words (ST_GRAD_NORM_SQ, ST_SKIPPED, ST_CLIP_SCALE): it needs no
+zeroing of its own. The spectral vectors `u` are training state like m and v: checkpoint them.
+Shaders: glsl/grad_norm.comp, glsl/optimizer.comp, glsl/spectral.comp.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from catchat import reference
+from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.vk import slots
+from catchat.vk.device import Device, host_view
+from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
+
+MAX_GROUPS_X = 65535  # Vulkan's guaranteed minimum of maxComputeWorkGroupCount[0]
+
+
+def _check_pow2(wg: int) -> int:
+    if wg < 1 or wg & (wg - 1):
+        raise ValueError(f"workgroup size {wg} must be a power of two (tree reductions)")
+    return wg
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradient norm
+# ---------------------------------------------------------------------------------------------
+
+
+class GradNorm(Kernel):
+    """stats[ST_GRAD_NORM_SQ] = sum(grads[offset : offset + n]^2) as float32 bits (glsl/grad_norm.comp).
+
+    grads [>= offset + n] float32, stats [ST_WORDS] uint32 (the word is overwritten, not added to).
+    Two dispatches: pass 1 writes one partial per workgroup into the kernel's own `partials`
+    [n_partials] uint32 buffer; pass 2 (one workgroup) sums them in a fixed order. Float32
+    throughout: ITEMS-element runs per thread, shared-memory trees, Kahan over the partials;
+    relative error vs. float64 `reference.grad_norm(g)**2` is a few 1e-7 (bound ~25 eps).
+    NaN anywhere -> NaN, else Inf anywhere -> +Inf (bit tests, not float tricks). A finite
+    gradient above ~1.8e19 overflows the float32 square to +Inf (float64 reference would not):
+    such a step is skipped as non-finite.
+    """
+
+    shader = "grad_norm"
+    WORKGROUP = 256
+    ITEMS = 8
+
+    def __init__(self, dev: Device, grads, stats, n: int, offset: int = 0, workgroup: int | None = None,
+                 items: int | None = None):
+        self.n, self.offset = int(n), int(offset)
+        if self.n < 1:
+            raise ValueError("GradNorm needs n >= 1")
+        wg = _check_pow2(workgroup or self.WORKGROUP)
+        self.items = max(items or self.ITEMS, ceil_div(self.n, wg * MAX_GROUPS_X))
+        self.n_partials = ceil_div(self.n, wg * self.items)
+        self.partials = dev.tensor(self.n_partials, np.uint32)  # [n_partials] float bits
+        tensors, push = [grads, self.partials, stats], (self.n, self.offset, self.n_partials)
+        super().__init__(dev, tensors, [self.n_partials], spec=[wg, self.items], push=push)
+        self.final = Kernel(dev, tensors, [1], spec=[wg, self.items], push=push,
+                            defines={"GRAD_NORM_FINAL": 1}, shader=self.shader)
+
+    def __call__(self) -> list:
+        """The two dispatch ops, to record in this order."""
+        push = (self.n, self.offset, self.n_partials)
+        return [self.op(*push), self.final.op(*push)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Optimizer step (clip + decoupled weight decay + AdamW / NAdam)
+# ---------------------------------------------------------------------------------------------
+
+OPTIMIZERS = ("adamw", "nadam")
+
+
+def optimizer_hyper_words(kind: str, t: int, lr: float, b1: float, b2: float, eps: float,
+                          wd: float, clip: float | None, spectral_bound: float | None = 0.0
+                          ) -> dict[int, np.uint32]:
+    """The hyper words this family reads for optimizer step t (1-based), as {slot: uint32 word}.
+
+    Bias corrections and NAdam's coefficients are computed in float64 (reference.nadam_coefficients)
+    and rounded once to float32. clip None/0 = no clipping; spectral_bound None/0 = off.
+    HP_N_VALID is not included: it is the data's count (the integrator's).
+    """
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {kind!r} (expected one of {OPTIMIZERS})")
+    t = int(t)
+    if t < 1:
+        raise ValueError(f"optimizer step t starts at 1, got {t}")
+    mu_t, mu_next, mu_prod = reference.nadam_coefficients(t, b1)
+    f = slots.f32_bits
+    return {
+        slots.HP_LR: f(lr), slots.HP_BETA1: f(b1), slots.HP_BETA2: f(b2), slots.HP_EPS: f(eps),
+        slots.HP_WEIGHT_DECAY: f(wd), slots.HP_CLIP: f(clip or 0.0), slots.HP_STEP: np.uint32(t),
+        slots.HP_BIAS_CORR1: f(1.0 - b1**t), slots.HP_BIAS_CORR2: f(1.0 - b2**t),
+        slots.HP_NADAM_COEF_G: f(lr * (1.0 - mu_t) / (1.0 - mu_prod)),
+        slots.HP_NADAM_COEF_M: f(lr * mu_next / (1.0 - mu_prod * mu_next)),
+        slots.HP_SPECTRAL_BOUND: f(spectral_bound or 0.0),
+    }
+
+
+class Optimizer(Kernel):
+    """One AdamW or NAdam step over n flat parameters, in place (glsl/optimizer.comp, one dispatch).
+
+    params, grads, m, v, decay_mask: float32 [total] in ParamLayout order (decay_mask =
+    layout.decay_mask()); hyper [HP_WORDS] uint32 (optimizer_hyper_words + HP_N_VALID);
+    stats [ST_WORDS] uint32, read: ST_GRAD_NORM_SQ (GradNorm must run first), written:
+    ST_SKIPPED (1 = step not applied, else 0) and ST_CLIP_SCALE (float bits; 1 when skipped).
+    Skipped (n_valid == 0 or non-finite norm): params, m, v untouched. Otherwise
+    g = grads * min(1, clip / (norm + 1e-6)), p *= 1 - lr wd mask, then the Adam update;
+    grads are only read.
+    """
+
+    shader = "optimizer"
+    WORKGROUP = 256
+    MAX_GROUPS = 8192  # grid-stride beyond WORKGROUP * MAX_GROUPS parameters
+
+    def __init__(self, dev: Device, params, grads, m, v, decay_mask, hyper, stats, total: int,
+                 kind: str = "adamw", workgroup: int | None = None, max_groups: int | None = None):
+        if kind not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {kind!r} (expected one of {OPTIMIZERS})")
+        self.kind, self.n = kind, int(total)
+        wg = workgroup or self.WORKGROUP
+        groups = max(1, min(ceil_div(self.n, wg), max_groups or self.MAX_GROUPS))
+        super().__init__(dev, [params, grads, m, v, decay_mask, hyper, stats], [groups],
+                         spec=[wg], push=(self.n,), defines={kind.upper(): 1})
+
+    def __call__(self):
+        return self.op(self.n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Spectral-norm projection of the GRU gate blocks
+# ---------------------------------------------------------------------------------------------
+
+
+class SpectralProject(Kernel):
+    """One power iteration + projection of all 6 L [H,H] gate blocks (glsl/spectral.comp).
+
+    params: flat float32 [layout.total] (updated in place: a block with sigma > bound is scaled
+    by bound / sigma); u: float32 [L,2,3,H] persistent unit vectors (start:
+    reference.spectral_u_init; training state, checkpoint it), updated every applied step;
+    hyper [HP_WORDS] (HP_SPECTRAL_BOUND, 0 = off), stats [ST_WORDS] (ST_SKIPPED = 1: off).
+    Owns `work` float32 [2 * 6L * H + 6L] scratch. Four dispatches, to record in order,
+    after Optimizer. Matches reference.spectral_project_model.
+    """
+
+    shader = "spectral"
+    WORKGROUP = 256
+    ROWS = 8  # phase-2 rows per workgroup: shared memory ROWS * WORKGROUP * 4 bytes
+    MAX_TILES = 1024
+
+    def __init__(self, dev: Device, params, layout: ParamLayout, u, hyper, stats,
+                 workgroup: int | None = None, rows: int | None = None, max_tiles: int | None = None):
+        spec = layout.spec
+        H, L = spec.hidden, spec.layers
+        off = layout.offsets
+        ih0 = off["layers.0.gru.weight_ih"]
+        hh_delta = off["layers.0.gru.weight_hh"] - ih0
+        stride = (off["layers.1.gru.weight_ih"] - ih0) if L > 1 else 0
+        for l in range(L):  # the shader assumes the layout is affine in l
+            if (off[f"layers.{l}.gru.weight_ih"] != ih0 + l * stride
+                    or off[f"layers.{l}.gru.weight_hh"] != ih0 + l * stride + hh_delta):
+                raise ValueError("SpectralProject: GRU weight offsets are not evenly spaced per layer")
+        self.blocks = 6 * L
+        wg = _check_pow2(workgroup or self.WORKGROUP)
+        rows = max(1, min(rows or self.ROWS, wg, dev.info.max_shared_memory_bytes // (4 * wg)))
+        self.tiles = max(1, min(ceil_div(H * H, wg), max_tiles or self.MAX_TILES))
+        self.work = dev.tensor(2 * self.blocks * H + self.blocks, np.float32)
+        self.push = (H, self.blocks, ih0, hh_delta, stride, self.tiles)
+        tensors = [params, u, self.work, hyper, stats]
+        grids = {1: [ceil_div(H, wg), self.blocks], 2: [ceil_div(H, rows), self.blocks],
+                 3: [1, self.blocks], 4: [self.tiles, self.blocks]}
+        super().__init__(dev, tensors, grids[1], spec=[wg, 1], push=self.push,
+                         defines={"SPECTRAL_PHASE": 1})
+        self.phases = [self] + [
+            Kernel(dev, tensors, grids[p], spec=[wg, rows if p == 2 else 1], push=self.push,
+                   defines={"SPECTRAL_PHASE": p}, shader=self.shader) for p in (2, 3, 4)]
+
+    def __call__(self) -> list:
+        """The four dispatch ops, to record in this order."""
+        return [Kernel.op(k, *self.push) for k in self.phases]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity against catchat.reference
+# ---------------------------------------------------------------------------------------------
+
+
+def hyper_buffer(words: dict[int, np.uint32], n_valid: int) -> np.ndarray:
+    """A full hyper array [HP_WORDS] from optimizer_hyper_words plus the step's valid count."""
+    out = np.zeros(slots.HP_WORDS, np.uint32)
+    for slot, word in words.items():
+        out[slot] = word
+    out[slots.HP_N_VALID] = n_valid
+    return out
+
+
+def layout_grads(layout: ParamLayout, rng, scale: float) -> np.ndarray:
+    """Random gradients [total] in the layout, zero in the alignment padding (as real gradients)."""
+    g = np.zeros(layout.total, np.float32)
+    for name in layout.names:
+        o, n = layout.offsets[name], layout.sizes[name]
+        g[o:o + n] = rng.standard_normal(n) * scale
+    return g
+
+
+# Tiny workgroups, few groups: every strided loop and multi-partial path runs at test sizes.
+SMALL_GEOMETRY = dict(norm=dict(workgroup=8, items=2), opt=dict(workgroup=8, max_groups=3),
+                      spectral=dict(workgroup=8, rows=3, max_tiles=2))
+DEFAULT_GEOMETRY = dict(norm={}, opt={}, spectral={})
+
+
+class StepRig:
+    """GradNorm -> Optimizer -> SpectralProject on device buffers of one layout (tests share it)."""
+
+    def __init__(self, dev: Device, layout: ParamLayout, kind: str, params: np.ndarray,
+                 geometry: dict = DEFAULT_GEOMETRY):
+        self.dev, self.layout = dev, layout
+        n = layout.total
+        self.params, self.grads = dev.tensor(params), dev.tensor(n)
+        self.m, self.v = dev.tensor(n), dev.tensor(n)
+        self.mask = dev.tensor(layout.decay_mask())
+        self.hyper = dev.tensor(slots.HP_WORDS, np.uint32)
+        self.stats = dev.tensor(slots.ST_WORDS, np.uint32)
+        self.u = dev.tensor(reference.spectral_u_init(layout.spec))
+        self.norm = GradNorm(dev, self.grads, self.stats, n, **geometry["norm"])
+        self.opt = Optimizer(dev, self.params, self.grads, self.m, self.v, self.mask, self.hyper,
+                             self.stats, n, kind, **geometry["opt"])
+        self.spectral = SpectralProject(dev, self.params, layout, self.u, self.hyper, self.stats,
+                                        **geometry["spectral"])
+        run_ops(dev, [self.params, self.m, self.v, self.mask, self.u], [], [self.params])
+
+    def step(self, grads: np.ndarray, hyper: np.ndarray) -> np.ndarray:
+        """Upload grads + hyper, zero stats, run the whole chain; returns the stats words."""
+        host_view(self.grads)[:] = grads
+        host_view(self.hyper)[:] = hyper
+        host_view(self.stats)[:] = 0
+        ops = self.norm() + [self.opt()] + self.spectral()
+        (stats,) = run_ops(self.dev, [self.grads, self.hyper, self.stats], ops, [self.stats])
+        return stats
+
+    def download(self) -> dict[str, np.ndarray]:
+        p, m, v, u = run_ops(self.dev, [], [], [self.params, self.m, self.v, self.u])
+        return dict(params=p, m=m, v=v, u=u)
+
+
+def _grad_norm_checks(dev: Device) -> list[ParityResult]:
+    """Squared norm at sizes around the workgroup (256) and pass-1 chunk (2048) boundaries, and with
+    more partials than pass-2 threads (the Kahan loop)."""
+    rng = np.random.default_rng(1)
+    out = []
+    sizes = ((1, 0), (255, 0), (257, 3), (2047, 0), (2049, 16), (20001, 5), (600_001, 0))  # 293 partials
+    cases = [(n, off, DEFAULT_GEOMETRY) for n, off in sizes]
+    cases += [(n, off, SMALL_GEOMETRY) for n, off in ((1, 0), (17, 1), (1001, 0))]  # 63 partials / 8 threads
+    for n, offset, geo in cases:
+        g = (rng.standard_normal(offset + n) * rng.uniform(0.1, 10.0)).astype(np.float32)
+        tg, ts = dev.tensor(g), dev.tensor(slots.ST_WORDS, np.uint32)
+        (stats,) = run_ops(dev, [tg, ts], GradNorm(dev, tg, ts, n, offset, **geo["norm"])(), [ts])
+        want = reference.grad_norm(g[offset:]) ** 2
+        out.append(compare("grad_norm_sq", f"n={n},off={offset},wg={geo['norm'].get('workgroup', 256)}",
+                           slots.word_f32(stats, slots.ST_GRAD_NORM_SQ), want, 0.0, 2e-6))
+    return out
+
+
+def _optimizer_checks(dev: Device) -> list[ParityResult]:
+    """3 consecutive steps vs reference.adamw_step / nadam_step with weight decay and the layout's
+    decay mask: clipping off (step 1), binding (step 2, clip = norm / 2), not binding (step 3)."""
+    out = []
+    lr, b1, b2, eps, wd = 1e-2, 0.9, 0.99, 1e-8, 0.1
+    for hidden, geo in ((5, DEFAULT_GEOMETRY), (33, DEFAULT_GEOMETRY), (33, SMALL_GEOMETRY)):
+        layout = ParamLayout(ModelSpec(vocab_size=11, hidden=hidden, layers=2))
+        flat0 = layout.flatten(init_params(layout.spec, seed=hidden))
+        mask = layout.decay_mask()
+        for kind in OPTIMIZERS:
+            rng = np.random.default_rng(hidden)
+            rig = StepRig(dev, layout, kind, flat0, geo)
+            p, m, v = flat0.copy(), np.zeros_like(flat0), np.zeros_like(flat0)
+            for t, clip_ratio in ((1, 0.0), (2, 0.5), (3, 3.0)):  # clip off / binding / not binding
+                g = layout_grads(layout, rng, 0.1 * t)
+                norm = reference.grad_norm(g)
+                clip = clip_ratio * norm
+                words = optimizer_hyper_words(kind, t, lr, b1, b2, eps, wd, clip)
+                stats = rig.step(g, hyper_buffer(words, n_valid=7))
+                scale = reference.clip_scale(norm, clip)
+                gs = g * scale
+                if kind == "adamw":
+                    reference.adamw_step(p, gs, m, v, t, lr, b1, b2, eps, wd, mask)
+                else:
+                    reference.nadam_step(p, gs, m, v, t, lr, b1, b2, eps, wd, mask,
+                                         *reference.nadam_coefficients(t, b1))
+                got = rig.download()
+                where = (f"H={hidden},t={t},clip={('off', 'binds', 'free')[t - 1]}"
+                         f"{',small-wg' if geo is SMALL_GEOMETRY else ''}")
+                out.append(compare(f"{kind}.clip_scale", where,
+                                   slots.word_f32(stats, slots.ST_CLIP_SCALE), scale, 0.0, 2e-6))
+                out.append(compare(f"{kind}.params", where, got["params"], p, 1e-6, 1e-6))
+                out.append(compare(f"{kind}.m", where, got["m"], m, 1e-7, 1e-5))
+                out.append(compare(f"{kind}.v", where, got["v"], v, 1e-9, 1e-5))
+    return out
+
+
+def block_sigmas(flat: np.ndarray, layout: ParamLayout, u: np.ndarray) -> np.ndarray:
+    """sigma of one power-iteration step for every gate block [L*6], float64 (picks test bounds)."""
+    H, out = layout.spec.hidden, []
+    for l in range(layout.spec.layers):
+        for k, which in enumerate(("weight_ih", "weight_hh")):
+            W = layout.view(flat, f"layers.{l}.gru.{which}").astype(np.float64)
+            for gate in range(3):
+                Wb = W[gate * H:(gate + 1) * H]
+                vv = Wb.T @ u[l, k, gate]
+                wv = Wb @ (vv / np.linalg.norm(vv))
+                out.append(np.linalg.norm(wv))
+    return np.array(out)
+
+
+def spectral_case(layout: ParamLayout, seed: int) -> tuple[np.ndarray, float]:
+    """Parameters whose gate blocks have well-separated sigmas and a bound between the middle two."""
+    flat = layout.flatten(init_params(layout.spec, seed=seed))
+    H = layout.spec.hidden
+    for l in range(layout.spec.layers):
+        for k, which in enumerate(("weight_ih", "weight_hh")):
+            W = layout.view(flat, f"layers.{l}.gru.{which}")
+            for gate in range(3):
+                W[gate * H:(gate + 1) * H] *= np.float32(1.0 + 0.5 * (l * 6 + k * 3 + gate))
+    s = np.sort(block_sigmas(flat, layout, reference.spectral_u_init(layout.spec)))
+    mid = len(s) // 2
+    return flat, float(math.sqrt(s[mid - 1] * s[mid]))
+
+
+def _spectral_checks(dev: Device) -> list[ParityResult]:
+    """Two consecutive projections (u persists) vs reference.spectral_project_model, bound binding
+    for half of the blocks; the optimizer runs first with lr = 0 so params pass through unchanged."""
+    out = []
+    for hidden, geo in ((5, DEFAULT_GEOMETRY), (33, DEFAULT_GEOMETRY), (33, SMALL_GEOMETRY)):
+        layout = ParamLayout(ModelSpec(vocab_size=11, hidden=hidden, layers=2))
+        flat, bound = spectral_case(layout, seed=hidden)
+        rig = StepRig(dev, layout, "adamw", flat, geo)
+        p, u = flat.copy(), reference.spectral_u_init(layout.spec)
+        words = optimizer_hyper_words("adamw", 1, 0.0, 0.9, 0.99, 1e-8, 0.0, 0.0, spectral_bound=bound)
+        for rep in range(2):
+            rig.step(np.zeros(layout.total, np.float32), hyper_buffer(words, n_valid=1))
+            reference.spectral_project_model(p, layout, u, bound)
+            got = rig.download()
+            where = f"H={hidden},rep={rep}{',small-wg' if geo is SMALL_GEOMETRY else ''}"
+            out.append(compare("spectral.params", where, got["params"], p, 1e-6, 1e-6))
+            out.append(compare("spectral.u", where, got["u"], u.ravel(), 1e-6, 1e-5))
+    return out
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Grad norm, AdamW/NAdam steps with clipping and decay, spectral projection vs catchat.reference."""
+    return _grad_norm_checks(dev) + _optimizer_checks(dev) + _spectral_checks(dev)
