@@ -469,13 +469,25 @@ def reference_train_step(flat, m, v, layout: ParamLayout, micro_batches, *, glob
         hits += res.clamp_hits
         h = res.hT
         hTs.append(res.hT)
+    applied = reference_apply_step(flat, g, m, v, layout, n_valid, t=global_step + 1 if opt_t is None else opt_t,
+                                   lr=lr, optimizer=optimizer, b1=b1, b2=b2, eps=eps, wd=wd, clip=clip,
+                                   spectral_bound=spectral_bound, spectral_u=spectral_u)
+    return dict(loss=loss, clamp_hits=hits, hT=hTs, **applied)
+
+
+def reference_apply_step(flat, g, m, v, layout: ParamLayout, n_valid, *, t, lr, optimizer="adamw", b1=0.9,
+                         b2=0.999, eps=1e-8, wd=0.0, clip=1.0, spectral_bound=None, spectral_u=None) -> dict:
+    """The update half of a step, in place: skip guard, clip, AdamW/NAdam step t, spectral projection.
+
+    g [total] is the step's gradient already normalised by n_valid (it is scaled here, in place).
+    Returns dict(grad_norm, clipped, skipped).
+    """
     norm = grad_norm(g)
-    out = dict(loss=loss, grad_norm=norm, clipped=False, skipped=True, clamp_hits=hits, hT=hTs)
+    out = dict(grad_norm=norm, clipped=False, skipped=True)
     if n_valid == 0 or not math.isfinite(norm):
         return out
     scale = clip_scale(norm, clip)
     g *= scale
-    t = global_step + 1 if opt_t is None else opt_t
     mask = layout.decay_mask().astype(flat.dtype)
     if optimizer == "adamw":
         adamw_step(flat, g, m, v, t, lr, b1, b2, eps, wd, mask)

@@ -1,0 +1,155 @@
+"""Embedding lookup with whole-row dropout, forward and backward (glsl/embedding.comp).
+
+    x0[t,b,:] = E[tok[t,b],:] * scale(tok[t,b]),   scale(v) = sqrt(H) * keep(v) / (1 - p_emb)
+    dE[v,:]  += sum over (t,b) with tok[t,b] == v of dx0[t,b,:] * scale(v)   (token order)
+
+keep(v) = rng_uniform(seed, 1, v) >= p_emb with seed = hyper[HP_SEED], p_emb = hyper[HP_P_EMB]
+(catchat.reference.embedding_keep_mask): the mask changes every micro-batch without re-recording.
+Tokens are a uint32 buffer [T*B] in time-major order; rows x0 / dx0 are [T*B, H] contiguous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from catchat import reference
+from catchat.vk.device import Device
+from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
+from catchat.vk.slots import HP_P_EMB, HP_SEED, HP_WORDS, f32_bits
+
+MAX_GROUPS = 65535
+
+
+def _workgroup(dev: Device) -> int:
+    return 64 if dev.info.type == "CPU" else 256
+
+
+def _check(tensor, off: int, n: int, what: str) -> None:
+    if off < 0 or off + n > tensor.size():
+        raise ValueError(f"embedding {what}: [{n}] at offset {off} exceeds its buffer of {tensor.size()}")
+
+
+class EmbeddingForward(Kernel):
+    """x0[T*B, H] = E[tok] * scale(tok) (one thread per output element, grid-stride).
+
+    tokens: (uint32 tensor, offset) [T*B]; table: (tensor, offset) E [V,H] (in `params`);
+    out: (tensor, offset) x0 [T*B,H], overwritten; hyper: the uint32 hyper buffer [HP_WORDS].
+    A token >= V gives a zero row.
+    """
+
+    shader = "embedding"
+
+    def __init__(self, dev: Device, tokens, table, out, hyper, n_rows: int, V: int, H: int):
+        n_rows, V, H = int(n_rows), int(V), int(H)
+        _check(tokens[0], tokens[1], n_rows, "tokens")
+        _check(table[0], table[1], V * H, "table")
+        _check(out[0], out[1], n_rows * H, "output rows")
+        self.n_rows, self.V, self.H = n_rows, V, H
+        wg = _workgroup(dev)
+        groups = min(max(1, ceil_div(n_rows * H, wg)), MAX_GROUPS)
+        self.push = (n_rows, H, V, tokens[1], table[1], out[1], float(np.float32(math.sqrt(H))))
+        super().__init__(dev, [tokens[0], table[0], out[0], hyper], [groups], spec=[wg],
+                         push=self.push, defines={"FORWARD": 1})
+
+    def op(self):
+        return super().op(*self.push)
+
+
+class EmbeddingBackward(Kernel):
+    """dE[V,H] += per-row sums of dx0[T*B,H] * scale(v) by token, in token order; no atomics.
+
+    tokens: (uint32 tensor, offset) [T*B]; dout: (tensor, offset) dx0 [T*B,H]; dtable:
+    (tensor, offset) dE [V,H] (in `grads`), accumulated; hyper: [HP_WORDS].
+    Grid: ceil(H/WG) x V workgroups, each scanning all T*B tokens (see glsl/embedding.comp);
+    at T*B = 65536, H = 2048, V = 101 that is 808 workgroups x 256 chunks of token tests.
+    """
+
+    shader = "embedding"
+
+    def __init__(self, dev: Device, tokens, dout, dtable, hyper, n_rows: int, V: int, H: int):
+        n_rows, V, H = int(n_rows), int(V), int(H)
+        _check(tokens[0], tokens[1], n_rows, "tokens")
+        _check(dout[0], dout[1], n_rows * H, "row gradients")
+        _check(dtable[0], dtable[1], V * H, "table gradient")
+        self.n_rows, self.V, self.H = n_rows, V, H
+        wg = _workgroup(dev)
+        grid = [max(1, ceil_div(H, wg)), max(1, V)]
+        if max(grid) > MAX_GROUPS:
+            raise ValueError(f"embedding backward grid {grid} exceeds {MAX_GROUPS} workgroups")
+        self.push = (n_rows, H, V, tokens[1], dtable[1], dout[1], float(np.float32(math.sqrt(H))))
+        super().__init__(dev, [tokens[0], dtable[0], dout[0], hyper], grid, spec=[wg],
+                         push=self.push, defines={"BACKWARD": 1})
+
+    def op(self):
+        return super().op(*self.push)
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy twins (the maths is catchat.reference's; only the row scale is assembled here)
+# ---------------------------------------------------------------------------------------------
+
+
+def row_scale(seed: int, V: int, H: int, p_emb: float) -> np.ndarray:
+    """float32 [V]: sqrt(H) * keep / (1 - p), as reference.model_forward_backward builds it."""
+    keep = reference.embedding_keep_mask(seed, V, p_emb)  # [V]
+    return math.sqrt(H) * (keep / (1.0 - p_emb)).astype(np.float32)
+
+
+def hyper_words(seed: int, p_emb: float) -> np.ndarray:
+    """A hyper buffer [HP_WORDS] with just the embedding's slots set."""
+    hyper = np.zeros(HP_WORDS, np.uint32)
+    hyper[HP_SEED] = np.uint32(seed & 0xFFFFFFFF)
+    hyper[HP_P_EMB] = f32_bits(p_emb)
+    return hyper
+
+
+def _case(rng, T, B, V, H):
+    tokens = rng.integers(0, V, size=(T, B)).astype(np.uint32)  # [T,B]
+    if T * B > 3:
+        tokens.flat[:3] = 1  # a repeated token
+    E = rng.standard_normal((V, H)).astype(np.float32)  # [V,H]
+    dx = rng.standard_normal((T, B, H)).astype(np.float32)  # [T,B,H]
+    dE0 = rng.standard_normal((V, H)).astype(np.float32)  # [V,H] gradient already there
+    return tokens, E, dx, dE0
+
+
+def run_embedding(dev: Device, tokens, E, dx, dE0, seed: int, p_emb: float, offs=(3, 16, 5)):
+    """Run forward and backward once at element offsets `offs` (tokens, table, rows);
+    returns (x0 [T*B,H], dE [V,H])."""
+    n, (V, H) = tokens.size, E.shape
+    ot, oe, ox = offs
+    t_tok = dev.tensor(np.concatenate([np.full(ot, 7, np.uint32), tokens.ravel()]), np.uint32)
+    t_E = dev.tensor(np.concatenate([np.zeros(oe, np.float32), E.ravel()]))
+    t_dE = dev.tensor(np.concatenate([np.zeros(oe, np.float32), dE0.ravel()]))
+    t_x = dev.tensor(np.zeros(ox + n * H + 4, np.float32))
+    t_dx = dev.tensor(np.concatenate([np.zeros(ox, np.float32), dx.ravel()]))
+    t_hyper = dev.tensor(hyper_words(seed, p_emb), np.uint32)
+    fwd = EmbeddingForward(dev, (t_tok, ot), (t_E, oe), (t_x, ox), t_hyper, n, V, H)
+    bwd = EmbeddingBackward(dev, (t_tok, ot), (t_dx, ox), (t_dE, oe), t_hyper, n, V, H)
+    x, dE = run_ops(dev, [t_tok, t_E, t_dE, t_x, t_dx, t_hyper], [fwd.op(), bwd.op()], [t_x, t_dE])
+    return x[ox:ox + n * H].reshape(n, H), dE[oe:].reshape(V, H)
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Forward and backward against catchat.reference at sizes around the workgroup size,
+    with dropout off and on (p 0.3 drops some of the V rows)."""
+    rng = np.random.default_rng(0)
+    out = []
+    for T, B, V, H, p in ((1, 1, 1, 1, 0.0), (5, 3, 11, 7, 0.0), (9, 7, 11, 67, 0.3),
+                          (33, 4, 101, 65, 0.5), (17, 16, 101, 64, 0.1)):
+        tokens, E, dx, dE0 = _case(rng, T, B, V, H)
+        seed = int(rng.integers(0, 2**32))
+        scale = row_scale(seed, V, H, p)
+        x, dE = run_embedding(dev, tokens, E, dx, dE0, seed, p)
+        exp_x = reference.embedding_forward(E, tokens.astype(np.intp), scale).reshape(-1, H)
+        exp_dE = dE0.copy()
+        reference.embedding_backward(exp_dE, dx, tokens.astype(np.intp), scale)
+        shape = f"T{T} B{B} V{V} H{H} p{p:g}"
+        out.append(compare("embedding_forward", shape, x, exp_x, 1e-6, 1e-6))
+        # sums of many scaled rows: FMA contraction (GPUs) moves the last bits, so the absolute
+        # tolerance follows the largest sum
+        out.append(compare("embedding_backward", shape, dE, exp_dE,
+                           2e-6 * max(1.0, float(np.abs(exp_dE).max())), 1e-5))
+    return out

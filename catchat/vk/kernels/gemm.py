@@ -1,0 +1,357 @@
+"""Matrix multiply and column sums (glsl/gemm.comp, glsl/colsum.comp).
+
+Operands are row-major matrices inside bigger buffers, given as `(tensor, element offset, leading
+dimension)`: e.g. W_ih of layer l is `(params, layout.offsets["layers.l.gru.weight_ih"], H)`.
+Where the model uses them:
+    input projection   G[T*B,3H]  = X[T*B,H] @ W_ih^T + b_ih        Gemm(trans_b=True, bias=...)
+    head logits        Z[T*B,V]   = X[T*B,H] @ W_head^T             Gemm(trans_b=True)
+    weight gradient    dW[3H,H]  += dG^T[3H,T*B] @ X[T*B,H]         Gemm(trans_a=True, beta=1, split_k=S)
+    input gradient     dX[T*B,H] (+)= dG[T*B,3H] @ W_ih[3H,H]       Gemm(beta=0 or 1)
+    bias gradient      db[3H]    += colsum(dG[T*B,3H])              ColSum
+Both kernels are deterministic: fixed summation orders, no float atomics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.vk.device import Device
+from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
+
+MAX_GROUPS = 65535  # the smallest maxComputeWorkGroupCount Vulkan allows per dimension
+
+
+def _is_gpu(dev: Device) -> bool:
+    return dev.info.type != "CPU" and dev.info.max_shared_memory_bytes >= 48 * 1024
+
+
+def _check_matrix(tensor, off: int, rows: int, cols: int, ld: int, what: str) -> None:
+    """Refuse a matrix view that reaches past its buffer (kp would not tell)."""
+    if off < 0 or ld < cols:
+        raise ValueError(f"{what}: offset {off} / leading dimension {ld} invalid for {cols} columns")
+    if rows > 0 and cols > 0 and off + (rows - 1) * ld + cols > tensor.size():
+        raise ValueError(f"{what}: [{rows},{cols}] at offset {off} (ld {ld}) exceeds its buffer "
+                         f"of {tensor.size()} elements")
+
+
+def _check_vector(tensor, off: int, n: int, what: str) -> None:
+    if off < 0 or off + n > tensor.size():
+        raise ValueError(f"{what}: [{n}] at offset {off} exceeds its buffer of {tensor.size()} elements")
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Workgroup tile BM x BN over k-slices of BK; each thread computes TM x TN outputs."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * 2 * self.bk * (self.bm + 4 + self.bn + 4)  # double-buffered A and B slices
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
+
+
+def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
+    """Tile sizes for this device and output shape.
+
+    GPU: 128x128 tiles, 8x8 outputs per thread (256 threads, 16.9 KB shared; ~31-34 TFLOP/s on
+    an H200 at the model's shapes), or 64x64 / 4x4 (~21-24) when even with split_k there are
+    too few 128x128 tiles to fill the machine. CPU (lavapipe): 32x32 / 4x4.
+    """
+    if not _is_gpu(dev):
+        return GemmTiles(32, 32, 8, 4, 4)
+    if ceil_div(M, 128) * ceil_div(N, 128) * split_k >= 264:  # ~2 workgroups per SM on an H200
+        return GemmTiles(128, 128, 8, 8, 8)
+    return GemmTiles(64, 64, 8, 4, 4)
+
+
+def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
+    """A split-K count for a long-K GEMM with few output tiles (weight gradients, K = T*B):
+    ~512 workgroups in all, k-ranges of >= 1024, a workspace of at most max_workspace_bytes;
+    1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms unsplit -> 3.2 ms at 16.)"""
+    if not _is_gpu(dev):
+        return 1
+    s = ceil_div(512, ceil_div(M, 128) * ceil_div(N, 128))
+    return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
+
+
+def _workspace(dev: Device, given, n: int, what: str):
+    """The caller's scratch tensor (shareable between kernels that run one after another) or a
+    new device-only one of n floats."""
+    if given is None:
+        return dev.tensor(n, kind="storage")
+    if given.size() < n:
+        raise ValueError(f"{what}: workspace of {given.size()} floats, needs {n}")
+    return given
+
+
+class _GemmSplitReduce(Kernel):
+    """Second pass of split-K: C[M,N] = alpha * sum_s W[s,M,N] (s in order) + beta*C + bias."""
+
+    shader = "gemm"
+    WORKGROUP = 256
+
+    def __init__(self, dev, work, c, M, N, S, alpha, beta, bias):
+        defines = {"SPLITK_REDUCE": 1, **({"HAS_BIAS": 1} if bias is not None else {})}
+        tensors = [work, c[0]] + ([bias[0]] if bias is not None else [])
+        self.push = (M, N, S, c[1], c[2], bias[1] if bias is not None else 0, float(alpha), float(beta))
+        groups = min(max(1, ceil_div(M * N, self.WORKGROUP)), MAX_GROUPS)
+        super().__init__(dev, tensors, [groups], spec=[self.WORKGROUP], push=self.push, defines=defines)
+
+    def op(self):
+        return super().op(*self.push)
+
+
+class Gemm(Kernel):
+    """C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C + bias[N] (glsl/gemm.comp).
+
+    a, b, c: (tensor, element offset, leading dimension) of row-major matrices. A is stored
+    [M,K] (or [K,M] with trans_a), B is stored [K,N] (or [N,K] with trans_b), C is [M,N].
+    bias: None or (tensor, element offset) of [N], added to every row. beta = 0 never reads C.
+    split_k = S > 1 splits K into S ranges (use it when K is large and M*N small: weight
+    gradients over T*B): the main pass writes S partial products to a private workspace of
+    S*M*N floats (device-only; or pass `workspace`, a float tensor of >= S*M*N, to share one
+    between GEMMs), a second dispatch sums them in order into C. Deterministic either way; S
+    changes the rounding (not the run-to-run result). `gemm_split_k` suggests S per device.
+    `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
+    """
+
+    shader = "gemm"
+
+    def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
+                 trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
+                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None):
+        M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
+        self.M, self.N, self.K = M, N, K
+        k_split = ceil_div(max(K, 1), split_k)  # k-range per split; S shrinks if K < S
+        self.split_k = ceil_div(max(K, 1), k_split)
+        self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k)
+        t = self.tiles
+        if t.bm % t.tm or t.bn % t.tn or t.threads > dev.info.max_workgroup_invocations:
+            raise ValueError(f"bad GEMM tiles {t}")
+        if t.shared_bytes > dev.info.max_shared_memory_bytes:
+            raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
+        _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A")
+        _check_matrix(b[0], b[1], *((N, K) if trans_b else (K, N)), b[2], "gemm B")
+        _check_matrix(c[0], c[1], M, N, c[2], "gemm C")
+        if bias is not None:
+            _check_vector(bias[0], bias[1], N, "gemm bias")
+
+        grid = [ceil_div(M, t.bm), ceil_div(N, t.bn), self.split_k]
+        if max(grid) > MAX_GROUPS:
+            raise ValueError(f"GEMM grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
+        grid = [max(1, g) for g in grid]
+
+        defines = {}
+        if trans_a:
+            defines["TRANS_A"] = 1
+        if trans_b:
+            defines["TRANS_B"] = 1
+        self.reduce = None
+        if self.split_k == 1:
+            if bias is not None:
+                defines["HAS_BIAS"] = 1
+            tensors = [a[0], b[0], c[0]] + ([bias[0]] if bias is not None else [])
+            bias_off = bias[1] if bias is not None else 0
+            self.push = (M, N, K, a[1], a[2], b[1], b[2], c[1], c[2], bias_off,
+                         float(alpha), float(beta), k_split, 0)
+        else:
+            if self.split_k * M * N >= 2**32:
+                raise ValueError(f"split-K workspace of {self.split_k}x{M}x{N} floats is too large")
+            self.work = _workspace(dev, workspace, self.split_k * M * N, "gemm split-K")  # [S,M,N]
+            tensors = [a[0], b[0], self.work]
+            self.push = (M, N, K, a[1], a[2], b[1], b[2], 0, N, 0, 1.0, 0.0, k_split, M * N)
+            self.reduce = _GemmSplitReduce(dev, self.work, c, M, N, self.split_k, alpha, beta, bias)
+        super().__init__(dev, tensors, grid, spec=t.spec(), push=self.push, defines=defines)
+
+    def op(self):
+        """The one dispatch (split_k == 1)."""
+        if self.reduce is not None:
+            raise ValueError("this Gemm is split over K: record every op of ops() in order")
+        return super().op(*self.push)
+
+    def ops(self) -> list:
+        """The dispatches to record, in order (two with split-K)."""
+        main = super().op(*self.push)
+        return [main] if self.reduce is None else [main, self.reduce.op()]
+
+
+def gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias=None) -> np.ndarray:
+    """numpy twin in float64: alpha * op(a) @ op(b) + beta * c (+ bias); a, b, c 2-D arrays."""
+    A = a.T if trans_a else a
+    B = b.T if trans_b else b
+    out = alpha * (A.astype(np.float64) @ B.astype(np.float64))
+    if beta != 0.0:
+        out += beta * c.astype(np.float64)
+    if bias is not None:
+        out += bias.astype(np.float64)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Column sums (bias gradients)
+# ---------------------------------------------------------------------------------------------
+
+
+def colsum_geometry(dev: Device) -> tuple[int, int]:
+    """(columns, row lanes) per workgroup; the row lanes are a power of two (tree reduction)."""
+    return (32, 8) if _is_gpu(dev) else (16, 4)
+
+
+def colsum_splits(dev: Device, M: int, N: int) -> int:
+    """Row splits for ColSum: ~1024 workgroups with >= 512 rows each on a GPU, 1 on a CPU.
+    (H200, [65536,1536]: 1.0 ms unsplit -> 0.15 ms at 16 splits.)"""
+    if not _is_gpu(dev):
+        return 1
+    cols = ceil_div(N, colsum_geometry(dev)[0])
+    return max(1, min(ceil_div(1024, cols), M // 512))
+
+
+class ColSum(Kernel):
+    """out[N] += sum over M rows of A[M,N] (glsl/colsum.comp), rows summed in a fixed order.
+
+    a: (tensor, element offset, leading dimension) of A [M,N]; out: (tensor, element offset) of
+    [N], accumulated into. row_splits = S > 1 sums S row chunks in parallel into a workspace
+    [S,N] (private, or `workspace`: a float tensor of >= S*N), then a second dispatch adds the
+    S partials in order (for M ~ 65536; `colsum_splits` suggests S per device).
+    `ops()` gives the dispatches in order; `op()` the single one when S == 1.
+    """
+
+    shader = "colsum"
+
+    def __init__(self, dev: Device, a, out, M: int, N: int, row_splits: int = 1, workspace=None):
+        M, N = int(M), int(N)
+        self.M, self.N = M, N
+        _check_matrix(a[0], a[1], M, N, a[2], "colsum A")
+        _check_vector(out[0], out[1], N, "colsum out")
+        wx, wy = colsum_geometry(dev)
+        rows = ceil_div(max(M, 1), max(1, int(row_splits)))
+        self.splits = ceil_div(max(M, 1), rows)
+        cols = max(1, ceil_div(N, wx))
+        if cols > MAX_GROUPS or self.splits > MAX_GROUPS:
+            raise ValueError(f"colsum grid [{cols},{self.splits}] exceeds {MAX_GROUPS} workgroups")
+        spec = [wx, wy]
+        self.second = None
+        if self.splits == 1:
+            self.push = (M, N, a[1], a[2], out[1], max(M, 1), 1)
+            super().__init__(dev, [a[0], out[0]], [cols, 1], spec=spec, push=self.push)
+        else:
+            self.work = _workspace(dev, workspace, self.splits * N, "colsum")  # [S,N]
+            self.push = (M, N, a[1], a[2], 0, rows, 0)
+            super().__init__(dev, [a[0], self.work], [cols, self.splits], spec=spec, push=self.push)
+            self.second = _ColSumPass(dev, self.work, out, self.splits, N, spec, cols)
+
+    def op(self):
+        if self.second is not None:
+            raise ValueError("this ColSum is split over rows: record every op of ops() in order")
+        return super().op(*self.push)
+
+    def ops(self) -> list:
+        first = super().op(*self.push)
+        return [first] if self.second is None else [first, self.second.op()]
+
+
+class _ColSumPass(Kernel):
+    """Second pass of a row-split ColSum: out[N] += sum over the S partial rows, in order."""
+
+    shader = "colsum"
+
+    def __init__(self, dev, work, out, S, N, spec, cols):
+        self.push = (S, N, 0, N, out[1], S, 1)
+        super().__init__(dev, [work, out[0]], [cols, 1], spec=spec, push=self.push)
+
+    def op(self):
+        return super().op(*self.push)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity against numpy
+# ---------------------------------------------------------------------------------------------
+
+GEMM_SIZES = ((1, 1, 1), (7, 13, 5), (65, 33, 129), (128, 96, 64))
+GEMM_RTOL = 1e-5  # relative to max |C|: float32 accumulation over K terms
+
+
+def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """A random [rows, cols] matrix at `off` with leading dimension ld inside a bigger buffer
+    filled with sentinels; returns (buffer, the matrix)."""
+    buf = np.full(off + rows * ld + extra, 777.0, np.float32)
+    mat = rng.standard_normal((rows, cols)).astype(np.float32)
+    view = buf[off:off + rows * ld].reshape(rows, ld)
+    view[:, :cols] = mat
+    return buf, mat
+
+
+def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
+              alpha=1.0, tiles=None) -> ParityResult:
+    """One GEMM against float64 numpy, operands at odd offsets with padded leading dimensions;
+    also checks that nothing outside C's [M,N] window changed."""
+    ar, ac = (K, M) if trans_a else (M, K)
+    br, bc = (N, K) if trans_b else (K, N)
+    a_buf, a = _embed(rng, ar, ac, ac + 3, 5)
+    b_buf, b = _embed(rng, br, bc, bc + 1, 17)
+    c_buf, c = _embed(rng, M, N, N + 2, 9)
+    bias_buf = np.full(N + 20, 555.0, np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    bias_buf[11:11 + N] = bias
+    ta, tb, tc, tbias = (dev.tensor(x) for x in (a_buf, b_buf, c_buf, bias_buf))
+    g = Gemm(dev, (ta, 5, ac + 3), (tb, 17, bc + 1), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
+             alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles)
+    (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
+    exp_buf = c_buf.astype(np.float64)
+    exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
+    exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
+    scale = float(np.abs(exp).max()) if exp.size else 1.0
+    name = f"gemm{'_tA' if trans_a else ''}{'_tB' if trans_b else ''}{'+bias' if with_bias else ''}"
+    shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
+    if tiles is not None:
+        shape += f" tiles={tiles.bm}x{tiles.bn}/{tiles.tm}x{tiles.tn}"
+    return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
+
+
+def colsum_case(dev: Device, rng, M, N, row_splits=1) -> ParityResult:
+    a_buf, a = _embed(rng, M, N, N + 3, 7)
+    out = np.full(N + 9, 3.0, np.float32)
+    ta, to = dev.tensor(a_buf), dev.tensor(out)
+    k = ColSum(dev, (ta, 7, N + 3), (to, 4), M, N, row_splits=row_splits)
+    (got,) = run_ops(dev, [ta, to], k.ops(), [to])
+    exp = out.astype(np.float64)
+    exp[4:4 + N] += a.astype(np.float64).sum(0)
+    return compare("colsum", f"{M}x{N} splits={k.splits}", got, exp, 1e-5 * max(1.0, np.sqrt(M)), 1e-5)
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Every transpose variant at sizes that do and do not divide the tiles, with and without
+    bias, beta 0 and 1, nonzero offsets; split-K; column sums with and without row splits."""
+    rng = np.random.default_rng(0)
+    out = []
+    for M, N, K in GEMM_SIZES:
+        for ta in (False, True):
+            for tb in (False, True):
+                for beta, bias in ((0.0, False), (1.0, True)):
+                    out.append(gemm_case(dev, rng, M, N, K, ta, tb, beta, bias))
+    out.append(gemm_case(dev, rng, 65, 33, 129, False, True, 0.0, True, alpha=-0.5))
+    out.append(gemm_case(dev, rng, 37, 29, 300, True, False, 1.0, False, split_k=4))
+    out.append(gemm_case(dev, rng, 7, 13, 40, True, False, 1.0, True, split_k=3))
+    for tiles in (GemmTiles(64, 64, 8, 4, 4), GemmTiles(128, 128, 8, 8, 8)):  # the GPU's tiles
+        out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=tiles))
+    for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
+        out.append(colsum_case(dev, rng, M, N, splits))
+    return out

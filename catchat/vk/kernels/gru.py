@@ -1,0 +1,313 @@
+"""GRU recurrent sweep, one dispatch per timestep (glsl/gru_forward.comp, glsl/gru_backward.comp).
+
+Only the serial path lives here. Before the forward sweep a GEMM computes gi = x @ W_ih^T + b_ih
+[T,B,3H] for all steps; after the backward sweep GEMMs compute dW_ih = dGi^T x, dW_hh = dGh^T hprev,
+db_ih = colsum(dGi), db_hh = colsum(dGh), dx = dGi @ W_ih from the dGi, dGh, hprev written here.
+
+Forward, per step t = 0..T-1 (`GruForward.sweep_ops()`, T dispatches): the recurrent matmul
+h_prev @ W_hh^T fused with the gates; writes o[t], hprev[t], save[t] = (r, z, n, ghn), hT at T-1.
+Backward (`GruBackward.sweep_ops()`, T+1 dispatches, s = T, T-1, ..., 0): dispatch s finishes
+step s (dh_{s-1} = (dhtot z + dGh[s] @ W_hh) * carry, clamp, dh0 at s = 0) and then runs the
+gate backward of step s-1 on the same elements, so no dh ping-pong buffer is needed: each thread
+owns its (b, k) element in every dispatch (see the shader header).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat.model import ModelSpec, ParamLayout
+from catchat.vk import slots
+from catchat.vk.device import Device
+from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
+from catchat.vk.kernels.dropout import make_hyper
+
+# Tiles: (threads x, threads y, k-slices, block x, block y, k chunk).
+#   forward:  x = units (block x = units per thread), y = lanes, k chunk = KC floats of H
+#   backward: x = vec4 column groups (block x = groups of 4 columns per thread), y = lanes,
+#             k chunk = RC rows of W_hh
+# Threads x*y*slices; outputs per workgroup (x*bx [*4 backward]) x (y*by). Candidates biggest
+# first; `pick_tiles` takes the first that still spreads a step over >= MIN_WORKGROUPS.
+FORWARD_TILES = ((4, 16, 4, 1, 4, 64), (4, 16, 2, 1, 2, 64), (4, 8, 4, 1, 1, 32), (4, 8, 1, 1, 1, 32))
+BACKWARD_TILES = ((4, 8, 4, 1, 2, 64), (4, 16, 4, 1, 1, 64), (2, 16, 8, 1, 1, 64), (4, 8, 1, 1, 1, 32))
+MIN_WORKGROUPS = 128  # enough to spread one step over a big GPU's SMs
+
+
+def tile_extent(tiles, backward: bool) -> tuple[int, int]:
+    """(columns or units, lanes) one workgroup covers."""
+    nx, ny, _, bx, by, _ = tiles
+    return nx * bx * (4 if backward else 1), ny * by
+
+
+def pick_tiles(B: int, H: int, backward: bool = False, min_workgroups: int = MIN_WORKGROUPS):
+    """The first candidate giving >= min_workgroups workgroups for [B, H] outputs (else the smallest)."""
+    cands = BACKWARD_TILES if backward else FORWARD_TILES
+    for tl in cands:
+        tx, tb = tile_extent(tl, backward)
+        if ceil_div(H, tx) * ceil_div(B, tb) >= min_workgroups:
+            return tl
+    return cands[-1]
+
+
+def _need(tensor, n: int, what: str) -> None:
+    """Out-of-bounds shader writes are silent: check every operand is big enough up front."""
+    if tensor.size() < n:
+        raise ValueError(f"{what}: buffer holds {tensor.size()} elements, needs {n}")
+
+
+def _check_tiles(dev: Device, tiles, backward: bool) -> int:
+    """Validate a tile tuple; returns its shared-memory bytes."""
+    nx, ny, ks, bx, by, kc = tiles
+    nt = nx * ny * ks
+    red = nx * ny * max(ks - 1, 1)  # threads parking partials (slices 1..)
+    if nt > dev.info.max_workgroup_invocations or min(tiles) < 1 or kc % 4:
+        raise ValueError(f"bad tiles {tiles}: {nt} threads, k chunk must be a multiple of 4")
+    if backward:  # gs [RC][TB+1] + ws [RC][TK] + red + hits
+        nbytes = 4 * kc * (ny * by + 1) + 16 * kc * nx * bx + 4 * 4 * bx * by * red + 4
+    else:  # hs [TB][KC+4] + ws [3TJ][KC+4] + red
+        nbytes = 4 * (kc + 4) * (ny * by + 3 * nx * bx) + 4 * 3 * bx * by * red
+    limit = min(dev.info.max_shared_memory_bytes, 32768)
+    if nbytes > limit:
+        raise ValueError(f"tiles {tiles}: {nbytes} bytes of shared memory, limit {limit}")
+    return nbytes
+
+
+class GruForward(Kernel):
+    """One GRU timestep, the recurrent matmul fused with the gates; one dispatch per t.
+
+    gi: float32 [T,B,3H] at gi_off (x @ W_ih^T + b_ih); params: W_hh [3H,H] at w_off, b_hh [3H]
+    at b_off; h0: [B,H] at h0_off (e.g. layer l of an [L,B,H] state); resets: uint32 [T,B]
+    (1 = the state entering t is zero). Written: o [T,B,H] at o_off, hprev [T,B,H] at hprev_off
+    (state entering t, after the reset), save [T,B,4H] at save_off = (r, z, n, ghn) per step,
+    hT [B,H] at hT_off (at t = T-1). Nothing accumulates. hT may share h0's buffer, but not the
+    same words when T == 1 (step 0 reads h0 while writing hT).
+    tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk), default
+    `pick_tiles(B, H)`.
+    """
+
+    shader = "gru_forward"
+
+    def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
+                 w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
+                 hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None):
+        self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        if T == 1 and h0 is hT and h0_off == hT_off:
+            raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
+        for t, n, what in ((gi, gi_off + T * B * 3 * H, "gi"), (params, max(w_off + 3 * H * H, b_off + 3 * H), "params"),
+                           (h0, h0_off + B * H, "h0"), (resets, T * B, "resets"), (o, o_off + T * B * H, "o"),
+                           (hprev, hprev_off + T * B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
+                           (hT, hT_off + B * H, "hT")):
+            _need(t, n, what)
+        nx, ny, ks, rj, rb, kc = self.tiles = tuple(tiles or pick_tiles(B, H))
+        self.shared_bytes = _check_tiles(dev, self.tiles, backward=False)
+        tj, tb = tile_extent(self.tiles, backward=False)
+        self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
+        super().__init__(dev, [gi, params, h0, resets, o, hprev, save, hT, o],
+                         [ceil_div(H, tj), ceil_div(B, tb)], spec=[nx, ny, ks],
+                         push=(0, T, B, H) + self.offsets,
+                         defines={"RJ": rj, "RB": rb, "KC": kc, "LH": ceil_div(tb * kc, nx * ny * ks),
+                                  "LW": ceil_div(3 * tj * kc, nx * ny * ks)})
+
+    def step(self, t: int):
+        """The dispatch of timestep t (must run after step t-1's)."""
+        if not 0 <= t < self.T:
+            raise ValueError(f"timestep {t} outside [0, {self.T})")
+        return self.op(t, self.T, self.B, self.H, *self.offsets)
+
+    def sweep_ops(self):
+        """The whole window: steps 0..T-1, to be recorded in this order."""
+        return [self.step(t) for t in range(self.T)]
+
+
+class GruBackward(Kernel):
+    """The backward sweep's per-step dispatch (gate backward fused with dh @ W_hh).
+
+    do: float32 [T,B,H] at do_off (gradient on the layer's outputs, all t); save [T,B,4H] at
+    save_off and hprev [T,B,H] at hprev_off from GruForward; resets uint32 [T,B]; params: W_hh
+    [3H,H] at w_off; hyper: uint32 [HP_WORDS] (HP_GRADH_CLAMP, 0 = off). Written: dGi, dGh
+    [T,B,3H] at dgi_off, dgh_off (every element, every step), dh0 [B,H] at dh0_off (gradient on
+    the carried-in state, unclamped; for checks). Accumulates: stats[ST_CLAMP_HITS] += clamped
+    elements (uint32). A private scratch dhtot [B,H] carries the running gradient between
+    dispatches; it needs no zeroing (dispatch s = T writes it before anything reads it).
+    """
+
+    shader = "gru_backward"
+
+    def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
+                 B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
+                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None):
+        self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
+                           (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
+                           (params, w_off + 3 * H * H, "params"), (hyper, slots.HP_WORDS, "hyper"),
+                           (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * 3 * H, "dGh"),
+                           (dh0, dh0_off + B * H, "dh0"), (stats, slots.ST_WORDS, "stats")):
+            _need(t, n, what)
+        nx, ny, ks, rq, rb, rc = self.tiles = tuple(tiles or pick_tiles(B, H, backward=True))
+        self.shared_bytes = _check_tiles(dev, self.tiles, backward=True)
+        tk, tb = tile_extent(self.tiles, backward=True)
+        self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
+        self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
+        super().__init__(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats],
+                         [ceil_div(H, tk), ceil_div(B, tb)], spec=[nx, ny, ks],
+                         push=(0, T, B, H) + self.offsets,
+                         defines={"RQ": rq, "RB": rb, "RC": rc, "LG": ceil_div(tb * rc, nx * ny * ks),
+                                  "LW": ceil_div(rc * tk, nx * ny * ks)})
+
+    def step(self, s: int):
+        """Dispatch s in [0, T]: finishes step s (s < T), then gate backward of step s-1 (s >= 1)."""
+        if not 0 <= s <= self.T:
+            raise ValueError(f"backward dispatch {s} outside [0, {self.T}]")
+        return self.op(s, self.T, self.B, self.H, *self.offsets)
+
+    def sweep_ops(self):
+        """The whole window: s = T, T-1, ..., 0 (T+1 dispatches), to be recorded in this order."""
+        return [self.step(s) for s in range(self.T, -1, -1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# numpy twin of the backward sweep's outputs (reference computes dG internally only)
+# ---------------------------------------------------------------------------------------------
+
+
+def gru_backward_dg(do, cache, clamp=None):
+    """reference.gru_layer_backward's loop, returning what the GPU writes.
+
+    do [T,B,H]; cache from reference.gru_layer_forward. Returns dGi, dGh [T,B,3H], dh0 [B,H], hits.
+    """
+    hprev, r, z, n, ghn, carry = (cache[k] for k in ("hprev", "r", "z", "n", "ghn", "carry"))
+    w_hh = cache["w_hh"]
+    T, B, H = do.shape
+    dgi, dgh = np.empty((T, B, 3 * H), do.dtype), np.empty((T, B, 3 * H), do.dtype)  # [T,B,3H]
+    dh = np.zeros((B, H), do.dtype)  # [B,H]
+    hits = 0
+    for t in reversed(range(T)):
+        dh = dh + do[t]
+        dan = dh * (1 - z[t]) * (1 - n[t] ** 2)
+        daz = dh * (hprev[t] - n[t]) * z[t] * (1 - z[t])
+        dar = dan * ghn[t] * r[t] * (1 - r[t])
+        dgi[t] = np.concatenate([dar, daz, dan], axis=1)
+        dgh[t] = np.concatenate([dar, daz, dan * r[t]], axis=1)
+        dh = (dh * z[t] + dgh[t] @ w_hh) * carry[t][:, None]
+        if clamp is not None and t > 0:
+            hits += int(np.count_nonzero(np.abs(dh) > clamp))
+            dh = np.clip(dh, -clamp, clamp)
+    return dgi, dgh, dh, hits
+
+
+def weight_grads_from_dg(dgi, dgh, x, hprev, w_ih):
+    """What the post-sweep GEMMs compute: dx, dW_ih, dW_hh, db_ih, db_hh (numpy, any dtype)."""
+    H = x.shape[-1]
+    dgi2, dgh2 = dgi.reshape(-1, 3 * H), dgh.reshape(-1, 3 * H)
+    return (dgi @ w_ih, dgi2.T @ x.reshape(-1, H), dgh2.T @ hprev.reshape(-1, H), dgi2.sum(0), dgh2.sum(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity
+# ---------------------------------------------------------------------------------------------
+
+FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
+BWD_ATOL, BWD_RTOL = 2e-6, 1e-5  # dGi, dGh, dh0: O(1) values after T steps of recursion
+
+
+def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
+    """Inputs of one parity case: flat params (ParamLayout with 2 layers), gi, h0 [2,B,H], resets, do."""
+    rng = np.random.default_rng(seed + 7919 * T + 104729 * H + B)
+    layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=2))
+    flat = np.zeros(layout.total, np.float32)
+    k = wscale / np.sqrt(H)  # larger than init so gates saturate somewhere
+    for name in layout.names:
+        flat[layout.offsets[name]:layout.offsets[name] + layout.sizes[name]] = rng.uniform(-k, k, layout.sizes[name])
+    x = (xscale * rng.standard_normal((T, B, H))).astype(np.float32)
+    h0 = (0.7 * rng.standard_normal((2, B, H))).astype(np.float32)
+    resets = (rng.random((T, B)) < 0.2).astype(np.uint32)  # [T,B]
+    resets[0, 0] = 1  # a reset at t = 0 ...
+    if T > 2:
+        resets[T // 2, B - 1] = 1  # ... and one inside the window
+    do = rng.standard_normal((T, B, H)).astype(np.float32)
+    p = {n: layout.view(flat, f"layers.{layer}.gru.{n}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
+    gi = (x @ p["weight_ih"].T + p["bias_ih"]).astype(np.float32)  # [T,B,3H]: the GEMM's job
+    return dict(layout=layout, flat=flat, p=p, x=x, h0=h0, resets=resets, do=do, gi=gi, layer=layer)
+
+
+def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16, stats0: int = 5):
+    """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
+
+    tiles: (forward tiles, backward tiles), None = pick_tiles. Every activation buffer carries `pad` leading floats (operands at nonzero offsets) and h0/hT/dh0
+    live in [2,B,H] state buffers addressed at layer `case['layer']`.
+    """
+    layout, layer = case["layout"], case["layer"]
+    T, B, H = case["x"].shape
+    w_off = layout.offsets[f"layers.{layer}.gru.weight_hh"]
+    b_off = layout.offsets[f"layers.{layer}.gru.bias_hh"]
+    st_off = layer * B * H  # layer l of an [L,B,H] state buffer
+    f32 = lambda n: dev.tensor(pad + n)  # noqa: E731
+    tgi = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["gi"].ravel()]))
+    tp, th0 = dev.tensor(case["flat"]), dev.tensor(case["h0"])
+    tres = dev.tensor(case["resets"], np.uint32)
+    to, thp, tsave, thT = f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), dev.tensor(2 * B * H)
+    tdo = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["do"].ravel()]))
+    hyper = dev.tensor(make_hyper(0, gradh_clamp=clamp), np.uint32)
+    stats = np.zeros(slots.ST_WORDS, np.uint32)
+    stats[slots.ST_CLAMP_HITS] = stats0  # hits accumulate onto what is there
+    tstats = dev.tensor(stats, np.uint32)
+    tdgi, tdgh, tdh0 = f32(T * B * 3 * H), f32(T * B * 3 * H), dev.tensor(2 * B * H)
+    fwd = GruForward(dev, tgi, tp, th0, tres, to, thp, tsave, thT, T=T, B=B, H=H, w_off=w_off, b_off=b_off,
+                     gi_off=pad, h0_off=st_off, o_off=pad, hprev_off=pad, save_off=pad, hT_off=st_off, tiles=tiles[0])
+    bwd = GruBackward(dev, tdo, tsave, thp, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
+                      w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
+                      dh0_off=st_off, tiles=tiles[1])
+    outs = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, to, thp, tsave, thT, tdgi, tdgh, tdh0],
+                   fwd.sweep_ops() + bwd.sweep_ops(), [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats])
+    o, hp, save, hT, dgi, dgh, dh0, st = outs
+    sl = np.s_[st_off:st_off + B * H]
+    return dict(o=o[pad:].reshape(T, B, H), hprev=hp[pad:].reshape(T, B, H), save=save[pad:].reshape(T, B, 4 * H),
+                hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh[pad:].reshape(T, B, 3 * H),
+                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0)
+
+
+def expected_gru(case, clamp: float = 0.0):
+    """reference forward (+ the dG twin) in float32 for one case."""
+    p, layer = case["p"], case["layer"]
+    o, cache = ref.gru_layer_forward(case["x"], case["h0"][layer], case["resets"], p["weight_ih"], p["weight_hh"],
+                                     p["bias_ih"], p["bias_hh"])
+    dgi, dgh, dh0, hits = gru_backward_dg(case["do"], cache, clamp or None)
+    save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
+    return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
+
+
+AUTO = (None, None)
+CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tiles
+    (1, 1, 1, AUTO, 0.0),
+    (5, 3, 7, AUTO, 0.0),
+    # register blocks, k-slices and k chunks that leave partial workgroups, chunks and slices
+    (5, 3, 7, ((2, 2, 2, 3, 2, 8), (1, 2, 2, 2, 2, 8)), 0.05),
+    (9, 4, 33, AUTO, 0.02),
+    (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.0),
+    (6, 5, 64, AUTO, 0.0),
+    (6, 5, 64, (FORWARD_TILES[0], BACKWARD_TILES[0]), 0.03),  # the big-GPU tiles
+    (4, 3, 130, (FORWARD_TILES[1], BACKWARD_TILES[1]), 0.0),
+]
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Forward and backward sweeps against reference at odd sizes, resets at t=0 and mid-window,
+    clamp off and on (hit count exact); the GPU dG also reproduce reference's dW/db/dx via numpy."""
+    out = []
+    for T, B, H, tiles, clamp in CASES:
+        case = make_case(T, B, H)
+        got = run_gru_gpu(dev, case, clamp, tiles)
+        exp, cache = expected_gru(case, clamp)
+        shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}"
+        for k in ("o", "hprev", "save", "hT"):
+            out.append(compare(f"gru_forward.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
+        for k in ("dgi", "dgh", "dh0"):
+            out.append(compare(f"gru_backward.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
+        out.append(compare("gru_backward.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
+        # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own
+        r = ref.gru_layer_backward(case["do"], None, cache, clamp or None)
+        g = weight_grads_from_dg(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])
+        for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
+            out.append(compare(f"gru_backward.{name}", shape, a, e, 4 * BWD_ATOL * np.sqrt(T * B), BWD_RTOL))
+    return out

@@ -1,0 +1,151 @@
+"""Residual + variational dropout + RMSNorm, forward and backward (glsl/rmsnorm.comp).
+
+Rows r = t * B + b of H floats, time-major. The hidden dropout scale
+hidscale[b,j] = dropout_scale(seed, 16 + layer, b * H + j, p_hid) (seed, p_hid from `hyper`) is
+recomputed in both directions, never stored; the backward recomputes y = x + o * hidscale from
+the layer input x and GRU output o (both kept for the GEMMs anyway), so only rstd is saved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat.vk.device import Device
+from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
+from catchat.vk.kernels.dropout import make_hyper
+
+MAX_WORKGROUPS = 65535  # per dimension (lavapipe's limit; NVIDIA's is larger)
+
+
+def _row_workgroup(dev: Device, H: int, wg: int | None) -> tuple[int, int]:
+    """(threads per workgroup, columns per thread): a power of two in [32, 256] covering H."""
+    if wg is None:
+        wg = min(256, max(32, 1 << (int(H) - 1).bit_length()))
+    wg = min(int(wg), dev.info.max_workgroup_invocations)
+    return wg, ceil_div(H, wg)
+
+
+class ResidualRmsNormForward(Kernel):
+    """out = RMSNorm(x + o * hidscale) * g for rows of H floats; saves rstd.
+
+    x, o, out: float32 [T,B,H] at x_off, o_off, out_off; params: g = norm.weight [H] at g_off;
+    hyper: uint32 [HP_WORDS] (HP_SEED, HP_P_HID); rstd: float32 [T*B] at rstd_off.
+    out may alias x (each element is read, then written, by one thread) but the backward needs x.
+    """
+
+    shader = "rmsnorm"
+
+    def __init__(self, dev: Device, x, o, params, hyper, out, rstd, *, T: int, B: int, H: int,
+                 layer: int, g_off: int, eps: float = 1e-6, x_off: int = 0, o_off: int = 0,
+                 out_off: int = 0, rstd_off: int = 0, wg: int | None = None, rows_per_wg: int | None = None):
+        R = int(T) * int(B)
+        wg, cols = _row_workgroup(dev, H, wg)
+        rpw = rows_per_wg or max(1, ceil_div(R, 32768))
+        n_wg = ceil_div(R, rpw)
+        if n_wg > MAX_WORKGROUPS:
+            raise ValueError(f"{n_wg} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")
+        self.push = (R, B, H, layer, rpw, x_off, o_off, g_off, out_off, rstd_off, float(eps))
+        super().__init__(dev, [x, o, params, hyper, out, rstd], [n_wg], spec=[wg, cols],
+                         push=self.push, defines={"FORWARD": 1})
+
+    def __call__(self):
+        return self.op(*self.push)
+
+    def ops(self):
+        return [self()]
+
+
+class ResidualRmsNormBackward:
+    """Backward of ResidualRmsNormForward: two dispatches, `ops()` in this order.
+
+    1. rows (BACKWARD): dx = dy, do = dy * hidscale (both WRITTEN, [T,B,H] at dx_off, do_off),
+       and per-workgroup partial dg into a private scratch [n_wg, H] (row order inside).
+    2. reduce (DG_REDUCE): grads[g_off + j] += sum of the partials in workgroup order.
+    Deterministic: no float atomics. Inputs: x, o [T,B,H]; params (g at g_off); hyper;
+    rstd [T*B] from the forward; dout [T,B,H] (may alias dx). The integrator then adds the GRU's
+    dx into dx (GEMM with beta = 1).
+    """
+
+    def __init__(self, dev: Device, x, o, params, hyper, rstd, dout, dx, do, grads, *, T: int, B: int,
+                 H: int, layer: int, g_off: int, x_off: int = 0, o_off: int = 0, rstd_off: int = 0,
+                 dout_off: int = 0, dx_off: int = 0, do_off: int = 0, wg: int | None = None,
+                 rows_per_wg: int | None = None):
+        R = int(T) * int(B)
+        wg, cols = _row_workgroup(dev, H, wg)
+        rpw = rows_per_wg or max(8, ceil_div(R, 1024))  # <= 1024 partial rows of dg
+        self.n_parts = ceil_div(R, rpw)
+        if self.n_parts > MAX_WORKGROUPS:
+            raise ValueError(f"{self.n_parts} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")
+        self.dgpart = dev.tensor(self.n_parts * H, kind="storage")  # [n_parts, H] scratch
+        self.scratch_bytes = self.n_parts * H * 4
+        self.rows_push = (R, B, H, layer, rpw, x_off, o_off, g_off, rstd_off, dout_off, dx_off, do_off)
+        self.rows = Kernel(dev, [x, o, params, hyper, rstd, dout, dx, do, self.dgpart], [self.n_parts],
+                           spec=[wg, cols], push=self.rows_push, defines={"BACKWARD": 1}, shader="rmsnorm")
+        self.reduce_push = (H, self.n_parts, g_off)
+        self.reduce = Kernel(dev, [self.dgpart, grads], [ceil_div(H, 64)], spec=[64, 1],
+                             push=self.reduce_push, defines={"DG_REDUCE": 1}, shader="rmsnorm")
+
+    def ops(self):
+        return [self.rows.op(*self.rows_push), self.reduce.op(*self.reduce_push)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity
+# ---------------------------------------------------------------------------------------------
+
+ATOL, RTOL = 2e-6, 1e-5  # float32 rows of O(1) values; dg sums T*B terms (scaled below)
+
+
+def _run_case(dev: Device, T, B, H, layer, p, seed, wg=None, rpw_f=None, rpw_b=None, rng=None):
+    """Run forward + backward once; returns (got dict, expected dict)."""
+    rng = rng or np.random.default_rng(0)
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    o = rng.standard_normal((T, B, H)).astype(np.float32)
+    g = (1 + 0.3 * rng.standard_normal(H)).astype(np.float32)
+    dout = rng.standard_normal((T, B, H)).astype(np.float32)
+    g_off = 32  # parameters/gradients at an offset inside flat buffers
+    params = np.zeros(g_off + H + 5, np.float32)
+    params[g_off:g_off + H] = g
+    grads0 = rng.standard_normal(params.size).astype(np.float32)  # dg accumulates onto this
+    tx, to, tdo_ = dev.tensor(x), dev.tensor(o), dev.tensor(dout)
+    tp, tg = dev.tensor(params), dev.tensor(grads0)
+    th = dev.tensor(make_hyper(seed, p_hid=p), np.uint32)
+    tout, trstd = dev.tensor(T * B * H), dev.tensor(T * B)
+    tdx, tdo = dev.tensor(T * B * H), dev.tensor(T * B * H)
+    fwd = ResidualRmsNormForward(dev, tx, to, tp, th, tout, trstd, T=T, B=B, H=H, layer=layer,
+                                 g_off=g_off, wg=wg, rows_per_wg=rpw_f)
+    bwd = ResidualRmsNormBackward(dev, tx, to, tp, th, trstd, tdo_, tdx, tdo, tg, T=T, B=B, H=H,
+                                  layer=layer, g_off=g_off, wg=wg, rows_per_wg=rpw_b)
+    got_out, got_rstd, got_dx, got_do, got_g = run_ops(
+        dev, [tx, to, tdo_, tp, tg, th], fwd.ops() + bwd.ops(), [tout, trstd, tdx, tdo, tg])
+    hid_scale = (ref.hidden_keep_mask(seed, layer, B, H, p) / (1.0 - p)).astype(np.float32)  # [B,H]
+    e_out, cache = ref.residual_rmsnorm_forward(x, o, hid_scale, g, np.float32(1e-6))
+    e_dx, e_do, e_dg = ref.residual_rmsnorm_backward(dout, cache)
+    got = dict(out=got_out, rstd=got_rstd, dx=got_dx, do=got_do, dg=got_g[g_off:g_off + H] - grads0[g_off:g_off + H],
+               grads_rest=np.delete(got_g, np.s_[g_off:g_off + H]))
+    exp = dict(out=e_out, rstd=cache["rstd"], dx=e_dx, do=e_do, dg=e_dg,
+               grads_rest=np.delete(grads0, np.s_[g_off:g_off + H]))
+    return got, exp
+
+
+CASES = [  # (T, B, H, layer, p, wg, rows_per_wg forward, rows_per_wg backward)
+    (1, 1, 1, 0, 0.0, None, None, None),
+    (5, 3, 7, 1, 0.3, None, None, 4),  # 15 rows, 4 per workgroup: a partial last workgroup
+    (9, 4, 33, 2, 0.1, None, 5, None),
+    (6, 5, 64, 0, 0.5, None, None, 7),
+    (3, 2, 300, 1, 0.25, 128, 2, 4),  # 3 columns per thread, the last one partial
+]
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Forward (out, rstd) and backward (dx, do, dg += ) against reference, odd sizes, dropout on/off."""
+    out = []
+    for T, B, H, layer, p, wg, rf, rb in CASES:
+        got, exp = _run_case(dev, T, B, H, layer, p, seed=1000 + T, wg=wg, rpw_f=rf, rpw_b=rb)
+        shape = f"T={T} B={B} H={H} l={layer} p={p}" + (f" wg={wg}" if wg else "")
+        for k in ("out", "rstd", "dx", "do"):
+            out.append(compare(f"rmsnorm.{k}", shape, got[k], exp[k], ATOL, RTOL))
+        out.append(compare("rmsnorm.dg", shape, got["dg"], exp["dg"], ATOL * 2 * np.sqrt(T * B), RTOL))
+        out.append(compare("rmsnorm.grads_untouched", shape, got["grads_rest"], exp["grads_rest"], 0.0, 0.0))
+    return out

@@ -1,0 +1,428 @@
+"""The GPU program: every buffer of a model at one (T, B) shape, and the recorded sequences.
+
+A training step is recorded once and replayed for every batch:
+    micro-batch (first)   upload hyper/stats/data, zero grads, forward, loss, backward, carry
+    micro-batch (next)    upload hyper/data, forward, loss, backward, carry   (gradient accumulation)
+    apply                 grad norm, skip guard + clip + AdamW/NAdam, spectral projection, download stats
+Values that change every step (lr, step, seed, 1/N_valid) travel in the `hyper` buffer uploaded
+with the data; nothing is re-recorded. Micro-batches of one step are consecutive windows of the
+same B lanes: the carried state flows from one to the next (as in reference.reference_train_step).
+
+Buffers (time-major, docs/model.md):
+    params, grads, m, v, decay   [P]          flat ParamLayout order
+    tokens, targets, resets      [T*B] uint32
+    h0, hT, dh0                  [L,B,H]       carried state in / out, gradient on h0 (checks)
+    x[l]                         [T,B,H]       l = 0..L: embedding output, then each norm output
+    o[l], hprev[l]               [T,B,H]       GRU outputs, state entering each step
+    save[l]                      [T,B,4H]      r, z, n, W_hn h + b_hn
+    rstd[l]                      [T*B]         RMSNorm 1/rms
+    gi                           [T,B,3H]      input projections of the layer being run (shared)
+    logits                       [T*B,V]       dlogits overwrite them in training
+    dx, do                       [T,B,H]       gradient on a layer's input / GRU output (shared)
+    dgi, dgh                     [T,B,3H]      gate gradients of the layer being run (shared)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.vk import slots
+from catchat.vk.device import Device, host_view
+from catchat.vk.kernels import Axpby, ParityResult, compare
+from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
+from catchat.vk.kernels.gemm import ColSum, Gemm, colsum_splits, gemm_split_k
+from catchat.vk.kernels.gru import GruBackward, GruForward
+from catchat.vk.kernels.loss import CrossEntropy, LossReduce
+from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
+from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject, optimizer_hyper_words
+
+
+@dataclass(frozen=True)
+class StepHyper:
+    """Everything a training step needs besides data: optimizer, regularisers, RNG."""
+
+    lr: float
+    optimizer: str = "adamw"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip: float = 1.0  # 0 = no clipping
+    label_smoothing: float = 0.0
+    dropout_embedding: float = 0.0
+    dropout_hidden: float = 0.0
+    gradh_clamp: float = 0.0  # 0 = off
+    spectral_bound: float = 0.0  # 0 = off
+    run_seed: int = 0
+
+
+@dataclass
+class StepStats:
+    """What the GPU reports after a step (or an evaluation pass)."""
+
+    loss: float  # sum of per-token losses / n_valid (smoothed in training, plain in eval)
+    n_valid: int
+    top1: int
+    top5: int
+    grad_norm: float = float("nan")  # before clipping
+    clip_scale: float = 1.0
+    skipped: bool = False
+    clamp_hits: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _f32(words: np.ndarray, slot: int) -> float:
+    return slots.word_f32(words, slot)
+
+
+class Program:
+    """All device state and recorded sequences for one ModelSpec at window T and B lanes."""
+
+    def __init__(self, dev: Device, spec: ModelSpec, T: int, B: int, optimizer: str = "adamw"):
+        self.dev, self.spec, self.T, self.B = dev, spec, int(T), int(B)
+        self.layout = ParamLayout(spec)
+        self.optimizer_kind = optimizer
+        self._alloc()
+        self._sync([self.decay, self.u], True)  # device tensors hold garbage until synced
+        self._build_kernels()
+        self._record()
+
+    # ----------------------------------------------------------------------------- buffers
+    def _alloc(self):
+        d, s, lay = self.dev, self.spec, self.layout
+        T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
+        R = T * B
+        P = lay.total
+        self.params, self.grads, self.m, self.v = (d.tensor(P) for _ in range(4))
+        self.decay = d.tensor(lay.decay_mask())
+        self.u = d.tensor(ref.spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
+        self.hyper = d.tensor(slots.HP_WORDS, np.uint32)
+        self.stats = d.tensor(slots.ST_WORDS, np.uint32)
+        self.tokens, self.targets, self.resets = (d.tensor(R, np.uint32) for _ in range(3))
+        self.h0, self.hT, self.dh0 = (d.tensor(L * B * H) for _ in range(3))
+        self.x = [d.tensor(R * H) for _ in range(L + 1)]
+        self.o = [d.tensor(R * H) for _ in range(L)]
+        self.hprev = [d.tensor(R * H) for _ in range(L)]
+        self.save = [d.tensor(R * 4 * H) for _ in range(L)]
+        self.rstd = [d.tensor(R) for _ in range(L)]
+        self.gi = d.tensor(R * 3 * H)
+        self.logits = d.tensor(R * V)
+        self.row_loss, self.row_flags = d.tensor(R), d.tensor(R, np.uint32)
+        self.dx, self.do = d.tensor(R * H), d.tensor(R * H)
+        self.dgi, self.dgh = d.tensor(R * 3 * H), d.tensor(R * 3 * H)
+
+    def _off(self, name: str) -> int:
+        return self.layout.offsets[name]
+
+    def _head_name(self) -> str:
+        return "embedding.weight" if self.spec.tie_embeddings else "head.weight"
+
+    # ----------------------------------------------------------------------------- kernels
+    def _build_kernels(self):
+        d, s = self.dev, self.spec
+        T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
+        R, P = T * B, self.layout.total
+        o = self._off
+        head = o(self._head_name())
+        # split-K weight gradients (K = T*B) share one workspace: they run one after another
+        sk_w = gemm_split_k(d, 3 * H, H, R)
+        sk_h = gemm_split_k(d, V, H, R)
+        self.ws = d.tensor(max(sk_w * 3 * H * H, sk_h * V * H, 1), kind="storage")
+        cs = colsum_splits(d, R, 3 * H)
+        self.ws_cs = d.tensor(max(cs * 3 * H, 1), kind="storage")
+
+        self.emb_f = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
+                                      self.hyper, R, V, H)
+        self.emb_b = EmbeddingBackward(d, (self.tokens, 0), (self.dx, 0), (self.grads, o("embedding.weight")),
+                                       self.hyper, R, V, H)
+        self.layers = []
+        for l in range(L):
+            p = f"layers.{l}."
+            k = dict(
+                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
+                          R, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
+                gru_f=GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
+                                 self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
+                                 b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H),
+                norm_f=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
+                                              self.rstd[l], T=T, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
+                                              eps=s.norm_eps),
+                # backward: dout and dx share `dx` (allowed: each row is read before it is written)
+                norm_b=ResidualRmsNormBackward(d, self.x[l], self.o[l], self.params, self.hyper, self.rstd[l],
+                                               self.dx, self.dx, self.do, self.grads, T=T, B=B, H=H, layer=l,
+                                               g_off=o(p + "norm.weight")),
+                gru_b=GruBackward(d, self.do, self.save[l], self.hprev[l], self.resets, self.params, self.hyper,
+                                  self.dgi, self.dgh, self.dh0, self.stats, T=T, B=B, H=H,
+                                  w_off=o(p + "gru.weight_hh"), dh0_off=l * B * H),
+                dw_ih=Gemm(d, (self.dgi, 0, 3 * H), (self.x[l], 0, H), (self.grads, o(p + "gru.weight_ih"), H),
+                           3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws),
+                dw_hh=Gemm(d, (self.dgh, 0, 3 * H), (self.hprev[l], 0, H), (self.grads, o(p + "gru.weight_hh"), H),
+                           3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws),
+                db_ih=ColSum(d, (self.dgi, 0, 3 * H), (self.grads, o(p + "gru.bias_ih")), R, 3 * H, cs, self.ws_cs),
+                db_hh=ColSum(d, (self.dgh, 0, 3 * H), (self.grads, o(p + "gru.bias_hh")), R, 3 * H, cs, self.ws_cs),
+                dx=Gemm(d, (self.dgi, 0, 3 * H), (self.params, o(p + "gru.weight_ih"), H), (self.dx, 0, H),
+                        R, H, 3 * H, beta=1.0),
+            )
+            self.layers.append(k)
+        self.head_f = Gemm(d, (self.x[L], 0, H), (self.params, head, H), (self.logits, 0, V), R, V, H, trans_b=True)
+        self.ce_train = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
+                                     (self.row_flags, 0), self.hyper, R, V, want_grad=True)
+        self.ce_eval = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
+                                    (self.row_flags, 0), self.hyper, R, V, want_grad=False)
+        self.loss_reduce = LossReduce(d, (self.row_loss, 0), (self.row_flags, 0), self.stats, R)
+        self.head_dx = Gemm(d, (self.logits, 0, V), (self.params, head, H), (self.dx, 0, H), R, H, V)
+        self.head_dw = Gemm(d, (self.logits, 0, V), (self.x[L], 0, H), (self.grads, head, H), V, H, R,
+                            trans_a=True, beta=1.0, split_k=sk_h, workspace=self.ws)
+        self.zero_grads = Axpby(d, self.grads, self.grads, P)
+        self.carry = Axpby(d, self.hT, self.h0, L * B * H)
+        self.grad_norm = GradNorm(d, self.grads, self.stats, P)
+        self.opt = Optimizer(d, self.params, self.grads, self.m, self.v, self.decay, self.hyper, self.stats, P,
+                             kind=self.optimizer_kind)
+        self.spectral = SpectralProject(d, self.params, self.layout, self.u, self.hyper, self.stats)
+
+    # ----------------------------------------------------------------------------- op lists
+    def forward_ops(self) -> list:
+        """Embedding, every layer (projection GEMM, recurrent sweep, residual+norm), head."""
+        ops = [self.emb_f.op()]
+        for k in self.layers:
+            ops += k["proj"].ops() + k["gru_f"].sweep_ops() + k["norm_f"].ops()
+        return ops + self.head_f.ops()
+
+    def backward_ops(self) -> list:
+        """Head, then layers top-down (norm, recurrent sweep, batched weight gradients), embedding."""
+        ops = self.head_dx.ops() + self.head_dw.ops()
+        for k in reversed(self.layers):
+            ops += k["norm_b"].ops() + k["gru_b"].sweep_ops()
+            for name in ("dw_ih", "dw_hh", "db_ih", "db_hh", "dx"):
+                ops += k[name].ops()
+        return ops + [self.emb_b.op()]
+
+    def _record(self):
+        kp, d = self.dev.kp, self.dev
+        data = [self.tokens, self.targets, self.resets]
+        micro = self.forward_ops() + [self.ce_train.op(), self.loss_reduce.op()] + self.backward_ops() \
+            + [self.carry(1.0, 0.0)]
+        self.seq_first = d.sequence()
+        self.seq_first.record(kp.OpTensorSyncDevice([self.hyper, self.stats] + data))
+        self.seq_first.record(self.zero_grads(0.0, 0.0))
+        for op in micro:
+            self.seq_first.record(op)
+        self.seq_next = d.sequence()
+        self.seq_next.record(kp.OpTensorSyncDevice([self.hyper] + data))
+        for op in micro:
+            self.seq_next.record(op)
+        self.seq_apply = d.sequence()
+        for op in self.grad_norm() + [self.opt()] + self.spectral():
+            self.seq_apply.record(op)
+        self.seq_apply.record(kp.OpTensorSyncLocal([self.stats]))
+        self.seq_eval = d.sequence()
+        self.seq_eval.record(kp.OpTensorSyncDevice([self.hyper, self.stats] + data))
+        for op in self.forward_ops() + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)]:
+            self.seq_eval.record(op)
+        self.seq_eval.record(kp.OpTensorSyncLocal([self.stats]))
+
+    # ----------------------------------------------------------------------------- host side
+    def _sync(self, tensors, to_device: bool):
+        kp = self.dev.kp
+        op = kp.OpTensorSyncDevice(tensors) if to_device else kp.OpTensorSyncLocal(tensors)
+        self.dev.sequence().eval(op)
+
+    def _put(self, tensor, array, dtype=np.float32):
+        host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
+
+    def set_params(self, flat: np.ndarray) -> None:
+        """Upload parameters (flat ParamLayout order)."""
+        self._put(self.params, flat)
+        self._sync([self.params], True)
+
+    def set_optimizer_state(self, m: np.ndarray, v: np.ndarray, u: np.ndarray | None = None) -> None:
+        """Upload Adam moments and (optionally) the spectral-norm vectors."""
+        self._put(self.m, m)
+        self._put(self.v, v)
+        self._put(self.u, ref.spectral_u_init(self.spec) if u is None else u)
+        self._sync([self.m, self.v, self.u], True)
+
+    def set_carry(self, h0: np.ndarray | None) -> None:
+        """Upload the carried hidden state [L,B,H] (None: zeros)."""
+        self._put(self.h0, np.zeros(self.h0.size(), np.float32) if h0 is None else h0)
+        self._sync([self.h0], True)
+
+    def read(self, *names: str) -> list[np.ndarray]:
+        """Download buffers by attribute name ('params', 'grads', 'h0', 'logits', ...) as host copies."""
+        tensors = [getattr(self, n) for n in names]
+        self._sync(tensors, False)
+        return [host_view(t).copy() for t in tensors]
+
+    def get_params(self) -> np.ndarray:
+        return self.read("params")[0]
+
+    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(self.read("m", "v", "u"))
+
+    def get_carry(self) -> np.ndarray:
+        L, H = self.spec.layers, self.spec.hidden
+        return self.read("h0")[0].reshape(L, self.B, H)
+
+    def _load_data(self, tokens, targets, resets):
+        shape = (self.T, self.B)
+        for t, a in ((self.tokens, tokens), (self.targets, targets), (self.resets, resets)):
+            if np.shape(a) != shape:
+                raise ValueError(f"data must be time-major {shape}, got {np.shape(a)}")
+            self._put(t, a, np.uint32)
+
+    def _load_hyper(self, words: dict[int, np.uint32]):
+        h = host_view(self.hyper)
+        h[:] = 0
+        for slot, w in words.items():
+            h[slot] = w
+
+    def _zero_stats(self):
+        host_view(self.stats)[:] = 0
+
+    def _stats(self, n_valid: int) -> StepStats:
+        w = host_view(self.stats).copy()
+        loss_sum = _f32(w, slots.ST_LOSS_SUM)
+        return StepStats(loss=loss_sum / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),
+                         top1=int(w[slots.ST_TOP1]), top5=int(w[slots.ST_TOP5]),
+                         grad_norm=math.sqrt(max(_f32(w, slots.ST_GRAD_NORM_SQ), 0.0))
+                         if math.isfinite(_f32(w, slots.ST_GRAD_NORM_SQ)) else float("nan"),
+                         clip_scale=_f32(w, slots.ST_CLIP_SCALE), skipped=bool(w[slots.ST_SKIPPED]),
+                         clamp_hits=int(w[slots.ST_CLAMP_HITS]))
+
+    def hyper_words(self, hp: StepHyper, *, global_step: int, micro_batch: int, n_valid: int,
+                    opt_t: int | None = None) -> dict[int, np.uint32]:
+        """The hyper buffer for one micro-batch of optimizer step global_step + 1."""
+        f = slots.f32_bits
+        t = global_step + 1 if opt_t is None else opt_t
+        words = optimizer_hyper_words(hp.optimizer, t, hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+                                      hp.clip, hp.spectral_bound)
+        words.update({
+            slots.HP_SEED: np.uint32(ref.step_seed(hp.run_seed, global_step, micro_batch)),
+            slots.HP_N_VALID: np.uint32(n_valid), slots.HP_INV_N_VALID: f(1.0 / n_valid if n_valid else 0.0),
+            slots.HP_P_EMB: f(hp.dropout_embedding), slots.HP_P_HID: f(hp.dropout_hidden),
+            slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(hp.gradh_clamp),
+        })
+        return words
+
+    def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None) -> StepStats:
+        """One optimizer step over micro-batches [(tokens, targets, resets) time-major [T,B]].
+
+        The valid-target count is taken from the data on the host (lesson 10); a step with none,
+        or with a non-finite gradient norm, is not applied (StepStats.skipped).
+        """
+        if hp.optimizer != self.optimizer_kind:
+            raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
+        n_valid = sum(int(np.count_nonzero(np.asarray(tg))) for _, tg, _ in micro_batches)
+        for k, (tok, tg, rs) in enumerate(micro_batches):
+            self._load_data(tok, tg, rs)
+            self._load_hyper(self.hyper_words(hp, global_step=global_step, micro_batch=k, n_valid=n_valid,
+                                              opt_t=opt_t))
+            if k == 0:
+                self._zero_stats()
+                self.seq_first.eval()
+            else:
+                self.seq_next.eval()
+        self.seq_apply.eval()
+        return self._stats(n_valid)
+
+    def eval_window(self, tokens, targets, resets) -> StepStats:
+        """Forward one window with plain cross-entropy (no smoothing, no dropout); carries the state."""
+        n_valid = int(np.count_nonzero(np.asarray(targets)))
+        self._load_data(tokens, targets, resets)
+        self._load_hyper({slots.HP_N_VALID: np.uint32(n_valid),
+                          slots.HP_INV_N_VALID: slots.f32_bits(1.0 / n_valid if n_valid else 0.0)})
+        self._zero_stats()
+        self.seq_eval.eval()
+        return self._stats(n_valid)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-model parity against catchat.reference (used by tests and `catchat parity`)
+# ---------------------------------------------------------------------------------------------
+
+
+def random_window(rng, spec: ModelSpec, T: int, B: int, pad_frac: float = 0.15):
+    """Time-major tokens/targets/resets with conversation starts mid-window and masked targets."""
+    tokens = rng.integers(1, spec.vocab_size, (T, B)).astype(np.uint32)
+    targets = rng.integers(1, spec.vocab_size, (T, B)).astype(np.uint32)
+    targets[rng.random((T, B)) < pad_frac] = 0
+    resets = (rng.random((T, B)) < 0.2).astype(np.uint32)
+    return tokens, targets, resets
+
+
+MODEL_CASES = [  # (name, spec, T, B, StepHyper)
+    ("untied adamw dropout", ModelSpec(vocab_size=101, hidden=12, layers=2), 7, 3,
+     StepHyper(lr=3e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, weight_decay=0.1,
+               clip=0.5, run_seed=7)),
+    ("tied nadam clamp spectral", ModelSpec(vocab_size=101, hidden=9, layers=1, tie_embeddings=True), 5, 4,
+     StepHyper(lr=2e-3, optimizer="nadam", label_smoothing=0.0, gradh_clamp=1e-5, spectral_bound=1.0,
+               weight_decay=0.05, clip=0.0, run_seed=3)),
+]
+
+GRAD_ATOL, GRAD_RTOL = 2e-6, 2e-4  # float32 GPU sums vs float64 reference, gradients of O(1e-2)
+PARAM_ATOL = 2e-6  # after one step of lr ~3e-3
+
+
+def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
+                 label: str = "model") -> list[ParityResult]:
+    """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
+    gradient, the clamp hit count, and every parameter after the optimizer step."""
+    rng = np.random.default_rng(seed)
+    layout = ParamLayout(spec)
+    flat = layout.flatten(init_params(spec, seed))
+    tokens, targets, resets = random_window(rng, spec, T, B)
+    h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
+    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    prog.set_params(flat)
+    prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+    # eval pass (no dropout, plain CE) gives the logits; it also carries h0 -> hT, so reset after
+    prog.set_carry(h0)
+    prog.eval_window(tokens, targets, resets)
+    (logits,) = prog.read("logits")
+    prog.set_carry(h0)
+    st = prog.train_step([(tokens, targets, resets)], hp, global_step=0)
+    grads, new_params, h_next = prog.read("grads", "params", "h0")
+
+    f64 = layout.unflatten(flat.astype(np.float64))
+    n_valid = int(np.count_nonzero(targets))
+    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
+                                       need_grads=False)
+    res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
+                                     smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
+                                     p_hid=hp.dropout_hidden, seed=seed0,
+                                     clamp=hp.gradh_clamp or None)
+    # The update is checked on the GPU's own gradients: Adam's first step is g / (|g| + eps), so
+    # float32-vs-float64 differences in gradients near eps would swamp any tolerance.
+    exp_flat = flat.astype(np.float64).copy()
+    m, v = np.zeros_like(exp_flat), np.zeros_like(exp_flat)
+    exp_apply = ref.reference_apply_step(exp_flat, grads.astype(np.float64), m, v, layout, n_valid, t=1,
+                                         lr=hp.lr, optimizer=hp.optimizer, b1=hp.beta1, b2=hp.beta2, eps=hp.eps,
+                                         wd=hp.weight_decay, clip=hp.clip, spectral_bound=hp.spectral_bound or None,
+                                         spectral_u=ref.spectral_u_init(spec, np.float64))
+    shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}"
+    out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
+           compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
+           compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
+                   [res.top1, res.top5, res.n_valid], 0, 0),
+           compare("clamp hits", shape, [st.clamp_hits], [res.clamp_hits], 0, 0),
+           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), 1e-5, 1e-4)]
+    g = layout.unflatten(grads)
+    for name in layout.names:
+        out.append(compare(f"grad {name}", shape, g[name], res.grads[name], GRAD_ATOL, GRAD_RTOL))
+    out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
+    out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
+    return out
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """The whole model, two configurations, against the reference."""
+    out = []
+    for label, spec, T, B, hp in MODEL_CASES:
+        out += model_parity(dev, spec, T, B, hp, label=label)
+    return out

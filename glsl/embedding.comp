@@ -1,0 +1,90 @@
+#version 450
+// Embedding lookup with whole-row dropout (docs/model.md), forward and backward side by side.
+//   scale(v) = sqrt(H) * keep(v) / (1 - p_emb),  keep(v) = rng_uniform(seed, 1, v) >= p_emb
+//   seed = hyper[HP_SEED], p_emb = hyper[HP_P_EMB]; sqrt(H) comes rounded to float32 from the host.
+// FORWARD (default):  X[i,:]  = E[tok[i],:] * scale(tok[i])                 i < n_rows = T*B
+// BACKWARD:           dE[v,:] += sum over i with tok[i] == v of dX[i,:] * scale(v), i in order
+// A token >= V (never produced by the vocabulary) gives a zero row and no gradient.
+//
+// Backward without float atomics: workgroup (x, y) owns columns [x*WG, (x+1)*WG) of vocab row
+// v = y. It walks the tokens in chunks of WG: each thread tests one token, an ordered compaction
+// (prefix sum in shared memory) lists the matching positions in increasing order, then every
+// thread adds those rows of its column. Sums run in token order from dE's old value, as numpy's
+// add.at does, so the result is deterministic and independent of the geometry.
+// Cost: every workgroup scans all tokens: V * ceil(H/WG) * T*B token tests (log2(WG) barriers
+// per chunk of WG tokens), plus one read of each dX element; dE is read and written once.
+#include "common.glsl"
+#include "slots.glsl"
+#include "dropout.glsl"
+
+layout(local_size_x_id = 0) in;
+
+layout(push_constant) uniform Push {
+    uint n_rows;  // T*B
+    uint H, V;
+    uint tok_off, e_off, x_off;  // element offsets of tokens, the table E / dE, the rows X / dX
+    float sqrt_h;
+} pc;
+
+layout(set = 0, binding = 0) readonly buffer Tok_ { uint tok[]; };       // [T*B]
+layout(set = 0, binding = 3) readonly buffer Hyper_ { uint hyper[]; };   // [HP_WORDS]
+
+float row_scale(uint v) {
+    float p = HPF(hyper, HP_P_EMB);
+    return pc.sqrt_h * dropout_scale(HPU(hyper, HP_SEED), DROPOUT_STREAM_EMBEDDING, v, p);
+}
+
+#ifndef BACKWARD
+
+layout(set = 0, binding = 1) readonly buffer E_ { float E[]; };   // [V,H]
+layout(set = 0, binding = 2) writeonly buffer X_ { float X[]; };  // [T*B,H]
+
+void main() {
+    uint n = pc.n_rows * pc.H;
+    uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    for (uint e = gl_GlobalInvocationID.x; e < n; e += stride) {  // grid-stride: any T*B*H
+        uint i = e / pc.H, j = e % pc.H;
+        uint v = tok[pc.tok_off + i];
+        X[pc.x_off + e] = v < pc.V ? E[pc.e_off + v * pc.H + j] * row_scale(v) : 0.0;
+    }
+}
+
+#else  // BACKWARD
+
+layout(set = 0, binding = 1) buffer dE_ { float dE[]; };          // [V,H] accumulated
+layout(set = 0, binding = 2) readonly buffer dX_ { float dX[]; };  // [T*B,H]
+
+shared uint scan[2][gl_WorkGroupSize.x];  // ping-pong inclusive prefix sum of the match flags
+shared uint hits[gl_WorkGroupSize.x];     // matching token positions of this chunk, in order
+
+void main() {
+    const uint WG = gl_WorkGroupSize.x;
+    uint lx = gl_LocalInvocationID.x;
+    uint c = gl_WorkGroupID.x * WG + lx;  // column of dE / dX
+    uint v = gl_WorkGroupID.y;            // vocab row
+    float s = row_scale(v);
+    float acc = c < pc.H ? dE[pc.e_off + v * pc.H + c] : 0.0;
+
+    for (uint base = 0; base < pc.n_rows; base += WG) {
+        uint i = base + lx;
+        uint match = (i < pc.n_rows && tok[pc.tok_off + i] == v) ? 1u : 0u;
+        scan[0][lx] = match;
+        barrier();
+        uint src = 0;
+        for (uint d = 1; d < WG; d <<= 1) {  // Hillis-Steele inclusive scan
+            uint x = scan[src][lx];
+            if (lx >= d) x += scan[src][lx - d];
+            scan[1 - src][lx] = x;
+            barrier();
+            src = 1 - src;
+        }
+        if (match != 0u) hits[scan[src][lx] - 1u] = i;
+        uint count = scan[src][WG - 1u];
+        barrier();
+        if (c < pc.H)
+            for (uint h = 0; h < count; ++h) acc += dX[pc.x_off + hits[h] * pc.H + c] * s;
+        barrier();  // hits and scan are rewritten by the next chunk
+    }
+    if (c < pc.H) dE[pc.e_off + v * pc.H + c] = acc;
+}
+#endif

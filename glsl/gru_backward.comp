@@ -1,0 +1,199 @@
+#version 450
+// GRU backward sweep, one fused dispatch per s = T, T-1, ..., 0 (push constant s):
+//   if s < T (the recurrent matmul of step s):
+//     dh = (dhtot[b,k] * z[s] + sum_r dGh[s,b,r] * W_hh[r,k]) * (1 - reset[s,b])   // into h_{s-1}
+//     if s >= 1 and c > 0: count |dh| > c into stats[ST_CLAMP_HITS], clamp to [-c, c]
+//     if s == 0: dh0 = dh, done
+//   else (s == T): dh = 0 (truncated at the window edge)
+//   gate backward of step u = s - 1, elementwise on the same (b, k):
+//     dhtot = dh + do[u];  dn = dhtot (1 - z);  dz = dhtot (hprev - n)
+//     dan = dn (1 - n^2);  daz = dz z (1 - z);  dar = dan ghn r (1 - r)
+//     dGi[u] = (dar, daz, dan);  dGh[u] = (dar, daz, dan * r)
+// Thread (b, k) owns element (b, k) in every dispatch: it is the only reader and writer of
+// dhtot[b,k] (the running total gradient on h_u, kept from one dispatch to the next) and of
+// dGi/dGh[u, b, {k, H+k, 2H+k}]. Dispatch s reads dGh[s] (all rows: written by the previous
+// dispatch) and writes dGh[s-1]: no two dispatches in flight touch the same words.
+// Matmul tiling: workgroup owns columns k in [wx*TK, +TK) for lanes [wy*TB, +TB); thread (tx, ty)
+// owns RQ groups of 4 consecutive columns x RB lanes; the 3H rows are walked in chunks of RC
+// staged in shared memory (dGh [RC][TB], W_hh [RC][TK] row-major), the KS slices tz split each
+// chunk's rows (tz, tz+KS, ...) and are summed in slice order (deterministic).
+#extension GL_EXT_control_flow_attributes : require
+#include "common.glsl"
+#include "slots.glsl"
+
+#ifndef RQ
+#define RQ 1  // groups of 4 columns per thread
+#endif
+#ifndef RB
+#define RB 1  // lanes per thread
+#endif
+#ifndef RC
+#define RC 32  // rows of W_hh per shared-memory chunk
+#endif
+// Staged elements per thread per chunk, ceil(TB*RC / NT) and ceil(RC*TK / NT): compile-time so
+// a chunk's loads are issued back to back into registers and the next chunk's are in flight
+// while this one is multiplied.
+#ifndef LG
+#define LG 8
+#endif
+#ifndef LW
+#define LW 32
+#endif
+
+layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2) in;  // NTK x NTB x KS
+const uint NTK = gl_WorkGroupSize.x;
+const uint NTB = gl_WorkGroupSize.y;
+const uint KS = gl_WorkGroupSize.z;
+const uint NT = NTK * NTB * KS;
+const uint TK4 = NTK * RQ;  // vec4 columns per workgroup
+const uint TK = 4 * TK4;    // columns per workgroup
+const uint TB = NTB * RB;   // lanes per workgroup
+const uint GS = TB + 1;     // padded: the staging stores are rr-major
+const uint NACC = 4 * RB * RQ;
+
+layout(set = 0, binding = 0) readonly buffer Do { float dO[]; };        // [T,B,H] at do_off
+layout(set = 0, binding = 1) readonly buffer Save { float save[]; };    // [T,B,4H] at save_off: r, z, n, ghn
+layout(set = 0, binding = 2) readonly buffer Hprev { float hprev[]; };  // [T,B,H] at hprev_off
+layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
+layout(set = 0, binding = 4) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off
+layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
+layout(set = 0, binding = 6) buffer Dhtot { float dhtot[]; };           // [B,H] scratch
+layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
+layout(set = 0, binding = 8) buffer Dgh { float dgh[]; };               // [T,B,3H] at dgh_off
+layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
+layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
+layout(push_constant) uniform Push {
+    uint s; uint T; uint B; uint H;
+    uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
+} pc;
+
+shared float gs[RC * GS];   // gs[rr * GS + bb] = dGh[s, b0 + bb, r0 + rr]
+shared vec4 ws[RC * TK4];   // ws[rr * TK4 + kq] = W_hh[r0 + rr, k0 + 4kq .. 4kq+3]
+const uint NP = NTK * NTB * (KS > 1u ? KS - 1u : 1u);  // threads of slices 1..KS-1
+shared float red[NACC * NP];  // their partials, red[a * NP + tid - NTK * NTB]
+shared uint hits;
+
+// Staging element e of the dGh tile / W tile for the chunk at r0 (0 outside the tile or the matrix).
+float g_elem(uint e, uint r0, uint b0) {
+    uint bb = e / RC, b = b0 + bb, r = r0 + e % RC, R3 = 3u * pc.H;
+    return (bb < TB && b < pc.B && r < R3) ? dgh[pc.dgh_off + (pc.s * pc.B + b) * R3 + r] : 0.0;
+}
+float w_elem(uint e, uint r0, uint k0) {
+    uint rr = e / TK, r = r0 + rr, k = k0 + e % TK;
+    return (rr < RC && r < 3u * pc.H && k < pc.H) ? params[pc.w_off + r * pc.H + k] : 0.0;
+}
+
+// Gate backward of step u for lane b, unit k, given dh = the gradient on h_u from step u+1.
+void gate_backward(uint u, uint b, uint k, float dh) {
+    uint H = pc.H, row = u * pc.B + b;
+    float dht = dh + dO[pc.do_off + row * H + k];
+    dhtot[b * H + k] = dht;
+    uint sb = pc.save_off + row * 4u * H;
+    float r = save[sb + k], z = save[sb + H + k], n = save[sb + 2u * H + k], ghn = save[sb + 3u * H + k];
+    float dn = dht * (1.0 - z);
+    float dz = dht * (hprev[pc.hprev_off + row * H + k] - n);
+    float dan = dn * (1.0 - n * n);
+    float daz = dz * z * (1.0 - z);
+    float dar = dan * ghn * r * (1.0 - r);
+    uint gb = row * 3u * H;
+    dgi[pc.dgi_off + gb + k] = dar;
+    dgi[pc.dgi_off + gb + H + k] = daz;
+    dgi[pc.dgi_off + gb + 2u * H + k] = dan;
+    dgh[pc.dgh_off + gb + k] = dar;
+    dgh[pc.dgh_off + gb + H + k] = daz;
+    dgh[pc.dgh_off + gb + 2u * H + k] = dan * r;
+}
+
+void main() {
+    uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y, tz = gl_LocalInvocationID.z;
+    uint tid = (tz * NTB + ty) * NTK + tx;
+    uint k0 = gl_WorkGroupID.x * TK, b0 = gl_WorkGroupID.y * TB;
+    uint H = pc.H, B = pc.B, s = pc.s, R3 = 3u * pc.H;
+    float c = HPF(hyper, HP_GRADH_CLAMP);
+    bool clamping = c > 0.0 && s >= 1u && s < pc.T;
+    bool lead = tz == 0u;  // slice 0 owns the elements; the other slices only help the matmul
+
+    vec4 dh[RB][RQ];  // gradient into h_{s-1}: lane b0 + ty + rb*NTB, columns k0 + 4(tx + q*NTK) + 0..3
+    [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
+        [[unroll]] for (uint q = 0u; q < RQ; ++q) dh[rb][q] = vec4(0.0);
+    if (tid == 0u) hits = 0u;
+
+    if (s < pc.T) {  // uniform over the dispatch: the barriers inside are in uniform control flow
+        float pg[LG], pw[LW];  // the next chunk's staging elements, e = tid + i * NT
+        [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(tid + i * NT, 0u, b0);
+        [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, 0u, k0);
+        for (uint r0 = 0u; r0 < R3; r0 += RC) {
+            [[unroll]] for (uint i = 0u; i < LG; ++i) {
+                uint e = tid + i * NT;
+                if (e < TB * RC) gs[(e % RC) * GS + e / RC] = pg[i];
+            }
+            [[unroll]] for (uint i = 0u; i < LW; ++i) {
+                uint e = tid + i * NT;
+                if (e < RC * TK) ws[(e / TK) * TK4 + (e % TK) / 4u][e % 4u] = pw[i];
+            }
+            barrier();
+            if (r0 + RC < R3) {  // prefetch the next chunk: in flight during this chunk's FMAs
+                [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(tid + i * NT, r0 + RC, b0);
+                [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, r0 + RC, k0);
+            }
+            for (uint rr = tz; rr < RC; rr += KS) {
+                float gv[RB];
+                [[unroll]] for (uint rb = 0u; rb < RB; ++rb) gv[rb] = gs[rr * GS + ty + rb * NTB];
+                [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+                    vec4 w = ws[rr * TK4 + tx + q * NTK];
+                    [[unroll]] for (uint rb = 0u; rb < RB; ++rb) dh[rb][q] = fma(vec4(gv[rb]), w, dh[rb][q]);
+                }
+            }
+            barrier();
+        }
+        if (KS > 1u) {  // slices 1.. park their partials, slice 0 adds them in slice order
+            if (!lead) {
+                [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
+                    [[unroll]] for (uint q = 0u; q < RQ; ++q)
+                        [[unroll]] for (uint i = 0u; i < 4u; ++i) red[((rb * RQ + q) * 4u + i) * NP + tid - NTK * NTB] = dh[rb][q][i];
+            }
+            barrier();
+            if (lead) {
+                for (uint z = 1u; z < KS; ++z) {
+                    uint src = ((z - 1u) * NTB + ty) * NTK + tx;
+                    [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
+                        [[unroll]] for (uint q = 0u; q < RQ; ++q)
+                            [[unroll]] for (uint i = 0u; i < 4u; ++i) dh[rb][q][i] += red[((rb * RQ + q) * 4u + i) * NP + src];
+                }
+            }
+        }
+        uint my_hits = 0u;
+        [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+            uint b = b0 + ty + rb * NTB;
+            if (!lead || b >= B) continue;
+            float carry = 1.0 - float(resets[s * B + b]);
+            [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                    uint k = k0 + 4u * (tx + q * NTK) + i;
+                    if (k >= H) continue;
+                    float z = save[pc.save_off + (s * B + b) * 4u * H + H + k];
+                    float d = (dhtot[b * H + k] * z + dh[rb][q][i]) * carry;
+                    if (clamping && abs(d) > c) { my_hits += 1u; d = clamp(d, -c, c); }
+                    if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
+                    dh[rb][q][i] = d;
+                }
+            }
+        }
+        if (clamping) {  // one global atomic per workgroup
+            if (my_hits > 0u) atomicAdd(hits, my_hits);
+            barrier();
+            if (tid == 0u && hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
+        }
+    }
+    if (s == 0u || !lead) return;
+    [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+        uint b = b0 + ty + rb * NTB;
+        if (b >= B) continue;
+        [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+            [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                uint k = k0 + 4u * (tx + q * NTK) + i;
+                if (k < H) gate_backward(s - 1u, b, k, dh[rb][q][i]);
+            }
+        }
+    }
+}

@@ -1,0 +1,144 @@
+#version 450
+// Residual + variational dropout + RMSNorm over rows r = t * B + b of H floats (time-major).
+//   FORWARD:   y = x + o * hidscale[b,:];  rstd = 1 / sqrt(mean(y^2) + eps);  out = y * rstd * g
+//   BACKWARD:  yhat = y * rstd (y recomputed from x, o);  dyhat = dout * g
+//              dy = rstd * (dyhat - yhat * mean(dyhat * yhat));  dx = dy;  do = dy * hidscale
+//              dgpart[wg, j] = sum over this workgroup's rows (in order) of dout * yhat
+//   DG_REDUCE: grads[g_off + j] += sum over workgroups w (in order) of dgpart[w, j]   (deterministic)
+// hidscale[b,j] = dropout_scale(seed, 16 + layer, b * H + j, p_hid), recomputed, never stored.
+// FORWARD/BACKWARD: one workgroup owns rows [wg * rows_per_wg, ...) and thread i owns columns
+// i, i + WG, ... (COLS of them, kept in registers): row sums are one subgroup + shared reduction.
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#if !defined(FORWARD) && !defined(BACKWARD) && !defined(DG_REDUCE)
+#define FORWARD 1  // the variant compiled when none is named
+#endif
+#include "common.glsl"
+#include "slots.glsl"
+#include "dropout.glsl"
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint COLS = 1;  // ceil(H / WG): columns per thread
+
+#if defined(FORWARD)
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };          // [T,B,H] at x_off
+layout(set = 0, binding = 1) readonly buffer O { float o[]; };          // [T,B,H] at o_off
+layout(set = 0, binding = 2) readonly buffer P { float params[]; };     // g [H] at g_off
+layout(set = 0, binding = 3) readonly buffer Hyper { uint hyper[]; };   // [HP_WORDS]
+layout(set = 0, binding = 4) writeonly buffer Out { float outp[]; };    // [T,B,H] at out_off
+layout(set = 0, binding = 5) writeonly buffer Rstd { float rstd[]; };   // [T*B] at rstd_off
+layout(push_constant) uniform Push {
+    uint R; uint B; uint H; uint layer; uint rows_per_wg;
+    uint x_off; uint o_off; uint g_off; uint out_off; uint rstd_off; float eps;
+} pc;
+#elif defined(BACKWARD)
+layout(set = 0, binding = 0) readonly buffer X { float x[]; };          // [T,B,H] at x_off
+layout(set = 0, binding = 1) readonly buffer O { float o[]; };          // [T,B,H] at o_off
+layout(set = 0, binding = 2) readonly buffer P { float params[]; };     // g [H] at g_off
+layout(set = 0, binding = 3) readonly buffer Hyper { uint hyper[]; };   // [HP_WORDS]
+layout(set = 0, binding = 4) readonly buffer Rstd { float rstd[]; };    // [T*B] at rstd_off
+layout(set = 0, binding = 5) readonly buffer Dout { float dout[]; };    // [T,B,H] at dout_off
+layout(set = 0, binding = 6) writeonly buffer Dx { float dx[]; };       // [T,B,H] at dx_off
+layout(set = 0, binding = 7) writeonly buffer Do { float dO[]; };       // [T,B,H] at do_off
+layout(set = 0, binding = 8) writeonly buffer Part { float dgpart[]; };  // [n_wg, H]
+layout(push_constant) uniform Push {
+    uint R; uint B; uint H; uint layer; uint rows_per_wg;
+    uint x_off; uint o_off; uint g_off; uint rstd_off; uint dout_off; uint dx_off; uint do_off;
+} pc;
+#elif defined(DG_REDUCE)
+layout(set = 0, binding = 0) readonly buffer Part { float dgpart[]; };  // [n_parts, H]
+layout(set = 0, binding = 1) buffer G { float grads[]; };               // dg [H] at g_off (+=)
+layout(push_constant) uniform Push { uint H; uint n_parts; uint g_off; } pc;
+#endif
+
+#if defined(FORWARD) || defined(BACKWARD)
+shared float red[gl_WorkGroupSize.x];  // one partial per subgroup (at most WG subgroups)
+
+// Sum of v over the workgroup, the same value in every thread; callable in uniform control flow.
+float wg_sum(float v) {
+    float s = subgroupAdd(v);
+    if (subgroupElect()) red[gl_SubgroupID] = s;
+    barrier();
+    float total = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) total += red[i];
+    barrier();  // red is reused by the next call
+    return total;
+}
+
+float hid_scale(uint b, uint j) {
+    float p = HPF(hyper, HP_P_HID);
+    return p > 0.0 ? dropout_scale(HPU(hyper, HP_SEED), DROPOUT_STREAM_HIDDEN + pc.layer, b * pc.H + j, p) : 1.0;
+}
+#endif
+
+#if defined(FORWARD)
+void main() {
+    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
+    uint r0 = gl_WorkGroupID.x * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
+    for (uint r = r0; r < r1; ++r) {  // uniform per workgroup: barriers inside are fine
+        uint b = r % pc.B;
+        float y[COLS];
+        float ss = 0.0;
+        for (uint c = 0u; c < COLS; ++c) {
+            uint j = tid + c * WG;
+            y[c] = 0.0;
+            if (j < pc.H) {
+                y[c] = x[pc.x_off + r * pc.H + j] + o[pc.o_off + r * pc.H + j] * hid_scale(b, j);
+                ss += y[c] * y[c];
+            }
+        }
+        float rs = 1.0 / sqrt(wg_sum(ss) / float(pc.H) + pc.eps);
+        if (tid == 0u) rstd[pc.rstd_off + r] = rs;
+        for (uint c = 0u; c < COLS; ++c) {
+            uint j = tid + c * WG;
+            if (j < pc.H) outp[pc.out_off + r * pc.H + j] = y[c] * rs * params[pc.g_off + j];
+        }
+    }
+}
+#elif defined(BACKWARD)
+void main() {
+    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
+    uint r0 = gl_WorkGroupID.x * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
+    float dg[COLS];  // this workgroup's partial dg for the thread's columns, summed in row order
+    for (uint c = 0u; c < COLS; ++c) dg[c] = 0.0;
+    for (uint r = r0; r < r1; ++r) {
+        uint b = r % pc.B;
+        float rs = rstd[pc.rstd_off + r];
+        float yhat[COLS], dyhat[COLS], hs[COLS];
+        float s = 0.0;
+        for (uint c = 0u; c < COLS; ++c) {
+            uint j = tid + c * WG;
+            yhat[c] = 0.0; dyhat[c] = 0.0; hs[c] = 0.0;
+            if (j < pc.H) {
+                hs[c] = hid_scale(b, j);
+                float y = x[pc.x_off + r * pc.H + j] + o[pc.o_off + r * pc.H + j] * hs[c];
+                float d = dout[pc.dout_off + r * pc.H + j];
+                yhat[c] = y * rs;
+                dyhat[c] = d * params[pc.g_off + j];
+                dg[c] += d * yhat[c];
+                s += dyhat[c] * yhat[c];
+            }
+        }
+        float m = wg_sum(s) / float(pc.H);
+        for (uint c = 0u; c < COLS; ++c) {
+            uint j = tid + c * WG;
+            if (j < pc.H) {
+                float dy = rs * (dyhat[c] - yhat[c] * m);
+                dx[pc.dx_off + r * pc.H + j] = dy;
+                dO[pc.do_off + r * pc.H + j] = dy * hs[c];
+            }
+        }
+    }
+    for (uint c = 0u; c < COLS; ++c) {
+        uint j = tid + c * WG;
+        if (j < pc.H) dgpart[gl_WorkGroupID.x * pc.H + j] = dg[c];
+    }
+}
+#elif defined(DG_REDUCE)
+void main() {
+    uint j = gl_GlobalInvocationID.x;
+    if (j >= pc.H) return;
+    float s = 0.0;
+    for (uint w = 0u; w < pc.n_parts; ++w) s += dgpart[w * pc.H + j];
+    grads[pc.g_off + j] += s;
+}
+#endif

@@ -1,0 +1,130 @@
+"""GEMM and column sums (glsl/gemm.comp, glsl/colsum.comp) against numpy."""
+
+import numpy as np
+import pytest
+
+from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.vk.kernels import compare, run_ops
+from catchat.vk.kernels.gemm import ColSum, Gemm, GemmTiles, gemm_case, parity_checks
+
+
+def test_parity(dev):
+    results = parity_checks(dev)
+    assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_model_shapes_in_flat_buffers(dev, rng):
+    """The model's uses with operands inside one flat params / grads buffer (same tensor bound
+    to several bindings): G = X W_ih^T + b_ih, dW_ih += dG^T X (split-K), dX = dG W_ih,
+    db_ih += colsum(dG)."""
+    spec = ModelSpec(vocab_size=11, hidden=9, layers=2)
+    layout = ParamLayout(spec)
+    flat = layout.flatten(init_params(spec, 3))
+    H, n = spec.hidden, 70  # n = T*B rows
+    w, b = "layers.1.gru.weight_ih", "layers.1.gru.bias_ih"
+    W, bias = layout.view(flat, w), layout.view(flat, b)
+    X = rng.standard_normal((n, H)).astype(np.float32)
+    dG = rng.standard_normal((n, 3 * H)).astype(np.float32)
+    g0 = rng.standard_normal(layout.total).astype(np.float32)
+    t_p, t_g, t_x, t_dg = dev.tensor(flat), dev.tensor(g0), dev.tensor(X), dev.tensor(dG)
+    t_G, t_dx = dev.tensor(np.zeros((n, 3 * H), np.float32)), dev.tensor(np.zeros((n, H), np.float32))
+    ow, ob = layout.offsets[w], layout.offsets[b]
+    proj = Gemm(dev, (t_x, 0, H), (t_p, ow, H), (t_G, 0, 3 * H), n, 3 * H, H, trans_b=True,
+                bias=(t_p, ob))
+    dw = Gemm(dev, (t_dg, 0, 3 * H), (t_x, 0, H), (t_g, ow, H), 3 * H, H, n, trans_a=True,
+              beta=1.0, split_k=4)
+    dx = Gemm(dev, (t_dg, 0, 3 * H), (t_p, ow, H), (t_dx, 0, H), n, H, 3 * H)
+    db = ColSum(dev, (t_dg, 0, 3 * H), (t_g, ob), n, 3 * H)
+    assert dw.split_k == 4
+    G, g, dX = run_ops(dev, [t_p, t_g, t_x, t_dg], [proj.op(), *dw.ops(), dx.op(), db.op()],
+                       [t_G, t_g, t_dx])
+    G, dX = G.reshape(n, 3 * H), dX.reshape(n, H)
+    exp_g = g0.astype(np.float64)
+    layout.view(exp_g, w)[...] += dG.T.astype(np.float64) @ X
+    layout.view(exp_g, b)[...] += dG.astype(np.float64).sum(0)
+    for name, got, exp in (("proj", G, X.astype(np.float64) @ W.T + bias),
+                           ("grads", g, exp_g), ("dx", dX, dG.astype(np.float64) @ W)):
+        r = compare(name, "", got, exp, 1e-5 * np.abs(exp).max(), 1e-5)
+        assert r.ok, str(r)
+
+
+def test_split_k_is_deterministic_and_close_to_unsplit(dev, rng):
+    M, N, K = 12, 5, 3000  # weight-gradient shape: K = T*B
+    a = rng.standard_normal((K, M)).astype(np.float32)
+    b = rng.standard_normal((K, N)).astype(np.float32)
+    ta, tb = dev.tensor(a), dev.tensor(b)
+    outs = []
+    for split in (1, 7, 7):
+        tc = dev.tensor(np.ones((M, N), np.float32))
+        g = Gemm(dev, (ta, 0, M), (tb, 0, N), (tc, 0, N), M, N, K, trans_a=True, beta=1.0, split_k=split)
+        (c,) = run_ops(dev, [ta, tb, tc], g.ops(), [tc])
+        outs.append(c.reshape(M, N))
+    assert np.array_equal(outs[1], outs[2])
+    exp = a.T.astype(np.float64) @ b + 1.0
+    for c in outs[:2]:
+        assert np.abs(c - exp).max() <= 1e-5 * np.abs(exp).max()
+
+
+def test_beta_zero_never_reads_c(dev, rng):
+    a, b = rng.standard_normal((9, 4)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32)
+    ta, tb, tc = dev.tensor(a), dev.tensor(b), dev.tensor(np.full((9, 6), np.nan, np.float32))
+    (c,) = run_ops(dev, [ta, tb, tc], [Gemm(dev, (ta, 0, 4), (tb, 0, 6), (tc, 0, 6), 9, 6, 4).op()], [tc])
+    assert np.allclose(c.reshape(9, 6), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_gpu_tiles_at_odd_sizes(dev, rng):
+    """The H200's tile shapes (128x128 / 8x8, 64x64 / 4x4) give the same answers here."""
+    for tiles in (GemmTiles(128, 128, 8, 8, 8), GemmTiles(64, 64, 8, 4, 4)):
+        for ta, tb in ((False, False), (True, True)):
+            r = gemm_case(dev, rng, 129, 131, 17, ta, tb, 1.0, True, tiles=tiles)
+            assert r.ok, str(r)
+
+
+def test_colsum_deterministic_with_row_splits(dev, rng):
+    M, N = 4000, 19
+    a = (rng.standard_normal((M, N)) * 100).astype(np.float32)
+    ta = dev.tensor(a)
+    outs = []
+    for splits in (1, 9, 9):
+        to = dev.tensor(np.zeros(N, np.float32))
+        k = ColSum(dev, (ta, 0, N), (to, 0), M, N, row_splits=splits)
+        (o,) = run_ops(dev, [ta, to], k.ops(), [to])
+        outs.append(o)
+    assert np.array_equal(outs[1], outs[2])
+    exp = a.astype(np.float64).sum(0)
+    for o in outs[:2]:
+        assert np.abs(o - exp).max() <= 1e-5 * np.abs(a).sum(0).max()
+
+
+def test_out_of_range_operands_are_refused(dev):
+    t = dev.tensor(np.zeros(100, np.float32))
+    with pytest.raises(ValueError, match="gemm A"):
+        Gemm(dev, (t, 10, 10), (t, 0, 10), (t, 0, 10), 10, 10, 10)
+    with pytest.raises(ValueError, match="leading dimension"):
+        Gemm(dev, (t, 0, 5), (t, 0, 10), (t, 0, 10), 5, 10, 10)
+    with pytest.raises(ValueError, match="bias"):
+        Gemm(dev, (t, 0, 3), (t, 0, 3), (t, 0, 3), 3, 3, 3, bias=(t, 98))
+    with pytest.raises(ValueError, match="colsum out"):
+        ColSum(dev, (t, 0, 10), (t, 95), 10, 10)
+    big = dev.tensor(np.zeros(1000, np.float32))
+    g = Gemm(dev, (big, 0, 40), (big, 0, 3), (big, 0, 3), 3, 3, 40, split_k=2)
+    with pytest.raises(ValueError, match="ops()"):
+        g.op()
+
+
+def test_split_kernels_share_one_workspace(dev, rng):
+    """Two split-K GEMMs and a row-split ColSum recorded in one sequence, one scratch buffer."""
+    K = 500
+    a, b = rng.standard_normal((K, 6)).astype(np.float32), rng.standard_normal((K, 4)).astype(np.float32)
+    ta, tb = dev.tensor(a), dev.tensor(b)
+    c1, c2, cs = (dev.tensor(np.zeros(n, np.float32)) for n in (24, 16, 4))
+    work = dev.tensor(5 * 36, kind="storage")
+    g1 = Gemm(dev, (ta, 0, 6), (tb, 0, 4), (c1, 0, 4), 6, 4, K, trans_a=True, split_k=5, workspace=work)
+    g2 = Gemm(dev, (tb, 0, 4), (tb, 0, 4), (c2, 0, 4), 4, 4, K, trans_a=True, split_k=5, workspace=work)
+    s = ColSum(dev, (tb, 0, 4), (cs, 0), K, 4, row_splits=9, workspace=work)
+    got = run_ops(dev, [ta, tb, c1, c2, cs], [*g1.ops(), *g2.ops(), *s.ops()], [c1, c2, cs])
+    exps = (a.T.astype(np.float64) @ b, b.T.astype(np.float64) @ b, b.astype(np.float64).sum(0))
+    for g, e in zip(got, exps):
+        assert np.abs(g - e.ravel()).max() <= 1e-5 * np.abs(e).max()
+    with pytest.raises(ValueError, match="workspace"):
+        Gemm(dev, (ta, 0, 6), (tb, 0, 4), (c1, 0, 4), 6, 4, K, trans_a=True, split_k=8, workspace=work)

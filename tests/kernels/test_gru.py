@@ -1,0 +1,70 @@
+"""GRU forward/backward sweeps (one dispatch per step) against catchat.reference."""
+
+import numpy as np
+import pytest
+
+from catchat.vk.kernels import gru
+
+
+def test_parity(dev):
+    results = gru.parity_checks(dev)
+    assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_deterministic(dev):
+    """Two runs of both sweeps are bitwise equal (clamp on: hit counts too)."""
+    case = gru.make_case(7, 3, 40)
+    tiles = ((4, 4, 2, 2, 2, 16), (2, 4, 2, 2, 2, 16))
+    a = gru.run_gru_gpu(dev, case, 0.05, tiles)
+    b = gru.run_gru_gpu(dev, case, 0.05, tiles)
+    for k in a:
+        if k == "hits":
+            assert a[k] == b[k]
+        else:
+            assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
+
+
+def test_saturated_gates_stay_finite(dev):
+    """Pre-activations of order 1e4 (tanh of large arguments must not give NaN)."""
+    case = gru.make_case(3, 2, 9, xscale=3e4)
+    assert np.abs(case["gi"]).max() > 1e4
+    got = gru.run_gru_gpu(dev, case)
+    exp, _ = gru.expected_gru(case)
+    for k in ("o", "save", "dgi", "dgh", "dh0"):
+        assert np.all(np.isfinite(got[k])), k
+        assert np.allclose(got[k], exp[k], atol=1e-5, rtol=1e-5), k
+
+
+def test_sweep_ops_and_bounds(dev):
+    case = gru.make_case(4, 2, 5)
+    T, B, H = 4, 2, 5
+    f32 = dev.tensor
+    fwd = gru.GruForward(dev, f32(T * B * 3 * H), dev.tensor(case["flat"]), f32(B * H), dev.tensor(case["resets"], np.uint32),
+                         f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+    assert len(fwd.sweep_ops()) == T
+    with pytest.raises(ValueError):
+        fwd.step(T)
+    with pytest.raises(ValueError):  # save too small: caught before any out-of-bounds write
+        gru.GruForward(dev, f32(T * B * 3 * H), dev.tensor(case["flat"]), f32(B * H), dev.tensor(case["resets"], np.uint32),
+                       f32(T * B * H), f32(T * B * H), f32(T * B * 3 * H), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+
+
+def test_hT_must_not_overwrite_h0_when_T_is_1(dev):
+    state = dev.tensor(8)
+    with pytest.raises(ValueError):
+        gru.GruForward(dev, dev.tensor(6), dev.tensor(16), state, dev.tensor(np.zeros(2), np.uint32), dev.tensor(4),
+                       dev.tensor(4), dev.tensor(16), state, T=1, B=2, H=1, w_off=0, b_off=8)
+
+
+def test_pick_tiles_scales(dev):
+    """Big shapes get register blocks and >= 128 workgroups; tiny ones the smallest tile; every
+    candidate fits the shared-memory limit."""
+    for backward, cands in ((False, gru.FORWARD_TILES), (True, gru.BACKWARD_TILES)):
+        for B, H in ((64, 512), (64, 1024), (64, 2048)):
+            tl = gru.pick_tiles(B, H, backward)
+            tx, tb = gru.tile_extent(tl, backward)
+            assert -(-H // tx) * -(-B // tb) >= gru.MIN_WORKGROUPS
+            assert tl[3] * tl[4] > 1
+        assert gru.pick_tiles(3, 7, backward) == cands[-1]
+        for tl in cands:
+            gru._check_tiles(dev, tl, backward)
