@@ -15,7 +15,7 @@ def test_kp_is_patched(dev):
 
 def test_axpby_parity_odd_sizes(dev):
     results = kernels.parity_checks(dev)
-    assert len(results) == 5 and all(r.ok for r in results), "\n".join(map(str, results))
+    assert len(results) == 6 and all(r.ok for r in results), "\n".join(map(str, results))
 
 
 def test_chained_dispatches_are_ordered(dev):

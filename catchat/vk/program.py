@@ -83,12 +83,15 @@ def _f32(words: np.ndarray, slot: int) -> float:
 class Program:
     """All device state and recorded sequences for one ModelSpec at window T and B lanes."""
 
-    def __init__(self, dev: Device, spec: ModelSpec, T: int, B: int, optimizer: str = "adamw"):
+    def __init__(self, dev: Device, spec: ModelSpec, T: int, B: int, optimizer: str = "adamw",
+                 training: bool = True):
+        """training=False builds only the forward pass (evaluation, generation): no gradient,
+        optimizer or backward buffers."""
         self.dev, self.spec, self.T, self.B = dev, spec, int(T), int(B)
         self.layout = ParamLayout(spec)
         self.optimizer_kind = optimizer
+        self.training = training
         self._alloc()
-        self._sync([self.decay, self.u], True)  # device tensors hold garbage until synced
         self._build_kernels()
         self._record()
 
@@ -98,13 +101,11 @@ class Program:
         T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
         R = T * B
         P = lay.total
-        self.params, self.grads, self.m, self.v = (d.tensor(P) for _ in range(4))
-        self.decay = d.tensor(lay.decay_mask())
-        self.u = d.tensor(ref.spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
+        self.params = d.tensor(P)
         self.hyper = d.tensor(slots.HP_WORDS, np.uint32)
         self.stats = d.tensor(slots.ST_WORDS, np.uint32)
         self.tokens, self.targets, self.resets = (d.tensor(R, np.uint32) for _ in range(3))
-        self.h0, self.hT, self.dh0 = (d.tensor(L * B * H) for _ in range(3))
+        self.h0, self.hT = d.tensor(L * B * H), d.tensor(L * B * H)
         self.x = [d.tensor(R * H) for _ in range(L + 1)]
         self.o = [d.tensor(R * H) for _ in range(L)]
         self.hprev = [d.tensor(R * H) for _ in range(L)]
@@ -113,6 +114,13 @@ class Program:
         self.gi = d.tensor(R * 3 * H)
         self.logits = d.tensor(R * V)
         self.row_loss, self.row_flags = d.tensor(R), d.tensor(R, np.uint32)
+        if not self.training:
+            return
+        self.grads, self.m, self.v = (d.tensor(P) for _ in range(3))
+        self.decay = d.tensor(lay.decay_mask())
+        self.u = d.tensor(ref.spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
+        self._sync([self.decay, self.u], True)  # device tensors hold garbage until synced
+        self.dh0 = d.tensor(L * B * H)
         self.dx, self.do = d.tensor(R * H), d.tensor(R * H)
         self.dgi, self.dgh = d.tensor(R * 3 * H), d.tensor(R * 3 * H)
 
@@ -124,62 +132,72 @@ class Program:
 
     # ----------------------------------------------------------------------------- kernels
     def _build_kernels(self):
-        d, s = self.dev, self.spec
-        T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
-        R, P = T * B, self.layout.total
-        o = self._off
-        head = o(self._head_name())
-        # split-K weight gradients (K = T*B) share one workspace: they run one after another
-        sk_w = gemm_split_k(d, 3 * H, H, R)
-        sk_h = gemm_split_k(d, V, H, R)
-        self.ws = d.tensor(max(sk_w * 3 * H * H, sk_h * V * H, 1), kind="storage")
-        cs = colsum_splits(d, R, 3 * H)
-        self.ws_cs = d.tensor(max(cs * 3 * H, 1), kind="storage")
+        self._build_forward()
+        if self.training:
+            self._build_backward()
 
+    def _build_forward(self):
+        d, s, o = self.dev, self.spec, self._off
+        T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
+        R = T * B
         self.emb_f = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
                                       self.hyper, R, V, H)
-        self.emb_b = EmbeddingBackward(d, (self.tokens, 0), (self.dx, 0), (self.grads, o("embedding.weight")),
-                                       self.hyper, R, V, H)
-        self.layers = []
+        self.fwd_layers = []
         for l in range(L):
             p = f"layers.{l}."
-            k = dict(
+            self.fwd_layers.append(dict(
                 proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
                           R, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
-                gru_f=GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
-                                 self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
-                                 b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H),
-                norm_f=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
-                                              self.rstd[l], T=T, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
-                                              eps=s.norm_eps),
-                # backward: dout and dx share `dx` (allowed: each row is read before it is written)
-                norm_b=ResidualRmsNormBackward(d, self.x[l], self.o[l], self.params, self.hyper, self.rstd[l],
-                                               self.dx, self.dx, self.do, self.grads, T=T, B=B, H=H, layer=l,
-                                               g_off=o(p + "norm.weight")),
-                gru_b=GruBackward(d, self.do, self.save[l], self.hprev[l], self.resets, self.params, self.hyper,
-                                  self.dgi, self.dgh, self.dh0, self.stats, T=T, B=B, H=H,
-                                  w_off=o(p + "gru.weight_hh"), dh0_off=l * B * H),
-                dw_ih=Gemm(d, (self.dgi, 0, 3 * H), (self.x[l], 0, H), (self.grads, o(p + "gru.weight_ih"), H),
-                           3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws),
-                dw_hh=Gemm(d, (self.dgh, 0, 3 * H), (self.hprev[l], 0, H), (self.grads, o(p + "gru.weight_hh"), H),
-                           3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws),
-                db_ih=ColSum(d, (self.dgi, 0, 3 * H), (self.grads, o(p + "gru.bias_ih")), R, 3 * H, cs, self.ws_cs),
-                db_hh=ColSum(d, (self.dgh, 0, 3 * H), (self.grads, o(p + "gru.bias_hh")), R, 3 * H, cs, self.ws_cs),
-                dx=Gemm(d, (self.dgi, 0, 3 * H), (self.params, o(p + "gru.weight_ih"), H), (self.dx, 0, H),
-                        R, H, 3 * H, beta=1.0),
-            )
-            self.layers.append(k)
-        self.head_f = Gemm(d, (self.x[L], 0, H), (self.params, head, H), (self.logits, 0, V), R, V, H, trans_b=True)
-        self.ce_train = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
-                                     (self.row_flags, 0), self.hyper, R, V, want_grad=True)
+                gru=GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
+                               self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
+                               b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H),
+                norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
+                                            self.rstd[l], T=T, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
+                                            eps=s.norm_eps)))
+        self.head_f = Gemm(d, (self.x[L], 0, H), (self.params, o(self._head_name()), H), (self.logits, 0, V),
+                           R, V, H, trans_b=True)
         self.ce_eval = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
                                     (self.row_flags, 0), self.hyper, R, V, want_grad=False)
         self.loss_reduce = LossReduce(d, (self.row_loss, 0), (self.row_flags, 0), self.stats, R)
+        self.carry = Axpby(d, self.hT, self.h0, L * B * H)
+
+    def _build_backward(self):
+        d, s, o = self.dev, self.spec, self._off
+        T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
+        R, P = T * B, self.layout.total
+        head = o(self._head_name())
+        # split-K weight gradients (K = T*B) share one workspace: they run one after another
+        sk_w, sk_h = gemm_split_k(d, 3 * H, H, R), gemm_split_k(d, V, H, R)
+        self.ws = d.tensor(max(sk_w * 3 * H * H, sk_h * V * H, 1), kind="storage")
+        cs = colsum_splits(d, R, 3 * H)
+        self.ws_cs = d.tensor(max(cs * 3 * H, 1), kind="storage")
+        self.ce_train = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
+                                     (self.row_flags, 0), self.hyper, R, V, want_grad=True)  # dlogits in place
         self.head_dx = Gemm(d, (self.logits, 0, V), (self.params, head, H), (self.dx, 0, H), R, H, V)
         self.head_dw = Gemm(d, (self.logits, 0, V), (self.x[L], 0, H), (self.grads, head, H), V, H, R,
                             trans_a=True, beta=1.0, split_k=sk_h, workspace=self.ws)
+        self.bwd_layers = []
+        for l in range(L):
+            p = f"layers.{l}."
+            gemm_w = lambda dg, x, name: Gemm(d, (dg, 0, 3 * H), (x, 0, H), (self.grads, o(p + name), H),  # noqa: E731
+                                              3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws)
+            self.bwd_layers.append(dict(
+                # dout and dx share `dx` (allowed: each row is read before it is written)
+                norm=ResidualRmsNormBackward(d, self.x[l], self.o[l], self.params, self.hyper, self.rstd[l],
+                                             self.dx, self.dx, self.do, self.grads, T=T, B=B, H=H, layer=l,
+                                             g_off=o(p + "norm.weight")),
+                gru=GruBackward(d, self.do, self.save[l], self.hprev[l], self.resets, self.params, self.hyper,
+                                self.dgi, self.dgh, self.dh0, self.stats, T=T, B=B, H=H,
+                                w_off=o(p + "gru.weight_hh"), dh0_off=l * B * H),
+                dw_ih=gemm_w(self.dgi, self.x[l], "gru.weight_ih"),
+                dw_hh=gemm_w(self.dgh, self.hprev[l], "gru.weight_hh"),
+                db_ih=ColSum(d, (self.dgi, 0, 3 * H), (self.grads, o(p + "gru.bias_ih")), R, 3 * H, cs, self.ws_cs),
+                db_hh=ColSum(d, (self.dgh, 0, 3 * H), (self.grads, o(p + "gru.bias_hh")), R, 3 * H, cs, self.ws_cs),
+                dx=Gemm(d, (self.dgi, 0, 3 * H), (self.params, o(p + "gru.weight_ih"), H), (self.dx, 0, H),
+                        R, H, 3 * H, beta=1.0)))
+        self.emb_b = EmbeddingBackward(d, (self.tokens, 0), (self.dx, 0), (self.grads, o("embedding.weight")),
+                                       self.hyper, R, V, H)
         self.zero_grads = Axpby(d, self.grads, self.grads, P)
-        self.carry = Axpby(d, self.hT, self.h0, L * B * H)
         self.grad_norm = GradNorm(d, self.grads, self.stats, P)
         self.opt = Optimizer(d, self.params, self.grads, self.m, self.v, self.decay, self.hyper, self.stats, P,
                              kind=self.optimizer_kind)
@@ -189,42 +207,43 @@ class Program:
     def forward_ops(self) -> list:
         """Embedding, every layer (projection GEMM, recurrent sweep, residual+norm), head."""
         ops = [self.emb_f.op()]
-        for k in self.layers:
-            ops += k["proj"].ops() + k["gru_f"].sweep_ops() + k["norm_f"].ops()
+        for k in self.fwd_layers:
+            ops += k["proj"].ops() + k["gru"].sweep_ops() + k["norm"].ops()
         return ops + self.head_f.ops()
 
     def backward_ops(self) -> list:
         """Head, then layers top-down (norm, recurrent sweep, batched weight gradients), embedding."""
         ops = self.head_dx.ops() + self.head_dw.ops()
-        for k in reversed(self.layers):
-            ops += k["norm_b"].ops() + k["gru_b"].sweep_ops()
+        for k in reversed(self.bwd_layers):
+            ops += k["norm"].ops() + k["gru"].sweep_ops()
             for name in ("dw_ih", "dw_hh", "db_ih", "db_hh", "dx"):
                 ops += k[name].ops()
         return ops + [self.emb_b.op()]
 
+    def _sequence(self, upload, ops, download=()):
+        kp = self.dev.kp
+        seq = self.dev.sequence()
+        if upload:
+            seq.record(kp.OpTensorSyncDevice(list(upload)))
+        for op in ops:
+            seq.record(op)
+        if download:
+            seq.record(kp.OpTensorSyncLocal(list(download)))
+        return seq
+
     def _record(self):
-        kp, d = self.dev.kp, self.dev
         data = [self.tokens, self.targets, self.resets]
-        micro = self.forward_ops() + [self.ce_train.op(), self.loss_reduce.op()] + self.backward_ops() \
-            + [self.carry(1.0, 0.0)]
-        self.seq_first = d.sequence()
-        self.seq_first.record(kp.OpTensorSyncDevice([self.hyper, self.stats] + data))
-        self.seq_first.record(self.zero_grads(0.0, 0.0))
-        for op in micro:
-            self.seq_first.record(op)
-        self.seq_next = d.sequence()
-        self.seq_next.record(kp.OpTensorSyncDevice([self.hyper] + data))
-        for op in micro:
-            self.seq_next.record(op)
-        self.seq_apply = d.sequence()
-        for op in self.grad_norm() + [self.opt()] + self.spectral():
-            self.seq_apply.record(op)
-        self.seq_apply.record(kp.OpTensorSyncLocal([self.stats]))
-        self.seq_eval = d.sequence()
-        self.seq_eval.record(kp.OpTensorSyncDevice([self.hyper, self.stats] + data))
-        for op in self.forward_ops() + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)]:
-            self.seq_eval.record(op)
-        self.seq_eval.record(kp.OpTensorSyncLocal([self.stats]))
+        fwd = self.forward_ops()
+        self.seq_eval = self._sequence([self.hyper, self.stats] + data,
+                                       fwd + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)],
+                                       [self.stats])
+        self.seq_logits = self._sequence([self.hyper] + data, fwd + [self.carry(1.0, 0.0)], [self.logits])
+        if not self.training:
+            return
+        micro = fwd + [self.ce_train.op(), self.loss_reduce.op()] + self.backward_ops() + [self.carry(1.0, 0.0)]
+        self.seq_first = self._sequence([self.hyper, self.stats] + data, [self.zero_grads(0.0, 0.0)] + micro)
+        self.seq_next = self._sequence([self.hyper] + data, micro)
+        self.seq_apply = self._sequence([], self.grad_norm() + [self.opt()] + self.spectral(), [self.stats])
 
     # ----------------------------------------------------------------------------- host side
     def _sync(self, tensors, to_device: bool):
@@ -315,6 +334,8 @@ class Program:
         The valid-target count is taken from the data on the host (lesson 10); a step with none,
         or with a non-finite gradient norm, is not applied (StepStats.skipped).
         """
+        if not self.training:
+            raise ValueError("this program was built with training=False")
         if hp.optimizer != self.optimizer_kind:
             raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
         n_valid = sum(int(np.count_nonzero(np.asarray(tg))) for _, tg, _ in micro_batches)
@@ -329,6 +350,13 @@ class Program:
                 self.seq_next.eval()
         self.seq_apply.eval()
         return self._stats(n_valid)
+
+    def forward_logits(self, tokens, resets) -> np.ndarray:
+        """Forward one window without dropout and return logits [T,B,V]; carries the state."""
+        self._load_data(tokens, np.zeros((self.T, self.B), np.uint32), resets)
+        self._load_hyper({})
+        self.seq_logits.eval()
+        return host_view(self.logits).reshape(self.T, self.B, self.spec.vocab_size).copy()
 
     def eval_window(self, tokens, targets, resets) -> StepStats:
         """Forward one window with plain cross-entropy (no smoothing, no dropout); carries the state."""

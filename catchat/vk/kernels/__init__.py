@@ -102,8 +102,13 @@ class Axpby(Kernel):
 
 
 def axpby_reference(x: np.ndarray, y: np.ndarray, a: float, b: float, c: float = 0.0) -> np.ndarray:
-    """numpy twin of glsl/axpby.comp (float32 arithmetic)."""
-    return (np.float32(a) * x + np.float32(b) * y + np.float32(c)).astype(np.float32)
+    """numpy twin of glsl/axpby.comp (float32 arithmetic; a zero coefficient ignores its operand)."""
+    r = np.zeros_like(y, dtype=np.float32)
+    if a != 0:
+        r = np.float32(a) * x
+    if b != 0:
+        r = r + np.float32(b) * y
+    return (r + np.float32(c)).astype(np.float32)
 
 
 def chained_dispatch_sum(dev: Device, n_elements: int, n_dispatches: int) -> np.ndarray:
@@ -135,4 +140,10 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         tx, ty = dev.tensor(x), dev.tensor(y)
         (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.5, 2.0, -1.0)], [ty])
         out.append(compare("axpby", str(n), got, axpby_reference(x, y, 0.5, 2.0, -1.0), 1e-6, 1e-6))
+    # zeroing must not read its operands: NaN garbage in fresh memory must not survive 0 * y
+    n = 100
+    x, y = np.full(n, np.nan, np.float32), np.full(n, np.inf, np.float32)
+    tx, ty = dev.tensor(x), dev.tensor(y)
+    (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.0, 0.0, 0.0)], [ty])
+    out.append(compare("axpby zero over NaN/Inf", str(n), got, np.zeros(n), 0.0, 0.0))
     return out
