@@ -57,14 +57,11 @@ def test_hT_must_not_overwrite_h0_when_T_is_1(dev):
 
 
 def test_pick_tiles_scales(dev):
-    """Big shapes get register blocks and >= 128 workgroups; tiny ones the smallest tile; every
-    candidate fits the shared-memory limit."""
+    """Big shapes get the big-GPU tiles with >= 128 workgroups, tiny ones the fallback; every
+    candidate fits the shared-memory and thread limits."""
     for backward, cands in ((False, gru.FORWARD_TILES), (True, gru.BACKWARD_TILES)):
         for B, H in ((64, 512), (64, 1024), (64, 2048)):
-            tl = gru.pick_tiles(B, H, backward)
-            tx, tb = gru.tile_extent(tl, backward)
-            assert -(-H // tx) * -(-B // tb) >= gru.MIN_WORKGROUPS
-            assert tl[3] * tl[4] > 1
-        assert gru.pick_tiles(3, 7, backward) == cands[-1]
-        for tl in cands:
-            gru._check_tiles(dev, tl, backward)
+            assert gru.n_workgroups(gru.pick_tiles(B, H, backward), B, H, backward) >= 128
+        assert gru.pick_tiles(3, 7, backward) == cands[-1][0]
+        for tiles, _ in cands:
+            gru._check_tiles(dev, tiles, backward)

@@ -1,0 +1,425 @@
+"""Plots and a text summary of a run directory (`runs/<name>/`, design.md "Files a run writes").
+
+Reads three files, all written by the trainer while it runs (so any of them may be mid-write):
+    metrics.csv   a header, then one row per optimizer step:
+                  global_step,seqs,cycle,tokens,lr,tf,loss,grad_norm,clipped,valid_tokens,
+                  tokens_per_s,step_ms,gradh_clamp_hits,skipped
+                  (seqs and tokens are cumulative; loss is empty or nan on a skipped step)
+    events.jsonl  one JSON object per line, {"event": "eval" | "resume" | "skipped_step" | ...}
+    config.toml   the resolved config (optional here: the clip line and the cooldown mark)
+
+A resumed run restarts from a checkpoint at step N and logs N+1, N+2, ... again. Whatever the first
+attempt logged after N belongs to an abandoned timeline: a metrics row whose step is not above the
+previous row's drops every kept row from that step on (so the last row for a step wins), and a
+"resume" event at N drops earlier evals and skipped steps after N. Unparseable lines (a row or a
+JSON line cut short by a crash or read mid-write) are skipped; unknown events and columns ignored.
+
+    plot_run(run_dir, out_dir=None) -> [Path]   loss, lr, grad_norm, throughput, accuracy PNGs
+    summarise_run(run_dir) -> [str]             a few lines for `catchat plot` to print
+    load_run(run_dir) -> Run                    the parsed files (used by both)
+
+matplotlib is an optional extra (`pip install 'catchat[plot]'`): imported inside plot_run only,
+drawn with the Agg canvas directly (no pyplot, no global backend switch).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from catchat.errors import UsageError
+
+COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
+           "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
+LN2 = math.log(2.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# reading a run
+
+@dataclass
+class Run:
+    """A run directory, parsed. `m[col]` is a float array per metrics column, one entry per kept
+    step, ascending global_step (a column absent from the file is all nan)."""
+
+    path: Path
+    m: dict[str, np.ndarray]
+    evals: list[dict] = field(default_factory=list)        # "eval" events, ascending global_step
+    resumes: list[int] = field(default_factory=list)       # global_step each resume started from
+    skipped_steps: list[int] = field(default_factory=list)  # from metrics `skipped` and events
+    clip: float | None = None                              # train.clip (None: no config or 0)
+    cooldown_start: int | None = None                      # first cooldown step (None: unknown)
+    label_smoothing: float = 0.0
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.m["global_step"]
+
+    def tokens_at(self, step) -> np.ndarray:
+        """Tokens seen after `step` optimizer steps (interpolated from metrics; 0 at step 0)."""
+        s, t = self.steps, self.m["tokens"]
+        ok = np.isfinite(t)
+        return np.interp(step, np.r_[0.0, s[ok]], np.r_[0.0, t[ok]])
+
+    @property
+    def has_tokens(self) -> bool:
+        return bool(np.isfinite(self.m["tokens"]).any())
+
+
+def _float(s: str | None) -> float:
+    if s is None or s.strip() == "":
+        return math.nan
+    return float(s)
+
+
+def _read_metrics(path: Path, run_dir: Path) -> dict[str, np.ndarray]:
+    hint = "wait for the run's first optimizer step, or pass a run directory (runs/<name>/)"
+    if not path.is_file():
+        raise UsageError(f"no metrics in {path} yet", hint=hint)
+    rows: list[tuple[int, dict]] = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        if header and "global_step" not in header:
+            raise UsageError(f"{path}: no global_step column (header: {','.join(header)})",
+                             hint="metrics.csv is written by catchat's trainer; is this a run directory?")
+        for raw in reader:
+            if None in raw.values() or None in raw:    # short or long row: cut off mid-write
+                continue
+            try:
+                step = int(raw["global_step"])
+                vals = {c: _float(raw.get(c)) for c in COLUMNS}
+            except ValueError:
+                continue
+            while rows and rows[-1][0] >= step:        # a rewind (resume): the later attempt wins
+                rows.pop()
+            rows.append((step, vals))
+    if not rows:
+        raise UsageError(f"no metrics in {run_dir / 'metrics.csv'} yet", hint=hint)
+    return {c: np.array([v[c] for _, v in rows], dtype=np.float64) for c in COLUMNS}
+
+
+def _read_events(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    events = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:                         # truncated (or otherwise broken) line
+                continue
+            if isinstance(e, dict) and isinstance(e.get("event"), str) and \
+                    isinstance(e.get("global_step"), (int, float)):
+                events.append(e)
+    return events
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}                                      # optional: plots just lose two annotations
+
+
+def _cooldown_start(cfg: dict) -> int | None:
+    """First cooldown step, as catchat.schedule.phases computes it (None if unknown or no cooldown)."""
+    total = cfg.get("train", {}).get("total_steps", 0)
+    sched = cfg.get("schedule", {})
+    frac, warm_frac = sched.get("cooldown_fraction", 0.0), sched.get("warmup_fraction", 0.0)
+    if not isinstance(total, int) or total < 1 or not frac:   # total_steps = 0: planned by cycles
+        return None
+    warm = min(int(round(warm_frac * total)), total)
+    cool = min(int(round(frac * total)), total - warm)
+    return total - cool if cool > 0 else None
+
+
+def load_run(run_dir: Path) -> Run:
+    """Parse metrics.csv (required, >= 1 row), events.jsonl and config.toml (both optional)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is not a directory", hint="pass a run directory, e.g. runs/tiny")
+    m = _read_metrics(run_dir / "metrics.csv", run_dir)
+
+    evals: dict[int, dict] = {}
+    skipped = {int(s) for s, k in zip(m["global_step"], m["skipped"]) if k == 1}
+    skipped_events: set[int] = set()
+    resumes: list[int] = []
+    for e in _read_events(run_dir / "events.jsonl"):
+        step = int(e["global_step"])
+        if e["event"] == "resume":
+            resumes.append(step)
+            evals = {s: v for s, v in evals.items() if s <= step}
+            skipped_events = {s for s in skipped_events if s <= step}
+        elif e["event"] == "eval" and isinstance(e.get("loss"), (int, float)):
+            evals[step] = e                            # the last eval for a step wins
+        elif e["event"] == "skipped_step":
+            skipped_events.add(step)
+
+    cfg = _read_config(run_dir / "config.toml")
+    clip = cfg.get("train", {}).get("clip")
+    smoothing = cfg.get("train", {}).get("label_smoothing", 0.0)
+    return Run(path=run_dir, m=m, evals=[evals[s] for s in sorted(evals)], resumes=sorted(set(resumes)),
+               skipped_steps=sorted(skipped | skipped_events),
+               clip=float(clip) if isinstance(clip, (int, float)) and clip > 0 else None,
+               cooldown_start=_cooldown_start(cfg),
+               label_smoothing=float(smoothing) if isinstance(smoothing, (int, float)) else 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# summary
+
+def _last_finite(a: np.ndarray) -> tuple[int, float] | None:
+    idx = np.flatnonzero(np.isfinite(a))
+    return (int(idx[-1]), float(a[idx[-1]])) if idx.size else None
+
+
+def summarise_run(run_dir: Path) -> list[str]:
+    """A few lines about a run: progress, last train loss, best eval, throughput, skipped steps."""
+    run = load_run(run_dir)
+    m, n = run.m, len(run.steps)
+    last_step = int(run.steps[-1])
+    tokens = _last_finite(m["tokens"])
+    lines = [f"steps: {last_step:,}" + (f" · tokens: {tokens[1]:,.0f}" if tokens else "")
+             + (f" · cycle {m['cycle'][-1]:.0f}" if np.isfinite(m["cycle"][-1]) else "")]
+
+    loss = _last_finite(m["loss"])
+    if loss:
+        i, v = loss
+        lines.append(f"train loss: {v:.4f} nats/char ({v / LN2:.4f} bpc) at step {int(run.steps[i]):,}")
+    else:
+        lines.append("train loss: none (no finite loss logged)")
+
+    if run.evals:
+        best = min(run.evals, key=lambda e: e["loss"] if math.isfinite(e["loss"]) else math.inf)
+        bpc = best.get("bpc", best["loss"] / LN2)
+        line = f"best eval: {best['loss']:.4f} nats/char ({bpc:.4f} bpc) at step {int(best['global_step']):,}"
+        fr = best.get("free_running")
+        if isinstance(fr, dict) and isinstance(fr.get("loss"), (int, float)):
+            line += f" · free-running {fr['loss']:.4f} nats/char ({fr.get('bpc', fr['loss'] / LN2):.4f} bpc)"
+        lines.append(line + f" · {len(run.evals)} evals")
+    else:
+        lines.append("eval: none yet")
+
+    k = max(1, math.ceil(0.1 * n))
+    tail = m["tokens_per_s"][-k:]
+    tail = tail[np.isfinite(tail)]
+    if tail.size:
+        lines.append(f"throughput: {tail.mean():,.0f} tokens/s (mean over the last {k:,} steps)")
+
+    clipped = int(np.nansum(m["clipped"] == 1))
+    line = f"skipped steps: {len(run.skipped_steps)}"
+    if run.skipped_steps:
+        shown = ", ".join(f"{s:,}" for s in run.skipped_steps[:5])
+        line += f" ({shown}{', ...' if len(run.skipped_steps) > 5 else ''})"
+    line += f" · clipped steps: {clipped:,} ({100.0 * clipped / n:.1f}%)"
+    hits = m["gradh_clamp_hits"]
+    if np.nansum(hits) > 0:
+        line += f" · gradh clamp hits: {np.nansum(hits):,.0f} in {int(np.sum(hits > 0))} steps"
+    lines.append(line)
+    if run.resumes:
+        lines.append("resumed from step " + ", ".join(f"{s:,}" for s in run.resumes))
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# plots
+
+def _smooth(y: np.ndarray, w: int) -> np.ndarray:
+    """Centred rolling mean over w points, ignoring non-finite values (nan where a window has none)."""
+    ok = np.isfinite(y)
+    k = np.ones(max(1, min(w, y.size)))                 # np.convolve "same" is as long as the longer
+    s = np.convolve(np.where(ok, y, 0.0), k, mode="same")
+    c = np.convolve(ok.astype(np.float64), k, mode="same")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = s / c
+    out[c == 0] = np.nan
+    return out
+
+
+def _smooth_segments(y: np.ndarray, w: int, steps: np.ndarray, resumes: list[int]) -> np.ndarray:
+    """_smooth within each stretch between resumes, so one attempt's speed never blends into the next."""
+    cuts = np.searchsorted(steps, resumes, side="right")
+    return np.concatenate([_smooth(part, w) for part in np.split(y, cuts) if part.size] or [y])
+
+
+def _window(n: int) -> int:
+    """~1% of the steps, at least 10 points once there are 100 steps."""
+    return max(1, n // 100, min(10, n // 10))
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Write loss.png, lr.png, grad_norm.png, throughput.png and accuracy.png (each only when it has
+    data) into out_dir (default run_dir/plots); return the paths written."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import EngFormatter, FuncFormatter, PercentFormatter
+        from matplotlib.transforms import blended_transform_factory
+    except ImportError:
+        raise UsageError("matplotlib is not installed", hint="pip install 'catchat[plot]'") from None
+
+    run = load_run(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run.path / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m, steps, name = run.m, run.steps, run.path.name
+    w = _window(len(steps))
+    written: list[Path] = []
+
+    def new(title: str, xlabel: str):
+        fig = Figure(figsize=(10, 5.2), dpi=110, layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        ax.set_title(f"{name}: {title}")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="major", alpha=0.35)
+        return fig, ax
+
+    def marks(ax, to_x=lambda s: s):
+        """Resume points (dotted) and the cooldown start (dash-dot), in the axis' x units."""
+        for i, s in enumerate(run.resumes):
+            ax.axvline(to_x(s), color="0.35", linestyle=":", linewidth=1.3,
+                       label="resume" if i == 0 else None)
+        c = run.cooldown_start
+        if c is not None and c <= steps[-1]:
+            ax.axvline(to_x(c), color="tab:purple", linestyle="-.", linewidth=1.1, alpha=0.8,
+                       label=f"cooldown starts (step {c:,})")
+
+    def legend(ax, handles=None, labels=None):
+        """Below the axes, so it never hides a curve or a marker."""
+        if handles is None:
+            handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3,
+                  frameon=False, fontsize="small")
+
+    def smooth(y):
+        return _smooth_segments(y, w, steps, run.resumes)
+
+    def save(fig, filename: str):
+        path = out_dir / filename
+        tmp = out_dir / f".{filename}.tmp"
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)                           # a watcher never sees half a PNG
+        written.append(path)
+
+    if run.has_tokens:
+        x_train, x_label, to_x = m["tokens"], "tokens seen", run.tokens_at
+    else:                                               # no tokens column: fall back to steps
+        x_train, x_label, to_x = steps, "global step (optimizer steps completed)", lambda s: s
+    ex = np.array([e["tokens"] if isinstance(e.get("tokens"), (int, float)) else to_x(e["global_step"])
+                   for e in run.evals], dtype=np.float64)
+
+    # 1. loss against tokens, bits per char on the right
+    loss = m["loss"]
+    fr = [e.get("free_running") for e in run.evals]
+    fr_i = [i for i, f in enumerate(fr) if isinstance(f, dict) and isinstance(f.get("loss"), (int, float))]
+    if np.isfinite(loss).any() or run.evals:
+        fig, ax = new("loss", x_label)
+        tl = "train loss" + (f" (label smoothing {run.label_smoothing:g})" if run.label_smoothing else "")
+        ax.plot(x_train, loss, color="tab:blue", alpha=0.25, linewidth=0.8, label=f"{tl}, per step")
+        ax.plot(x_train, smooth(loss), color="tab:blue", linewidth=1.8, label=f"{tl}, mean of {w} steps")
+        if run.evals:
+            ax.plot(ex, [e["loss"] for e in run.evals], "o-", color="tab:orange", markersize=5,
+                    linewidth=1.2, label="eval loss (teacher-forced)")
+        if fr_i:
+            ax.plot(ex[fr_i], [fr[i]["loss"] for i in fr_i], "s--", color="tab:red", markersize=5,
+                    linewidth=1.2, label="eval loss (free-running)")
+        marks(ax, to_x)
+        ax.set_ylabel("loss (nats per char)")
+        ax.secondary_yaxis("right", functions=(lambda v: v / LN2, lambda b: b * LN2)) \
+            .set_ylabel("bits per char")
+        ax.xaxis.set_major_formatter(EngFormatter())
+        legend(ax)
+        save(fig, "loss.png")
+
+    # 2. learning rate (and teacher forcing) against steps
+    if np.isfinite(m["lr"]).any():
+        fig, ax = new("learning rate", "global step (optimizer steps completed)")
+        ax.plot(steps, m["lr"], color="tab:green", linewidth=1.6, label="learning rate")
+        ax.set_ylabel("learning rate")
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        ax.set_ylim(bottom=0)
+        marks(ax)
+        handles, labels = ax.get_legend_handles_labels()
+        tf = m["tf"]
+        if np.isfinite(tf).any() and not np.all(tf[np.isfinite(tf)] == 1.0):
+            ax2 = ax.twinx()
+            ax2.plot(steps, tf, color="tab:brown", linewidth=1.4, linestyle="--", label="teacher forcing")
+            ax2.set_ylabel("teacher forcing (probability of the true previous char)")
+            ax2.set_ylim(0, 1.05)
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        legend(ax, handles, labels)
+        save(fig, "lr.png")
+
+    # 3. gradient norm, log scale, with the clip line and skipped steps
+    g = m["grad_norm"]
+    gpos = np.where(np.isfinite(g) & (g > 0), g, np.nan)
+    if np.isfinite(gpos).any() or run.skipped_steps:
+        fig, ax = new("gradient norm (before clipping)", "global step (optimizer steps completed)")
+        ax.plot(steps, gpos, color="tab:blue", alpha=0.3, linewidth=0.8, label="grad norm, per step")
+        sm = np.exp(smooth(np.log(gpos)))
+        ax.plot(steps, sm, color="tab:blue", linewidth=1.8, label=f"geometric mean of {w} steps")
+        ax.set_yscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        lo, hi = np.nanmin(gpos, initial=np.inf), np.nanmax(gpos, initial=-np.inf)
+        if np.isfinite(lo) and hi / lo < 30:              # under ~1.5 decades: label minor ticks too
+            ax.yaxis.set_minor_formatter(plain)
+        if run.clip is not None:
+            n_clip = int(np.nansum(m["clipped"] == 1))
+            ax.axhline(run.clip, color="tab:red", linestyle="--", linewidth=1.2,
+                       label=f"clip = {run.clip:g} ({n_clip} steps clipped, "
+                             f"{100.0 * n_clip / len(steps):.1f}%)")
+        if run.skipped_steps:
+            top = blended_transform_factory(ax.transData, ax.transAxes)
+            ax.plot(run.skipped_steps, [0.95] * len(run.skipped_steps), "x", color="tab:red",
+                    markersize=9, markeredgewidth=2, transform=top,
+                    label=f"skipped step ({len(run.skipped_steps)}: loss or grad not finite)")
+        marks(ax)
+        ax.set_ylabel("global L2 norm of the gradient")
+        legend(ax)
+        save(fig, "grad_norm.png")
+
+    # 4. throughput
+    tps = m["tokens_per_s"]
+    if np.isfinite(tps).any():
+        fig, ax = new("throughput", "global step (optimizer steps completed)")
+        ax.plot(steps, tps, color="tab:cyan", alpha=0.35, linewidth=0.8, label="per step")
+        ax.plot(steps, smooth(tps), color="tab:blue", linewidth=1.8, label=f"mean of {w} steps")
+        marks(ax)
+        ax.set_ylabel("tokens per second")
+        ax.yaxis.set_major_formatter(EngFormatter())
+        ax.set_ylim(bottom=0)
+        legend(ax)
+        save(fig, "throughput.png")
+
+    # 5. eval accuracy
+    acc = [(k, lab) for k, lab in (("top1", "top-1"), ("top5", "top-5"))
+           if any(isinstance(e.get(k), (int, float)) for e in run.evals)]
+    if acc:
+        fig, ax = new("eval next-char accuracy", x_label)
+        for (k, lab), color in zip(acc, ("tab:orange", "tab:green")):
+            ax.plot(ex, [e.get(k, np.nan) for e in run.evals], "o-", color=color, markersize=5,
+                    label=f"{lab} (teacher-forced)")
+            fx = [i for i in fr_i if isinstance(fr[i].get(k), (int, float))]
+            if fx:
+                ax.plot(ex[fx], [fr[i][k] for i in fx], "s--", color=color, markersize=5, alpha=0.7,
+                        label=f"{lab} (free-running)")
+        marks(ax, to_x)
+        ax.set_ylabel("accuracy (true next char ranked first / in the top 5)")
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+        ax.set_ylim(0, 1)
+        ax.xaxis.set_major_formatter(EngFormatter())
+        legend(ax)
+        save(fig, "accuracy.png")
+
+    return written

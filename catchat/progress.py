@@ -1,0 +1,82 @@
+"""What a person sees while training: a rich progress bar (loss, tokens/s, lr, ETA) and event lines.
+
+Without a terminal (CI, a pipe) the bar is replaced by a plain line about every 5% of the run.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+
+class TrainReporter:
+    """Callable reporter for catchat.train.Trainer (`reporter(kind, **fields)`)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.live = console.is_terminal
+        self.progress = Progress(
+            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
+            disable=not self.live)
+        self.task = None
+        self.loss_ema = None
+        self.last_plain = 0.0
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.progress.__exit__(*exc)
+
+    def _print(self, text: str):
+        self.console.print(text, highlight=False)
+
+    def __call__(self, kind: str, **f):
+        handler = getattr(self, f"on_{kind}", None)
+        if handler:
+            handler(**f)
+
+    def on_corpus(self, lines, **_):
+        for line in lines:
+            self.console.print(line, markup=False, highlight=False)
+
+    def on_start(self, total_steps, lanes=(), **_):
+        for line in lanes:
+            self.console.print(line, markup=False, highlight=False)
+        self._print(f"training for {total_steps} steps")
+
+    def on_resume(self, global_step, seqs, **f):
+        self._print(f"resumed at step {global_step} ({seqs} seqs) from {f.get('from')}")
+
+    def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, **_):
+        if not stats.skipped:
+            self.loss_ema = stats.loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * stats.loss
+        info = f"loss {self.loss_ema or float('nan'):.3f}  {tokens_per_s:,.0f} tok/s  lr {lr:.2e}"
+        if self.task is None:
+            self.task = self.progress.add_task("train", total=total_steps, completed=global_step - 1, info=info)
+        self.progress.update(self.task, completed=global_step, info=info)
+        if not self.live and (global_step == total_steps or time.monotonic() - self.last_plain > 10
+                              or global_step % max(1, total_steps // 20) == 0):
+            self.last_plain = time.monotonic()
+            self._print(f"step {global_step}/{total_steps}  {info}")
+
+    def on_eval(self, global_step, loss, bpc, top1, top5, **_):
+        self._print(f"[cyan]eval[/cyan] step {global_step}: loss {loss:.4f} nats/char, {bpc:.3f} bits/char, "
+                    f"top-1 {top1:.1%}, top-5 {top5:.1%}")
+
+    def on_checkpoint(self, path, reason, **_):
+        self._print(f"[green]checkpoint[/green] {path} ({reason})")
+
+    def on_skipped_step(self, global_step, reason, **_):
+        self._print(f"[yellow]skipped step {global_step}[/yellow]: {reason}")
+
+    def on_stopping(self, signal, **_):
+        self._print(f"[yellow]{signal}[/yellow]: finishing this step, then writing a checkpoint "
+                    "(press Ctrl-C again to stop at once)")
+
+    def on_end(self, global_step, reason, **_):
+        self._print(f"run ended at step {global_step}: {reason}")

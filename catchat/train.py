@@ -1,0 +1,283 @@
+"""The training loop: data in order, the recorded GPU step, evals, checkpoints, telemetry.
+
+Units (lesson 4): `global_step` counts optimizer steps taken (applied or skipped: the data and
+the schedule move on either way; `applied_steps` is Adam's t), `seqs` counts lane-windows
+consumed, cycles count passes over the train split. Intervals fire when the seqs count crosses
+a multiple of `*_every_seqs`. The learning rate is a pure function of the absolute global_step
+(lesson 2), so a resume lands exactly where the run stopped. Every way a run ends (done,
+--stop-after-steps, Ctrl-C/SIGTERM) writes a final checkpoint (lesson 8: all state, carry too).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import vocab
+from catchat.corpus import open_corpus
+from catchat.errors import UsageError
+from catchat.lanes import Lanes
+from catchat.model import ParamLayout, init_params, param_specs
+from catchat.schedule import interval_crossed, lr_at
+from catchat.vk.program import Program, StepHyper, StepStats
+
+METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
+                   "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
+LN2 = math.log(2.0)
+
+
+@dataclass
+class RunFiles:
+    """Where a run keeps its files (design.md "Files a run writes")."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.csv"
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def samples(self) -> Path:
+        return self.root / "samples"
+
+
+def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
+    """The StepHyper of a config at learning rate lr."""
+    t = cfg.train
+    return StepHyper(lr=lr, optimizer=t.optimizer, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
+                     weight_decay=t.weight_decay, clip=t.clip, label_smoothing=t.label_smoothing,
+                     dropout_embedding=t.dropout_embedding, dropout_hidden=t.dropout_hidden,
+                     gradh_clamp=t.gradh_clamp, spectral_bound=t.spectral_bound, run_seed=t.seed)
+
+
+def evaluate(prog: Program, lanes: Lanes, n_windows: int) -> dict:
+    """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state.
+
+    The program's carried state is saved and restored around it, so training continues unchanged.
+    """
+    saved = prog.get_carry()
+    prog.set_carry(None)
+    total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
+    loss_sum, n_valid, top1, top5 = 0.0, 0, 0, 0
+    for i in range(total):
+        w = lanes.window(0, i)
+        st = prog.eval_window(w.tokens, w.targets, w.resets)
+        loss_sum += st.loss * st.n_valid
+        n_valid += st.n_valid
+        top1 += st.top1
+        top5 += st.top5
+    prog.set_carry(saved)
+    loss = loss_sum / n_valid if n_valid else float("nan")
+    return dict(loss=loss, bpc=loss / LN2, top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
+                n_valid=n_valid, windows=total)
+
+
+class Trainer:
+    """One run: builds data, device program and state (fresh or resumed), then steps."""
+
+    def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
+                 resume: str | Path | None = None, reporter=None):
+        self.cfg, self.dev, self.config_name = cfg, dev, config_name
+        self.files = RunFiles(Path(run_dir))
+        self.report = reporter or (lambda *_a, **_k: None)
+        self._prepare_run_dir(resume)
+        self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
+        self.lanes = Lanes.from_config(self.corpus, cfg, "train")
+        self.eval_lanes = Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
+        self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
+        self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
+        self.layout = ParamLayout(self.spec)
+        self.prog = Program(dev, self.spec, cfg.data.window, cfg.data.batch_lanes, optimizer=cfg.train.optimizer)
+        self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
+        self._stop_signal: str | None = None
+        self.last_checkpoint_step = -1
+        if resume is not None:
+            self._restore(ck.load_checkpoint(self.files.checkpoints if resume == "" else resume))
+        else:
+            self._fresh()
+
+    # ------------------------------------------------------------------ setup
+    def _prepare_run_dir(self, resume):
+        root = self.files.root
+        if resume is None and ck.list_checkpoints(self.files.checkpoints):
+            raise UsageError(f"{root} already holds a run with checkpoints",
+                             hint="continue it with --resume, or choose another --run-dir")
+        root.mkdir(parents=True, exist_ok=True)
+        self.files.samples.mkdir(exist_ok=True)
+        self.files.config.write_text(cfgmod.resolved_toml(self.cfg, header=f"resolved config of run {root.name}"))
+
+    def _fresh(self):
+        flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
+        self.prog.set_params(flat)
+        self.prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+        self.prog.set_carry(None)
+        self.global_step, self.applied_steps = 0, 0
+        self.cursor = self.lanes.start()
+        with open(self.files.metrics, "w", newline="") as f:
+            csv.writer(f).writerow(METRICS_COLUMNS)
+        self.files.events.write_text("")
+        self.event("start", config=self.config_name, total_steps=self.total_steps,
+                   model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe())
+
+    def _restore(self, ckpt: ck.Checkpoint):
+        expected = {p.name: p.shape for p in param_specs(self.spec)}
+        ck.check_shapes(ckpt.params, expected, str(ckpt.path))
+        saved_train = ckpt.state.get("config", {}).get("train", {})
+        if saved_train.get("optimizer", self.cfg.train.optimizer) != self.cfg.train.optimizer:
+            raise UsageError(f"{ckpt.path} was trained with {saved_train['optimizer']}, the config asks for "
+                             f"{self.cfg.train.optimizer}", hint="keep train.optimizer when resuming")
+        lay = self.layout
+        self.prog.set_params(lay.flatten(ckpt.params, np.float32))
+        opt = ckpt.optimizer
+        try:
+            m = lay.flatten({n: opt[f"exp_avg.{n}"] for n in lay.names}, np.float32)
+            v = lay.flatten({n: opt[f"exp_avg_sq.{n}"] for n in lay.names}, np.float32)
+            carry = opt["carry.h0"]
+            u = opt["spectral.u"]
+        except KeyError as exc:
+            raise UsageError(f"{ckpt.path / ck.OPTIMIZER_FILE} lacks {exc}", hint="resume from another checkpoint")
+        self.prog.set_optimizer_state(m, v, u)
+        if carry.shape != (self.spec.layers, self.cfg.data.batch_lanes, self.spec.hidden):
+            raise UsageError(f"{ckpt.path}: carried state {carry.shape} does not match data.batch_lanes / model",
+                             hint="keep data.batch_lanes and the model when resuming")
+        self.prog.set_carry(carry)
+        self.cursor = self.lanes.restore(ckpt.state["cursor"])
+        self.global_step = ckpt.global_step
+        self.applied_steps = int(ckpt.state["applied_steps"])
+        self.last_checkpoint_step = self.global_step
+        self._truncate_metrics(self.global_step)
+        self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs)
+
+    def _truncate_metrics(self, step: int):
+        """Drop rows logged after the checkpoint we resume from: they will be logged again."""
+        if not self.files.metrics.exists():
+            with open(self.files.metrics, "w", newline="") as f:
+                csv.writer(f).writerow(METRICS_COLUMNS)
+            return
+        with open(self.files.metrics, newline="") as f:
+            rows = list(csv.reader(f))
+        keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= step]
+        with open(self.files.metrics, "w", newline="") as f:
+            csv.writer(f).writerows(keep)
+
+    # ------------------------------------------------------------------ telemetry
+    def event(self, kind: str, **fields):
+        rec = {"event": kind, "global_step": self.global_step, "time": round(time.time(), 3), **fields}
+        with open(self.files.events, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        self.report(kind, **rec)
+
+    def _metrics_row(self, st: StepStats, lr: float, valid: int, seconds: float):
+        row = (self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
+               f"{lr:.6g}", "1", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
+               f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
+               f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped))
+        with open(self.files.metrics, "a", newline="") as f:
+            csv.writer(f).writerow(row)
+
+    # ------------------------------------------------------------------ state
+    def save(self, reason: str) -> Path:
+        """Write a checkpoint of everything needed to continue exactly (lesson 8)."""
+        lay = self.layout
+        params = {n: a.copy() for n, a in lay.unflatten(self.prog.get_params()).items()}
+        m, v, u = self.prog.get_optimizer_state()
+        opt = {f"exp_avg.{n}": a.copy() for n, a in lay.unflatten(m).items()}
+        opt.update({f"exp_avg_sq.{n}": a.copy() for n, a in lay.unflatten(v).items()})
+        opt["spectral.u"] = u.reshape(self.spec.layers, 2, 3, self.spec.hidden)
+        opt["carry.h0"] = self.prog.get_carry()
+        state = dict(applied_steps=self.applied_steps, seqs=self.cursor.seqs, cycle=self.cursor.cycle,
+                     cursor=self.cursor.to_dict(), run_seed=self.cfg.train.seed, reason=reason,
+                     schedule=dict(total_steps=self.total_steps, lr_next=lr_at(self.global_step, self.total_steps,
+                                                                                self.cfg)),
+                     tokens_seen=self.global_step * self.tokens_per_step, config=cfgmod.to_dict(self.cfg),
+                     config_name=self.config_name, model=cfgmod.to_dict(self.cfg)["model"])
+        path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
+                                  keep_last=self.cfg.checkpoint.keep_last)
+        self.last_checkpoint_step = self.global_step
+        self.event("checkpoint", path=str(path), reason=reason)
+        return path
+
+    def run_eval(self) -> dict | None:
+        if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
+            return None
+        res = evaluate(self.prog, self.eval_lanes, self.cfg.eval.eval_windows)
+        self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, **res)
+        return res
+
+    # ------------------------------------------------------------------ the loop
+    def _on_signal(self, signum, _frame):
+        if self._stop_signal is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self._stop_signal = signal.Signals(signum).name
+        self.report("stopping", signal=self._stop_signal)
+
+    def step(self) -> StepStats:
+        """One optimizer step over the next micro-batches; logs it."""
+        cfg = self.cfg
+        windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
+        lr = lr_at(self.global_step, self.total_steps, cfg)
+        start = time.perf_counter()
+        st = self.prog.train_step([(w.tokens, w.targets, w.resets) for w in windows], step_hyper(cfg, lr),
+                                  global_step=self.global_step, opt_t=self.applied_steps + 1)
+        seconds = time.perf_counter() - start
+        self.cursor = next_cursor
+        self.global_step += 1
+        if st.skipped:
+            reason = "no valid targets" if st.n_valid == 0 else f"non-finite gradient norm ({st.grad_norm})"
+            self.event("skipped_step", reason=reason)
+        else:
+            self.applied_steps += 1
+        self._metrics_row(st, lr, sum(w.n_valid for w in windows), seconds)
+        self.report("step", stats=st, lr=lr, seconds=seconds, global_step=self.global_step,
+                    total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
+        return st
+
+    def run(self, stop_after_steps: int | None = None) -> str:
+        """Train until the planned total, `stop_after_steps` more steps, or a signal; returns why it ended.
+        A final checkpoint is written in every case."""
+        cfg = self.cfg
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        taken, reason = 0, "done"
+        try:
+            while self.global_step < self.total_steps:
+                if self._stop_signal:
+                    reason = f"interrupted ({self._stop_signal})"
+                    break
+                if stop_after_steps is not None and taken >= stop_after_steps:
+                    reason = "stop-after-steps"
+                    break
+                prev_seqs = self.cursor.seqs
+                self.step()
+                taken += 1
+                if interval_crossed(prev_seqs, self.cursor.seqs, cfg.eval.eval_every_seqs):
+                    self.run_eval()
+                if interval_crossed(prev_seqs, self.cursor.seqs, cfg.checkpoint.checkpoint_every_seqs):
+                    self.save("interval")
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+        if self.last_checkpoint_step != self.global_step:
+            self.save(reason)
+        self.event("end", reason=reason)
+        return reason

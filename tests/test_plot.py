@@ -1,0 +1,191 @@
+"""catchat.plot on a synthesized run directory: PNGs written, summary numbers, resume handling, errors.
+
+The run: 200 planned steps of 2,048 tokens. A first attempt logged steps 1..120 (and an eval at 110)
+then died; it resumed from the checkpoint at step 100 and logged 101..200 again with other values.
+Step 150 was skipped (loss empty, grad norm inf). events.jsonl ends in a line cut off mid-write.
+"""
+
+import json
+import math
+import sys
+
+import numpy as np
+import pytest
+
+from catchat.errors import UsageError
+from catchat.plot import COLUMNS, load_run, plot_run, summarise_run
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TOK = 2048
+PLOTS = ["loss.png", "lr.png", "grad_norm.png", "throughput.png", "accuracy.png"]
+
+
+def row(step, attempt):
+    """One metrics row; attempt 1 is the abandoned timeline (loss offset by +1, slow)."""
+    skipped = attempt == 2 and step == 150
+    loss = 4.6 * math.exp(-step / 80) + 1.5 + (1.0 if attempt == 1 else 0.0)
+    return {
+        "global_step": step, "seqs": step * 32, "cycle": 0, "tokens": step * TOK,
+        "lr": 3e-3 * min(1.0, (step + 1) / 10), "tf": 1.0 if step < 100 else 0.9,
+        "loss": "" if skipped else f"{loss:.6f}",
+        "grad_norm": "inf" if skipped else f"{0.5 + 2.0 * math.exp(-step / 30):.6f}",
+        "clipped": 1 if (not skipped and step < 20) else 0, "valid_tokens": TOK,
+        "tokens_per_s": 1000.0 if attempt == 1 else 10_000.0 + step, "step_ms": 200.0,
+        "gradh_clamp_hits": 0, "skipped": 1 if skipped else 0,
+    }
+
+
+def write_metrics(path, rows):
+    with path.open("w") as f:
+        f.write(",".join(COLUMNS) + "\n")
+        for r in rows:
+            f.write(",".join(str(r[c]) for c in COLUMNS) + "\n")
+
+
+def ev(event, step, **kw):
+    return json.dumps({"event": event, "global_step": step, **kw})
+
+
+def eval_ev(step, loss, free=None):
+    e = {"seqs": step * 32, "tokens": step * TOK, "loss": loss, "bpc": loss / math.log(2),
+         "top1": 0.6 - loss / 10, "top5": 0.9 - loss / 20, "n_valid": 16384}
+    if free is not None:
+        e["free_running"] = {"loss": free, "bpc": free / math.log(2), "top1": 0.3, "top5": 0.6}
+    return ev("eval", step, **e)
+
+
+CONFIG = """\
+[train]
+clip = 1.0
+total_steps = 200
+label_smoothing = 0.0
+
+[schedule]
+warmup_fraction = 0.05
+cooldown_fraction = 0.2
+"""
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "runs" / "synthetic"
+    d.mkdir(parents=True)
+    rows = [row(s, 1) for s in range(1, 121)] + [row(s, 2) for s in range(101, 201)]
+    write_metrics(d / "metrics.csv", rows)
+    lines = [
+        ev("start", 0, config="tiny"),
+        eval_ev(50, 2.5, free=3.1),
+        eval_ev(100, 2.2, free=2.9),
+        ev("checkpoint", 100, path="checkpoints/step-0000100"),
+        eval_ev(110, 1.0),                              # abandoned timeline: must not count
+        ev("resume", 100, **{"from": "checkpoints/step-0000100"}),
+        ev("something_new", 120, detail="unknown events are ignored"),
+        eval_ev(150, 2.0, free=2.6),
+        ev("skipped_step", 150, reason="grad norm not finite"),
+        eval_ev(200, 1.9),
+        ev("end", 200, reason="total_steps"),
+        '{"event": "eval", "global_step": 210, "loss": 1.',  # cut off mid-write
+    ]
+    (d / "events.jsonl").write_text("\n".join(lines))
+    (d / "config.toml").write_text(CONFIG)
+    return d
+
+
+def test_load_run_keeps_the_resumed_timeline(run_dir):
+    run = load_run(run_dir)
+    steps = run.steps
+    assert steps.tolist() == list(range(1, 201))        # 101..120 once each, ascending
+    i110 = 109
+    assert run.m["tokens_per_s"][i110] == 10_110.0      # the resumed attempt's row wins
+    assert [e["global_step"] for e in run.evals] == [50, 100, 150, 200]
+    assert run.resumes == [100]
+    assert run.skipped_steps == [150]
+    assert math.isnan(run.m["loss"][149]) and math.isinf(run.m["grad_norm"][149])
+    assert run.clip == 1.0
+    assert run.cooldown_start == 160                    # 200 - round(0.2 * 200), as schedule.phases
+
+
+def test_plot_run_writes_valid_pngs(run_dir):
+    paths = plot_run(run_dir)
+    assert [p.name for p in paths] == PLOTS
+    for p in paths:
+        assert p.parent == run_dir / "plots"
+        assert p.read_bytes()[:8] == PNG_MAGIC
+        assert p.stat().st_size > 10_000
+    assert not list((run_dir / "plots").glob(".*"))    # no temporary files left behind
+
+
+def test_plot_run_out_dir_and_missing_config(run_dir, tmp_path):
+    (run_dir / "config.toml").unlink()
+    out = tmp_path / "elsewhere" / "plots"
+    paths = plot_run(run_dir, out)
+    assert [p.name for p in paths] == PLOTS and all(p.parent == out for p in paths)
+    run = load_run(run_dir)
+    assert run.clip is None and run.cooldown_start is None
+
+
+def test_no_events_skips_accuracy(run_dir):
+    (run_dir / "events.jsonl").unlink()
+    names = [p.name for p in plot_run(run_dir)]
+    assert names == ["loss.png", "lr.png", "grad_norm.png", "throughput.png"]
+    assert "eval: none yet" in summarise_run(run_dir)
+
+
+def test_summary_numbers(run_dir):
+    lines = summarise_run(run_dir)
+    text = "\n".join(lines)
+    assert lines[0] == f"steps: 200 · tokens: {200 * TOK:,} · cycle 0"
+    last = 4.6 * math.exp(-200 / 80) + 1.5
+    assert f"train loss: {last:.4f} nats/char ({last / math.log(2):.4f} bpc) at step 200" in text
+    assert f"best eval: 1.9000 nats/char ({1.9 / math.log(2):.4f} bpc) at step 200" in text
+    mean_tps = np.mean([10_000.0 + s for s in range(181, 201)])   # last 10% = 20 steps
+    assert f"throughput: {mean_tps:,.0f} tokens/s (mean over the last 20 steps)" in text
+    assert "skipped steps: 1 (150)" in text
+    assert "clipped steps: 19 (9.5%)" in text
+    assert "resumed from step 100" in text
+
+
+def test_best_eval_reports_free_running(run_dir):
+    with (run_dir / "events.jsonl").open("a") as f:   # after the cut line: a later, better eval
+        f.write("\n" + eval_ev(200, 1.8, free=2.4) + "\n")
+    text = "\n".join(summarise_run(run_dir))
+    assert "best eval: 1.8000 nats/char" in text and "free-running 2.4000 nats/char" in text
+
+
+def test_empty_run_is_a_usage_error(tmp_path):
+    d = tmp_path / "empty"
+    d.mkdir()
+    with pytest.raises(UsageError, match="no metrics in .*metrics.csv yet"):
+        plot_run(d)                                     # no metrics.csv at all
+    (d / "metrics.csv").write_text(",".join(COLUMNS) + "\n")
+    with pytest.raises(UsageError, match="no metrics in .*metrics.csv yet") as e:
+        summarise_run(d)                                # header only
+    assert e.value.hint and e.value.exit_code == 2
+    with pytest.raises(UsageError, match="not a directory"):
+        summarise_run(d / "nope")
+
+
+def test_truncated_metrics_row_is_skipped(run_dir):
+    with (run_dir / "metrics.csv").open("a") as f:
+        f.write("201,6432,0,41")                        # cut off mid-write
+    assert load_run(run_dir).steps[-1] == 200
+
+
+def test_missing_matplotlib(run_dir, monkeypatch):
+    for mod in [k for k in sys.modules if k == "matplotlib" or k.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    with pytest.raises(UsageError, match="matplotlib is not installed") as e:
+        plot_run(run_dir)
+    assert e.value.hint == "pip install 'catchat[plot]'"
+    assert summarise_run(run_dir)                       # the summary needs no matplotlib
+
+
+def test_smoothing_restarts_at_resumes():
+    from catchat.plot import _smooth_segments
+
+    steps = np.arange(1, 201, dtype=np.float64)
+    y = np.where(steps <= 197, 1.0, 5.0)                # a 3-step stretch after a resume at 197
+    sm = _smooth_segments(y, 10, steps, [197])
+    assert sm.shape == y.shape
+    assert np.all(sm[:197] == 1.0) and np.all(sm[197:] == 5.0)

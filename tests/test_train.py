@@ -1,0 +1,161 @@
+"""The trainer end to end on a small corpus: exact resume, intervals, telemetry, refusals (lessons 2-10)."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import corpus as corpus_mod
+from catchat.errors import UsageError
+from catchat.train import Trainer
+
+SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    for i in range(24):
+        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
+    out = tmp_path_factory.mktemp("corpus") / "c"
+    corpus_mod.build([str(src)], out, eval_fraction=0.2, delimiter=None)
+    return out
+
+
+def small_config(corpus_dir, **train):
+    text = f"""
+[model]
+hidden = 12
+layers = 2
+[data]
+corpus = "{corpus_dir}"
+batch_lanes = 4
+window = 16
+micro_batches = 2
+[train]
+lr = 0.01
+total_steps = {train.get('total_steps', 8)}
+dropout_hidden = 0.1
+dropout_embedding = 0.05
+label_smoothing = 0.1
+seed = 3
+[schedule]
+warmup_fraction = 0.25
+cooldown_fraction = 0.25
+lr_min = 0.001
+[eval]
+eval_every_seqs = 16
+eval_windows = 2
+[checkpoint]
+checkpoint_every_seqs = 24
+keep_last = 2
+"""
+    return cfgmod.loads(text)
+
+
+def _losses(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return [row["loss"] for row in csv.DictReader(f)]
+
+
+def _final_params(run_dir):
+    return ck.load_checkpoint(run_dir).params
+
+
+def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path):
+    cfg = small_config(small_corpus)
+    straight = Trainer(cfg, tmp_path / "straight", dev)
+    assert straight.run() == "done"
+    first = Trainer(cfg, tmp_path / "resumed", dev)
+    assert first.run(stop_after_steps=4) == "stop-after-steps"
+    assert ck.load_checkpoint(tmp_path / "resumed").global_step == 4  # lesson 3: named after steps done
+    second = Trainer(cfg, tmp_path / "resumed", dev, resume="")
+    assert second.global_step == 4
+    assert second.run() == "done"
+    assert _losses(tmp_path / "straight") == _losses(tmp_path / "resumed")
+    a, b = _final_params(tmp_path / "straight"), _final_params(tmp_path / "resumed")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)  # bitwise
+    sa = ck.load_checkpoint(tmp_path / "straight")
+    sb = ck.load_checkpoint(tmp_path / "resumed")
+    np.testing.assert_array_equal(sa.optimizer["carry.h0"], sb.optimizer["carry.h0"])
+    assert sa.state["cursor"] == sb.state["cursor"]
+
+
+def test_telemetry_and_intervals(dev, small_corpus, tmp_path):
+    cfg = small_config(small_corpus)
+    Trainer(cfg, tmp_path / "run", dev).run()
+    run = tmp_path / "run"
+    with open(run / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["global_step"]) for r in rows] == list(range(1, 9))
+    assert [int(r["seqs"]) for r in rows] == [8 * i for i in range(1, 9)]  # micro_batches * lanes per step
+    assert all(int(r["valid_tokens"]) > 0 and float(r["tokens_per_s"]) > 0 for r in rows)
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["seqs"] for e in evals] == [16, 32, 48, 64]  # every 16 seqs, by boundary crossing
+    assert all(0 < e["loss"] < 6 and e["bpc"] == pytest.approx(e["loss"] / np.log(2)) for e in evals)
+    ckpts = [e["global_step"] for e in events if e["event"] == "checkpoint"]
+    assert ckpts == [3, 6, 8]  # crossings of 24 and 48 seqs, then the final one
+    assert [p.name for p in ck.list_checkpoints(run / "checkpoints")] == ["step-0000006", "step-0000008"]
+    assert cfgmod.load(run / "config.toml") == cfg  # the resolved config round-trips
+
+
+def test_schedule_is_a_function_of_global_step(dev, small_corpus, tmp_path):
+    """Lesson 2: the resumed half continues the lr column, no second warmup."""
+    cfg = small_config(small_corpus)
+    Trainer(cfg, tmp_path / "r", dev).run(stop_after_steps=5)
+    Trainer(cfg, tmp_path / "r", dev, resume="").run()
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        lrs = [float(r["lr"]) for r in csv.DictReader(f)]
+    from catchat.schedule import lr_at
+
+    assert lrs == pytest.approx([lr_at(s, 8, cfg) for s in range(8)], rel=1e-5)
+    assert lrs[5] >= lrs[4] * 0.5  # not back to warmup
+
+
+def test_existing_run_needs_resume_and_resume_needs_a_checkpoint(dev, small_corpus, tmp_path):
+    cfg = small_config(small_corpus)
+    Trainer(cfg, tmp_path / "r", dev).run(stop_after_steps=1)
+    with pytest.raises(UsageError, match="already holds a run"):
+        Trainer(cfg, tmp_path / "r", dev)
+    with pytest.raises(UsageError, match="no checkpoint"):
+        Trainer(cfg, tmp_path / "empty", dev, resume="")
+
+
+def test_changed_model_is_refused_on_resume(dev, small_corpus, tmp_path):
+    cfg = small_config(small_corpus)
+    Trainer(cfg, tmp_path / "r", dev).run(stop_after_steps=1)
+    bigger = cfgmod.with_changes(cfg, model={"hidden": 16})
+    with pytest.raises(UsageError, match="does not match the model config"):
+        Trainer(bigger, tmp_path / "r", dev, resume="")
+
+
+def test_sigint_mid_run_checkpoints_and_exits_130(small_corpus, tmp_path):
+    """Ctrl-C: the step in flight finishes, a checkpoint is written, exit code 130; resume continues."""
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text(cfgmod.resolved_toml(small_config(small_corpus, total_steps=400)))
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "catchat.cli", "train", str(cfg_path), "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run / "metrics.csv").exists()
+                                          and len((run / "metrics.csv").read_text().splitlines()) > 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    step = ck.load_checkpoint(run).global_step
+    assert 2 < step < 400
+    with open(run / "metrics.csv") as f:
+        assert len(list(csv.DictReader(f))) == step
