@@ -70,7 +70,7 @@ layout(push_constant) uniform Push {
 shared float gs[RC * GS];   // gs[rr * GS + bb] = dGh[s, b0 + bb, r0 + rr]
 shared vec4 ws[RC * TK4];   // ws[rr * TK4 + kq] = W_hh[r0 + rr, k0 + 4kq .. 4kq+3]
 const uint NP = NTK * NTB * (KS > 1u ? KS - 1u : 1u);  // threads of slices 1..KS-1
-shared float red[NACC * NP];  // their partials, red[a * NP + tid - NTK * NTB]
+shared float red[NACC * NP];  // their partials: red[a * NP + tid - NTK * NTB], a = (rb*RQ + q)*4 + i
 shared uint hits;
 
 // Staging element e of the dGh tile / W tile for the chunk at r0 (0 outside the tile or the matrix).
@@ -147,18 +147,21 @@ void main() {
             barrier();
         }
         if (KS > 1u) {  // slices 1.. park their partials, slice 0 adds them in slice order
-            if (!lead) {
-                [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
-                    [[unroll]] for (uint q = 0u; q < RQ; ++q)
-                        [[unroll]] for (uint i = 0u; i < 4u; ++i) red[((rb * RQ + q) * 4u + i) * NP + tid - NTK * NTB] = dh[rb][q][i];
+            uint NXY = NTK * NTB;
+            [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+                [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+                    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                        if (!lead) red[((rb * RQ + q) * 4u + i) * NP + tid - NXY] = dh[rb][q][i];
+                    }
+                }
             }
             barrier();
-            if (lead) {
-                for (uint z = 1u; z < KS; ++z) {
-                    uint src = ((z - 1u) * NTB + ty) * NTK + tx;
-                    [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
-                        [[unroll]] for (uint q = 0u; q < RQ; ++q)
-                            [[unroll]] for (uint i = 0u; i < 4u; ++i) dh[rb][q][i] += red[((rb * RQ + q) * 4u + i) * NP + src];
+            for (uint z = 1u; lead && z < KS; ++z) {
+                uint src = (z - 1u) * NXY + ty * NTK + tx;
+                [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+                    [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+                        [[unroll]] for (uint i = 0u; i < 4u; ++i) dh[rb][q][i] += red[((rb * RQ + q) * 4u + i) * NP + src];
+                    }
                 }
             }
         }

@@ -48,15 +48,15 @@ const uint TB = NTB * RB;  // lanes per workgroup
 const uint NACC = 3 * RB * RJ;
 
 layout(set = 0, binding = 0) readonly buffer Gi { float gi[]; };        // [T,B,3H] at gi_off
-layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off, b_hh [3H] at b_off
+layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off, b_hh [3H]
 layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H] at h0_off
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B] 1 = state reset before t
 layout(set = 0, binding = 4) writeonly buffer Out { float o[]; };       // [T,B,H] at o_off (writes o[t])
-layout(set = 0, binding = 8) readonly buffer Prev { float o_in[]; };    // the same o, bound again to read
-                                                                        // o[t-1] through the read-only path
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [T,B,H] at hprev_off
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off (t == T-1)
+layout(set = 0, binding = 8) readonly buffer Prev { float o_in[]; };    // o again (same tensor): o[t-1] is
+                                                                        // read through a read-only binding
 layout(push_constant) uniform Push {
     uint t; uint T; uint B; uint H;
     uint gi_off; uint w_off; uint b_off; uint h0_off; uint o_off; uint hprev_off; uint save_off; uint hT_off;
@@ -65,7 +65,7 @@ layout(push_constant) uniform Push {
 shared vec4 hs[TB * RS];      // hs[bb * RS + kq] = hp[b0 + bb, k0 + 4kq .. 4kq+3]
 shared vec4 ws[3 * TJ * RS];  // ws[(g * TJ + jj) * RS + kq] = W_hh[g*H + j0 + jj, k0 + 4kq ..]
 const uint NP = NTJ * NTB * (KS > 1u ? KS - 1u : 1u);  // threads of slices 1..KS-1
-shared float red[NACC * NP];  // their partials, red[a * NP + tid - NTJ * NTB]
+shared float red[NACC * NP];  // their partials: red[a * NP + tid - NTJ * NTB], a = (g*RB + rb)*RJ + rj
 
 // The state entering step t for lane b, unit k, after the reset (b < B, k < H).
 float h_prev(uint b, uint k) {
@@ -134,18 +134,23 @@ void main() {
     }
 
     if (KS > 1u) {  // slices 1.. park their partials, slice 0 adds them in slice order
-        if (tz > 0u) {
-            [[unroll]] for (uint g = 0u; g < 3u; ++g)
-                [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
-                    [[unroll]] for (uint rj = 0u; rj < RJ; ++rj) red[((g * RB + rb) * RJ + rj) * NP + tid - NTJ * NTB] = acc[g][rb][rj];
+        uint NXY = NTJ * NTB;
+        [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+            [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+                [[unroll]] for (uint rj = 0u; rj < RJ; ++rj) {
+                    if (tz > 0u) red[((g * RB + rb) * RJ + rj) * NP + tid - NXY] = acc[g][rb][rj];
+                }
+            }
         }
         barrier();
         if (tz > 0u) return;
         for (uint z = 1u; z < KS; ++z) {
-            uint src = ((z - 1u) * NTB + ty) * NTJ + tx;
-            [[unroll]] for (uint g = 0u; g < 3u; ++g)
-                [[unroll]] for (uint rb = 0u; rb < RB; ++rb)
+            uint src = (z - 1u) * NXY + ty * NTJ + tx;
+            [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+                [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
                     [[unroll]] for (uint rj = 0u; rj < RJ; ++rj) acc[g][rb][rj] += red[((g * RB + rb) * RJ + rj) * NP + src];
+                }
+            }
         }
     }
 

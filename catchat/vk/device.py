@@ -10,7 +10,7 @@ Rules from shared/notes/kompute.md that live here so no other module has to reme
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class Device:
     info: DeviceInfo
     manager: object
     kp: object
-    _keep: list = field(default_factory=list, repr=False)
+    allocated_bytes: int = 0  # every tensor made through `tensor` (a run's device-memory footprint)
 
     def tensor(self, data_or_size, dtype=np.float32, kind: str = "device"):
         """A kp tensor holding `data_or_size` (an array, or a size to zero-fill) of float32/uint32/int32.
@@ -89,6 +89,7 @@ class Device:
         if arr.size == 0:
             arr = np.zeros(1, dtype)  # Vulkan buffers cannot be empty
         self.check_buffer_size(arr.nbytes)
+        self.allocated_bytes += arr.nbytes
         kinds = {"device": self.kp.TensorTypes.device, "host": self.kp.TensorTypes.host,
                  "storage": self.kp.TensorTypes.storage}
         return self.manager.tensor_t(arr, kinds[kind])

@@ -36,24 +36,28 @@ def test_saturated_gates_stay_finite(dev):
 
 
 def test_sweep_ops_and_bounds(dev):
-    case = gru.make_case(4, 2, 5)
     T, B, H = 4, 2, 5
+    case = gru.make_case(T, B, H)
     f32 = dev.tensor
-    fwd = gru.GruForward(dev, f32(T * B * 3 * H), dev.tensor(case["flat"]), f32(B * H), dev.tensor(case["resets"], np.uint32),
-                         f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+    params, resets = dev.tensor(case["flat"]), dev.tensor(case["resets"], np.uint32)
+
+    def forward(save_floats):
+        return gru.GruForward(dev, f32(T * B * 3 * H), params, f32(B * H), resets, f32(T * B * H),
+                              f32(T * B * H), f32(save_floats), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+
+    fwd = forward(T * B * 4 * H)
     assert len(fwd.sweep_ops()) == T
     with pytest.raises(ValueError):
         fwd.step(T)
     with pytest.raises(ValueError):  # save too small: caught before any out-of-bounds write
-        gru.GruForward(dev, f32(T * B * 3 * H), dev.tensor(case["flat"]), f32(B * H), dev.tensor(case["resets"], np.uint32),
-                       f32(T * B * H), f32(T * B * H), f32(T * B * 3 * H), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+        forward(T * B * 3 * H)
 
 
 def test_hT_must_not_overwrite_h0_when_T_is_1(dev):
     state = dev.tensor(8)
     with pytest.raises(ValueError):
-        gru.GruForward(dev, dev.tensor(6), dev.tensor(16), state, dev.tensor(np.zeros(2), np.uint32), dev.tensor(4),
-                       dev.tensor(4), dev.tensor(16), state, T=1, B=2, H=1, w_off=0, b_off=8)
+        gru.GruForward(dev, dev.tensor(6), dev.tensor(16), state, dev.tensor(np.zeros(2), np.uint32),
+                       dev.tensor(4), dev.tensor(4), dev.tensor(16), state, T=1, B=2, H=1, w_off=0, b_off=8)
 
 
 def test_pick_tiles_scales(dev):

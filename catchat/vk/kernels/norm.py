@@ -122,10 +122,11 @@ def _run_case(dev: Device, T, B, H, layer, p, seed, wg=None, rpw_f=None, rpw_b=N
     hid_scale = (ref.hidden_keep_mask(seed, layer, B, H, p) / (1.0 - p)).astype(np.float32)  # [B,H]
     e_out, cache = ref.residual_rmsnorm_forward(x, o, hid_scale, g, np.float32(1e-6))
     e_dx, e_do, e_dg = ref.residual_rmsnorm_backward(dout, cache)
-    got = dict(out=got_out, rstd=got_rstd, dx=got_dx, do=got_do, dg=got_g[g_off:g_off + H] - grads0[g_off:g_off + H],
-               grads_rest=np.delete(got_g, np.s_[g_off:g_off + H]))
+    gsl = np.s_[g_off:g_off + H]
+    got = dict(out=got_out, rstd=got_rstd, dx=got_dx, do=got_do, dg=got_g[gsl] - grads0[gsl],
+               grads_rest=np.delete(got_g, gsl))
     exp = dict(out=e_out, rstd=cache["rstd"], dx=e_dx, do=e_do, dg=e_dg,
-               grads_rest=np.delete(grads0, np.s_[g_off:g_off + H]))
+               grads_rest=np.delete(grads0, gsl))
     return got, exp
 
 
