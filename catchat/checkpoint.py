@@ -32,6 +32,16 @@ FORMAT_VERSION = 1
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, LATEST = "model.safetensors", "optimizer.safetensors", "state.json", "latest"
 
 
+class CheckpointState(dict):
+    """state.json as a dict; reading a key it lacks is a UsageError naming the file, not a KeyError."""
+
+    path: str = STATE_FILE
+
+    def __missing__(self, key):
+        raise UsageError(f"{self.path} has no {key!r} entry: the checkpoint is damaged or not from this catchat",
+                         hint="resume from another checkpoint")
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: tensors by name and the state dictionary."""
@@ -96,8 +106,8 @@ def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndar
                       "sha256": {MODEL_FILE: _sha256(tmp / MODEL_FILE), OPTIMIZER_FILE: _sha256(tmp / OPTIMIZER_FILE)}}
         _atomic_write_text(tmp / STATE_FILE, json.dumps(full_state, indent=1, sort_keys=True))
         _fsync_dir(tmp)
-        if final.exists():  # re-saving the same step (e.g. Ctrl-C right after a scheduled save)
-            shutil.rmtree(final)
+        if final.exists():  # re-saving a step (a resumed run re-reaching it): swap by renames, so a
+            _retire(ckpt_root, final)  # crash leaves either the old or the new one, never a partial one
         os.replace(tmp, final)
         _fsync_dir(ckpt_root)
     except BaseException:
@@ -106,7 +116,23 @@ def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndar
     _atomic_write_text(ckpt_root / LATEST, final.name + "\n")
     if keep_last > 0:
         prune(ckpt_root, keep_last)
+    else:
+        _remove_stale(ckpt_root)
     return final
+
+
+def _retire(ckpt_root: Path, ckpt: Path) -> None:
+    """Take a checkpoint out of service atomically: point `latest` away from it (at the newest other
+    complete one) if it names it, then rename it to a hidden `.step-*` name, removed later."""
+    latest = ckpt_root / LATEST
+    if latest.is_file() and latest.read_text().strip() == ckpt.name:
+        others = [p for p in list_checkpoints(ckpt_root) if p != ckpt]
+        if others:
+            _atomic_write_text(latest, others[-1].name + "\n")
+    trash = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.old.", dir=ckpt_root))
+    os.replace(ckpt, trash / ckpt.name)
+    _fsync_dir(ckpt_root)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -135,9 +161,17 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
         keep.add(ckpt_root / latest.read_text().strip())
     for p in list_checkpoints(ckpt_root):
         if p not in keep:
-            shutil.rmtree(p, ignore_errors=True)
-    for stale in Path(ckpt_root).glob(".step-*"):  # temporaries left by a killed writer
+            _retire(ckpt_root, p)  # renamed away first: a kill mid-delete never leaves a partial step-N
+    _remove_stale(ckpt_root)
+
+
+def _remove_stale(ckpt_root: Path) -> None:
+    """Remove what a killed writer left: temporary or retired `.step-*` directories and `.latest.*.tmp`
+    files (one writer per run directory is assumed)."""
+    for stale in Path(ckpt_root).glob(".step-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    for stale in Path(ckpt_root).glob(f".{LATEST}.*.tmp"):
+        stale.unlink(missing_ok=True)
 
 
 def resolve(path: str | Path) -> Path:
@@ -180,6 +214,8 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"{state_path} is not a valid catchat state file ({exc})",
                          hint="the checkpoint is damaged: resume from an earlier one") from None
+    state = CheckpointState(state)
+    state.path = str(state_path)
     check_fingerprint(state.get("vocab_fingerprint"), str(ckpt))
     if verify:
         for name, digest in state.get("sha256", {}).items():
@@ -189,7 +225,17 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
             if _sha256(f) != digest:
                 raise UsageError(f"{f} is corrupt (sha256 differs from the one recorded in {STATE_FILE})",
                                  hint="resume from an earlier checkpoint")
-    return Checkpoint(ckpt, _read_tensors(ckpt / MODEL_FILE), _read_tensors(ckpt / OPTIMIZER_FILE), state)
+    params = _read_tensors(ckpt / MODEL_FILE)
+    if isinstance(state.get("config"), dict):  # the tensors must fit the model its own state.json describes
+        from catchat import config as cfgmod
+        from catchat.model import param_specs
+
+        cfg = cfgmod.from_dict(state["config"], source=f"{state_path} (its config)")
+        diffs = shape_differences(params, {p.name: p.shape for p in param_specs(cfgmod.model_spec(cfg, vocab.VOCAB_SIZE))})
+        if diffs:
+            raise UsageError(f"{ckpt / MODEL_FILE} does not match the model in its {STATE_FILE}: " + "; ".join(diffs),
+                             hint="the checkpoint is damaged: resume from an earlier one")
+    return Checkpoint(ckpt, params, _read_tensors(ckpt / OPTIMIZER_FILE), state)
 
 
 def check_fingerprint(found: str | None, where: str) -> None:
@@ -202,10 +248,16 @@ def check_fingerprint(found: str | None, where: str) -> None:
 
 def check_shapes(params: dict[str, np.ndarray], expected: dict[str, tuple], where: str) -> None:
     """Refuse parameters whose names or shapes differ from the model config, listing every difference."""
+    diffs = shape_differences(params, expected)
+    if diffs:
+        raise UsageError(f"{where} does not match the model config: " + "; ".join(diffs),
+                         hint="use the config the checkpoint was trained with (its state.json has it)")
+
+
+def shape_differences(params: dict[str, np.ndarray], expected: dict[str, tuple]) -> list[str]:
+    """Every name missing, unexpected, or of another shape than expected (one string each)."""
     diffs = [f"{k}: missing" for k in expected if k not in params]
     diffs += [f"{k}: unexpected" for k in params if k not in expected]
     diffs += [f"{k}: {tuple(params[k].shape)} vs config {tuple(s)}" for k, s in expected.items()
               if k in params and tuple(params[k].shape) != tuple(s)]
-    if diffs:
-        raise UsageError(f"{where} does not match the model config: " + "; ".join(diffs),
-                         hint="use the config the checkpoint was trained with (its state.json has it)")
+    return diffs

@@ -6,6 +6,7 @@ import sys
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from catchat import __version__
@@ -175,10 +176,10 @@ def eval_cmd(checkpoint, corpus_path, windows, device):
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), help="Where to write the PNGs (default RUN_DIR/plots).")
 def plot(run_dir, out):
-    """Summarise a run and write PNG plots of loss, lr, grad norm, throughput and accuracy."""
+    """Summarise a run and write PNG plots of loss, lr, grad norm, throughput and accuracy, and an HTML page of them."""
     from pathlib import Path
 
-    from catchat.plot import plot_run, summarise_run
+    from catchat.plot import INDEX_HTML, plot_run, summarise_run
 
     for line in summarise_run(Path(run_dir)):
         console.print(line, highlight=False, markup=False)
@@ -186,42 +187,408 @@ def plot(run_dir, out):
     where = paths[0].parent if paths else Path(out or Path(run_dir) / "plots")
     console.print(f"wrote {len(paths)} plots to {where}: " + " ".join(p.name for p in paths),
                   highlight=False, markup=False)
+    if (where / INDEX_HTML).is_file():
+        console.print(f"all of them on one page: {where / INDEX_HTML}", highlight=False, markup=False)
+
+
+# ------------------------------------------------------------------------------ analysis
+def _ckpt_label(ckpt) -> str:
+    """'<run> step N' for a checkpoint inside runs/<run>/checkpoints/, else its directory name."""
+    run = ckpt.path.parent.parent.name if ckpt.path.parent.name == "checkpoints" else ckpt.path.name
+    return f"{run} step {ckpt.global_step:,}"
+
+
+@cli.command()
+@click.argument("checkpoint")
+@click.option("--compare", "compare_ckpt", default=None, metavar="CKPT2",
+              help="A second checkpoint: its surfaces side by side, drawn with the same directions' seed.")
+@click.option("--layer", "layers", multiple=True, type=click.IntRange(min=0),
+              help="Layer to map (repeatable; default: every layer).")
+@click.option("--group", default="z", show_default=True,
+              help="Weights perturbed in each layer: 'z' = update-gate rows of weight_ih and weight_hh; "
+                   "'hh:z', 'ih:n', 'hh', 'all', comma-separated (docs/landscape.md).")
+@click.option("--grid", "grid_n", default=11, show_default=True, type=click.IntRange(min=2),
+              help="N: an N x N grid of (alpha, beta).")
+@click.option("--radius", default=0.5, show_default=True, type=click.FloatRange(min=0.0, min_open=True),
+              help="r: alpha and beta span [-r, r].")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Directions' seed: the same seed gives the same surface.")
+@click.option("--tokens", default=2048, show_default=True, type=click.IntRange(min=1),
+              help="Size of the fixed evaluation slice (positions; held-out windows are whole).")
+@click.option("--text", "text_file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Evaluate on this text file (one conversation) instead of the held-out split.")
+@click.option("--corpus", "corpus_path", default=None, help="Corpus whose held-out split is used (default: the run's).")
+@click.option("--reference", is_flag=True, help="Evaluate with the numpy model (float64) instead of the GPU.")
+@click.option("--out", type=click.Path(file_okay=False),
+              help="Output directory (default runs/<run>/landscape/step-N, or CKPT/landscape).")
+@click.option("--no-3d", "no_3d", is_flag=True, help="Skip the 3-D surface PNGs.")
+@DEVICE_OPTION
+def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tokens, text_file, corpus_path,
+              reference, out, no_3d, device):
+    """Loss landscape around a checkpoint: filter-normalised random directions (Li et al. 2018), per layer."""
+    from pathlib import Path
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from catchat import checkpoint as ck
+    from catchat import config as cfgmod
+    from catchat import landscape as land
+    from catchat.errors import UsageError
+    from catchat.model import param_specs
+
+    grp = land.parse_group(group)
+    ckpts = [ck.load_checkpoint(checkpoint)] + ([ck.load_checkpoint(compare_ckpt)] if compare_ckpt else [])
+    entries = []
+    for c in ckpts:
+        cfg_c = cfgmod.from_dict(c.state["config"], source=str(c.path / ck.STATE_FILE))
+        spec = cfgmod.model_spec(cfg_c)
+        ck.check_shapes(c.params, {p.name: p.shape for p in param_specs(spec)},
+                        str(c.path))
+        entries.append((str(c.path), _ckpt_label(c), c.global_step, spec, c.params))
+    cfg = cfgmod.from_dict(ckpts[0].state["config"], source=str(ckpts[0].path / ck.STATE_FILE))
+    max_layers = min(e[3].layers for e in entries)
+    for layer in layers:
+        if layer >= max_layers:
+            raise UsageError(f"--layer {layer}: the model has {max_layers} layers (0..{max_layers - 1})",
+                             hint="choose a layer that exists in every checkpoint")
+    if text_file:
+        try:
+            text = Path(text_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{text_file} is not valid UTF-8 (byte {e.start})", hint="convert it to UTF-8") from None
+        data = land.text_slice(text, cfg.data.window, cfg.data.batch_lanes, tokens, source=str(text_file))
+    else:
+        from catchat.corpus import open_corpus
+
+        data = land.heldout_slice(open_corpus(corpus_path or cfg.data.corpus), cfg, tokens)
+    if reference:
+        make = lambda spec: land.ReferenceEvaluator(spec, data)  # noqa: E731
+        where = "numpy reference (float64)"
+    else:
+        from catchat.vk.device import open_device
+
+        dev = open_device(device)
+        make = lambda spec: land.GpuEvaluator(dev, spec, data)  # noqa: E731
+        where = f"{dev.info.name} (forward-only program, replayed per point)"
+    n_layers = len(layers) if layers else max_layers
+    per_layer = land.evaluations_per_layer(grid_n, radius)
+    total = per_layer * n_layers * len(entries)
+    console.print(f"{data.describe()}; evaluating on {where}", highlight=False, markup=False)
+    console.print(f"{len(entries)} checkpoint(s) x {n_layers} layer(s) x {per_layer} points "
+                  f"({grid_n}x{grid_n} grid + centre + 2 circles of {land.CIRCLE_POINTS}) = {total} evaluations; "
+                  f"group {grp.label}, seed {seed}", highlight=False, markup=False)
+    progress = Progress(TextColumn("[bold]landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=console, disable=not console.is_terminal, transient=True)
+    with progress:
+        task = progress.add_task("landscape", total=total)
+        many = len(entries) > 1
+        result = land.compute(
+            entries, data, make, layers=list(layers) or None, group=grp, seed=seed, grid_n=grid_n, radius=radius,
+            on_point=lambda: progress.advance(task),
+            on_surface=lambda c, s: progress.console.print(
+                s.summary(grp.label, prefix=f"{c.label}: " if many else "") + f" · {s.seconds:.1f} s",
+                highlight=False, markup=False))
+    out_dir = Path(out) if out else land.default_out_dir([c.path for c in ckpts])
+    try:
+        paths = land.write_outputs(out_dir, result, surface_3d=not no_3d)
+    except UsageError as e:
+        if "matplotlib" not in e.message:
+            raise
+        paths = land.write_data(out_dir, result)
+        err_console.print(f"no PNGs: {e.message} (fix: {e.hint})", highlight=False, markup=False)
+    console.print(f"wrote {out_dir}: " + " ".join(p.name for p in paths), highlight=False, markup=False)
+
+
+@cli.command("inspect")
+@click.argument("checkpoint")
+@click.option("--compare", "compare_ckpt", default=None, metavar="CKPT2",
+              help="Show how every tensor changed from CHECKPOINT to CKPT2.")
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON instead of tables.")
+def inspect_cmd(checkpoint, compare_ckpt, as_json):
+    """Per-tensor weight statistics and GRU spectral norms of a checkpoint (no Vulkan device needed)."""
+    import json
+    import math
+
+    from catchat.weights import report
+
+    rep = report(checkpoint, compare_ckpt)
+    if as_json:
+        click.echo(json.dumps(rep, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
+        return
+    console.print(f"{rep['checkpoint']} · step {rep['global_step']:,} · {rep['parameters']:,} parameters · "
+                  f"total norm {rep['total_norm']:.4f}", highlight=False, markup=False)
+    t = Table("tensor", "shape", "norm", "rms", "mean", "std", "min", "max", title="weights")
+    for s in rep["tensors"]:
+        t.add_row(s["name"], "x".join(map(str, s["shape"])), f"{s['norm']:.4f}", f"{s['rms']:.4f}",
+                  f"{s['mean']:+.4f}", f"{s['std']:.4f}", f"{s['min']:+.4f}", f"{s['max']:+.4f}")
+    console.print(t)
+    cmp = rep.get("compare")
+    other = {s["name"]: s for s in cmp["spectral"]} if cmp else {}
+
+    def sig(s, key):
+        b = other.get(s["name"])
+        if not b:
+            return f"{s[key]:.4f}"
+        pct = f"{100 * (b[key] / s[key] - 1):+.1f}%" if s[key] > 0 else "n/a"
+        return f"{s[key]:.4f} -> {b[key]:.4f} ({pct})"
+
+    t = Table("GRU matrix", "sigma [3H,H]", "sigma r", "sigma z", "sigma n",
+              title="spectral norms (largest singular value)" + (" A -> B" if cmp else ""))
+    for s in rep["spectral"]:
+        t.add_row(s["name"], *(sig(s, k) for k in ("full", "r", "z", "n")))
+    console.print(t)
+    if cmp:
+        console.print(f"A = {rep['checkpoint']} (step {rep['global_step']:,}), "
+                      f"B = {cmp['checkpoint']} (step {cmp['global_step']:,})", highlight=False, markup=False)
+        t = Table("tensor", "norm A", "norm B", "norm growth", "||B-A|| / ||A||", "cos(A, B)", title="change A -> B")
+        for c in cmp["changes"]:
+            pct = lambda v: "n/a" if math.isnan(v) else f"{100 * v:+.1f}%"  # noqa: E731
+            t.add_row(c["name"], f"{c['norm_a']:.4f}", f"{c['norm_b']:.4f}", pct(c["growth"]),
+                      "n/a" if math.isnan(c["rel_change"]) else f"{c['rel_change']:.4f}",
+                      "n/a" if math.isnan(c["cosine"]) else f"{c['cosine']:.4f}")
+        console.print(t)
+        g = cmp["total_norm"] / rep["total_norm"] - 1 if rep["total_norm"] else float("nan")
+        console.print(f"total norm {rep['total_norm']:.4f} -> {cmp['total_norm']:.4f} ({100 * g:+.1f}%)",
+                      highlight=False, markup=False)
+        for note in cmp["notes"]:
+            console.print(f"note: {note}", highlight=False, markup=False)
 
 
 # ------------------------------------------------------------------------------ generation
+def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
+    """--temperature --top-k --top-p --greedy --ngram-block (with a suffix: one side of a chat)."""
+    d = lambda s: s.replace("-", "_")  # noqa: E731
+    of = f" of {who}" if who else ""
+    opts = [
+        click.option(f"--temperature{suffix}", d(f"temperature{suffix}"), default=0.8, show_default=True,
+                     type=click.FloatRange(min=0.0), help=f"Softmax temperature{of} (0 = greedy)."),
+        click.option(f"--top-k{suffix}", d(f"top_k{suffix}"), default=0, show_default=True,
+                     type=click.IntRange(min=0), help=f"Sample{of} among the K most likely characters (0 = off)."),
+        click.option(f"--top-p{suffix}", d(f"top_p{suffix}"), default=1.0, show_default=True,
+                     type=click.FloatRange(0.0, 1.0, min_open=True),
+                     help=f"Nucleus sampling{of}: the smallest set of characters with this mass (1 = off)."),
+        click.option(f"--greedy{suffix}", d(f"greedy{suffix}"), is_flag=True,
+                     help=f"Always take the most likely character{of}."),
+        click.option(f"--ngram-block{suffix}", d(f"ngram_block{suffix}"), default=ngram_default, show_default=True,
+                     type=click.IntRange(min=0), help=f"No N-gram of generated characters{of} repeats (0 = off)."),
+    ]
+
+    def deco(f):
+        for o in reversed(opts):
+            f = o(f)
+        return f
+    return deco
+
+
 @cli.command()
 @click.argument("checkpoint")
-@click.option("--prompt", default="", help="Text to continue (after <bos>).")
+@click.option("--prompt", default="", help="Text to continue (after <bos>, and after 'SPEAKER: ' with --speaker).")
 @click.option("--speaker", default=None, help="Start the prompt as this speaker's turn: 'SPEAKER: '.")
-@click.option("--length", default=300, show_default=True, type=click.IntRange(min=1), help="Characters to generate.")
-@click.option("--temperature", default=0.8, show_default=True, type=click.FloatRange(min=0.0))
-@click.option("--top-k", default=0, show_default=True, type=click.IntRange(min=0), help="0 = off.")
-@click.option("--top-p", default=1.0, show_default=True, type=click.FloatRange(0.0, 1.0, min_open=True))
-@click.option("--greedy", is_flag=True, help="Always take the most likely character.")
-@click.option("--seed", default=0, show_default=True, help="Sampling seed: the same seed gives the same text.")
-@click.option("--num", default=1, show_default=True, type=click.IntRange(min=1), help="Samples generated at once.")
+@click.option("--length", default=300, show_default=True, type=click.IntRange(min=1),
+              help="Most characters to generate per sample.")
+@_sampling_options(ngram_default=0)
+@click.option("--stop-at-turn", is_flag=True, help="Stop at the end of a turn (<turn>) too, not only at <eos>.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Sampling seed: the same seed gives the same text.")
+@click.option("--num", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Samples generated at once (one batch on the GPU).")
 @DEVICE_OPTION
-def sample(checkpoint, prompt, speaker, length, temperature, top_k, top_p, greedy, seed, num, device):
-    """Generate text from a checkpoint, streaming it as it comes."""
+def sample(checkpoint, prompt, speaker, length, temperature, top_k, top_p, greedy, ngram_block, stop_at_turn, seed,
+           num, device):
+    """Generate text from a checkpoint, streaming it as it comes (docs/generation.md)."""
     from catchat import checkpoint as ck
     from catchat import vocab
-    from catchat.generate import Generator, Sampling, prompt_ids
+    from catchat.generate import Generator, Sampling, check_speaker, prompt_ids
     from catchat.vk.device import open_device
 
+    s = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, ngram_block=ngram_block)
+    speaker = check_speaker(speaker) if speaker is not None else None
     ckpt = ck.load_checkpoint(checkpoint)
     gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num)
     text = (f"{speaker}: " if speaker else "") + prompt
-    s = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
-    stream = num == 1
-    if stream:
-        click.echo(text, nl=False)
-    outs = gen.generate(prompt_ids(text), length, s, seed=seed,
-                        on_tokens=(lambda t: click.echo(vocab.decode(t), nl=False)) if stream else None)
-    if stream:
+    ids = prompt_ids(text)
+    unk = int((ids == vocab.UNK).sum())
+    if unk:
+        click.echo(f"note: {unk} prompt characters are outside {vocab.NAME} and read as <unk>", err=True)
+    stops = (vocab.EOS, vocab.TURN) if stop_at_turn else (vocab.EOS,)
+    shown = vocab.decode(ids)
+    if num == 1:
+        click.echo(shown, nl=False)
+
+        def show(tokens):
+            t = int(tokens[0])
+            if t not in stops:
+                click.echo(vocab.decode([t]), nl=False)
+
+        gen.generate(ids, length, s, seed=seed, stop_at=stops, on_tokens=show)
         click.echo()
-    else:
-        for i, ids in enumerate(outs):
-            click.echo(f"--- sample {i + 1}\n{text}{vocab.decode(ids)}")
+        return
+    outs, printed = [[] for _ in range(num)], set()
+
+    def emit(b):  # a sample is printed as soon as it is complete
+        printed.add(b)
+        body = [t for t in outs[b] if t not in stops]
+        click.echo(f"--- sample {b + 1}\n{shown}{vocab.decode(body)}")
+
+    def collect(tokens):
+        for b, t in enumerate(tokens.tolist()):
+            if b not in printed:
+                outs[b].append(t)
+                if t in stops:
+                    emit(b)
+
+    gen.generate(ids, length, s, seed=seed, stop_at=stops, on_tokens=collect)
+    for b in range(num):
+        if b not in printed:
+            emit(b)
+
+
+def _tty_lines(prompt: str):
+    """Lines typed at the terminal (with line editing when readline is there), until Ctrl-D."""
+    try:
+        import readline  # noqa: F401  (input() then has history and editing)
+    except ImportError:
+        pass
+    while True:
+        try:
+            yield input(prompt)
+        except EOFError:
+            click.echo()
+            return
+
+
+@cli.command("talk")
+@click.argument("checkpoint")
+@click.option("--user", default="YOU", show_default=True, help="Your speaker name.")
+@click.option("--speaker", default="CATCHAT", show_default=True, help="The model's speaker name.")
+@click.option("--length", default=300, show_default=True, type=click.IntRange(min=1),
+              help="Most characters per answer.")
+@_sampling_options(ngram_default=5)
+@click.option("--context", default=800, show_default=True, type=click.IntRange(min=16),
+              help="Rolling context in characters (a model trained without carried state: at most data.window).")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Sampling seed: the same lines and seed give the same answers.")
+@DEVICE_OPTION
+def talk_cmd(checkpoint, user, speaker, length, temperature, top_k, top_p, greedy, ngram_block, context, seed,
+             device):
+    """Talk with a checkpoint: you write one speaker's lines, the model answers as another.
+
+    Interactive at a terminal (/help lists the commands); with stdin from a pipe, each input line is
+    one turn and each answer one output line."""
+    from catchat import checkpoint as ck
+    from catchat import talk as talk_mod
+    from catchat.errors import UsageError
+    from catchat.generate import Generator, Sampling, check_speaker, checkpoint_config
+    from catchat.vk.device import open_device
+
+    s = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, ngram_block=ngram_block)
+    user, speaker = check_speaker(user, "--user"), check_speaker(speaker)
+    if user == speaker:
+        raise UsageError(f"--user and --speaker are both {user!r}", "give the model another name than yours")
+    ckpt = ck.load_checkpoint(checkpoint)
+    budget, capped = talk_mod.context_budget(checkpoint_config(ckpt), context)
+    note = lambda m: click.echo(m, err=True)  # noqa: E731
+    if capped:
+        note(capped)
+    dialogue = talk_mod.Dialogue(Generator.from_checkpoint(open_device(device), ckpt), budget)
+    st = talk_mod.TalkState(user=user, speaker=speaker, sampling=s, length=length)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        note(f"{ckpt.path} (step {ckpt.global_step:,}); {st.describe()}; context {budget} characters")
+        note("type a line and press Enter; /help lists the commands, /quit or Ctrl-D leaves")
+    talk_mod.talk(dialogue, _tty_lines(f"{user}: ") if interactive else sys.stdin, st, seed=seed,
+                  write=lambda x: click.echo(x, nl=False), note=note, one_line=not interactive)
+
+
+@cli.command("chat")
+@click.argument("checkpoint_a", metavar="CKPT_A")
+@click.argument("checkpoint_b", metavar="CKPT_B")
+@click.option("--turns", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Turns to generate, A and B alternating.")
+@click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="The chat log: one JSONL line per turn, written as it is produced.")
+@click.option("--append", is_flag=True, help="Continue the chat in --out: its turns prime both models, numbering goes on.")
+@click.option("--speaker-a", default="ALICE", show_default=True, help="A's speaker name.")
+@click.option("--speaker-b", default="BOB", show_default=True, help="B's speaker name.")
+@_sampling_options(ngram_default=5, suffix="-a", who="A")
+@_sampling_options(ngram_default=5, suffix="-b", who="B")
+@click.option("--length", default=300, show_default=True, type=click.IntRange(min=1), help="Most characters per turn.")
+@click.option("--context", default=800, show_default=True, type=click.IntRange(min=16),
+              help="Rolling context of each model in characters.")
+@click.option("--opening", default=None, help="A given first line (said by A in a new chat); not generated.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Sampling seed: the same command writes the same chat.")
+@click.option("--quiet", is_flag=True, help="Do not show the turns on the terminal.")
+@DEVICE_OPTION
+def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_b, temperature_a, top_k_a, top_p_a,
+             greedy_a, ngram_block_a, temperature_b, top_k_b, top_p_b, greedy_b, ngram_block_b, length, context,
+             opening, seed, quiet, device):
+    """Two checkpoints, both resident on one GPU, talk to each other; each turn is logged as JSONL."""
+    from pathlib import Path
+
+    from catchat import checkpoint as ck
+    from catchat import talk as talk_mod
+    from catchat import vocab
+    from catchat.errors import UsageError
+    from catchat.generate import Generator, Sampling, check_speaker, checkpoint_config
+    from catchat.vk.device import open_device
+
+    samplings = [Sampling(temperature=temperature_a, top_k=top_k_a, top_p=top_p_a, greedy=greedy_a,
+                          ngram_block=ngram_block_a),
+                 Sampling(temperature=temperature_b, top_k=top_k_b, top_p=top_p_b, greedy=greedy_b,
+                          ngram_block=ngram_block_b)]
+    speakers = [check_speaker(speaker_a, "--speaker-a"), check_speaker(speaker_b, "--speaker-b")]
+    if speakers[0] == speakers[1]:
+        raise UsageError(f"--speaker-a and --speaker-b are both {speakers[0]!r}", "give the two sides different names")
+    talk_mod.check_same_vocab(checkpoint_a, checkpoint_b)
+    ckpts = [ck.load_checkpoint(checkpoint_a), ck.load_checkpoint(checkpoint_b)]
+    dev = open_device(device)
+    sides = []
+    for c, sp, s in zip(ckpts, speakers, samplings):
+        budget, capped = talk_mod.context_budget(checkpoint_config(c), context)
+        if capped:
+            click.echo(f"{sp}: {capped}", err=True)
+        sides.append(talk_mod.Side(sp, talk_mod.Dialogue(Generator.from_checkpoint(dev, c), budget), s,
+                                   talk_mod.checkpoint_info(c)))
+    show = (lambda x: None) if quiet else (lambda x: click.echo(x, nl=False))  # noqa: E731
+    written = talk_mod.chat(sides, turns, Path(out), append=append, length=length, seed=seed, opening=opening,
+                            settings={"context": context, "length": length},
+                            on_turn_start=lambda sp: show(f"{sp}: "),
+                            on_token=lambda t: show(vocab.decode([t])),
+                            on_turn_end=lambda rec: show(rec["text"] + "\n" if rec["checkpoint"] is None else "\n"))
+    click.echo(f"wrote turns {written[0]['turn']}..{written[-1]['turn']} of conversation "
+               f"{written[0]['conversation']} to {out}", err=True)
+
+
+# ------------------------------------------------------------------------------ reliability
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on defects.")
+def scan(run_dir, strict):
+    """Scan a run for anomalies: non-finite steps, loss rises, grad-norm spikes, throughput drops, memory
+    growth, lr/tf against their formulas, resume signatures. A table; exit 1 on defects (docs/reliability.md)."""
+    from pathlib import Path
+
+    from catchat.scan import FAIL, WARN, scan_run, table_rows
+
+    report = scan_run(Path(run_dir))
+    table = Table("check", "status", "steps", "detail", title=f"scan of {run_dir} ({report.rows} steps)")
+    style = {FAIL: "[red]FAIL[/red]", WARN: "[yellow]warn[/yellow]"}
+    for check, status, count, detail in table_rows(report):
+        table.add_row(check, style.get(status, "[green]ok[/green]"), count, escape(detail))
+    console.print(table)
+    n_fail, n_warn = len(report.defects), len(report.warnings)
+    console.print(f"{n_fail} defect(s), {n_warn} warning(s)", highlight=False)
+    if n_fail or (strict and n_warn):
+        raise SystemExit(1)
+
+
+def _fail(message: str, hint: str | None, exit_code: int):
+    """One error line (and a fix line): never wrapped, brackets in it printed as they are."""
+    err_console.print("[red]error:[/red] " + escape(message), highlight=False, soft_wrap=True)
+    if hint:
+        err_console.print("  fix: " + escape(hint), highlight=False, soft_wrap=True)
+    sys.exit(exit_code)
 
 
 def main(argv=None):
@@ -231,14 +598,16 @@ def main(argv=None):
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
+    except click.UsageError as e:  # an unknown flag or command, a bad option value: one line, exit 2
+        _fail(e.format_message(), f"`{e.ctx.command_path if e.ctx else 'catchat'} --help` lists what it takes",
+              e.exit_code)
     except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        _fail(e.format_message(), None, e.exit_code)
     except CatchatError as e:
-        err_console.print(f"[red]error:[/red] {e.message}", highlight=False)
-        if e.hint:
-            err_console.print(f"  fix: {e.hint}", highlight=False)
-        sys.exit(e.exit_code)
+        _fail(e.message, e.hint, e.exit_code)
+    except OSError as e:  # disk full, permissions, a file gone: the system's words, not a traceback
+        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              "check free disk space, the path and its permissions", 1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)

@@ -49,6 +49,7 @@ DEFAULT_EVAL_FRACTION = 0.05
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 _READ_CHUNK = 1 << 20  # bytes per read of a plain-text file (a longer line arrives in pieces)
+MAX_JSONL_LINE_BYTES = 64 << 20  # a JSONL record is decoded whole: longer lines are refused
 _KEY_SHIFT = 1  # split keys are the first 8 bytes of sha256 >> 1: 63 bits, fits int64
 _KEY_SCALE = float(1 << 63)
 
@@ -71,6 +72,7 @@ class SourceStats:
     characters: int = 0
     unk: int = 0
     skipped_empty: int = 0
+    synthetic: dict | None = None  # a `catchat chat` log: the checkpoints that wrote it
 
     @property
     def unk_rate(self) -> float:
@@ -333,11 +335,55 @@ def _jsonl_turns(obj) -> list[tuple[str | None, str]]:
     raise ValueError('expected an object with "turns" or "text"')
 
 
+def _chat_provenance(stats: SourceStats, obj: dict) -> None:
+    """A `catchat chat` log line: note the checkpoint (and speaker) that wrote it in the source's
+    manifest entry, so synthetic dialogue keeps its provenance."""
+    syn = stats.synthetic or {"generator": "catchat chat", "conversations": 0, "turns": 0, "given_turns": 0,
+                              "checkpoints": []}
+    stats.synthetic = syn
+    syn["turns"] += 1
+    ck = obj.get("checkpoint")
+    if not isinstance(ck, dict):
+        syn["given_turns"] += 1  # an opening line, not generated
+        return
+    key = {k: ck.get(k) for k in ("path", "global_step", "vocab_fingerprint")}
+    for entry in syn["checkpoints"]:
+        if {k: entry[k] for k in key} == key:
+            break
+    else:
+        entry = dict(key, speakers=[], turns=0)
+        syn["checkpoints"].append(entry)
+    entry["turns"] += 1
+    if obj.get("speaker") not in entry["speakers"]:
+        entry["speakers"].append(obj.get("speaker"))
+
+
 def _read_jsonl(path: Path, w: _Writer, stats: SourceStats) -> None:
+    """One record per line is one conversation, except that consecutive records with the same
+    "conversation" value are the turns of one conversation (how `catchat chat` logs are written)."""
     sha = hashlib.sha256()
     offset = 0
+    group: list[tuple[str | None, str]] = []  # turns of the conversation being gathered
+    group_key = None
+    finished: set = set()  # "conversation" values already written (they must be consecutive)
+
+    def flush() -> None:
+        if not group:
+            return
+        if not any(text.strip() for _, text in group):
+            stats.skipped_empty += 1
+        else:
+            w.conversation(group)
+            if group_key is not None and stats.synthetic is not None:
+                stats.synthetic["conversations"] += 1
+        group.clear()
+
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in enumerate(iter(lambda: f.readline(MAX_JSONL_LINE_BYTES + 1), b""), 1):
+            if len(raw) > MAX_JSONL_LINE_BYTES:  # a record is held in memory whole: refuse a giant one
+                raise UsageError(f"{path} line {lineno} is longer than {MAX_JSONL_LINE_BYTES >> 20} MiB",
+                                 "a JSONL record is one conversation: split it into several (plain text is "
+                                 "streamed, any size)")
             sha.update(raw)
             try:
                 line = raw.decode("utf-8")
@@ -356,12 +402,23 @@ def _read_jsonl(path: Path, w: _Writer, stats: SourceStats) -> None:
                                  _JSONL_HINT) from None
             try:
                 turns = _jsonl_turns(obj)
+                key = obj.get("conversation")
+                if key is not None and not isinstance(key, (str, int)):
+                    raise ValueError(f'"conversation" must be a string or an integer, got {type(key).__name__}')
             except ValueError as e:
                 raise UsageError(f"{path} line {lineno}: {e}", _JSONL_HINT) from None
-            if not any(text.strip() for _, text in turns):
-                stats.skipped_empty += 1
-                continue
-            w.conversation(turns)
+            if obj.get("format") == "catchat-chat":
+                _chat_provenance(stats, obj)
+            if key is None or key != group_key:
+                flush()
+                if key is not None and key in finished:
+                    raise UsageError(f"{path} line {lineno}: conversation {key!r} appeared earlier, with other "
+                                     "conversations between", "keep the lines of one conversation together")
+                group_key = key
+                if key is not None:
+                    finished.add(key)
+            group.extend(turns)
+        flush()
     stats.sha256, stats.bytes = sha.hexdigest(), offset
 
 
@@ -722,7 +779,8 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
         },
         "sources": [{"path": s.path, "kind": s.kind, "sha256": s.sha256, "bytes": s.bytes,
                      "conversations": s.conversations, "characters": s.characters, "unk": s.unk,
-                     **({"skipped_empty": s.skipped_empty} if s.skipped_empty else {})} for s in all_stats],
+                     **({"skipped_empty": s.skipped_empty} if s.skipped_empty else {}),
+                     **({"synthetic": s.synthetic} if s.synthetic else {})} for s in all_stats],
         "delimiter": delimiter,
         "max_unk_rate": max_unk_rate,
         "files": {"tokens": TOKENS_FILE, "index": INDEX_FILE},

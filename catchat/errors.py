@@ -37,3 +37,16 @@ class ShaderCompileError(CatchatError):
     """glslc rejected a shader: names the file, the line and the compiler's message."""
 
     exit_code = 1
+
+
+class DeviceLost(CatchatError):
+    """The Vulkan device failed while running recorded work (VK_ERROR_DEVICE_LOST and the like):
+    nothing on it can be trusted or read back; the message says what was running."""
+
+    exit_code = 1
+
+
+class CheckpointWriteError(CatchatError):
+    """A checkpoint could not be written (disk full, quota, permissions): the previous one is intact."""
+
+    exit_code = 1

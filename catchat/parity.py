@@ -22,6 +22,7 @@ FAMILIES = (
     "catchat.vk.kernels.norm",
     "catchat.vk.kernels.loss",
     "catchat.vk.kernels.optim",
+    "catchat.vk.kernels.sampling",
 )
 
 

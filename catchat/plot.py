@@ -14,9 +14,11 @@ previous row's drops every kept row from that step on (so the last row for a ste
 "resume" event at N drops earlier evals and skipped steps after N. Unparseable lines (a row or a
 JSON line cut short by a crash or read mid-write) are skipped; unknown events and columns ignored.
 
-    plot_run(run_dir, out_dir=None) -> [Path]   loss, lr, grad_norm, throughput, accuracy PNGs
+    plot_run(run_dir, out_dir=None) -> [Path]   loss, lr, grad_norm, throughput, accuracy PNGs, and
+                                                index.html showing them with the summary and config
     summarise_run(run_dir) -> [str]             a few lines for `catchat plot` to print
     load_run(run_dir) -> Run                    the parsed files (used by both)
+    write_html(run_dir, out_dir, pngs) -> Path  the page alone (plot_run calls it)
 
 matplotlib is an optional extra (`pip install 'catchat[plot]'`): imported inside plot_run only,
 drawn with the Agg canvas directly (no pyplot, no global backend switch).
@@ -25,9 +27,11 @@ drawn with the Agg canvas directly (no pyplot, no global backend switch).
 from __future__ import annotations
 
 import csv
+import html
 import json
 import math
 import os
+import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +43,7 @@ from catchat.errors import UsageError
 COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
            "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
 LN2 = math.log(2.0)
+INDEX_HTML = "index.html"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,9 +261,10 @@ def _window(n: int) -> int:
     return max(1, n // 100, min(10, n // 10))
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = True) -> list[Path]:
     """Write loss.png, lr.png, grad_norm.png, throughput.png and accuracy.png (each only when it has
-    data) into out_dir (default run_dir/plots); return the paths written."""
+    data) into out_dir (default run_dir/plots); return the PNG paths written. With html_page (the
+    default) also write out_dir/index.html showing them all (see write_html)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -422,4 +428,109 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         legend(ax)
         save(fig, "accuracy.png")
 
+    if html_page:
+        write_html(run.path, out_dir, written, run=run)
     return written
+
+
+# ----------------------------------------------------------------------------------------------
+# the HTML page
+
+_CAPTIONS = {
+    "loss.png": "Train loss per step and its rolling mean; eval loss (teacher-forced, and free-running when "
+                "measured) against tokens seen. Right axis: bits per char.",
+    "lr.png": "Learning rate (and teacher forcing when it is not 1) against optimizer steps.",
+    "grad_norm.png": "Gradient norm before clipping (log scale), the clip line, skipped steps.",
+    "throughput.png": "Training tokens per second.",
+    "accuracy.png": "Held-out next-char accuracy: top-1 and top-5.",
+}
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1180px;padding:0 1em;color:#222}
+h1{margin-bottom:.2em}.path{color:#666;margin-top:0;font-family:monospace}
+ul.summary li{font-family:monospace;margin:.15em 0}
+figure{margin:1em 0 2em}figure img{max-width:100%;border:1px solid #ddd}
+figcaption{color:#555;font-size:.9em}
+table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}
+pre{background:#f7f7f7;border:1px solid #ddd;padding:.8em;overflow-x:auto;font-size:.85em}
+.marks{color:#555;font-size:.9em}.grid{display:flex;flex-wrap:wrap;gap:1em}.grid figure{flex:1 1 480px}"""
+
+
+def _rel(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target, start)).as_posix()
+
+
+def _landscape_sections(run_dir: Path, out_dir: Path) -> list[str]:
+    """Any `catchat landscape` outputs under run_dir/landscape/: their summaries and contour PNGs."""
+    parts = []
+    for d in sorted(p for p in (run_dir / "landscape").glob("*") if p.is_dir()):
+        pngs = sorted(d.glob("landscape-layer*.png"), key=lambda p: ("-3d" in p.name, p.name))
+        if not pngs:
+            continue
+        parts.append(f"<h3>{html.escape(d.name)}</h3>")
+        txt = d / "landscape.txt"
+        if txt.is_file():
+            parts.append("<ul class=summary>" + "".join(f"<li>{html.escape(line)}</li>" for line in
+                                                       txt.read_text().splitlines() if line.strip()) + "</ul>")
+        parts.append("<div class=grid>" + "".join(
+            f'<figure><a href="{html.escape(_rel(p, out_dir))}"><img src="{html.escape(_rel(p, out_dir))}" '
+            f'alt="{html.escape(p.name)}"></a><figcaption>{html.escape(p.name)}</figcaption></figure>'
+            for p in pngs) + "</div>")
+    return parts
+
+
+def write_html(run_dir: Path, out_dir: Path, pngs: list[Path], *, run: Run | None = None) -> Path:
+    """out_dir/index.html: the summary lines, every PNG in `pngs` (relative links, so the folder can
+    be moved or served as it is), a table of the evals, landscapes found under run_dir/landscape/,
+    and the run's config.toml. Self-contained: no scripts, no external files."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    run = run or load_run(run_dir)
+    esc = html.escape
+    name = run.path.name
+    body = [f"<h1>{esc(name)}</h1>", f'<p class=path>{esc(str(run.path.resolve()))}</p>',
+            "<h2>Summary</h2>", "<ul class=summary>"
+            + "".join(f"<li>{esc(line)}</li>" for line in summarise_run(run_dir)) + "</ul>"]
+    marks = []
+    if run.resumes:
+        marks.append("resumes at step " + ", ".join(f"{s:,}" for s in run.resumes) + " (grey dotted lines)")
+    if run.cooldown_start is not None:
+        marks.append(f"cooldown from step {run.cooldown_start:,} (purple dash-dot line)")
+    body.append("<h2>Plots</h2>")
+    if marks:
+        body.append(f"<p class=marks>Marked on every plot: {esc('; '.join(marks))}.</p>")
+    for p in pngs:
+        src = esc(_rel(p, out_dir))
+        body.append(f'<figure><a href="{src}"><img src="{src}" alt="{esc(p.stem)}"></a>'
+                    f"<figcaption>{esc(_CAPTIONS.get(p.name, p.name))}</figcaption></figure>")
+    if run.evals:
+        rows = []
+        for e in run.evals:
+            fr = e.get("free_running") if isinstance(e.get("free_running"), dict) else {}
+            cell = lambda v, f: esc(format(v, f)) if isinstance(v, (int, float)) else ""  # noqa: E731
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in (
+                f"{int(e['global_step']):,}", cell(e.get("tokens"), ",.0f"), cell(e["loss"], ".4f"),
+                cell(e.get("bpc", e["loss"] / LN2), ".4f"), cell(e.get("top1"), ".1%"), cell(e.get("top5"), ".1%"),
+                cell(fr.get("loss"), ".4f"))) + "</tr>")
+        body += ["<h2>Evals</h2>", "<table><tr><th>step</th><th>tokens</th><th>loss (nats/char)</th><th>bpc</th>"
+                 "<th>top-1</th><th>top-5</th><th>free-running loss</th></tr>" + "".join(rows) + "</table>"]
+    land = _landscape_sections(run.path, out_dir)
+    if land:
+        body += ["<h2>Loss landscapes</h2>"] + land
+    cfg = run.path / "config.toml"
+    body.append("<h2>Config</h2>")
+    if cfg.is_file():
+        body.append(f"<p class=path>{esc(str(cfg.name))}</p><pre>{esc(cfg.read_text(errors='replace'))}</pre>")
+    else:
+        body.append("<p>no config.toml in the run directory</p>")
+    from catchat import __version__
+
+    body.append(f"<p class=path>written by catchat {esc(__version__)} (catchat plot) at "
+                f"{esc(time.strftime('%Y-%m-%d %H:%M:%S'))}</p>")
+    page = ("<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+            f"<title>{esc(name)}: catchat run</title><style>{_CSS}</style></head><body>\n"
+            + "\n".join(body) + "\n</body></html>\n")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path, tmp = out_dir / INDEX_HTML, out_dir / f".{INDEX_HTML}.tmp"
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, path)
+    return path

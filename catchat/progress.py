@@ -74,6 +74,9 @@ class TrainReporter:
     def on_skipped_step(self, global_step, reason, **_):
         self._print(f"[yellow]skipped step {global_step}[/yellow]: {reason}")
 
+    def on_faults(self, faults, **_):
+        self._print(f"[yellow]fault injection ($CATCHAT_FAULT)[/yellow]: {', '.join(faults)}")
+
     def on_stopping(self, signal, **_):
         self._print(f"[yellow]{signal}[/yellow]: finishing this step, then writing a checkpoint "
                     "(press Ctrl-C again to stop at once)")

@@ -352,6 +352,70 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
 
 
 # ---------------------------------------------------------------------------------------------
+# Scheduled sampling: the per-timestep path's choice of inputs (docs/model.md)
+# ---------------------------------------------------------------------------------------------
+
+STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33
+
+
+def tf_select(row_tokens, prev_logits, row_resets, seed: int, t: int, tf: float, top_k: int = 0):
+    """Inputs of step t for every lane: the data's token, or the model's choice from step t-1.
+
+    row_tokens [B] data tokens at t; prev_logits [B,V] logits of step t-1; row_resets [B].
+    The data's token is kept at t == 0, at a reset, and where the coin rng_uniform(seed, 32,
+    t*B + b) < tf. Otherwise: the argmax (top_k == 0) or a sample from the top_k largest logits
+    (softmax over them, u = rng_uniform(seed, 33, t*B + b)); <pad> and <bos> are never chosen,
+    ties go to the lower index. Returns (inputs [B], how many were the model's choice).
+    """
+    out = np.array(row_tokens, dtype=np.uint32, copy=True)
+    if t == 0:
+        return out, 0
+    B = out.shape[0]
+    rows = t * B + np.arange(B)
+    coins = rng_uniform(seed, STREAM_TF_COIN, rows)
+    fed = 0
+    for b in range(B):
+        if row_resets[b] or coins[b] < np.float32(tf):
+            continue
+        lg = np.asarray(prev_logits[b], dtype=np.float32)
+        cand = np.arange(2, lg.shape[0])
+        order = cand[np.lexsort((cand, -lg[cand]))]  # larger logit first, lower index on ties
+        k = min(int(top_k), 16)
+        if k == 0:
+            out[b] = order[0]
+        else:
+            top = order[:k]
+            w = np.exp(lg[top] - lg[top[0]], dtype=np.float32)
+            acc = np.cumsum(w, dtype=np.float32)  # sequential, as the shader sums
+            u = rng_uniform(seed, STREAM_TF_SAMPLE, int(rows[b])) * acc[-1]
+            out[b] = top[min(int(np.count_nonzero(acc <= u)), k - 1)]
+        fed += 1
+    return out, fed
+
+
+def scheduled_sampling_inputs(params, spec: ModelSpec, tokens, resets, h0, *, tf, top_k=0, seed=0,
+                              p_emb=0.0, p_hid=0.0):
+    """The inputs the per-timestep path feeds over a window: one timestep at a time, each step's
+    input chosen by `tf_select` from the previous step's logits. Returns (inputs [T,B], model-fed
+    count). No gradient flows through the choice: training then runs the ordinary forward and
+    backward on these inputs (`model_forward_backward`)."""
+    T, B = tokens.shape
+    fed = np.array(tokens, dtype=np.uint32, copy=True)
+    h = h0
+    prev = None
+    count = 0
+    no_targets = np.zeros((1, B), np.uint32)
+    for t in range(T):
+        if t > 0:
+            fed[t], n = tf_select(fed[t], prev, resets[t], seed, t, tf, top_k)
+            count += n
+        r = model_forward_backward(params, spec, fed[t:t + 1], no_targets, resets[t:t + 1], h, 1,
+                                   p_emb=p_emb, p_hid=p_hid, seed=seed, need_grads=False)
+        prev, h = r.logits[0], r.hT
+    return fed, count
+
+
+# ---------------------------------------------------------------------------------------------
 # Gradient norm, clipping, optimizers (flat arrays in ParamLayout order, updated in place)
 # ---------------------------------------------------------------------------------------------
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import signal
+import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,9 +25,10 @@ import numpy as np
 
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
+from catchat import faults as faultmod
 from catchat import vocab
 from catchat.corpus import open_corpus
-from catchat.errors import UsageError
+from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
 from catchat.lanes import Lanes
 from catchat.model import ParamLayout, init_params, param_specs
 from catchat.schedule import interval_crossed, lr_at
@@ -62,6 +66,21 @@ class RunFiles:
         return self.root / "samples"
 
 
+def memory_mb() -> dict:
+    """This process's resident memory now (`rss_mb`, None where /proc is missing) and at its peak
+    (`peak_rss_mb`, getrusage), in MiB: logged with start, resume, eval, checkpoint and end events."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    rss = None
+    try:
+        with open("/proc/self/statm") as f:
+            rss = round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
+
+
 def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
     """The StepHyper of a config at learning rate lr."""
     t = cfg.train
@@ -97,10 +116,12 @@ class Trainer:
     """One run: builds data, device program and state (fresh or resumed), then steps."""
 
     def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
-                 resume: str | Path | None = None, reporter=None):
+                 resume: str | Path | None = None, reporter=None, faults=None):
+        """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT."""
         self.cfg, self.dev, self.config_name = cfg, dev, config_name
         self.files = RunFiles(Path(run_dir))
         self.report = reporter or (lambda *_a, **_k: None)
+        self.faults = faultmod.from_env() if faults is None else tuple(faults)
         self._prepare_run_dir(resume)
         self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
         self.lanes = Lanes.from_config(self.corpus, cfg, "train")
@@ -138,7 +159,18 @@ class Trainer:
             csv.writer(f).writerow(METRICS_COLUMNS)
         self.files.events.write_text("")
         self.event("start", config=self.config_name, total_steps=self.total_steps,
-                   model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe())
+                   model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe(), **self._run_info())
+
+    def _run_info(self) -> dict:
+        """What `catchat scan` checks a run against: the schedule in force, step sizes, memory, faults."""
+        s = self.cfg.schedule
+        info = dict(schedule=dict(total_steps=self.total_steps, lr=self.cfg.train.lr, warmup_fraction=s.warmup_fraction,
+                                  cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
+                                  lr_min=s.lr_min),
+                    seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step, **memory_mb())
+        if self.faults:
+            info["faults"] = [str(f) for f in self.faults]
+        return info
 
     def _restore(self, ckpt: ck.Checkpoint):
         expected = {p.name: p.shape for p in param_specs(self.spec)}
@@ -162,12 +194,17 @@ class Trainer:
             raise UsageError(f"{ckpt.path}: carried state {carry.shape} does not match data.batch_lanes / model",
                              hint="keep data.batch_lanes and the model when resuming")
         self.prog.set_carry(carry)
-        self.cursor = self.lanes.restore(ckpt.state["cursor"])
-        self.global_step = ckpt.global_step
-        self.applied_steps = int(ckpt.state["applied_steps"])
+        try:
+            self.cursor = self.lanes.restore(ckpt.state["cursor"])
+            self.global_step = ckpt.global_step
+            self.applied_steps = int(ckpt.state["applied_steps"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise UsageError(f"{ckpt.path / ck.STATE_FILE} is damaged ({type(exc).__name__}: {exc})",
+                             hint="resume from another checkpoint") from None
         self.last_checkpoint_step = self.global_step
         self._truncate_metrics(self.global_step)
-        self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs)
+        self._repair_events()
+        self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs, **self._run_info())
 
     def _truncate_metrics(self, step: int):
         """Drop rows logged after the checkpoint we resume from: they will be logged again."""
@@ -177,9 +214,21 @@ class Trainer:
             return
         with open(self.files.metrics, newline="") as f:
             rows = list(csv.reader(f))
-        keep = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= step]
+        keep = [list(METRICS_COLUMNS)]
+        for r in rows[1:]:  # a row cut short by a crash (or any unreadable one) is dropped too
+            if len(r) == len(METRICS_COLUMNS) and r[0].isdigit() and int(r[0]) <= step:
+                keep.append(r)
         with open(self.files.metrics, "w", newline="") as f:
             csv.writer(f).writerows(keep)
+
+    def _repair_events(self):
+        """Drop a last events.jsonl line cut short by a crash, so the resumed run appends whole lines."""
+        path = self.files.events
+        if not path.exists():
+            return
+        data = path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            path.write_bytes(data[:data.rfind(b"\n") + 1])
 
     # ------------------------------------------------------------------ telemetry
     def event(self, kind: str, **fields):
@@ -212,17 +261,33 @@ class Trainer:
                                                                                 self.cfg)),
                      tokens_seen=self.global_step * self.tokens_per_step, config=cfgmod.to_dict(self.cfg),
                      config_name=self.config_name, model=cfgmod.to_dict(self.cfg)["model"])
-        path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
-                                  keep_last=self.cfg.checkpoint.keep_last)
+        try:
+            path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
+                                      keep_last=self.cfg.checkpoint.keep_last)
+        except OSError as exc:
+            raise CheckpointWriteError(
+                f"could not write checkpoint {ck.step_dir_name(self.global_step)} in {self.files.checkpoints}: "
+                f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
+                hint="free disk space (or lower checkpoint.keep_last); " + self._resume_hint()) from None
         self.last_checkpoint_step = self.global_step
-        self.event("checkpoint", path=str(path), reason=reason)
+        self.event("checkpoint", path=str(path), reason=reason, **memory_mb())
         return path
+
+    def _resume_hint(self) -> str:
+        """Which checkpoint is intact and how to continue from it (for failure messages)."""
+        try:
+            last = ck.resolve(self.files.checkpoints)
+        except UsageError:
+            return "no checkpoint of this run was written yet: start it again"
+        return (f"the last checkpoint {last} is intact and `latest` names it: continue with "
+                f"`catchat train CONFIG --run-dir {self.files.root} --resume`")
 
     def run_eval(self) -> dict | None:
         if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
             return None
         res = evaluate(self.prog, self.eval_lanes, self.cfg.eval.eval_windows)
-        self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, **res)
+        self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, **res,
+                   **memory_mb())
         return res
 
     # ------------------------------------------------------------------ the loop
@@ -236,10 +301,19 @@ class Trainer:
         """One optimizer step over the next micro-batches; logs it."""
         cfg = self.cfg
         windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
+        batches = [(w.tokens, w.targets, w.resets) for w in windows]
         lr = lr_at(self.global_step, self.total_steps, cfg)
+        hits = faultmod.at(self.faults, self.global_step + 1)
+        if "zero_valid" in hits:
+            batches = faultmod.zero_targets(batches)
         start = time.perf_counter()
-        st = self.prog.train_step([(w.tokens, w.targets, w.resets) for w in windows], step_hyper(cfg, lr),
-                                  global_step=self.global_step, opt_t=self.applied_steps + 1)
+        with ExitStack() as injected:
+            if "nan_grad" in hits:
+                injected.enter_context(faultmod.nan_gradient(self.prog))
+            if "device_lost" in hits:
+                injected.enter_context(faultmod.lost_device(self.prog))
+            st = self.prog.train_step(batches, step_hyper(cfg, lr), global_step=self.global_step,
+                                      opt_t=self.applied_steps + 1)
         seconds = time.perf_counter() - start
         self.cursor = next_cursor
         self.global_step += 1
@@ -248,7 +322,7 @@ class Trainer:
             self.event("skipped_step", reason=reason)
         else:
             self.applied_steps += 1
-        self._metrics_row(st, lr, sum(w.n_valid for w in windows), seconds)
+        self._metrics_row(st, lr, sum(int(np.count_nonzero(tg)) for _, tg, _ in batches), seconds)
         self.report("step", stats=st, lr=lr, seconds=seconds, global_step=self.global_step,
                     total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
         return st
@@ -257,9 +331,11 @@ class Trainer:
         """Train until the planned total, `stop_after_steps` more steps, or a signal; returns why it ended.
         A final checkpoint is written in every case."""
         cfg = self.cfg
+        if self.faults:
+            self.report("faults", faults=[str(f) for f in self.faults])
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         taken, reason = 0, "done"
-        try:
+        try:  # the handlers stay until the final checkpoint is written: a Ctrl-C then cannot cut it short
             while self.global_step < self.total_steps:
                 if self._stop_signal:
                     reason = f"interrupted ({self._stop_signal})"
@@ -274,10 +350,29 @@ class Trainer:
                     self.run_eval()
                 if interval_crossed(prev_seqs, self.cursor.seqs, cfg.checkpoint.checkpoint_every_seqs):
                     self.save("interval")
+            if self.last_checkpoint_step != self.global_step:
+                self.save(reason)
+            self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
+                       applied_steps=self.applied_steps, **memory_mb())
+        except DeviceLost as exc:  # nothing on the device can be read back: no final checkpoint
+            self._failed(f"device lost: {exc.message}")
+            raise DeviceLost(f"{exc.message} (at step {self.global_step + 1}; no checkpoint written after step "
+                             f"{max(self.last_checkpoint_step, 0)})", hint=self._resume_hint()) from None
+        except CheckpointWriteError as exc:
+            self._failed(exc.message)
+            raise
+        except OSError as exc:  # metrics.csv / events.jsonl: disk full, quota, permissions
+            raise CatchatError(f"could not write {exc.filename or 'a run file'}: {exc.strerror or exc}",
+                               hint="free disk space; " + self._resume_hint()) from None
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
-        if self.last_checkpoint_step != self.global_step:
-            self.save(reason)
-        self.event("end", reason=reason)
         return reason
+
+    def _failed(self, why: str) -> None:
+        """Log the end of a failed run, if the disk still takes it."""
+        try:
+            self.event("end", reason=f"failed: {why}", skipped_steps=self.global_step - self.applied_steps,
+                       applied_steps=self.applied_steps, **memory_mb())
+        except OSError:
+            pass

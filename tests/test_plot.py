@@ -189,3 +189,31 @@ def test_smoothing_restarts_at_resumes():
     sm = _smooth_segments(y, 10, steps, [197])
     assert sm.shape == y.shape
     assert np.all(sm[:197] == 1.0) and np.all(sm[197:] == 5.0)
+
+
+def test_html_page_shows_everything(run_dir):
+    import html
+    import re
+
+    land = run_dir / "landscape" / "step-0000200"           # what `catchat landscape` leaves in a run
+    land.mkdir(parents=True)
+    (land / "landscape-layer0.png").write_bytes(PNG_MAGIC + b"0" * 64)
+    (land / "landscape.txt").write_text("layer 0 [ih:z+hh:z]: centre 1.9000 nats/char · mean rise +0.01\n")
+    paths = plot_run(run_dir)
+    page = (run_dir / "plots" / "index.html").read_text()
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    srcs = re.findall(r'<img src="([^"]+)"', page)
+    assert srcs == [p.name for p in paths] + ["../landscape/step-0000200/landscape-layer0.png"]  # relative
+    for line in summarise_run(run_dir):
+        assert f"<li>{html.escape(line)}</li>" in page
+    assert "centre 1.9000 nats/char" in page
+    assert html.escape(CONFIG.splitlines()[1]) in page              # the run's config.toml, verbatim
+    assert "resumes at step 100" in page and "cooldown from step 160" in page
+    assert page.count("<tr>") == 1 + 4                               # the evals table: header + 4 evals
+    assert "<script" not in page and "http" not in page              # self-contained
+
+
+def test_html_page_optional(run_dir, tmp_path):
+    out = tmp_path / "p"
+    plot_run(run_dir, out, html_page=False)
+    assert not (out / "index.html").exists()

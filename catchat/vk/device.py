@@ -18,6 +18,8 @@ from catchat.errors import VulkanUnavailable
 from catchat.vk.probe import DeviceInfo, probe_devices
 
 ENV_DEVICE = "CATCHAT_DEVICE"
+MEMORY_HINT = ("lower model.hidden, data.batch_lanes or data.window in the config "
+               "(for `catchat sample`: --num)")
 _KP_DTYPES = (np.float32, np.uint32, np.int32)
 
 
@@ -89,10 +91,17 @@ class Device:
         if arr.size == 0:
             arr = np.zeros(1, dtype)  # Vulkan buffers cannot be empty
         self.check_buffer_size(arr.nbytes)
-        self.allocated_bytes += arr.nbytes
         kinds = {"device": self.kp.TensorTypes.device, "host": self.kp.TensorTypes.host,
                  "storage": self.kp.TensorTypes.storage}
-        return self.manager.tensor_t(arr, kinds[kind])
+        try:
+            t = self.manager.tensor_t(arr, kinds[kind])
+        except RuntimeError as exc:  # vk::OutOfDeviceMemoryError / OutOfHostMemoryError, through pybind11
+            raise VulkanUnavailable(
+                f"could not allocate a buffer of {format_bytes(arr.nbytes)} on {self.info.name} "
+                f"({format_bytes(self.allocated_bytes)} already allocated): {exc}",
+                hint=MEMORY_HINT) from None
+        self.allocated_bytes += arr.nbytes
+        return t
 
     def check_buffer_size(self, nbytes: int, what: str = "a buffer") -> None:
         """Refuse a buffer larger than the device's maxStorageBufferRange (kp would wrap silently)."""
@@ -101,7 +110,16 @@ class Device:
             raise VulkanUnavailable(
                 f"{what} of {nbytes / 2**20:.1f} MiB exceeds this device's maximum storage buffer "
                 f"({limit / 2**20:.0f} MiB on {self.info.name})",
-                hint="lower model.hidden, data.batch_lanes or data.window in the config")
+                hint=MEMORY_HINT)
+
+    def check_device_memory(self, nbytes: int, what: str = "this program") -> None:
+        """Refuse a planned allocation larger than the device's largest device-local memory heap,
+        before anything is allocated (an allocation that fails half way leaves nothing usable)."""
+        heap = self.info.device_memory_bytes
+        if heap and nbytes > heap:
+            raise VulkanUnavailable(
+                f"{what} needs {format_bytes(nbytes)} of device memory; {self.info.name} has "
+                f"{format_bytes(heap)}", hint=MEMORY_HINT)
 
     def sequence(self, timestamps: int = 0):
         """A kp sequence; `timestamps` > 0 reserves that many timestamp slots (ops + 1)."""
@@ -132,6 +150,15 @@ def open_device(selector: str | int | None = None) -> Device:
         raise VulkanUnavailable(f"could not open Vulkan device {info.index} ({info.name}): {exc}",
                                 hint="check the driver with `vulkaninfo --summary`")
     return Device(info=info, manager=manager, kp=kp)
+
+
+def format_bytes(n: int) -> str:
+    """'1.5 GiB', '12.0 MiB', '3 KiB' (for messages)."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{max(n, 0) / 2**10:.0f} KiB"
 
 
 def pack_push(*values) -> np.ndarray:

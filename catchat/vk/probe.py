@@ -45,6 +45,7 @@ class DeviceInfo:
     max_push_constant_bytes: int
     max_workgroup_invocations: int
     subgroup_size: int
+    device_memory_bytes: int = 0  # the largest DEVICE_LOCAL memory heap (0: unknown)
 
 
 class _AppInfo(ctypes.Structure):
@@ -69,6 +70,11 @@ class _DriverProps(ctypes.Structure):
     _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("driverID", ctypes.c_uint32),
                 ("driverName", ctypes.c_char * 256), ("driverInfo", ctypes.c_char * 256),
                 ("conformance", ctypes.c_uint8 * 4)]
+
+
+_MEMORY_PROPS_SIZE = 1024  # VkPhysicalDeviceMemoryProperties is 520 bytes
+_OFF_HEAP_COUNT, _OFF_HEAPS, _HEAP_STRIDE = 260, 264, 16  # VkMemoryHeap: uint64 size, uint32 flags (+4)
+_HEAP_DEVICE_LOCAL = 0x1
 
 
 class _Props2(ctypes.Structure):
@@ -128,4 +134,21 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
         max_push_constant_bytes=u32(_OFF_PUSH_SIZE),
         max_workgroup_invocations=u32(_OFF_WG_INVOCATIONS),
         subgroup_size=subgroup.subgroupSize,
+        device_memory_bytes=_device_memory(vk, handle),
     )
+
+
+def _device_memory(vk: ctypes.CDLL, handle) -> int:
+    """The size of the largest DEVICE_LOCAL heap (vkGetPhysicalDeviceMemoryProperties), 0 if none."""
+    buf = (ctypes.c_uint8 * _MEMORY_PROPS_SIZE)()
+    vk.vkGetPhysicalDeviceMemoryProperties(ctypes.c_void_p(handle), ctypes.byref(buf))
+    raw = bytes(buf)
+    count = min(int.from_bytes(raw[_OFF_HEAP_COUNT:_OFF_HEAP_COUNT + 4], "little"), 16)
+    sizes = []
+    for i in range(count):
+        off = _OFF_HEAPS + i * _HEAP_STRIDE
+        size = int.from_bytes(raw[off:off + 8], "little")
+        flags = int.from_bytes(raw[off + 8:off + 12], "little")
+        if flags & _HEAP_DEVICE_LOCAL:
+            sizes.append(size)
+    return max(sizes, default=0)

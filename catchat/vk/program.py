@@ -5,7 +5,10 @@ A training step is recorded once and replayed for every batch:
     micro-batch (next)    upload hyper/data, forward, loss, backward, carry   (gradient accumulation)
     apply                 grad norm, skip guard + clip + AdamW/NAdam, spectral projection, download stats
 Values that change every step (lr, step, seed, 1/N_valid) travel in the `hyper` buffer uploaded
-with the data; nothing is re-recorded. Micro-batches of one step are consecutive windows of the
+with the data; nothing is re-recorded. With teacher forcing below 1 (scheduled sampling) the
+forward pass runs one timestep at a time through every layer and the head, choosing each next
+input from the previous step's logits (`stepwise_forward_ops`); it writes the same activations as
+the batched forward, so the backward pass is the same. Micro-batches of one step are consecutive windows of the
 same B lanes: the carried state flows from one to the next (as in reference.reference_train_step).
 
 Buffers (time-major, docs/model.md):
@@ -25,11 +28,12 @@ Buffers (time-major, docs/model.md):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from catchat import reference as ref
+from catchat.errors import DeviceLost
 from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -40,6 +44,7 @@ from catchat.vk.kernels.gru import GruBackward, GruForward
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject, optimizer_hyper_words
+from catchat.vk.kernels.sampling import TfSelect
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class StepHyper:
     gradh_clamp: float = 0.0  # 0 = off
     spectral_bound: float = 0.0  # 0 = off
     run_seed: int = 0
+    tf_top_k: int = 0  # scheduled sampling's fed-back token: 0 = argmax, k = a sample from the top k
 
 
 @dataclass
@@ -73,7 +79,7 @@ class StepStats:
     clip_scale: float = 1.0
     skipped: bool = False
     clamp_hits: int = 0
-    extra: dict = field(default_factory=dict)
+    tf_model_fed: int = 0  # inputs that were the model's own choice (scheduled sampling)
 
 
 def _f32(words: np.ndarray, slot: int) -> float:
@@ -91,9 +97,39 @@ class Program:
         self.layout = ParamLayout(spec)
         self.optimizer_kind = optimizer
         self.training = training
+        dev.check_device_memory(self.planned_bytes(spec, T, B, training, dev),
+                                f"the model (H={spec.hidden}, L={spec.layers}) at T={self.T}, B={self.B}"
+                                + (" with training buffers" if training else ""))
         self._alloc()
         self._build_kernels()
         self._record()
+
+    @staticmethod
+    def planned_bytes(spec: ModelSpec, T: int, B: int, training: bool = True, dev: Device | None = None) -> int:
+        """Bytes of device buffers the constructor will allocate (every buffer in the module doc,
+        plus the kernels' scratch), computed without allocating. `dev` sets the GPU split-K
+        workspaces; without it they are sized as on a CPU device (no split)."""
+        from catchat.vk.kernels import ceil_div
+        from catchat.vk.kernels.optim import MAX_GROUPS_X
+
+        H, L, V, R, P = spec.hidden, spec.layers, spec.vocab_size, int(T) * int(B), ParamLayout(spec).total
+        B = int(B)
+        words = (P + slots.HP_WORDS + slots.ST_WORDS + 3 * R + 2 * L * B * H  # params, hyper, stats, data, h0/hT
+                 + (L + 1) * R * H + 2 * L * R * H + L * R * 4 * H + L * R  # x, o, hprev, save, rstd
+                 + R * 3 * H + R * V + 2 * R)  # gi, logits, row_loss/flags
+        if training:
+            sk_w = gemm_split_k(dev, 3 * H, H, R) if dev is not None else 1
+            sk_h = gemm_split_k(dev, V, H, R) if dev is not None else 1
+            cs = colsum_splits(dev, R, 3 * H) if dev is not None else 1
+            items = max(GradNorm.ITEMS, ceil_div(P, GradNorm.WORKGROUP * MAX_GROUPS_X))
+            norm_parts = ceil_div(R, max(8, ceil_div(R, 1024)))
+            words += (4 * P + 6 * L * H + L * B * H  # grads, m, v, decay, spectral u, dh0
+                      + 2 * R * H + 2 * R * 3 * H  # dx, do, dgi, dgh
+                      + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
+                      + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
+                      + 12 * L * H + 6 * L  # spectral projection work
+                      + L * (norm_parts * H + B * H))  # per layer: RMSNorm dg partials, GRU dh scratch
+        return 4 * words
 
     # ----------------------------------------------------------------------------- buffers
     def _alloc(self):
@@ -203,6 +239,55 @@ class Program:
                              kind=self.optimizer_kind)
         self.spectral = SpectralProject(d, self.params, self.layout, self.u, self.hyper, self.stats)
 
+    def _build_stepwise(self):
+        """Row-block kernels for the per-timestep path (built on first use)."""
+        d, s, o = self.dev, self.spec, self._off
+        B, H, L, V = self.B, s.hidden, s.layers, s.vocab_size
+        self.tf_select = TfSelect(d, self.tokens, self.logits, self.resets, self.hyper, self.stats,
+                                  T=self.T, B=B, V=V)
+        self.emb_row = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
+                                        self.hyper, B, V, H)
+        self.step_layers = []
+        for l in range(L):
+            p = f"layers.{l}."
+            self.step_layers.append(dict(
+                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
+                          B, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
+                norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
+                                            self.rstd[l], T=1, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
+                                            eps=s.norm_eps)))
+        self.head_row = Gemm(d, (self.x[L], 0, H), (self.params, o(self._head_name()), H), (self.logits, 0, V),
+                             B, V, H, trans_b=True)
+
+    def stepwise_forward_ops(self) -> list:
+        """The forward pass one timestep at a time: choose the input (scheduled sampling), embed it,
+        run every layer's projection, recurrent step and norm on that row block, then the head."""
+        if not hasattr(self, "tf_select"):
+            self._build_stepwise()
+        B, H, V = self.B, self.spec.hidden, self.spec.vocab_size
+        ops = []
+        for t in range(self.T):
+            ops += [self.tf_select.step(t), self.emb_row.op_at(t * B, t * B * H)]
+            for k, f in zip(self.step_layers, self.fwd_layers):
+                ops += [k["proj"].op_at(t * B * H, t * B * 3 * H), f["gru"].step(t), k["norm"].op_at(t * B)]
+            ops.append(self.head_row.op_at(t * B * H, t * B * V))
+        return ops
+
+    def _stepwise_sequences(self):
+        """Scheduled-sampling training and free-running eval sequences (recorded on first use)."""
+        if not hasattr(self, "seq_eval_free"):
+            data = [self.tokens, self.targets, self.resets]
+            fwd = self.stepwise_forward_ops()
+            self.seq_eval_free = self._sequence(
+                [self.hyper, self.stats] + data,
+                fwd + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)], [self.stats])
+            if self.training:
+                micro = fwd + [self.ce_train.op(), self.loss_reduce.op()] + self.backward_ops() \
+                    + [self.carry(1.0, 0.0)]
+                self.seq_first_tf = self._sequence([self.hyper, self.stats] + data,
+                                                   [self.zero_grads(0.0, 0.0)] + micro)
+                self.seq_next_tf = self._sequence([self.hyper] + data, micro)
+
     # ----------------------------------------------------------------------------- op lists
     def forward_ops(self) -> list:
         """Embedding, every layer (projection GEMM, recurrent sweep, residual+norm), head."""
@@ -249,7 +334,16 @@ class Program:
     def _sync(self, tensors, to_device: bool):
         kp = self.dev.kp
         op = kp.OpTensorSyncDevice(tensors) if to_device else kp.OpTensorSyncLocal(tensors)
-        self.dev.sequence().eval(op)
+        self._eval(self.dev.sequence(), "an upload" if to_device else "a download", op)
+
+    def _eval(self, seq, what: str, *op) -> None:
+        """seq.eval(), with kp's RuntimeError (a failed submit or wait: VK_ERROR_DEVICE_LOST...)
+        turned into DeviceLost naming what was running."""
+        try:
+            seq.eval(*op)
+        except RuntimeError as exc:
+            raise DeviceLost(f"the Vulkan device ({self.dev.info.name}) failed while running {what}: {exc}",
+                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
 
     def _put(self, tensor, array, dtype=np.float32):
         host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
@@ -311,10 +405,10 @@ class Program:
                          grad_norm=math.sqrt(max(_f32(w, slots.ST_GRAD_NORM_SQ), 0.0))
                          if math.isfinite(_f32(w, slots.ST_GRAD_NORM_SQ)) else float("nan"),
                          clip_scale=_f32(w, slots.ST_CLIP_SCALE), skipped=bool(w[slots.ST_SKIPPED]),
-                         clamp_hits=int(w[slots.ST_CLAMP_HITS]))
+                         clamp_hits=int(w[slots.ST_CLAMP_HITS]), tf_model_fed=int(w[slots.ST_TF_MODEL_FED]))
 
     def hyper_words(self, hp: StepHyper, *, global_step: int, micro_batch: int, n_valid: int,
-                    opt_t: int | None = None) -> dict[int, np.uint32]:
+                    opt_t: int | None = None, tf: float = 1.0) -> dict[int, np.uint32]:
         """The hyper buffer for one micro-batch of optimizer step global_step + 1."""
         f = slots.f32_bits
         t = global_step + 1 if opt_t is None else opt_t
@@ -325,47 +419,65 @@ class Program:
             slots.HP_N_VALID: np.uint32(n_valid), slots.HP_INV_N_VALID: f(1.0 / n_valid if n_valid else 0.0),
             slots.HP_P_EMB: f(hp.dropout_embedding), slots.HP_P_HID: f(hp.dropout_hidden),
             slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(hp.gradh_clamp),
+            slots.HP_TF: f(tf), slots.HP_TF_TOPK: np.uint32(hp.tf_top_k),
         })
         return words
 
-    def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None) -> StepStats:
+    def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None,
+                   tf: float = 1.0, stepwise: bool | None = None) -> StepStats:
         """One optimizer step over micro-batches [(tokens, targets, resets) time-major [T,B]].
 
         The valid-target count is taken from the data on the host (lesson 10); a step with none,
-        or with a non-finite gradient norm, is not applied (StepStats.skipped).
+        or with a non-finite gradient norm, is not applied (StepStats.skipped). tf < 1 runs the
+        forward pass one timestep at a time with scheduled sampling (docs/model.md); `stepwise`
+        forces that path (True) or the batched one (False) whatever tf is.
         """
         if not self.training:
             raise ValueError("this program was built with training=False")
         if hp.optimizer != self.optimizer_kind:
             raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
         n_valid = sum(int(np.count_nonzero(np.asarray(tg))) for _, tg, _ in micro_batches)
+        if (tf < 1.0) if stepwise is None else stepwise:
+            self._stepwise_sequences()
+            first, nxt = self.seq_first_tf, self.seq_next_tf
+        else:
+            first, nxt = self.seq_first, self.seq_next
         for k, (tok, tg, rs) in enumerate(micro_batches):
             self._load_data(tok, tg, rs)
             self._load_hyper(self.hyper_words(hp, global_step=global_step, micro_batch=k, n_valid=n_valid,
-                                              opt_t=opt_t))
+                                              opt_t=opt_t, tf=tf))
             if k == 0:
                 self._zero_stats()
-                self.seq_first.eval()
+                self._eval(first, f"training step {global_step + 1} (micro-batch 1)")
             else:
-                self.seq_next.eval()
-        self.seq_apply.eval()
+                self._eval(nxt, f"training step {global_step + 1} (micro-batch {k + 1})")
+        self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
         return self._stats(n_valid)
 
     def forward_logits(self, tokens, resets) -> np.ndarray:
         """Forward one window without dropout and return logits [T,B,V]; carries the state."""
         self._load_data(tokens, np.zeros((self.T, self.B), np.uint32), resets)
         self._load_hyper({})
-        self.seq_logits.eval()
+        self._eval(self.seq_logits, "a forward pass")
         return host_view(self.logits).reshape(self.T, self.B, self.spec.vocab_size).copy()
 
-    def eval_window(self, tokens, targets, resets) -> StepStats:
-        """Forward one window with plain cross-entropy (no smoothing, no dropout); carries the state."""
+    def eval_window(self, tokens, targets, resets, *, free_running: bool = False) -> StepStats:
+        """Forward one window with plain cross-entropy (no smoothing, no dropout); carries the state.
+
+        free_running: teacher forcing 0 — every input after the window's first token (and after each
+        conversation start) is the model's own argmax from the step before (the per-timestep path).
+        """
         n_valid = int(np.count_nonzero(np.asarray(targets)))
         self._load_data(tokens, targets, resets)
         self._load_hyper({slots.HP_N_VALID: np.uint32(n_valid),
-                          slots.HP_INV_N_VALID: slots.f32_bits(1.0 / n_valid if n_valid else 0.0)})
+                          slots.HP_INV_N_VALID: slots.f32_bits(1.0 / n_valid if n_valid else 0.0),
+                          slots.HP_TF: slots.f32_bits(0.0 if free_running else 1.0)})
         self._zero_stats()
-        self.seq_eval.eval()
+        if free_running:
+            self._stepwise_sequences()
+            self._eval(self.seq_eval_free, "a free-running evaluation window")
+        else:
+            self._eval(self.seq_eval, "an evaluation window")
         return self._stats(n_valid)
 
 
@@ -448,9 +560,64 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     return out
 
 
+def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, tf: float,
+                    seed: int = 0) -> list[ParityResult]:
+    """The per-timestep (scheduled-sampling) path: at tf = 1 against the batched path (loss and
+    every gradient), at tf < 1 against the reference given the same coin flips (the fed inputs
+    exactly, then loss and gradients on them)."""
+    rng = np.random.default_rng(seed)
+    layout = ParamLayout(spec)
+    flat = layout.flatten(init_params(spec, seed))
+    tokens, targets, resets = random_window(rng, spec, T, B)
+    resets[0] = 1  # windows start conversations here: h0 = 0, as the reference's per-step forward
+    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    no_update = StepHyper(**{**hp.__dict__, "lr": 0.0, "weight_decay": 0.0})  # keep the weights for a 2nd run
+
+    def run(stepwise):
+        prog.set_params(flat)
+        prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+        prog.set_carry(None)
+        st = prog.train_step([(tokens, targets, resets)], no_update, global_step=0, tf=tf, stepwise=stepwise)
+        return (st, *prog.read("grads", "tokens"))
+
+    shape = f"H={spec.hidden} L={spec.layers} T={T} B={B} tf={tf}"
+    st, grads, fed = run(True)
+    if tf >= 1.0:
+        st_b, grads_b, _ = run(False)
+        return [compare("stepwise = batched: loss", shape, [st.loss], [st_b.loss], 0, 1e-6),
+                compare("stepwise = batched: grads", shape, grads, grads_b, 1e-7, 1e-5)]
+    f64 = layout.unflatten(flat.astype(np.float64))
+    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    h0 = np.zeros((spec.layers, B, spec.hidden))
+    exp_fed, n_fed = ref.scheduled_sampling_inputs(f64, spec, tokens, resets, h0, tf=tf, top_k=hp.tf_top_k,
+                                                   seed=seed0, p_emb=hp.dropout_embedding, p_hid=hp.dropout_hidden)
+    res = ref.model_forward_backward(f64, spec, exp_fed, targets, resets, h0, int(np.count_nonzero(targets)),
+                                     smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
+                                     p_hid=hp.dropout_hidden, seed=seed0)
+    g = layout.unflatten(grads)
+    out = [compare("scheduled sampling: fed inputs", shape, fed, exp_fed.reshape(-1), 0, 0),
+           compare("scheduled sampling: model-fed count", shape, [st.tf_model_fed], [n_fed], 0, 0),
+           compare("scheduled sampling: loss", shape, [st.loss], [res.loss], 1e-6, 1e-5)]
+    out += [compare(f"scheduled sampling: grad {n}", shape, g[n], res.grads[n], GRAD_ATOL, GRAD_RTOL)
+            for n in layout.names]
+    return out
+
+
+STEPWISE_CASES = [  # (spec, T, B, StepHyper, tf)
+    (ModelSpec(vocab_size=101, hidden=10, layers=2), 6, 3,
+     StepHyper(lr=1e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, run_seed=5), 1.0),
+    (ModelSpec(vocab_size=101, hidden=10, layers=2), 7, 3,
+     StepHyper(lr=1e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, run_seed=5), 0.5),
+    (ModelSpec(vocab_size=101, hidden=8, layers=1, tie_embeddings=True), 6, 4,
+     StepHyper(lr=1e-3, run_seed=9, tf_top_k=5), 0.3),
+]
+
+
 def parity_checks(dev: Device) -> list[ParityResult]:
-    """The whole model, two configurations, against the reference."""
+    """The whole model, two configurations, against the reference; the per-timestep path."""
     out = []
     for label, spec, T, B, hp in MODEL_CASES:
         out += model_parity(dev, spec, T, B, hp, label=label)
+    for spec, T, B, hp, tf in STEPWISE_CASES:
+        out += stepwise_parity(dev, spec, T, B, hp, tf)
     return out

@@ -30,6 +30,8 @@ HP_P_HID = 15  # f32 hidden (variational) dropout probability
 HP_SMOOTHING = 16  # f32 label smoothing e
 HP_GRADH_CLAMP = 17  # f32 per-timestep clamp of the BPTT hidden-state gradient; 0 = off
 HP_SPECTRAL_BOUND = 18  # f32 spectral-norm bound of GRU gate blocks; 0 = off
+HP_TF = 19  # f32 teacher forcing: probability that a step's input is the data's token (per-timestep path)
+HP_TF_TOPK = 20  # u32 the fed-back token: 0 = the model's argmax, k > 0 = a sample from its top k
 HP_WORDS = 32
 
 # --- stats: GPU -> host, zeroed at the start of every optimizer step ---------------------------
@@ -41,6 +43,7 @@ ST_GRAD_NORM_SQ = 4  # f32 sum of squared gradients, before clipping
 ST_CLAMP_HITS = 5  # u32 elements the hidden-state gradient clamp bound
 ST_SKIPPED = 6  # u32 1 when the optimizer did not apply the step (no valid targets / non-finite)
 ST_CLIP_SCALE = 7  # f32 the factor gradients were scaled by (1 = not clipped)
+ST_TF_MODEL_FED = 8  # u32 inputs that were the model's own choice instead of the data's token
 ST_WORDS = 16
 
 

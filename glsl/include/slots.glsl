@@ -21,6 +21,8 @@
 #define HP_SMOOTHING 16u
 #define HP_GRADH_CLAMP 17u
 #define HP_SPECTRAL_BOUND 18u
+#define HP_TF 19u
+#define HP_TF_TOPK 20u
 #define HP_WORDS 32u
 #define ST_LOSS_SUM 0u
 #define ST_TOP1 1u
@@ -30,6 +32,7 @@
 #define ST_CLAMP_HITS 5u
 #define ST_SKIPPED 6u
 #define ST_CLIP_SCALE 7u
+#define ST_TF_MODEL_FED 8u
 #define ST_WORDS 16u
 
 // Read a float / uint slot of a uint word buffer.

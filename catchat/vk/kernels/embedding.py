@@ -56,6 +56,12 @@ class EmbeddingForward(Kernel):
     def op(self):
         return super().op(*self.push)
 
+    def op_at(self, tok_off: int, out_off: int):
+        """The dispatch for n_rows rows starting at other token / output offsets (per-timestep path)."""
+        p = list(self.push)
+        p[3], p[5] = int(tok_off), int(out_off)
+        return super().op(*p)
+
 
 class EmbeddingBackward(Kernel):
     """dE[V,H] += per-row sums of dx0[T*B,H] * scale(v) by token, in token order; no atomics.

@@ -187,6 +187,15 @@ class Gemm(Kernel):
             raise ValueError("this Gemm is split over K: record every op of ops() in order")
         return super().op(*self.push)
 
+    def op_at(self, a_off: int, c_off: int):
+        """The dispatch with A and C moved to other element offsets (same shapes): one GEMM
+        algorithm serves every row block of a per-timestep sweep. Not with split-K."""
+        if self.reduce is not None:
+            raise ValueError("op_at needs an unsplit Gemm")
+        p = list(self.push)
+        p[3], p[7] = int(a_off), int(c_off)
+        return super().op(*p)
+
     def ops(self) -> list:
         """The dispatches to record, in order (two with split-K)."""
         main = super().op(*self.push)

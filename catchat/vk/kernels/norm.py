@@ -52,6 +52,14 @@ class ResidualRmsNormForward(Kernel):
     def __call__(self):
         return self.op(*self.push)
 
+    def op_at(self, row: int):
+        """The dispatch for the rows starting at row `row` (a multiple of B: the lane of row r is
+        r mod B), with x, o, out and rstd all moved by that many rows (per-timestep path)."""
+        p = list(self.push)
+        H = p[2]
+        p[5], p[6], p[8], p[9] = p[5] + row * H, p[6] + row * H, p[8] + row * H, p[9] + row
+        return self.op(*p)
+
     def ops(self):
         return [self()]
 

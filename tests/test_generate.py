@@ -1,0 +1,272 @@
+"""Generation: the sampler (`choose`), the GPU generator against numpy, and `catchat sample` end to end.
+
+Lesson 9 of design.md: the predecessor's --temperature flag was silently ignored, so every
+sampling flag here is checked to change (or, for top-k 1 vs greedy, not change) the text.
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import corpus as corpus_mod
+from catchat import reference as ref
+from catchat import vocab
+from catchat.cli import main
+from catchat.errors import UsageError
+from catchat.generate import Generator, NgramBlock, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
+from catchat.model import ParamLayout
+from catchat.train import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+DIALOGUE = [("ALICE", "Where is the cat?"), ("BOB", "Asleep on the mat, as ever."), ("ALICE", "Then let it sleep.")]
+
+
+def make_tiny_run(root: Path, dev, seed: int = 1) -> Path:
+    """A corpus of short dialogues and a 5-step run of a tiny model (H=16, L=1): well under a second."""
+    src = root / "src.jsonl"
+    src.write_text("".join(json.dumps({"turns": [{"speaker": s, "text": f"{t} {i}"} for s, t in DIALOGUE]}) + "\n"
+                           for i in range(24)))
+    corpus_mod.build([str(src)], root / "corpus", eval_fraction=0.2, force=True)
+    cfg = cfgmod.loads(f"""
+[model]
+hidden = 16
+layers = 1
+[data]
+corpus = "{root / 'corpus'}"
+batch_lanes = 4
+window = 16
+[train]
+lr = 0.02
+total_steps = 5
+seed = {seed}
+[eval]
+eval_every_seqs = 0
+[checkpoint]
+checkpoint_every_seqs = 0
+""")
+    Trainer(cfg, root / "run", dev).run()
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def run_dir(dev, tmp_path_factory):
+    return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
+
+
+@pytest.fixture
+def cli(dev, monkeypatch, capsys):
+    """Run `catchat ARGS...` in this process on the session's device: (exit code, stdout, stderr)."""
+    monkeypatch.setattr("catchat.vk.device.open_device", lambda device=None: dev)
+
+    def run(*args):
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run
+
+
+def ngrams(ids, n):
+    return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+
+
+# ------------------------------------------------------------------------------ choose (host only)
+def test_top_k_1_equals_greedy_and_ignores_the_seed():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((64, vocab.VOCAB_SIZE))
+    logits[:8, 40] = logits[:8, 30] = 9.0  # ties: both take the lower index
+    greedy = choose(logits, Sampling(greedy=True), rng)
+    assert (greedy[:8] == 30).all()
+    for t in (0.3, 1.0, 5.0):
+        for seed in range(3):
+            np.testing.assert_array_equal(choose(logits, Sampling(temperature=t, top_k=1),
+                                                 np.random.default_rng(seed)), greedy)
+    np.testing.assert_array_equal(choose(logits, Sampling(temperature=0.0), rng), greedy)
+
+
+def test_never_pad_or_bos_and_top_k_top_p_limit_the_choice():
+    logits = np.zeros((4000, vocab.VOCAB_SIZE))
+    logits[:, vocab.PAD] = logits[:, vocab.BOS] = 50.0  # most likely, still never chosen
+    logits[:, 10:14] = [3.0, 2.9, 2.8, -1.0]
+    picks = choose(logits, Sampling(temperature=1.0), np.random.default_rng(1))
+    assert not np.isin(picks, [vocab.PAD, vocab.BOS]).any()
+    assert set(choose(logits, Sampling(temperature=1.0, top_k=3), np.random.default_rng(1))) == {10, 11, 12}
+    p = np.exp([3.0, 2.9, 2.8])
+    # nucleus: 10 alone holds < 0.45 of the mass of everything, 10+11 more
+    top_p = float(p[0] / (p.sum() + np.exp(-1.0) + 95))
+    got = set(choose(logits, Sampling(temperature=1.0, top_p=top_p * 1.01), np.random.default_rng(1)))
+    assert got == {10, 11}
+
+
+def test_temperature_changes_the_draws():
+    logits = np.random.default_rng(3).standard_normal((256, vocab.VOCAB_SIZE)) * 2
+    a = choose(logits, Sampling(temperature=0.5), np.random.default_rng(7))
+    b = choose(logits, Sampling(temperature=2.0), np.random.default_rng(7))
+    assert (a != b).mean() > 0.2
+    hot = [choose(logits, Sampling(temperature=t), np.random.default_rng(7)) for t in (0.05, 0.5, 2.0)]
+    agree = [(h == logits[:, 2:].argmax(1) + 2).mean() for h in hot]
+    assert agree[0] > agree[1] > agree[2]  # colder is greedier
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_ngram_block_never_repeats_an_ngram(n, greedy):
+    """Logits that strongly prefer a 3-token cycle: without blocking the cycle repeats at once."""
+    B, V = 3, vocab.VOCAB_SIZE
+    s = Sampling(temperature=0.7, greedy=greedy, ngram_block=n)
+    rng = np.random.default_rng(n)
+    block = NgramBlock(n, B)
+    out = [[] for _ in range(B)]
+    last = np.full(B, 6)
+    for _ in range(200):
+        logits = rng.standard_normal((B, V)) * 0.1 - 5.0
+        logits[:, vocab.EOS] = -40.0
+        logits[np.arange(B), 6 + (last - 6 + 1) % 3] = 10.0  # prefer the next of 6, 7, 8
+        last = choose(logits, s, rng, block)
+        for b in range(B):
+            out[b].append(int(last[b]))
+    for b in range(B):
+        grams = [g for g in ngrams(out[b], n) if vocab.EOS not in g]
+        assert len(grams) == len(set(grams)), f"stream {b} repeats an {n}-gram"
+        assert len(set(out[b])) > 3  # it had to leave the cycle
+    plain = [int(x) for x in np.concatenate([[6], np.arange(7, 9)] * 5)]
+    assert len(set(ngrams(plain, n))) < len(ngrams(plain, n))  # the cycle itself does repeat
+
+
+def test_ngram_block_is_per_stream_and_exempts_stops():
+    block = NgramBlock(2, 2, exempt=(vocab.TURN,))
+    for t in (10, 11):
+        block.push(np.array([t, t]), active=np.array([True, False]))
+    block.push(np.array([10, 10]))
+    banned = block.banned(vocab.VOCAB_SIZE)
+    assert banned[0, 11] and banned[0].sum() == 1  # stream 0: 10 11 10 -> after 10, 11 is taken
+    assert not banned[1].any()  # stream 1 saw only one token
+    block.push(np.array([vocab.TURN, vocab.TURN]))
+    block.push(np.array([10, 20]))
+    assert not block.banned(vocab.VOCAB_SIZE)[:, [vocab.TURN, vocab.EOS]].any()
+
+
+def test_sampling_and_speaker_validation():
+    for bad in (dict(temperature=-1.0), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(ngram_block=1)):
+        with pytest.raises(UsageError):
+            Sampling(**bad)
+    assert check_speaker("  Lady \t Macbeth ") == "Lady Macbeth"
+    for bad in ("", "A: B", "Zo\u00eb", "x" * 61):
+        with pytest.raises(UsageError):
+            check_speaker(bad)
+
+
+# ------------------------------------------------------------------------------ the GPU generator
+def test_generator_logits_match_the_reference(dev, run_dir):
+    """The forward-only T=1 program, and the prefill window, against the float64 numpy model."""
+    ckpt = ck.load_checkpoint(run_dir)
+    spec = checkpoint_spec(ckpt)
+    ids = prompt_ids("ALICE: Where is the cat?<turn>BOB: Asleep on the mat, as ever, as ever and ever.")
+    ids = np.concatenate([ids, prompt_ids("ALICE: again")])  # a second <bos> mid-stream: state reset
+    assert len(ids) > 64
+    T = len(ids)
+    p64 = {k: v.astype(np.float64) for k, v in ckpt.params.items()}
+    want = ref.model_forward_backward(p64, spec, ids[:, None], np.zeros((T, 1), np.uint32),
+                                      (ids == vocab.BOS).astype(np.uint32)[:, None],
+                                      np.zeros((spec.layers, 1, spec.hidden)), 1, need_grads=False).logits[:, 0]
+    step = Generator.from_checkpoint(dev, ckpt, prefill=0)
+    got = np.stack([step.feed(ids[t:t + 1])[0] for t in range(T)])
+    np.testing.assert_allclose(got, want, atol=2e-4, rtol=1e-4)
+    pre = Generator.from_checkpoint(dev, ckpt)  # 64 tokens in one window, then one at a time
+    np.testing.assert_allclose(pre.feed(ids)[0], want[-1], atol=2e-4, rtol=1e-4)
+    pre.reset()
+    np.testing.assert_allclose(pre.feed(ids[:5])[0], want[4], atol=2e-4, rtol=1e-4)
+
+
+def test_same_seed_same_text_and_stop_tokens(dev, run_dir):
+    ckpt = ck.load_checkpoint(run_dir)
+    gen = Generator.from_checkpoint(dev, ckpt, streams=4)
+    s = Sampling(temperature=1.0)
+    a = gen.generate(prompt_ids("BOB: "), 60, s, seed=5)
+    gen.reset()
+    b = gen.generate(prompt_ids("BOB: "), 60, s, seed=5)
+    gen.reset()
+    c = gen.generate(prompt_ids("BOB: "), 60, s, seed=6)
+    assert a == b and a != c
+    assert len({tuple(x) for x in a}) == 4  # the streams differ
+    gen.reset()
+    outs = gen.generate(prompt_ids("BOB: "), 200, Sampling(temperature=2.0), seed=1, stop_at=(vocab.TURN,))
+    for o in outs:
+        stops = [i for i, t in enumerate(o) if t in (vocab.TURN, vocab.EOS)]
+        assert stops in ([], [len(o) - 1]) and (stops or len(o) == 200)
+        assert vocab.PAD not in o and vocab.BOS not in o
+
+
+# ------------------------------------------------------------------------------ catchat sample
+def test_sample_flags_are_used(cli, run_dir):
+    base = ("sample", run_dir, "--speaker", "BOB", "--prompt", "Asleep", "--length", "80", "--seed", "3")
+    code, a, _ = cli(*base)
+    assert code == 0 and a.startswith("BOB: Asleep") and len(a) > len("BOB: Asleep\n")
+    assert cli(*base)[1] == a  # same seed, same text
+    assert cli(*base[:-1], "4")[1] != a
+    assert cli(*base, "--temperature", "0.3")[1] != a  # lesson 9: the flag changes the text
+    assert cli(*base, "--temperature", "1.7")[1] != a
+    greedy = cli(*base, "--greedy")[1]
+    assert cli(*base, "--top-k", "1")[1] == greedy
+    assert cli(*base[:-1], "9", "--top-k", "1", "--temperature", "2")[1] == greedy  # top-k 1 is greedy at any seed
+    assert cli(*base, "--temperature", "0")[1] == greedy
+    assert cli(*base, "--top-k", "5")[1] != a
+    assert cli(*base, "--top-p", "0.5")[1] != a
+
+
+def test_sample_ngram_block_on_the_model(cli, run_dir):
+    args = ("sample", run_dir, "--greedy", "--length", "150", "--prompt", "B", "--stop-at-turn")  # no <turn> shown as \n
+    plain = cli(*args)[1].rstrip("\n")
+    blocked = cli(*args, "--ngram-block", "4")[1].rstrip("\n")
+    assert len(set(ngrams(plain, 4))) < len(ngrams(plain, 4))  # greedy loops...
+    gen = blocked[1:]  # ...blocking stops it (the prompt "B" is not generated)
+    assert len(gen) > 20 and len(set(ngrams(gen, 4))) == len(ngrams(gen, 4))
+
+
+def test_sample_num_prints_every_sample(cli, run_dir):
+    code, out, _ = cli("sample", run_dir, "--num", "3", "--length", "30", "--prompt", "ALICE:", "--seed", "2")
+    assert code == 0
+    heads = [line for line in out.splitlines() if line.startswith("--- sample ")]
+    assert sorted(heads) == ["--- sample 1", "--- sample 2", "--- sample 3"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--temprature", "0.5"), "No such option"),
+    (("--bogus",), "No such option"),
+    (("--ngram-block", "1"), "ngram-block"),
+    (("--top-p", "0"), "top-p"),
+    (("--speaker", "A:B"), "contains ':'"),
+    (("--speaker", ""), "empty"),
+])
+def test_sample_bad_flags_are_errors(cli, run_dir, args, needle):
+    code, out, err = cli("sample", run_dir, *args)
+    assert code == 2 and needle in err and out == ""
+
+
+def test_sample_missing_checkpoint(cli, tmp_path):
+    code, _, err = cli("sample", tmp_path / "nope")
+    assert code == 2 and "no checkpoint at" in err and "fix:" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------ the benchmark tool
+def test_bench_generate_runs(dev, tmp_path, capsys, monkeypatch):
+    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "tools" / "bench_generate.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "open_device", lambda device=None: dev)
+    out = tmp_path / "r.json"
+    mod.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set", "model.layers=1",
+              "--batches", "1,3", "--steps", "4", "--warmup", "1", "--compare-torch", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert [r["batch"] for r in res["catchat"]] == [1, 3]
+    assert all(r["chars_per_s"] > 0 and r["forward_ms"] > 0 for r in res["catchat"])
+    assert "chars/s" in capsys.readouterr().out
+    assert "torch" in res or "torch_skipped" in res
