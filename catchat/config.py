@@ -97,6 +97,8 @@ class DataConfig:
     shuffle_block_windows: int = _key(0, int, "stateless only: shuffle blocks of this many windows per cycle (0 = off)", "windows", lo=0)
     max_conversations: int = _key(0, int, "use only the first N conversations of the corpus (0 = all)", "conversations", lo=0)
     eval_fraction: float = _key(0.05, float, "share of conversations held out for eval (by content hash)", "fraction", lo=0, hi=0.5)
+    prefix_dropout: float = _key(0.0, float, "probability that a lane's window has a prefix masked from the loss, the state reset at its end", "probability", lo=0, hi=1)
+    prefix_max_fraction: float = _key(0.5, float, "longest masked prefix, as a share of the window", "fraction", lo=0, hi=1, lo_open=True, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,8 @@ class ScheduleConfig:
 class EvalConfig:
     eval_every_seqs: int = _key(0, int, "evaluate each time the seqs count crosses a multiple of this (0 = off)", "seqs", lo=0)
     eval_windows: int = _key(16, int, "held-out windows (of B lanes) per eval, from the eval split's start (0 = all)", "windows", lo=0)
+    free_running: bool = _key(True, bool, "also evaluate free-running (teacher forcing 0: the model's own argmax fed back)")
+    sample_chars: int = _key(200, int, "characters of each sample saved per eval in samples/ (greedy, T 0.5, T 0.8; 0 = none)", "characters", lo=0)
 
 
 @dataclass(frozen=True)
@@ -139,11 +143,24 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class TeacherForcingConfig:
+    start: float = _key(1.0, float, "teacher forcing at the start: probability that an input is the data's token", "probability", lo=0, hi=1)
+    floor: float = _key(0.7, float, "teacher forcing never decays below this", "probability", lo=0, hi=1)
+    schedule: str = _key("constant", str, "decay shape from start to floor over decay_cycles (constant = stay at start)",
+                         choices=("constant", "linear", "exponential", "inverse_sigmoid"))
+    hold_cycles: float = _key(0.0, float, "cycles at start before the decay begins", "cycles", lo=0)
+    decay_cycles: float = _key(1.0, float, "cycles the decay takes (linear reaches floor; the others ~1% above it)", "cycles", lo=0, lo_open=True)
+    choice: str = _key("argmax", str, "the fed-back token: the model's argmax or a sample from its top_k", choices=("argmax", "topk"))
+    top_k: int = _key(5, int, "k for choice = \"topk\"", "tokens", lo=1, hi=16)
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    teacher_forcing: TeacherForcingConfig = field(default_factory=TeacherForcingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 

@@ -175,6 +175,14 @@ class Generator:
         ck.check_shapes(ckpt.params, {p.name: p.shape for p in param_specs(spec)}, str(ckpt.path))
         return cls(dev, spec, ParamLayout(spec).flatten(ckpt.params, np.float32), streams, prefill)
 
+    def set_params(self, flat_params: np.ndarray) -> None:
+        """Swap in other weights of the same spec (e.g. the trainer's samples at each eval)."""
+        self._flat = np.asarray(flat_params, np.float32)
+        self.prog.set_params(self._flat)
+        if self._prefill_prog is not None:
+            self._prefill_prog.set_params(self._flat)
+        self.reset()
+
     def reset(self) -> None:
         """Forget the context: zero state, nothing fed."""
         self.prog.set_carry(None)

@@ -380,3 +380,32 @@ class Lanes:
         while True:
             w, cursor = self.next(cursor)
             yield w, cursor
+
+
+STREAM_PREFIX_HIT, STREAM_PREFIX_LEN = 48, 49
+
+
+def prefix_dropout(targets: np.ndarray, resets: np.ndarray, p: float, max_fraction: float, seed: int):
+    """Mask a prefix of some lanes' windows from the loss and reset the state at its end.
+
+    Lane b is hit when rng_uniform(seed, 48, b) < p; its prefix is 1 + floor(u * floor(max_fraction
+    * T)) tokens (u = rng_uniform(seed, 49, b)): those targets become <pad> and the state entering
+    the first token after the prefix is zero, so the model learns to predict from a short context.
+    Returns new (targets, resets) [T,B]; deterministic in seed (the step's dropout seed).
+    """
+    from catchat.reference import rng_uniform
+
+    targets, resets = targets.copy(), resets.copy()
+    if p <= 0:
+        return targets, resets
+    T, B = targets.shape
+    lanes = np.arange(B)
+    longest = max(1, int(max_fraction * T))
+    hit = rng_uniform(seed, STREAM_PREFIX_HIT, lanes) < np.float32(p)
+    lengths = 1 + (rng_uniform(seed, STREAM_PREFIX_LEN, lanes) * longest).astype(np.int64)
+    for b in np.flatnonzero(hit):
+        n = min(int(lengths[b]), T)
+        targets[:n, b] = vocab.PAD
+        if n < T:
+            resets[n, b] = 1
+    return targets, resets

@@ -52,10 +52,12 @@ class TrainReporter:
     def on_resume(self, global_step, seqs, **f):
         self._print(f"resumed at step {global_step} ({seqs} seqs) from {f.get('from')}")
 
-    def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, **_):
+    def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, tf=1.0, **_):
         if not stats.skipped:
             self.loss_ema = stats.loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * stats.loss
         info = f"loss {self.loss_ema or float('nan'):.3f}  {tokens_per_s:,.0f} tok/s  lr {lr:.2e}"
+        if tf < 1.0:
+            info += f"  tf {tf:.2f}"
         if self.task is None:
             self.task = self.progress.add_task("train", total=total_steps, completed=global_step - 1, info=info)
         self.progress.update(self.task, completed=global_step, info=info)
@@ -64,9 +66,13 @@ class TrainReporter:
             self.last_plain = time.monotonic()
             self._print(f"step {global_step}/{total_steps}  {info}")
 
-    def on_eval(self, global_step, loss, bpc, top1, top5, **_):
-        self._print(f"[cyan]eval[/cyan] step {global_step}: loss {loss:.4f} nats/char, {bpc:.3f} bits/char, "
-                    f"top-1 {top1:.1%}, top-5 {top5:.1%}")
+    def on_eval(self, global_step, loss, bpc, top1, top5, free_running=None, **_):
+        self._print(f"[cyan]eval[/cyan] step {global_step}: teacher-forced loss {loss:.4f} nats/char, "
+                    f"{bpc:.3f} bits/char, top-1 {top1:.1%}, top-5 {top5:.1%}")
+        if free_running:
+            f = free_running
+            self._print(f"[cyan]eval[/cyan] step {global_step}: free-running   loss {f['loss']:.4f} nats/char, "
+                        f"{f['bpc']:.3f} bits/char, top-1 {f['top1']:.1%}, top-5 {f['top5']:.1%}")
 
     def on_checkpoint(self, path, reason, **_):
         self._print(f"[green]checkpoint[/green] {path} ({reason})")

@@ -116,3 +116,31 @@ def crossings(prev_seqs: int, new_seqs: int, every: int) -> int:
     if new_seqs < prev_seqs:
         raise ValueError(f"seqs count went backwards: {prev_seqs} -> {new_seqs}")
     return 0 if every <= 0 else new_seqs // every - prev_seqs // every
+
+
+# ---------------------------------------------------------------------------------------------
+# Teacher forcing (scheduled sampling): a pure function of the corpus cycles completed
+# ---------------------------------------------------------------------------------------------
+
+def tf_at(cycles_done: float, cfg) -> float:
+    """Teacher forcing after `cycles_done` passes over the train split (seqs / seqs_per_cycle).
+
+    x = max(0, cycles_done - hold_cycles) / decay_cycles; the gap start - floor shrinks as
+    linear: 1 - min(x, 1); exponential: exp(-5x); inverse_sigmoid: 1 / (1 + exp(10 (x - 1/2)))
+    (the last two are ~1% of the gap at x = 1). Keyed to cycles, not configured epochs, and stored
+    nowhere: a resumed run recomputes it from its data cursor.
+    """
+    tf = cfg.teacher_forcing if hasattr(cfg, "teacher_forcing") else cfg
+    if tf.schedule == "constant" or tf.start <= tf.floor:
+        return float(tf.start)
+    x = max(0.0, cycles_done - tf.hold_cycles) / tf.decay_cycles
+    gap = tf.start - tf.floor
+    if tf.schedule == "linear":
+        share = 1.0 - min(x, 1.0)
+    elif tf.schedule == "exponential":
+        share = math.exp(-5.0 * x)
+    elif tf.schedule == "inverse_sigmoid":
+        share = 1.0 / (1.0 + math.exp(min(10.0 * (x - 0.5), 700.0)))
+    else:
+        raise ValueError(f"unknown teacher-forcing schedule {tf.schedule!r}")
+    return float(tf.floor + gap * share)

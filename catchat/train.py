@@ -29,9 +29,10 @@ from catchat import faults as faultmod
 from catchat import vocab
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
-from catchat.lanes import Lanes
+from catchat.lanes import Lanes, prefix_dropout
 from catchat.model import ParamLayout, init_params, param_specs
-from catchat.schedule import interval_crossed, lr_at
+from catchat.reference import step_seed
+from catchat.schedule import interval_crossed, lr_at, tf_at
 from catchat.vk.program import Program, StepHyper, StepStats
 
 METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
@@ -87,11 +88,13 @@ def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
     return StepHyper(lr=lr, optimizer=t.optimizer, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
                      weight_decay=t.weight_decay, clip=t.clip, label_smoothing=t.label_smoothing,
                      dropout_embedding=t.dropout_embedding, dropout_hidden=t.dropout_hidden,
-                     gradh_clamp=t.gradh_clamp, spectral_bound=t.spectral_bound, run_seed=t.seed)
+                     gradh_clamp=t.gradh_clamp, spectral_bound=t.spectral_bound, run_seed=t.seed,
+                     tf_top_k=cfg.teacher_forcing.top_k if cfg.teacher_forcing.choice == "topk" else 0)
 
 
-def evaluate(prog: Program, lanes: Lanes, n_windows: int) -> dict:
-    """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state.
+def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool = False) -> dict:
+    """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state;
+    teacher-forced, or free-running (every input the model's own argmax, the per-timestep path).
 
     The program's carried state is saved and restored around it, so training continues unchanged.
     """
@@ -101,7 +104,7 @@ def evaluate(prog: Program, lanes: Lanes, n_windows: int) -> dict:
     loss_sum, n_valid, top1, top5 = 0.0, 0, 0, 0
     for i in range(total):
         w = lanes.window(0, i)
-        st = prog.eval_window(w.tokens, w.targets, w.resets)
+        st = prog.eval_window(w.tokens, w.targets, w.resets, free_running=free_running)
         loss_sum += st.loss * st.n_valid
         n_valid += st.n_valid
         top1 += st.top1
@@ -237,9 +240,9 @@ class Trainer:
             f.write(json.dumps(rec) + "\n")
         self.report(kind, **rec)
 
-    def _metrics_row(self, st: StepStats, lr: float, valid: int, seconds: float):
+    def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float):
         row = (self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
-               f"{lr:.6g}", "1", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
+               f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
                f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
                f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped))
         with open(self.files.metrics, "a", newline="") as f:
@@ -282,13 +285,48 @@ class Trainer:
         return (f"the last checkpoint {last} is intact and `latest` names it: continue with "
                 f"`catchat train CONFIG --run-dir {self.files.root} --resume`")
 
+    def tf_now(self) -> float:
+        """Teacher forcing for the next step: a pure function of the cycles completed (lesson 2)."""
+        return tf_at(self.cursor.seqs / max(self.lanes.seqs_per_cycle, 1), self.cfg)
+
     def run_eval(self) -> dict | None:
+        """Teacher-forced and (eval.free_running) free-running metrics on the held-out split, plus
+        samples in samples/ (eval.sample_chars)."""
+        self.write_samples()
         if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
             return None
-        res = evaluate(self.prog, self.eval_lanes, self.cfg.eval.eval_windows)
-        self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, **res,
-                   **memory_mb())
+        n = self.cfg.eval.eval_windows
+        res = evaluate(self.prog, self.eval_lanes, n)
+        if self.cfg.eval.free_running:
+            free = evaluate(self.prog, self.eval_lanes, n, free_running=True)
+            res["free_running"] = {k: free[k] for k in ("loss", "bpc", "top1", "top5")}
+        self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, tf=self.tf_now(),
+                   **res, **memory_mb())
         return res
+
+    SAMPLE_SETTINGS = (("greedy", 0.0, 1), ("temperature 0.5", 0.5, 2), ("temperature 0.8", 0.8, 3))
+
+    def write_samples(self) -> Path | None:
+        """samples/step-NNNNNNN.txt: greedy, temperature 0.5 and 0.8 (fixed seeds) from <bos>."""
+        chars = self.cfg.eval.sample_chars
+        if chars <= 0:
+            return None
+        from catchat.generate import Generator, Sampling
+
+        flat = self.prog.get_params()
+        if getattr(self, "_sampler", None) is None:
+            self._sampler = Generator(self.dev, self.spec, flat, streams=1, prefill=1)
+        else:
+            self._sampler.set_params(flat)
+        parts = []
+        for label, temperature, seed in self.SAMPLE_SETTINGS:
+            self._sampler.reset()
+            ids = self._sampler.generate(np.array([vocab.BOS], np.uint32), chars,
+                                         Sampling(temperature=temperature), seed=seed)[0]
+            parts.append(f"=== {label} (seed {seed}) ===\n{vocab.decode(ids, show_specials=False)}\n")
+        path = self.files.samples / f"step-{self.global_step:07d}.txt"
+        path.write_text("\n".join(parts))
+        return path
 
     # ------------------------------------------------------------------ the loop
     def _on_signal(self, signum, _frame):
@@ -301,8 +339,12 @@ class Trainer:
         """One optimizer step over the next micro-batches; logs it."""
         cfg = self.cfg
         windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
-        batches = [(w.tokens, w.targets, w.resets) for w in windows]
+        batches = [(w.tokens, *prefix_dropout(w.targets, w.resets, cfg.data.prefix_dropout,
+                                               cfg.data.prefix_max_fraction,
+                                               step_seed(cfg.train.seed, self.global_step, k)))
+                   for k, w in enumerate(windows)]
         lr = lr_at(self.global_step, self.total_steps, cfg)
+        tf = self.tf_now()
         hits = faultmod.at(self.faults, self.global_step + 1)
         if "zero_valid" in hits:
             batches = faultmod.zero_targets(batches)
@@ -313,7 +355,7 @@ class Trainer:
             if "device_lost" in hits:
                 injected.enter_context(faultmod.lost_device(self.prog))
             st = self.prog.train_step(batches, step_hyper(cfg, lr), global_step=self.global_step,
-                                      opt_t=self.applied_steps + 1)
+                                      opt_t=self.applied_steps + 1, tf=tf)
         seconds = time.perf_counter() - start
         self.cursor = next_cursor
         self.global_step += 1
@@ -322,8 +364,8 @@ class Trainer:
             self.event("skipped_step", reason=reason)
         else:
             self.applied_steps += 1
-        self._metrics_row(st, lr, sum(int(np.count_nonzero(tg)) for _, tg, _ in batches), seconds)
-        self.report("step", stats=st, lr=lr, seconds=seconds, global_step=self.global_step,
+        self._metrics_row(st, lr, tf, sum(int(np.count_nonzero(tg)) for _, tg, _ in batches), seconds)
+        self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
                     total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
         return st
 

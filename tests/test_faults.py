@@ -1,0 +1,492 @@
+"""Faults during training and on the device (issue 8): signals, kills, full disks, NaN gradients,
+empty batches, a lost device, too little device memory. Each run that is stopped and resumed must
+end bitwise equal to a straight run: nothing is lost. docs/reliability.md has the table."""
+
+import csv
+import dataclasses
+import errno
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import corpus as corpus_mod
+from catchat import faults
+from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError, VulkanUnavailable
+from catchat.model import ModelSpec
+from catchat.train import Trainer
+from catchat.vk.device import Device
+from catchat.vk.program import Program, StepHyper, random_window
+
+SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
+TOTAL = 30  # steps of the reference run (about 1 s on lavapipe)
+
+
+def config_text(corpus_dir, total_steps=TOTAL, **sections) -> str:
+    body = {
+        "model": {"hidden": 12, "layers": 2},
+        "data": {"corpus": str(corpus_dir), "batch_lanes": 4, "window": 16, "micro_batches": 2},
+        "train": {"lr": 0.01, "total_steps": total_steps, "dropout_hidden": 0.1, "dropout_embedding": 0.05,
+                  "label_smoothing": 0.1, "seed": 3},
+        "schedule": {"warmup_fraction": 0.25, "cooldown_fraction": 0.25, "lr_min": 0.001},
+        "eval": {"eval_every_seqs": 16, "eval_windows": 2},
+        "checkpoint": {"checkpoint_every_seqs": 24, "keep_last": 2},
+    }
+    for sec, keys in sections.items():
+        body[sec].update(keys)
+    return cfgmod.resolved_toml(cfgmod.from_dict(body))
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    for i in range(24):
+        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
+    out = tmp_path_factory.mktemp("corpus") / "c"
+    corpus_mod.build([str(src)], out, eval_fraction=0.2, delimiter=None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cfg_path(corpus_dir, tmp_path_factory):
+    p = tmp_path_factory.mktemp("cfg") / "exact.toml"
+    p.write_text(config_text(corpus_dir))
+    return p
+
+
+@pytest.fixture(scope="module")
+def straight(dev, cfg_path, tmp_path_factory):
+    """The uninterrupted run every stopped-and-resumed run must equal."""
+    run = tmp_path_factory.mktemp("straight") / "run"
+    assert Trainer(cfgmod.load(cfg_path), run, dev).run() == "done"
+    return run
+
+
+def losses(run):
+    with open(run / "metrics.csv") as f:
+        return [r["loss"] for r in csv.DictReader(f)]
+
+
+def assert_same_as_straight(run, straight):
+    """The loss column, final weights, Adam moments, carried state and data cursor: bitwise."""
+    assert losses(run) == losses(straight)
+    a, b = ck.load_checkpoint(straight), ck.load_checkpoint(run)
+    assert a.global_step == b.global_step == TOTAL
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name], err_msg=name)
+    for name in a.optimizer:
+        np.testing.assert_array_equal(a.optimizer[name], b.optimizer[name], err_msg=name)
+    assert a.state["cursor"] == b.state["cursor"] and a.state["applied_steps"] == b.state["applied_steps"]
+
+
+def catchat(*args, env=None, preexec_fn=None, timeout=180):
+    return subprocess.run([sys.executable, "-m", "catchat.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, preexec_fn=preexec_fn,
+                          timeout=timeout)
+
+
+def assert_clean_error(r, code, *needles):
+    """Exit code, no traceback, one error line plus at most a fix line, naming what it must."""
+    out = r.stdout + r.stderr
+    assert r.returncode == code, out
+    assert "Traceback" not in out
+    lines = r.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+
+
+def rows_logged(run) -> int:
+    try:
+        return max(0, len((run / "metrics.csv").read_text().splitlines()) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def start_training(cfg_path, run, env=None):
+    return subprocess.Popen([sys.executable, "-m", "catchat.cli", "train", str(cfg_path), "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def wait_for_rows(proc, run, n, timeout=120):
+    deadline = time.time() + timeout
+    while rows_logged(run) < n:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.003)
+
+
+def resume_cli(cfg_path, run):
+    r = catchat("train", str(cfg_path), "--run-dir", str(run), "--resume")
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+
+# ----------------------------------------------------------------------------------------- signals
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigint_at_a_random_moment_then_resume_is_bitwise_identical(cfg_path, straight, tmp_path, seed):
+    """Ctrl-C at a seeded random moment (mostly inside a step: steps are most of the time): the step
+    finishes, a checkpoint of exactly the steps logged is written, exit 130; --resume ends equal."""
+    rng = np.random.default_rng(seed)
+    run = tmp_path / "run"
+    proc = start_training(cfg_path, run)
+    wait_for_rows(proc, run, int(rng.integers(1, 22)))
+    time.sleep(float(rng.uniform(0, 0.04)))
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out and "interrupted (SIGINT)" in out
+    ckpt = ck.load_checkpoint(run)
+    assert 0 < ckpt.global_step < TOTAL and ckpt.global_step == rows_logged(run)
+    assert (run / "checkpoints" / "latest").read_text().strip() == ckpt.path.name
+    assert ckpt.state["reason"] == "interrupted (SIGINT)"
+    resume_cli(cfg_path, run)
+    assert_same_as_straight(run, straight)
+
+
+def test_double_sigint_stops_at_once_and_nothing_is_lost(cfg_path, straight, tmp_path):
+    """A second Ctrl-C stops at once, wherever it lands (even inside the final save): exit 130, no
+    traceback; whatever `latest` names is complete, and resuming from it ends equal."""
+    run = tmp_path / "run"
+    proc = start_training(cfg_path, run)
+    wait_for_rows(proc, run, 7)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert ck.load_checkpoint(run).global_step >= 3  # the interval checkpoint at step 3 at least
+    resume_cli(cfg_path, run)
+    assert_same_as_straight(run, straight)
+
+
+def test_sigkill_mid_run_then_resume_is_bitwise_identical(cfg_path, straight, tmp_path):
+    """kill -9 (no handler runs): the last checkpoint loads, rows logged after it are dropped on
+    resume and logged again, and the run ends equal to the straight one."""
+    run = tmp_path / "run"
+    proc = start_training(cfg_path, run)
+    wait_for_rows(proc, run, 11)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    saved = ck.load_checkpoint(run).global_step
+    assert 0 < saved <= rows_logged(run)
+    resume_cli(cfg_path, run)
+    assert_same_as_straight(run, straight)
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert [e["global_step"] for e in events if e["event"] == "resume"] == [saved]
+
+
+SAVER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from catchat import checkpoint as ck
+    root = sys.argv[1]
+    rng = np.random.default_rng(int(sys.argv[2]))
+    done = ck.list_checkpoints(root)
+    step = int(done[-1].name.split("-")[1]) + 1 if done else 1
+    params = {"embedding.weight": rng.standard_normal((101, 2048), dtype=np.float32),
+              "head.weight": rng.standard_normal((101, 2048), dtype=np.float32)}
+    opt = {f"exp_avg.{k}": v * 0.5 for k, v in params.items()}
+    opt.update({f"exp_avg_sq.{k}": v * v for k, v in params.items()})
+    print("ready", flush=True)
+    while True:
+        params["embedding.weight"][0, 0] = step
+        ck.save_checkpoint(root, step, params, opt, {"seqs": step}, keep_last=2)
+        step += 1
+""")
+
+
+def test_sigkill_while_checkpoints_are_written(tmp_path):
+    """A writer saving 2.5 MB checkpoints in a loop (keep_last=2: pruning too) is killed at seeded
+    random moments, 8 times. After every kill: `latest` names a complete checkpoint that loads and
+    verifies, every step-N directory listed is complete, and the next writer carries on."""
+    root = tmp_path / "checkpoints"
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
+    rng = np.random.default_rng(8)
+    newest = 0
+    for round_ in range(8):
+        proc = subprocess.Popen([sys.executable, str(script), str(root), str(round_)], stdout=subprocess.PIPE,
+                                text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(float(rng.uniform(0.02, 0.25)))
+        proc.kill()
+        proc.wait(timeout=30)
+        listed = ck.list_checkpoints(root)
+        if not listed:
+            continue
+        for p in listed:  # nothing listed is partial (pruning renames a directory away before deleting it)
+            c = ck.load_checkpoint(p)
+            assert c.params["embedding.weight"][0, 0] == c.global_step
+        latest = (root / "latest").read_text().strip()
+        assert ck.load_checkpoint(root).path.name == latest
+        newest_now = int(listed[-1].name.split("-")[1])
+        assert newest_now >= newest
+        newest = newest_now
+    assert newest >= 3, "the writer never finished a checkpoint: kill times too early"
+    # the next save cleans up whatever the kills left behind
+    ck.save_checkpoint(root, newest + 1, {"w": np.zeros(3, np.float32)}, {}, {}, keep_last=2)
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+def test_resaving_a_step_swaps_atomically(tmp_path):
+    """Re-saving step N (a resumed run reaching it again) never deletes the directory `latest` names
+    in place: it is renamed away after `latest` points elsewhere, then replaced."""
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        ck.save_checkpoint(root, step, {"w": np.full(3, step, np.float32)}, {}, {})
+    ck.save_checkpoint(root, 2, {"w": np.full(3, 7.0, np.float32)}, {}, {})
+    assert (root / "latest").read_text().strip() == "step-0000002"
+    assert ck.load_checkpoint(root).params["w"][0] == 7.0
+    assert not [p for p in root.iterdir() if p.name.startswith(".")]
+
+
+# ------------------------------------------------------------------------------------- full disk
+
+def test_disk_full_while_checkpointing_cli(dev, cfg_path, straight, tmp_path):
+    """A real write failure from the kernel (RLIMIT_FSIZE: writes past 12 KiB fail with EFBIG, as a
+    full disk fails with ENOSPC) in the middle of a checkpoint: one clear error naming the
+    checkpoint and the reason, exit 1; the previous checkpoint stays intact and `latest` names it;
+    no temporary directory is left; resuming later ends equal to the straight run."""
+    run = tmp_path / "run"
+    Trainer(cfgmod.load(cfg_path), run, dev).run(stop_after_steps=4)
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (12 << 10, 12 << 10))
+
+    r = catchat("train", str(cfg_path), "--run-dir", str(run), "--resume", "--stop-after-steps", "3",
+                preexec_fn=small_files)
+    assert_clean_error(r, 1, "could not write checkpoint step-0000006", "File too large",
+                       "step-0000004 is intact", "--resume")
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000004"
+    assert ck.load_checkpoint(run).global_step == 4
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    end = json.loads((run / "events.jsonl").read_text().splitlines()[-1])
+    assert end["event"] == "end" and end["reason"].startswith("failed: could not write checkpoint")
+    Trainer(cfgmod.load(cfg_path), run, dev, resume="").run()
+    assert_same_as_straight(run, straight)
+
+
+def test_disk_full_injected_enospc(dev, cfg_path, tmp_path, monkeypatch):
+    """ENOSPC injected into the second checkpoint write, then into a metrics write: clear errors that
+    say which file and that the previous checkpoint is intact."""
+    run = tmp_path / "run"
+    real, calls = ck._write_tensors, []
+
+    def fill_up(path, *a, **k):
+        calls.append(path)
+        if len(calls) > 2:  # the first checkpoint (model + optimizer) goes through
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(ck, "_write_tensors", fill_up)
+    t = Trainer(cfgmod.load(cfg_path), run, dev)
+    with pytest.raises(CheckpointWriteError) as info:
+        t.run()
+    e = info.value
+    assert "could not write checkpoint step-0000006" in e.message and "No space left on device" in e.message
+    assert "step-0000003 is intact" in e.hint and e.exit_code == 1
+    assert [p.name for p in ck.list_checkpoints(run / "checkpoints")] == ["step-0000003"]
+    monkeypatch.setattr(ck, "_write_tensors", real)
+
+    def metrics_full(*_a, **_k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run / "metrics.csv"))
+
+    t = Trainer(cfgmod.load(cfg_path), run, dev, resume="")
+    monkeypatch.setattr(t, "_metrics_row", metrics_full)
+    with pytest.raises(CatchatError) as info:
+        t.run()
+    assert "could not write" in info.value.message and "metrics.csv: No space left" in info.value.message
+    assert "step-0000003 is intact" in info.value.hint
+
+
+# ------------------------------------------------------------------------ NaN and empty batches
+
+def read_rows(run):
+    with open(run / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def read_events(run):
+    return [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_nan_gradient_is_skipped_counted_logged_and_training_goes_on(cfg_path, tmp_path):
+    """CATCHAT_FAULT=nan_grad@step=3 through the real CLI: step 3's gradient is NaN (its loss is not),
+    the step is skipped (skipped=1, a skipped_step event, a console line), counted in the end event,
+    and the run goes on with finite losses; `catchat scan` calls it a warning, not a defect."""
+    run = tmp_path / "run"
+    r = catchat("train", str(cfg_path), "--run-dir", str(run), "--stop-after-steps", "8",
+                env={faults.ENV: "nan_grad@step=3"})
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "fault injection ($CATCHAT_FAULT): nan_grad@step=3" in r.stdout and "skipped step 3" in r.stdout
+    rows = read_rows(run)
+    assert len(rows) == 8
+    bad = rows[2]
+    assert bad["skipped"] == "1" and bad["grad_norm"] == "nan" and np.isfinite(float(bad["loss"]))
+    assert int(bad["valid_tokens"]) > 0
+    for row in rows[:2] + rows[3:]:
+        assert row["skipped"] == "0" and np.isfinite(float(row["loss"])) and np.isfinite(float(row["grad_norm"]))
+    events = read_events(run)
+    skips = [e for e in events if e["event"] == "skipped_step"]
+    assert [(e["global_step"], e["reason"]) for e in skips] == [(3, "non-finite gradient norm (nan)")]
+    assert events[0]["faults"] == ["nan_grad@step=3"]
+    assert events[-1]["event"] == "end" and events[-1]["skipped_steps"] == 1 and events[-1]["applied_steps"] == 7
+    ckpt = ck.load_checkpoint(run)
+    assert ckpt.state["applied_steps"] == 7 and all(np.isfinite(p).all() for p in ckpt.params.values())
+    s = catchat("scan", str(run))
+    assert s.returncode == 0 and "non-finite" in s.stdout and "warn" in s.stdout, s.stdout + s.stderr
+
+
+def test_nan_gradient_leaves_the_model_untouched(dev, cfg_path, tmp_path):
+    """The skipped step changes nothing but the counters: parameters, moments and Adam's t after a
+    NaN step equal those before it (the fault is transient: no parameter is poisoned)."""
+    cfg = cfgmod.load(cfg_path)
+    t = Trainer(cfg, tmp_path / "run", dev, faults=faults.parse("nan_grad@step=3"))
+    t.run(stop_after_steps=2)
+    before = (t.prog.get_params(), *t.prog.get_optimizer_state())
+    st = t.step()
+    assert st.skipped and not np.isfinite(st.grad_norm) and np.isfinite(st.loss)
+    after = (t.prog.get_params(), *t.prog.get_optimizer_state())
+    for a, b in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    assert (t.global_step, t.applied_steps) == (3, 2)
+    assert not t.step().skipped and t.applied_steps == 3
+
+
+def test_zero_valid_batch_is_skipped(dev, tmp_path):
+    """A corpus whose cycle ends in a window of padding and a final <eos> (no valid target): that
+    step is skipped every cycle (skipped=1, valid_tokens=0, empty loss, an event) and training goes on."""
+    src = tmp_path / "d.jsonl"
+    src.write_text(json.dumps({"text": "a" * 15}) + "\n" + json.dumps({"text": "b" * 8}) + "\n")
+    corpus_mod.build([src], tmp_path / "c", eval_fraction=0.0)
+    cfg = cfgmod.from_dict({"model": {"hidden": 8, "layers": 1},
+                            "data": {"corpus": str(tmp_path / "c"), "batch_lanes": 2, "window": 8,
+                                     "eval_fraction": 0.0},
+                            "train": {"total_steps": 7, "lr": 0.01}})
+    t = Trainer(cfg, tmp_path / "run", dev)
+    assert t.lanes.windows_per_cycle == 3  # 17 tokens = 2 windows of 8 + the lone final <eos>
+    t.run()
+    rows = read_rows(tmp_path / "run")
+    assert [r["skipped"] for r in rows] == ["0", "0", "1", "0", "0", "1", "0"]
+    for r in (rows[2], rows[5]):
+        assert r["valid_tokens"] == "0" and r["loss"] == ""
+    skips = [(e["global_step"], e["reason"]) for e in read_events(tmp_path / "run") if e["event"] == "skipped_step"]
+    assert skips == [(3, "no valid targets"), (6, "no valid targets")]
+    assert t.applied_steps == 5 and np.isfinite(float(rows[-1]["loss"]))
+
+
+def test_zero_valid_fault_through_the_api(dev, cfg_path, tmp_path):
+    t = Trainer(cfgmod.load(cfg_path), tmp_path / "run", dev, faults=faults.parse("zero_valid@step=2"))
+    t.run(stop_after_steps=3)
+    rows = read_rows(tmp_path / "run")
+    assert [(r["skipped"], r["valid_tokens"] == "0") for r in rows] == [("0", False), ("1", True), ("0", False)]
+
+
+def test_fault_spec_errors_are_one_line(cfg_path, tmp_path):
+    assert faults.parse(" nan_grad @ step = 3 ,device_lost@step=9") == (faults.Fault("nan_grad", 3),
+                                                                         faults.Fault("device_lost", 9))
+    for bad in ("nan_grad", "nan_grad@step=0", "meteor@step=3", "nan_grad@3"):
+        with pytest.raises(UsageError, match="CATCHAT_FAULT"):
+            faults.parse(bad)
+    r = catchat("train", str(cfg_path), "--run-dir", str(tmp_path / "run"), env={faults.ENV: "nan_grad@sep=3"})
+    assert_clean_error(r, 2, "CATCHAT_FAULT", "'nan_grad@sep=3'")
+
+
+# ----------------------------------------------------------------------------------- the device
+
+def test_device_lost_mid_run_cli(dev, cfg_path, straight, tmp_path):
+    """The device fails during step 5 (kp raises RuntimeError from a failed submit, as on
+    VK_ERROR_DEVICE_LOST): one error naming the device and the step, exit 1; the fix line names
+    the intact checkpoint (step 3) and how to resume; resuming ends equal to the straight run."""
+    run = tmp_path / "run"
+    r = catchat("train", str(cfg_path), "--run-dir", str(run), env={faults.ENV: "device_lost@step=5"})
+    assert_clean_error(r, 1, "Vulkan device", "failed while running training step 5", "ErrorDeviceLost",
+                       "step-0000003 is intact", "--resume")
+    assert ck.load_checkpoint(run).global_step == 3
+    assert read_events(run)[-1]["reason"].startswith("failed: device lost")
+    Trainer(cfgmod.load(cfg_path), run, dev, resume="").run()
+    assert_same_as_straight(run, straight)
+
+
+class _Failing:
+    def eval(self, *_):
+        raise RuntimeError("vk::Device::waitForFences: ErrorDeviceLost")
+
+
+def test_device_lost_in_program_sequences(dev):
+    """Every recorded sequence and transfer of a Program turns kp's RuntimeError into DeviceLost."""
+    spec, T, B = ModelSpec(vocab_size=101, hidden=8, layers=1), 4, 2
+    prog = Program(dev, spec, T, B)
+    tok, tg, rs = random_window(np.random.default_rng(0), spec, T, B)
+    prog.seq_eval = _Failing()
+    with pytest.raises(DeviceLost, match="failed while running an evaluation window"):
+        prog.eval_window(tok, tg, rs)
+    prog.seq_first = _Failing()
+    with pytest.raises(DeviceLost, match="training step 1 .micro-batch 1."):
+        prog.train_step([(tok, tg, rs)], StepHyper(lr=1e-3), global_step=0)
+    prog.seq_logits = _Failing()
+    with pytest.raises(DeviceLost, match="a forward pass"):
+        prog.forward_logits(tok, rs)
+
+
+def test_too_little_device_memory_is_refused_before_allocating(dev):
+    """A program whose buffers exceed the device's memory heap is refused up front, naming the size
+    asked for and the config keys to lower; nothing is allocated."""
+    small = dataclasses.replace(dev, info=dataclasses.replace(dev.info, device_memory_bytes=8 << 20),
+                                allocated_bytes=0)
+    spec = ModelSpec(vocab_size=101, hidden=64, layers=2)
+    with pytest.raises(VulkanUnavailable) as info:
+        Program(small, spec, 64, 32)
+    msg = str(info.value)
+    assert "needs 15.2 MiB of device memory" in msg and "has 8.0 MiB" in msg
+    for key in ("model.hidden", "data.batch_lanes", "data.window"):
+        assert key in info.value.hint
+    assert small.allocated_bytes == 0
+
+
+@pytest.mark.parametrize("spec,T,B", [(ModelSpec(101, 12, 2), 16, 4), (ModelSpec(101, 33, 3, tie_embeddings=True), 20, 7),
+                                      (ModelSpec(101, 64, 1), 64, 32)])
+def test_planned_bytes_is_what_a_program_allocates(dev, spec, T, B):
+    for training in (True, False):
+        before = dev.allocated_bytes
+        Program(dev, spec, T, B, training=training)
+        assert dev.allocated_bytes - before == Program.planned_bytes(spec, T, B, training, dev)
+
+
+def test_huge_model_cli_names_size_and_keys(cfg_path, tmp_path):
+    r = catchat("train", str(cfg_path), "--run-dir", str(tmp_path / "run"), "--set", "model.hidden=65536")
+    assert_clean_error(r, 2, "H=65536", "GiB of device memory", "model.hidden", "data.batch_lanes", "data.window")
+
+
+def test_failed_allocation_names_the_size(dev):
+    """kp raises RuntimeError when vkAllocateMemory fails: it becomes a one-line error with the size."""
+
+    class NoMemory:
+        def tensor_t(self, *_):
+            raise RuntimeError("vk::Device::allocateMemory: ErrorOutOfDeviceMemory")
+
+    broken = Device(info=dev.info, manager=NoMemory(), kp=dev.kp)
+    with pytest.raises(VulkanUnavailable) as info:
+        broken.tensor(3 << 20)
+    assert "could not allocate a buffer of 12.0 MiB" in info.value.message
+    assert "ErrorOutOfDeviceMemory" in info.value.message and "model.hidden" in info.value.hint
+    assert broken.allocated_bytes == 0
+
+
+def test_no_vulkan_device_for_train_cli(cfg_path, tmp_path):
+    bogus = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
+    r = catchat("train", str(cfg_path), "--run-dir", str(tmp_path / "run"), env=bogus)
+    assert_clean_error(r, 2, "mesa-vulkan-drivers")
