@@ -41,7 +41,7 @@ def _timed(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def bench_catchat(cfg, dev, steps: int, warmup: int) -> dict:
+def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0) -> dict:
     spec = cfgmod.model_spec(cfg)
     T, B = cfg.data.window, cfg.data.batch_lanes
     before = dev.allocated_bytes
@@ -61,15 +61,15 @@ def bench_catchat(cfg, dev, steps: int, warmup: int) -> dict:
     def train_step():
         w = data[state["i"] % len(data)]
         state["i"] += 1
-        st = prog.train_step([w], hp, global_step=state["i"])
+        st = prog.train_step([w], hp, global_step=state["i"], tf=tf)
         assert math.isfinite(st.loss)
 
     for _ in range(warmup):
         train_step()
     step_s = _timed(train_step, steps)
     # the split: each part as its own recorded sequence (hyper/data already uploaded)
-    fwd_s = _timed(prog.seq_logits.eval, steps)
-    micro_s = _timed(prog.seq_first.eval, steps)
+    fwd_s = _timed(prog.seq_eval_free.eval if tf < 1 else prog.seq_logits.eval, steps)
+    micro_s = _timed(prog.seq_first_tf.eval if tf < 1 else prog.seq_first.eval, steps)
     apply_s = _timed(prog.seq_apply.eval, steps)
     tokens = T * B
 
@@ -149,6 +149,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--device", default=None)
     ap.add_argument("--compare-torch", action="store_true")
+    ap.add_argument("--tf", type=float, default=1.0,
+                    help="teacher forcing < 1 times the per-timestep (scheduled-sampling) path")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -156,9 +158,9 @@ def main(argv=None):
     m = cfg.model
     print(f"config {args.config}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
           f"optimizer={cfg.train.optimizer} on {dev.info.name}")
-    res = {"catchat": bench_catchat(cfg, dev, args.steps, args.warmup)}
+    res = {"catchat": bench_catchat(cfg, dev, args.steps, args.warmup, args.tf)}
     c = res["catchat"]
-    print(f"catchat  train {c['train_tokens_per_s']:>12,.0f} tok/s  step {c['step_ms']:8.1f} ms "
+    print(f"catchat{' (per-timestep path, tf=%g)' % args.tf if args.tf < 1 else ''}  train {c['train_tokens_per_s']:>12,.0f} tok/s  step {c['step_ms']:8.1f} ms "
           f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}, optimizer {c['optimizer_ms']:.1f})  "
           f"eval {c['eval_tokens_per_s']:>12,.0f} tok/s  memory {c['device_bytes'] / 2**30:.2f} GiB")
     if args.compare_torch:

@@ -172,26 +172,37 @@ class Program:
         if self.training:
             self._build_backward()
 
+    def _row_kernels(self, rows: int) -> tuple:
+        """The per-row forward kernels over `rows` rows (T*B for the batched path, B for one
+        timestep of the per-timestep path, which moves them along with op_at): embedding, each
+        layer's input projection and residual+norm, the head."""
+        d, s, o = self.dev, self.spec, self._off
+        H, V = s.hidden, s.vocab_size
+        emb = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
+                               self.hyper, rows, V, H)
+        layers = []
+        for l in range(s.layers):
+            p = f"layers.{l}."
+            layers.append(dict(
+                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
+                          rows, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
+                norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
+                                            self.rstd[l], T=rows // self.B, B=self.B, H=H, layer=l,
+                                            g_off=o(p + "norm.weight"), eps=s.norm_eps)))
+        head = Gemm(d, (self.x[s.layers], 0, H), (self.params, o(self._head_name()), H), (self.logits, 0, V),
+                    rows, V, H, trans_b=True)
+        return emb, layers, head
+
     def _build_forward(self):
         d, s, o = self.dev, self.spec, self._off
         T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
         R = T * B
-        self.emb_f = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
-                                      self.hyper, R, V, H)
-        self.fwd_layers = []
-        for l in range(L):
+        self.emb_f, self.fwd_layers, self.head_f = self._row_kernels(R)
+        for l, k in enumerate(self.fwd_layers):
             p = f"layers.{l}."
-            self.fwd_layers.append(dict(
-                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
-                          R, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
-                gru=GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
-                               self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
-                               b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H),
-                norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
-                                            self.rstd[l], T=T, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
-                                            eps=s.norm_eps)))
-        self.head_f = Gemm(d, (self.x[L], 0, H), (self.params, o(self._head_name()), H), (self.logits, 0, V),
-                           R, V, H, trans_b=True)
+            k["gru"] = GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
+                                  self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
+                                  b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H)
         self.ce_eval = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
                                     (self.row_flags, 0), self.hyper, R, V, want_grad=False)
         self.loss_reduce = LossReduce(d, (self.row_loss, 0), (self.row_flags, 0), self.stats, R)
@@ -241,23 +252,9 @@ class Program:
 
     def _build_stepwise(self):
         """Row-block kernels for the per-timestep path (built on first use)."""
-        d, s, o = self.dev, self.spec, self._off
-        B, H, L, V = self.B, s.hidden, s.layers, s.vocab_size
-        self.tf_select = TfSelect(d, self.tokens, self.logits, self.resets, self.hyper, self.stats,
-                                  T=self.T, B=B, V=V)
-        self.emb_row = EmbeddingForward(d, (self.tokens, 0), (self.params, o("embedding.weight")), (self.x[0], 0),
-                                        self.hyper, B, V, H)
-        self.step_layers = []
-        for l in range(L):
-            p = f"layers.{l}."
-            self.step_layers.append(dict(
-                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
-                          B, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
-                norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
-                                            self.rstd[l], T=1, B=B, H=H, layer=l, g_off=o(p + "norm.weight"),
-                                            eps=s.norm_eps)))
-        self.head_row = Gemm(d, (self.x[L], 0, H), (self.params, o(self._head_name()), H), (self.logits, 0, V),
-                             B, V, H, trans_b=True)
+        self.tf_select = TfSelect(self.dev, self.tokens, self.logits, self.resets, self.hyper, self.stats,
+                                  T=self.T, B=self.B, V=self.spec.vocab_size)
+        self.emb_row, self.step_layers, self.head_row = self._row_kernels(self.B)
 
     def stepwise_forward_ops(self) -> list:
         """The forward pass one timestep at a time: choose the input (scheduled sampling), embed it,
