@@ -39,7 +39,7 @@ class CheckpointState(dict):
 
     def __missing__(self, key):
         raise UsageError(f"{self.path} has no {key!r} entry: the checkpoint is damaged or not from this catchat",
-                         hint="resume from another checkpoint")
+                         hint="use another checkpoint of the run (checkpoints/step-*)")
 
 
 @dataclass
@@ -129,8 +129,10 @@ def _retire(ckpt_root: Path, ckpt: Path) -> None:
         others = [p for p in list_checkpoints(ckpt_root) if p != ckpt]
         if others:
             _atomic_write_text(latest, others[-1].name + "\n")
-    trash = Path(tempfile.mkdtemp(prefix=f".{ckpt.name}.old.", dir=ckpt_root))
-    os.replace(ckpt, trash / ckpt.name)
+    trash = ckpt_root / f".{ckpt.name}.old.{os.getpid()}"  # a rename in place: needs no free space
+    if trash.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+    os.replace(ckpt, trash)
     _fsync_dir(ckpt_root)
     shutil.rmtree(trash, ignore_errors=True)
 
@@ -217,8 +219,13 @@ def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
     state = CheckpointState(state)
     state.path = str(state_path)
     check_fingerprint(state.get("vocab_fingerprint"), str(ckpt))
+    hashes = state.get("sha256", {})
+    if not isinstance(hashes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()) \
+            or not set(hashes) <= {MODEL_FILE, OPTIMIZER_FILE}:
+        raise UsageError(f"{state_path}: its sha256 entry is not a map of {MODEL_FILE} / {OPTIMIZER_FILE} to hashes",
+                         hint="the checkpoint is damaged: resume from an earlier one")
     if verify:
-        for name, digest in state.get("sha256", {}).items():
+        for name, digest in hashes.items():
             f = ckpt / name
             if not f.exists():
                 raise UsageError(f"{f} is missing", hint="the checkpoint is incomplete: resume from an earlier one")

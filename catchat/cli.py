@@ -213,8 +213,8 @@ def _ckpt_label(ckpt) -> str:
               help="r: alpha and beta span [-r, r].")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Directions' seed: the same seed gives the same surface.")
-@click.option("--tokens", default=2048, show_default=True, type=click.IntRange(min=1),
-              help="Size of the fixed evaluation slice (positions; held-out windows are whole).")
+@click.option("--tokens", default=1024, show_default=True, type=click.IntRange(min=1),
+              help="Size of the fixed evaluation slice: next-character positions (held-out: whole lanes of T).")
 @click.option("--text", "text_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Evaluate on this text file (one conversation) instead of the held-out split.")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus whose held-out split is used (default: the run's).")
@@ -270,13 +270,13 @@ def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tok
         dev = open_device(device)
         make = lambda spec: land.GpuEvaluator(dev, spec, data)  # noqa: E731
         where = f"{dev.info.name} (forward-only program, replayed per point)"
-    n_layers = len(layers) if layers else max_layers
+    n_layers = len(set(layers)) if layers else max_layers
     per_layer = land.evaluations_per_layer(grid_n, radius)
     total = per_layer * n_layers * len(entries)
-    console.print(f"{data.describe()}; evaluating on {where}", highlight=False, markup=False)
+    console.print(f"{data.describe()}; evaluating on {where}", highlight=False, markup=False, soft_wrap=True)
     console.print(f"{len(entries)} checkpoint(s) x {n_layers} layer(s) x {per_layer} points "
                   f"({grid_n}x{grid_n} grid + centre + 2 circles of {land.CIRCLE_POINTS}) = {total} evaluations; "
-                  f"group {grp.label}, seed {seed}", highlight=False, markup=False)
+                  f"group {grp.label}, seed {seed}", highlight=False, markup=False, soft_wrap=True)
     progress = Progress(TextColumn("[bold]landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, disable=not console.is_terminal, transient=True)
     with progress:
@@ -287,7 +287,7 @@ def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tok
             on_point=lambda: progress.advance(task),
             on_surface=lambda c, s: progress.console.print(
                 s.summary(grp.label, prefix=f"{c.label}: " if many else "") + f" · {s.seconds:.1f} s",
-                highlight=False, markup=False))
+                highlight=False, markup=False, soft_wrap=True))
     out_dir = Path(out) if out else land.default_out_dir([c.path for c in ckpts])
     try:
         paths = land.write_outputs(out_dir, result, surface_3d=not no_3d)
@@ -295,8 +295,8 @@ def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tok
         if "matplotlib" not in e.message:
             raise
         paths = land.write_data(out_dir, result)
-        err_console.print(f"no PNGs: {e.message} (fix: {e.hint})", highlight=False, markup=False)
-    console.print(f"wrote {out_dir}: " + " ".join(p.name for p in paths), highlight=False, markup=False)
+        err_console.print(f"no PNGs: {e.message} (fix: {e.hint})", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"wrote {out_dir}: " + " ".join(p.name for p in paths), highlight=False, markup=False, soft_wrap=True)
 
 
 @cli.command("inspect")
@@ -358,19 +358,19 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
 def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
     """--temperature --top-k --top-p --greedy --ngram-block (with a suffix: one side of a chat)."""
     d = lambda s: s.replace("-", "_")  # noqa: E731
-    of = f" of {who}" if who else ""
+    w = (lambda h: f"{who}: {h[0].lower()}{h[1:]}") if who else (lambda h: h)  # noqa: E731
     opts = [
         click.option(f"--temperature{suffix}", d(f"temperature{suffix}"), default=0.8, show_default=True,
-                     type=click.FloatRange(min=0.0), help=f"Softmax temperature{of} (0 = greedy)."),
+                     type=click.FloatRange(min=0.0), help=w("Softmax temperature (0 = greedy).")),
         click.option(f"--top-k{suffix}", d(f"top_k{suffix}"), default=0, show_default=True,
-                     type=click.IntRange(min=0), help=f"Sample{of} among the K most likely characters (0 = off)."),
+                     type=click.IntRange(min=0), help=w("Sample among the K most likely characters (0 = off).")),
         click.option(f"--top-p{suffix}", d(f"top_p{suffix}"), default=1.0, show_default=True,
                      type=click.FloatRange(0.0, 1.0, min_open=True),
-                     help=f"Nucleus sampling{of}: the smallest set of characters with this mass (1 = off)."),
+                     help=w("Nucleus sampling: the smallest set of characters with this mass (1 = off).")),
         click.option(f"--greedy{suffix}", d(f"greedy{suffix}"), is_flag=True,
-                     help=f"Always take the most likely character{of}."),
+                     help=w("Always take the most likely character.")),
         click.option(f"--ngram-block{suffix}", d(f"ngram_block{suffix}"), default=ngram_default, show_default=True,
-                     type=click.IntRange(min=0), help=f"No N-gram of generated characters{of} repeats (0 = off)."),
+                     type=click.IntRange(min=0), help=w("No N-gram of generated characters repeats (0 = off).")),
     ]
 
     def deco(f):

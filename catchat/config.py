@@ -209,7 +209,7 @@ def loads(text: str, *, source: str = "<string>", overrides: Iterable[str] = ())
         if not isinstance(data[section], dict):
             raise UsageError(f"{source}: [{section}] must be a table", f"write it as a [{section}] section")
         data[section][key] = value
-        origins[(section, key)] = f"--set {item}"
+        origins[(section, key)] = f"--set {_shown(item)}"
     return from_dict(data, source=source, origins=origins)
 
 
@@ -220,13 +220,13 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     if not sep or not dot or not section or not key or "." in key:
         raise UsageError(f"--set expects section.key=value, got {item!r}", "e.g. --set train.lr=0.0005")
     section, key, text = section.strip(), key.strip(), text.strip()
-    _check_name(section, key, f"--set {item}")
+    _check_name(section, key, f"--set {_shown(item)}")
     try:
         value = tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         spec = _SPECS[section][key][0]
         if spec.kind is not str or not text:
-            raise UsageError(f"--set {item}: {text!r} is not a TOML value",
+            raise UsageError(f"--set {_shown(item)}: {text!r} is not a TOML value",
                              f"{section}.{key} takes {_kind_name(spec.kind)}, e.g. {_example(section, key)}") from None
         value = text  # a bare word for a string key: --set data.corpus=shakespeare
     return section, key, value
@@ -241,7 +241,7 @@ def from_dict(data: dict, *, source: str = "<dict>", origins: dict | None = None
             if not isinstance(body, dict):  # a top-level key outside any section
                 hint = _suggest_key(section, None)
                 raise UsageError(f"{source}: unknown top-level key {section!r} (every key belongs to a section)", hint)
-            raise UsageError(f"{source}: unknown section [{section}]", _suggest_section(section))
+            raise UsageError(f"{source}: unknown section [{_shown(section)}]", _suggest_section(section))
         if not isinstance(body, dict):
             raise UsageError(f"{source}: {section} must be a [{section}] section, got a {_type_name(body)}",
                              f"write it as [{section}] followed by its keys")
@@ -258,9 +258,14 @@ def from_dict(data: dict, *, source: str = "<dict>", origins: dict | None = None
 
 def _check_name(section: str, key: str, where: str) -> None:
     if section not in SECTIONS:
-        raise UsageError(f"{where}: unknown section [{section}]", _suggest_section(section))
+        raise UsageError(f"{where}: unknown section [{_shown(section)}]", _suggest_section(section))
     if key not in _SPECS[section]:
-        raise UsageError(f"{where}: unknown key {section}.{key}", _suggest_key(key, section))
+        raise UsageError(f"{where}: unknown key {section}.{_shown(key)}", _suggest_key(key, section))
+
+
+def _shown(name: str) -> str:
+    """A user-given name as it can be shown on one line (control characters escaped)."""
+    return name if name.isprintable() else repr(name)[1:-1]
 
 
 def _suggest_section(name: str) -> str:

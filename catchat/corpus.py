@@ -134,7 +134,10 @@ class _Writer:
 
     def text(self, s: str, *, normalised: bool = False) -> None:
         if s:
-            self._put((s if normalised else vocab.normalise(s)).translate(self._ESCAPE))
+            s = s if normalised else vocab.normalise(s)
+            if "\ue001" in s or "\ue002" in s or "\ue003" in s:  # rare: skip the slow translate otherwise
+                s = s.translate(self._ESCAPE)
+            self._put(s)
 
     def end(self) -> None:
         self._put(self._PLACEHOLDER[vocab.EOS])

@@ -15,8 +15,13 @@ biases and batch-norm parameters alone).
 
 The flatness figure of a layer is the mean rise of the loss over the centre on each circle:
     rise(rho) = mean_k L(rho cos t_k, rho sin t_k) - L(0, 0),   t_k = 2 pi k / K
-Because directions are scaled to the weights' own row norms, rises are comparable between
-checkpoints (and between models of other sizes): a flatter minimum has smaller rises.
+Averaging round a circle cancels the linear (gradient) term exactly, so the rise measures
+curvature: for a quadratic bowl rise(rho) = rho^2 (h11 + h22) / 4, and rise(r) = 4 rise(r/2).
+The linear term is reported apart as the tilt, the amplitude of the first harmonic on the circle
+    tilt(rho) = (2 / K) |sum_k L_k exp(i t_k)|     (= rho |grad L| along the plane)
+so a centre that is not a minimum of the plane (a model still descending) shows a tilt larger
+than its rise. Because directions are scaled to the weights' own row norms, both figures compare
+between checkpoints (and between models of other sizes): a flatter minimum has smaller rises.
 
 Evaluation: `GpuEvaluator` keeps ONE forward-only `Program` and replays its recorded eval
 sequence for every point (parameters uploaded per point, nothing re-recorded). Grid points cannot
@@ -54,7 +59,7 @@ MATRICES = {"ih": "weight_ih", "hh": "weight_hh"}
 DEFAULT_GROUP = "z"
 DEFAULT_GRID = 11
 DEFAULT_RADIUS = 0.5
-DEFAULT_TOKENS = 2048
+DEFAULT_TOKENS = 1024
 CIRCLE_POINTS = 8  # K: points on each circle of the flatness figure
 GROUP_HELP = ("comma-separated blocks: 'ih:z', 'hh:n', ... (matrix:gate); a gate alone ('z') means that gate "
               "in both matrices; a matrix alone ('hh') all its gates; 'all' every gate of both")
@@ -163,18 +168,25 @@ class EvalSlice:
         return (f"{self.source}: {len(self.windows)} window(s) of T={self.T} x B={self.B}, "
                 f"{self.n_valid:,} scored characters")
 
+    def short(self) -> str:
+        """For plot titles: what and how much, without paths."""
+        what = "held-out split" if self.source.startswith("held-out") else Path(self.source).name
+        return f"{what}, {self.n_valid:,} chars"
+
 
 def heldout_slice(corpus, cfg, tokens: int = DEFAULT_TOKENS) -> EvalSlice:
-    """The first ceil(tokens / (B*T)) windows of the held-out split (the run's own B and T), as
-    `catchat eval` and the trainer's evals lay them out; padding targets are not scored."""
+    """The held-out split in the run's own lanes (B) and window (T), as `catchat eval` and the
+    trainer's evals lay it out: the first ceil(tokens / (B*T)) windows, or, when tokens is less
+    than one window, the first ceil(tokens / T) lanes of the first window. Padding is not scored."""
     from catchat.lanes import Lanes
 
     lanes = Lanes.from_config(corpus, cfg, "eval")
-    per = lanes.B * lanes.T
-    n = min(lanes.windows_per_cycle, max(1, math.ceil(int(tokens) / per)))
+    T, B, tokens = lanes.T, lanes.B, int(tokens)
+    n = min(lanes.windows_per_cycle, max(1, math.ceil(tokens / (B * T))))
+    b = min(B, max(1, math.ceil(tokens / T)))
     wins = [lanes.window(0, i) for i in range(n)]
-    return EvalSlice([(w.tokens, w.targets, w.resets) for w in wins], lanes.T, lanes.B,
-                     f"held-out split of {getattr(corpus, 'path', corpus)}")
+    return EvalSlice([(w.tokens[:, :b].copy(), w.targets[:, :b].copy(), w.resets[:, :b].copy()) for w in wins],
+                     T, b, f"held-out split of {getattr(corpus, 'path', corpus)}")
 
 
 def text_slice(text: str, T: int, B: int, tokens: int = DEFAULT_TOKENS, source: str = "text") -> EvalSlice:
@@ -304,15 +316,31 @@ class Surface:
     def rise_full(self) -> float:
         return float(np.mean(self.circle_full) - self.centre)
 
+    @property
+    def tilt_half(self) -> float:
+        return tilt(self.circle_half)
+
+    @property
+    def tilt_full(self) -> float:
+        return tilt(self.circle_full)
+
     def summary(self, group: str, prefix: str = "") -> str:
         r = self.radius
         return (f"{prefix}layer {self.layer} [{group}]: centre {self.centre:.4f} nats/char · mean rise "
                 f"{self.rise_half:+.4f} at r/2 = {r / 2:g}, {self.rise_full:+.4f} at r = {r:g} · "
-                f"grid {self.loss.shape[0]}x{self.loss.shape[1]} min {np.nanmin(self.loss):.4f} "
-                f"max {np.nanmax(self.loss):.4f}")
+                f"tilt {self.tilt_full:.4f} at r · grid {self.loss.shape[0]}x{self.loss.shape[1]} "
+                f"min {np.nanmin(self.loss):.4f} max {np.nanmax(self.loss):.4f}")
 
 
-def points_of(alphas: np.ndarray, betas: np.ndarray, radius: float, k: int = CIRCLE_POINTS) -> list[tuple[float, float]]:
+def tilt(values: np.ndarray) -> float:
+    """Amplitude of the first harmonic of K equally spaced values round a circle (the linear term)."""
+    v = np.asarray(values, np.float64)
+    t = 2 * np.pi * np.arange(v.size) / v.size
+    return float(2.0 / v.size * abs(np.sum(v * np.exp(1j * t))))
+
+
+def points_of(alphas: np.ndarray, betas: np.ndarray, radius: float,
+              k: int = CIRCLE_POINTS) -> list[tuple[float, float]]:
     """Every distinct (alpha, beta) a surface needs: the centre, the grid, both circles."""
     pts = [(0.0, 0.0)] + [(a, b) for a in alphas for b in betas]
     pts += [tuple(p) for p in circle(radius / 2, k)] + [tuple(p) for p in circle(radius, k)]
@@ -377,6 +405,7 @@ class Landscape:
     slice_info: str
     n_valid: int
     circle_points: int = CIRCLE_POINTS
+    slice_short: str = ""
 
     def summary_lines(self) -> list[str]:
         many = len(self.checkpoints) > 1
@@ -386,7 +415,8 @@ class Landscape:
     def info(self) -> dict:
         return dict(format="catchat-landscape", version=1, group=self.group.label, seed=self.seed,
                     radius=self.radius, grid=self.grid_n, layers=self.layers, evaluator=self.evaluator,
-                    slice=self.slice_info, scored_characters=self.n_valid, circle_points=self.circle_points,
+                    slice=self.slice_info, slice_short=self.slice_short, scored_characters=self.n_valid,
+                    circle_points=self.circle_points,
                     checkpoints=[dict(path=c.path, label=c.label, global_step=c.global_step)
                                  for c in self.checkpoints],
                     method="filter-normalised random directions (Li et al. 2018)")
@@ -420,7 +450,7 @@ def compute(checkpoints: Sequence[tuple[str, str, int, ModelSpec, dict[str, np.n
         out.append(cs)
     name = next(iter(evaluators.values())).name if evaluators else "?"
     return Landscape(out, layers, group, int(seed), float(radius), int(grid_n), name, data.describe(),
-                     data.n_valid, circle_points)
+                     data.n_valid, circle_points, data.short())
 
 
 def evaluations_per_layer(grid_n: int, radius: float, circle_points: int = CIRCLE_POINTS) -> int:
@@ -443,7 +473,8 @@ def write_data(out_dir: Path, ls: Landscape) -> list[Path]:
         alphas=first.alphas, betas=first.betas, layers=np.array(ls.layers, np.int64),
         loss=np.array([[s.loss for s in c.surfaces] for c in ls.checkpoints], np.float64),  # [C,L,N,N]
         centre=stack(lambda s: s.centre), rise_half=stack(lambda s: s.rise_half),
-        rise_full=stack(lambda s: s.rise_full),
+        rise_full=stack(lambda s: s.rise_full), tilt_half=stack(lambda s: s.tilt_half),
+        tilt_full=stack(lambda s: s.tilt_full),
         circle_half=np.array([[s.circle_half for s in c.surfaces] for c in ls.checkpoints]),  # [C,L,K]
         circle_full=np.array([[s.circle_full for s in c.surfaces] for c in ls.checkpoints]),
         checkpoints=np.array([c.path for c in ls.checkpoints]), steps=np.array([c.global_step for c in ls.checkpoints]),
@@ -464,7 +495,8 @@ def write_data(out_dir: Path, ls: Landscape) -> list[Path]:
                         w.writerow([c.path, c.global_step, s.layer, f"{a:.6g}", f"{b:.6g}", f"{s.loss[i, j]:.7f}"])
     txt = out_dir / "landscape.txt"
     txt.write_text("\n".join(ls.summary_lines() + [
-        f"group {ls.group.label} · seed {ls.seed} · grid {ls.grid_n}x{ls.grid_n} in [-{ls.radius:g}, {ls.radius:g}]^2 · "
+        f"group {ls.group.label} · seed {ls.seed} · grid {ls.grid_n}x{ls.grid_n} "
+        f"in [-{ls.radius:g}, {ls.radius:g}]^2 · "
         f"{ls.circle_points} points per circle · evaluator {ls.evaluator}", ls.slice_info]) + "\n")
     return [npz, path_csv, txt]
 
@@ -475,6 +507,23 @@ def load(path: str | Path) -> dict:
         out = {k: z[k] for k in z.files}
     out["info"] = json.loads(str(out["info"]))
     return out
+
+
+def from_npz(path: str | Path) -> Landscape:
+    """A Landscape rebuilt from landscape.npz (to draw it again: plot(out_dir, from_npz(p)))."""
+    z = load(path)
+    info = z["info"]
+    cks = []
+    for c, meta in enumerate(info["checkpoints"]):
+        cs = CheckpointSurfaces(meta["path"], meta["label"], int(meta["global_step"]))
+        for k, layer in enumerate(z["layers"].tolist()):
+            cs.surfaces.append(Surface(layer=int(layer), alphas=z["alphas"], betas=z["betas"], loss=z["loss"][c, k],
+                                       centre=float(z["centre"][c, k]), radius=float(z["radius"]),
+                                       circle_half=z["circle_half"][c, k], circle_full=z["circle_full"][c, k]))
+        cks.append(cs)
+    return Landscape(cks, [int(x) for x in z["layers"]], parse_group(",".join(info["group"].split("+"))),
+                     int(info["seed"]), float(info["radius"]), int(info["grid"]), info["evaluator"], info["slice"],
+                     int(info["scored_characters"]), int(info["circle_points"]), info.get("slice_short", ""))
 
 
 def rise_levels(lo: float, hi: float) -> list[float]:
@@ -536,7 +585,7 @@ def plot(out_dir: Path, ls: Landscape, *, surface_3d: bool = True) -> list[Path]
         levels = rise_levels(lo, hi)
         cmap = ListedColormap(_band_colours(levels))
         norm = BoundaryNorm(levels, cmap.N)
-        fig = Figure(figsize=(6.2 * C + 0.8, 6.0), dpi=100, layout="constrained")
+        fig = Figure(figsize=(6.0 * C + 1.0, 6.6), dpi=100, layout="constrained")
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, C, squeeze=False)[0]
         cf = None
@@ -544,38 +593,37 @@ def plot(out_dir: Path, ls: Landscape, *, surface_3d: bool = True) -> list[Path]
             A, B = np.meshgrid(s.alphas, s.betas, indexing="ij")
             cf = ax.contourf(A, B, rise, levels=levels, cmap=cmap, norm=norm)
             cl = ax.contour(A, B, rise, levels=[v for v in levels if v != 0], colors="k", linewidths=0.6, alpha=0.7)
-            ax.clabel(cl, fmt=lambda v: f"{v:+g}", fontsize=7)
+            big = max(abs(lo), abs(hi))
+            ax.clabel(cl, [v for v in cl.levels if abs(v) >= 0.02 * big], fmt=lambda v: f"{v:+g}", fontsize=7)
             for rho in (s.radius / 2, s.radius):
                 ax.add_patch(Circle((0, 0), rho, fill=False, color="white", linestyle="--", linewidth=1.0))
             ax.plot([0], [0], marker="*", color="red", markersize=12, markeredgecolor="white")
             ax.set_aspect("equal")
-            ax.set_xlabel("alpha (direction 1, filter-normalised)")
+            ax.set_xlabel(f"alpha (direction 1, filter-normalised)\n\nmean rise {s.rise_half:+.4f} at r/2 = "
+                          f"{s.radius / 2:g}, {s.rise_full:+.4f} at r = {s.radius:g} (dashed circles)\n"
+                          f"tilt {s.tilt_full:.4f} at r (the linear part; 0 at a minimum)")
             ax.set_ylabel("beta (direction 2)")
-            ax.set_title(f"{c.label}: layer {layer} [{ls.group.label}]\ncentre {s.centre:.4f} nats/char", fontsize=10)
-            ax.text(0.5, -0.16, f"mean rise {s.rise_half:+.4f} at r/2 = {s.radius / 2:g}, "
-                    f"{s.rise_full:+.4f} at r = {s.radius:g}", transform=ax.transAxes, ha="center", va="top",
-                    fontsize=9)
+            ax.set_title(f"{c.label}: layer {layer} [{ls.group.label}], centre {s.centre:.4f} nats/char\n"
+                         f"seed {ls.seed} · {ls.evaluator} · {ls.slice_short or 'fixed slice'}", fontsize=10)
         cb = fig.colorbar(cf, ax=list(axes), shrink=0.85, ticks=levels)
         cb.ax.set_yticklabels([f"{v:+g}" if v else "0" for v in levels])
         cb.set_label("loss rise over the centre (nats/char); grey: below it")
-        fig.suptitle(f"loss landscape, seed {ls.seed}, {ls.evaluator}; {ls.slice_info}", fontsize=8)
         save(fig, f"landscape-layer{layer}.png")
 
         if surface_3d:
             fig = Figure(figsize=(6.0 * C, 5.2), dpi=90, layout="constrained")
             FigureCanvasAgg(fig)
-            zlo = min(float(np.nanmin(s.loss)) for s in surfs)
-            zhi = max(float(np.nanmax(s.loss)) for s in surfs)
-            for i, (c, s) in enumerate(zip(ls.checkpoints, surfs)):
+            for i, (c, s, rise) in enumerate(zip(ls.checkpoints, surfs, rises)):
                 ax = fig.add_subplot(1, C, i + 1, projection="3d")
                 A, B = np.meshgrid(s.alphas, s.betas, indexing="ij")
-                ax.plot_surface(A, B, s.loss, cmap="viridis", vmin=zlo, vmax=zhi, linewidth=0.2,
-                                edgecolor="k", alpha=0.9)
-                ax.set_zlim(zlo, zhi)
+                ax.plot_surface(A, B, rise, cmap="viridis", vmin=lo, vmax=hi, linewidth=0.2, edgecolor="k",
+                                alpha=0.9)
+                ax.set_zlim(lo, hi if hi > lo else lo + 1e-6)  # the same scale in every panel
                 ax.set_xlabel("alpha")
                 ax.set_ylabel("beta")
-                ax.set_zlabel("loss (nats/char)")
-                ax.set_title(f"{c.label}: layer {layer} [{ls.group.label}]", fontsize=10)
+                ax.set_zlabel("loss - centre (nats/char)")
+                ax.set_title(f"{c.label}: layer {layer} [{ls.group.label}]\ncentre {s.centre:.4f} nats/char",
+                             fontsize=10)
             save(fig, f"landscape-layer{layer}-3d.png")
     return written
 

@@ -493,7 +493,7 @@ def write_html(run_dir: Path, out_dir: Path, pngs: list[Path], *, run: Run | Non
     marks = []
     if run.resumes:
         marks.append("resumes at step " + ", ".join(f"{s:,}" for s in run.resumes) + " (grey dotted lines)")
-    if run.cooldown_start is not None:
+    if run.cooldown_start is not None and run.cooldown_start <= run.steps[-1]:  # as the plots mark it
         marks.append(f"cooldown from step {run.cooldown_start:,} (purple dash-dot line)")
     body.append("<h2>Plots</h2>")
     if marks:

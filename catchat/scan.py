@@ -11,6 +11,7 @@ when any check fails (`--strict`: also on a warning). docs/reliability.md lists 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -157,6 +158,8 @@ class Segment:
     seqs_per_step: int | None
     tokens_per_step: int | None
     events: list[dict]
+    teacher_forcing: dict | None = None
+    seqs_per_cycle: int | None = None
     resume_seqs: int | None = None
     resume_from: str = ""
 
@@ -169,8 +172,8 @@ def _segments(events: list[dict]) -> list[Segment]:
             if sched is None and e["event"] == "start" and "total_steps" in e:
                 sched = {"total_steps": e["total_steps"]}
             segs.append(Segment(e["event"], int(e.get("global_step", 0)), sched, e.get("seqs_per_step"),
-                                e.get("tokens_per_step"), [e], resume_seqs=e.get("seqs"),
-                                resume_from=str(e.get("from", ""))))
+                                e.get("tokens_per_step"), [e], e.get("teacher_forcing"), e.get("seqs_per_cycle"),
+                                resume_seqs=e.get("seqs"), resume_from=str(e.get("from", ""))))
         elif segs:
             segs[-1].events.append(e)
     return segs
@@ -226,7 +229,7 @@ def scan_run(run_dir: Path) -> ScanReport:
     out.append(_check_nonfinite(rows))
     out.append(_check_skipped(rows, events))
     out.append(_check_lr(rows, segs, cfg))
-    out.append(_check_tf(rows))
+    out.append(_check_tf(rows, segs, cfg))
     out.append(_check_running_loss(rows))
     out.append(_check_grad_spikes(rows))
     out.append(_check_throughput(rows, segs))
@@ -356,13 +359,43 @@ def _check_lr(rows: list[Row], segs: list[Segment], cfg) -> Finding:
     return Finding(name, OK, f"{checked} steps follow the WSD formula")
 
 
-def _check_tf(rows: list[Row]) -> Finding:
-    """Teacher forcing: this catchat has no teacher-forcing schedule, so the formula is tf = 1 at every step."""
+def _tf_for(seg: Segment | None, cfg):
+    """(teacher-forcing settings, seqs_per_cycle) in force for a segment: its event's, else config.toml's."""
+    from types import SimpleNamespace
+
+    tf = (seg.teacher_forcing if seg else None)
+    if tf is None and cfg is not None and hasattr(cfg, "teacher_forcing"):
+        tf = dataclasses.asdict(cfg.teacher_forcing)
+    return (SimpleNamespace(**tf) if tf else None), (seg.seqs_per_cycle if seg else None)
+
+
+def _check_tf(rows: list[Row], segs: list[Segment], cfg) -> Finding:
+    """Each row's tf equals schedule.tf_at(cycles done before the step) (1 where there is no schedule)."""
+    from catchat.schedule import tf_at
+
     name = "tf vs schedule"
-    bad = [r.step for r in rows if not math.isclose(r.tf, 1.0)]
+    sps = next((s.seqs_per_step for s in segs if s.seqs_per_step), None)
+    bad, checked, unchecked = [], 0, 0
+    for r in rows:
+        tf, spc = _tf_for(_segment_of(segs, r.step), cfg)
+        if tf is None:
+            want = 1.0  # a catchat without a teacher-forcing schedule: always the data's token
+        elif getattr(tf, "schedule", "constant") == "constant" or tf.start <= tf.floor:
+            want = float(tf.start)
+        elif spc and sps:
+            want = tf_at((r.seqs - sps) / spc, tf)
+        else:
+            unchecked += 1
+            continue
+        checked += 1
+        if not math.isclose(r.tf, want, rel_tol=LR_RTOL, abs_tol=1e-9):
+            bad.append((r.step, r.tf, want))
     if bad:
-        return Finding(name, FAIL, f"tf differs from the schedule (1.0) at {_steps_text(bad)}", bad)
-    return Finding(name, OK, "tf = 1 (full teacher forcing) at every step")
+        return Finding(name, FAIL, f"{len(bad)} step(s) whose tf is not schedule.tf_at(cycles done) (step {bad[0][0]}: "
+                       f"{bad[0][1]:g}, the formula gives {bad[0][2]:g})", [b[0] for b in bad])
+    if unchecked and not checked:
+        return Finding(name, WARN, "not checked: a decaying schedule but no seqs_per_cycle in events.jsonl")
+    return Finding(name, OK, f"{checked} steps follow the teacher-forcing schedule")
 
 
 def _blocks(rows: list[Row]) -> tuple[int, list[tuple[int, float]]]:

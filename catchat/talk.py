@@ -106,10 +106,11 @@ class Dialogue:
 
     def _reprime(self, reserve: int) -> None:
         """Zero state; context = <bos> + the most recent whole turns that fit with `reserve` more."""
-        keep, size = len(self.turns), 1 + reserve
+        keep, size = len(self.turns), 1 + reserve  # <bos> + what follows the last turn
         while keep > 0:
-            need = len(self._turn_tokens(self.turns[keep - 1])) + 1  # the turn and the <turn> after it
-            if size + need > self.context and keep < len(self.turns):
+            latest = keep == len(self.turns)
+            need = len(self._turn_tokens(self.turns[keep - 1])) + (0 if latest else 1)  # + the <turn> after it
+            if size + need > self.context and not latest:
                 break
             size += need
             keep -= 1
@@ -134,12 +135,12 @@ class Dialogue:
         self.gen.feed(np.asarray(self._ctx[self._fed:], np.uint32))
         self._fed = len(self._ctx)
         stops = (vocab.TURN, vocab.EOS)
-        cb = None
-        if on_token is not None:
-            def cb(tokens):  # noqa: E306
-                if int(tokens[0]) not in stops:
-                    on_token(int(tokens[0]))
-        out = self.gen.generate(None, length, sampling, rng=rng, stop_at=stops, on_tokens=cb)[0]
+
+        def show(tokens):
+            if on_token is not None and int(tokens[0]) not in stops:
+                on_token(int(tokens[0]))
+
+        out = self.gen.generate(None, length, sampling, rng=rng, stop_at=stops, on_tokens=show)[0]
         stop = {vocab.TURN: "turn", vocab.EOS: "eos"}.get(out[-1], "length")
         ids = out[:-1] if stop != "length" else out
         turn = Turn(speaker, ids, stop)

@@ -170,7 +170,10 @@ class Trainer:
         info = dict(schedule=dict(total_steps=self.total_steps, lr=self.cfg.train.lr, warmup_fraction=s.warmup_fraction,
                                   cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
                                   lr_min=s.lr_min),
-                    seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step, **memory_mb())
+                    seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
+                    seqs_per_cycle=self.lanes.seqs_per_cycle, **memory_mb())
+        if hasattr(self.cfg, "teacher_forcing"):
+            info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
         if self.faults:
             info["faults"] = [str(f) for f in self.faults]
         return info
@@ -398,8 +401,7 @@ class Trainer:
                        applied_steps=self.applied_steps, **memory_mb())
         except DeviceLost as exc:  # nothing on the device can be read back: no final checkpoint
             self._failed(f"device lost: {exc.message}")
-            raise DeviceLost(f"{exc.message} (at step {self.global_step + 1}; no checkpoint written after step "
-                             f"{max(self.last_checkpoint_step, 0)})", hint=self._resume_hint()) from None
+            raise DeviceLost(exc.message, hint=self._resume_hint()) from None
         except CheckpointWriteError as exc:
             self._failed(exc.message)
             raise

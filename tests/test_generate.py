@@ -19,7 +19,6 @@ from catchat import vocab
 from catchat.cli import main
 from catchat.errors import UsageError
 from catchat.generate import Generator, NgramBlock, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
-from catchat.model import ParamLayout
 from catchat.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]

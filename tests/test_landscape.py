@@ -159,6 +159,19 @@ def test_gpu_and_numpy_surfaces_agree_and_reproduce(dev, trained):
                                          rel=1e-6)
 
 
+def test_heldout_slice_sizes(trained):
+    cfg, corpus, _, _ = trained
+    from catchat.lanes import Lanes
+
+    w0 = Lanes.from_config(corpus, cfg, "eval").window(0, 0)
+    half = land.heldout_slice(corpus, cfg, tokens=32)          # less than a window (4 x 16): 2 lanes
+    assert (half.T, half.B, len(half.windows)) == (16, 2, 1)
+    np.testing.assert_array_equal(half.windows[0][1], w0.targets[:, :2])
+    two = land.heldout_slice(corpus, cfg, tokens=65)           # just over one window: two whole windows
+    assert (two.B, len(two.windows)) == (4, 2)
+    np.testing.assert_array_equal(two.windows[0][0], w0.tokens)
+
+
 def test_text_slice_layout():
     text = "To be, or not to be: that is the question."
     sl = land.text_slice(text, T=4, B=3, tokens=1000)
@@ -174,6 +187,23 @@ def test_text_slice_layout():
     assert short.n_valid == 10
     with pytest.raises(UsageError, match="no text"):
         land.text_slice("", T=4, B=3)
+
+
+def test_flatness_figures_on_a_known_surface():
+    """A quadratic bowl plus a slope: the rise sees only the curvature, the tilt only the slope."""
+    g, h11, h22, h12 = np.array([0.3, -0.4]), 2.0, 6.0, 1.5
+
+    def f(p):
+        a, b = p[..., 0], p[..., 1]
+        return 1.0 + g[0] * a + g[1] * b + 0.5 * (h11 * a * a + 2 * h12 * a * b + h22 * b * b)
+
+    r = 0.5
+    s = land.Surface(layer=0, alphas=np.zeros(3), betas=np.zeros(3), loss=np.zeros((3, 3)), centre=1.0, radius=r,
+                     circle_half=f(land.circle(r / 2)), circle_full=f(land.circle(r)))
+    assert s.rise_full == pytest.approx(r * r * (h11 + h22) / 4)
+    assert s.rise_full == pytest.approx(4 * s.rise_half)
+    assert s.tilt_full == pytest.approx(r * np.linalg.norm(g))
+    assert land.tilt(np.full(8, 3.0)) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_rise_levels():
@@ -199,7 +229,9 @@ def test_landscape_command_files_and_compare(trained, tmp_path):
     z = land.load(out / "landscape.npz")
     assert z["loss"].shape == (2, 1, 3, 3) and z["layers"].tolist() == [1]
     assert z["steps"].tolist() == [6, 2] and z["info"]["seed"] == 2 and z["info"]["evaluator"] == "gpu"
-    assert z["rise_full"].shape == (2, 1)
+    assert z["rise_full"].shape == (2, 1) and z["tilt_full"].shape == (2, 1)
+    again = land.plot(tmp_path / "again", land.from_npz(out / "landscape.npz"), surface_3d=False)
+    assert [p.name for p in again] == ["landscape-layer1.png"]  # drawn again from the file alone
     with open(out / "landscape.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 2 * 9 and {r["global_step"] for r in rows} == {"6", "2"}

@@ -110,7 +110,7 @@ def test_rolling_context_keeps_the_latest_whole_turns(dev, runs):
     said = [f"line number {i} is here" for i in range(6)]  # 'YOU: ...' = 24 tokens each
     for text in said:
         d.add("YOU", text)
-        d.reply("CAT", 8, Sampling(temperature=1.0), rng)
+        last = d.reply("CAT", 8, Sampling(temperature=1.0), rng)
     assert d.reprimes >= 2
     ctx = d.context_tokens
     assert ctx[0] == vocab.BOS and vocab.BOS not in ctx[1:]
@@ -118,7 +118,7 @@ def test_rolling_context_keeps_the_latest_whole_turns(dev, runs):
     assert said[-1] in shown and said[0] not in shown  # the oldest turns were dropped...
     turns = shown[len("<bos>"):].split("<turn>")
     assert turns[0].startswith("YOU: line number") or turns[0].startswith("CAT: ")  # ...whole
-    assert len(ctx) <= budget + 8  # the budget, plus the reply sampled after priming
+    assert len(ctx) - len(last.ids) <= budget  # primed within the budget, then the reply
     fresh = generator(dev, runs[0], prefill=0)  # re-primed from a zero state
     np.testing.assert_allclose(fresh.feed(np.array(ctx[:d._fed], np.uint32))[0], d.gen.logits[0], atol=1e-5)
     # a turn longer than the whole budget is still kept (alone)
@@ -188,7 +188,7 @@ def test_chat_log_append_and_corpus_round_trip(cli, runs, tmp_path):
     assert out.startswith("ALICE: Hello, Bob.\nBOB: ")
     # the same command writes the same file
     again = tmp_path / "again.jsonl"
-    assert cli(*args[:5], again, *args[6:])[0] == 0
+    assert cli(*args[:6], again, *args[7:])[0] == 0
     assert again.read_text() == log.read_text()
     # an existing log is not overwritten; --append continues it (numbering, id, whose turn)
     code, _, err = cli(*args)

@@ -106,4 +106,5 @@ def test_inspect_command_needs_no_vulkan(known):
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
-    assert rep["global_step"] == 1 and len(rep["tensors"]) == len(rep["spectral"]) + 6 + 2  # + biases and norms, embedding and head
+    assert rep["global_step"] == 1
+    assert len(rep["tensors"]) == len(rep["spectral"]) + 6 + 2  # + biases and norms, embedding and head
