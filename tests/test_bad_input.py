@@ -232,16 +232,25 @@ def test_jsonl_line_longer_than_the_cap_is_refused(tmp_path, monkeypatch):
     assert "split it" in info.value.hint
 
 
-def _build_peak_rss_mb(src, out) -> tuple[float, float, str]:
-    """(peak RSS in MiB, seconds, stderr) of a `catchat corpus build` child: os.wait4 gives its own rusage."""
+# Linux carries a process's RSS high-water mark into the children it forks and execs (exec takes the
+# old address space's peak), so a child of this big pytest process would report pytest's peak. A
+# small launcher process starts the build and reads the build's own peak with os.wait4.
+_LAUNCH = """import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(p.pid, 0)
+print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)
+"""
+
+
+def _build_peak_rss_mb(src, out) -> tuple[float, float]:
+    """(peak RSS in MiB, seconds) of a `catchat corpus build` process."""
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "catchat.cli", "corpus", "build", str(src), "-o", str(out),
-                             "--max-unk-rate", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    assert proc.returncode == 0, err
-    return usage.ru_maxrss / 1024, time.monotonic() - t0, err
+    r = subprocess.run([sys.executable, "-c", _LAUNCH, sys.executable, "-m", "catchat.cli", "corpus", "build",
+                        str(src), "-o", str(out), "--max-unk-rate", "0.5"], capture_output=True, text=True,
+                       timeout=600)
+    code, kib = (int(x) for x in r.stdout.split()[-2:])
+    assert code == 0, r.stderr
+    return kib / 1024, time.monotonic() - t0
 
 
 def _write_text(path, mb):
@@ -267,9 +276,9 @@ def test_huge_text_file_streams_with_bounded_memory(tmp_path):
     if free < 700e6:
         pytest.skip(f"needs ~700 MB free in {tmp_path} for a 200 MB source and its corpus, has {free / 1e6:.0f} MB")
     small = _write_text(tmp_path / "small.txt", 10)
-    small_rss, _, _ = _build_peak_rss_mb(tmp_path / "small.txt", tmp_path / "small")
+    small_rss, _ = _build_peak_rss_mb(tmp_path / "small.txt", tmp_path / "small")
     big = _write_text(tmp_path / "big.txt", 200)
-    big_rss, seconds, _ = _build_peak_rss_mb(tmp_path / "big.txt", tmp_path / "big")
+    big_rss, seconds = _build_peak_rss_mb(tmp_path / "big.txt", tmp_path / "big")
     m = json.loads((tmp_path / "big" / "manifest.json").read_text())
     assert big >= 200e6 and big > 15 * small and m["sources"][0]["bytes"] == big
     assert m["characters"] > 0.9 * big and (tmp_path / "big" / "tokens.bin").stat().st_size == m["tokens"]
