@@ -18,3 +18,26 @@ def dev():
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def cli(dev, monkeypatch, capsys):
+    """Run `catchat ARGS...` in this process on the session's device (optionally with text on stdin):
+    returns (exit code, stdout, stderr)."""
+    import io
+
+    from catchat.cli import main
+
+    monkeypatch.setattr("catchat.vk.device.open_device", lambda device=None: dev)
+
+    def run(*args, stdin=None):
+        if stdin is not None:
+            monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+    return run

@@ -18,21 +18,7 @@ from catchat.corpus import Corpus
 from catchat.errors import UsageError
 from catchat.train import Trainer
 
-
-def catchat(*args, cwd=None, timeout=180):
-    return subprocess.run([sys.executable, "-m", "catchat.cli", *[str(a) for a in args]], capture_output=True,
-                          text=True, cwd=cwd, timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def assert_clean_error(r, code, *needles):
-    out = r.stdout + r.stderr
-    assert r.returncode == code, out
-    assert "Traceback" not in out
-    lines = r.stderr.strip().splitlines()
-    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), r.stderr
-    for n in needles:
-        assert n in r.stderr, (n, r.stderr)
-    return r.stderr
+from support import assert_clean_error, catchat
 
 
 # ---------------------------------------------------------------------------------------- checkpoints

@@ -1,8 +1,5 @@
 """Device layer: selection, host views under numpy 1 and 2, push-constant packing, size checks, CLI."""
 
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -10,6 +7,8 @@ import pytest
 from catchat.errors import VulkanUnavailable
 from catchat.vk import device as vkdev
 from catchat.vk.probe import DeviceInfo, probe_devices
+
+from support import catchat
 
 
 def _info(i, name, kind):
@@ -96,26 +95,21 @@ def test_algorithm_guards(dev):
         dev.algorithm([t, t], compile_shader("axpby"), [0])
 
 
-def _catchat(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "catchat.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
-
-
 def test_cli_version_and_help():
-    r = _catchat("--version")
+    r = catchat("--version")
     assert r.returncode == 0 and "catchat" in r.stdout
-    r = _catchat("--help")
+    r = catchat("--help")
     assert r.returncode == 0 and "doctor" in r.stdout and "devices" in r.stdout
 
 
 def test_cli_unknown_flag_is_an_error():
-    r = _catchat("doctor", "--temperature", "0.5")
+    r = catchat("doctor", "--temperature", "0.5")
     assert r.returncode == 2 and "No such option" in r.stderr
 
 
 def test_cli_no_vulkan_driver_is_one_line_exit_2():
     bogus = {"VK_ICD_FILENAMES": "/nonexistent/icd.json", "VK_DRIVER_FILES": "/nonexistent/icd.json"}
-    r = _catchat("devices", env=bogus)
+    r = catchat("devices", env=bogus)
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert "mesa-vulkan-drivers" in r.stderr
@@ -123,6 +117,6 @@ def test_cli_no_vulkan_driver_is_one_line_exit_2():
 
 
 def test_cli_doctor_passes_here():
-    r = _catchat("doctor")
+    r = catchat("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "axpby max abs error" in r.stdout and "all checks passed" in r.stdout

@@ -27,7 +27,8 @@ from catchat.train import Trainer
 from catchat.vk.device import Device, format_bytes
 from catchat.vk.program import Program, StepHyper, random_window
 
-SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
+from support import assert_clean_error, build_scene_corpus, catchat
+
 TOTAL = 30  # steps of the reference run (about 1 s on lavapipe)
 
 
@@ -48,12 +49,7 @@ def config_text(corpus_dir, total_steps=TOTAL, **sections) -> str:
 
 @pytest.fixture(scope="module")
 def corpus_dir(tmp_path_factory):
-    src = tmp_path_factory.mktemp("src")
-    for i in range(24):
-        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
-    out = tmp_path_factory.mktemp("corpus") / "c"
-    corpus_mod.build([str(src)], out, eval_fraction=0.2, delimiter=None)
-    return out
+    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
 
 
 @pytest.fixture(scope="module")
@@ -86,23 +82,6 @@ def assert_same_as_straight(run, straight):
     for name in a.optimizer:
         np.testing.assert_array_equal(a.optimizer[name], b.optimizer[name], err_msg=name)
     assert a.state["cursor"] == b.state["cursor"] and a.state["applied_steps"] == b.state["applied_steps"]
-
-
-def catchat(*args, env=None, preexec_fn=None, timeout=180):
-    return subprocess.run([sys.executable, "-m", "catchat.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, preexec_fn=preexec_fn,
-                          timeout=timeout)
-
-
-def assert_clean_error(r, code, *needles):
-    """Exit code, no traceback, one error line plus at most a fix line, naming what it must."""
-    out = r.stdout + r.stderr
-    assert r.returncode == code, out
-    assert "Traceback" not in out
-    lines = r.stderr.strip().splitlines()
-    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), r.stderr
-    for n in needles:
-        assert n in r.stderr, (n, r.stderr)
 
 
 def rows_logged(run) -> int:

@@ -12,65 +12,19 @@ import numpy as np
 import pytest
 
 from catchat import checkpoint as ck
-from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
 from catchat import reference as ref
 from catchat import vocab
-from catchat.cli import main
 from catchat.errors import UsageError
 from catchat.generate import Generator, NgramBlock, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
-from catchat.train import Trainer
+
+from support import make_tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
-DIALOGUE = [("ALICE", "Where is the cat?"), ("BOB", "Asleep on the mat, as ever."), ("ALICE", "Then let it sleep.")]
-
-
-def make_tiny_run(root: Path, dev, seed: int = 1) -> Path:
-    """A corpus of short dialogues and a 5-step run of a tiny model (H=16, L=1): well under a second."""
-    src = root / "src.jsonl"
-    src.write_text("".join(json.dumps({"turns": [{"speaker": s, "text": f"{t} {i}"} for s, t in DIALOGUE]}) + "\n"
-                           for i in range(24)))
-    corpus_mod.build([str(src)], root / "corpus", eval_fraction=0.2, force=True)
-    cfg = cfgmod.loads(f"""
-[model]
-hidden = 16
-layers = 1
-[data]
-corpus = "{root / 'corpus'}"
-batch_lanes = 4
-window = 16
-[train]
-lr = 0.02
-total_steps = 5
-seed = {seed}
-[eval]
-eval_every_seqs = 0
-[checkpoint]
-checkpoint_every_seqs = 0
-""")
-    Trainer(cfg, root / "run", dev).run()
-    return root / "run"
 
 
 @pytest.fixture(scope="module")
 def run_dir(dev, tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
-
-
-@pytest.fixture
-def cli(dev, monkeypatch, capsys):
-    """Run `catchat ARGS...` in this process on the session's device: (exit code, stdout, stderr)."""
-    monkeypatch.setattr("catchat.vk.device.open_device", lambda device=None: dev)
-
-    def run(*args):
-        try:
-            main([str(a) for a in args])
-            code = 0
-        except SystemExit as e:
-            code = e.code
-        out, err = capsys.readouterr()
-        return code, out, err
-    return run
 
 
 def ngrams(ids, n):

@@ -18,7 +18,8 @@ from catchat.errors import UsageError
 from catchat.model import ParamLayout
 from catchat.train import Trainer, evaluate
 
-SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
+from support import build_scene_corpus
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 N, R = 3, 0.5
 
@@ -48,11 +49,7 @@ keep_last = 0
 @pytest.fixture(scope="module")
 def trained(dev, tmp_path_factory):
     """(cfg, corpus, run dir, [checkpoint after 2 steps, after 6 steps])."""
-    src = tmp_path_factory.mktemp("src")
-    for i in range(24):
-        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
-    corpus_dir = tmp_path_factory.mktemp("corpus") / "c"
-    corpus_mod.build([str(src)], corpus_dir, eval_fraction=0.2, delimiter=None)
+    corpus_dir = build_scene_corpus(tmp_path_factory.mktemp("scenes"))
     cfg = small_config(corpus_dir)
     run = tmp_path_factory.mktemp("runs") / "small"
     Trainer(cfg, run, dev).run(stop_after_steps=2)

@@ -11,13 +11,18 @@ from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import reference as ref
 from catchat.lanes import prefix_dropout
-from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import ModelSpec, init_params
 from catchat.schedule import tf_at
 from catchat.train import Trainer
 from catchat.vk import program
 from catchat.vk.kernels import sampling
 
-from test_train import small_config, small_corpus  # noqa: F401  (module fixture)
+from support import build_scene_corpus, small_config
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
 
 
 def test_choice_kernel_matches_reference(dev):
@@ -87,7 +92,7 @@ def _tf_small(corpus_dir):
                                data={"prefix_dropout": 0.25}, eval={"sample_chars": 40})
 
 
-def test_training_with_scheduled_sampling_resumes_exactly(dev, small_corpus, tmp_path):  # noqa: F811
+def test_training_with_scheduled_sampling_resumes_exactly(dev, small_corpus, tmp_path):
     cfg = _tf_small(small_corpus)
     Trainer(cfg, tmp_path / "straight", dev).run()
     Trainer(cfg, tmp_path / "resumed", dev).run(stop_after_steps=3)

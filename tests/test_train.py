@@ -13,52 +13,14 @@ import pytest
 
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
 from catchat.errors import UsageError
 from catchat.train import Trainer
 
-SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
-
+from support import build_scene_corpus, small_config
 
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory):
-    src = tmp_path_factory.mktemp("src")
-    for i in range(24):
-        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
-    out = tmp_path_factory.mktemp("corpus") / "c"
-    corpus_mod.build([str(src)], out, eval_fraction=0.2, delimiter=None)
-    return out
-
-
-def small_config(corpus_dir, **train):
-    text = f"""
-[model]
-hidden = 12
-layers = 2
-[data]
-corpus = "{corpus_dir}"
-batch_lanes = 4
-window = 16
-micro_batches = 2
-[train]
-lr = 0.01
-total_steps = {train.get('total_steps', 8)}
-dropout_hidden = 0.1
-dropout_embedding = 0.05
-label_smoothing = 0.1
-seed = 3
-[schedule]
-warmup_fraction = 0.25
-cooldown_fraction = 0.25
-lr_min = 0.001
-[eval]
-eval_every_seqs = 16
-eval_windows = 2
-[checkpoint]
-checkpoint_every_seqs = 24
-keep_last = 2
-"""
-    return cfgmod.loads(text)
+    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
 
 
 def _losses(run_dir):

@@ -1,0 +1,111 @@
+"""What several test files share: small corpora, tiny trained runs (seconds on lavapipe), and running
+the `catchat` command as a user would (a subprocess) with the check that its error is clean."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from catchat import config as cfgmod
+from catchat import corpus as corpus_mod
+from catchat.train import Trainer
+
+SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"
+DIALOGUE = [("ALICE", "Where is the cat?"), ("BOB", "Asleep on the mat, as ever."), ("ALICE", "Then let it sleep.")]
+
+
+def build_scene_corpus(root: Path) -> Path:
+    """24 plain-text scenes of different lengths, 20% held out: root/corpus."""
+    src = root / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    for i in range(24):
+        (src / f"scene{i:02d}.txt").write_text(SCENE * (1 + i % 3) + f"BOB: Number {i}.\n")
+    out = root / "corpus"
+    corpus_mod.build([str(src)], out, eval_fraction=0.2, delimiter=None, force=True)
+    return out
+
+
+def build_dialogue_corpus(root: Path) -> Path:
+    """24 short JSONL dialogues with speakers, 20% held out: root/corpus."""
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / "src.jsonl"
+    src.write_text("".join(json.dumps({"turns": [{"speaker": s, "text": f"{t} {i}"} for s, t in DIALOGUE]}) + "\n"
+                           for i in range(24)))
+    out = root / "corpus"
+    corpus_mod.build([str(src)], out, eval_fraction=0.2, force=True)
+    return out
+
+
+def small_config(corpus_dir, **train):
+    text = f"""
+[model]
+hidden = 12
+layers = 2
+[data]
+corpus = "{corpus_dir}"
+batch_lanes = 4
+window = 16
+micro_batches = 2
+[train]
+lr = 0.01
+total_steps = {train.get('total_steps', 8)}
+dropout_hidden = 0.1
+dropout_embedding = 0.05
+label_smoothing = 0.1
+seed = 3
+[schedule]
+warmup_fraction = 0.25
+cooldown_fraction = 0.25
+lr_min = 0.001
+[eval]
+eval_every_seqs = 16
+eval_windows = 2
+[checkpoint]
+checkpoint_every_seqs = 24
+keep_last = 2
+"""
+    return cfgmod.loads(text)
+
+
+def make_tiny_run(root: Path, dev, seed: int = 1) -> Path:
+    """A 5-step run of a tiny model (H=16, L=1) on short dialogues: root/run, well under a second."""
+    corpus_dir = build_dialogue_corpus(root)
+    cfg = cfgmod.loads(f"""
+[model]
+hidden = 16
+layers = 1
+[data]
+corpus = "{corpus_dir}"
+batch_lanes = 4
+window = 16
+[train]
+lr = 0.02
+total_steps = 5
+seed = {seed}
+[eval]
+eval_every_seqs = 0
+[checkpoint]
+checkpoint_every_seqs = 0
+""")
+    Trainer(cfg, root / "run", dev).run()
+    return root / "run"
+
+
+def catchat(*args, env=None, cwd=None, preexec_fn=None, timeout=180) -> subprocess.CompletedProcess:
+    """Run `catchat ARGS...` in a fresh process (the user's view: exit code, stdout, stderr)."""
+    return subprocess.run([sys.executable, "-m", "catchat.cli", *[str(a) for a in args]], capture_output=True,
+                          text=True, cwd=cwd, timeout=timeout, preexec_fn=preexec_fn,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def assert_clean_error(r, code, *needles) -> str:
+    """Exit code, no traceback, one error line plus at most a fix line, naming what it must."""
+    out = r.stdout + r.stderr
+    assert r.returncode == code, out
+    assert "Traceback" not in out
+    lines = r.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2 and lines[0].startswith("error: "), r.stderr
+    for n in needles:
+        assert n in r.stderr, (n, r.stderr)
+    return r.stderr
