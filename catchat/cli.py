@@ -57,19 +57,26 @@ def doctor():
 
 
 @cli.command()
+@click.option("--summary", is_flag=True, help="One row per kernel family (worst errors) instead of every check.")
 @DEVICE_OPTION
-def parity(device):
+def parity(summary, device):
     """Run every kernel and the whole model against numpy on a device; exit 1 on any mismatch."""
-    from catchat.parity import timed_run
+    from catchat.parity import summarise, timed_run
     from catchat.vk.device import open_device
 
     dev = open_device(device)
     console.print(f"device: {dev.info.name} ({dev.info.type}, {dev.info.driver})")
     results, seconds = timed_run(dev)
-    table = Table("group", "kernel", "shape", "max abs err", "max rel err", "tolerance", "result")
-    for group, r in results:
-        table.add_row(group, r.kernel, r.shape, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
-                      f"{r.atol:g} + {r.rtol:g}*|ref|", "[green]pass[/green]" if r.ok else "[red]FAIL[/red]")
+    if summary:
+        table = Table("group", "checks", "worst max abs err", "worst max rel err", "result")
+        for g in summarise(results):
+            table.add_row(g["group"], str(g["checks"]), f"{g['max_abs']:.2e}", f"{g['max_rel']:.2e}",
+                          "[green]pass[/green]" if g["failed"] == 0 else f"[red]{g['failed']} FAIL[/red]")
+    else:
+        table = Table("group", "kernel", "shape", "max abs err", "max rel err", "tolerance", "result")
+        for group, r in results:
+            table.add_row(group, r.kernel, r.shape, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
+                          f"{r.atol:g} + {r.rtol:g}*|ref|", "[green]pass[/green]" if r.ok else "[red]FAIL[/red]")
     console.print(table)
     failed = sum(not r.ok for _, r in results)
     console.print(f"{len(results) - failed} passed, {failed} failed in {seconds:.1f} s")

@@ -30,7 +30,8 @@ def check_groups(dev) -> Iterator[tuple[str, Callable[[], list[ParityResult]]]]:
     """(group name, thunk) for every parity group: kernel families, ordering, the whole model."""
     for name in FAMILIES:
         module = importlib.import_module(name)
-        yield name.rsplit(".", 1)[-1], (lambda m=module: m.parity_checks(dev))
+        group = "axpby" if name == "catchat.vk.kernels" else name.rsplit(".", 1)[-1]
+        yield group, (lambda m=module: m.parity_checks(dev))
     yield "ordering", lambda: [ordering_check(dev)]
     from catchat.vk import program
 
@@ -53,3 +54,15 @@ def timed_run(dev):
     start = time.perf_counter()
     results = run_all(dev)
     return results, time.perf_counter() - start
+
+
+def summarise(results: list[tuple[str, ParityResult]]) -> list[dict]:
+    """Per group, in order: number of checks, failures, and the worst absolute and relative errors."""
+    groups: dict[str, dict] = {}
+    for group, r in results:
+        g = groups.setdefault(group, dict(group=group, checks=0, failed=0, max_abs=0.0, max_rel=0.0))
+        g["checks"] += 1
+        g["failed"] += not r.ok
+        g["max_abs"] = max(g["max_abs"], r.max_abs)
+        g["max_rel"] = max(g["max_rel"], r.max_rel)
+    return list(groups.values())

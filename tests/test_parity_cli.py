@@ -1,0 +1,21 @@
+"""`catchat parity`: every check passes here, the table and the per-family summary are printed."""
+
+from catchat import parity
+
+
+def test_parity_command_passes_and_summarises(cli):
+    code, out, _ = cli("parity", "--summary")
+    assert code == 0, out
+    assert "0 failed" in out
+    for group in ("axpby", "gemm", "gru", "norm", "loss", "optim", "sampling", "ordering", "model"):
+        assert group in out
+
+
+def test_summarise_counts_failures():
+    from catchat.vk.kernels import compare
+
+    rows = [("gemm", compare("a", "1", [1.0], [1.0], 0, 0)), ("gemm", compare("b", "1", [2.0], [1.0], 0, 0)),
+            ("gru", compare("c", "1", [1.0], [1.0 + 1e-7], 1e-6, 0))]
+    s = parity.summarise(rows)
+    assert [(g["group"], g["checks"], g["failed"]) for g in s] == [("gemm", 2, 1), ("gru", 1, 0)]
+    assert s[0]["max_abs"] == 1.0
