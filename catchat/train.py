@@ -18,7 +18,6 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,31 +39,16 @@ METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss",
 LN2 = math.log(2.0)
 
 
-@dataclass
 class RunFiles:
     """Where a run keeps its files (design.md "Files a run writes")."""
 
-    root: Path
-
-    @property
-    def config(self) -> Path:
-        return self.root / "config.toml"
-
-    @property
-    def metrics(self) -> Path:
-        return self.root / "metrics.csv"
-
-    @property
-    def events(self) -> Path:
-        return self.root / "events.jsonl"
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
-
-    @property
-    def samples(self) -> Path:
-        return self.root / "samples"
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.config = self.root / "config.toml"
+        self.metrics = self.root / "metrics.csv"
+        self.events = self.root / "events.jsonl"
+        self.checkpoints = self.root / "checkpoints"
+        self.samples = self.root / "samples"
 
 
 def memory_mb() -> dict:
