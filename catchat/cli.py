@@ -46,7 +46,7 @@ def doctor():
     failed = False
     for c in checks():
         mark = "[green]ok[/green]  " if c.ok else "[red]FAIL[/red]"
-        console.print(f"{mark} {c.what}: {c.detail}")
+        console.print(f"{mark} {c.what}: {c.detail}", soft_wrap=True)
         if not c.ok:
             failed = True
             if c.fix:
