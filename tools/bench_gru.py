@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Tile search for the recurrent step kernels (glsl/gru_forward.comp, glsl/gru_backward.comp).
+
+    python tools/bench_gru.py --shape 64x512 --shape 32x2048 [--steps 64] [--reps 5] [--max 60]
+
+For each B x H shape, times a sweep of `--steps` dependent step dispatches per tile candidate (the
+current choice first, then a seeded sample of valid tiles that fill the GPU) and prints the
+microseconds per step, fastest first. Every candidate's outputs are compared with the default
+tiles' (a tile that computes something else is reported, not ranked). --apply CONFIG then reruns
+tools/bench.py's training measurement for that config with the fastest tiles patched in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catchat.vk import slots  # noqa: E402
+from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.kernels import gru, run_ops  # noqa: E402
+from catchat.vk.shaders import compile_shader  # noqa: E402
+
+
+def candidates(dev, B: int, H: int, backward: bool, n_max: int, seed: int = 0) -> list[tuple]:
+    """Valid tiles (threads, shared memory) that give at least 64 workgroups, current choice first."""
+    grid = itertools.product((2, 4, 8, 16, 32), (2, 4, 8, 16), (1, 2, 4, 8, 16), (1, 2, 4), (1, 2, 4),
+                             (32, 64, 128) if backward else (32, 64))
+    ok = []
+    for t in grid:
+        nt = t[0] * t[1] * t[2]
+        if not 64 <= nt <= min(1024, dev.info.max_workgroup_invocations):
+            continue
+        try:
+            gru._check_tiles(dev, t, backward)
+        except ValueError:
+            continue
+        if gru.n_workgroups(t, B, H, backward) >= 64:
+            ok.append(t)
+    rng = np.random.default_rng(seed)
+    pick = [ok[i] for i in rng.permutation(len(ok))[:n_max]]
+    first = tuple(gru.pick_tiles(B, H, backward))
+    return [first] + [t for t in pick if t != first]
+
+
+def _defines(t, backward: bool):
+    """The compile-time defines GruForward/GruBackward pass for tiles t (to precompile in parallel)."""
+    nx, ny, ks, a, b, c = t
+    tx, tb = gru.tile_extent(t, backward)
+    nt = nx * ny * ks
+    if backward:
+        return "gru_backward", {"RQ": a, "RB": b, "RC": c, "LG": -(-tb * c // nt), "LW": -(-c * tx // nt)}
+    return "gru_forward", {"RJ": a, "RB": b, "KC": c, "LH": -(-tb * c // nt), "LW": -(-3 * tx * c // nt)}
+
+
+class Case:
+    """Buffers of one B x H sweep of T steps (random weights, no resets)."""
+
+    def __init__(self, dev, B: int, H: int, T: int):
+        rng = np.random.default_rng(0)
+        self.dev, self.B, self.H, self.T = dev, B, H, T
+        t = dev.tensor
+        w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
+        self.params = t(w)
+        self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
+        self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
+        self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
+        self.resets = t(np.zeros(T * B, np.uint32), np.uint32)
+        self.o, self.hprev = t(T * B * H), t(T * B * H)
+        self.save = t(T * B * 4 * H)
+        self.dgi, self.dgh = t(T * B * 3 * H), t(T * B * 3 * H)
+        self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
+        self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
+        run_ops(dev, [self.params, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [self.h0])
+
+    def forward(self, tiles):
+        return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.hprev, self.save,
+                              self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
+                              tiles=tiles)
+
+    def backward(self, tiles):
+        return gru.GruBackward(self.dev, self.do, self.save, self.hprev, self.resets, self.params, self.hyper,
+                               self.dgi, self.dgh, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
+                               tiles=tiles)
+
+
+def time_sweep(case: Case, kernel, ops, out, reps: int) -> tuple[float, np.ndarray]:
+    """Median microseconds per step of one recorded sweep, and its output."""
+    seq = case.dev.sequence()
+    for op in ops:
+        seq.record(op)
+    seq.eval()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        seq.eval()
+        times.append(time.perf_counter() - t0)
+    (got,) = run_ops(case.dev, [], [], [out])
+    return float(np.median(times)) / len(ops) * 1e6, got
+
+
+def search(dev, B: int, H: int, T: int, reps: int, n_max: int) -> dict:
+    case = Case(dev, B, H, T)
+    best = {}
+    for backward in (False, True):
+        cands = candidates(dev, B, H, backward, n_max)
+        with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
+            list(pool.map(lambda t: compile_shader(*_defines(t, backward)), cands))
+        rows, ref_out = [], None
+        if backward:  # the backward reads save/hprev of a forward sweep
+            run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])
+        for tiles in cands:
+            if backward:
+                k = case.backward(tiles)
+                us, out = time_sweep(case, k, k.sweep_ops(), case.dgi, reps)
+            else:
+                k = case.forward(tiles)
+                us, out = time_sweep(case, k, k.sweep_ops(), case.o, reps)
+            if ref_out is None:
+                ref_out = out
+            err = float(np.abs(out - ref_out).max() / max(np.abs(ref_out).max(), 1e-30))
+            rows.append((us, tiles, gru.n_workgroups(tiles, B, H, backward), err))
+        rows.sort(key=lambda r: (r[3] > 1e-4, r[0]))
+        kind = "backward" if backward else "forward"
+        print(f"B={B} H={H} {kind}: current {gru.pick_tiles(B, H, backward)}")
+        for us, tiles, wgs, err in rows[:8]:
+            print(f"  {us:8.1f} us/step  tiles {tiles}  workgroups {wgs}  rel diff {err:.1e}")
+        bad = [r for r in rows if r[3] > 1e-4]
+        if bad:
+            print(f"  {len(bad)} candidates computed something else, e.g. {bad[0][1]} (rel diff {bad[0][3]:.1e})")
+        best[kind] = rows[0][1]
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", action="append", default=[], metavar="BxH", help="lanes x hidden (repeatable)")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max", type=int, default=60, help="candidates sampled per shape and direction")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--apply", metavar="CONFIG", help="then bench CONFIG's training step with the fastest tiles")
+    args = ap.parse_args(argv)
+    dev = open_device(args.device)
+    print(f"device: {dev.info.name}")
+    shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (args.shape or ["64x512"])]
+    found = {shape: search(dev, *shape, args.steps, args.reps, args.max) for shape in shapes}
+    if args.apply:
+        import bench
+
+        from catchat import config as cfgmod
+
+        cfg = cfgmod.load(args.apply)
+        shape = (cfg.data.batch_lanes, cfg.model.hidden)
+        best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max)
+        orig = gru.pick_tiles
+        gru.pick_tiles = lambda B, H, backward=False, **kw: (best["backward"] if backward else best["forward"]) \
+            if (B, H) == shape else orig(B, H, backward, **kw)
+        c = bench.bench_catchat(cfg, dev, 3, 1)
+        print(f"{args.apply} with tiles {best}: train {c['train_tokens_per_s']:,.0f} tok/s, step {c['step_ms']:.1f} ms "
+              f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}), eval {c['eval_tokens_per_s']:,.0f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
