@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 from catchat.errors import ShaderCompileError, VulkanUnavailable
@@ -88,7 +89,7 @@ def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes
     if out.exists():
         return out.read_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
+    tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # unique per compiling thread
     cmd = [glslc_path(), "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror",
            "-I", str(INCLUDE_DIR), *(f"-D{k}={v}" for k, v in sorted(defines.items())),
            str(path), "-o", str(tmp)]
