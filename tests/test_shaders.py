@@ -69,3 +69,14 @@ def test_slots_agree_with_glsl():
     assert glsl == slots.all_slots()
     assert max(v for k, v in glsl.items() if k.startswith("HP_") and k != "HP_WORDS") < slots.HP_WORDS
     assert max(v for k, v in glsl.items() if k.startswith("ST_") and k != "ST_WORDS") < slots.ST_WORDS
+
+
+def test_concurrent_compiles_of_one_variant(glsl_tree):
+    """Threads compiling the same variant at once (tools/bench_gru.py does) must not collide."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    (glsl_tree / "include" / "k.glsl").write_text("#define K 3.0\n")
+    (glsl_tree / "s.comp").write_text(GOOD)
+    with ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(lambda _: shaders.compile_shader("s"), range(16)))
+    assert len(set(outs)) == 1 and outs[0][:4] == b"\x03\x02\x23\x07"
