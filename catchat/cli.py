@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -363,8 +364,10 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
 
 # ------------------------------------------------------------------------------ generation
 def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
-    """--temperature --top-k --top-p --greedy --ngram-block (with a suffix: one side of a chat)."""
+    """--temperature --top-k --top-p --greedy --ngram-block (with a suffix: one side of a chat),
+    handed to the command as one validated `generate.Sampling` argument, `sampling{suffix}`."""
     d = lambda s: s.replace("-", "_")  # noqa: E731
+    fields = ("temperature", "top_k", "top_p", "greedy", "ngram_block")
     w = (lambda h: f"{who}: {h[0].lower()}{h[1:]}") if who else (lambda h: h)  # noqa: E731
     opts = [
         click.option(f"--temperature{suffix}", d(f"temperature{suffix}"), default=0.8, show_default=True,
@@ -381,9 +384,16 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
     ]
 
     def deco(f):
+        @functools.wraps(f)
+        def command(**kwargs):
+            from catchat.generate import Sampling
+
+            kwargs[d(f"sampling{suffix}")] = Sampling(**{k: kwargs.pop(f"{k}{d(suffix)}") for k in fields})
+            return f(**kwargs)
+
         for o in reversed(opts):
-            f = o(f)
-        return f
+            command = o(command)
+        return command
     return deco
 
 
@@ -400,15 +410,13 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
 @click.option("--num", default=1, show_default=True, type=click.IntRange(min=1),
               help="Samples generated at once (one batch on the GPU).")
 @DEVICE_OPTION
-def sample(checkpoint, prompt, speaker, length, temperature, top_k, top_p, greedy, ngram_block, stop_at_turn, seed,
-           num, device):
+def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, device):
     """Generate text from a checkpoint, streaming it as it comes (docs/generation.md)."""
     from catchat import checkpoint as ck
     from catchat import vocab
-    from catchat.generate import Generator, Sampling, check_speaker, prompt_ids
+    from catchat.generate import Generator, check_speaker, prompt_ids
     from catchat.vk.device import open_device
 
-    s = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, ngram_block=ngram_block)
     speaker = check_speaker(speaker) if speaker is not None else None
     ckpt = ck.load_checkpoint(checkpoint)
     gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num)
@@ -427,7 +435,7 @@ def sample(checkpoint, prompt, speaker, length, temperature, top_k, top_p, greed
             if t not in stops:
                 click.echo(vocab.decode([t]), nl=False)
 
-        gen.generate(ids, length, s, seed=seed, stop_at=stops, on_tokens=show)
+        gen.generate(ids, length, sampling, seed=seed, stop_at=stops, on_tokens=show)
         click.echo()
         return
     outs, printed = [[] for _ in range(num)], set()
@@ -444,7 +452,7 @@ def sample(checkpoint, prompt, speaker, length, temperature, top_k, top_p, greed
                 if t in stops:
                     emit(b)
 
-    gen.generate(ids, length, s, seed=seed, stop_at=stops, on_tokens=collect)
+    gen.generate(ids, length, sampling, seed=seed, stop_at=stops, on_tokens=collect)
     for b in range(num):
         if b not in printed:
             emit(b)
@@ -476,8 +484,7 @@ def _tty_lines(prompt: str):
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Sampling seed: the same lines and seed give the same answers.")
 @DEVICE_OPTION
-def talk_cmd(checkpoint, user, speaker, length, temperature, top_k, top_p, greedy, ngram_block, context, seed,
-             device):
+def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device):
     """Talk with a checkpoint: you write one speaker's lines, the model answers as another.
 
     Interactive at a terminal (/help lists the commands); with stdin from a pipe, each input line is
@@ -485,10 +492,9 @@ def talk_cmd(checkpoint, user, speaker, length, temperature, top_k, top_p, greed
     from catchat import checkpoint as ck
     from catchat import talk as talk_mod
     from catchat.errors import UsageError
-    from catchat.generate import Generator, Sampling, check_speaker, checkpoint_config
+    from catchat.generate import Generator, check_speaker, checkpoint_config
     from catchat.vk.device import open_device
 
-    s = Sampling(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy, ngram_block=ngram_block)
     user, speaker = check_speaker(user, "--user"), check_speaker(speaker)
     if user == speaker:
         raise UsageError(f"--user and --speaker are both {user!r}", "give the model another name than yours")
@@ -498,7 +504,7 @@ def talk_cmd(checkpoint, user, speaker, length, temperature, top_k, top_p, greed
     if capped:
         note(capped)
     dialogue = talk_mod.Dialogue(Generator.from_checkpoint(open_device(device), ckpt), budget)
-    st = talk_mod.TalkState(user=user, speaker=speaker, sampling=s, length=length)
+    st = talk_mod.TalkState(user=user, speaker=speaker, sampling=sampling, length=length)
     interactive = sys.stdin.isatty()
     if interactive:
         note(f"{ckpt.path} (step {ckpt.global_step:,}); {st.describe()}; context {budget} characters")
@@ -527,9 +533,8 @@ def talk_cmd(checkpoint, user, speaker, length, temperature, top_k, top_p, greed
               help="Sampling seed: the same command writes the same chat.")
 @click.option("--quiet", is_flag=True, help="Do not show the turns on the terminal.")
 @DEVICE_OPTION
-def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_b, temperature_a, top_k_a, top_p_a,
-             greedy_a, ngram_block_a, temperature_b, top_k_b, top_p_b, greedy_b, ngram_block_b, length, context,
-             opening, seed, quiet, device):
+def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_b, sampling_a, sampling_b, length,
+             context, opening, seed, quiet, device):
     """Two checkpoints, both resident on one GPU, talk to each other; each turn is logged as JSONL."""
     from pathlib import Path
 
@@ -537,13 +542,10 @@ def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_
     from catchat import talk as talk_mod
     from catchat import vocab
     from catchat.errors import UsageError
-    from catchat.generate import Generator, Sampling, check_speaker, checkpoint_config
+    from catchat.generate import Generator, check_speaker, checkpoint_config
     from catchat.vk.device import open_device
 
-    samplings = [Sampling(temperature=temperature_a, top_k=top_k_a, top_p=top_p_a, greedy=greedy_a,
-                          ngram_block=ngram_block_a),
-                 Sampling(temperature=temperature_b, top_k=top_k_b, top_p=top_p_b, greedy=greedy_b,
-                          ngram_block=ngram_block_b)]
+    samplings = [sampling_a, sampling_b]
     speakers = [check_speaker(speaker_a, "--speaker-a"), check_speaker(speaker_b, "--speaker-b")]
     if speakers[0] == speakers[1]:
         raise UsageError(f"--speaker-a and --speaker-b are both {speakers[0]!r}", "give the two sides different names")
