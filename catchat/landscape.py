@@ -52,6 +52,7 @@ import numpy as np
 from catchat import reference as ref
 from catchat import vocab
 from catchat.errors import UsageError
+from catchat.lanes import n_valid as count_valid
 from catchat.model import ModelSpec, ParamLayout
 
 GATES = ("r", "z", "n")  # PyTorch's order of the row blocks of weight_ih / weight_hh
@@ -162,7 +163,7 @@ class EvalSlice:
 
     @property
     def n_valid(self) -> int:
-        return sum(int(np.count_nonzero(tg)) for _, tg, _ in self.windows)
+        return sum(count_valid(tg) for _, tg, _ in self.windows)
 
     def describe(self) -> str:
         return (f"{self.source}: {len(self.windows)} window(s) of T={self.T} x B={self.B}, "
@@ -236,13 +237,7 @@ class GpuEvaluator:
 
     def __call__(self, flat: np.ndarray) -> float:
         self.prog.set_params(np.asarray(flat, np.float32))
-        self.prog.set_carry(None)
-        loss_sum, n = 0.0, 0
-        for tok, tgt, rst in self.data.windows:
-            st = self.prog.eval_window(tok, tgt, rst)
-            loss_sum += st.loss * st.n_valid
-            n += st.n_valid
-        return loss_sum / n if n else float("nan")
+        return self.prog.evaluate_windows(self.data.windows)["loss"]
 
 
 class ReferenceEvaluator:
@@ -259,7 +254,7 @@ class ReferenceEvaluator:
         h = np.zeros((self.spec.layers, self.data.B, self.spec.hidden), self.dtype)  # [L,B,H]
         loss_sum, n = 0.0, 0
         for tok, tgt, rst in self.data.windows:
-            nv = int(np.count_nonzero(tgt))
+            nv = count_valid(tgt)
             res = ref.model_forward_backward(params, self.spec, tok, tgt, rst, h, nv, need_grads=False)
             loss_sum += res.loss * nv
             n += nv

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ from catchat import vocab
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
 from catchat.lanes import Lanes, prefix_dropout
+from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, init_params, param_specs
 from catchat.reference import step_seed
 from catchat.schedule import interval_crossed, lr_at, tf_at
@@ -36,7 +36,6 @@ from catchat.vk.program import Program, StepHyper, StepStats
 
 METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
                    "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
-LN2 = math.log(2.0)
 
 
 class RunFiles:
@@ -83,20 +82,11 @@ def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool 
     The program's carried state is saved and restored around it, so training continues unchanged.
     """
     saved = prog.get_carry()
-    prog.set_carry(None)
     total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
-    loss_sum, n_valid, top1, top5 = 0.0, 0, 0, 0
-    for i in range(total):
-        w = lanes.window(0, i)
-        st = prog.eval_window(w.tokens, w.targets, w.resets, free_running=free_running)
-        loss_sum += st.loss * st.n_valid
-        n_valid += st.n_valid
-        top1 += st.top1
-        top5 += st.top5
+    windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
+    res = prog.evaluate_windows(windows, free_running=free_running)
     prog.set_carry(saved)
-    loss = loss_sum / n_valid if n_valid else float("nan")
-    return dict(loss=loss, bpc=loss / LN2, top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
-                n_valid=n_valid, windows=total)
+    return res
 
 
 class Trainer:
@@ -156,8 +146,7 @@ class Trainer:
                                   lr_min=s.lr_min),
                     seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
                     seqs_per_cycle=self.lanes.seqs_per_cycle, **memory_mb())
-        if hasattr(self.cfg, "teacher_forcing"):
-            info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
+        info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
         if self.faults:
             info["faults"] = [str(f) for f in self.faults]
         return info
@@ -245,12 +234,13 @@ class Trainer:
         opt.update({f"exp_avg_sq.{n}": a.copy() for n, a in lay.unflatten(v).items()})
         opt["spectral.u"] = u.reshape(self.spec.layers, 2, 3, self.spec.hidden)
         opt["carry.h0"] = self.prog.get_carry()
+        config = cfgmod.to_dict(self.cfg)
         state = dict(applied_steps=self.applied_steps, seqs=self.cursor.seqs, cycle=self.cursor.cycle,
                      cursor=self.cursor.to_dict(), run_seed=self.cfg.train.seed, reason=reason,
                      schedule=dict(total_steps=self.total_steps, lr_next=lr_at(self.global_step, self.total_steps,
                                                                                 self.cfg)),
-                     tokens_seen=self.global_step * self.tokens_per_step, config=cfgmod.to_dict(self.cfg),
-                     config_name=self.config_name, model=cfgmod.to_dict(self.cfg)["model"])
+                     tokens_seen=self.global_step * self.tokens_per_step, config=config,
+                     config_name=self.config_name, model=config["model"])
         try:
             path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
                                       keep_last=self.cfg.checkpoint.keep_last)
@@ -351,7 +341,7 @@ class Trainer:
             self.event("skipped_step", reason=reason)
         else:
             self.applied_steps += 1
-        self._metrics_row(st, lr, tf, sum(int(np.count_nonzero(tg)) for _, tg, _ in batches), seconds)
+        self._metrics_row(st, lr, tf, sum(count_valid(tg) for _, tg, _ in batches), seconds)
         self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
                     total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
         return st

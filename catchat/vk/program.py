@@ -34,6 +34,7 @@ import numpy as np
 
 from catchat import reference as ref
 from catchat.errors import DeviceLost
+from catchat.lanes import n_valid as count_valid
 from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -80,10 +81,6 @@ class StepStats:
     skipped: bool = False
     clamp_hits: int = 0
     tf_model_fed: int = 0  # inputs that were the model's own choice (scheduled sampling)
-
-
-def _f32(words: np.ndarray, slot: int) -> float:
-    return slots.word_f32(words, slot)
 
 
 class Program:
@@ -396,12 +393,12 @@ class Program:
 
     def _stats(self, n_valid: int) -> StepStats:
         w = host_view(self.stats).copy()
-        loss_sum = _f32(w, slots.ST_LOSS_SUM)
-        return StepStats(loss=loss_sum / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),
+        f32 = lambda slot: slots.word_f32(w, slot)  # noqa: E731
+        norm_sq = f32(slots.ST_GRAD_NORM_SQ)
+        return StepStats(loss=f32(slots.ST_LOSS_SUM) / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),
                          top1=int(w[slots.ST_TOP1]), top5=int(w[slots.ST_TOP5]),
-                         grad_norm=math.sqrt(max(_f32(w, slots.ST_GRAD_NORM_SQ), 0.0))
-                         if math.isfinite(_f32(w, slots.ST_GRAD_NORM_SQ)) else float("nan"),
-                         clip_scale=_f32(w, slots.ST_CLIP_SCALE), skipped=bool(w[slots.ST_SKIPPED]),
+                         grad_norm=math.sqrt(max(norm_sq, 0.0)) if math.isfinite(norm_sq) else float("nan"),
+                         clip_scale=f32(slots.ST_CLIP_SCALE), skipped=bool(w[slots.ST_SKIPPED]),
                          clamp_hits=int(w[slots.ST_CLAMP_HITS]), tf_model_fed=int(w[slots.ST_TF_MODEL_FED]))
 
     def hyper_words(self, hp: StepHyper, *, global_step: int, micro_batch: int, n_valid: int,
@@ -433,7 +430,7 @@ class Program:
             raise ValueError("this program was built with training=False")
         if hp.optimizer != self.optimizer_kind:
             raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
-        n_valid = sum(int(np.count_nonzero(np.asarray(tg))) for _, tg, _ in micro_batches)
+        n_valid = sum(count_valid(tg) for _, tg, _ in micro_batches)
         if (tf < 1.0) if stepwise is None else stepwise:
             self._stepwise_sequences()
             first, nxt = self.seq_first_tf, self.seq_next_tf
@@ -464,7 +461,7 @@ class Program:
         free_running: teacher forcing 0 — every input after the window's first token (and after each
         conversation start) is the model's own argmax from the step before (the per-timestep path).
         """
-        n_valid = int(np.count_nonzero(np.asarray(targets)))
+        n_valid = count_valid(targets)
         self._load_data(tokens, targets, resets)
         self._load_hyper({slots.HP_N_VALID: np.uint32(n_valid),
                           slots.HP_INV_N_VALID: slots.f32_bits(1.0 / n_valid if n_valid else 0.0),
@@ -476,6 +473,23 @@ class Program:
         else:
             self._eval(self.seq_eval, "an evaluation window")
         return self._stats(n_valid)
+
+    def evaluate_windows(self, windows, *, free_running: bool = False) -> dict:
+        """Plain cross-entropy over windows [(tokens, targets, resets) time-major [T,B]] in order,
+        the state carried from one to the next, starting from zero: loss (nats/char), bpc, top-1 and
+        top-5 rates, valid targets, windows. Leaves the carried state where the windows end."""
+        self.set_carry(None)
+        loss_sum, n_valid, top1, top5, count = 0.0, 0, 0, 0, 0
+        for tokens, targets, resets in windows:
+            st = self.eval_window(tokens, targets, resets, free_running=free_running)
+            loss_sum += st.loss * st.n_valid
+            n_valid += st.n_valid
+            top1 += st.top1
+            top5 += st.top5
+            count += 1
+        loss = loss_sum / n_valid if n_valid else float("nan")
+        return dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
+                    n_valid=n_valid, windows=count)
 
 
 # ---------------------------------------------------------------------------------------------
