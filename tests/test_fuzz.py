@@ -128,9 +128,11 @@ def test_config_from_arbitrary_values(items):
 @given(st.text(max_size=300))
 def test_config_loader_arbitrary_text(text):
     try:
-        cfgmod.loads(text)
+        cfg = cfgmod.loads(text)
     except UsageError as e:
         clear(e)
+    else:  # what loads writes back to the same config (the run dir's config.toml)
+        assert cfgmod.loads(cfgmod.resolved_toml(cfg)) == cfg
 
 
 TOML_LINES = st.lists(st.one_of(
@@ -145,9 +147,11 @@ TOML_LINES = st.lists(st.one_of(
 @given(TOML_LINES)
 def test_config_loader_toml_shaped_text(lines):
     try:
-        cfgmod.loads("\n".join(lines))
+        cfg = cfgmod.loads("\n".join(lines))
     except UsageError as e:
         clear(e)
+    else:
+        assert cfgmod.loads(cfgmod.resolved_toml(cfg)) == cfg
 
 
 @FAST
