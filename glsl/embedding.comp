@@ -2,9 +2,11 @@
 // Embedding lookup with whole-row dropout (docs/model.md), forward and backward side by side.
 //   scale(v) = sqrt(H) * keep(v) / (1 - p_emb),  keep(v) = rng_uniform(seed, 1, v) >= p_emb
 //   seed = hyper[HP_SEED], p_emb = hyper[HP_P_EMB]; sqrt(H) comes rounded to float32 from the host.
-// FORWARD (default):  X[i,:]  = E[tok[i],:] * scale(tok[i])                 i < n_rows = T*B
+// FORWARD (default):  X[i,:]  = E[tok[i],:] * scale(tok[i]) (+ bias)      i < n_rows = T*B
 // BACKWARD:           dE[v,:] += sum over i with tok[i] == v of dX[i,:] * scale(v), i in order
-// A token >= V (never produced by the vocabulary) gives a zero row and no gradient.
+// A token >= V (never produced by the vocabulary) gives a zero row (just the bias) and no gradient.
+// Rows are `width` floats (H for the embedding itself; 3H for the layer-0 input-projection table
+// E @ W_ih0^T, whose rows scale the same way: its gather with bias b_ih0 is layer 0's gi).
 //
 // Backward without float atomics: workgroup (x, y) owns columns [x*WG, (x+1)*WG) of vocab row
 // v = y. It walks the tokens in chunks of WG: each thread tests one token, an ordered compaction
@@ -21,9 +23,10 @@ layout(local_size_x_id = 0) in;
 
 layout(push_constant) uniform Push {
     uint n_rows;  // T*B
-    uint H, V;
+    uint H, V;    // H: the row width
     uint tok_off, e_off, x_off;  // element offsets of tokens, the table E / dE, the rows X / dX
-    float sqrt_h;
+    float sqrt_h;  // sqrt of the model's hidden size
+    uint bias_off;  // HAS_BIAS: element offset of bias [H] in binding 4
 } pc;
 
 layout(set = 0, binding = 0) readonly buffer Tok_ { uint tok[]; };       // [T*B]
@@ -38,6 +41,9 @@ float row_scale(uint v) {
 
 layout(set = 0, binding = 1) readonly buffer E_ { float E[]; };   // [V,H]
 layout(set = 0, binding = 2) writeonly buffer X_ { float X[]; };  // [T*B,H]
+#ifdef HAS_BIAS
+layout(set = 0, binding = 4) readonly buffer Bias_ { float bias[]; };  // [H] at bias_off
+#endif
 
 void main() {
     uint n = pc.n_rows * pc.H;
@@ -45,7 +51,11 @@ void main() {
     for (uint e = gl_GlobalInvocationID.x; e < n; e += stride) {  // grid-stride: any T*B*H
         uint i = e / pc.H, j = e % pc.H;
         uint v = tok[pc.tok_off + i];
-        X[pc.x_off + e] = v < pc.V ? E[pc.e_off + v * pc.H + j] * row_scale(v) : 0.0;
+        float x = v < pc.V ? E[pc.e_off + v * pc.H + j] * row_scale(v) : 0.0;
+#ifdef HAS_BIAS
+        x += bias[pc.bias_off + j];
+#endif
+        X[pc.x_off + e] = x;
     }
 }
 

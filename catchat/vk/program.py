@@ -20,9 +20,16 @@ Buffers (time-major, docs/model.md):
     save[l]                      [T,B,4H]      r, z, n, W_hn h + b_hn
     rstd[l]                      [T*B]         RMSNorm 1/rms
     gi                           [T,B,3H]      input projections of the layer being run (shared)
+    table0                       [V,3H]        layer 0's input projection per token: E @ W_ih0^T
     logits                       [T*B,V]       dlogits overwrite them in training
     dx, do                       [T,B,H]       gradient on a layer's input / GRU output (shared)
     dgi, dgh                     [T,B,3H]      gate gradients of the layer being run (shared)
+    dtable0                      [V,3H]        dGi0 summed by token (times the embedding's row scale)
+
+Layer 0's input is an embedding row, so its input projection is a row of table0 (rebuilt at the
+start of every forward pass: a [V,H]x[H,3H] GEMM) scaled like the row and plus b_ih0: a gather
+instead of a [T*B,H]x[H,3H] GEMM. Backward likewise: dtable0 = dGi0 summed by token, then
+dW_ih0 += dtable0^T E and dE += dtable0 W_ih0 are [V]-sized GEMMs instead of two [T*B]-sized ones.
 """
 
 from __future__ import annotations
@@ -113,7 +120,7 @@ class Program:
         B = int(B)
         words = (P + slots.HP_WORDS + slots.ST_WORDS + 3 * R + 2 * L * B * H  # params, hyper, stats, data, h0/hT
                  + (L + 1) * R * H + 2 * L * R * H + L * R * 4 * H + L * R  # x, o, hprev, save, rstd
-                 + R * 3 * H + R * V + 2 * R)  # gi, logits, row_loss/flags
+                 + R * 3 * H + V * 3 * H + R * V + 2 * R)  # gi, table0, logits, row_loss/flags
         if training:
             sk_w = gemm_split_k(dev, 3 * H, H, R) if dev is not None else 1
             sk_h = gemm_split_k(dev, V, H, R) if dev is not None else 1
@@ -121,7 +128,7 @@ class Program:
             items = max(GradNorm.ITEMS, ceil_div(P, GradNorm.WORKGROUP * MAX_GROUPS_X))
             norm_parts = ceil_div(R, max(8, ceil_div(R, 1024)))
             words += (4 * P + 6 * L * H + L * B * H  # grads, m, v, decay, spectral u, dh0
-                      + 2 * R * H + 2 * R * 3 * H  # dx, do, dgi, dgh
+                      + 2 * R * H + 2 * R * 3 * H + V * 3 * H  # dx, do, dgi, dgh, dtable0
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
@@ -145,6 +152,7 @@ class Program:
         self.save = [d.tensor(R * 4 * H) for _ in range(L)]
         self.rstd = [d.tensor(R) for _ in range(L)]
         self.gi = d.tensor(R * 3 * H)
+        self.table0 = d.tensor(V * 3 * H, kind="storage")
         self.logits = d.tensor(R * V)
         self.row_loss, self.row_flags = d.tensor(R), d.tensor(R, np.uint32)
         if not self.training:
@@ -156,6 +164,7 @@ class Program:
         self.dh0 = d.tensor(L * B * H)
         self.dx, self.do = d.tensor(R * H), d.tensor(R * H)
         self.dgi, self.dgh = d.tensor(R * 3 * H), d.tensor(R * 3 * H)
+        self.dtable0 = d.tensor(V * 3 * H, kind="storage")
 
     def _off(self, name: str) -> int:
         return self.layout.offsets[name]
@@ -180,9 +189,14 @@ class Program:
         layers = []
         for l in range(s.layers):
             p = f"layers.{l}."
+            if l == 0:  # a gather from table0 (see the module doc)
+                proj = EmbeddingForward(d, (self.tokens, 0), (self.table0, 0), (self.gi, 0), self.hyper, rows, V,
+                                        3 * H, scale_h=H, bias=(self.params, o(p + "gru.bias_ih")))
+            else:
+                proj = Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
+                            rows, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih")))
             layers.append(dict(
-                proj=Gemm(d, (self.x[l], 0, H), (self.params, o(p + "gru.weight_ih"), H), (self.gi, 0, 3 * H),
-                          rows, 3 * H, H, trans_b=True, bias=(self.params, o(p + "gru.bias_ih"))),
+                proj=proj,
                 norm=ResidualRmsNormForward(d, self.x[l], self.o[l], self.params, self.hyper, self.x[l + 1],
                                             self.rstd[l], T=rows // self.B, B=self.B, H=H, layer=l,
                                             g_off=o(p + "norm.weight"), eps=s.norm_eps)))
@@ -195,6 +209,8 @@ class Program:
         T, B, H, L, V = self.T, self.B, s.hidden, s.layers, s.vocab_size
         R = T * B
         self.emb_f, self.fwd_layers, self.head_f = self._row_kernels(R)
+        self.table0_f = Gemm(d, (self.params, o("embedding.weight"), H), (self.params, o("layers.0.gru.weight_ih"), H),
+                             (self.table0, 0, 3 * H), V, 3 * H, H, trans_b=True)
         for l, k in enumerate(self.fwd_layers):
             p = f"layers.{l}."
             k["gru"] = GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
@@ -225,7 +241,7 @@ class Program:
             p = f"layers.{l}."
             gemm_w = lambda dg, x, name: Gemm(d, (dg, 0, 3 * H), (x, 0, H), (self.grads, o(p + name), H),  # noqa: E731
                                               3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws)
-            self.bwd_layers.append(dict(
+            k = dict(
                 # dout and dx share `dx` (allowed: each row is read before it is written)
                 norm=ResidualRmsNormBackward(d, self.x[l], self.o[l], self.params, self.hyper, self.rstd[l],
                                              self.dx, self.dx, self.do, self.grads, T=T, B=B, H=H, layer=l,
@@ -233,14 +249,26 @@ class Program:
                 gru=GruBackward(d, self.do, self.save[l], self.hprev[l], self.resets, self.params, self.hyper,
                                 self.dgi, self.dgh, self.dh0, self.stats, T=T, B=B, H=H,
                                 w_off=o(p + "gru.weight_hh"), dh0_off=l * B * H),
-                dw_ih=gemm_w(self.dgi, self.x[l], "gru.weight_ih"),
                 dw_hh=gemm_w(self.dgh, self.hprev[l], "gru.weight_hh"),
                 db_ih=ColSum(d, (self.dgi, 0, 3 * H), (self.grads, o(p + "gru.bias_ih")), R, 3 * H, cs, self.ws_cs),
-                db_hh=ColSum(d, (self.dgh, 0, 3 * H), (self.grads, o(p + "gru.bias_hh")), R, 3 * H, cs, self.ws_cs),
-                dx=Gemm(d, (self.dgi, 0, 3 * H), (self.params, o(p + "gru.weight_ih"), H), (self.dx, 0, H),
-                        R, H, 3 * H, beta=1.0)))
+                db_hh=ColSum(d, (self.dgh, 0, 3 * H), (self.grads, o(p + "gru.bias_hh")), R, 3 * H, cs, self.ws_cs))
+            if l > 0:  # layer 0's input side goes through table0 (below)
+                k.update(dw_ih=gemm_w(self.dgi, self.x[l], "gru.weight_ih"),
+                         dx=Gemm(d, (self.dgi, 0, 3 * H), (self.params, o(p + "gru.weight_ih"), H), (self.dx, 0, H),
+                                 R, H, 3 * H, beta=1.0))
+            self.bwd_layers.append(k)
         self.emb_b = EmbeddingBackward(d, (self.tokens, 0), (self.dx, 0), (self.grads, o("embedding.weight")),
                                        self.hyper, R, V, H)
+        # layer 0's input side through table0 (module doc): replaces its dw_ih and dx GEMMs
+        w_ih0, emb = o("layers.0.gru.weight_ih"), o("embedding.weight")
+        self.table0_b = dict(
+            zero=Axpby(d, self.dtable0, self.dtable0, V * 3 * H),
+            sum=EmbeddingBackward(d, (self.tokens, 0), (self.dgi, 0), (self.dtable0, 0), self.hyper, R, V, 3 * H,
+                                  scale_h=H),
+            dw_ih=Gemm(d, (self.dtable0, 0, 3 * H), (self.params, emb, H), (self.grads, w_ih0, H), 3 * H, H, V,
+                       trans_a=True, beta=1.0),
+            demb=Gemm(d, (self.dtable0, 0, 3 * H), (self.params, w_ih0, H), (self.grads, emb, H), V, H, 3 * H,
+                      beta=1.0))
         self.zero_grads = Axpby(d, self.grads, self.grads, P)
         self.grad_norm = GradNorm(d, self.grads, self.stats, P)
         self.opt = Optimizer(d, self.params, self.grads, self.m, self.v, self.decay, self.hyper, self.stats, P,
@@ -259,11 +287,12 @@ class Program:
         if not hasattr(self, "tf_select"):
             self._build_stepwise()
         B, H, V = self.B, self.spec.hidden, self.spec.vocab_size
-        ops = []
+        ops = self.table0_f.ops()
         for t in range(self.T):
             ops += [self.tf_select.step(t), self.emb_row.op_at(t * B, t * B * H)]
-            for k, f in zip(self.step_layers, self.fwd_layers):
-                ops += [k["proj"].op_at(t * B * H, t * B * 3 * H), f["gru"].step(t), k["norm"].op_at(t * B)]
+            for l, (k, f) in enumerate(zip(self.step_layers, self.fwd_layers)):
+                proj = k["proj"].op_at(t * B, t * B * 3 * H) if l == 0 else k["proj"].op_at(t * B * H, t * B * 3 * H)
+                ops += [proj, f["gru"].step(t), k["norm"].op_at(t * B)]
             ops.append(self.head_row.op_at(t * B * H, t * B * V))
         return ops
 
@@ -284,8 +313,9 @@ class Program:
 
     # ----------------------------------------------------------------------------- op lists
     def forward_ops(self) -> list:
-        """Embedding, every layer (projection GEMM, recurrent sweep, residual+norm), head."""
-        ops = [self.emb_f.op()]
+        """Layer 0's table, embedding, every layer (input projection, recurrent sweep,
+        residual+norm), head."""
+        ops = self.table0_f.ops() + [self.emb_f.op()]
         for k in self.fwd_layers:
             ops += k["proj"].ops() + k["gru"].sweep_ops() + k["norm"].ops()
         return ops + self.head_f.ops()
@@ -296,8 +326,9 @@ class Program:
         for k in reversed(self.bwd_layers):
             ops += k["norm"].ops() + k["gru"].sweep_ops()
             for name in ("dw_ih", "dw_hh", "db_ih", "db_hh", "dx"):
-                ops += k[name].ops()
-        return ops + [self.emb_b.op()]
+                ops += k[name].ops() if name in k else []
+        t0 = self.table0_b
+        return ops + [self.emb_b.op(), t0["zero"](0.0, 0.0), t0["sum"].op()] + t0["dw_ih"].ops() + t0["demb"].ops()
 
     def _sequence(self, upload, ops, download=()):
         kp = self.dev.kp

@@ -31,30 +31,44 @@ def _check(tensor, off: int, n: int, what: str) -> None:
         raise ValueError(f"embedding {what}: [{n}] at offset {off} exceeds its buffer of {tensor.size()}")
 
 
+def _sqrt_h(scale_h: int) -> float:
+    return float(np.float32(math.sqrt(scale_h)))
+
+
 class EmbeddingForward(Kernel):
-    """x0[T*B, H] = E[tok] * scale(tok) (one thread per output element, grid-stride).
+    """x0[T*B, H] = E[tok] * scale(tok) (+ bias) (one thread per output element, grid-stride).
 
     tokens: (uint32 tensor, offset) [T*B]; table: (tensor, offset) E [V,H] (in `params`);
     out: (tensor, offset) x0 [T*B,H], overwritten; hyper: the uint32 hyper buffer [HP_WORDS].
-    A token >= V gives a zero row.
+    A token >= V gives a zero row (plus the bias). H is the row width; scale_h (default H) the
+    hidden size under scale's sqrt: the layer-0 table E @ W_ih0^T [V,3H] gathers as H=3H,
+    scale_h=H, bias=(params, b_ih0 offset) into layer 0's gi.
     """
 
     shader = "embedding"
 
-    def __init__(self, dev: Device, tokens, table, out, hyper, n_rows: int, V: int, H: int):
+    def __init__(self, dev: Device, tokens, table, out, hyper, n_rows: int, V: int, H: int,
+                 scale_h: int | None = None, bias=None):
         n_rows, V, H = int(n_rows), int(V), int(H)
         _check(tokens[0], tokens[1], n_rows, "tokens")
         _check(table[0], table[1], V * H, "table")
         _check(out[0], out[1], n_rows * H, "output rows")
+        if bias is not None:
+            _check(bias[0], bias[1], H, "bias")
         self.n_rows, self.V, self.H = n_rows, V, H
         wg = _workgroup(dev)
         groups = min(max(1, ceil_div(n_rows * H, wg)), MAX_GROUPS)
-        self.push = (n_rows, H, V, tokens[1], table[1], out[1], float(np.float32(math.sqrt(H))))
-        super().__init__(dev, [tokens[0], table[0], out[0], hyper], [groups], spec=[wg],
-                         push=self.push, defines={"FORWARD": 1})
+        self.push = (n_rows, H, V, tokens[1], table[1], out[1], _sqrt_h(scale_h or H),
+                     bias[1] if bias is not None else 0)
+        super().__init__(dev, [tokens[0], table[0], out[0], hyper] + ([bias[0]] if bias is not None else []),
+                         [groups], spec=[wg], push=self.push,
+                         defines={"FORWARD": 1, **({"HAS_BIAS": 1} if bias is not None else {})})
 
     def op(self):
         return super().op(*self.push)
+
+    def ops(self) -> list:
+        return [self.op()]
 
     def op_at(self, tok_off: int, out_off: int):
         """The dispatch for n_rows rows starting at other token / output offsets (per-timestep path)."""
@@ -74,7 +88,8 @@ class EmbeddingBackward(Kernel):
 
     shader = "embedding"
 
-    def __init__(self, dev: Device, tokens, dout, dtable, hyper, n_rows: int, V: int, H: int):
+    def __init__(self, dev: Device, tokens, dout, dtable, hyper, n_rows: int, V: int, H: int,
+                 scale_h: int | None = None):
         n_rows, V, H = int(n_rows), int(V), int(H)
         _check(tokens[0], tokens[1], n_rows, "tokens")
         _check(dout[0], dout[1], n_rows * H, "row gradients")
@@ -84,7 +99,7 @@ class EmbeddingBackward(Kernel):
         grid = [max(1, ceil_div(H, wg)), max(1, V)]
         if max(grid) > MAX_GROUPS:
             raise ValueError(f"embedding backward grid {grid} exceeds {MAX_GROUPS} workgroups")
-        self.push = (n_rows, H, V, tokens[1], dtable[1], dout[1], float(np.float32(math.sqrt(H))))
+        self.push = (n_rows, H, V, tokens[1], dtable[1], dout[1], _sqrt_h(scale_h or H), 0)
         super().__init__(dev, [tokens[0], dtable[0], dout[0], hyper], grid, spec=[wg],
                          push=self.push, defines={"BACKWARD": 1})
 
@@ -158,4 +173,31 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         # tolerance follows the largest sum
         out.append(compare("embedding_backward", shape, dE, exp_dE,
                            2e-6 * max(1.0, float(np.abs(exp_dE).max())), 1e-5))
+    out += _table_checks(dev, rng)
     return out
+
+
+def _table_checks(dev: Device, rng) -> list[ParityResult]:
+    """The layer-0 table use (rows of width 3H scaled with sqrt(H), plus a bias; a token >= V
+    gives just the bias), forward and backward, at an odd width."""
+    T, B, V, H, p = 6, 5, 11, 7, 0.3
+    W = 3 * H
+    tokens, table, dg, _ = _case(rng, T, B, V, W)
+    tokens[-1, -1] = V  # out of range: zero row, no gradient
+    bias = rng.standard_normal(W).astype(np.float32)
+    seed = int(rng.integers(0, 2**32))
+    t_tok = dev.tensor(tokens.ravel(), np.uint32)
+    t_tab, t_bias = dev.tensor(table.ravel()), dev.tensor(np.concatenate([np.zeros(3, np.float32), bias]))
+    t_gi, t_dg, t_dtab = dev.tensor(T * B * W), dev.tensor(dg.ravel()), dev.tensor(np.zeros(V * W, np.float32))
+    t_hyper = dev.tensor(hyper_words(seed, p), np.uint32)
+    fwd = EmbeddingForward(dev, (t_tok, 0), (t_tab, 0), (t_gi, 0), t_hyper, T * B, V, W, scale_h=H, bias=(t_bias, 3))
+    bwd = EmbeddingBackward(dev, (t_tok, 0), (t_dg, 0), (t_dtab, 0), t_hyper, T * B, V, W, scale_h=H)
+    gi, dtab = run_ops(dev, [t_tok, t_tab, t_bias, t_dg, t_dtab, t_hyper], [fwd.op(), bwd.op()], [t_gi, t_dtab])
+    scale = np.append(row_scale(seed, V, H, p), 0.0).astype(np.float32)  # [V+1]: the last is the bad token
+    tok = tokens.ravel().astype(np.intp)
+    exp_gi = np.vstack([table, np.zeros((1, W), np.float32)])[tok] * scale[tok, None] + bias
+    exp_dtab = np.zeros((V + 1, W))
+    np.add.at(exp_dtab, tok, dg.reshape(-1, W) * scale[tok, None])
+    shape = f"T{T} B{B} V{V} width{W} scale_h{H} p{p:g}"
+    return [compare("embedding_table_gather", shape, gi.reshape(-1, W), exp_gi, 1e-6, 1e-6),
+            compare("embedding_table_sum", shape, dtab.reshape(V, W), exp_dtab[:V], 1e-5, 1e-5)]
