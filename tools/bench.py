@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training and forward-only throughput of catchat at a config, optionally beside PyTorch (+cuDNN).
 
-    python tools/bench.py configs/catchat-v3.toml [--steps 10] [--warmup 2] [--compare-torch] [--set k=v]
+    python tools/bench.py configs/catchat-v3.toml [--steps 10] [--warmup 2] [--compare-torch] [--profile] [--set k=v]
 
 Prints tokens/s for a training step (forward + backward + optimizer) and for forward-only
 evaluation, the step split into forward / backward / optimizer (each timed as its own recorded
@@ -28,6 +28,7 @@ from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ParamLayout, init_params  # noqa: E402
 from catchat.train import step_hyper  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.kernels import Axpby  # noqa: E402
 from catchat.vk.program import Program, random_window  # noqa: E402
 
 
@@ -41,7 +42,7 @@ def _timed(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0) -> dict:
+def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profile: bool = False) -> dict:
     spec = cfgmod.model_spec(cfg)
     T, B = cfg.data.window, cfg.data.batch_lanes
     before = dev.allocated_bytes
@@ -81,7 +82,59 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0) -> dict:
     eval_s = _timed(eval_step, steps)
     return dict(train_tokens_per_s=tokens / step_s, step_ms=step_s * 1e3, forward_ms=fwd_s * 1e3,
                 backward_ms=(micro_s - fwd_s) * 1e3, optimizer_ms=apply_s * 1e3,
-                eval_tokens_per_s=tokens / eval_s, device_bytes=train_bytes, build_s=build_s)
+                eval_tokens_per_s=tokens / eval_s, device_bytes=train_bytes, build_s=build_s,
+                profile=profile(prog, steps) if want_profile else None)
+
+
+def profile_groups(prog: Program) -> list[tuple[str, str, list]]:
+    """The training micro-batch's dispatches in (kind, name, ops) groups, in recorded order:
+    kind is "sweep" (the serial per-timestep dispatches), "gemm" or "other"."""
+    groups = [("gemm", "table0 (E W_ih0^T)", prog.table0_f.ops()), ("other", "embedding", [prog.emb_f.op()])]
+    for l, k in enumerate(prog.fwd_layers):
+        groups += [("other" if l == 0 else "gemm", f"L{l} input projection", k["proj"].ops()),
+                   ("sweep", f"L{l} forward sweep", k["gru"].sweep_ops()), ("other", f"L{l} norm", k["norm"].ops())]
+    groups += [("gemm", "head", prog.head_f.ops()), ("other", "loss", [prog.ce_train.op(), prog.loss_reduce.op()]),
+               ("gemm", "head backward", prog.head_dx.ops() + prog.head_dw.ops())]
+    for l, k in reversed(list(enumerate(prog.bwd_layers))):
+        groups += [("other", f"L{l} norm backward", k["norm"].ops()),
+                   ("sweep", f"L{l} backward sweep", k["gru"].sweep_ops()),
+                   ("gemm", f"L{l} weight gradients", sum((k[n].ops() for n in ("dw_ih", "dw_hh") if n in k), [])),
+                   ("other", f"L{l} bias gradients", k["db_ih"].ops() + k["db_hh"].ops())]
+        if "dx" in k:
+            groups.append(("gemm", f"L{l} input gradient", k["dx"].ops()))
+    t0 = prog.table0_b
+    groups += [("other", "embedding + table0 token sums", [prog.emb_b.op(), t0["zero"](0.0, 0.0), t0["sum"].op()]),
+               ("gemm", "table0 backward GEMMs", t0["dw_ih"].ops() + t0["demb"].ops())]
+    return groups
+
+
+def profile(prog: Program, reps: int) -> list[tuple[str, str, float]]:
+    """Milliseconds of each group of profile_groups, each recorded and timed as its own sequence
+    (after a training step, so the buffers hold real values), less the time of a sequence holding
+    one trivial dispatch (submit, fence wait and host overhead: ~0.1-1 ms, which would otherwise
+    swamp the small groups)."""
+    scratch = prog.dev.tensor(1, kind="storage")
+    groups = [("baseline", "", [Axpby(prog.dev, scratch, scratch, 1)(0.0, 0.0)])] + profile_groups(prog)
+    out = []
+    for kind, name, ops in groups:
+        seq = prog.dev.sequence()
+        for op in ops:
+            seq.record(op)
+        seq.eval()
+        out.append((kind, name, _timed(seq.eval, max(reps, 5)) * 1e3))
+    base = out.pop(0)[2]
+    return [(kind, name, max(ms - base, 0.0)) for kind, name, ms in out]
+
+
+def print_profile(rows, step_ms: float) -> None:
+    print(f"{'group':<34} {'ms':>8}")
+    for kind, name, ms in rows:
+        print(f"  {name:<32} {ms:8.2f}  {kind}")
+    for kind in ("sweep", "gemm", "other"):
+        print(f"{kind + ' total':<34} {sum(ms for k, _, ms in rows if k == kind):8.2f}")
+    total = sum(ms for _, _, ms in rows)
+    print(f"{'sum of groups':<34} {total:8.2f}  (one micro-batch, each group timed alone less a one-dispatch "
+          f"sequence's time; the whole step took {step_ms:.1f} ms)")
 
 
 def bench_torch(cfg, steps: int, warmup: int, tf32: bool) -> dict:
@@ -151,6 +204,8 @@ def main(argv=None):
     ap.add_argument("--compare-torch", action="store_true")
     ap.add_argument("--tf", type=float, default=1.0,
                     help="teacher forcing < 1 times the per-timestep (scheduled-sampling) path")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each group of the micro-batch's dispatches (sweeps, GEMMs, the rest)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -158,11 +213,13 @@ def main(argv=None):
     m = cfg.model
     print(f"config {args.config}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
           f"optimizer={cfg.train.optimizer} on {dev.info.name}")
-    res = {"catchat": bench_catchat(cfg, dev, args.steps, args.warmup, args.tf)}
+    res = {"catchat": bench_catchat(cfg, dev, args.steps, args.warmup, args.tf, args.profile)}
     c = res["catchat"]
     print(f"catchat{' (per-timestep path, tf=%g)' % args.tf if args.tf < 1 else ''}  train {c['train_tokens_per_s']:>12,.0f} tok/s  step {c['step_ms']:8.1f} ms "
           f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}, optimizer {c['optimizer_ms']:.1f})  "
           f"eval {c['eval_tokens_per_s']:>12,.0f} tok/s  memory {c['device_bytes'] / 2**30:.2f} GiB")
+    if c["profile"]:
+        print_profile(c["profile"], c["step_ms"])
     if args.compare_torch:
         try:
             import torch
