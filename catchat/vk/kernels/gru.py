@@ -30,11 +30,12 @@ from catchat.vk.kernels.dropout import make_hyper
 # Threads x*y*slices; one workgroup covers (x*bx [*4 backward]) x (y*by) outputs. Candidates in
 # order of preference, each with the fewest workgroups it needs to fill a big GPU; the last is
 # the fallback for small shapes. Measured on an H200 (B=64, T=256, per step, wall clock incl.
-# the ~6-7 us dispatch floor of a chained Kompute dispatch): forward (8,16,4,1,1,64) 20.8 us at
+# the 2.75 us floor of a chained Kompute dispatch): forward (8,16,4,1,1,64) 20.8 us at
 # H=512, 61 us at 1024, 207 us at 2048; backward (2,16,16,1,1,128) 22.6 us at H=512,
 # (4,8,8,1,2,128) 51 us at 1024, 178 us at 2048. At B=32 H=2048 the forward's (4,16,4,2,2,64)
 # (2x2 register blocks, half the W_hh re-reads) made catchat-v5 training 5% and eval 12% faster.
-FORWARD_TILES = (((4, 16, 4, 2, 2, 64), 256), ((8, 16, 4, 1, 1, 64), 128), ((8, 8, 4, 1, 1, 64), 32), ((4, 8, 2, 1, 1, 32), 1))
+FORWARD_TILES = (((4, 16, 4, 2, 2, 64), 256), ((8, 16, 4, 1, 1, 64), 128), ((8, 8, 4, 1, 1, 64), 32),
+                 ((4, 8, 2, 1, 1, 32), 1))
 BACKWARD_TILES = (((4, 8, 8, 1, 2, 128), 256), ((2, 16, 16, 1, 1, 128), 128), ((2, 16, 8, 1, 1, 64), 32),
                   ((4, 8, 1, 1, 1, 32), 1))
 
