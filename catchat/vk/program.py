@@ -22,8 +22,11 @@ Buffers (time-major, docs/model.md):
     gi                           [T,B,3H]      input projections of the layer being run (shared)
     table0                       [V,3H]        layer 0's input projection per token: E @ W_ih0^T
     logits                       [T*B,V]       dlogits overwrite them in training
-    dx, do                       [T,B,H]       gradient on a layer's input / GRU output (shared)
-    dgi, dgh                     [T,B,3H]      gate gradients of the layer being run (shared)
+    dx, do                       [T,B,H]       gradient on a layer's input / GRU output (shared;
+                                               do is x[L]'s memory: x[L] is last read by the head's
+                                               weight gradient, before the first norm backward)
+    dgi, dgh                     [T,B,3H]      gate gradients of the layer being run (shared; dgi
+                                               is gi's memory: nothing reads gi after the forward)
     dtable0                      [V,3H]        dGi0 summed by token (times the embedding's row scale)
 
 Layer 0's input is an embedding row, so its input projection is a row of table0 (rebuilt at the
@@ -128,7 +131,7 @@ class Program:
             items = max(GradNorm.ITEMS, ceil_div(P, GradNorm.WORKGROUP * MAX_GROUPS_X))
             norm_parts = ceil_div(R, max(8, ceil_div(R, 1024)))
             words += (4 * P + 6 * L * H + L * B * H  # grads, m, v, decay, spectral u, dh0
-                      + 2 * R * H + 2 * R * 3 * H + V * 3 * H  # dx, do, dgi, dgh, dtable0
+                      + R * H + R * 3 * H + V * 3 * H  # dx, dgh, dtable0 (do and dgi alias x[L] and gi)
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
@@ -162,8 +165,8 @@ class Program:
         self.u = d.tensor(ref.spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
         self._sync([self.decay, self.u], True)  # device tensors hold garbage until synced
         self.dh0 = d.tensor(L * B * H)
-        self.dx, self.do = d.tensor(R * H), d.tensor(R * H)
-        self.dgi, self.dgh = d.tensor(R * 3 * H), d.tensor(R * 3 * H)
+        self.dx, self.do = d.tensor(R * H), self.x[L]  # aliases: see the module doc
+        self.dgi, self.dgh = self.gi, d.tensor(R * 3 * H)
         self.dtable0 = d.tensor(V * 3 * H, kind="storage")
 
     def _off(self, name: str) -> int:
