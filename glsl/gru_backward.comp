@@ -1,5 +1,8 @@
 #version 450
-// GRU backward sweep, one fused dispatch per s = T, T-1, ..., 0 (push constant s):
+// GRU backward sweep, one fused step per s = T, T-1, ..., 0. A dispatch runs n_steps of them
+// from s down (push constants): one per dispatch (per-step mode, one workgroup per tile), or the
+// whole sweep in one dispatch of co-resident workgroups (PERSISTENT: tiles grid-stride, a grid
+// barrier between steps, include/grid_sync.glsl). Step s:
 //   if s < T (the recurrent matmul of step s):
 //     dh = (dhtot[b,k] * z[s] + sum_r dGh[s,b,r] * W_hh[r,k]) * (1 - reset[s,b])   // into h_{s-1}
 //     if s >= 1 and c > 0: count |dh| > c into stats[ST_CLAMP_HITS], clamp to [-c, c]
@@ -59,13 +62,21 @@ layout(set = 0, binding = 4) readonly buffer P { float params[]; };     // W_hh 
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
 layout(set = 0, binding = 6) buffer Dhtot { float dhtot[]; };           // [B,H] scratch
 layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
-layout(set = 0, binding = 8) buffer Dgh { float dgh[]; };               // [T,B,3H] at dgh_off
+#ifdef PERSISTENT
+#define SWEEP_COHERENT coherent  // dGh[s] comes from other workgroups of this dispatch: not via L1
+#else
+#define SWEEP_COHERENT
+#endif
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer Dgh { float dgh[]; };  // [T,B,3H] at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
     uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
+    uint n_steps;  // steps s, s-1, ..., s-n_steps+1
 } pc;
+#define SYNC_BINDING 11
+#include "grid_sync.glsl"
 
 shared float gs[RC * GS];   // gs[rr * GS + bb] = dGh[s, b0 + bb, r0 + rr]
 shared vec4 ws[RC * TK4];   // ws[rr * TK4 + kq] = W_hh[r0 + rr, k0 + 4kq .. 4kq+3]
@@ -74,9 +85,9 @@ shared float red[NACC * NP];  // their partials: red[a * NP + tid - NTK * NTB], 
 shared uint hits;
 
 // Staging element e of the dGh tile / W tile for the chunk at r0 (0 outside the tile or the matrix).
-float g_elem(uint e, uint r0, uint b0) {
+float g_elem(uint s, uint e, uint r0, uint b0) {
     uint bb = e / RC, b = b0 + bb, r = r0 + e % RC, R3 = 3u * pc.H;
-    return (bb < TB && b < pc.B && r < R3) ? dgh[pc.dgh_off + (pc.s * pc.B + b) * R3 + r] : 0.0;
+    return (bb < TB && b < pc.B && r < R3) ? dgh[pc.dgh_off + (s * pc.B + b) * R3 + r] : 0.0;
 }
 float w_elem(uint e, uint r0, uint k0) {
     uint rr = e / TK, r = r0 + rr, k = k0 + e % TK;
@@ -104,11 +115,11 @@ void gate_backward(uint u, uint b, uint k, float dh) {
     dgh[pc.dgh_off + gb + 2u * H + k] = dan * r;
 }
 
-void main() {
+// Step s on the tile of columns [k0, +TK) x lanes [b0, +TB).
+void step_tile(uint s, uint k0, uint b0) {
     uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y, tz = gl_LocalInvocationID.z;
     uint tid = (tz * NTB + ty) * NTK + tx;
-    uint k0 = gl_WorkGroupID.x * TK, b0 = gl_WorkGroupID.y * TB;
-    uint H = pc.H, B = pc.B, s = pc.s, R3 = 3u * pc.H;
+    uint H = pc.H, B = pc.B, R3 = 3u * pc.H;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     bool clamping = c > 0.0 && s >= 1u && s < pc.T;
     bool lead = tz == 0u;  // slice 0 owns the elements; the other slices only help the matmul
@@ -120,7 +131,7 @@ void main() {
 
     if (s < pc.T) {  // uniform over the dispatch: the barriers inside are in uniform control flow
         float pg[LG], pw[LW];  // the next chunk's staging elements, e = tid + i * NT
-        [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(tid + i * NT, 0u, b0);
+        [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(s, tid + i * NT, 0u, b0);
         [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, 0u, k0);
         for (uint r0 = 0u; r0 < R3; r0 += RC) {
             [[unroll]] for (uint i = 0u; i < LG; ++i) {
@@ -133,7 +144,7 @@ void main() {
             }
             barrier();
             if (r0 + RC < R3) {  // prefetch the next chunk: in flight during this chunk's FMAs
-                [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(tid + i * NT, r0 + RC, b0);
+                [[unroll]] for (uint i = 0u; i < LG; ++i) pg[i] = g_elem(s, tid + i * NT, r0 + RC, b0);
                 [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, r0 + RC, k0);
             }
             for (uint rr = tz; rr < RC; rr += KS) {
@@ -188,15 +199,31 @@ void main() {
             if (tid == 0u && hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
         }
     }
-    if (s == 0u || !lead) return;
-    [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
-        uint b = b0 + ty + rb * NTB;
-        if (b >= B) continue;
-        [[unroll]] for (uint q = 0u; q < RQ; ++q) {
-            [[unroll]] for (uint i = 0u; i < 4u; ++i) {
-                uint k = k0 + 4u * (tx + q * NTK) + i;
-                if (k < H) gate_backward(s - 1u, b, k, dh[rb][q][i]);
+    if (s > 0u && lead) {
+        [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
+            uint b = b0 + ty + rb * NTB;
+            if (b >= B) continue;
+            [[unroll]] for (uint q = 0u; q < RQ; ++q) {
+                [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                    uint k = k0 + 4u * (tx + q * NTK) + i;
+                    if (k < H) gate_backward(s - 1u, b, k, dh[rb][q][i]);
+                }
             }
         }
     }
+    barrier();  // shared memory (hits, red, staging) is reused by the next tile
+}
+
+void main() {
+    uint n_tk = ceil_div(pc.H, TK), n_tiles = n_tk * ceil_div(pc.B, TB);
+    for (uint i = 0u; i < pc.n_steps; ++i) {
+        for (uint tile = gl_WorkGroupID.x; tile < n_tiles; tile += gl_NumWorkGroups.x)
+            step_tile(pc.s - i, (tile % n_tk) * TK, (tile / n_tk) * TB);
+#ifdef PERSISTENT
+        if (i + 1u < pc.n_steps && !grid_sync(i + 1u)) break;
+#endif
+    }
+#ifdef PERSISTENT
+    grid_sync_done();
+#endif
 }

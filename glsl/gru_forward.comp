@@ -4,8 +4,11 @@
 //   gh  = hp @ W_hh^T + b_hh                                               // [B,3H]
 //   r = sigmoid(gi_r + gh_r);  z = sigmoid(gi_z + gh_z);  n = tanh(gi_n + r * gh_n)
 //   o[t] = (1 - z) * n + z * hp;  hprev[t] = hp;  save[t] = (r, z, n, gh_n);  hT = o[T-1]
-// Dispatched once per t (push constant) in one sequence; gi = x @ W_ih^T + b_ih for all t comes
-// from a GEMM beforehand.
+// gi = x @ W_ih^T + b_ih for all t comes from a GEMM beforehand. One dispatch runs the steps
+// [t, t_end) (push constants): per-step mode dispatches one step at a time (t_end = t + 1, one
+// workgroup per tile); PERSISTENT mode runs a whole sweep in one dispatch of co-resident
+// workgroups that walk the tiles grid-stride and meet at a grid barrier between steps (see
+// grid_sync in include/grid_sync.glsl).
 // Work split: workgroup (wx, wy) owns units j in [wx*TJ, +TJ) for lanes b in [wy*TB, +TB), i.e.
 // rows j, H+j, 2H+j of W_hh. Thread (tx, ty, tz) owns RJ units x RB lanes (x 3 gates) in
 // registers; the KS slices tz split each k chunk (vec4 columns tz, tz+KS, ...) and are summed in
@@ -51,16 +54,25 @@ layout(set = 0, binding = 0) readonly buffer Gi { float gi[]; };        // [T,B,
 layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off, b_hh [3H]
 layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H] at h0_off
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B] 1 = state reset before t
-layout(set = 0, binding = 4) writeonly buffer Out { float o[]; };       // [T,B,H] at o_off (writes o[t])
+#ifdef PERSISTENT
+#define SWEEP_COHERENT coherent  // o[t-1] comes from other workgroups of this dispatch: not via L1
+#else
+#define SWEEP_COHERENT
+#endif
+layout(set = 0, binding = 4) SWEEP_COHERENT writeonly buffer Out { float o[]; };  // [T,B,H] at o_off (writes o[t])
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [T,B,H] at hprev_off
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off (t == T-1)
-layout(set = 0, binding = 8) readonly buffer Prev { float o_in[]; };    // o again (same tensor): o[t-1] is
-                                                                        // read through a read-only binding
+layout(set = 0, binding = 8) SWEEP_COHERENT readonly buffer Prev { float o_in[]; };  // o again (same tensor):
+                                                                        // o[t-1] via a read-only binding
 layout(push_constant) uniform Push {
     uint t; uint T; uint B; uint H;
     uint gi_off; uint w_off; uint b_off; uint h0_off; uint o_off; uint hprev_off; uint save_off; uint hT_off;
+    uint t_end;  // steps [t, t_end)
 } pc;
+layout(set = 0, binding = 10) buffer Stats { uint stats[]; };  // ST_SYNC_TIMEOUTS (+=, PERSISTENT)
+#define SYNC_BINDING 9
+#include "grid_sync.glsl"
 
 shared vec4 hs[TB * RS];      // hs[bb * RS + kq] = hp[b0 + bb, k0 + 4kq .. 4kq+3]
 shared vec4 ws[3 * TJ * RS];  // ws[(g * TJ + jj) * RS + kq] = W_hh[g*H + j0 + jj, k0 + 4kq ..]
@@ -68,15 +80,15 @@ const uint NP = NTJ * NTB * (KS > 1u ? KS - 1u : 1u);  // threads of slices 1..K
 shared float red[NACC * NP];  // their partials: red[a * NP + tid - NTJ * NTB], a = (g*RB + rb)*RJ + rj
 
 // The state entering step t for lane b, unit k, after the reset (b < B, k < H).
-float h_prev(uint b, uint k) {
-    float h = pc.t == 0u ? h0[pc.h0_off + b * pc.H + k] : o_in[pc.o_off + ((pc.t - 1u) * pc.B + b) * pc.H + k];
-    return h * (1.0 - float(resets[pc.t * pc.B + b]));
+float h_prev(uint t, uint b, uint k) {
+    float h = t == 0u ? h0[pc.h0_off + b * pc.H + k] : o_in[pc.o_off + ((t - 1u) * pc.B + b) * pc.H + k];
+    return h * (1.0 - float(resets[t * pc.B + b]));
 }
 
 // Staging element e of the hp tile / W tile for the chunk at k0 (0 outside the tile or the matrix).
-float h_elem(uint e, uint k0, uint b0) {
+float h_elem(uint t, uint e, uint k0, uint b0) {
     uint bb = e / KC, b = b0 + bb, k = k0 + e % KC;
-    return (bb < TB && b < pc.B && k < pc.H) ? h_prev(b, k) : 0.0;
+    return (bb < TB && b < pc.B && k < pc.H) ? h_prev(t, b, k) : 0.0;
 }
 float w_elem(uint e, uint k0, uint j0) {
     uint row = e / KC, g = row / TJ, j = j0 + row % TJ, k = k0 + e % KC;
@@ -87,10 +99,10 @@ float w_elem(uint e, uint k0, uint j0) {
 float tanh_safe(float a) { return tanh(clamp(a, -10.0, 10.0)); }
 float sigmoid(float a) { return 0.5 * (1.0 + tanh_safe(0.5 * a)); }  // reference's form
 
-void main() {
+// Step t on the tile of units [j0, +TJ) x lanes [b0, +TB).
+void step_tile(uint t, uint j0, uint b0) {
     uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y, tz = gl_LocalInvocationID.z;
     uint tid = (tz * NTB + ty) * NTJ + tx;
-    uint j0 = gl_WorkGroupID.x * TJ, b0 = gl_WorkGroupID.y * TB;
     uint H = pc.H, B = pc.B;
 
     float acc[3][RB][RJ];  // gh of gate g for lane b0 + ty + rb*NTB, unit j0 + tx + rj*NTJ
@@ -99,7 +111,7 @@ void main() {
             [[unroll]] for (uint rj = 0u; rj < RJ; ++rj) acc[g][rb][rj] = 0.0;
 
     float ph[LH], pw[LW];  // the next chunk's staging elements, e = tid + i * NT (consecutive k)
-    [[unroll]] for (uint i = 0u; i < LH; ++i) ph[i] = h_elem(tid + i * NT, 0u, b0);
+    [[unroll]] for (uint i = 0u; i < LH; ++i) ph[i] = h_elem(t, tid + i * NT, 0u, b0);
     [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, 0u, j0);
     for (uint k0 = 0u; k0 < H; k0 += KC) {
         [[unroll]] for (uint i = 0u; i < LH; ++i) {
@@ -112,7 +124,7 @@ void main() {
         }
         barrier();
         if (k0 + KC < H) {  // prefetch the next chunk: in flight during this chunk's FMAs
-            [[unroll]] for (uint i = 0u; i < LH; ++i) ph[i] = h_elem(tid + i * NT, k0 + KC, b0);
+            [[unroll]] for (uint i = 0u; i < LH; ++i) ph[i] = h_elem(t, tid + i * NT, k0 + KC, b0);
             [[unroll]] for (uint i = 0u; i < LW; ++i) pw[i] = w_elem(tid + i * NT, k0 + KC, j0);
         }
         for (uint kq = tz; kq < KQ; kq += KS) {
@@ -143,8 +155,7 @@ void main() {
             }
         }
         barrier();
-        if (tz > 0u) return;
-        for (uint z = 1u; z < KS; ++z) {
+        for (uint z = 1u; tz == 0u && z < KS; ++z) {
             uint src = (z - 1u) * NXY + ty * NTJ + tx;
             [[unroll]] for (uint g = 0u; g < 3u; ++g) {
                 [[unroll]] for (uint rb = 0u; rb < RB; ++rb) {
@@ -158,8 +169,8 @@ void main() {
         uint b = b0 + ty + rb * NTB;
         [[unroll]] for (uint rj = 0u; rj < RJ; ++rj) {
             uint j = j0 + tx + rj * NTJ;
-            if (b >= B || j >= H) continue;
-            uint row = pc.t * B + b;  // (t, b)
+            if (tz > 0u || b >= B || j >= H) continue;  // slice 0 owns the outputs
+            uint row = t * B + b;  // (t, b)
             uint gib = pc.gi_off + row * 3u * H;
             float ghr = acc[0][rb][rj] + params[pc.b_off + j];
             float ghz = acc[1][rb][rj] + params[pc.b_off + H + j];
@@ -167,7 +178,7 @@ void main() {
             float r = sigmoid(gi[gib + j] + ghr);
             float z = sigmoid(gi[gib + H + j] + ghz);
             float n = tanh_safe(gi[gib + 2u * H + j] + r * ghn);
-            float hp = h_prev(b, j);
+            float hp = h_prev(t, b, j);
             float h = (1.0 - z) * n + z * hp;
             o[pc.o_off + row * H + j] = h;
             hprev[pc.hprev_off + row * H + j] = hp;
@@ -176,7 +187,22 @@ void main() {
             save[sb + H + j] = z;
             save[sb + 2u * H + j] = n;
             save[sb + 3u * H + j] = ghn;
-            if (pc.t + 1u == pc.T) hT[pc.hT_off + b * H + j] = h;
+            if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = h;
         }
     }
+    barrier();  // `red` and the staging tiles are reused by the next tile
+}
+
+void main() {
+    uint n_tj = ceil_div(pc.H, TJ), n_tiles = n_tj * ceil_div(pc.B, TB);
+    for (uint t = pc.t; t < pc.t_end; ++t) {
+        for (uint tile = gl_WorkGroupID.x; tile < n_tiles; tile += gl_NumWorkGroups.x)
+            step_tile(t, (tile % n_tj) * TJ, (tile / n_tj) * TB);
+#ifdef PERSISTENT
+        if (t + 1u < pc.t_end && !grid_sync(t + 1u - pc.t)) break;
+#endif
+    }
+#ifdef PERSISTENT
+    grid_sync_done();
+#endif
 }

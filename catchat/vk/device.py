@@ -121,6 +121,10 @@ class Device:
                 f"{what} needs {format_bytes(nbytes)} of device memory; {self.info.name} has "
                 f"{format_bytes(heap)}", hint=MEMORY_HINT)
 
+    def upload(self, tensors) -> None:
+        """Copy tensors' host data to the device now (new tensors hold garbage there until then)."""
+        self.sequence().eval(self.kp.OpTensorSyncDevice(list(tensors)))
+
     def sequence(self, timestamps: int = 0):
         """A kp sequence; `timestamps` > 0 reserves that many timestamp slots (ops + 1)."""
         return self.manager.sequence(0, timestamps) if timestamps else self.manager.sequence()

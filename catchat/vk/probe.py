@@ -28,6 +28,8 @@ _OFF_WG_INVOCATIONS = _LIMITS + 232
 
 _STYPE_APP_INFO, _STYPE_INSTANCE_INFO = 0, 1
 _STYPE_PROPS2, _STYPE_SUBGROUP, _STYPE_DRIVER = 1000059001, 1000094000, 1000196000
+_STYPE_SM_BUILTINS = 1000154001  # VkPhysicalDeviceShaderSMBuiltinsPropertiesNV
+_EXT_PROPS_SIZE = 260  # VkExtensionProperties: char[256] name + uint32 specVersion
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class DeviceInfo:
     max_workgroup_invocations: int
     subgroup_size: int
     device_memory_bytes: int = 0  # the largest DEVICE_LOCAL memory heap (0: unknown)
+    compute_units: int = 0  # streaming multiprocessors (VK_NV_shader_sm_builtins; 0: unknown)
 
 
 class _AppInfo(ctypes.Structure):
@@ -75,6 +78,11 @@ class _DriverProps(ctypes.Structure):
 _MEMORY_PROPS_SIZE = 1024  # VkPhysicalDeviceMemoryProperties is 520 bytes
 _OFF_HEAP_COUNT, _OFF_HEAPS, _HEAP_STRIDE = 260, 264, 16  # VkMemoryHeap: uint64 size, uint32 flags (+4)
 _HEAP_DEVICE_LOCAL = 0x1
+
+
+class _SmProps(ctypes.Structure):
+    _fields_ = [("sType", ctypes.c_uint32), ("pNext", ctypes.c_void_p), ("smCount", ctypes.c_uint32),
+                ("warpsPerSm", ctypes.c_uint32)]
 
 
 class _Props2(ctypes.Structure):
@@ -135,7 +143,31 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
         max_workgroup_invocations=u32(_OFF_WG_INVOCATIONS),
         subgroup_size=subgroup.subgroupSize,
         device_memory_bytes=_device_memory(vk, handle),
+        compute_units=_sm_count(vk, handle),
     )
+
+
+def _extensions(vk: ctypes.CDLL, handle) -> set[str]:
+    """The device's extension names (vkEnumerateDeviceExtensionProperties)."""
+    count = ctypes.c_uint32(0)
+    if vk.vkEnumerateDeviceExtensionProperties(ctypes.c_void_p(handle), None, ctypes.byref(count), None) != 0:
+        return set()
+    buf = (ctypes.c_uint8 * (_EXT_PROPS_SIZE * count.value))()
+    if vk.vkEnumerateDeviceExtensionProperties(ctypes.c_void_p(handle), None, ctypes.byref(count), buf) not in (0, 5):
+        return set()  # 5 = VK_INCOMPLETE: take what came
+    raw = bytes(buf)
+    return {raw[i * _EXT_PROPS_SIZE:i * _EXT_PROPS_SIZE + 256].split(b"\0", 1)[0].decode(errors="replace")
+            for i in range(count.value)}
+
+
+def _sm_count(vk: ctypes.CDLL, handle) -> int:
+    """Streaming multiprocessors, where the driver offers VK_NV_shader_sm_builtins (else 0)."""
+    if "VK_NV_shader_sm_builtins" not in _extensions(vk, handle):
+        return 0
+    sm = _SmProps(_STYPE_SM_BUILTINS, None)
+    props2 = _Props2(_STYPE_PROPS2, ctypes.cast(ctypes.pointer(sm), ctypes.c_void_p))
+    vk.vkGetPhysicalDeviceProperties2(ctypes.c_void_p(handle), ctypes.byref(props2))
+    return int(sm.smCount)
 
 
 def _device_memory(vk: ctypes.CDLL, handle) -> int:

@@ -123,7 +123,8 @@ class Program:
         B = int(B)
         words = (P + slots.HP_WORDS + slots.ST_WORDS + 3 * R + 2 * L * B * H  # params, hyper, stats, data, h0/hT
                  + (L + 1) * R * H + 2 * L * R * H + L * R * 4 * H + L * R  # x, o, hprev, save, rstd
-                 + R * 3 * H + V * 3 * H + R * V + 2 * R)  # gi, table0, logits, row_loss/flags
+                 + R * 3 * H + V * 3 * H + R * V + 2 * R  # gi, table0, logits, row_loss/flags
+                 + 3 * L)  # the forward sweeps' grid-barrier words
         if training:
             sk_w = gemm_split_k(dev, 3 * H, H, R) if dev is not None else 1
             sk_h = gemm_split_k(dev, V, H, R) if dev is not None else 1
@@ -135,7 +136,7 @@ class Program:
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
-                      + L * (norm_parts * H + B * H))  # per layer: RMSNorm dg partials, GRU dh scratch
+                      + L * (norm_parts * H + B * H + 3))  # per layer: RMSNorm dg partials, GRU dh scratch, barrier
         return 4 * words
 
     # ----------------------------------------------------------------------------- buffers
@@ -218,7 +219,8 @@ class Program:
             p = f"layers.{l}."
             k["gru"] = GruForward(d, self.gi, self.params, self.h0, self.resets, self.o[l], self.hprev[l],
                                   self.save[l], self.hT, T=T, B=B, H=H, w_off=o(p + "gru.weight_hh"),
-                                  b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H)
+                                  b_off=o(p + "gru.bias_hh"), h0_off=l * B * H, hT_off=l * B * H,
+                                  stats=self.stats)
         self.ce_eval = CrossEntropy(d, (self.logits, 0), (self.targets, 0), (self.row_loss, 0),
                                     (self.row_flags, 0), self.hyper, R, V, want_grad=False)
         self.loss_reduce = LossReduce(d, (self.row_loss, 0), (self.row_flags, 0), self.stats, R)
@@ -427,6 +429,10 @@ class Program:
 
     def _stats(self, n_valid: int) -> StepStats:
         w = host_view(self.stats).copy()
+        if w[slots.ST_SYNC_TIMEOUTS]:
+            raise DeviceLost(f"a one-dispatch recurrent sweep on {self.dev.info.name} lost its workgroups (they were "
+                             "not all resident at once), so this step's results are wrong",
+                             hint="run with CATCHAT_PERSISTENT=0 (one dispatch per timestep) and report the GPU")
         f32 = lambda slot: slots.word_f32(w, slot)  # noqa: E731
         norm_sq = f32(slots.ST_GRAD_NORM_SQ)
         return StepStats(loss=f32(slots.ST_LOSS_SUM) / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),

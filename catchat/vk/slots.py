@@ -44,6 +44,7 @@ ST_CLAMP_HITS = 5  # u32 elements the hidden-state gradient clamp bound
 ST_SKIPPED = 6  # u32 1 when the optimizer did not apply the step (no valid targets / non-finite)
 ST_CLIP_SCALE = 7  # f32 the factor gradients were scaled by (1 = not clipped)
 ST_TF_MODEL_FED = 8  # u32 inputs that were the model's own choice instead of the data's token
+ST_SYNC_TIMEOUTS = 9  # u32 persistent sweeps whose grid barrier gave up (workgroups not co-resident)
 ST_WORDS = 16
 
 

@@ -33,6 +33,7 @@
 #define ST_SKIPPED 6u
 #define ST_CLIP_SCALE 7u
 #define ST_TF_MODEL_FED 8u
+#define ST_SYNC_TIMEOUTS 9u
 #define ST_WORDS 16u
 
 // Read a float / uint slot of a uint word buffer.

@@ -1,27 +1,35 @@
-"""GRU recurrent sweep, one dispatch per timestep (glsl/gru_forward.comp, glsl/gru_backward.comp).
+"""GRU recurrent sweeps (glsl/gru_forward.comp, glsl/gru_backward.comp).
 
 Only the serial path lives here. Before the forward sweep a GEMM computes gi = x @ W_ih^T + b_ih
 [T,B,3H] for all steps; after the backward sweep GEMMs compute dW_ih = dGi^T x, dW_hh = dGh^T hprev,
 db_ih = colsum(dGi), db_hh = colsum(dGh), dx = dGi @ W_ih from the dGi, dGh, hprev written here.
 
-Forward, per step t = 0..T-1 (`GruForward.sweep_ops()`, T dispatches): the recurrent matmul
-h_prev @ W_hh^T fused with the gates; writes o[t], hprev[t], save[t] = (r, z, n, ghn), hT at T-1.
-Backward (`GruBackward.sweep_ops()`, T+1 dispatches, s = T, T-1, ..., 0): dispatch s finishes
-step s (dh_{s-1} = (dhtot z + dGh[s] @ W_hh) * carry, clamp, dh0 at s = 0) and then runs the
-gate backward of step s-1 on the same elements, so no dh ping-pong buffer is needed: each thread
-owns its (b, k) element in every dispatch (see the shader header).
+Forward, per step t = 0..T-1: the recurrent matmul h_prev @ W_hh^T fused with the gates; writes
+o[t], hprev[t], save[t] = (r, z, n, ghn), hT at T-1. Backward, s = T, T-1, ..., 0 (T+1 steps):
+step s finishes dh_{s-1} = (dhtot z + dGh[s] @ W_hh) * carry (clamp, dh0 at s = 0) and then runs
+the gate backward of step s-1 on the same elements, so no dh ping-pong buffer is needed: each
+thread owns its (b, k) element in every step (see the shader header).
+
+A sweep (`sweep_ops()`) is either one dispatch per step, or, where the device tells how many
+workgroups can be resident at once (`resident_workgroups`: one per SM on NVIDIA), one persistent
+dispatch whose workgroups walk the tiles of each step and meet at a grid barrier between steps
+(glsl/include/grid_sync.glsl): no per-step launch, drain and barrier. `step(t)` is always one
+dispatch (the per-timestep path interleaves other kernels between steps).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout
 from catchat.vk import slots
-from catchat.vk.device import Device
+from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
 from catchat.vk.kernels.dropout import make_hyper
+from catchat.vk.shaders import compile_shader
 
 # Tiles: (threads x, threads y, k-slices, block x, block y, k chunk).
 #   forward:  x = units (block x = units per thread), y = lanes, k chunk = KC floats of H
@@ -51,6 +59,35 @@ def shader_defines(tiles, H: int, backward: bool) -> dict:
     return {"RJ": bx, "RB": by, "KC": kc, "LH": ceil_div(tb * kc, nt), "LW": ceil_div(3 * tx * kc, nt)}
 
 
+# Persistent sweeps (one dispatch per sweep, see glsl/include/grid_sync.glsl) want about one tile
+# per resident workgroup: bigger tiles, tried in order, the one with the most tiles that still fit.
+PERSISTENT_FORWARD_TILES = ((8, 16, 4, 2, 1, 64), (4, 16, 4, 2, 2, 64), (8, 16, 4, 2, 2, 64))
+PERSISTENT_BACKWARD_TILES = ((4, 16, 8, 1, 1, 128), (8, 8, 8, 1, 2, 128), (8, 16, 4, 1, 2, 128))
+
+
+def resident_workgroups(dev: Device) -> int:
+    """How many workgroups a persistent sweep may launch, all co-resident; 0 = one dispatch per step.
+
+    CATCHAT_PERSISTENT=0 turns persistent sweeps off, =N forces N workgroups; by default one per
+    SM where the driver reports the SM count (VK_NV_shader_sm_builtins), else off.
+    """
+    env = os.environ.get("CATCHAT_PERSISTENT", "").strip()
+    if env:
+        try:
+            return max(0, int(env))
+        except ValueError:
+            raise ValueError(f"CATCHAT_PERSISTENT={env!r}: expected 0 (off) or a workgroup count") from None
+    return dev.info.compute_units if dev.info.type != "CPU" else 0
+
+
+def sweep_workgroups(resident: int, n_tiles: int) -> int:
+    """Workgroups of a persistent sweep over n_tiles tiles per step: the fewest that keep the
+    tiles per workgroup at ceil(n_tiles / resident) (balanced), 0 when resident is 0."""
+    if resident <= 0:
+        return 0
+    return ceil_div(n_tiles, ceil_div(n_tiles, resident))
+
+
 def tile_extent(tiles, backward: bool) -> tuple[int, int]:
     """(columns or units, lanes) one workgroup covers."""
     nx, ny, _, bx, by, _ = tiles
@@ -62,8 +99,15 @@ def n_workgroups(tiles, B: int, H: int, backward: bool) -> int:
     return ceil_div(H, tx) * ceil_div(B, tb)
 
 
-def pick_tiles(B: int, H: int, backward: bool = False):
-    """The first candidate whose workgroup count for [B, H] outputs reaches its threshold."""
+def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_shared: int = 48 * 1024):
+    """Per-step sweeps (resident 0): the first candidate whose workgroup count for [B, H] outputs
+    reaches its threshold. Persistent sweeps over `resident` workgroups: the persistent candidate
+    with the most tiles that still fit (and within max_shared bytes), else the per-step choice."""
+    if resident > 0:
+        fits = [t for t in (PERSISTENT_BACKWARD_TILES if backward else PERSISTENT_FORWARD_TILES)
+                if n_workgroups(t, B, H, backward) <= resident and shared_bytes(t, backward) <= max_shared]
+        if fits:
+            return max(fits, key=lambda t: n_workgroups(t, B, H, backward))
     cands = BACKWARD_TILES if backward else FORWARD_TILES
     for tiles, min_wg in cands:
         if n_workgroups(tiles, B, H, backward) >= min_wg:
@@ -77,24 +121,55 @@ def _need(tensor, n: int, what: str) -> None:
         raise ValueError(f"{what}: buffer holds {tensor.size()} elements, needs {n}")
 
 
+def shared_bytes(tiles, backward: bool) -> int:
+    """Shared memory of the step shader at these tiles."""
+    nx, ny, ks, bx, by, kc = tiles
+    red = nx * ny * max(ks - 1, 1)  # threads parking partials (slices 1..)
+    if backward:  # gs [RC][TB+1] + ws [RC][TK] + red + hits (+ the grid barrier's flag)
+        return 4 * kc * (ny * by + 1) + 16 * kc * nx * bx + 4 * 4 * bx * by * red + 8
+    # hs [TB][KC+4] + ws [3TJ][KC+4] + red (+ the grid barrier's flag)
+    return 4 * (kc + 4) * (ny * by + 3 * nx * bx) + 4 * 3 * bx * by * red + 4
+
+
 def _check_tiles(dev: Device, tiles, backward: bool) -> int:
     """Validate a tile tuple; returns its shared-memory bytes."""
     nx, ny, ks, bx, by, kc = tiles
     nt = nx * ny * ks
-    red = nx * ny * max(ks - 1, 1)  # threads parking partials (slices 1..)
     if nt > dev.info.max_workgroup_invocations or min(tiles) < 1 or kc % 4:
         raise ValueError(f"bad tiles {tiles}: {nt} threads, k chunk must be a multiple of 4")
-    if backward:  # gs [RC][TB+1] + ws [RC][TK] + red + hits
-        nbytes = 4 * kc * (ny * by + 1) + 16 * kc * nx * bx + 4 * 4 * bx * by * red + 4
-    else:  # hs [TB][KC+4] + ws [3TJ][KC+4] + red
-        nbytes = 4 * (kc + 4) * (ny * by + 3 * nx * bx) + 4 * 3 * bx * by * red
-    limit = dev.info.max_shared_memory_bytes
+    nbytes, limit = shared_bytes(tiles, backward), dev.info.max_shared_memory_bytes
     if nbytes > limit:
         raise ValueError(f"tiles {tiles}: {nbytes} bytes of shared memory, limit {limit}")
     return nbytes
 
 
-class GruForward(Kernel):
+class _Sweep(Kernel):
+    """A recurrent sweep: one dispatch per step over one workgroup per tile, and, when persistent,
+    the whole sweep as one dispatch of co-resident workgroups (the PERSISTENT shader variant)."""
+
+    def _build(self, dev: Device, tensors, n_tiles: int, resident: int, spec, push, defines):
+        Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines)
+        self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
+        self.sweep_algo = None
+        if self.sweep_workgroups:
+            self.sweep_algo = dev.algorithm(tensors, compile_shader(self.shader, {**defines, "PERSISTENT": 1}),
+                                            [self.sweep_workgroups], spec_consts=spec, push_consts=pack_push(*push))
+
+    @staticmethod
+    def _sync_tensors(dev: Device, stats):
+        """The grid barrier's zeroed words [3] and the stats buffer (a private one if None)."""
+        sync = dev.tensor(np.zeros(3, np.uint32), np.uint32)
+        own = stats is None
+        stats = dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32) if own else stats
+        dev.upload([sync] + ([stats] if own else []))
+        return sync, stats
+
+    def _dispatch(self, push, persistent: bool = False):
+        algo = self.sweep_algo if persistent else self.algo
+        return self.dev.kp.OpAlgoDispatch(algo, pack_push(*push))
+
+
+class GruForward(_Sweep):
     """One GRU timestep, the recurrent matmul fused with the gates; one dispatch per t.
 
     gi: float32 [T,B,3H] at gi_off (x @ W_ih^T + b_ih); params: W_hh [3H,H] at w_off, b_hh [3H]
@@ -102,16 +177,20 @@ class GruForward(Kernel):
     (1 = the state entering t is zero). Written: o [T,B,H] at o_off, hprev [T,B,H] at hprev_off
     (state entering t, after the reset), save [T,B,4H] at save_off = (r, z, n, ghn) per step,
     hT [B,H] at hT_off (at t = T-1). Nothing accumulates. hT may share h0's buffer, but not the
-    same words when T == 1 (step 0 reads h0 while writing hT).
+    same words when T == 1 (step 0 reads h0 while writing hT). stats: uint32 [ST_WORDS] (default a
+    private one): stats[ST_SYNC_TIMEOUTS] counts persistent sweeps whose grid barrier gave up.
     tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk), default
-    `pick_tiles(B, H)`.
+    `pick_tiles(B, H, resident=...)`. persistent: workgroups of the one-dispatch sweep (co-resident
+    on the device!), 0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always
+    one dispatch (the per-timestep path interleaves other work).
     """
 
     shader = "gru_forward"
 
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
-                 hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None):
+                 hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
+                 persistent: int | None = None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
@@ -121,28 +200,33 @@ class GruForward(Kernel):
                            (hprev, hprev_off + T * B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
-        nx, ny, ks, rj, rb, kc = self.tiles = tuple(tiles or pick_tiles(B, H))
+        resident = resident_workgroups(dev) if persistent is None else int(persistent)
+        nx, ny, ks, rj, rb, kc = self.tiles = tuple(
+            tiles or pick_tiles(B, H, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
         self.shared_bytes = _check_tiles(dev, self.tiles, backward=False)
-        tj, tb = tile_extent(self.tiles, backward=False)
-        defines = shader_defines(self.tiles, H, backward=False)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
-        super().__init__(dev, [gi, params, h0, resets, o, hprev, save, hT, o],
-                         [ceil_div(H, tj), ceil_div(B, tb)], spec=[nx, ny, ks],
-                         push=(0, T, B, H) + self.offsets,
-                         defines=defines)
+        self.sync, self.stats = self._sync_tensors(dev, stats)
+        self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats],
+                    n_workgroups(self.tiles, B, H, False), resident, [nx, ny, ks], (0, T, B, H, *self.offsets, 1),
+                    shader_defines(self.tiles, H, backward=False))
+
+    def _steps_op(self, t0: int, t1: int, persistent: bool = False):
+        return self._dispatch((t0, self.T, self.B, self.H, *self.offsets, t1), persistent)
 
     def step(self, t: int):
         """The dispatch of timestep t (must run after step t-1's)."""
         if not 0 <= t < self.T:
             raise ValueError(f"timestep {t} outside [0, {self.T})")
-        return self.op(t, self.T, self.B, self.H, *self.offsets)
+        return self._steps_op(t, t + 1)
 
     def sweep_ops(self):
-        """The whole window: steps 0..T-1, to be recorded in this order."""
+        """The whole window, steps 0..T-1: one persistent dispatch, or T in this order."""
+        if self.sweep_workgroups:
+            return [self._steps_op(0, self.T, persistent=True)]
         return [self.step(t) for t in range(self.T)]
 
 
-class GruBackward(Kernel):
+class GruBackward(_Sweep):
     """The backward sweep's per-step dispatch (gate backward fused with dh @ W_hh).
 
     do: float32 [T,B,H] at do_off (gradient on the layer's outputs, all t); save [T,B,4H] at
@@ -150,15 +234,16 @@ class GruBackward(Kernel):
     [3H,H] at w_off; hyper: uint32 [HP_WORDS] (HP_GRADH_CLAMP, 0 = off). Written: dGi, dGh
     [T,B,3H] at dgi_off, dgh_off (every element, every step), dh0 [B,H] at dh0_off (gradient on
     the carried-in state, unclamped; for checks). Accumulates: stats[ST_CLAMP_HITS] += clamped
-    elements (uint32). A private scratch dhtot [B,H] carries the running gradient between
-    dispatches; it needs no zeroing (dispatch s = T writes it before anything reads it).
+    elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps whose grid barrier gave up. A
+    private scratch dhtot [B,H] carries the running gradient between steps; it needs no zeroing
+    (step s = T writes it before anything reads it). persistent: as GruForward's.
     """
 
     shader = "gru_backward"
 
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
-                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None):
+                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
                            (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
@@ -166,25 +251,31 @@ class GruBackward(Kernel):
                            (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * 3 * H, "dGh"),
                            (dh0, dh0_off + B * H, "dh0"), (stats, slots.ST_WORDS, "stats")):
             _need(t, n, what)
-        nx, ny, ks, rq, rb, rc = self.tiles = tuple(tiles or pick_tiles(B, H, backward=True))
+        resident = resident_workgroups(dev) if persistent is None else int(persistent)
+        nx, ny, ks, rq, rb, rc = self.tiles = tuple(
+            tiles or pick_tiles(B, H, backward=True, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
         self.shared_bytes = _check_tiles(dev, self.tiles, backward=True)
-        tk, tb = tile_extent(self.tiles, backward=True)
         defines = shader_defines(self.tiles, H, backward=True)
         self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
-        super().__init__(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats],
-                         [ceil_div(H, tk), ceil_div(B, tb)], spec=[nx, ny, ks],
-                         push=(0, T, B, H) + self.offsets,
-                         defines=defines)
+        self.sync, _ = self._sync_tensors(dev, stats)
+        self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
+                    n_workgroups(self.tiles, B, H, True), resident, [nx, ny, ks], (0, T, B, H, *self.offsets, 1),
+                    defines)
+
+    def _steps_op(self, s: int, n: int, persistent: bool = False):
+        return self._dispatch((s, self.T, self.B, self.H, *self.offsets, n), persistent)
 
     def step(self, s: int):
         """Dispatch s in [0, T]: finishes step s (s < T), then gate backward of step s-1 (s >= 1)."""
         if not 0 <= s <= self.T:
             raise ValueError(f"backward dispatch {s} outside [0, {self.T}]")
-        return self.op(s, self.T, self.B, self.H, *self.offsets)
+        return self._steps_op(s, 1)
 
     def sweep_ops(self):
-        """The whole window: s = T, T-1, ..., 0 (T+1 dispatches), to be recorded in this order."""
+        """The whole window, s = T, T-1, ..., 0: one persistent dispatch, or T+1 in this order."""
+        if self.sweep_workgroups:
+            return [self._steps_op(self.T, self.T + 1, persistent=True)]
         return [self.step(s) for s in range(self.T, -1, -1)]
 
 
@@ -255,10 +346,11 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
-                stats0: int = 5):
+                stats0: int = 5, persistent=(0, 0)):
     """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
 
-    tiles: (forward tiles, backward tiles), None = pick_tiles. Every activation buffer carries
+    tiles: (forward tiles, backward tiles), None = pick_tiles; persistent: (forward, backward)
+    workgroups of one-dispatch sweeps (0 = a dispatch per step). Every activation buffer carries
     `pad` leading floats (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers
     addressed at layer `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate).
     """
@@ -280,10 +372,10 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tdgi, tdgh, tdh0 = f32(T * B * 3 * H), f32(T * B * 3 * H), dev.tensor(2 * B * H)
     fwd = GruForward(dev, tgi, tp, th0, tres, to, thp, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=pad, hprev_off=pad, save_off=pad,
-                     hT_off=st_off, tiles=tiles[0])
+                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0])
     bwd = GruBackward(dev, tdo, tsave, thp, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
-                      dh0_off=st_off, tiles=tiles[1])
+                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1])
     outs = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, to, thp, tsave, thT, tdgi, tdgh, tdh0],
                    fwd.sweep_ops() + bwd.sweep_ops(), [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats])
     o, hp, save, hT, dgi, dgh, dh0, st = outs
@@ -291,7 +383,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     return dict(o=o[pad:].reshape(T, B, H), hprev=hp[pad:].reshape(T, B, H),
                 save=save[pad:].reshape(T, B, 4 * H), hT=hT[sl].reshape(B, H),
                 dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh[pad:].reshape(T, B, 3 * H),
-                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0)
+                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
+                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]))
 
 
 def expected_gru(case, clamp: float = 0.0):
@@ -318,20 +411,40 @@ CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tile
 ]
 
 
+# Persistent sweeps (one dispatch, grid barrier between steps), several tiles per workgroup included
+PERSISTENT_CASES = [
+    (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.02),
+    (6, 5, 64, AUTO, 0.03),
+    (4, 3, 130, AUTO, 0.0),
+]
+
+
+def persistent_counts(dev: Device) -> tuple[int, ...]:
+    """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
+    workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
+    sms = dev.info.compute_units if dev.info.type != "CPU" else 0
+    return (1,) + ((3, sms) if sms >= 3 else ())
+
+
 def parity_checks(dev: Device) -> list[ParityResult]:
     """Forward and backward sweeps against reference at odd sizes, resets at t=0 and mid-window,
-    clamp off and on (hit count exact); the GPU dG also reproduce reference's dW/db/dx via numpy."""
+    clamp off and on (hit count exact), per-step and persistent; the GPU dG also reproduce
+    reference's dW/db/dx via numpy."""
     out = []
-    for T, B, H, tiles, clamp in CASES:
+    runs = [(c, 0) for c in CASES] + [(c, n) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
+    for (T, B, H, tiles, clamp), n_wg in runs:
         case = make_case(T, B, H)
-        got = run_gru_gpu(dev, case, clamp, tiles)
+        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg))
         exp, cache = expected_gru(case, clamp)
-        shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}"
+        shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
+            + (f" persistent={n_wg}" if n_wg else "")
         for k in ("o", "hprev", "save", "hT"):
             out.append(compare(f"gru_forward.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
         for k in ("dgi", "dgh", "dh0"):
             out.append(compare(f"gru_backward.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
         out.append(compare("gru_backward.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
+        if n_wg:
+            out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own
         r = ref.gru_layer_backward(case["do"], None, cache, clamp or None)
         g = weight_grads_from_dg(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])

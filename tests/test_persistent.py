@@ -1,0 +1,96 @@
+"""Persistent recurrent sweeps: the whole sweep in one dispatch, workgroups meeting at a grid barrier
+(glsl/include/grid_sync.glsl). The kernel-level parity cases are in gru.parity_checks; here the
+whole model under CATCHAT_PERSISTENT, the barrier's reuse across dispatches, and its failure mode."""
+
+import numpy as np
+import pytest
+
+from catchat.errors import DeviceLost
+from catchat.model import ModelSpec
+from catchat.vk import program, slots
+from catchat.vk.kernels import gru, run_ops
+from catchat.vk.program import Program
+
+
+@pytest.mark.parametrize("case", program.MODEL_CASES, ids=[c[0] for c in program.MODEL_CASES])
+def test_model_matches_reference_with_persistent_sweeps(dev, case, monkeypatch):
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    label, spec, T, B, hp = case
+    results = program.model_parity(dev, spec, T, B, hp, label=label)
+    assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_stepwise_path_with_persistent_backward(dev, monkeypatch):
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    spec, T, B, hp, tf = program.STEPWISE_CASES[0]
+    results = program.stepwise_parity(dev, spec, T, B, hp, tf)
+    assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_programs_pick_persistent_sweeps_from_the_environment(dev, monkeypatch):
+    spec = ModelSpec(vocab_size=101, hidden=8, layers=2)
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    prog = Program(dev, spec, 5, 2, training=True)
+    assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.fwd_layers)
+    assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.bwd_layers)
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "0")
+    prog = Program(dev, spec, 5, 2, training=True)
+    assert [len(k["gru"].sweep_ops()) for k in prog.fwd_layers + prog.bwd_layers] == [5, 5, 6, 6]
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "lots")
+    with pytest.raises(ValueError, match="CATCHAT_PERSISTENT"):
+        Program(dev, spec, 5, 2, training=False)
+
+
+def test_sweeps_recorded_twice_reuse_the_barrier(dev):
+    """The last workgroup out zeroes the barrier's words, so a second sweep in the same sequence
+    (the next micro-batch) computes the same thing."""
+    T, B, H = 7, 3, 20
+    case = gru.make_case(T, B, H)
+    once = gru.run_gru_gpu(dev, case, 0.02, ((2, 2, 2, 1, 1, 8), (1, 2, 2, 2, 1, 8)), persistent=(1, 1))
+    f32 = dev.tensor
+    tp, tres = f32(case["flat"]), f32(case["resets"], np.uint32)
+    tgi, th0, tdo = f32(case["gi"].ravel()), f32(case["h0"]), f32(case["do"].ravel())
+    to, thp, tsave, thT = f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), f32(2 * B * H)
+    hyper = f32(gru.make_hyper(0, gradh_clamp=0.02), np.uint32)
+    stats = f32(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
+    tdgi, tdgh, tdh0 = f32(T * B * 3 * H), f32(T * B * 3 * H), f32(2 * B * H)
+    lay, layer = case["layout"], case["layer"]
+    w_off, b_off = lay.offsets[f"layers.{layer}.gru.weight_hh"], lay.offsets[f"layers.{layer}.gru.bias_hh"]
+    fwd = gru.GruForward(dev, tgi, tp, th0, tres, to, thp, tsave, thT, T=T, B=B, H=H, w_off=w_off, b_off=b_off,
+                         h0_off=layer * B * H, hT_off=layer * B * H, tiles=(2, 2, 2, 1, 1, 8), stats=stats,
+                         persistent=1)
+    bwd = gru.GruBackward(dev, tdo, tsave, thp, tres, tp, hyper, tdgi, tdgh, tdh0, stats, T=T, B=B, H=H,
+                          w_off=w_off, dh0_off=layer * B * H, tiles=(1, 2, 2, 2, 1, 8), persistent=1)
+    ops = fwd.sweep_ops() + bwd.sweep_ops()
+    assert len(ops) == 2
+    o, dgi, sync_f, sync_b, st = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, stats], ops + ops,
+                                         [to, tdgi, fwd.sync, bwd.sync, stats])
+    np.testing.assert_array_equal(o.reshape(T, B, H), once["o"])
+    np.testing.assert_array_equal(dgi.reshape(T, B, 3 * H), once["dgi"])
+    assert not sync_f.any() and not sync_b.any()
+    assert st[slots.ST_SYNC_TIMEOUTS] == 0
+
+
+def test_a_barrier_that_cannot_hold_gives_up_and_says_so(dev):
+    """1024 workgroups of 8 threads: all co-resident on a GPU (the sweep is right), but not on a CPU
+    device, where the barrier must give up rather than hang and count a timeout."""
+    T, B, H = 3, 64, 64
+    case = gru.make_case(T, B, H)
+    tiles = ((2, 2, 2, 1, 1, 4), (1, 2, 4, 1, 1, 4))  # 32 x 32 and 16 x 32 tiles
+    got = gru.run_gru_gpu(dev, case, 0.0, tiles, persistent=(1024, 512))
+    if dev.info.type == "CPU":
+        assert got["sync_timeouts"] >= 1
+    else:
+        exp, _ = gru.expected_gru(case)
+        assert got["sync_timeouts"] == 0
+        np.testing.assert_allclose(got["dgi"], exp["dgi"], atol=1e-5, rtol=1e-4)
+
+
+def test_a_lost_barrier_is_an_error_not_a_result(dev):
+    prog = Program(dev, ModelSpec(vocab_size=101, hidden=8, layers=1), 4, 2, training=False)
+    from catchat.vk.device import host_view
+
+    host_view(prog.stats)[:] = 0
+    host_view(prog.stats)[slots.ST_SYNC_TIMEOUTS] = 1
+    with pytest.raises(DeviceLost, match="CATCHAT_PERSISTENT=0"):
+        prog._stats(1)
