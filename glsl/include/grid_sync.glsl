@@ -10,7 +10,8 @@
 #define CATCHAT_GRID_SYNC_GLSL
 #include "slots.glsl"
 
-layout(set = 0, binding = SYNC_BINDING) coherent buffer Sync { uint sync_words[]; };  // [3]
+// volatile: every poll is a fresh (L2) load, not an atomic: 100+ pollers would queue on the atomic unit
+layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint sync_words[]; };  // [3]
 
 #ifndef SYNC_SPIN_LIMIT
 #define SYNC_SPIN_LIMIT (1u << 22)  // polls (~1 us each) before a workgroup gives up
@@ -28,11 +29,11 @@ bool grid_sync(uint k) {
         uint arrived = atomicAdd(sync_words[0], 1u) + 1u;
         bool ok = true;
         for (uint spins = 0u; arrived < target; ++spins) {
-            if (spins >= SYNC_SPIN_LIMIT || atomicAdd(sync_words[1], 0u) != 0u) {
+            if (spins >= SYNC_SPIN_LIMIT || sync_words[1] != 0u) {
                 ok = false;
                 break;
             }
-            arrived = atomicAdd(sync_words[0], 0u);
+            arrived = sync_words[0];
         }
         if (!ok && atomicExchange(sync_words[1], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
         sync_ok = ok;
