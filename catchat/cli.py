@@ -31,11 +31,11 @@ def devices():
     """List Vulkan devices with type, driver and the limits catchat sizes kernels by."""
     from catchat.vk.probe import probe_devices
 
-    table = Table("index", "name", "type", "driver", "Vulkan", "max buffer", "shared mem", "subgroup")
+    table = Table("index", "name", "type", "driver", "Vulkan", "max buffer", "shared mem", "subgroup", "SMs")
     for d in probe_devices():
         table.add_row(str(d.index), d.name, d.type, d.driver, d.api_version,
                       f"{d.max_storage_buffer_bytes / 2**20:.0f} MiB", f"{d.max_shared_memory_bytes // 1024} KiB",
-                      str(d.subgroup_size))
+                      str(d.subgroup_size), str(d.compute_units or "-"))
     console.print(table)
 
 

@@ -83,6 +83,8 @@ def test_probe_reports_limits():
         assert d.max_workgroup_invocations >= 128
         assert d.max_push_constant_bytes >= 128
         assert d.subgroup_size >= 1 and d.name
+        # SMs come only from VK_NV_shader_sm_builtins; a CPU device has none (no persistent sweeps)
+        assert d.compute_units >= 0 and (d.type != "CPU" or d.compute_units == 0)
 
 
 def test_algorithm_guards(dev):

@@ -41,12 +41,14 @@ def test_sweep_ops_and_bounds(dev):
     f32 = dev.tensor
     params, resets = dev.tensor(case["flat"]), dev.tensor(case["resets"], np.uint32)
 
-    def forward(save_floats):
+    def forward(save_floats, persistent=0):
         return gru.GruForward(dev, f32(T * B * 3 * H), params, f32(B * H), resets, f32(T * B * H),
-                              f32(T * B * H), f32(save_floats), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0)
+                              f32(T * B * H), f32(save_floats), f32(B * H), T=T, B=B, H=H, w_off=0, b_off=0,
+                              persistent=persistent)
 
     fwd = forward(T * B * 4 * H)
-    assert len(fwd.sweep_ops()) == T
+    assert len(fwd.sweep_ops()) == T  # one dispatch per step
+    assert len(forward(T * B * 4 * H, persistent=1).sweep_ops()) == 1  # the whole sweep in one
     with pytest.raises(ValueError):
         fwd.step(T)
     with pytest.raises(ValueError):  # save too small: caught before any out-of-bounds write
