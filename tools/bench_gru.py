@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Tile search for the recurrent step kernels (glsl/gru_forward.comp, glsl/gru_backward.comp).
 
-    python tools/bench_gru.py --shape 64x512 --shape 32x2048 [--steps 64] [--reps 5] [--max 60]
+    python tools/bench_gru.py --shape 64x512 --shape 32x2048 [--steps 64] [--reps 5] [--max 60] [--persistent N]
 
-For each B x H shape, times a sweep of `--steps` dependent step dispatches per tile candidate (the
-current choice first, then a seeded sample of valid tiles that fill the GPU) and prints the
-microseconds per step, fastest first. Every candidate's outputs are compared with the default
+For each B x H shape, times a sweep of `--steps` dependent steps per tile candidate (the current
+choice first, then a seeded sample of valid tiles that fill the GPU) and prints the microseconds
+per step, fastest first. Sweeps run as the program would run them on this device (one persistent
+dispatch where the GPU reports its SMs, else a dispatch per step); --persistent N overrides. Every candidate's outputs are compared with the default
 tiles' (a tile that computes something else is reported, not ranked). --apply CONFIG then reruns
 tools/bench.py's training measurement for that config with the fastest tiles patched in.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +31,7 @@ from catchat.vk.kernels import gru, run_ops  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
 
-def candidates(dev, B: int, H: int, backward: bool, n_max: int, seed: int = 0) -> list[tuple]:
+def candidates(dev, B: int, H: int, backward: bool, n_max: int, resident: int, seed: int = 0) -> list[tuple]:
     """Valid tiles (threads, shared memory) that give at least 64 workgroups, current choice first."""
     grid = itertools.product((2, 4, 8, 16, 32), (2, 4, 8, 16), (1, 2, 4, 8, 16), (1, 2, 4), (1, 2, 4),
                              (32, 64, 128, 256, 512) if backward else (32, 64, 128, 256))
@@ -46,7 +48,7 @@ def candidates(dev, B: int, H: int, backward: bool, n_max: int, seed: int = 0) -
             ok.append(t)
     rng = np.random.default_rng(seed)
     pick = [ok[i] for i in rng.permutation(len(ok))[:n_max]]
-    first = tuple(gru.pick_tiles(B, H, backward))
+    first = tuple(gru.pick_tiles(B, H, backward, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
     return [first] + [t for t in pick if t != first]
 
 
@@ -58,9 +60,9 @@ def _defines(t, backward: bool, H: int):
 class Case:
     """Buffers of one B x H sweep of T steps (random weights, no resets)."""
 
-    def __init__(self, dev, B: int, H: int, T: int):
+    def __init__(self, dev, B: int, H: int, T: int, persistent: int):
         rng = np.random.default_rng(0)
-        self.dev, self.B, self.H, self.T = dev, B, H, T
+        self.dev, self.B, self.H, self.T, self.persistent = dev, B, H, T, persistent
         t = dev.tensor
         w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
         self.params = t(w)
@@ -78,16 +80,16 @@ class Case:
     def forward(self, tiles):
         return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.hprev, self.save,
                               self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
-                              tiles=tiles)
+                              tiles=tiles, persistent=self.persistent)
 
     def backward(self, tiles):
         return gru.GruBackward(self.dev, self.do, self.save, self.hprev, self.resets, self.params, self.hyper,
                                self.dgi, self.dgh, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
-                               tiles=tiles)
+                               tiles=tiles, persistent=self.persistent)
 
 
-def time_sweep(case: Case, kernel, ops, out, reps: int) -> tuple[float, np.ndarray]:
-    """Median microseconds per step of one recorded sweep, and its output."""
+def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
+    """Median microseconds per step of one recorded sweep of `steps` steps, and its output."""
     seq = case.dev.sequence()
     for op in ops:
         seq.record(op)
@@ -99,14 +101,14 @@ def time_sweep(case: Case, kernel, ops, out, reps: int) -> tuple[float, np.ndarr
         seq.eval()
         times.append(time.perf_counter() - t0)
     (got,) = run_ops(case.dev, [], [], [out])
-    return float(np.median(times)) / len(ops) * 1e6, got
+    return float(np.median(times)) / steps * 1e6, got
 
 
-def search(dev, B: int, H: int, T: int, reps: int, n_max: int) -> dict:
-    case = Case(dev, B, H, T)
+def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) -> dict:
+    case = Case(dev, B, H, T, persistent)
     best = {}
     for backward in (False, True):
-        cands = candidates(dev, B, H, backward, n_max)
+        cands = candidates(dev, B, H, backward, n_max, persistent)
         with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
             list(pool.map(lambda t: compile_shader(*_defines(t, backward, H)), cands))
         rows, ref_out = [], None
@@ -115,17 +117,18 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int) -> dict:
         for tiles in cands:
             if backward:
                 k = case.backward(tiles)
-                us, out = time_sweep(case, k, k.sweep_ops(), case.dgi, reps)
+                us, out = time_sweep(case, k, k.sweep_ops(), case.dgi, reps, T + 1)
             else:
                 k = case.forward(tiles)
-                us, out = time_sweep(case, k, k.sweep_ops(), case.o, reps)
+                us, out = time_sweep(case, k, k.sweep_ops(), case.o, reps, T)
             if ref_out is None:
                 ref_out = out
             err = float(np.abs(out - ref_out).max() / max(np.abs(ref_out).max(), 1e-30))
             rows.append((us, tiles, gru.n_workgroups(tiles, B, H, backward), err))
         rows.sort(key=lambda r: (r[3] > 1e-4, r[0]))
         kind = "backward" if backward else "forward"
-        print(f"B={B} H={H} {kind}: current {gru.pick_tiles(B, H, backward)}")
+        mode = f"persistent sweeps over <= {persistent} workgroups" if persistent else "a dispatch per step"
+        print(f"B={B} H={H} {kind} ({mode}): current {cands[0]}")
         for us, tiles, wgs, err in rows[:12]:
             print(f"  {us:8.1f} us/step  tiles {tiles}  workgroups {wgs}  rel diff {err:.1e}")
         bad = [r for r in rows if r[3] > 1e-4]
@@ -142,12 +145,18 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max", type=int, default=60, help="candidates sampled per shape and direction")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--persistent", type=int, default=None, metavar="N",
+                    help="sweeps as one dispatch of N workgroups (0: a dispatch per step; default: as the program "
+                         "would run them here, see CATCHAT_PERSISTENT)")
     ap.add_argument("--apply", metavar="CONFIG", help="then bench CONFIG's training step with the fastest tiles")
     args = ap.parse_args(argv)
     dev = open_device(args.device)
     print(f"device: {dev.info.name}")
     shapes = [tuple(int(x) for x in s.lower().split("x")) for s in (args.shape or ["64x512"])]
-    found = {shape: search(dev, *shape, args.steps, args.reps, args.max) for shape in shapes}
+    persistent = gru.resident_workgroups(dev) if args.persistent is None else args.persistent
+    if args.persistent is not None:  # the --apply run builds its program under the same choice
+        os.environ["CATCHAT_PERSISTENT"] = str(args.persistent)
+    found = {shape: search(dev, *shape, args.steps, args.reps, args.max, persistent) for shape in shapes}
     if args.apply:
         import bench
 
@@ -155,7 +164,7 @@ def main(argv=None):
 
         cfg = cfgmod.load(args.apply)
         shape = (cfg.data.batch_lanes, cfg.model.hidden)
-        best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max)
+        best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max, persistent)
         orig = gru.pick_tiles
         gru.pick_tiles = lambda B, H, backward=False, **kw: (best["backward"] if backward else best["forward"]) \
             if (B, H) == shape else orig(B, H, backward, **kw)
