@@ -41,6 +41,20 @@ def test_programs_pick_persistent_sweeps_from_the_environment(dev, monkeypatch):
         Program(dev, spec, 5, 2, training=False)
 
 
+def test_persistent_geometry():
+    """About one tile per resident workgroup, balanced when there are more tiles than workgroups."""
+    assert gru.sweep_workgroups(0, 256) == 0
+    assert gru.sweep_workgroups(132, 256) == 128  # 2 tiles each, not 124 x 2 + 8 x 1
+    assert gru.sweep_workgroups(132, 100) == 100
+    assert gru.sweep_workgroups(1, 7) == 1
+    for B, H, backward in ((64, 512, False), (64, 512, True), (32, 2048, False), (32, 2048, True)):
+        tiles = gru.pick_tiles(B, H, backward, resident=132)
+        assert gru.n_workgroups(tiles, B, H, backward) == 128
+        assert gru.shared_bytes(tiles, backward) <= 48 * 1024
+    # no persistent candidate fits in 1 workgroup at v3: the per-step choice
+    assert gru.pick_tiles(64, 512, resident=1) == gru.pick_tiles(64, 512)
+
+
 def test_sweeps_recorded_twice_reuse_the_barrier(dev):
     """The last workgroup out zeroes the barrier's words, so a second sweep in the same sequence
     (the next micro-batch) computes the same thing."""

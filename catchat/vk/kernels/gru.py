@@ -170,7 +170,7 @@ class _Sweep(Kernel):
 
 
 class GruForward(_Sweep):
-    """One GRU timestep, the recurrent matmul fused with the gates; one dispatch per t.
+    """The forward sweep: per timestep the recurrent matmul fused with the gates.
 
     gi: float32 [T,B,3H] at gi_off (x @ W_ih^T + b_ih); params: W_hh [3H,H] at w_off, b_hh [3H]
     at b_off; h0: [B,H] at h0_off (e.g. layer l of an [L,B,H] state); resets: uint32 [T,B]
@@ -227,7 +227,7 @@ class GruForward(_Sweep):
 
 
 class GruBackward(_Sweep):
-    """The backward sweep's per-step dispatch (gate backward fused with dh @ W_hh).
+    """The backward sweep: per step the gate backward fused with dh @ W_hh.
 
     do: float32 [T,B,H] at do_off (gradient on the layer's outputs, all t); save [T,B,4H] at
     save_off and hprev [T,B,H] at hprev_off from GruForward; resets uint32 [T,B]; params: W_hh
