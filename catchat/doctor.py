@@ -46,6 +46,18 @@ def host_views_work(dev, n: int = 257) -> bool:
     return bool(np.array_equal(host_view(t), want))
 
 
+def sweep_check(dev, label: str) -> Check:
+    """How recurrent sweeps will run on `dev` (CATCHAT_PERSISTENT, the SM count)."""
+    from catchat.vk.kernels.gru import resident_workgroups
+
+    try:
+        n = resident_workgroups(dev)
+    except CatchatError as e:
+        return Check(f"{label} sweeps", False, e.message, e.hint or "")
+    how = f"one persistent dispatch per sweep, up to {n} workgroups" if n else "one dispatch per timestep"
+    return Check(f"{label} sweeps", True, how)
+
+
 def checks() -> list[Check]:
     """Every check in order; later ones are skipped when what they need is missing."""
     from catchat.vk import device as vkdev
@@ -80,6 +92,7 @@ def checks() -> list[Check]:
             err = run_smoke_kernel(dev)
             out.append(Check(label, err < 1e-5, f"{info.type}, {info.driver}; axpby max abs error {err:.1e}",
                              "this device computes wrong results: update its driver"))
+            out.append(sweep_check(dev, label))
         except CatchatError as e:
             out.append(Check(label, False, e.message, e.hint or ""))
     return out

@@ -5,11 +5,12 @@ whole model under CATCHAT_PERSISTENT, the barrier's reuse across dispatches, and
 import numpy as np
 import pytest
 
-from catchat.errors import DeviceLost
+from catchat.errors import DeviceLost, UsageError
 from catchat.model import ModelSpec
 from catchat.vk import program, slots
 from catchat.vk.kernels import gru, run_ops
 from catchat.vk.program import Program
+from support import assert_clean_error, catchat, make_tiny_run
 
 
 @pytest.mark.parametrize("case", program.MODEL_CASES, ids=[c[0] for c in program.MODEL_CASES])
@@ -37,7 +38,7 @@ def test_programs_pick_persistent_sweeps_from_the_environment(dev, monkeypatch):
     prog = Program(dev, spec, 5, 2, training=True)
     assert [len(k["gru"].sweep_ops()) for k in prog.fwd_layers + prog.bwd_layers] == [5, 5, 6, 6]
     monkeypatch.setenv("CATCHAT_PERSISTENT", "lots")
-    with pytest.raises(ValueError, match="CATCHAT_PERSISTENT"):
+    with pytest.raises(UsageError, match="CATCHAT_PERSISTENT"):
         Program(dev, spec, 5, 2, training=False)
 
 
@@ -108,3 +109,12 @@ def test_a_lost_barrier_is_an_error_not_a_result(dev):
     host_view(prog.stats)[slots.ST_SYNC_TIMEOUTS] = 1
     with pytest.raises(DeviceLost, match="CATCHAT_PERSISTENT=0"):
         prog._stats(1)
+
+
+def test_a_bad_CATCHAT_PERSISTENT_is_a_clean_error(tmp_path, dev):
+    run = make_tiny_run(tmp_path, dev)
+    assert_clean_error(catchat("eval", run, env={"CATCHAT_PERSISTENT": "lots"}), 2, "CATCHAT_PERSISTENT")
+    r = catchat("doctor", env={"CATCHAT_PERSISTENT": "lots"})
+    assert r.returncode == 1 and "FAIL" in r.stdout and "CATCHAT_PERSISTENT" in r.stdout
+    r = catchat("doctor")
+    assert "sweeps: one dispatch per timestep" in r.stdout or "sweeps: one persistent dispatch" in r.stdout

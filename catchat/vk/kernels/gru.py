@@ -24,6 +24,7 @@ import os
 import numpy as np
 
 from catchat import reference as ref
+from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.vk import slots
 from catchat.vk.device import Device, pack_push
@@ -76,7 +77,8 @@ def resident_workgroups(dev: Device) -> int:
         try:
             return max(0, int(env))
         except ValueError:
-            raise ValueError(f"CATCHAT_PERSISTENT={env!r}: expected 0 (off) or a workgroup count") from None
+            raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
+                             hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
     return dev.info.compute_units if dev.info.type != "CPU" else 0
 
 
