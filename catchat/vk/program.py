@@ -291,14 +291,13 @@ class Program:
         run every layer's projection, recurrent step and norm on that row block, then the head."""
         if not hasattr(self, "tf_select"):
             self._build_stepwise()
-        B, H, V = self.B, self.spec.hidden, self.spec.vocab_size
-        ops = self.table0_f.ops()
+        B, ops = self.B, self.table0_f.ops()
         for t in range(self.T):
-            ops += [self.tf_select.step(t), self.emb_row.op_at(t * B, t * B * H)]
-            for l, (k, f) in enumerate(zip(self.step_layers, self.fwd_layers)):
-                proj = k["proj"].op_at(t * B, t * B * 3 * H) if l == 0 else k["proj"].op_at(t * B * H, t * B * 3 * H)
-                ops += [proj, f["gru"].step(t), k["norm"].op_at(t * B)]
-            ops.append(self.head_row.op_at(t * B * H, t * B * V))
+            row = t * B  # every row-block kernel moves to this timestep's rows
+            ops += [self.tf_select.step(t), self.emb_row.op_at(row)]
+            for k, f in zip(self.step_layers, self.fwd_layers):
+                ops += [k["proj"].op_at(row), f["gru"].step(t), k["norm"].op_at(row)]
+            ops.append(self.head_row.op_at(row))
         return ops
 
     def _stepwise_sequences(self):

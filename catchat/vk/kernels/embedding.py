@@ -70,10 +70,11 @@ class EmbeddingForward(Kernel):
     def ops(self) -> list:
         return [self.op()]
 
-    def op_at(self, tok_off: int, out_off: int):
-        """The dispatch for n_rows rows starting at other token / output offsets (per-timestep path)."""
+    def op_at(self, row: int):
+        """The dispatch for n_rows rows starting `row` rows further on, tokens and outputs alike
+        (per-timestep path)."""
         p = list(self.push)
-        p[3], p[5] = int(tok_off), int(out_off)
+        p[3], p[5] = p[3] + int(row), p[5] + int(row) * self.H
         return super().op(*p)
 
 

@@ -139,7 +139,7 @@ class Gemm(Kernel):
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
                  split_k: int = 1, tiles: GemmTiles | None = None, workspace=None):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
-        self.M, self.N, self.K = M, N, K
+        self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         k_split = ceil_div(max(K, 1), split_k)  # k-range per split; S shrinks if K < S
         self.split_k = ceil_div(max(K, 1), k_split)
         self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k)
@@ -187,13 +187,13 @@ class Gemm(Kernel):
             raise ValueError("this Gemm is split over K: record every op of ops() in order")
         return super().op(*self.push)
 
-    def op_at(self, a_off: int, c_off: int):
-        """The dispatch with A and C moved to other element offsets (same shapes): one GEMM
-        algorithm serves every row block of a per-timestep sweep. Not with split-K."""
-        if self.reduce is not None:
-            raise ValueError("op_at needs an unsplit Gemm")
+    def op_at(self, row: int):
+        """The dispatch with the rows of A and C moved down by `row` (same shapes): one GEMM
+        algorithm serves every row block of a per-timestep sweep. Not with split-K or trans_a."""
+        if self.reduce is not None or self.trans_a:
+            raise ValueError("op_at needs an unsplit Gemm with A stored [M,K]")
         p = list(self.push)
-        p[3], p[7] = int(a_off), int(c_off)
+        p[3], p[7] = p[3] + int(row) * p[4], p[7] + int(row) * p[8]  # offset += row * leading dimension
         return super().op(*p)
 
     def ops(self) -> list:
