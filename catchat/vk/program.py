@@ -29,8 +29,9 @@ Buffers (time-major, docs/model.md):
                                                is gi's memory: nothing reads gi after the forward)
     dtable0                      [V,3H]        dGi0 summed by token (times the embedding's row scale)
 
-Layer 0's input is an embedding row, so its input projection is a row of table0 (rebuilt at the
-start of every forward pass: a [V,H]x[H,3H] GEMM) scaled like the row and plus b_ih0: a gather
+Layer 0's input is an embedding row, so its input projection is a row of table0 (rebuilt whenever
+the parameters change: by set_params and at the end of the optimizer step, a [V,H]x[H,3H] GEMM)
+scaled like the row and plus b_ih0: a gather
 instead of a [T*B,H]x[H,3H] GEMM. Backward likewise: dtable0 = dGi0 summed by token, then
 dW_ih0 += dtable0^T E and dE += dtable0 W_ih0 are [V]-sized GEMMs instead of two [T*B]-sized ones.
 """
@@ -291,7 +292,7 @@ class Program:
         run every layer's projection, recurrent step and norm on that row block, then the head."""
         if not hasattr(self, "tf_select"):
             self._build_stepwise()
-        B, ops = self.B, self.table0_f.ops()
+        B, ops = self.B, []
         for t in range(self.T):
             row = t * B  # every row-block kernel moves to this timestep's rows
             ops += [self.tf_select.step(t), self.emb_row.op_at(row)]
@@ -317,9 +318,8 @@ class Program:
 
     # ----------------------------------------------------------------------------- op lists
     def forward_ops(self) -> list:
-        """Layer 0's table, embedding, every layer (input projection, recurrent sweep,
-        residual+norm), head."""
-        ops = self.table0_f.ops() + [self.emb_f.op()]
+        """Embedding, every layer (input projection, recurrent sweep, residual+norm), head."""
+        ops = [self.emb_f.op()]
         for k in self.fwd_layers:
             ops += k["proj"].ops() + k["gru"].sweep_ops() + k["norm"].ops()
         return ops + self.head_f.ops()
@@ -352,12 +352,14 @@ class Program:
                                        fwd + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)],
                                        [self.stats])
         self.seq_logits = self._sequence([self.hyper] + data, fwd + [self.carry(1.0, 0.0)], [self.logits])
+        self.seq_set_params = self._sequence([self.params], self.table0_f.ops())  # table0 follows the params
         if not self.training:
             return
         micro = fwd + [self.ce_train.op(), self.loss_reduce.op()] + self.backward_ops() + [self.carry(1.0, 0.0)]
         self.seq_first = self._sequence([self.hyper, self.stats] + data, [self.zero_grads(0.0, 0.0)] + micro)
         self.seq_next = self._sequence([self.hyper] + data, micro)
-        self.seq_apply = self._sequence([], self.grad_norm() + [self.opt()] + self.spectral(), [self.stats])
+        self.seq_apply = self._sequence([], self.grad_norm() + [self.opt()] + self.spectral() + self.table0_f.ops(),
+                                        [self.stats])
 
     # ----------------------------------------------------------------------------- host side
     def _sync(self, tensors, to_device: bool):
@@ -378,9 +380,9 @@ class Program:
         host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
 
     def set_params(self, flat: np.ndarray) -> None:
-        """Upload parameters (flat ParamLayout order)."""
+        """Upload parameters (flat ParamLayout order) and rebuild what derives from them (table0)."""
         self._put(self.params, flat)
-        self._sync([self.params], True)
+        self._eval(self.seq_set_params, "a parameter upload")
 
     def set_optimizer_state(self, m: np.ndarray, v: np.ndarray, u: np.ndarray | None = None) -> None:
         """Upload Adam moments and (optionally) the spectral-norm vectors."""
