@@ -149,7 +149,16 @@ class _Sweep(Kernel):
     """A recurrent sweep: one dispatch per step over one workgroup per tile, and, when persistent,
     the whole sweep as one dispatch of co-resident workgroups (the PERSISTENT shader variant)."""
 
-    def _build(self, dev: Device, tensors, n_tiles: int, resident: int, spec, push, defines):
+    backward = False
+
+    def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
+        """Tiles (given, or picked for this device and sweep mode), then both shader variants."""
+        B, H, backward = self.B, self.H, self.backward
+        resident = resident_workgroups(dev) if persistent is None else int(persistent)
+        self.tiles = tuple(tiles or pick_tiles(B, H, backward, resident, dev.info.max_shared_memory_bytes))
+        self.shared_bytes = _check_tiles(dev, self.tiles, backward)
+        n_tiles, spec = n_workgroups(self.tiles, B, H, backward), list(self.tiles[:3])
+        defines = shader_defines(self.tiles, H, backward)
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
         self.sweep_algo = None
@@ -202,15 +211,10 @@ class GruForward(_Sweep):
                            (hprev, hprev_off + T * B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
-        resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        nx, ny, ks, rj, rb, kc = self.tiles = tuple(
-            tiles or pick_tiles(B, H, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
-        self.shared_bytes = _check_tiles(dev, self.tiles, backward=False)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
         self.sync, self.stats = self._sync_tensors(dev, stats)
-        self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats],
-                    n_workgroups(self.tiles, B, H, False), resident, [nx, ny, ks], (0, T, B, H, *self.offsets, 1),
-                    shader_defines(self.tiles, H, backward=False))
+        self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats], tiles, persistent,
+                    (0, T, B, H, *self.offsets, 1))
 
     def _steps_op(self, t0: int, t1: int, persistent: bool = False):
         return self._dispatch((t0, self.T, self.B, self.H, *self.offsets, t1), persistent)
@@ -242,6 +246,7 @@ class GruBackward(_Sweep):
     """
 
     shader = "gru_backward"
+    backward = True
 
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
@@ -253,17 +258,11 @@ class GruBackward(_Sweep):
                            (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * 3 * H, "dGh"),
                            (dh0, dh0_off + B * H, "dh0"), (stats, slots.ST_WORDS, "stats")):
             _need(t, n, what)
-        resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        nx, ny, ks, rq, rb, rc = self.tiles = tuple(
-            tiles or pick_tiles(B, H, backward=True, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
-        self.shared_bytes = _check_tiles(dev, self.tiles, backward=True)
-        defines = shader_defines(self.tiles, H, backward=True)
         self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
         self.sync, _ = self._sync_tensors(dev, stats)
         self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
-                    n_workgroups(self.tiles, B, H, True), resident, [nx, ny, ks], (0, T, B, H, *self.offsets, 1),
-                    defines)
+                    tiles, persistent, (0, T, B, H, *self.offsets, 1))
 
     def _steps_op(self, s: int, n: int, persistent: bool = False):
         return self._dispatch((s, self.T, self.B, self.H, *self.offsets, n), persistent)
