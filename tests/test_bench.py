@@ -23,7 +23,8 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     assert res["forward_ms"] > 0 and res["optimizer_ms"] > 0
     assert res["device_bytes"] > 0
     assert {kind for kind, _, _ in res["profile"]} == {"sweep", "gemm", "other"}
-    assert all(ms >= 0 for _, _, ms in res["profile"])
+    # each group is timed less an empty submit's time: the sweeps (dozens of dispatches) still cost more
+    assert sum(ms for kind, _, ms in res["profile"] if kind == "sweep") > 0
 
 
 def test_profile_groups_are_the_micro_batch(dev):

@@ -347,11 +347,13 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
-                stats0: int = 5, persistent=(0, 0)):
+                stats0: int = 5, persistent=(0, 0), repeat: int = 1):
     """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
 
     tiles: (forward tiles, backward tiles), None = pick_tiles; persistent: (forward, backward)
-    workgroups of one-dispatch sweeps (0 = a dispatch per step). Every activation buffer carries
+    workgroups of one-dispatch sweeps (0 = a dispatch per step); repeat: both sweeps recorded that
+    many times in the sequence (the grid barrier's words must be ready again each time; returned
+    as `sync`). Every activation buffer carries
     `pad` leading floats (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers
     addressed at layer `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate).
     """
@@ -378,14 +380,15 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1])
     outs = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, to, thp, tsave, thT, tdgi, tdgh, tdh0],
-                   fwd.sweep_ops() + bwd.sweep_ops(), [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats])
-    o, hp, save, hT, dgi, dgh, dh0, st = outs
+                   (fwd.sweep_ops() + bwd.sweep_ops()) * repeat,
+                   [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats, fwd.sync, bwd.sync])
+    o, hp, save, hT, dgi, dgh, dh0, st, sync_f, sync_b = outs
     sl = np.s_[st_off:st_off + B * H]
     return dict(o=o[pad:].reshape(T, B, H), hprev=hp[pad:].reshape(T, B, H),
                 save=save[pad:].reshape(T, B, 4 * H), hT=hT[sl].reshape(B, H),
                 dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh[pad:].reshape(T, B, 3 * H),
                 dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
-                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]))
+                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]))
 
 
 def expected_gru(case, clamp: float = 0.0):
