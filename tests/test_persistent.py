@@ -94,6 +94,23 @@ def test_a_lost_barrier_is_an_error_not_a_result(dev):
         prog._stats(1)
 
 
+def test_forward_passes_check_the_barrier_too(dev, monkeypatch):
+    """forward_logits (generation) reports a lost barrier like a training step: 64 workgroups cannot
+    all be resident on a CPU device (lavapipe runs at most 16 threads); on a GPU they are and the
+    logits come back."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1024")
+    prog = Program(dev, ModelSpec(vocab_size=101, hidden=256, layers=1), 3, 64, training=False)
+    assert prog.fwd_layers[0]["gru"].sweep_workgroups == 64
+    prog.set_params(np.full(prog.layout.total, 0.01, np.float32))
+    prog.set_carry(None)
+    zeros = np.zeros((3, 64), np.uint32)
+    if dev.info.type == "CPU":
+        with pytest.raises(DeviceLost, match="CATCHAT_PERSISTENT=0"):
+            prog.forward_logits(zeros + 5, zeros)
+    else:
+        assert np.all(np.isfinite(prog.forward_logits(zeros + 5, zeros)))
+
+
 def test_a_bad_CATCHAT_PERSISTENT_is_a_clean_error(tmp_path, dev):
     run = make_tiny_run(tmp_path, dev)
     assert_clean_error(catchat("eval", run, env={"CATCHAT_PERSISTENT": "lots"}), 2, "CATCHAT_PERSISTENT")

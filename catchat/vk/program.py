@@ -351,7 +351,8 @@ class Program:
         self.seq_eval = self._sequence([self.hyper, self.stats] + data,
                                        fwd + [self.ce_eval.op(), self.loss_reduce.op(), self.carry(1.0, 0.0)],
                                        [self.stats])
-        self.seq_logits = self._sequence([self.hyper] + data, fwd + [self.carry(1.0, 0.0)], [self.logits])
+        self.seq_logits = self._sequence([self.hyper, self.stats] + data, fwd + [self.carry(1.0, 0.0)],
+                                         [self.logits, self.stats])
         self.seq_set_params = self._sequence([self.params], self.table0_f.ops())  # table0 follows the params
         if not self.training:
             return
@@ -428,12 +429,16 @@ class Program:
     def _zero_stats(self):
         host_view(self.stats)[:] = 0
 
-    def _stats(self, n_valid: int) -> StepStats:
-        w = host_view(self.stats).copy()
-        if w[slots.ST_SYNC_TIMEOUTS]:
+    def _check_sweeps(self, words) -> None:
+        """A persistent sweep whose grid barrier gave up computed garbage: say so instead."""
+        if words[slots.ST_SYNC_TIMEOUTS]:
             raise DeviceLost(f"a one-dispatch recurrent sweep on {self.dev.info.name} lost its workgroups (they were "
                              "not all resident at once), so this step's results are wrong",
                              hint="run with CATCHAT_PERSISTENT=0 (one dispatch per timestep) and report the GPU")
+
+    def _stats(self, n_valid: int) -> StepStats:
+        w = host_view(self.stats).copy()
+        self._check_sweeps(w)
         f32 = lambda slot: slots.word_f32(w, slot)  # noqa: E731
         norm_sq = f32(slots.ST_GRAD_NORM_SQ)
         return StepStats(loss=f32(slots.ST_LOSS_SUM) / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),
@@ -493,7 +498,9 @@ class Program:
         """Forward one window without dropout and return logits [T,B,V]; carries the state."""
         self._load_data(tokens, np.zeros((self.T, self.B), np.uint32), resets)
         self._load_hyper({})
+        self._zero_stats()
         self._eval(self.seq_logits, "a forward pass")
+        self._check_sweeps(host_view(self.stats))
         return host_view(self.logits).reshape(self.T, self.B, self.spec.vocab_size).copy()
 
     def eval_window(self, tokens, targets, resets, *, free_running: bool = False) -> StepStats:
