@@ -62,11 +62,7 @@ layout(set = 0, binding = 4) readonly buffer P { float params[]; };     // W_hh 
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
 layout(set = 0, binding = 6) buffer Dhtot { float dhtot[]; };           // [B,H] scratch
 layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
-#ifdef PERSISTENT
-#define SWEEP_COHERENT coherent  // dGh[s] comes from other workgroups of this dispatch: not via L1
-#else
-#define SWEEP_COHERENT
-#endif
+// SWEEP_COHERENT (common.glsl): dGh[s] comes from other workgroups of a persistent dispatch
 layout(set = 0, binding = 8) SWEEP_COHERENT buffer Dgh { float dgh[]; };  // [T,B,3H] at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)

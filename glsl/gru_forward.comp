@@ -54,11 +54,7 @@ layout(set = 0, binding = 0) readonly buffer Gi { float gi[]; };        // [T,B,
 layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off, b_hh [3H]
 layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H] at h0_off
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B] 1 = state reset before t
-#ifdef PERSISTENT
-#define SWEEP_COHERENT coherent  // o[t-1] comes from other workgroups of this dispatch: not via L1
-#else
-#define SWEEP_COHERENT
-#endif
+// SWEEP_COHERENT (common.glsl): o[t-1] comes from other workgroups of a persistent dispatch
 layout(set = 0, binding = 4) SWEEP_COHERENT writeonly buffer Out { float o[]; };  // [T,B,H] at o_off (writes o[t])
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [T,B,H] at hprev_off
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn

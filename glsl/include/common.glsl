@@ -15,4 +15,13 @@ float rng_uniform(uint seed, uint stream, uint counter) { return float(rng_u32(s
 
 uint ceil_div(uint a, uint b) { return (a + b - 1u) / b; }
 
+// A buffer that a persistent sweep (include/grid_sync.glsl) writes in one step and reads in the
+// next from other workgroups of the same dispatch: coherent, so those reads bypass the
+// non-coherent L1; nothing special in one-dispatch-per-step mode.
+#ifdef PERSISTENT
+#define SWEEP_COHERENT coherent
+#else
+#define SWEEP_COHERENT
+#endif
+
 #endif
