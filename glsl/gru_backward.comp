@@ -220,6 +220,6 @@ void main() {
 #endif
     }
 #ifdef PERSISTENT
-    grid_sync_done();
+    grid_sync_done(1u);
 #endif
 }

@@ -91,10 +91,6 @@ float w_elem(uint e, uint k0, uint j0) {
     return (row < 3u * TJ && j < pc.H && k < pc.H) ? params[pc.w_off + (g * pc.H + j) * pc.H + k] : 0.0;
 }
 
-// tanh that cannot produce NaN for large |a| (tanh(+-10) is +-1 in float32).
-float tanh_safe(float a) { return tanh(clamp(a, -10.0, 10.0)); }
-float sigmoid(float a) { return 0.5 * (1.0 + tanh_safe(0.5 * a)); }  // reference's form
-
 // Step t on the tile of units [j0, +TJ) x lanes [b0, +TB).
 void step_tile(uint t, uint j0, uint b0) {
     uint tx = gl_LocalInvocationID.x, ty = gl_LocalInvocationID.y, tz = gl_LocalInvocationID.z;
@@ -199,6 +195,6 @@ void main() {
 #endif
     }
 #ifdef PERSISTENT
-    grid_sync_done();
+    grid_sync_done(1u);
 #endif
 }

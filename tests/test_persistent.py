@@ -98,7 +98,7 @@ def test_forward_passes_check_the_barrier_too(dev, monkeypatch):
     """forward_logits (generation) reports a lost barrier like a training step: 64 workgroups cannot
     all be resident on a CPU device (lavapipe runs at most 16 threads); on a GPU they are and the
     logits come back."""
-    monkeypatch.setenv("CATCHAT_PERSISTENT", "1024")
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "64")
     prog = Program(dev, ModelSpec(vocab_size=101, hidden=256, layers=1), 3, 64, training=False)
     assert prog.fwd_layers[0]["gru"].sweep_workgroups == 64
     prog.set_params(np.full(prog.layout.total, 0.01, np.float32))
@@ -118,3 +118,19 @@ def test_a_bad_CATCHAT_PERSISTENT_is_a_clean_error(tmp_path, dev):
     assert r.returncode == 1 and "FAIL" in r.stdout and "CATCHAT_PERSISTENT" in r.stdout
     r = catchat("doctor")
     assert "sweeps: one dispatch per timestep" in r.stdout or "sweeps: one persistent dispatch" in r.stdout
+
+
+def test_resident_geometry():
+    """Register-resident sweeps at v3 on an H200 (132 SMs): a workgroup per tile, 128 of them,
+    within the threads, shared memory and register budget; none where W_hh cannot fit (v5, or
+    too few workgroups)."""
+    for backward in (False, True):
+        tiles = gru.pick_resident_tiles(64, 512, 132, 1024, 48 * 1024, backward)
+        ks, n_tiles, threads, nbytes = gru.resident_shape(tiles, 64, 512, backward)
+        assert n_tiles == 128 and nbytes <= 48 * 1024
+        assert threads * gru.resident_registers(tiles, backward) <= gru.REGISTER_FILE
+        assert ks * tiles.kv * 4 >= (3 if backward else 1) * 512  # the slices cover the reduction
+        assert gru.pick_resident_tiles(32, 2048, 132, 1024, 48 * 1024, backward) is None
+        assert gru.pick_resident_tiles(64, 512, 1, 1024, 48 * 1024, backward) is None
+    with pytest.raises(ValueError, match="batch = lanes"):
+        gru.resident_defines(gru.ResidentTiles(16, 16, 2, 6, 4, 8), 64, 512, 32, backward=True)

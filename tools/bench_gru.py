@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat.vk import slots  # noqa: E402
-from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
@@ -48,13 +48,46 @@ def candidates(dev, B: int, H: int, backward: bool, n_max: int, resident: int, s
             ok.append(t)
     rng = np.random.default_rng(seed)
     pick = [ok[i] for i in rng.permutation(len(ok))[:n_max]]
-    first = tuple(gru.pick_tiles(B, H, backward, resident=resident, max_shared=dev.info.max_shared_memory_bytes))
+    if resident:  # register-resident W_hh: every variant that fits, first
+        pick = resident_candidates(dev, B, H, resident, backward) + pick
+    first = gru.pick_resident_tiles(B, H, resident, dev.info.max_workgroup_invocations,
+                                    dev.info.max_shared_memory_bytes, backward) if resident else None
+    first = first or tuple(gru.pick_tiles(B, H, backward, resident=resident,
+                                          max_shared=dev.info.max_shared_memory_bytes))
     return [first] + [t for t in pick if t != first]
 
 
-def _defines(t, backward: bool, H: int):
+def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> list:
+    """Resident tiles with a workgroup per tile within the register budget (gru.REGISTER_FILE)."""
+    out = []
+    for cols, per, kv, batch, sl in itertools.product((4, 8, 16, 32), (1, 2, 4), (1, 2, 3, 4, 6, 8),
+                                                      (0,) if backward else (2, 4, 8), (8, 32)):
+        lane_tiles = resident // gru.ceil_div(H, cols)
+        if cols % per or lane_tiles < 1 or (4 if backward else 12) * per * kv > 96:
+            continue
+        lanes = gru.ceil_div(B, min(B, lane_tiles))
+        lanes = gru.ceil_div(lanes, batch) * batch if batch else lanes
+        t = gru.ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
+        _, n_tiles, nt, nbytes = gru.resident_shape(t, B, H, backward)
+        if n_tiles <= resident and 64 <= nt <= dev.info.max_workgroup_invocations \
+                and nbytes <= dev.info.max_shared_memory_bytes \
+                and nt * gru.resident_registers(t, backward) <= gru.REGISTER_FILE:
+            out.append(t)
+    return out
+
+
+def n_workgroups(t, B: int, H: int, backward: bool) -> int:
+    if isinstance(t, gru.ResidentTiles):
+        return gru.resident_shape(t, B, H, backward)[1]
+    return gru.n_workgroups(t, B, H, backward)
+
+
+def _defines(dev, t, backward: bool, B: int, H: int):
     """The shader and defines GruForward/GruBackward compile for tiles t (to precompile in parallel)."""
-    return ("gru_backward" if backward else "gru_forward"), gru.shader_defines(t, H, backward)
+    name = "gru_backward" if backward else "gru_forward"
+    if isinstance(t, gru.ResidentTiles):
+        return name + "_resident", gru.resident_defines(t, B, H, dev.info.subgroup_size, 0, backward)
+    return name, gru.shader_defines(t, H, backward)
 
 
 class Case:
@@ -89,7 +122,10 @@ class Case:
 
 
 def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
-    """Median microseconds per step of one recorded sweep of `steps` steps, and its output."""
+    """Median microseconds per step of one recorded sweep of `steps` steps, and its output (NaN
+    first: a kernel that writes nothing cannot pass as a match)."""
+    host_view(out)[:] = np.nan
+    case.dev.upload([out])
     seq = case.dev.sequence()
     for op in ops:
         seq.record(op)
@@ -110,7 +146,7 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
     for backward in (False, True):
         cands = candidates(dev, B, H, backward, n_max, persistent)
         with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
-            list(pool.map(lambda t: compile_shader(*_defines(t, backward, H)), cands))
+            list(pool.map(lambda t: compile_shader(*_defines(dev, t, backward, B, H)), cands))
         rows, ref_out = [], None
         if backward:  # the backward reads save/hprev of a forward sweep
             run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])
@@ -124,7 +160,8 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
             if ref_out is None:
                 ref_out = out
             err = float(np.abs(out - ref_out).max() / max(np.abs(ref_out).max(), 1e-30))
-            rows.append((us, tiles, gru.n_workgroups(tiles, B, H, backward), err))
+            err = err if np.isfinite(err) else float("inf")
+            rows.append((us, tiles, n_workgroups(tiles, B, H, backward), err))
         rows.sort(key=lambda r: (r[3] > 1e-4, r[0]))
         kind = "backward" if backward else "forward"
         mode = f"persistent sweeps over <= {persistent} workgroups" if persistent else "a dispatch per step"
@@ -165,9 +202,16 @@ def main(argv=None):
         cfg = cfgmod.load(args.apply)
         shape = (cfg.data.batch_lanes, cfg.model.hidden)
         best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max, persistent)
-        orig = gru.pick_tiles
+        orig, orig_res = gru.pick_tiles, gru.pick_resident_tiles
         gru.pick_tiles = lambda B, H, backward=False, **kw: (best["backward"] if backward else best["forward"]) \
             if (B, H) == shape else orig(B, H, backward, **kw)
+        def pick_res(B, H, workgroups, max_threads, max_shared, backward=False):
+            if (B, H) != shape:
+                return orig_res(B, H, workgroups, max_threads, max_shared, backward)
+            t = best["backward" if backward else "forward"]
+            return t if isinstance(t, gru.ResidentTiles) else None
+
+        gru.pick_resident_tiles = pick_res
         c = bench.bench_catchat(cfg, dev, 3, 1)
         print(f"{args.apply} with tiles {best}: train {c['train_tokens_per_s']:,.0f} tok/s, step {c['step_ms']:.1f} ms "
               f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}), eval {c['eval_tokens_per_s']:,.0f} tok/s")

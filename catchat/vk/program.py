@@ -52,7 +52,7 @@ from catchat.vk.device import Device, host_view
 from catchat.vk.kernels import Axpby, ParityResult, compare
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm, colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import GruBackward, GruForward
+from catchat.vk.kernels.gru import GruBackward, GruForward, sync_words
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject, optimizer_hyper_words
@@ -125,7 +125,7 @@ class Program:
         words = (P + slots.HP_WORDS + slots.ST_WORDS + 3 * R + 2 * L * B * H  # params, hyper, stats, data, h0/hT
                  + (L + 1) * R * H + 2 * L * R * H + L * R * 4 * H + L * R  # x, o, hprev, save, rstd
                  + R * 3 * H + V * 3 * H + R * V + 2 * R  # gi, table0, logits, row_loss/flags
-                 + 3 * L)  # the forward sweeps' grid-barrier words
+                 + sync_words(B) * L)  # the forward sweeps' grid-barrier words
         if training:
             sk_w = gemm_split_k(dev, 3 * H, H, R) if dev is not None else 1
             sk_h = gemm_split_k(dev, V, H, R) if dev is not None else 1
@@ -137,7 +137,7 @@ class Program:
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
-                      + L * (norm_parts * H + B * H + 3))  # per layer: RMSNorm dg partials, GRU dh scratch, barrier
+                      + L * (norm_parts * H + B * H + sync_words(B)))  # per layer: RMSNorm dg partials, GRU dh scratch, barrier
         return 4 * words
 
     # ----------------------------------------------------------------------------- buffers

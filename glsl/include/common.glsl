@@ -15,6 +15,11 @@ float rng_uniform(uint seed, uint stream, uint counter) { return float(rng_u32(s
 
 uint ceil_div(uint a, uint b) { return (a + b - 1u) / b; }
 
+// tanh that cannot produce NaN for large |a| (tanh(+-10) is +-1 in float32), and the sigmoid in
+// catchat.reference's form.
+float tanh_safe(float a) { return tanh(clamp(a, -10.0, 10.0)); }
+float sigmoid(float a) { return 0.5 * (1.0 + tanh_safe(0.5 * a)); }
+
 // A buffer that a persistent sweep (include/grid_sync.glsl) writes in one step and reads in the
 // next from other workgroups of the same dispatch: coherent, so those reads bypass the
 // non-coherent L1; nothing special in one-dispatch-per-step mode.

@@ -4,14 +4,15 @@
 // spin is bounded, and a workgroup that gives up raises an abort flag that releases every other
 // one and counts stats[ST_SYNC_TIMEOUTS] (the host turns that into an error).
 // Words of the `sync` buffer (zero between dispatches: the last workgroup out resets them):
-//   0 arrivals, 1 abort flag, 2 workgroups finished.
+//   0 abort flag, 1 workgroups finished, 2 + g arrivals of group g. A grid_sync waits for every
+//   workgroup; a group_sync only for the n workgroups of one group (those whose data it reads).
 // The includer declares the uint buffer `stats` and defines SYNC_BINDING (the sync words).
 #ifndef CATCHAT_GRID_SYNC_GLSL
 #define CATCHAT_GRID_SYNC_GLSL
 #include "slots.glsl"
 
 // volatile: every poll is a fresh (L2) load, not an atomic: 100+ pollers would queue on the atomic unit
-layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint sync_words[]; };  // [3]
+layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint sync_words[]; };  // [2 + groups]
 
 #ifndef SYNC_SPIN_LIMIT
 #define SYNC_SPIN_LIMIT (1u << 22)  // polls (~1 us each) before a workgroup gives up
@@ -19,23 +20,28 @@ layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint syn
 
 shared bool sync_ok;
 
-// Wait until every workgroup has arrived here k times in this dispatch; false when aborted.
-// Uniform per workgroup. Buffer writes before it are visible to every workgroup after it.
-bool grid_sync(uint k) {
+// A group barrier in two halves, so a workgroup can do work nobody waits for in between:
+// group_arrive publishes this workgroup's buffer writes and counts its arrival; group_wait(k, ...)
+// returns once the n workgroups of `group` have each arrived k times in this dispatch, false when
+// aborted. Both uniform per workgroup. Writes before the arrive are visible to the group after
+// the wait.
+void group_arrive(uint group) {
     memoryBarrierBuffer();  // this invocation's writes reach device scope before the arrival
     barrier();
+    if (gl_LocalInvocationIndex == 0u) atomicAdd(sync_words[2u + group], 1u);
+}
+
+bool group_wait(uint k, uint group, uint n) {
     if (gl_LocalInvocationIndex == 0u) {
-        uint target = k * gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z;
-        uint arrived = atomicAdd(sync_words[0], 1u) + 1u;
+        uint word = 2u + group, target = k * n;
         bool ok = true;
-        for (uint spins = 0u; arrived < target; ++spins) {
-            if (spins >= SYNC_SPIN_LIMIT || sync_words[1] != 0u) {
+        for (uint spins = 0u; sync_words[word] < target; ++spins) {
+            if (spins >= SYNC_SPIN_LIMIT || sync_words[0] != 0u) {
                 ok = false;
                 break;
             }
-            arrived = sync_words[0];
         }
-        if (!ok && atomicExchange(sync_words[1], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
+        if (!ok && atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
         sync_ok = ok;
         memoryBarrierBuffer();
     }
@@ -43,16 +49,22 @@ bool grid_sync(uint k) {
     return sync_ok;
 }
 
-// Call once at the end of a persistent dispatch: the last workgroup out zeroes the sync words.
-void grid_sync_done() {
+bool group_sync(uint k, uint group, uint n) {
+    group_arrive(group);
+    return group_wait(k, group, n);
+}
+
+uint n_workgroups() { return gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z; }
+
+// Every workgroup of the dispatch, k-th time.
+bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
+
+// Call once at the end of a persistent dispatch that used groups 0..n_groups-1: the last
+// workgroup out zeroes the sync words.
+void grid_sync_done(uint n_groups) {
     barrier();
-    if (gl_LocalInvocationIndex == 0u) {
-        uint n = gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z;
-        if (atomicAdd(sync_words[2], 1u) + 1u == n) {
-            atomicExchange(sync_words[0], 0u);
-            atomicExchange(sync_words[1], 0u);
-            atomicExchange(sync_words[2], 0u);
-        }
+    if (gl_LocalInvocationIndex == 0u && atomicAdd(sync_words[1], 1u) + 1u == n_workgroups()) {
+        for (uint w = 0u; w < 2u + n_groups; ++w) atomicExchange(sync_words[w], 0u);
     }
 }
 #endif

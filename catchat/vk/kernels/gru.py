@@ -20,6 +20,7 @@ dispatch (the per-timestep path interleaves other kernels between steps).
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -64,6 +65,99 @@ def shader_defines(tiles, H: int, backward: bool) -> dict:
 # per resident workgroup: bigger tiles, tried in order, the one with the most tiles that still fit.
 PERSISTENT_FORWARD_TILES = ((8, 16, 4, 2, 1, 64), (4, 16, 4, 2, 2, 64), (8, 16, 4, 2, 2, 64))
 PERSISTENT_BACKWARD_TILES = ((4, 16, 8, 1, 1, 128), (8, 8, 8, 1, 2, 128), (8, 16, 4, 1, 2, 128))
+
+
+class ResidentTiles(NamedTuple):
+    """Tiles of a register-resident sweep (glsl/gru_*_resident.comp): a workgroup owns `cols`
+    outputs (forward: units, backward: columns of dh) x `lanes`; a thread owns `per_thread` of
+    the cols and `kv` vec4 of the reduction (forward: k of H, backward: rows of 3H), i.e.
+    12*per_thread*kv (forward) or 4*per_thread*kv (backward) floats of W_hh, and sums `batch`
+    lanes at a time (backward: all lanes); up to `sl` slices reduce by subgroup shuffles."""
+
+    cols: int
+    lanes: int
+    per_thread: int
+    kv: int
+    batch: int
+    sl: int = 32
+
+
+# Candidates (cols, per_thread, kv, batch or 0 = all lanes, sl) in order of preference; the lanes
+# per tile follow from the workgroups available (the fewest that leave one workgroup per tile).
+# Measured on an H200 at B=64 H=512 (a v3 layer's sweep, us per step, one persistent dispatch):
+# forward (16, 2, 2, 4) 7.5, (32, 1, 4, 2) 7.9-12.9 (1024 threads: over the register budget),
+# tiled 18; backward (16, 2, 6, 0, 8) 9.6, tiled ~20. See docs/benchmarks.md.
+RESIDENT_FORWARD_TILES = ((16, 2, 2, 4, 32), (8, 2, 2, 4, 32), (4, 2, 2, 2, 32), (2, 1, 2, 2, 32))
+RESIDENT_BACKWARD_TILES = ((16, 2, 6, 0, 8), (8, 2, 6, 0, 8), (4, 2, 4, 0, 8), (2, 1, 4, 0, 8))
+# 32-bit registers per SM (every NVIDIA GPU since Kepler; resident sweeps run where the driver
+# reports SMs, i.e. NVIDIA): a workgroup whose threads need more than REGISTER_FILE / threads
+# each would spill its W_hh slice to memory or not launch.
+REGISTER_FILE = 65536
+
+
+def resident_registers(tiles: "ResidentTiles", backward: bool) -> int:
+    """Registers a thread of a resident sweep needs, roughly: W_hh, partial sums, 24 for the rest."""
+    t = tiles
+    w = (4 if backward else 12) * t.per_thread * t.kv
+    return w + (1 if backward else 3) * t.per_thread * t.batch + 24
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool) -> tuple[int, int, int, int]:
+    """(slices, tiles, threads, shared bytes) of resident `tiles` at [B, H]. The slices are a
+    power of two with slices * kv * 4 >= the reduction (H forward, 3H backward)."""
+    ks = next_pow2(ceil_div((3 if backward else 1) * H, 4 * tiles.kv))
+    n_tiles = ceil_div(H, tiles.cols) * ceil_div(B, tiles.lanes)
+    kg = ks // min(ks, tiles.sl)
+    if backward:  # gs [2][TB*KS] vec4 + red [KG*TB*NK]
+        nbytes = 32 * tiles.lanes * ks + 4 * kg * tiles.lanes * tiles.cols
+    else:  # hs [TB*KS*KV] vec4 + red [KG*3*TB*NU]
+        nbytes = 16 * tiles.lanes * ks * tiles.kv + 12 * kg * tiles.lanes * tiles.cols
+    return ks, n_tiles, tiles.cols // tiles.per_thread * ks, nbytes
+
+
+def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_shared: int,
+                        backward: bool = False):
+    """The first resident candidate that gives every tile its own workgroup within the limits
+    (threads, shared memory, registers; None: W_hh does not fit on chip this way, the tiled
+    shader runs)."""
+    for cols, per, kv, batch, sl in (RESIDENT_BACKWARD_TILES if backward else RESIDENT_FORWARD_TILES):
+        lane_tiles = workgroups // ceil_div(H, cols)
+        if lane_tiles < 1:
+            continue
+        lanes = ceil_div(B, min(B, lane_tiles))
+        if batch:
+            lanes = ceil_div(lanes, batch) * batch
+        tiles = ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
+        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward)
+        if n_tiles <= workgroups and nt <= max_threads and nbytes <= max_shared \
+                and nt * resident_registers(tiles, backward) <= REGISTER_FILE:
+            return tiles
+    return None
+
+
+def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: int = 0,
+                     backward: bool = False) -> dict:
+    """Compile-time defines of gru_{forward,backward}_resident.comp (see their headers). off: the
+    element offset of the buffer read as vec4 rows (forward o, backward dGh): vec4 loads need it
+    and H to be multiples of 4."""
+    t = tiles
+    if t.cols % t.per_thread or t.lanes % t.batch or min(t) < 1 or (backward and t.batch != t.lanes):
+        raise ValueError(f"bad resident tiles {t}: per_thread must divide cols, batch divide lanes "
+                         "(backward: batch = lanes)")
+    ks = resident_shape(t, B, H, backward)[0]
+    sl = min(ks, t.sl, next_pow2(subgroup + 1) // 2)  # a power of two <= the subgroup size
+    log2sl, nv = sl.bit_length() - 1, (1 if backward else 3) * t.per_thread * t.batch
+    ntr = min(log2sl, (nv & -nv).bit_length() - 1)  # halvings while the value count stays whole
+    vec4_rows = {("GV4" if backward else "HV4"): 1} if H % 4 == 0 and off % 4 == 0 else {}
+    names = ("NK", "TB", "RK", "KV") if backward else ("NU", "TB", "RU", "KV")
+    d = dict(zip(names, (t.cols, t.lanes, t.per_thread, t.kv)))
+    if not backward:
+        d["LB"] = t.batch
+    return {**d, "KS": ks, "SL": sl, "LOG2SL": log2sl, "NTR": ntr, **vec4_rows}
 
 
 def resident_workgroups(dev: Device) -> int:
@@ -117,6 +211,12 @@ def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_sh
     return cands[-1][0]
 
 
+def sync_words(B: int) -> int:
+    """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group
+    per lane (glsl/include/grid_sync.glsl)."""
+    return 2 + int(B)
+
+
 def _need(tensor, n: int, what: str) -> None:
     """Out-of-bounds shader writes are silent: check every operand is big enough up front."""
     if tensor.size() < n:
@@ -152,14 +252,29 @@ class _Sweep(Kernel):
     backward = False
 
     def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
-        """Tiles (given, or picked for this device and sweep mode), then both shader variants."""
-        B, H, backward = self.B, self.H, self.backward
+        """Tiles (given, or picked for this device and sweep mode), then both shader variants. A
+        sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
+        gru_*_resident.comp)."""
+        B, H, backward, info = self.B, self.H, self.backward, dev.info
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        self.tiles = tuple(tiles or pick_tiles(B, H, backward, resident, dev.info.max_shared_memory_bytes))
-        self.shared_bytes = _check_tiles(dev, self.tiles, backward)
-        n_tiles, spec = n_workgroups(self.tiles, B, H, backward), list(self.tiles[:3])
-        defines = shader_defines(self.tiles, H, backward)
-        Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines)
+        if tiles is None and resident:
+            tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
+                                        backward)
+        self.tiles = tiles or pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes)
+        if isinstance(self.tiles, ResidentTiles):
+            _, n_tiles, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward)
+            if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
+                raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
+                                 f"of shared memory (limits {info.max_workgroup_invocations}, "
+                                 f"{info.max_shared_memory_bytes})")
+            shader, spec = self.shader + "_resident", [nt]
+            defines = resident_defines(self.tiles, B, H, info.subgroup_size, self.vec4_offset, backward)
+        else:
+            self.tiles = tuple(self.tiles)
+            self.shared_bytes = _check_tiles(dev, self.tiles, backward)
+            n_tiles, spec = n_workgroups(self.tiles, B, H, backward), list(self.tiles[:3])
+            shader, defines = self.shader, shader_defines(self.tiles, H, backward)
+        Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
         self.sweep_algo = None
         if self.sweep_workgroups:
@@ -167,9 +282,9 @@ class _Sweep(Kernel):
                                             [self.sweep_workgroups], spec_consts=spec, push_consts=pack_push(*push))
 
     @staticmethod
-    def _sync_tensors(dev: Device, stats):
-        """The grid barrier's zeroed words [3] and the stats buffer (a private one if None)."""
-        sync = dev.tensor(np.zeros(3, np.uint32), np.uint32)
+    def _sync_tensors(dev: Device, stats, B: int):
+        """The grid barrier's zeroed words and the stats buffer (a private one if None)."""
+        sync = dev.tensor(np.zeros(sync_words(B), np.uint32), np.uint32)
         own = stats is None
         stats = dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32) if own else stats
         dev.upload([sync] + ([stats] if own else []))
@@ -212,7 +327,8 @@ class GruForward(_Sweep):
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
-        self.sync, self.stats = self._sync_tensors(dev, stats)
+        self.vec4_offset = o_off  # the resident shader reads o[t-1] rows as vec4
+        self.sync, self.stats = self._sync_tensors(dev, stats, B)
         self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats], tiles, persistent,
                     (0, T, B, H, *self.offsets, 1))
 
@@ -260,7 +376,8 @@ class GruBackward(_Sweep):
             _need(t, n, what)
         self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
-        self.sync, _ = self._sync_tensors(dev, stats)
+        self.vec4_offset = dgh_off  # the resident shader reads dGh[s] rows as vec4
+        self.sync, _ = self._sync_tensors(dev, stats, B)
         self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
                     tiles, persistent, (0, T, B, H, *self.offsets, 1))
 
@@ -402,6 +519,7 @@ def expected_gru(case, clamp: float = 0.0):
 
 
 AUTO = (None, None)
+R = ResidentTiles
 CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tiles
     (1, 1, 1, AUTO, 0.0),
     (5, 3, 7, AUTO, 0.0),
@@ -412,12 +530,23 @@ CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tile
     (6, 5, 64, AUTO, 0.0),
     (6, 5, 64, (FORWARD_TILES[0][0], BACKWARD_TILES[0][0]), 0.03),  # the big-GPU tiles
     (4, 3, 130, (FORWARD_TILES[1][0], BACKWARD_TILES[1][0]), 0.0),
+    # register-resident forward (NU, TB, RU, KV, LB): shuffle levels transposed and plain, partial
+    # k-slices, units and lanes; one slice (no shuffles) at H=7; fewer threads than gate outputs
+    # and more lanes per tile than B at H=12
+    (5, 3, 7, (R(2, 1, 1, 2, 1), R(2, 1, 1, 1, 1)), 0.0),
+    (7, 3, 12, (R(16, 4, 2, 2, 4), R(16, 4, 2, 2, 4)), 0.0),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), R(4, 2, 2, 3, 2, 4)), 0.02),
+    (6, 5, 64, (R(16, 4, 2, 2, 4), R(16, 5, 2, 6, 5, 8)), 0.0),
+    (6, 5, 64, (R(4, 5, 1, 1, 5), R(4, 5, 1, 1, 5, 2)), 0.03),
+    (4, 3, 130, (R(8, 2, 2, 2, 2), R(8, 2, 2, 4, 2)), 0.0),
 ]
 
 
 # Persistent sweeps (one dispatch, grid barrier between steps), several tiles per workgroup included
 PERSISTENT_CASES = [
     (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.02),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), R(4, 2, 2, 3, 2, 4)), 0.02),
+    (7, 6, 96, (R(16, 2, 2, 2, 2), R(16, 2, 2, 6, 2, 8)), 0.0),
     (6, 5, 64, AUTO, 0.03),
     (4, 3, 130, AUTO, 0.0),
 ]
