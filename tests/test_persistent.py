@@ -34,6 +34,9 @@ def test_programs_pick_persistent_sweeps_from_the_environment(dev, monkeypatch):
     prog = Program(dev, spec, 5, 2, training=True)
     assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.fwd_layers)
     assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.bwd_layers)
+    # one tile fits one workgroup at H=8: W_hh stays in registers (so the whole-model tests with
+    # CATCHAT_PERSISTENT=1 run the resident kernels)
+    assert all(k["gru"].shader.endswith("_resident") for k in prog.fwd_layers + prog.bwd_layers)
     monkeypatch.setenv("CATCHAT_PERSISTENT", "0")
     prog = Program(dev, spec, 5, 2, training=True)
     assert [len(k["gru"].sweep_ops()) for k in prog.fwd_layers + prog.bwd_layers] == [5, 5, 6, 6]
@@ -132,5 +135,9 @@ def test_resident_geometry():
         assert ks * tiles.kv * 4 >= (3 if backward else 1) * 512  # the slices cover the reduction
         assert gru.pick_resident_tiles(32, 2048, 132, 1024, 48 * 1024, backward) is None
         assert gru.pick_resident_tiles(64, 512, 1, 1024, 48 * 1024, backward) is None
+        # a subgroup smaller than the tiles' shuffle width leaves more slice groups to sum
+        # through shared memory
+        small = gru.resident_shape(tiles, 64, 512, backward, subgroup=8)[3]
+        assert small > nbytes if tiles.sl > 8 else small == nbytes
     with pytest.raises(ValueError, match="batch = lanes"):
         gru.resident_defines(gru.ResidentTiles(16, 16, 2, 6, 4, 8), 64, 512, 32, backward=True)

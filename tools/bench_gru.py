@@ -51,7 +51,7 @@ def candidates(dev, B: int, H: int, backward: bool, n_max: int, resident: int, s
     if resident:  # register-resident W_hh: every variant that fits, first
         pick = resident_candidates(dev, B, H, resident, backward) + pick
     first = gru.pick_resident_tiles(B, H, resident, dev.info.max_workgroup_invocations,
-                                    dev.info.max_shared_memory_bytes, backward) if resident else None
+                                    dev.info.max_shared_memory_bytes, backward, dev.info.subgroup_size) if resident else None
     first = first or tuple(gru.pick_tiles(B, H, backward, resident=resident,
                                           max_shared=dev.info.max_shared_memory_bytes))
     return [first] + [t for t in pick if t != first]
@@ -68,7 +68,7 @@ def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> l
         lanes = gru.ceil_div(B, min(B, lane_tiles))
         lanes = gru.ceil_div(lanes, batch) * batch if batch else lanes
         t = gru.ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
-        _, n_tiles, nt, nbytes = gru.resident_shape(t, B, H, backward)
+        _, n_tiles, nt, nbytes = gru.resident_shape(t, B, H, backward, dev.info.subgroup_size)
         if n_tiles <= resident and 64 <= nt <= dev.info.max_workgroup_invocations \
                 and nbytes <= dev.info.max_shared_memory_bytes \
                 and nt * gru.resident_registers(t, backward) <= gru.REGISTER_FILE:
@@ -205,9 +205,9 @@ def main(argv=None):
         orig, orig_res = gru.pick_tiles, gru.pick_resident_tiles
         gru.pick_tiles = lambda B, H, backward=False, **kw: (best["backward"] if backward else best["forward"]) \
             if (B, H) == shape else orig(B, H, backward, **kw)
-        def pick_res(B, H, workgroups, max_threads, max_shared, backward=False):
+        def pick_res(B, H, workgroups, max_threads, max_shared, backward=False, subgroup=32):
             if (B, H) != shape:
-                return orig_res(B, H, workgroups, max_threads, max_shared, backward)
+                return orig_res(B, H, workgroups, max_threads, max_shared, backward, subgroup)
             t = best["backward" if backward else "forward"]
             return t if isinstance(t, gru.ResidentTiles) else None
 

@@ -106,12 +106,19 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
-def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool) -> tuple[int, int, int, int]:
-    """(slices, tiles, threads, shared bytes) of resident `tiles` at [B, H]. The slices are a
-    power of two with slices * kv * 4 >= the reduction (H forward, 3H backward)."""
+def shuffle_slices(tiles: ResidentTiles, ks: int, subgroup: int) -> int:
+    """Slices that reduce by shuffles: a power of two <= ks, tiles.sl and the subgroup size."""
+    return min(ks, tiles.sl, next_pow2(subgroup + 1) // 2)
+
+
+def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool,
+                   subgroup: int = 32) -> tuple[int, int, int, int]:
+    """(slices, tiles, threads, shared bytes) of resident `tiles` at [B, H] on a device with this
+    subgroup size. The slices are a power of two with slices * kv * 4 >= the reduction (H
+    forward, 3H backward)."""
     ks = next_pow2(ceil_div((3 if backward else 1) * H, 4 * tiles.kv))
     n_tiles = ceil_div(H, tiles.cols) * ceil_div(B, tiles.lanes)
-    kg = ks // min(ks, tiles.sl)
+    kg = ks // shuffle_slices(tiles, ks, subgroup)
     if backward:  # gs [2][TB*KS] vec4 + red [KG*TB*NK]
         nbytes = 32 * tiles.lanes * ks + 4 * kg * tiles.lanes * tiles.cols
     else:  # hs [TB*KS*KV] vec4 + red [KG*3*TB*NU]
@@ -120,7 +127,7 @@ def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool) -> tupl
 
 
 def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_shared: int,
-                        backward: bool = False):
+                        backward: bool = False, subgroup: int = 32):
     """The first resident candidate that gives every tile its own workgroup within the limits
     (threads, shared memory, registers; None: W_hh does not fit on chip this way, the tiled
     shader runs)."""
@@ -132,7 +139,7 @@ def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_s
         if batch:
             lanes = ceil_div(lanes, batch) * batch
         tiles = ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
-        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward)
+        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
         if n_tiles <= workgroups and nt <= max_threads and nbytes <= max_shared \
                 and nt * resident_registers(tiles, backward) <= REGISTER_FILE:
             return tiles
@@ -148,8 +155,8 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
     if t.cols % t.per_thread or t.lanes % t.batch or min(t) < 1 or (backward and t.batch != t.lanes):
         raise ValueError(f"bad resident tiles {t}: per_thread must divide cols, batch divide lanes "
                          "(backward: batch = lanes)")
-    ks = resident_shape(t, B, H, backward)[0]
-    sl = min(ks, t.sl, next_pow2(subgroup + 1) // 2)  # a power of two <= the subgroup size
+    ks = resident_shape(t, B, H, backward, subgroup)[0]
+    sl = shuffle_slices(t, ks, subgroup)
     log2sl, nv = sl.bit_length() - 1, (1 if backward else 3) * t.per_thread * t.batch
     ntr = min(log2sl, (nv & -nv).bit_length() - 1)  # halvings while the value count stays whole
     vec4_rows = {("GV4" if backward else "HV4"): 1} if H % 4 == 0 and off % 4 == 0 else {}
@@ -259,10 +266,10 @@ class _Sweep(Kernel):
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
         if tiles is None and resident:
             tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
-                                        backward)
+                                        backward, info.subgroup_size)
         self.tiles = tiles or pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes)
         if isinstance(self.tiles, ResidentTiles):
-            _, n_tiles, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward)
+            _, n_tiles, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
