@@ -58,28 +58,19 @@ def candidates(dev, B: int, H: int, backward: bool, n_max: int, resident: int, s
 
 
 def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> list:
-    """Resident tiles with a workgroup per tile within the register budget (gru.REGISTER_FILE)."""
-    out = []
+    """Every resident tile (a grid of candidates, at most 96 floats of W per thread, >= 64 threads)
+    that fits (`gru.resident_fits`)."""
+    info, out = dev.info, []
     for cols, per, kv, batch, sl in itertools.product((4, 8, 16, 32), (1, 2, 4), (1, 2, 3, 4, 6, 8),
                                                       (0,) if backward else (2, 4, 8), (8, 32)):
-        lane_tiles = resident // gru.ceil_div(H, cols)
-        if cols % per or lane_tiles < 1 or (4 if backward else 12) * per * kv > 96:
+        if cols % per or (4 if backward else 12) * per * kv > 96:
             continue
-        lanes = gru.ceil_div(B, min(B, lane_tiles))
-        lanes = gru.ceil_div(lanes, batch) * batch if batch else lanes
-        t = gru.ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
-        _, n_tiles, nt, nbytes = gru.resident_shape(t, B, H, backward, dev.info.subgroup_size)
-        if n_tiles <= resident and 64 <= nt <= dev.info.max_workgroup_invocations \
-                and nbytes <= dev.info.max_shared_memory_bytes \
-                and nt * gru.resident_registers(t, backward) <= gru.REGISTER_FILE:
+        t = gru.resident_candidate(B, H, resident, cols, per, kv, batch, sl)
+        if t and gru.resident_shape(t, B, H, backward)[2] >= 64 and gru.resident_fits(
+                t, B, H, backward, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
+                info.subgroup_size):
             out.append(t)
     return out
-
-
-def n_workgroups(t, B: int, H: int, backward: bool) -> int:
-    if isinstance(t, gru.ResidentTiles):
-        return gru.resident_shape(t, B, H, backward)[1]
-    return gru.n_workgroups(t, B, H, backward)
 
 
 def _defines(dev, t, backward: bool, B: int, H: int):
@@ -161,7 +152,7 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
                 ref_out = out
             err = float(np.abs(out - ref_out).max() / max(np.abs(ref_out).max(), 1e-30))
             err = err if np.isfinite(err) else float("inf")
-            rows.append((us, tiles, n_workgroups(tiles, B, H, backward), err))
+            rows.append((us, tiles, gru.tile_count(tiles, B, H, backward), err))
         rows.sort(key=lambda r: (r[3] > 1e-4, r[0]))
         kind = "backward" if backward else "forward"
         mode = f"persistent sweeps over <= {persistent} workgroups" if persistent else "a dispatch per step"

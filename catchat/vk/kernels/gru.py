@@ -95,7 +95,7 @@ RESIDENT_BACKWARD_TILES = ((16, 2, 6, 0, 8), (8, 2, 6, 0, 8), (4, 2, 4, 0, 8), (
 REGISTER_FILE = 65536
 
 
-def resident_registers(tiles: "ResidentTiles", backward: bool) -> int:
+def resident_registers(tiles: ResidentTiles, backward: bool) -> int:
     """Registers a thread of a resident sweep needs, roughly: W_hh, partial sums, 24 for the rest."""
     t = tiles
     w = (4 if backward else 12) * t.per_thread * t.kv
@@ -126,22 +126,34 @@ def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool,
     return ks, n_tiles, tiles.cols // tiles.per_thread * ks, nbytes
 
 
+def resident_candidate(B: int, H: int, workgroups: int, cols: int, per_thread: int, kv: int, batch: int,
+                       sl: int) -> ResidentTiles | None:
+    """The tiles of candidate (cols, per_thread, kv, batch or 0 = all lanes, sl) with the fewest
+    lanes per tile that leave a workgroup per tile (None: not even one lane tile fits)."""
+    lane_tiles = workgroups // ceil_div(H, cols)
+    if lane_tiles < 1:
+        return None
+    lanes = ceil_div(B, min(B, lane_tiles))
+    if batch:
+        lanes = ceil_div(lanes, batch) * batch
+    return ResidentTiles(cols, lanes, per_thread, kv, batch or lanes, sl)
+
+
+def resident_fits(tiles: ResidentTiles, B: int, H: int, backward: bool, workgroups: int, max_threads: int,
+                  max_shared: int, subgroup: int = 32) -> bool:
+    """A workgroup per tile within `workgroups`, the threads, the shared memory and the register file."""
+    _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
+    return (n_tiles <= workgroups and nt <= max_threads and nbytes <= max_shared
+            and nt * resident_registers(tiles, backward) <= REGISTER_FILE)
+
+
 def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_shared: int,
                         backward: bool = False, subgroup: int = 32):
-    """The first resident candidate that gives every tile its own workgroup within the limits
-    (threads, shared memory, registers; None: W_hh does not fit on chip this way, the tiled
-    shader runs)."""
-    for cols, per, kv, batch, sl in (RESIDENT_BACKWARD_TILES if backward else RESIDENT_FORWARD_TILES):
-        lane_tiles = workgroups // ceil_div(H, cols)
-        if lane_tiles < 1:
-            continue
-        lanes = ceil_div(B, min(B, lane_tiles))
-        if batch:
-            lanes = ceil_div(lanes, batch) * batch
-        tiles = ResidentTiles(cols, lanes, per, kv, batch or lanes, sl)
-        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
-        if n_tiles <= workgroups and nt <= max_threads and nbytes <= max_shared \
-                and nt * resident_registers(tiles, backward) <= REGISTER_FILE:
+    """The first resident candidate that fits (`resident_fits`; None: W_hh does not fit on chip
+    this way, the tiled shader runs)."""
+    for cand in (RESIDENT_BACKWARD_TILES if backward else RESIDENT_FORWARD_TILES):
+        tiles = resident_candidate(B, H, workgroups, *cand)
+        if tiles and resident_fits(tiles, B, H, backward, workgroups, max_threads, max_shared, subgroup):
             return tiles
     return None
 
@@ -200,6 +212,13 @@ def tile_extent(tiles, backward: bool) -> tuple[int, int]:
 def n_workgroups(tiles, B: int, H: int, backward: bool) -> int:
     tx, tb = tile_extent(tiles, backward)
     return ceil_div(H, tx) * ceil_div(B, tb)
+
+
+def tile_count(tiles, B: int, H: int, backward: bool) -> int:
+    """Tiles (workgroups of a per-step dispatch) of a sweep over [B, H] outputs, resident or tiled."""
+    if isinstance(tiles, ResidentTiles):
+        return resident_shape(tiles, B, H, backward)[1]
+    return n_workgroups(tiles, B, H, backward)
 
 
 def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_shared: int = 48 * 1024):
@@ -269,7 +288,7 @@ class _Sweep(Kernel):
                                         backward, info.subgroup_size)
         self.tiles = tiles or pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes)
         if isinstance(self.tiles, ResidentTiles):
-            _, n_tiles, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
+            _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
@@ -279,8 +298,8 @@ class _Sweep(Kernel):
         else:
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
-            n_tiles, spec = n_workgroups(self.tiles, B, H, backward), list(self.tiles[:3])
-            shader, defines = self.shader, shader_defines(self.tiles, H, backward)
+            spec, shader, defines = list(self.tiles[:3]), self.shader, shader_defines(self.tiles, H, backward)
+        n_tiles = tile_count(self.tiles, B, H, backward)
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
         self.sweep_algo = None
