@@ -249,14 +249,16 @@ void main() {
 #endif
             if (live) put_state(t, j0, b0, tid, v);
             if (resident && more) gi3 = gate_inputs(t + 1u, j0, b0, tid);
+#ifdef PERSISTENT
             if (!resident || !more) barrier();  // hs and red are reused by the next tile
+#else
+            barrier();
+#endif
         }
 #ifdef PERSISTENT
         if (t + 1u < pc.t_end) {
             if (!(resident ? group_wait(t + 1u - pc.t, group, group_n) : grid_sync(t + 1u - pc.t))) break;
         }
-#else
-        barrier();
 #endif
     }
 #ifdef PERSISTENT

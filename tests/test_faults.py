@@ -25,6 +25,7 @@ from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, Usage
 from catchat.model import ModelSpec
 from catchat.train import Trainer
 from catchat.vk.device import Device, format_bytes
+from catchat.vk.kernels import gru
 from catchat.vk.program import Program, StepHyper, random_window
 
 from support import assert_clean_error, build_scene_corpus, catchat
@@ -439,11 +440,16 @@ def test_too_little_device_memory_is_refused_before_allocating(dev):
 
 @pytest.mark.parametrize("spec,T,B", [(ModelSpec(101, 12, 2), 16, 4), (ModelSpec(101, 33, 3, tie_embeddings=True), 20, 7),
                                       (ModelSpec(101, 64, 1), 64, 32)])
-def test_planned_bytes_is_what_a_program_allocates(dev, spec, T, B):
+@pytest.mark.parametrize("persistent", ["0", "64"])  # 64: resident sweeps, the backward's partial products
+def test_planned_bytes_is_what_a_program_allocates(dev, spec, T, B, persistent, monkeypatch):
+    monkeypatch.setenv("CATCHAT_PERSISTENT", persistent)
     for training in (True, False):
         before = dev.allocated_bytes
-        Program(dev, spec, T, B, training=training)
+        prog = Program(dev, spec, T, B, training=training)
         assert dev.allocated_bytes - before == Program.planned_bytes(spec, T, B, training, dev)
+        if training:
+            resident = [isinstance(lay["gru"].tiles, gru.ResidentTiles) for lay in prog.bwd_layers]
+            assert all(resident) == (persistent == "64")
 
 
 def test_huge_model_cli_names_size_and_keys(cfg_path, tmp_path):

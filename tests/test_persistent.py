@@ -132,12 +132,29 @@ def test_resident_geometry():
         ks, n_tiles, threads, nbytes = gru.resident_shape(tiles, 64, 512, backward)
         assert n_tiles == 128 and nbytes <= 48 * 1024
         assert threads * gru.resident_registers(tiles, backward) <= gru.REGISTER_FILE
-        assert ks * tiles.kv * 4 >= (3 if backward else 1) * 512  # the slices cover the reduction
+        if backward:  # the threads' columns cover dh, once per row slice
+            assert threads * tiles.per_thread >= 512 * ks and ks == tiles.sl and tiles.batch % 4 == 0
+        else:  # the slices cover the reduction
+            assert ks * tiles.kv * 4 >= 512
         assert gru.pick_resident_tiles(32, 2048, 132, 1024, 48 * 1024, backward) is None
         assert gru.pick_resident_tiles(64, 512, 1, 1024, 48 * 1024, backward) is None
         # a subgroup smaller than the tiles' shuffle width leaves more slice groups to sum
-        # through shared memory
-        small = gru.resident_shape(tiles, 64, 512, backward, subgroup=8)[3]
-        assert small > nbytes if tiles.sl > 8 else small == nbytes
-    with pytest.raises(ValueError, match="batch = lanes"):
-        gru.resident_defines(gru.ResidentTiles(16, 16, 2, 6, 4, 8), 64, 512, 32, backward=True)
+        # through shared memory (forward) or fewer row slices (backward)
+        small = gru.resident_shape(tiles, 64, 512, backward, subgroup=8)
+        if backward:
+            assert gru.resident_shape(tiles, 64, 512, True, subgroup=1)[0] == 1 < ks
+        else:
+            assert small[3] > nbytes if tiles.sl > 8 else small[3] == nbytes
+    with pytest.raises(ValueError, match="batch divide lanes"):
+        gru.resident_defines(gru.ResidentTiles(16, 16, 2, 6, 5, 8), 64, 512, 32)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        gru.resident_defines(gru.resident_backward(16, 16, 4, 4, 6), 64, 512, 32, backward=True)
+    with pytest.raises(ValueError, match="power of two"):
+        gru.resident_defines(gru.resident_backward(16, 16, 4, 3, 8), 64, 512, 32, backward=True)
+
+
+def test_resident_backward_partials_are_counted():
+    """The resident backward sweep's partial products are scratch the memory plan includes."""
+    tiles = gru.resident_backward(16, 16, 4, 4, 8)
+    assert gru.partial_words(64, 512, tiles) == 2 * 32 * 64 * 512
+    assert gru.partial_words(64, 512, (4, 16, 8, 1, 1, 128)) == 0  # tiled sweeps have none

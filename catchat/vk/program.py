@@ -52,7 +52,7 @@ from catchat.vk.device import Device, host_view
 from catchat.vk.kernels import Axpby, ParityResult, compare
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm, colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import GruBackward, GruForward, sync_words
+from catchat.vk.kernels.gru import GruBackward, GruForward, backward_scratch_words, sync_words
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject, optimizer_hyper_words
@@ -137,7 +137,7 @@ class Program:
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
-                      + L * (norm_parts * H + B * H + sync_words(B)))  # per layer: RMSNorm dg partials, GRU dh scratch, barrier
+                      + L * (norm_parts * H + backward_scratch_words(dev, B, H)))  # per layer: RMSNorm dg partials, GRU sweep scratch
         return 4 * words
 
     # ----------------------------------------------------------------------------- buffers

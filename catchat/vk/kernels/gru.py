@@ -69,10 +69,12 @@ PERSISTENT_BACKWARD_TILES = ((4, 16, 8, 1, 1, 128), (8, 8, 8, 1, 2, 128), (8, 16
 
 class ResidentTiles(NamedTuple):
     """Tiles of a register-resident sweep (glsl/gru_*_resident.comp): a workgroup owns `cols`
-    outputs (forward: units, backward: columns of dh) x `lanes`; a thread owns `per_thread` of
-    the cols and `kv` vec4 of the reduction (forward: k of H, backward: rows of 3H), i.e.
-    12*per_thread*kv (forward) or 4*per_thread*kv (backward) floats of W_hh, and sums `batch`
-    lanes at a time (backward: all lanes); up to `sl` slices reduce by subgroup shuffles."""
+    units x `lanes`, i.e. their 3*cols rows of W_hh.
+    Forward: a thread owns `per_thread` of the units and `kv` vec4 of the reduction over k,
+    12*per_thread*kv floats of W_hh, sums `batch` lanes at a time, and up to `sl` slices reduce
+    by subgroup shuffles. Backward: a thread owns `per_thread` columns of dh and one of `sl` row
+    slices, ceil(3*cols/sl)*per_thread floats of W_hh, and sums `batch` lanes (a multiple of 4) at
+    a time; the slices reduce by shuffles; kv is unused (0)."""
 
     cols: int
     lanes: int
@@ -86,9 +88,12 @@ class ResidentTiles(NamedTuple):
 # per tile follow from the workgroups available (the fewest that leave one workgroup per tile).
 # Measured on an H200 at B=64 H=512 (a v3 layer's sweep, us per step, one persistent dispatch):
 # forward (16, 2, 2, 4) 7.5, (32, 1, 4, 2) 7.9-12.9 (1024 threads: over the register budget),
-# tiled 18; backward (16, 2, 6, 0, 8) 9.6, tiled ~20. See docs/benchmarks.md.
+# tiled 18; backward split by columns of dh (staging dGh[s] of the lane tile) 9.6, tiled ~20; by
+# rows (ms per sweep inside a training step): (16, 2, 0, 8, 2) 8.34, (16, 2, 0, 16, 1) 8.34,
+# (16, 1, 0, 16, 1) 8.96, (16, 2, 0, 16, 2) 9.3, (16, 4, 0, 4, 4) 10.5, (16, 8, 0, 4, 8) 10.8,
+# (16, 4, 0, 8, 4) 12.1. See docs/benchmarks.md.
 RESIDENT_FORWARD_TILES = ((16, 2, 2, 4, 32), (8, 2, 2, 4, 32), (4, 2, 2, 2, 32), (2, 1, 2, 2, 32))
-RESIDENT_BACKWARD_TILES = ((16, 2, 6, 0, 8), (8, 2, 6, 0, 8), (4, 2, 4, 0, 8), (2, 1, 4, 0, 8))
+RESIDENT_BACKWARD_TILES = ((16, 2, 0, 8, 2), (8, 2, 0, 8, 2), (8, 4, 0, 8, 2), (4, 4, 0, 8, 2), (2, 4, 0, 8, 2))
 # 32-bit registers per SM (every NVIDIA GPU since Kepler; resident sweeps run where the driver
 # reports SMs, i.e. NVIDIA): a workgroup whose threads need more than REGISTER_FILE / threads
 # each would spill its W_hh slice to memory or not launch.
@@ -98,8 +103,9 @@ REGISTER_FILE = 65536
 def resident_registers(tiles: ResidentTiles, backward: bool) -> int:
     """Registers a thread of a resident sweep needs, roughly: W_hh, partial sums, 24 for the rest."""
     t = tiles
-    w = (4 if backward else 12) * t.per_thread * t.kv
-    return w + (1 if backward else 3) * t.per_thread * t.batch + 24
+    if backward:
+        return (ceil_div(3 * t.cols, t.sl) + t.batch) * t.per_thread + 24
+    return 12 * t.per_thread * t.kv + 3 * t.per_thread * t.batch + 24
 
 
 def next_pow2(n: int) -> int:
@@ -114,16 +120,25 @@ def shuffle_slices(tiles: ResidentTiles, ks: int, subgroup: int) -> int:
 def resident_shape(tiles: ResidentTiles, B: int, H: int, backward: bool,
                    subgroup: int = 32) -> tuple[int, int, int, int]:
     """(slices, tiles, threads, shared bytes) of resident `tiles` at [B, H] on a device with this
-    subgroup size. The slices are a power of two with slices * kv * 4 >= the reduction (H
-    forward, 3H backward)."""
-    ks = next_pow2(ceil_div((3 if backward else 1) * H, 4 * tiles.kv))
+    subgroup size. Forward: the slices are a power of two with slices * kv * 4 >= H. Backward:
+    the row slices (at most the subgroup size); threads * per_thread / slices cover H columns, in
+    whole subgroups."""
     n_tiles = ceil_div(H, tiles.cols) * ceil_div(B, tiles.lanes)
+    if backward:  # dgs [3*cols][lanes in whole batches / 4 + 1] vec4
+        sl = shuffle_slices(tiles, next_pow2(3 * tiles.cols), subgroup)
+        nt = ceil_div(sl * ceil_div(H, tiles.per_thread), subgroup) * subgroup
+        return sl, n_tiles, nt, 16 * 3 * tiles.cols * (ceil_div(tiles.lanes, tiles.batch) * tiles.batch // 4 + 1)
+    ks = next_pow2(ceil_div(H, 4 * tiles.kv))
     kg = ks // shuffle_slices(tiles, ks, subgroup)
-    if backward:  # gs [2][TB*KS] vec4 + red [KG*TB*NK]
-        nbytes = 32 * tiles.lanes * ks + 4 * kg * tiles.lanes * tiles.cols
-    else:  # hs [TB*KS*KV] vec4 + red [KG*3*TB*NU]
-        nbytes = 16 * tiles.lanes * ks * tiles.kv + 12 * kg * tiles.lanes * tiles.cols
+    # hs [TB*KS*KV] vec4 + red [KG*3*TB*NU]
+    nbytes = 16 * tiles.lanes * ks * tiles.kv + 12 * kg * tiles.lanes * tiles.cols
     return ks, n_tiles, tiles.cols // tiles.per_thread * ks, nbytes
+
+
+def resident_backward(units: int, lanes: int, per_thread: int, slices: int, batch: int) -> ResidentTiles:
+    """Backward resident tiles: `units` x `lanes`, `per_thread` columns of dh and one of `slices`
+    row slices per thread, lanes in batches of `batch`."""
+    return ResidentTiles(units, lanes, per_thread, 0, batch, slices)
 
 
 def resident_candidate(B: int, H: int, workgroups: int, cols: int, per_thread: int, kv: int, batch: int,
@@ -161,22 +176,40 @@ def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_s
 def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: int = 0,
                      backward: bool = False) -> dict:
     """Compile-time defines of gru_{forward,backward}_resident.comp (see their headers). off: the
-    element offset of the buffer read as vec4 rows (forward o, backward dGh): vec4 loads need it
-    and H to be multiples of 4."""
+    element offset of o, read as vec4 rows by the forward shader: vec4 loads need it and H to be
+    multiples of 4."""
     t = tiles
-    if t.cols % t.per_thread or t.lanes % t.batch or min(t) < 1 or (backward and t.batch != t.lanes):
-        raise ValueError(f"bad resident tiles {t}: per_thread must divide cols, batch divide lanes "
-                         "(backward: batch = lanes)")
+    if backward:
+        if min(t.cols, t.lanes, t.per_thread, t.batch, t.sl) < 1 or t.batch % 4 or t.sl != next_pow2(t.sl):
+            raise ValueError(f"bad resident backward tiles {t}: batch must be a multiple of 4, slices a power of two")
+    elif t.cols % t.per_thread or t.lanes % t.batch or min(t) < 1:
+        raise ValueError(f"bad resident tiles {t}: per_thread must divide cols, batch divide lanes")
     ks = resident_shape(t, B, H, backward, subgroup)[0]
-    sl = shuffle_slices(t, ks, subgroup)
+    sl = ks if backward else shuffle_slices(t, ks, subgroup)
     log2sl, nv = sl.bit_length() - 1, (1 if backward else 3) * t.per_thread * t.batch
     ntr = min(log2sl, (nv & -nv).bit_length() - 1)  # halvings while the value count stays whole
-    vec4_rows = {("GV4" if backward else "HV4"): 1} if H % 4 == 0 and off % 4 == 0 else {}
-    names = ("NK", "TB", "RK", "KV") if backward else ("NU", "TB", "RU", "KV")
-    d = dict(zip(names, (t.cols, t.lanes, t.per_thread, t.kv)))
-    if not backward:
-        d["LB"] = t.batch
-    return {**d, "KS": ks, "SL": sl, "LOG2SL": log2sl, "NTR": ntr, **vec4_rows}
+    common = {"NU": t.cols, "TB": t.lanes, "LB": t.batch, "SL": sl, "LOG2SL": log2sl, "NTR": ntr}
+    if backward:
+        return {**common, "CPT": t.per_thread}
+    vec4_rows = {"HV4": 1} if H % 4 == 0 and off % 4 == 0 else {}
+    return {**common, "RU": t.per_thread, "KV": t.kv, "KS": ks, **vec4_rows}
+
+
+def partial_words(B: int, H: int, tiles) -> int:
+    """Words of the resident backward sweep's partial products [2, unit tiles, B, H] (0 otherwise)."""
+    return 2 * ceil_div(H, tiles.cols) * B * H if isinstance(tiles, ResidentTiles) else 0
+
+
+def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
+    """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhtot,
+    the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
+    resident = resident_workgroups(dev) if dev is not None else 0
+    tiles = None
+    if resident:
+        info = dev.info
+        tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
+                                    True, info.subgroup_size)
+    return B * H + sync_words(B) + partial_words(B, H, tiles)
 
 
 def resident_workgroups(dev: Device) -> int:
@@ -276,6 +309,7 @@ class _Sweep(Kernel):
     the whole sweep as one dispatch of co-resident workgroups (the PERSISTENT shader variant)."""
 
     backward = False
+    vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
         """Tiles (given, or picked for this device and sweep mode), then both shader variants. A
@@ -295,6 +329,9 @@ class _Sweep(Kernel):
                                  f"{info.max_shared_memory_bytes})")
             shader, spec = self.shader + "_resident", [nt]
             defines = resident_defines(self.tiles, B, H, info.subgroup_size, self.vec4_offset, backward)
+            if backward:  # the partial products of dGh[s] @ W_hh, binding 12
+                self.partial = dev.tensor(partial_words(B, H, self.tiles), kind="storage")
+                tensors = tensors + [self.partial]
         else:
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
@@ -353,7 +390,7 @@ class GruForward(_Sweep):
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
-        self.vec4_offset = o_off  # the resident shader reads o[t-1] rows as vec4
+        self.vec4_offset = o_off
         self.sync, self.stats = self._sync_tensors(dev, stats, B)
         self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats], tiles, persistent,
                     (0, T, B, H, *self.offsets, 1))
@@ -402,7 +439,6 @@ class GruBackward(_Sweep):
             _need(t, n, what)
         self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
-        self.vec4_offset = dgh_off  # the resident shader reads dGh[s] rows as vec4
         self.sync, _ = self._sync_tensors(dev, stats, B)
         self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
                     tiles, persistent, (0, T, B, H, *self.offsets, 1))
@@ -545,7 +581,7 @@ def expected_gru(case, clamp: float = 0.0):
 
 
 AUTO = (None, None)
-R = ResidentTiles
+R, RB = ResidentTiles, resident_backward
 CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tiles
     (1, 1, 1, AUTO, 0.0),
     (5, 3, 7, AUTO, 0.0),
@@ -558,21 +594,23 @@ CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tile
     (4, 3, 130, (FORWARD_TILES[1][0], BACKWARD_TILES[1][0]), 0.0),
     # register-resident forward (NU, TB, RU, KV, LB): shuffle levels transposed and plain, partial
     # k-slices, units and lanes; one slice (no shuffles) at H=7; fewer threads than gate outputs
-    # and more lanes per tile than B at H=12
-    (5, 3, 7, (R(2, 1, 1, 2, 1), R(2, 1, 1, 1, 1)), 0.0),
-    (7, 3, 12, (R(16, 4, 2, 2, 4), R(16, 4, 2, 2, 4)), 0.0),
-    (9, 4, 33, (R(4, 2, 2, 2, 2), R(4, 2, 2, 3, 2, 4)), 0.02),
-    (6, 5, 64, (R(16, 4, 2, 2, 4), R(16, 5, 2, 6, 5, 8)), 0.0),
-    (6, 5, 64, (R(4, 5, 1, 1, 5), R(4, 5, 1, 1, 5, 2)), 0.03),
-    (4, 3, 130, (R(8, 2, 2, 2, 2), R(8, 2, 2, 4, 2)), 0.0),
+    # and more lanes per tile than B at H=12. Backward (NU, TB, CPT, slices, LB): partial unit
+    # tiles, slices and lane batches (TB=1, 5), one slice (no shuffles) at H=7, more elements than
+    # threads (H=12), columns past H (H=33, 64, 130), transposed and plain shuffle levels
+    (5, 3, 7, (R(2, 1, 1, 2, 1), RB(2, 1, 1, 1, 4)), 0.0),
+    (7, 3, 12, (R(16, 4, 2, 2, 4), RB(16, 4, 1, 2, 4)), 0.0),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), RB(4, 2, 2, 4, 4)), 0.02),
+    (6, 5, 64, (R(16, 4, 2, 2, 4), RB(16, 5, 4, 4, 8)), 0.0),
+    (6, 5, 64, (R(4, 5, 1, 1, 5), RB(4, 5, 3, 8, 4)), 0.03),
+    (4, 3, 130, (R(8, 2, 2, 2, 2), RB(8, 2, 4, 2, 4)), 0.0),
 ]
 
 
 # Persistent sweeps (one dispatch, grid barrier between steps), several tiles per workgroup included
 PERSISTENT_CASES = [
     (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.02),
-    (9, 4, 33, (R(4, 2, 2, 2, 2), R(4, 2, 2, 3, 2, 4)), 0.02),
-    (7, 6, 96, (R(16, 2, 2, 2, 2), R(16, 2, 2, 6, 2, 8)), 0.0),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), RB(4, 2, 2, 4, 4)), 0.02),
+    (7, 6, 96, (R(16, 2, 2, 2, 2), RB(16, 2, 4, 4, 8)), 0.0),
     (6, 5, 64, AUTO, 0.03),
     (4, 3, 130, AUTO, 0.0),
 ]
