@@ -99,11 +99,20 @@ void load_w(uint j0, uint cg, uint sl) {
 
 uint n_unit_tiles() { return ceil_div(pc.H, NU); }
 
-// Row (b, k) of dGh[s] @ W_hh: the unit tiles' partials, in tile order.
+// Row (b, k) of dGh[s] @ W_hh: the unit tiles' partials, in tile order. Loaded PR at a time so
+// their L2 round trips overlap (a plain loop left them nearly serial: ~3400 cycles per step on an
+// H200 at v3).
+const uint PR = 16u;
 float product_row(uint s, uint b, uint k) {
-    uint n_tu = n_unit_tiles(), base = ((s % 2u) * n_tu * pc.B + b) * pc.H + k;
+    uint n_tu = n_unit_tiles(), stride = pc.B * pc.H, base = ((s % 2u) * n_tu * pc.B + b) * pc.H + k;
     float mm = 0.0;
-    for (uint tu = 0u; tu < n_tu; ++tu) mm += part[base + tu * pc.B * pc.H];
+    for (uint tu0 = 0u; tu0 < n_tu; tu0 += PR) {
+        float v[PR];
+        [[unroll]] for (uint j = 0u; j < PR; ++j) v[j] = tu0 + j < n_tu ? part[base + (tu0 + j) * stride] : 0.0;
+        [[unroll]] for (uint j = 0u; j < PR; ++j) {
+            if (tu0 + j < n_tu) mm += v[j];
+        }
+    }
     return mm;
 }
 
