@@ -145,24 +145,30 @@ void product_partials(uint s, uint tu, uint b0, uint cg, uint sl) {
     }
 }
 
-// What the gate backward of step u needs for one element: do, r, z, n, ghn, hprev.
-float[6] gate_inputs(uint u, uint b, uint k) {
-    uint H = pc.H, row = u * pc.B + b, sb = pc.save_off + row * 4u * H;
-    return float[6](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
-                    save[sb + 3u * H + k], hprev[pc.hprev_off + row * H + k]);
+// What step s needs from memory for one element, besides the partials: do, r, z, n, ghn, hprev
+// of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). Loaded a step
+// ahead when resident, so none of it is on the step's critical path.
+float[7] step_inputs(uint s, uint b, uint k) {
+    float[7] v = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    if (s > 0u) {
+        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H;
+        v = float[7](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
+                     save[sb + 3u * H + k], hprev[pc.hprev_off + row * H + k], 0.0);
+    }
+    if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
+    return v;
 }
 
 // Element (b, k) = tile element p of step s, given mm = its row of dGh[s] @ W_hh (s < T), its
-// running gradient dht and z = z[s]: finishes dh into h_{s-1} (clamp, dh0) and runs the gate
-// backward of step s-1, writing dGh[s-1] to memory and to dgs. Returns dGi[s-1] (r, z, n) for the
-// caller to write later; updates dht, z.
-vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dht, inout float z, float[6] in_u,
+// running gradient dht, z = z[s], in_u = step_inputs(s) and the clamp c (0 = off): finishes dh
+// into h_{s-1} (clamp, dh0) and runs the gate backward of step s-1, writing dGh[s-1] to memory and
+// to dgs. Returns dGi[s-1] (r, z, n) for the caller to write later; updates dht, z.
+vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dht, inout float z, float[7] in_u, float c,
              inout uint hits) {
     uint H = pc.H;
     float d = 0.0;
     if (s < pc.T) {
-        d = (dht * z + mm) * (1.0 - float(resets[s * pc.B + b]));
-        float c = HPF(hyper, HP_GRADH_CLAMP);
+        d = (dht * z + mm) * in_u[6];
         if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
         if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
     }
@@ -202,13 +208,12 @@ void load_state(uint s, uint b, uint k, out float dht, out float z) {
 }
 
 // Element p of step s with its state read from memory and written back (not resident).
-void element_from_memory(uint s, uint j0, uint b0, uint p, inout uint hits) {
+void element_from_memory(uint s, uint j0, uint b0, uint p, float c, inout uint hits) {
     uint b = b0 + p / NU, k = j0 + p % NU;
     float dht, z;
     load_state(s, b, k, dht, z);
-    float[6] in_u = s > 0u ? gate_inputs(s - 1u, b, k) : float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     float mm = s < pc.T ? product_row(s, b, k) : 0.0;
-    vec3 g = element(s, p, b, k, mm, dht, z, in_u, hits);
+    vec3 g = element(s, p, b, k, mm, dht, z, step_inputs(s, b, k), c, hits);
     if (s > 0u) {
         put_dgi(s - 1u, b, k, g);
         dhtot[b * pc.H + k] = dht;
@@ -226,7 +231,8 @@ void main() {
     // Rows and lanes outside the matrices stay 0 in dgs (their products must be finite).
     for (uint e = tid; e < NR * RS; e += NT) dgs[e] = vec4(0.0);
     float dht = 0.0, z = 0.0;
-    float in_u[6] = float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
     bool live = false;
     if (resident && wg < n_tiles) {
@@ -234,7 +240,7 @@ void main() {
         live = live_at(j0, b0, tid);
         if (live) {
             load_state(pc.s, b, k, dht, z);
-            if (pc.s > 0u) in_u = gate_inputs(pc.s - 1u, b, k);
+            in_u = step_inputs(pc.s, b, k);
         }
     }
     barrier();  // dgs zeroed
@@ -249,10 +255,10 @@ void main() {
                 load_w(j0, cg, sl);
             }
             vec3 g = vec3(0.0);
-            if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dht, z, in_u, hits);
+            if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dht, z, in_u, c, hits);
             for (uint p = resident ? tid + NT : tid; p < NU * TB; p += NT) {  // state from memory
                 if (live_at(j0, b0, p)) {
-                    element_from_memory(s, j0, b0, p, hits);
+                    element_from_memory(s, j0, b0, p, c, hits);
                 } else {  // outside: a walked tile may leave a previous tile's value here
                     [[unroll]] for (uint q = 0u; q < 3u; ++q) dgs[(q * NU + p % NU) * RS + p / NU / 4u][(p / NU) % 4u] = 0.0;
                 }
@@ -263,7 +269,7 @@ void main() {
 #ifdef PERSISTENT
                 group_arrive(group);  // the partials of dGh[s-1] @ W_hh published
 #endif
-                if (live && s >= 2u) in_u = gate_inputs(s - 2u, b, k);
+                if (live) in_u = step_inputs(s - 1u, b, k);
             }
             if (resident && live && s > 0u) {
                 put_dgi(s - 1u, b, k, g);
