@@ -61,9 +61,13 @@ def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> l
     """Every resident tile (a grid of candidates, at most 96 floats of W per thread, >= 64 threads)
     that fits (`gru.resident_fits`)."""
     info, out = dev.info, []
-    for cols, per, kv, batch, sl in itertools.product((4, 8, 16, 32), (1, 2, 4), (1, 2, 3, 4, 6, 8),
-                                                      (0,) if backward else (2, 4, 8), (8, 32)):
-        if cols % per or (4 if backward else 12) * per * kv > 96:
+    # forward (cols, per_thread, kv, batch, shuffle slices); backward (units, columns per thread,
+    # -, lanes per batch, row slices)
+    grid = (itertools.product((4, 8, 16, 32), (1, 2, 4, 8), (0,), (4, 8, 16), (1, 2, 4, 8)) if backward else
+            itertools.product((4, 8, 16, 32), (1, 2, 4), (1, 2, 3, 4, 6, 8), (2, 4, 8), (8, 32)))
+    for cols, per, kv, batch, sl in grid:
+        w = gru.ceil_div(3 * cols, sl) * per if backward else 12 * per * kv  # floats of W per thread
+        if (not backward and cols % per) or w > 96:
             continue
         t = gru.resident_candidate(B, H, resident, cols, per, kv, batch, sl)
         if t and gru.resident_shape(t, B, H, backward)[2] >= 64 and gru.resident_fits(
