@@ -13,16 +13,17 @@
 // Workgroups that walk several tiles (fewer workgroups than tiles, or one dispatch per step)
 // reload W and the state per tile from memory: same results, slower.
 // Work split of the product: thread (cg, sl) owns columns cg*CPT .. +CPT and row slice sl (rows
-// sl, sl + NS, ...: RG of them) of the tile's 3*NU rows: RG*CPT registers of W. Per batch of LB
-// lanes it forms CPT*LB partial sums over its rows; the NS slices (consecutive threads of a
-// subgroup) reduce them by shuffles (slice_reduce.glsl). More columns per thread means fewer
-// shared-memory loads per FMA, more slices more shuffles: on an H200 the shared-memory pipe, not
-// the FMAs, bounds this product.
+// sl, sl + SL, ...: RG of them) of the tile's 3*NU rows: RG*CPT registers of W. Per batch of LB
+// lanes it forms CPT*LB partial sums over its rows; the SL slices (consecutive threads of a
+// subgroup) reduce them by shuffles (slice_reduce.glsl). On an H200 at v3, 2 columns x 2 slices
+// measured fastest; more columns per thread (fewer shared loads per FMA, more shuffles) or
+// 256-thread tiles were slower (docs/benchmarks.md).
 // A step s, element p (lane p / NU, unit p % NU): sum the partials of dGh[s] @ W_hh -> finish dh,
 // gate backward of step s-1 -> dGh[s-1] to memory and to shared -> the product of the tile's
 // rows of dGh[s-1] with W_hh -> partials to memory -> arrive -> dGi, dhtot and the next step's
 // inputs while the others finish -> wait.
 #extension GL_EXT_control_flow_attributes : require
+#include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
 #ifndef NU
 #define NU 4
@@ -254,6 +255,7 @@ void main() {
                 b0 = (tile / n_tu) * TB;
                 load_w(j0, cg, sl);
             }
+            PHASE(i, 0u);
             vec3 g = vec3(0.0);
             if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dht, z, in_u, c, hits);
             for (uint p = resident ? tid + NT : tid; p < NU * TB; p += NT) {  // state from memory
@@ -263,12 +265,15 @@ void main() {
                     [[unroll]] for (uint q = 0u; q < 3u; ++q) dgs[(q * NU + p % NU) * RS + p / NU / 4u][(p / NU) % 4u] = 0.0;
                 }
             }
+            PHASE(i, 1u);
             barrier();  // dgs holds the tile's rows of dGh[s-1]
             if (s > 0u) product_partials(s, tu, b0, cg, sl);  // uniform: s is
+            PHASE(i, 2u);
             if (resident && more) {
 #ifdef PERSISTENT
                 group_arrive(group);  // the partials of dGh[s-1] @ W_hh published
 #endif
+                PHASE(i, 3u);
                 if (live) in_u = step_inputs(s - 1u, b, k);
             }
             if (resident && live && s > 0u) {
@@ -281,6 +286,7 @@ void main() {
             barrier();
 #endif
         }
+        PHASE(i, 4u);
 #ifdef PERSISTENT
         if (more && !(resident ? group_wait(i + 1u, group, group_n) : grid_sync(i + 1u))) break;
 #endif

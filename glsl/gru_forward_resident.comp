@@ -17,6 +17,7 @@
 // reads (hprev, save, hT) and the next step's gi loads, while the other workgroups finish ->
 // wait.
 #extension GL_EXT_control_flow_attributes : require
+#include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
 #ifndef NU
 #define NU 16
@@ -233,8 +234,10 @@ void main() {
                 bias = gate_bias(j0, b0, tid);
                 gi3 = gate_inputs(t, j0, b0, tid);
             }
+            PHASE(t, 0u);
             stage_h(t, b0);
             barrier();
+            PHASE(t, 1u);
             matmul(u, s, sl, kg);
             barrier();
             bool live = gate_live(j0, b0, tid);
@@ -244,9 +247,11 @@ void main() {
                     put_state(t, j0, b0, p, gate(t, j0, b0, p, gate_inputs(t, j0, b0, p), gate_bias(j0, b0, p)));
             }
             bool more = t + 1u < pc.t_end;
+            PHASE(t, 2u);
 #ifdef PERSISTENT
             if (resident && more) group_arrive(group);
 #endif
+            PHASE(t, 3u);
             if (live) put_state(t, j0, b0, tid, v);
             if (resident && more) gi3 = gate_inputs(t + 1u, j0, b0, tid);
 #ifdef PERSISTENT
@@ -255,6 +260,7 @@ void main() {
             barrier();
 #endif
         }
+        PHASE(t, 4u);
 #ifdef PERSISTENT
         if (t + 1u < pc.t_end) {
             if (!(resident ? group_wait(t + 1u - pc.t, group, group_n) : grid_sync(t + 1u - pc.t))) break;

@@ -34,3 +34,26 @@ def test_profile_groups_are_the_micro_batch(dev):
     grouped = sum(len(ops) for _, _, ops in bench.profile_groups(prog))
     micro = len(prog.forward_ops()) + 2 + len(prog.backward_ops())  # + cross-entropy, loss reduction
     assert grouped == micro
+
+
+def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch, capsys):
+    """tools/sweep_phases.py: one workgroup holds a whole H=12 layer (register-resident on
+    lavapipe with CATCHAT_PERSISTENT=1); every phase of both sweeps gets a clock reading, and the
+    clocked forward twin computes what the program's own forward sweep does from the same buffers."""
+    import sweep_phases
+    from catchat.vk.kernels import run_ops
+
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    cfg = cfgmod.load(ROOT / "configs" / "tiny.toml", ["model.hidden=12", "data.window=24", "data.batch_lanes=3"])
+    prog, train_step, _ = bench.ready_program(cfg, dev)
+    train_step()
+    fwd, bwd, clocks = sweep_phases.clocked_twins(prog, 1, 24)
+    before = run_ops(prog.dev, [], prog.fwd_layers[1]["gru"].sweep_ops(), [prog.o[1], prog.save[1]])
+    after = run_ops(prog.dev, [], fwd.sweep_ops(), [prog.o[1], prog.save[1], clocks[0]])
+    for a, b in zip(before, after[:2]):
+        assert (a == b).all()
+    phases, step = sweep_phases.phase_cycles(after[2].reshape(24, 8), len(sweep_phases.FORWARD_PHASES))
+    assert step > 0 and all(p > 0 for p in phases)
+    assert sweep_phases.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--steps", "16"]) == 0
+    out = capsys.readouterr().out
+    assert all(label in out for label in sweep_phases.FORWARD_PHASES + sweep_phases.BACKWARD_PHASES)

@@ -42,14 +42,22 @@ def _timed(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profile: bool = False) -> dict:
+def timed_sequence(dev, ops, reps: int, warmup: int = 1) -> float:
+    """Median seconds of one recorded sequence of ops over reps runs, after warmup runs."""
+    seq = dev.sequence()
+    for op in ops:
+        seq.record(op)
+    for _ in range(warmup):
+        seq.eval()
+    return _timed(seq.eval, reps)
+
+
+def ready_program(cfg, dev, tf: float = 1.0):
+    """The training program for cfg with initial parameters, and (train_step, eval_step): one
+    training step / one evaluation window each on random data."""
     spec = cfgmod.model_spec(cfg)
     T, B = cfg.data.window, cfg.data.batch_lanes
-    before = dev.allocated_bytes
-    t0 = time.perf_counter()
     prog = Program(dev, spec, T, B, optimizer=cfg.train.optimizer)
-    build_s = time.perf_counter() - t0
-    train_bytes = dev.allocated_bytes - before
     flat = ParamLayout(spec).flatten(init_params(spec, 0))
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
@@ -65,6 +73,22 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profi
         st = prog.train_step([w], hp, global_step=state["i"], tf=tf)
         assert math.isfinite(st.loss)
 
+    def eval_step():
+        w = data[state["i"] % len(data)]
+        state["i"] += 1
+        prog.eval_window(*w)
+
+    return prog, train_step, eval_step
+
+
+def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profile: bool = False) -> dict:
+    T, B = cfg.data.window, cfg.data.batch_lanes
+    before = dev.allocated_bytes
+    t0 = time.perf_counter()
+    prog, train_step, eval_step = ready_program(cfg, dev, tf)
+    build_s = time.perf_counter() - t0
+    train_bytes = dev.allocated_bytes - before
+
     for _ in range(warmup):
         train_step()
     step_s = _timed(train_step, steps)
@@ -73,12 +97,6 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profi
     micro_s = _timed(prog.seq_first_tf.eval if tf < 1 else prog.seq_first.eval, steps)
     apply_s = _timed(prog.seq_apply.eval, steps)
     tokens = T * B
-
-    def eval_step():
-        w = data[state["i"] % len(data)]
-        state["i"] += 1
-        prog.eval_window(*w)
-
     eval_s = _timed(eval_step, steps)
     return dict(train_tokens_per_s=tokens / step_s, step_ms=step_s * 1e3, forward_ms=fwd_s * 1e3,
                 backward_ms=(micro_s - fwd_s) * 1e3, optimizer_ms=apply_s * 1e3,
@@ -115,13 +133,7 @@ def profile(prog: Program, reps: int) -> list[tuple[str, str, float]]:
     swamp the small groups)."""
     scratch = prog.dev.tensor(1, kind="storage")
     groups = [("baseline", "", [Axpby(prog.dev, scratch, scratch, 1)(0.0, 0.0)])] + profile_groups(prog)
-    out = []
-    for kind, name, ops in groups:
-        seq = prog.dev.sequence()
-        for op in ops:
-            seq.record(op)
-        seq.eval()
-        out.append((kind, name, _timed(seq.eval, max(reps, 5)) * 1e3))
+    out = [(kind, name, timed_sequence(prog.dev, ops, max(reps, 5)) * 1e3) for kind, name, ops in groups]
     base = out.pop(0)[2]
     return [(kind, name, max(ms - base, 0.0)) for kind, name, ms in out]
 

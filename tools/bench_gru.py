@@ -17,13 +17,15 @@ import argparse
 import itertools
 import os
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench  # noqa: E402
 
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
@@ -121,18 +123,9 @@ def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[flo
     first: a kernel that writes nothing cannot pass as a match)."""
     host_view(out)[:] = np.nan
     case.dev.upload([out])
-    seq = case.dev.sequence()
-    for op in ops:
-        seq.record(op)
-    for _ in range(3):  # warm-up (clocks ramp up on an idle GPU)
-        seq.eval()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        seq.eval()
-        times.append(time.perf_counter() - t0)
+    sec = bench.timed_sequence(case.dev, ops, reps, warmup=3)  # warm-up: clocks ramp up on an idle GPU
     (got,) = run_ops(case.dev, [], [], [out])
-    return float(np.median(times)) / steps * 1e6, got
+    return sec / steps * 1e6, got
 
 
 def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) -> dict:
@@ -190,7 +183,6 @@ def main(argv=None):
         os.environ["CATCHAT_PERSISTENT"] = str(args.persistent)
     found = {shape: search(dev, *shape, args.steps, args.reps, args.max, persistent) for shape in shapes}
     if args.apply:
-        import bench
 
         from catchat import config as cfgmod
 

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Where a step of the register-resident recurrent sweeps goes, in SM clock cycles.
+
+    python tools/sweep_phases.py configs/catchat-v3.toml [--layer 1] [--steps 512] [--reps 3] [--set k=v]
+
+Builds the training program for CONFIG (as tools/bench.py does) and runs one training step, so
+its buffers hold real activations. Then it runs layer --layer's forward and backward sweeps again
+as twins compiled with phase clocks (glsl/include/phase_clock.glsl): workgroup 0 stamps the SM
+clock at each phase boundary of the first --steps steps. Prints the median cycles of each phase
+and of a step, the sweep's time per step, and the SM clock that implies. Needs register-resident
+tiles: a GPU whose driver reports its SMs (persistent sweeps on), or CATCHAT_PERSISTENT=1 with a
+layer that fits one workgroup (H <= 16: what the test suite does on lavapipe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import ready_program, timed_sequence  # noqa: E402
+
+from catchat import config as cfgmod  # noqa: E402
+from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.kernels import gru, run_ops  # noqa: E402
+
+# Phase p runs from stamp p to stamp p+1 (the last to the next step's stamp 0); the shaders'
+# PHASE(step, p) calls mark the boundaries.
+FORWARD_PHASES = ("stage h_prev", "matmul, reduction, gates", "arrive", "hprev/save writes, next gi",
+                  "wait for the lane tile")
+BACKWARD_PHASES = ("partials, gate backward", "product with W, partial stores", "arrive",
+                   "dGi/dhtot writes, next inputs", "wait for the lane tile")
+
+
+def clocked_twins(prog, layer: int, steps: int):
+    """Layer `layer`'s sweeps rebuilt on the program's buffers with phase clocks, and the clock
+    tensors (uint32 [steps, 8] each)."""
+    dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
+    kf, kb = prog.fwd_layers[layer]["gru"], prog.bwd_layers[layer]["gru"]
+    if not (isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
+        raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
+                         "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
+    clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
+    gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off = kf.offsets
+    fwd = gru.GruForward(dev, prog.gi, prog.params, prog.h0, prog.resets, prog.o[layer], prog.hprev[layer],
+                         prog.save[layer], prog.hT, T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off,
+                         h0_off=h0_off, o_off=o_off, hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
+                         tiles=kf.tiles, stats=prog.stats, phase_clock=clocks[0])
+    w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
+    bwd = gru.GruBackward(dev, prog.do, prog.save[layer], prog.hprev[layer], prog.resets, prog.params, prog.hyper,
+                          prog.dgi, prog.dgh, prog.dh0, prog.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
+                          save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
+                          dh0_off=dh0_off, tiles=kb.tiles, phase_clock=clocks[1])
+    return fwd, bwd, clocks
+
+
+def phase_cycles(stamps: np.ndarray, n_phases: int) -> tuple[list[float], float]:
+    """Median cycles of each phase and of a step from uint32 stamps [steps, 8] (the clock's low
+    word: differences mod 2^32). The first 10% of the steps are left out (warm-up)."""
+    n = len(stamps)
+    c = stamps.astype(np.int64)
+    lo = max(1, n // 10)
+    rows = np.arange(lo, n - 1)
+    nxt = lambda p: c[rows, p + 1] if p + 1 < n_phases else c[rows + 1, 0]  # noqa: E731
+    phases = [float(np.median((nxt(p) - c[rows, p]) % 2**32)) for p in range(n_phases)]
+    return phases, float(np.median((c[rows + 1, 0] - c[rows, 0]) % 2**32))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--layer", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=512, help="steps stamped (from the sweep's start)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    cfg = cfgmod.load(args.config, args.overrides)
+    dev = open_device(args.device)
+    prog, train_step, _ = ready_program(cfg, dev)
+    if not 0 <= args.layer < prog.spec.layers:
+        raise SystemExit(f"--layer {args.layer}: the model has layers 0..{prog.spec.layers - 1}")
+    train_step()
+    steps = max(3, min(args.steps, prog.T))
+    fwd, bwd, clocks = clocked_twins(prog, args.layer, steps)
+    print(f"{args.config}: H={prog.spec.hidden} B={prog.B} T={prog.T} layer {args.layer} on {dev.info.name}; "
+          f"tiles {fwd.tiles} / {bwd.tiles}; workgroup 0, steps {steps // 10}..{steps - 1}")
+    for name, kernel, clock, labels, n_steps in (("forward", fwd, clocks[0], FORWARD_PHASES, prog.T),
+                                                 ("backward", bwd, clocks[1], BACKWARD_PHASES, prog.T + 1)):
+        ops = kernel.sweep_ops()
+        sec = timed_sequence(dev, ops, args.reps)
+        stamps = run_ops(dev, [], ops, [clock])[0].reshape(steps, 8)
+        phases, step = phase_cycles(stamps, len(labels))
+        us = sec * 1e6 / n_steps
+        print(f"{name}: {step:,.0f} cycles per step; the sweep takes {us:.2f} us per step "
+              f"(~{step / us / 1e3:.2f} GHz)")
+        for label, cyc in zip(labels, phases):
+            print(f"  {label:<34} {cyc:>9,.0f} cycles  {100 * cyc / step:5.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
