@@ -57,3 +57,18 @@ def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch
     assert sweep_phases.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--steps", "16"]) == 0
     out = capsys.readouterr().out
     assert all(label in out for label in sweep_phases.FORWARD_PHASES + sweep_phases.BACKWARD_PHASES)
+
+
+def test_bench_gemm_times_every_shape_and_checks_each_candidate(capsys):
+    """tools/bench_gemm.py: the program's tiles and a candidate at each of the step's GEMM shapes,
+    every candidate computing what the program's tiles compute."""
+    import bench_gemm
+
+    assert bench_gemm.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.window=6",
+                            "--set", "data.batch_lanes=3", "--tiles", "16,16,8,2,2", "--split-k", "2",
+                            "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("input projection", "input gradient", "weight gradient", "head"):
+        assert f"{name}: [" in out
+    assert out.count("(program's choice)") == 4 and "DIFFERS" not in out
+    assert "split-K 2" in out and "bm=16" in out

@@ -15,6 +15,7 @@ part parity $py -m catchat.cli parity
 part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py tests/kernels
 part bench-v3 $py tools/bench.py configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
+part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 part train-v3 $py -m catchat.cli train configs/catchat-v3.toml --set "data.corpus=$corpus" --set eval.eval_windows=4 \
     --run-dir /tmp/gpu-check-v3 --stop-after-steps 40
 cp /tmp/gpu-check-v3/metrics.csv /tmp/gpu-check-v3/events.jsonl "$out/" 2>/dev/null

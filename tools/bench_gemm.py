@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
+
+    python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
+                               [--reps 7] [--repeat 5] [--set k=v]
+
+The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
+input projection [R,H]x[H,3H] (B stored [3H,H]), input gradient [R,3H]x[3H,H], weight gradient
+[3H,R]x[R,H] (A stored [R,3H], split-K) and the head [R,H]x[H,V]. For each it times the tiles the
+program picks (first), then every --tiles (default: a grid of shapes that fit the device), each
+with the weight gradient also at every --split-k. Operands are random; each candidate's output is
+compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
+else, or nothing, is reported, not ranked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench import timed_sequence  # noqa: E402
+
+from catchat import config as cfgmod  # noqa: E402
+from catchat.vk.device import host_view, open_device  # noqa: E402
+from catchat.vk.kernels import gemm, run_ops  # noqa: E402
+
+DEFAULT_TILES = ((128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 128, 8, 16, 4), (128, 128, 8, 4, 16),
+                 (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (256, 128, 8, 16, 8), (128, 256, 8, 8, 16),
+                 (64, 64, 8, 4, 4), (32, 32, 8, 4, 4))
+
+
+def shapes(cfg, dev) -> dict:
+    """name -> (Gemm keyword arguments without tiles, the output tensor) on random operands."""
+    H, V, R = cfg.model.hidden, cfgmod.model_spec(cfg).vocab_size, cfg.data.window * cfg.data.batch_lanes
+    rng = np.random.default_rng(0)
+    t = lambda n: dev.tensor(rng.standard_normal(n).astype(np.float32))  # noqa: E731
+    x, w, dg, out, dx, grads, head, logits = (t(R * H), t(3 * H * H), t(R * 3 * H), t(R * 3 * H), t(R * H),
+                                              t(3 * H * H), t(V * H), t(R * V))
+    dev.upload([x, w, dg, out, dx, grads, head, logits])
+    return {
+        "input projection": (dict(a=(x, 0, H), b=(w, 0, H), c=(out, 0, 3 * H), M=R, N=3 * H, K=H, trans_b=True), out),
+        "input gradient": (dict(a=(dg, 0, 3 * H), b=(w, 0, H), c=(dx, 0, H), M=R, N=H, K=3 * H), dx),
+        "weight gradient": (dict(a=(dg, 0, 3 * H), b=(x, 0, H), c=(grads, 0, H), M=3 * H, N=H, K=R, trans_a=True,
+                                 split_k=gemm.gemm_split_k(dev, 3 * H, H, R)), grads),
+        "head": (dict(a=(x, 0, H), b=(head, 0, H), c=(logits, 0, V), M=R, N=V, K=H, trans_b=True), logits),
+    }
+
+
+def parse_tiles(text: str) -> gemm.GemmTiles:
+    try:
+        return gemm.GemmTiles(*(int(v) for v in text.split(",")))
+    except (TypeError, ValueError):
+        raise SystemExit(f"--tiles {text!r}: expected BM,BN,BK,TM,TN, e.g. 128,128,8,8,8") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
+    ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
+    ap.add_argument("--reps", type=int, default=7, help="timed runs (median)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="dispatches of each GEMM per run (amortizes the submit's ~0.1-1 ms)")
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    cfg = cfgmod.load(args.config, args.overrides)
+    dev = open_device(args.device)
+    tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
+    print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
+    for name, (kw, out) in shapes(cfg, dev).items():
+        flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
+        splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
+        rows, ref, seen = [], None, set()
+        for t in [None] + tiles:
+            for s in dict.fromkeys(splits):  # the program's split first, no repeats
+                try:
+                    g = gemm.Gemm(dev, tiles=t, **{**kw, "split_k": s})
+                except ValueError as exc:  # too many threads or too much shared memory here
+                    print(f"  {name}: tiles {t} skipped ({exc})")
+                    continue
+                if (g.tiles, g.split_k) in seen:
+                    continue
+                seen.add((g.tiles, g.split_k))
+                ops = g.ops()
+                sec = timed_sequence(dev, ops * max(1, args.repeat), max(1, args.reps)) / max(1, args.repeat)
+                host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
+                got = run_ops(dev, [out], ops, [out])[0]
+                ref = got if ref is None else ref
+                diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+                rows.append((sec, g.tiles, g.split_k, diff, t is None and s == splits[0]))
+        print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP")
+        for sec, t, s, diff, current in sorted(rows, key=lambda r: r[0]):
+            rate = flop / sec / 1e12 if sec else 0.0
+            flag = "  (program's choice)" if current else ""
+            bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
+            print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}{flag}{bad}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
