@@ -72,3 +72,24 @@ def test_bench_gemm_times_every_shape_and_checks_each_candidate(capsys):
         assert f"{name}: [" in out
     assert out.count("(program's choice)") == 4 and "DIFFERS" not in out
     assert "split-K 2" in out and "bm=16" in out
+
+
+def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
+    """tools/shader_stats.py builds the resident sweeps' pipelines outside kp (with statistics
+    capture where the driver has it; lavapipe does not); a broken shader is a clean error."""
+    import pytest
+    import shader_stats
+
+    from catchat.errors import VulkanUnavailable
+    from catchat.vk.pipeline_stats import compute_pipeline_statistics
+
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.batch_lanes=3",
+            "--backward", "16,4,1,0,4,1"]
+    assert shader_stats.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("gru_backward_resident ResidentTiles") == 2 and "gru_forward_resident ResidentTiles" in out
+    # each kernel: an indented line per executable's statistics, or the note that there are none
+    assert sum(line.startswith("  ") for line in out.splitlines()) >= 3
+    with pytest.raises(VulkanUnavailable, match="vkCreate"):
+        compute_pipeline_statistics(b"\x03\x02\x23\x07" + bytes(20), 1, 0)

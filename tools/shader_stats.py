@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""What the driver's compiler made of the register-resident sweep shaders: registers, spills.
+
+    python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
+
+Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
+this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
+compiles their persistent variants, creates each as a pipeline with statistics capture
+(VK_KHR_pipeline_executable_properties, catchat/vk/pipeline_stats.py) and prints every statistic
+the driver reports, which should include the register count: whether a tile shape spills its W_hh
+slice. Drivers without the extension (lavapipe) still compile and create the pipelines. Not yet
+run on an NVIDIA driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catchat import config as cfgmod  # noqa: E402
+from catchat.model import ModelSpec, ParamLayout  # noqa: E402
+from catchat.vk import slots  # noqa: E402
+from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.kernels import gru  # noqa: E402
+from catchat.vk.pipeline_stats import compute_pipeline_statistics  # noqa: E402
+from catchat.vk.shaders import compile_shader  # noqa: E402
+
+
+def parse_tiles(text: str) -> gru.ResidentTiles:
+    try:
+        return gru.ResidentTiles(*(int(v) for v in text.split(",")))
+    except (TypeError, ValueError):
+        raise SystemExit(f"{text!r}: expected cols,lanes,per_thread,kv,batch,sl, e.g. 16,16,2,2,4,32") from None
+
+
+def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None):
+    """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
+    program's choice on this device)."""
+    layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    params, resets, stats = f32(layout.total), u32(B), u32(slots.ST_WORDS)
+    rows, state = (lambda w: f32(B * w * H)), f32(B * H)
+    w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
+    hprev, save = rows(1), rows(4)
+    fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
+                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats)
+    bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
+                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles)
+    return fwd, bwd
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("config")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--forward", action="append", type=parse_tiles, default=[], metavar="TILES")
+    ap.add_argument("--backward", action="append", type=parse_tiles, default=[], metavar="TILES")
+    ap.add_argument("--device", default=None)
+    args = ap.parse_args(argv)
+    cfg = cfgmod.load(args.config, args.overrides)
+    dev = open_device(args.device)
+    B, H = cfg.data.batch_lanes, cfg.model.hidden
+    print(f"{args.config}: B={B} H={H} on {dev.info.name}")
+    pairs = [(None, None)] + [(t, None) for t in args.forward] + [(None, t) for t in args.backward]
+    for ft, bt in pairs:
+        fwd, bwd = sweep_kernels(dev, B, H, ft, bt)
+        for kernel, given in ((fwd, ft), (bwd, bt)):
+            if (ft or bt) and given is None:
+                continue  # a candidate run shows only the sweep it changes
+            if not isinstance(kernel.tiles, gru.ResidentTiles):
+                print(f"{kernel.shader}: tiles {kernel.tiles} are not register-resident here; nothing to show")
+                continue
+            spirv = compile_shader(kernel.shader, {**kernel.defines, "PERSISTENT": 1})
+            supported, executables = compute_pipeline_statistics(spirv, kernel.bindings, 4 * kernel.push_words,
+                                                                 kernel.spec, dev.info.index)
+            threads = kernel.spec[0]
+            print(f"{kernel.shader} {kernel.tiles}: {threads} threads, estimated "
+                  f"{gru.resident_registers(kernel.tiles, kernel.backward)} registers per thread")
+            if not supported:
+                print("  (pipeline created; this driver reports no statistics: VK_KHR_pipeline_executable_properties)")
+            for name, stats in executables:
+                print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
