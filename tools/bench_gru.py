@@ -52,10 +52,7 @@ def candidates(dev, B: int, H: int, backward: bool, n_max: int, resident: int, s
     pick = [ok[i] for i in rng.permutation(len(ok))[:n_max]]
     if resident:  # register-resident W_hh: every variant that fits, first
         pick = resident_candidates(dev, B, H, resident, backward) + pick
-    first = gru.pick_resident_tiles(B, H, resident, dev.info.max_workgroup_invocations,
-                                    dev.info.max_shared_memory_bytes, backward, dev.info.subgroup_size) if resident else None
-    first = first or tuple(gru.pick_tiles(B, H, backward, resident=resident,
-                                          max_shared=dev.info.max_shared_memory_bytes))
+    first = gru.default_tiles(dev, B, H, backward, resident)
     return [first] + [t for t in pick if t != first]
 
 
@@ -77,14 +74,6 @@ def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> l
                 info.subgroup_size):
             out.append(t)
     return out
-
-
-def _defines(dev, t, backward: bool, B: int, H: int):
-    """The shader and defines GruForward/GruBackward compile for tiles t (to precompile in parallel)."""
-    name = "gru_backward" if backward else "gru_forward"
-    if isinstance(t, gru.ResidentTiles):
-        return name + "_resident", gru.resident_defines(t, B, H, dev.info.subgroup_size, 0, backward)
-    return name, gru.shader_defines(t, H, backward)
 
 
 class Case:
@@ -134,7 +123,7 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
     for backward in (False, True):
         cands = candidates(dev, B, H, backward, n_max, persistent)
         with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
-            list(pool.map(lambda t: compile_shader(*_defines(dev, t, backward, B, H)), cands))
+            list(pool.map(lambda t: compile_shader(*gru.sweep_shader(t, B, H, dev.info.subgroup_size, backward)), cands))
         rows, ref_out = [], None
         if backward:  # the backward reads save/hprev of a forward sweep
             run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])

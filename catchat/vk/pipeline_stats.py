@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 
 from catchat.errors import VulkanUnavailable
-from catchat.vk.probe import _STYPE_APP_INFO, _STYPE_INSTANCE_INFO, _AppInfo, _extensions, _InstanceInfo, load_vulkan
+from catchat.vk.probe import _extensions, physical_devices
 
 EXTENSION = b"VK_KHR_pipeline_executable_properties"
 _CAPTURE_STATISTICS = 0x40  # VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
@@ -122,22 +122,11 @@ def compute_pipeline_statistics(spirv: bytes, bindings: int, push_bytes: int, sp
     (supported, [(executable name, {statistic: value})]); supported is False (and the list empty)
     where the driver lacks VK_KHR_pipeline_executable_properties. Raises VulkanUnavailable when the
     pipeline cannot be created."""
-    vk = load_vulkan()
-    app = _AppInfo(_STYPE_APP_INFO, None, b"catchat", 1, b"catchat", 1, (1 << 22) | (2 << 12))
-    inst_info = _InstanceInfo(_STYPE_INSTANCE_INFO, None, 0, ctypes.pointer(app), 0, None, 0, None)
-    instance = _P()
-    _check(vk.vkCreateInstance(ctypes.byref(inst_info), None, ctypes.byref(instance)), "vkCreateInstance")
-    try:
-        count = ctypes.c_uint32(0)
-        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
-        if device_index >= count.value:
-            raise VulkanUnavailable(f"no Vulkan device {device_index} ({count.value} found)")
-        handles = (_P * count.value)()
-        vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
+    with physical_devices() as (vk, handles):
+        if device_index >= len(handles):
+            raise VulkanUnavailable(f"no Vulkan device {device_index} ({len(handles)} found)")
         supported = EXTENSION.decode() in _extensions(vk, handles[device_index])
         return supported, _with_device(vk, _P(handles[device_index]), supported, spirv, bindings, push_bytes, spec)
-    finally:
-        vk.vkDestroyInstance(instance, None)
 
 
 def _with_device(vk, physical, supported: bool, spirv: bytes, bindings: int, push_bytes: int, spec):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from catchat.errors import VulkanUnavailable
@@ -103,8 +104,10 @@ def _version(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
 
-def probe_devices() -> list[DeviceInfo]:
-    """Every Vulkan physical device with its type, driver and the limits catchat sizes kernels by."""
+@contextmanager
+def physical_devices():
+    """(loader, [physical device handles]) of a Vulkan 1.2 instance that lives for the `with`;
+    the handles come in kp's Manager(index) order."""
     vk = load_vulkan()
     app = _AppInfo(_STYPE_APP_INFO, None, b"catchat", 1, b"catchat", 1, (1 << 22) | (2 << 12))
     info = _InstanceInfo(_STYPE_INSTANCE_INFO, None, 0, ctypes.pointer(app), 0, None, 0, None)
@@ -117,9 +120,15 @@ def probe_devices() -> list[DeviceInfo]:
         vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), None)
         handles = (ctypes.c_void_p * count.value)()
         vk.vkEnumeratePhysicalDevices(instance, ctypes.byref(count), handles)
-        return [_describe(vk, i, handles[i]) for i in range(count.value)]
+        yield vk, list(handles)
     finally:
         vk.vkDestroyInstance(instance, None)
+
+
+def probe_devices() -> list[DeviceInfo]:
+    """Every Vulkan physical device with its type, driver and the limits catchat sizes kernels by."""
+    with physical_devices() as (vk, handles):
+        return [_describe(vk, i, h) for i, h in enumerate(handles)]
 
 
 def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:

@@ -1,4 +1,5 @@
-"""GRU recurrent sweeps (glsl/gru_forward.comp, glsl/gru_backward.comp).
+"""GRU recurrent sweeps (glsl/gru_forward.comp, glsl/gru_backward.comp; where W_hh fits on chip,
+the register-resident glsl/gru_forward_resident.comp, glsl/gru_backward_resident.comp).
 
 Only the serial path lives here. Before the forward sweep a GEMM computes gi = x @ W_ih^T + b_ih
 [T,B,3H] for all steps; after the backward sweep GEMMs compute dW_ih = dGi^T x, dW_hh = dGh^T hprev,
@@ -203,13 +204,29 @@ def partial_words(B: int, H: int, tiles) -> int:
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhtot,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
-    resident = resident_workgroups(dev) if dev is not None else 0
-    tiles = None
-    if resident:
-        info = dev.info
-        tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
-                                    True, info.subgroup_size)
+    tiles = default_tiles(dev, B, H, True, resident_workgroups(dev)) if dev is not None else None
     return B * H + sync_words(B) + partial_words(B, H, tiles)
+
+
+def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
+    """The tiles a sweep at [B, H] uses on dev over `resident` persistent workgroups (0: a dispatch
+    per step): register-resident where W_hh fits (`pick_resident_tiles`), else tiled (`pick_tiles`)."""
+    info = dev.info
+    if resident:
+        tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
+                                    backward, info.subgroup_size)
+        if tiles:
+            return tiles
+    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes))
+
+
+def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0) -> tuple[str, dict]:
+    """The shader and compile-time defines of a sweep at these tiles: gru_*_resident.comp for
+    ResidentTiles (`resident_defines`; off as there), else the tiled gru_*.comp."""
+    name = (GruBackward if backward else GruForward).shader
+    if isinstance(tiles, ResidentTiles):
+        return name + "_resident", resident_defines(tiles, B, H, subgroup, off, backward)
+    return name, shader_defines(tiles, H, backward)
 
 
 def resident_workgroups(dev: Device) -> int:
@@ -318,18 +335,15 @@ class _Sweep(Kernel):
         shaders fill with phase clocks (glsl/include/phase_clock.glsl; tools/sweep_phases.py)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        if tiles is None and resident:
-            tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
-                                        backward, info.subgroup_size)
-        self.tiles = tiles or pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes)
+        self.tiles = default_tiles(dev, B, H, backward, resident) if tiles is None else tiles
+        shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
                                  f"{info.max_shared_memory_bytes})")
-            shader, spec = self.shader + "_resident", [nt]
-            defines = resident_defines(self.tiles, B, H, info.subgroup_size, self.vec4_offset, backward)
+            spec = [nt]
             if backward:  # the partial products of dGh[s] @ W_hh, binding 12
                 self.partial = dev.tensor(partial_words(B, H, self.tiles), kind="storage")
                 tensors = tensors + [self.partial]
@@ -341,7 +355,7 @@ class _Sweep(Kernel):
                 raise ValueError("phase clocks need register-resident tiles")
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
-            spec, shader, defines = list(self.tiles[:3]), self.shader, shader_defines(self.tiles, H, backward)
+            spec = list(self.tiles[:3])
         n_tiles = tile_count(self.tiles, B, H, backward)
         self.defines, self.spec, self.bindings = defines, spec, len(tensors)  # for tools/shader_stats.py
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
