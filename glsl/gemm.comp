@@ -12,8 +12,11 @@
 // and a second dispatch (SPLITK_REDUCE) sums the S partials in order into the real C.
 // Tiles: the A and B k-slices go through shared memory (k-major, padded against bank conflicts,
 // double-buffered: the next slice is fetched into registers while the current one is multiplied);
-// each thread owns a TM x TN register tile, rows ty + i*(BM/TM), cols tx + j*(BN/TN) (coalesced
-// stores).
+// each thread owns a TM x TN register tile made of 4 x 4 blocks: rows g*4*RM + ty*4 + (0..3), cols
+// h*4*RN + tx*4 + (0..3), so it reads its operands from shared memory as vec4s. TM and TN are
+// multiples of 4. Measured on an H200 (tools/bench_gemm.py): vec4 shared reads alone changed
+// nothing; vec4 global loads gave +3-7%; 128 threads of 16x8 outputs instead of 256 of 8x8 gave
+// +10-17% (the compiler caps a 256-thread workgroup at 128 registers, 64 of them accumulators).
 #extension GL_EXT_control_flow_attributes : enable
 #include "common.glsl"
 
@@ -26,9 +29,27 @@ layout(constant_id = 3) const uint BK = 8;   // k-slice staged per iteration
 layout(constant_id = 4) const uint TM = 4;   // rows per thread
 layout(constant_id = 5) const uint TN = 4;   // cols per thread
 
-layout(set = 0, binding = 0) readonly buffer A_ { float A[]; };  // op(A) [M,K]
-layout(set = 0, binding = 1) readonly buffer B_ { float B[]; };  // op(B) [K,N]
-layout(set = 0, binding = 2) buffer C_ { float C[]; };           // [M,N] (split-K: [S,M,N])
+// VEC4_A / VEC4_B: the operand is read as vec4s along its contiguous direction (A: k, or m with
+// TRANS_A; B: n, or k with TRANS_B). The host sets it only when the offset, the leading dimension,
+// the contiguous extent and the split-K k-range are multiples of 4, so a vec4 is wholly inside or
+// wholly outside the matrix.
+#ifdef VEC4_A
+#define AW 4
+#define AT vec4
+#else
+#define AW 1
+#define AT float
+#endif
+#ifdef VEC4_B
+#define BW 4
+#define BT vec4
+#else
+#define BW 1
+#define BT float
+#endif
+layout(set = 0, binding = 0) readonly buffer A_ { AT A[]; };  // op(A) [M,K]
+layout(set = 0, binding = 1) readonly buffer B_ { BT B[]; };  // op(B) [K,N]
+layout(set = 0, binding = 2) buffer C_ { float C[]; };        // [M,N] (split-K: [S,M,N])
 #ifdef HAS_BIAS
 layout(set = 0, binding = 3) readonly buffer Bias_ { float bias[]; };  // [N]
 #endif
@@ -44,46 +65,71 @@ layout(push_constant) uniform Push {
 const uint RM = BM / TM;  // threads along m
 const uint RN = BN / TN;  // threads along n
 const uint NT = RM * RN;  // threads
-const uint SA = BM + 4;   // padded shared row strides (k-major)
-const uint SB = BN + 4;
-const uint LA = (BM * BK + NT - 1) / NT;  // elements of an A / B slice staged per thread
-const uint LB = (BK * BN + NT - 1) / NT;
-shared float As[2 * BK * SA];  // two [BK][BM] slices of op(A), transposed (double buffer)
-shared float Bs[2 * BK * SB];  // two [BK][BN] slices of op(B)
-float ra[LA], rb[LB];          // the next slices, in flight from global memory
+const uint SA = BM / 4 + 1;  // padded shared row strides in vec4s (k-major; the pad keeps the
+const uint SB = BN / 4 + 1;  // transposing stores of A free of bank conflicts)
+const uint NA = BM * BK / AW;  // loads (floats or vec4s) of an A / B slice
+const uint NB = BK * BN / BW;
+const uint LA = (NA + NT - 1) / NT;  // ... per thread
+const uint LB = (NB + NT - 1) / NT;
+shared vec4 As[2 * BK * SA];  // two [BK][BM] slices of op(A), transposed (double buffer)
+shared vec4 Bs[2 * BK * SB];  // two [BK][BN] slices of op(B)
+AT ra[LA];                    // the next slices, in flight from global memory
+BT rb[LB];
 
-// op(A)[m,k] / op(B)[k,n], zero outside [0,M) x [k0,k_end) / [k0,k_end) x [0,N).
-float load_a(uint m, uint k, uint k_end) {
-    if (m >= pc.M || k >= k_end) return 0.0;
-#ifdef TRANS_A
-    return A[pc.a_off + k * pc.lda + m];
-#else
-    return A[pc.a_off + m * pc.lda + k];
-#endif
-}
-float load_b(uint k, uint n, uint k_end) {
-    if (n >= pc.N || k >= k_end) return 0.0;
-#ifdef TRANS_B
-    return B[pc.b_off + n * pc.ldb + k];
-#else
-    return B[pc.b_off + k * pc.ldb + n];
-#endif
-}
-
-// Element i of a staged slice -> (row, k) of A / (k, col) of B. Consecutive threads walk the
-// operand's contiguous direction in global memory.
+// Load i of a staged slice -> (row, first k) of op(A) / (first k, col) of op(B). Consecutive
+// threads walk the operand's contiguous direction in global memory, AW / BW floats each.
 uvec2 a_at(uint i) {
 #ifdef TRANS_A
-    return uvec2(i % BM, i / BM);  // A rows are k: contiguous along m
+    return uvec2(AW * (i % (BM / AW)), i / (BM / AW));  // A rows are k: contiguous along m
 #else
-    return uvec2(i / BK, i % BK);  // A rows are m: contiguous along k
+    return uvec2(i / (BK / AW), AW * (i % (BK / AW)));  // A rows are m: contiguous along k
 #endif
 }
 uvec2 b_at(uint i) {
 #ifdef TRANS_B
-    return uvec2(i % BK, i / BK);  // B rows are n: contiguous along k
+    return uvec2(BW * (i % (BK / BW)), i / (BK / BW));  // B rows are n: contiguous along k
 #else
-    return uvec2(i / BN, i % BN);  // B rows are k: contiguous along n
+    return uvec2(i / (BN / BW), BW * (i % (BN / BW)));  // B rows are k: contiguous along n
+#endif
+}
+
+// op(A) at (m, k) / op(B) at (k, n), AW / BW floats along the contiguous direction; zero outside
+// [0,M) x [k0,k_end) / [k0,k_end) x [0,N).
+AT load_a(uint m, uint k, uint k_end) {
+    if (m >= pc.M || k >= k_end) return AT(0.0);
+#ifdef TRANS_A
+    return A[(pc.a_off + k * pc.lda + m) / AW];
+#else
+    return A[(pc.a_off + m * pc.lda + k) / AW];
+#endif
+}
+BT load_b(uint k, uint n, uint k_end) {
+    if (n >= pc.N || k >= k_end) return BT(0.0);
+#ifdef TRANS_B
+    return B[(pc.b_off + n * pc.ldb + k) / BW];
+#else
+    return B[(pc.b_off + k * pc.ldb + n) / BW];
+#endif
+}
+
+// Shared slices are k-major: As[k][m], Bs[k][n]. A load along m (B: along n) lands as it is; one
+// along k is spread over AW (BW) k-rows.
+void put_a(uint base, uvec2 mk, AT v) {
+#if AW == 1
+    As[base + mk.y * SA + mk.x / 4][mk.x % 4] = v;
+#elif defined(TRANS_A)
+    As[base + mk.y * SA + mk.x / 4] = v;
+#else
+    [[unroll]] for (uint e = 0; e < 4; ++e) As[base + (mk.y + e) * SA + mk.x / 4][mk.x % 4] = v[e];
+#endif
+}
+void put_b(uint base, uvec2 kn, BT v) {
+#if BW == 1
+    Bs[base + kn.x * SB + kn.y / 4][kn.y % 4] = v;
+#elif !defined(TRANS_B)
+    Bs[base + kn.x * SB + kn.y / 4] = v;
+#else
+    [[unroll]] for (uint e = 0; e < 4; ++e) Bs[base + (kn.x + e) * SB + kn.y / 4][kn.y % 4] = v[e];
 #endif
 }
 
@@ -92,12 +138,12 @@ void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
     [[unroll]] for (uint l = 0; l < LA; ++l) {
         uint i = tid + l * NT;
         uvec2 mk = a_at(i);
-        ra[l] = i < BM * BK ? load_a(m0 + mk.x, k0 + mk.y, k_end) : 0.0;
+        ra[l] = i < NA ? load_a(m0 + mk.x, k0 + mk.y, k_end) : AT(0.0);
     }
     [[unroll]] for (uint l = 0; l < LB; ++l) {
         uint i = tid + l * NT;
         uvec2 kn = b_at(i);
-        rb[l] = i < BK * BN ? load_b(k0 + kn.x, n0 + kn.y, k_end) : 0.0;
+        rb[l] = i < NB ? load_b(k0 + kn.x, n0 + kn.y, k_end) : BT(0.0);
     }
 }
 
@@ -105,13 +151,11 @@ void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
 void store(uint tid, uint buf) {
     [[unroll]] for (uint l = 0; l < LA; ++l) {
         uint i = tid + l * NT;
-        uvec2 mk = a_at(i);
-        if (i < BM * BK) As[buf * BK * SA + mk.y * SA + mk.x] = ra[l];
+        if (i < NA) put_a(buf * BK * SA, a_at(i), ra[l]);
     }
     [[unroll]] for (uint l = 0; l < LB; ++l) {
         uint i = tid + l * NT;
-        uvec2 kn = b_at(i);
-        if (i < BK * BN) Bs[buf * BK * SB + kn.x * SB + kn.y] = rb[l];
+        if (i < NB) put_b(buf * BK * SB, b_at(i), rb[l]);
     }
 }
 
@@ -124,7 +168,7 @@ void main() {
 
     float acc[TM * TN];
     [[unroll]] for (uint i = 0; i < TM * TN; ++i) acc[i] = 0.0;
-    float a[TM], b[TN];
+    vec4 a[TM / 4], b[TN / 4];
 
     fetch(tid, m0, n0, k_begin, k_end);
     store(tid, 0);
@@ -135,10 +179,10 @@ void main() {
         if (more) fetch(tid, m0, n0, k0 + BK, k_end);  // next slice loads overlap the math
         [[unroll]] for (uint kk = 0; kk < BK; ++kk) {
             uint ka = buf * BK * SA + kk * SA, kb = buf * BK * SB + kk * SB;
-            [[unroll]] for (uint i = 0; i < TM; ++i) a[i] = As[ka + i * RM + ty];
-            [[unroll]] for (uint j = 0; j < TN; ++j) b[j] = Bs[kb + j * RN + tx];
+            [[unroll]] for (uint g = 0; g < TM / 4; ++g) a[g] = As[ka + g * RM + ty];
+            [[unroll]] for (uint h = 0; h < TN / 4; ++h) b[h] = Bs[kb + h * RN + tx];
             [[unroll]] for (uint i = 0; i < TM; ++i)
-                [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] += a[i] * b[j];
+                [[unroll]] for (uint j = 0; j < TN; ++j) acc[i * TN + j] += a[i / 4][i % 4] * b[j / 4][j % 4];
         }
         if (more) store(tid, buf ^ 1u);  // its last readers passed the previous barrier
         barrier();
@@ -146,9 +190,9 @@ void main() {
     }
 
     [[unroll]] for (uint i = 0; i < TM; ++i) {
-        uint m = m0 + i * RM + ty;
+        uint m = m0 + (i / 4) * 4 * RM + ty * 4 + i % 4;
         [[unroll]] for (uint j = 0; j < TN; ++j) {
-            uint n = n0 + j * RN + tx;
+            uint n = n0 + (j / 4) * 4 * RN + tx * 4 + j % 4;
             if (m >= pc.M || n >= pc.N) continue;
             uint idx = pc.c_off + z * pc.c_split_stride + m * pc.ldc + n;
             float v = pc.alpha * acc[i * TN + j];

@@ -10,28 +10,27 @@ input projection [R,H]x[H,3H] (B stored [3H,H]), input gradient [R,3H]x[3H,H], w
 program picks (first), then every --tiles (default: a grid of shapes that fit the device), each
 with the weight gradient also at every --split-k. Operands are random; each candidate's output is
 compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
-else, or nothing, is reported, not ranked.
+else, or nothing, is reported, not ranked. Candidates are timed in interleaved rounds (median).
+--loads picks vec4 loads where aligned (the program's choice), float loads, or both.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench import timed_sequence  # noqa: E402
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gemm, run_ops  # noqa: E402
 
-DEFAULT_TILES = ((128, 128, 8, 8, 8), (128, 128, 16, 8, 8), (128, 128, 8, 16, 4), (128, 128, 8, 4, 16),
-                 (128, 64, 8, 8, 4), (64, 128, 8, 4, 8), (256, 128, 8, 16, 8), (128, 256, 8, 8, 16),
+DEFAULT_TILES = ((128, 128, 8, 16, 8), (128, 64, 8, 8, 4), (128, 128, 8, 8, 16), (64, 128, 8, 8, 8),
+                 (256, 64, 8, 16, 8), (128, 128, 8, 8, 8), (128, 128, 16, 16, 8), (64, 64, 8, 8, 4),
                  (64, 64, 8, 4, 4), (32, 32, 8, 4, 4))
 
 
@@ -52,6 +51,25 @@ def shapes(cfg, dev) -> dict:
     }
 
 
+def interleaved_ms(dev, op_lists, reps: int) -> list[float]:
+    """Median seconds of each recorded op list, timed in rounds (each list once per round, after
+    one warm-up round), so that clock ramps and slow episodes hit every candidate alike."""
+    seqs = []
+    for ops in op_lists:
+        seq = dev.sequence()
+        for op in ops:
+            seq.record(op)
+        seq.eval()
+        seqs.append(seq)
+    times = [[] for _ in seqs]
+    for _ in range(reps):
+        for seq, ts in zip(seqs, times):
+            t0 = time.perf_counter()
+            seq.eval()
+            ts.append(time.perf_counter() - t0)
+    return [float(np.median(ts)) for ts in times]
+
+
 def parse_tiles(text: str) -> gemm.GemmTiles:
     try:
         return gemm.GemmTiles(*(int(v) for v in text.split(",")))
@@ -65,6 +83,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
+    ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
+                    help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")
     ap.add_argument("--reps", type=int, default=7, help="timed runs (median)")
     ap.add_argument("--repeat", type=int, default=5,
                     help="dispatches of each GEMM per run (amortizes the submit's ~0.1-1 ms)")
@@ -77,30 +97,32 @@ def main(argv=None) -> int:
     for name, (kw, out) in shapes(cfg, dev).items():
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
         splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
-        rows, ref, seen = [], None, set()
-        for t in [None] + tiles:
-            for s in dict.fromkeys(splits):  # the program's split first, no repeats
-                try:
-                    g = gemm.Gemm(dev, tiles=t, **{**kw, "split_k": s})
-                except ValueError as exc:  # too many threads or too much shared memory here
-                    print(f"  {name}: tiles {t} skipped ({exc})")
-                    continue
-                if (g.tiles, g.split_k) in seen:
-                    continue
-                seen.add((g.tiles, g.split_k))
-                ops = g.ops()
-                sec = timed_sequence(dev, ops * max(1, args.repeat), max(1, args.reps)) / max(1, args.repeat)
-                host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
-                got = run_ops(dev, [out], ops, [out])[0]
-                ref = got if ref is None else ref
-                diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
-                rows.append((sec, g.tiles, g.split_k, diff, t is None and s == splits[0]))
+        loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
+        cands, seen = [], set()  # the program's tiles, split and loads first; no repeats
+        for t, s, vec4 in ((t, s, v) for t in [None] + tiles for s in dict.fromkeys(splits) for v in loads):
+            try:
+                g = gemm.Gemm(dev, tiles=t, vec4=vec4, **{**kw, "split_k": s})
+            except ValueError as exc:  # too many threads or too much shared memory here
+                print(f"  {name}: tiles {t} skipped ({exc})")
+                continue
+            if (g.tiles, g.split_k, vec4) not in seen:
+                seen.add((g.tiles, g.split_k, vec4))
+                cands.append((g, not cands))
+        ms = interleaved_ms(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
+        rows, ref = [], None
+        for (g, current), sec in zip(cands, ms):
+            host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
+            got = run_ops(dev, [out], g.ops(), [out])[0]
+            ref = got if ref is None else ref
+            diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+            kind = "vec4" if g.vec4_a or g.vec4_b else "float"
+            rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, current))
         print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP")
-        for sec, t, s, diff, current in sorted(rows, key=lambda r: r[0]):
+        for sec, t, s, kind, diff, current in sorted(rows, key=lambda r: r[0]):
             rate = flop / sec / 1e12 if sec else 0.0
             flag = "  (program's choice)" if current else ""
             bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
-            print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}{flag}{bad}")
+            print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{bad}")
     return 0
 
 

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""What the driver's compiler made of the register-resident sweep shaders: registers, spills.
+"""What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
+                                 [--gemm]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
 compiles their persistent variants, creates each as a pipeline with statistics capture
 (VK_KHR_pipeline_executable_properties, catchat/vk/pipeline_stats.py) and prints every statistic
-the driver reports, which should include the register count: whether a tile shape spills its W_hh
-slice. Drivers without the extension (lavapipe) still compile and create the pipelines. Not yet
-run on an NVIDIA driver.
+the driver reports (NVIDIA: register count, binary, stack, local and shared memory sizes): whether
+a tile shape spills its W_hh slice. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
+shapes) as the program builds them, with vec4 and with float loads. Drivers without the extension
+(lavapipe) still compile and create the pipelines.
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_gemm  # noqa: E402
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ModelSpec, ParamLayout  # noqa: E402
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
-from catchat.vk.kernels import gru  # noqa: E402
+from catchat.vk.kernels import gemm, gru  # noqa: E402
 from catchat.vk.pipeline_stats import compute_pipeline_statistics  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
@@ -55,12 +60,25 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None):
     return fwd, bwd
 
 
+def print_statistics(dev, kernel, title: str, defines: dict) -> None:
+    """Create `kernel`'s pipeline (with `defines` over its own) with statistics capture; print them."""
+    spirv = compile_shader(kernel.shader, {**kernel.defines, **defines})
+    supported, executables = compute_pipeline_statistics(spirv, kernel.bindings, 4 * kernel.push_words,
+                                                         kernel.spec, dev.info.index)
+    print(title)
+    if not supported:
+        print("  (pipeline created; this driver reports no statistics: VK_KHR_pipeline_executable_properties)")
+    for name, stats in executables:
+        print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--forward", action="append", type=parse_tiles, default=[], metavar="TILES")
     ap.add_argument("--backward", action="append", type=parse_tiles, default=[], metavar="TILES")
+    ap.add_argument("--gemm", action="store_true", help="also the step's GEMMs")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -76,16 +94,15 @@ def main(argv=None) -> int:
             if not isinstance(kernel.tiles, gru.ResidentTiles):
                 print(f"{kernel.shader}: tiles {kernel.tiles} are not register-resident here; nothing to show")
                 continue
-            spirv = compile_shader(kernel.shader, {**kernel.defines, "PERSISTENT": 1})
-            supported, executables = compute_pipeline_statistics(spirv, kernel.bindings, 4 * kernel.push_words,
-                                                                 kernel.spec, dev.info.index)
-            threads = kernel.spec[0]
-            print(f"{kernel.shader} {kernel.tiles}: {threads} threads, estimated "
-                  f"{gru.resident_registers(kernel.tiles, kernel.backward)} registers per thread")
-            if not supported:
-                print("  (pipeline created; this driver reports no statistics: VK_KHR_pipeline_executable_properties)")
-            for name, stats in executables:
-                print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in stats.items()))
+            print_statistics(dev, kernel, f"{kernel.shader} {kernel.tiles}: {kernel.spec[0]} threads, estimated "
+                             f"{gru.resident_registers(kernel.tiles, kernel.backward)} registers per thread",
+                             {"PERSISTENT": 1})
+    if args.gemm:
+        for name, (kw, _) in bench_gemm.shapes(cfg, dev).items():
+            for vec4 in (True, False):
+                g = gemm.Gemm(dev, vec4=vec4, **kw)
+                loads = "vec4" if g.vec4_a or g.vec4_b else "float"
+                print_statistics(dev, g, f"gemm, {name}: {g.tiles}, {g.tiles.threads} threads, {loads} loads", {})
     return 0
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.vk.kernels import compare, run_ops
-from catchat.vk.kernels.gemm import ColSum, Gemm, GemmTiles, gemm_case, parity_checks
+from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm, gemm_case, parity_checks
 
 
 def test_parity(dev):
@@ -73,8 +73,8 @@ def test_beta_zero_never_reads_c(dev, rng):
 
 
 def test_gpu_tiles_at_odd_sizes(dev, rng):
-    """The H200's tile shapes (128x128 / 8x8, 64x64 / 4x4) give the same answers here."""
-    for tiles in (GemmTiles(128, 128, 8, 8, 8), GemmTiles(64, 64, 8, 4, 4)):
+    """The H200's tile shapes give the same answers here."""
+    for tiles in (GPU_TILE, GPU_SPLIT_K_TILE, GPU_SMALL_TILE):
         for ta, tb in ((False, False), (True, True)):
             r = gemm_case(dev, rng, 129, 131, 17, ta, tb, 1.0, True, tiles=tiles)
             assert r.ok, str(r)

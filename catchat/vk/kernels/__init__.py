@@ -33,6 +33,8 @@ class Kernel:
         self.dev = dev
         self.shader = shader or self.shader
         self.push_words = len(push)
+        # what built the pipeline, for tools that rebuild it (tools/shader_stats.py)
+        self.defines, self.spec, self.bindings = dict(defines or {}), list(spec), len(tensors)
         self.algo = dev.algorithm(tensors, compile_shader(self.shader, defines), workgroups,
                                   spec_consts=spec, push_consts=pack_push(*push))
 

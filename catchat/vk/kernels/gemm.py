@@ -48,7 +48,8 @@ def _check_vector(tensor, off: int, n: int, what: str) -> None:
 
 @dataclass(frozen=True)
 class GemmTiles:
-    """Workgroup tile BM x BN over k-slices of BK; each thread computes TM x TN outputs."""
+    """Workgroup tile BM x BN over k-slices of BK; each thread computes TM x TN outputs, in 4 x 4
+    blocks (TM and TN multiples of 4: the shader reads its operands as vec4s)."""
 
     bm: int
     bn: int
@@ -68,18 +69,23 @@ class GemmTiles:
         return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
 
 
-def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
-    """Tile sizes for this device and output shape.
+# The GPU's tiles (H200, v3 shapes, tools/bench_gemm.py): a 128x128 tile of 16x8 outputs per thread
+# on 128 threads (the compiler then allots up to ~255 registers; at 256 threads it stops at 128:
+# 8x8 per thread gave 30-31 TFLOP/s, this 33-37); 128x64 / 8x4 for split-K weight gradients (38);
+# 64x64 / 4x4 when there are too few large tiles to fill the machine. CPU (lavapipe): 32x32 / 4x4.
+GPU_TILE = GemmTiles(128, 128, 8, 16, 8)
+GPU_SPLIT_K_TILE = GemmTiles(128, 64, 8, 8, 4)
+GPU_SMALL_TILE = GemmTiles(64, 64, 8, 4, 4)
+CPU_TILE = GemmTiles(32, 32, 8, 4, 4)
 
-    GPU: 128x128 tiles, 8x8 outputs per thread (256 threads, 16.9 KB shared; ~31-34 TFLOP/s on
-    an H200 at the model's shapes), or 64x64 / 4x4 (~21-24) when even with split_k there are
-    too few 128x128 tiles to fill the machine. CPU (lavapipe): 32x32 / 4x4.
-    """
+
+def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
+    """Tile sizes for this device and output shape (see GPU_TILE)."""
     if not _is_gpu(dev):
-        return GemmTiles(32, 32, 8, 4, 4)
+        return CPU_TILE
     if ceil_div(M, 128) * ceil_div(N, 128) * split_k >= 264:  # ~2 workgroups per SM on an H200
-        return GemmTiles(128, 128, 8, 8, 8)
-    return GemmTiles(64, 64, 8, 4, 4)
+        return GPU_SPLIT_K_TILE if split_k > 1 else GPU_TILE
+    return GPU_SMALL_TILE
 
 
 def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
@@ -90,6 +96,14 @@ def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int =
         return 1
     s = ceil_div(512, ceil_div(M, 128) * ceil_div(N, 128))
     return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
+
+
+def _vec4_ok(operand, contiguous_extent: int, along_k: bool, k_split: int) -> bool:
+    """Whether a (tensor, offset, ld) operand can be read as whole vec4s: offset, leading
+    dimension and the extent of its contiguous direction are multiples of 4 (along k, so is the
+    split-K range: every split starts on a vec4)."""
+    _, off, ld = operand
+    return off % 4 == 0 and ld % 4 == 0 and contiguous_extent % 4 == 0 and (not along_k or k_split % 4 == 0)
 
 
 def _workspace(dev: Device, given, n: int, what: str):
@@ -130,6 +144,8 @@ class Gemm(Kernel):
     S*M*N floats (device-only; or pass `workspace`, a float tensor of >= S*M*N, to share one
     between GEMMs), a second dispatch sums them in order into C. Deterministic either way; S
     changes the rounding (not the run-to-run result). `gemm_split_k` suggests S per device.
+    vec4: read A and B as vec4s where their offsets, leading dimensions and contiguous extents are
+    multiples of 4 (same results; False forces float loads, for tests and benchmarks).
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -137,14 +153,16 @@ class Gemm(Kernel):
 
     def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
-                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None):
+                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
-        k_split = ceil_div(max(K, 1), split_k)  # k-range per split; S shrinks if K < S
-        self.split_k = ceil_div(max(K, 1), k_split)
+        # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
+        k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
+        self.split_k = ceil_div(max(K, 1), max(k_split, 1))
         self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k)
         t = self.tiles
-        if t.bm % t.tm or t.bn % t.tn or t.threads > dev.info.max_workgroup_invocations:
+        if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
+                or t.threads > dev.info.max_workgroup_invocations):
             raise ValueError(f"bad GEMM tiles {t}")
         if t.shared_bytes > dev.info.max_shared_memory_bytes:
             raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
@@ -164,6 +182,13 @@ class Gemm(Kernel):
             defines["TRANS_A"] = 1
         if trans_b:
             defines["TRANS_B"] = 1
+        # vec4 loads where the operand's contiguous direction allows (k: also every split's start)
+        self.vec4_a = vec4 and _vec4_ok(a, M if trans_a else K, not trans_a, k_split)
+        self.vec4_b = vec4 and _vec4_ok(b, K if trans_b else N, trans_b, k_split)
+        if self.vec4_a:
+            defines["VEC4_A"] = 1
+        if self.vec4_b:
+            defines["VEC4_B"] = 1
         self.reduce = None
         if self.split_k == 1:
             if bias is not None:
@@ -309,20 +334,24 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
-              alpha=1.0, tiles=None) -> ParityResult:
-    """One GEMM against float64 numpy, operands at odd offsets with padded leading dimensions;
-    also checks that nothing outside C's [M,N] window changed."""
+              alpha=1.0, tiles=None, vec4=False) -> ParityResult:
+    """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
+    ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
+    contiguous extents allow); also checks that nothing outside C's [M,N] window changed."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
-    a_buf, a = _embed(rng, ar, ac, ac + 3, 5)
-    b_buf, b = _embed(rng, br, bc, bc + 1, 17)
+    pad = (lambda n, p: n + p) if not vec4 else (lambda n, p: 4 * ceil_div(n, 4) + 4)  # noqa: E731
+    a_off, b_off = (5, 17) if not vec4 else (8, 16)
+    a_buf, a = _embed(rng, ar, ac, pad(ac, 3), a_off)
+    b_buf, b = _embed(rng, br, bc, pad(bc, 1), b_off)
     c_buf, c = _embed(rng, M, N, N + 2, 9)
     bias_buf = np.full(N + 20, 555.0, np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     bias_buf[11:11 + N] = bias
     ta, tb, tc, tbias = (dev.tensor(x) for x in (a_buf, b_buf, c_buf, bias_buf))
-    g = Gemm(dev, (ta, 5, ac + 3), (tb, 17, bc + 1), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
-             alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles)
+    g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
+             alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
+             vec4=vec4)
     (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
     exp_buf = c_buf.astype(np.float64)
     exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
@@ -332,6 +361,8 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
     if tiles is not None:
         shape += f" tiles={tiles.bm}x{tiles.bn}/{tiles.tm}x{tiles.tn}"
+    if g.vec4_a or g.vec4_b:
+        shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
 
 
@@ -359,8 +390,18 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out.append(gemm_case(dev, rng, 65, 33, 129, False, True, 0.0, True, alpha=-0.5))
     out.append(gemm_case(dev, rng, 37, 29, 300, True, False, 1.0, False, split_k=4))
     out.append(gemm_case(dev, rng, 7, 13, 40, True, False, 1.0, True, split_k=3))
-    for tiles in (GemmTiles(64, 64, 8, 4, 4), GemmTiles(128, 128, 8, 8, 8)):  # the GPU's tiles
+    for tiles in (GPU_TILE, GPU_SPLIT_K_TILE, GPU_SMALL_TILE):
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=tiles))
+    # vec4 loads: every transpose variant with one operand or both aligned (N = 67 leaves
+    # non-transposed B on floats), the GPU's tiles, split-K ranges that start on a vec4
+    for M, N, K in ((68, 36, 132), (132, 67, 44)):
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, M, N, K, ta, tb, 1.0, True, vec4=True))
+    out.append(gemm_case(dev, rng, 132, 132, 36, False, True, 0.0, False, tiles=GPU_TILE, vec4=True))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True))
+    out.append(gemm_case(dev, rng, 132, 68, 302, True, False, 1.0, True, split_k=3, tiles=GPU_SPLIT_K_TILE,
+                         vec4=True))
     for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
         out.append(colsum_case(dev, rng, M, N, splits))
     return out

@@ -357,7 +357,6 @@ class _Sweep(Kernel):
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
             spec = list(self.tiles[:3])
         n_tiles = tile_count(self.tiles, B, H, backward)
-        self.defines, self.spec, self.bindings = defines, spec, len(tensors)  # for tools/shader_stats.py
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
         self.sweep_algo = None
