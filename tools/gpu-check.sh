@@ -17,7 +17,7 @@ part bench-v3 $py tools/bench.py configs/catchat-v3.toml --steps 3 --warmup 1 --
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # registers of the resident sweeps, and of tile shapes that measured slower (docs/benchmarks.md)
-part shader-stats-v3 $py tools/shader_stats.py configs/catchat-v3.toml --forward 16,16,4,2,4,32 --forward 16,16,2,4,4,32 \
+part shader-stats-v3 $py tools/shader_stats.py configs/catchat-v3.toml --gemm --forward 16,16,4,2,4,32 --forward 16,16,2,4,4,32 \
     --backward 16,16,4,0,8,4 --backward 16,16,8,0,4,4 --backward 16,16,2,0,16,1
 part train-v3 $py -m catchat.cli train configs/catchat-v3.toml --set "data.corpus=$corpus" --set eval.eval_windows=4 \
     --run-dir /tmp/gpu-check-v3 --stop-after-steps 40
