@@ -65,13 +65,14 @@ def test_bench_gemm_times_every_shape_and_checks_each_candidate(capsys):
     import bench_gemm
 
     assert bench_gemm.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.window=6",
-                            "--set", "data.batch_lanes=3", "--tiles", "16,16,8,2,2", "--split-k", "2",
+                            "--set", "data.batch_lanes=3", "--tiles", "16,16,8,4,4", "--split-k", "2",
                             "--reps", "1"]) == 0
     out = capsys.readouterr().out
     for name in ("input projection", "input gradient", "weight gradient", "head"):
         assert f"{name}: [" in out
     assert out.count("(program's choice)") == 4 and "DIFFERS" not in out
-    assert "split-K 2" in out and "bm=16" in out
+    assert "split-K 2" in out and "skipped" not in out
+    assert sum("GemmTiles(bm=16, bn=16" in line and "TFLOP/s" in line for line in out.splitlines()) >= 8
 
 
 def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
@@ -85,11 +86,15 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
 
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
     args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.batch_lanes=3",
-            "--backward", "16,4,1,0,4,1"]
+            "--backward", "16,4,1,0,4,1", "--gemm"]
     assert shader_stats.main(args) == 0
     out = capsys.readouterr().out
     assert out.count("gru_backward_resident ResidentTiles") == 2 and "gru_forward_resident ResidentTiles" in out
-    # each kernel: an indented line per executable's statistics, or the note that there are none
-    assert sum(line.startswith("  ") for line in out.splitlines()) >= 3
+    # the four GEMM shapes, each with vec4 loads (H = 12 keeps every operand aligned) and floats
+    for name in ("input projection", "input gradient", "weight gradient", "head"):
+        assert f"gemm, {name}: " in out
+    assert out.count(" vec4 loads") == 4 and out.count(" float loads") == 4
+    # each pipeline: an indented line per executable's statistics, or the note that there are none
+    assert sum(line.startswith("  ") for line in out.splitlines()) >= 11
     with pytest.raises(VulkanUnavailable, match="vkCreate"):
         compute_pipeline_statistics(b"\x03\x02\x23\x07" + bytes(20), 1, 0)
