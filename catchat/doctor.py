@@ -26,9 +26,7 @@ def run_smoke_kernel(dev, n: int = 1000, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     tx, ty = dev.tensor(x), dev.tensor(y)
-    kp = dev.kp
-    dev.sequence().record(kp.OpTensorSyncDevice([tx, ty])).record(Axpby(dev, tx, ty, n)(1.5, -0.5, 0.25)) \
-        .record(kp.OpTensorSyncLocal([ty])).eval()
+    dev.recorded([Axpby(dev, tx, ty, n)(1.5, -0.5, 0.25)], [tx, ty], [ty]).eval()
     return float(np.abs(host_view(ty) - axpby_reference(x, y, 1.5, -0.5, 0.25)).max())
 
 
@@ -40,7 +38,7 @@ def host_views_work(dev, n: int = 257) -> bool:
     t = dev.tensor(n)
     want = np.arange(n, dtype=np.float32)
     host_view(t)[:] = want
-    dev.sequence().eval(dev.kp.OpTensorSyncDevice([t]))
+    dev.upload([t])
     host_view(t)[:] = 0
     dev.sequence().eval(dev.kp.OpTensorSyncLocal([t]))
     return bool(np.array_equal(host_view(t), want))

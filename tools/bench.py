@@ -44,9 +44,7 @@ def _timed(fn, reps: int) -> float:
 
 def timed_sequence(dev, ops, reps: int, warmup: int = 1) -> float:
     """Median seconds of one recorded sequence of ops over reps runs, after warmup runs."""
-    seq = dev.sequence()
-    for op in ops:
-        seq.record(op)
+    seq = dev.recorded(ops)
     for _ in range(warmup):
         seq.eval()
     return _timed(seq.eval, reps)

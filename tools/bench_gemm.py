@@ -51,16 +51,12 @@ def shapes(cfg, dev) -> dict:
     }
 
 
-def interleaved_ms(dev, op_lists, reps: int) -> list[float]:
+def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
     """Median seconds of each recorded op list, timed in rounds (each list once per round, after
     one warm-up round), so that clock ramps and slow episodes hit every candidate alike."""
-    seqs = []
-    for ops in op_lists:
-        seq = dev.sequence()
-        for op in ops:
-            seq.record(op)
+    seqs = [dev.recorded(ops) for ops in op_lists]
+    for seq in seqs:
         seq.eval()
-        seqs.append(seq)
     times = [[] for _ in seqs]
     for _ in range(reps):
         for seq, ts in zip(seqs, times):
@@ -108,9 +104,9 @@ def main(argv=None) -> int:
             if (g.tiles, g.split_k, vec4) not in seen:
                 seen.add((g.tiles, g.split_k, vec4))
                 cands.append((g, not cands))
-        ms = interleaved_ms(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
+        secs = interleaved_seconds(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
         rows, ref = [], None
-        for (g, current), sec in zip(cands, ms):
+        for (g, current), sec in zip(cands, secs):
             host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
             got = run_ops(dev, [out], g.ops(), [out])[0]
             ref = got if ref is None else ref

@@ -6,8 +6,9 @@
 For each B x H shape, times a sweep of `--steps` dependent steps per tile candidate (the current
 choice first, then a seeded sample of valid tiles that fill the GPU) and prints the microseconds
 per step, fastest first. Sweeps run as the program would run them on this device (one persistent
-dispatch where the GPU reports its SMs, else a dispatch per step); --persistent N overrides. Every candidate's outputs are compared with the default
-tiles' (a tile that computes something else is reported, not ranked). --apply CONFIG then reruns
+dispatch where the GPU reports its SMs, else a dispatch per step); --persistent N overrides. Every
+candidate's outputs are compared with the default tiles' (a tile that computes something else is
+reported, not ranked). --apply CONFIG then reruns
 tools/bench.py's training measurement for that config with the fastest tiles patched in.
 """
 
@@ -172,22 +173,14 @@ def main(argv=None):
         os.environ["CATCHAT_PERSISTENT"] = str(args.persistent)
     found = {shape: search(dev, *shape, args.steps, args.reps, args.max, persistent) for shape in shapes}
     if args.apply:
-
         from catchat import config as cfgmod
 
         cfg = cfgmod.load(args.apply)
         shape = (cfg.data.batch_lanes, cfg.model.hidden)
         best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max, persistent)
-        orig, orig_res = gru.pick_tiles, gru.pick_resident_tiles
-        gru.pick_tiles = lambda B, H, backward=False, **kw: (best["backward"] if backward else best["forward"]) \
-            if (B, H) == shape else orig(B, H, backward, **kw)
-        def pick_res(B, H, workgroups, max_threads, max_shared, backward=False, subgroup=32):
-            if (B, H) != shape:
-                return orig_res(B, H, workgroups, max_threads, max_shared, backward, subgroup)
-            t = best["backward" if backward else "forward"]
-            return t if isinstance(t, gru.ResidentTiles) else None
-
-        gru.pick_resident_tiles = pick_res
+        orig = gru.default_tiles  # the one place sweeps (and the memory plan) take their tiles from
+        gru.default_tiles = lambda dev, B, H, backward, resident: (
+            best["backward" if backward else "forward"] if (B, H) == shape else orig(dev, B, H, backward, resident))
         c = bench.bench_catchat(cfg, dev, 3, 1)
         print(f"{args.apply} with tiles {best}: train {c['train_tokens_per_s']:,.0f} tok/s, step {c['step_ms']:.1f} ms "
               f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}), eval {c['eval_tokens_per_s']:,.0f} tok/s")

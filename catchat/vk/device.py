@@ -129,6 +129,18 @@ class Device:
         """A kp sequence; `timestamps` > 0 reserves that many timestamp slots (ops + 1)."""
         return self.manager.sequence(0, timestamps) if timestamps else self.manager.sequence()
 
+    def recorded(self, ops, upload=(), download=()):
+        """A sequence with, in order: an upload of `upload`, `ops`, a download of `download`
+        (recorded once, run with .eval() as often as needed)."""
+        seq = self.sequence()
+        if upload:
+            seq.record(self.kp.OpTensorSyncDevice(list(upload)))
+        for op in ops:
+            seq.record(op)
+        if download:
+            seq.record(self.kp.OpTensorSyncLocal(list(download)))
+        return seq
+
     def algorithm(self, tensors, spirv: bytes, workgroups, spec_consts=(), push_consts=()):
         """A kp algorithm with uint32 specialization and push constants (the dtype recipe that
         kp 0.9.0 needs: push constants take the dtype of spec_consts)."""

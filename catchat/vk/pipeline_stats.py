@@ -4,9 +4,9 @@ kp does not expose VK_KHR_pipeline_executable_properties, so this module creates
 and a compute pipeline for given SPIR-V (storage buffers at bindings 0..n-1, a push-constant block,
 uint32 specialization constants 0..k-1) with VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR and
 reads the statistics of each executable (the register count is what tools/shader_stats.py is
-for; which statistics NVIDIA's driver reports has not been checked on the H200 yet). lavapipe has
-no such extension: the pipeline is still created (the shader is checked) and no statistics come
-back.
+for; NVIDIA's driver reports Register Count, Binary Size, Stack Size, Local Memory Size (a
+meaningless 2^36 on the H200) and Shared Memory Size). lavapipe has no such extension: the
+pipeline is still created (the shader is checked) and no statistics come back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 
 from catchat.errors import VulkanUnavailable
-from catchat.vk.probe import _extensions, physical_devices
+from catchat.vk.probe import device_extensions, physical_devices
 
 EXTENSION = b"VK_KHR_pipeline_executable_properties"
 _CAPTURE_STATISTICS = 0x40  # VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
@@ -125,7 +125,7 @@ def compute_pipeline_statistics(spirv: bytes, bindings: int, push_bytes: int, sp
     with physical_devices() as (vk, handles):
         if device_index >= len(handles):
             raise VulkanUnavailable(f"no Vulkan device {device_index} ({len(handles)} found)")
-        supported = EXTENSION.decode() in _extensions(vk, handles[device_index])
+        supported = EXTENSION.decode() in device_extensions(vk, handles[device_index])
         return supported, _with_device(vk, _P(handles[device_index]), supported, spirv, bindings, push_bytes, spec)
 
 

@@ -156,7 +156,7 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
     )
 
 
-def _extensions(vk: ctypes.CDLL, handle) -> set[str]:
+def device_extensions(vk: ctypes.CDLL, handle) -> set[str]:
     """The device's extension names (vkEnumerateDeviceExtensionProperties)."""
     count = ctypes.c_uint32(0)
     if vk.vkEnumerateDeviceExtensionProperties(ctypes.c_void_p(handle), None, ctypes.byref(count), None) != 0:
@@ -171,7 +171,7 @@ def _extensions(vk: ctypes.CDLL, handle) -> set[str]:
 
 def _sm_count(vk: ctypes.CDLL, handle) -> int:
     """Streaming multiprocessors, where the driver offers VK_NV_shader_sm_builtins (else 0)."""
-    if "VK_NV_shader_sm_builtins" not in _extensions(vk, handle):
+    if "VK_NV_shader_sm_builtins" not in device_extensions(vk, handle):
         return 0
     sm = _SmProps(_STYPE_SM_BUILTINS, None)
     props2 = _Props2(_STYPE_PROPS2, ctypes.cast(ctypes.pointer(sm), ctypes.c_void_p))

@@ -335,15 +335,7 @@ class Program:
         return ops + [self.emb_b.op(), t0["zero"](0.0, 0.0), t0["sum"].op()] + t0["dw_ih"].ops() + t0["demb"].ops()
 
     def _sequence(self, upload, ops, download=()):
-        kp = self.dev.kp
-        seq = self.dev.sequence()
-        if upload:
-            seq.record(kp.OpTensorSyncDevice(list(upload)))
-        for op in ops:
-            seq.record(op)
-        if download:
-            seq.record(kp.OpTensorSyncLocal(list(download)))
-        return seq
+        return self.dev.recorded(ops, upload, download)
 
     def _record(self):
         data = [self.tokens, self.targets, self.resets]

@@ -77,14 +77,7 @@ def compare(kernel: str, shape: str, got, expected, atol: float, rtol: float) ->
 
 def run_ops(dev: Device, upload, ops, download):
     """Upload tensors, record and run ops in one sequence, download tensors; returns host copies."""
-    kp = dev.kp
-    seq = dev.sequence()
-    if upload:
-        seq.record(kp.OpTensorSyncDevice(list(upload)))
-    for op in ops:
-        seq.record(op)
-    seq.record(kp.OpTensorSyncLocal(list(download)))
-    seq.eval()
+    dev.recorded(ops, upload, download).eval()
     return [host_view(t).copy() for t in download]
 
 

@@ -242,6 +242,12 @@ def resident_workgroups(dev: Device) -> int:
         except ValueError:
             raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
                              hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
+    return device_sms(dev)
+
+
+def device_sms(dev: Device) -> int:
+    """The GPU's SM count where its driver reports it (VK_NV_shader_sm_builtins), else 0 (and 0
+    on a CPU device, which may run one workgroup at a time)."""
     return dev.info.compute_units if dev.info.type != "CPU" else 0
 
 
@@ -388,8 +394,8 @@ class GruForward(_Sweep):
     hT [B,H] at hT_off (at t = T-1). Nothing accumulates. hT may share h0's buffer, but not the
     same words when T == 1 (step 0 reads h0 while writing hT). stats: uint32 [ST_WORDS] (default a
     private one): stats[ST_SYNC_TIMEOUTS] counts persistent sweeps whose grid barrier gave up.
-    tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk), default
-    `pick_tiles(B, H, resident=...)`. persistent: workgroups of the one-dispatch sweep (co-resident
+    tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk) or
+    ResidentTiles, default `default_tiles(dev, B, H, False, persistent)`. persistent: workgroups of the one-dispatch sweep (co-resident
     on the device!), 0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always
     one dispatch (the per-timestep path interleaves other work). phase_clock: uint32 [8 * steps],
     SM clocks at the phase boundaries of the first steps (register-resident tiles only;
@@ -552,7 +558,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1):
     """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
 
-    tiles: (forward tiles, backward tiles), None = pick_tiles; persistent: (forward, backward)
+    tiles: (forward tiles, backward tiles), None = default_tiles; persistent: (forward, backward)
     workgroups of one-dispatch sweeps (0 = a dispatch per step); repeat: both sweeps recorded that
     many times in the sequence (the grid barrier's words must be ready again each time; returned
     as `sync`). Every activation buffer carries
@@ -605,7 +611,7 @@ def expected_gru(case, clamp: float = 0.0):
 
 AUTO = (None, None)
 R, RB = ResidentTiles, resident_backward
-CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = pick_tiles
+CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = default_tiles
     (1, 1, 1, AUTO, 0.0),
     (5, 3, 7, AUTO, 0.0),
     # register blocks, k-slices and k chunks that leave partial workgroups, chunks and slices
@@ -642,7 +648,7 @@ PERSISTENT_CASES = [
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
-    sms = dev.info.compute_units if dev.info.type != "CPU" else 0
+    sms = device_sms(dev)
     return (1,) + ((3, sms) if sms >= 3 else ())
 
 
