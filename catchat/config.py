@@ -71,6 +71,22 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
+# Upper bounds that keep the run's counters inside the 32-bit words the device and the RNG use:
+#  - the optimizer step t (1-based, at most total_steps) goes to the GPU as the uint32 hyper word
+#    HP_STEP (vk/kernels/optim.py: np.uint32(t)); 2**32 would wrap to 0 (numpy 2.4 warns, later
+#    numpy raises). global_step itself only reaches the GPU through reference.step_seed, which
+#    masks global_step * 64 + micro_batch to 32 bits on purpose (docs/model.md): the dropout seeds
+#    repeat every 2**26 steps, which is harmless (other data, other weights), not an overflow.
+#  - the valid targets of one optimizer step (at most micro_batches * batch_lanes * window) go to
+#    the GPU as the uint32 HP_N_VALID and are summed there into the uint32 ST_N_VALID; a count of
+#    2**32 would wrap to 0, which the optimizer reads as "no valid targets" and skips the step.
+MAX_TOTAL_STEPS = 2**32 - 1
+MAX_TOKENS_PER_STEP = 2**32 - 1
+# TOML integers are 64-bit (the spec; tomllib accepts more): a larger value would make the run
+# dir's resolved config.toml unreadable to other TOML readers.
+INT64_MAX = 2**63 - 1
+
+
 def _key(default, kind, doc, unit="", **range_) -> Any:
     return field(default=default, metadata={"spec": Spec(kind, doc, unit, **range_)})
 
@@ -116,8 +132,11 @@ class TrainConfig:
     gradh_clamp: float = _key(0.0, float, "per-timestep elementwise clamp of the BPTT hidden-state gradient (0 = off)", "", lo=0)
     spectral_bound: float = _key(0.0, float, "bound on each GRU gate block's spectral norm (0 = off)", "", lo=0)
     seed: int = _key(0, int, "run seed: init, dropout masks, block shuffle", "", lo=0, hi=2**32 - 1)
-    total_steps: int = _key(0, int, "planned optimizer steps (set this or cycles, not both; 0 = unset)", "steps", lo=0)
+    total_steps: int = _key(0, int, "planned optimizer steps (set this or cycles, not both; 0 = unset)", "steps",
+                            lo=0, hi=MAX_TOTAL_STEPS)
     cycles: float = _key(0.0, float, "planned passes over the train split (set this or total_steps; 0 = unset)", "cycles", lo=0)
+    max_consecutive_skips: int = _key(25, int, "stop the run after this many skipped steps in a row (non-finite gradient or no valid targets)",
+                                      "steps", lo=1, hi=10**6)
 
 
 @dataclass(frozen=True)
@@ -133,7 +152,10 @@ class EvalConfig:
     eval_every_seqs: int = _key(0, int, "evaluate each time the seqs count crosses a multiple of this (0 = off)", "seqs", lo=0)
     eval_windows: int = _key(16, int, "held-out windows (of B lanes) per eval, from the eval split's start (0 = all)", "windows", lo=0)
     free_running: bool = _key(True, bool, "also evaluate free-running (teacher forcing 0: the model's own argmax fed back)")
-    sample_chars: int = _key(200, int, "characters of each sample saved per eval in samples/ (greedy, T 0.5, T 0.8; 0 = none)", "characters", lo=0)
+    # hi: a sample is generated one token per GPU round trip, three per eval: 10**6 characters
+    # already add minutes to every eval; more would stall training without any error
+    sample_chars: int = _key(200, int, "characters of each sample saved per eval in samples/ (greedy, T 0.5, T 0.8; 0 = none)", "characters",
+                             lo=0, hi=10**6)
 
 
 @dataclass(frozen=True)
@@ -326,6 +348,9 @@ def _check_value(section: str, key: str, value, where: str):
         if close:
             hint = f'did you mean {name} = "{close[0]}"? ({hint})'
         raise UsageError(f"{where}: {name} must be {spec.range_text()}, got {_toml_value(value)}", hint)
+    if spec.kind is int and not -INT64_MAX - 1 <= value <= INT64_MAX:  # keys without an upper bound
+        raise UsageError(f"{where}: {name} must be {spec.range_text()} and fit in 64 bits (TOML's integer range), "
+                         f"got {value}", f"{name}: {spec.doc}" + (f" ({spec.unit})" if spec.unit else ""))
     return value
 
 
@@ -353,6 +378,16 @@ def _check_cross(cfg: Config, source: str, origins: dict) -> None:
             + ("both train.total_steps and train.cycles are set" if both else "neither train.total_steps nor train.cycles is set")
             + ": the run length needs exactly one of them",
             "set the other one to 0 (e.g. --set train.cycles=0)" if both else "e.g. train.total_steps = 1000 or train.cycles = 2")
+    if t.cycles / seqs_per_step(cfg) > MAX_TOTAL_STEPS:  # a cycle is at least one seq: surely too long
+        raise UsageError(
+            f"{where('train.cycles')}: train.cycles = {t.cycles:g} plans more than {MAX_TOTAL_STEPS} optimizer steps",
+            f"the step count is a 32-bit word on the GPU: plan at most {MAX_TOTAL_STEPS} steps")
+    if seqs_per_step(cfg) * d.window > MAX_TOKENS_PER_STEP:
+        raise UsageError(
+            f"{where('data.micro_batches', 'data.batch_lanes', 'data.window')}: data.micro_batches * data.batch_lanes * "
+            f"data.window = {seqs_per_step(cfg) * d.window} tokens per optimizer step exceeds {MAX_TOKENS_PER_STEP} "
+            "(the step's valid-target count is a 32-bit word on the GPU)",
+            "lower data.micro_batches, data.batch_lanes or data.window")
     if s.warmup_fraction + s.cooldown_fraction > 1:
         raise UsageError(
             f"{where('schedule.warmup_fraction', 'schedule.cooldown_fraction')}: schedule.warmup_fraction + "
@@ -375,13 +410,20 @@ def seqs_per_step(cfg: Config) -> int:
 
 def planned_total_steps(cfg: Config, seqs_per_cycle: int) -> int:
     """The run's planned optimizer steps: train.total_steps, or train.cycles converted through
-    `seqs_per_cycle` (from `Lanes.seqs_per_cycle`), rounded up to whole steps (at least 1)."""
+    `seqs_per_cycle` (from `Lanes.seqs_per_cycle`), rounded up to whole steps (at least 1, at
+    most MAX_TOTAL_STEPS: a UsageError names train.cycles beyond it)."""
     if cfg.train.total_steps > 0:
         return cfg.train.total_steps
     if seqs_per_cycle <= 0:
         raise UsageError("the train split has no windows, so train.cycles cannot be turned into steps",
                          "use a larger corpus or set train.total_steps")
-    return max(1, math.ceil(cfg.train.cycles * seqs_per_cycle / seqs_per_step(cfg) - 1e-9))
+    steps = cfg.train.cycles * seqs_per_cycle / seqs_per_step(cfg)  # float: huge cycles give inf, not an error
+    if not steps <= MAX_TOTAL_STEPS:
+        raise UsageError(f"train.cycles = {cfg.train.cycles:g} of {seqs_per_cycle} seqs each plans "
+                         f"{steps:.3g} optimizer steps, more than {MAX_TOTAL_STEPS}",
+                         f"the step count is a 32-bit word on the GPU: lower train.cycles to at most "
+                         f"{MAX_TOTAL_STEPS * seqs_per_step(cfg) / seqs_per_cycle:.6g}")
+    return max(1, math.ceil(steps - 1e-9))
 
 
 def model_spec(cfg: Config, vocab_size: int = 101):

@@ -241,3 +241,67 @@ def test_every_key_is_documented():
     for section, keys in config.key_specs().items():
         for key in keys:
             assert f"`{section}.{key}`" in doc, f"{section}.{key} missing from docs/config.md"
+
+
+# --- bounds that keep counters inside 32 bits (and TOML's 64-bit integers) ---------------------------
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("train.total_steps", str(2**32), "train.total_steps must be in [0, 4294967295], got 4294967296"),
+    ("train.total_steps", str(10**20), "train.total_steps must be in [0, 4294967295], got 100000000000000000000"),
+    ("train.total_steps", "1e20", "train.total_steps must be a whole number, got number 1e+20"),
+    ("train.max_consecutive_skips", "0", "train.max_consecutive_skips must be in [1, 1000000], got 0"),
+    ("train.max_consecutive_skips", "1000001", "train.max_consecutive_skips must be in [1, 1000000], got 1000001"),
+    ("train.max_consecutive_skips", "2.5", "train.max_consecutive_skips must be a whole number"),
+    ("eval.sample_chars", "1000001", "eval.sample_chars must be in [0, 1000000], got 1000001"),
+    ("eval.eval_every_seqs", str(2**63), "eval.eval_every_seqs must be >= 0 and fit in 64 bits"),
+    ("checkpoint.keep_last", str(10**30), "checkpoint.keep_last must be >= 0 and fit in 64 bits"),
+    ("data.shuffle_block_windows", str(2**64), "data.shuffle_block_windows must be >= 0 and fit in 64 bits"),
+])
+def test_upper_bounds(key, value, needle):
+    section, name = key.split(".")
+    body = f"[{section}]\n{name} = {value}\n"
+    e = usage_error(body + ("cycles = 1\n" if section == "train" else MINIMAL))
+    assert needle in e.message and name in e.hint  # the key's meaning, or an example of it
+    assert needle in usage_error(MINIMAL, overrides=[f"{key}={value}"]).message  # --set: the same check
+
+
+def test_upper_bounds_are_inclusive_and_round_trip():
+    cfg = config.loads(f"[train]\ntotal_steps = {2**32 - 1}\nmax_consecutive_skips = 1000000\n"
+                       f"[eval]\nsample_chars = 1000000\neval_every_seqs = {2**63 - 1}\n")
+    assert cfg.train.total_steps == 2**32 - 1 and cfg.eval.eval_every_seqs == 2**63 - 1
+    assert config.loads(config.resolved_toml(cfg)) == cfg
+    assert config.planned_total_steps(cfg, seqs_per_cycle=1) == 2**32 - 1
+
+
+def test_from_dict_checks_the_bounds():
+    with pytest.raises(UsageError, match=r"train.total_steps must be in \[0, 4294967295\]"):
+        config.from_dict({"train": {"total_steps": 2**40}})
+    with pytest.raises(UsageError, match="fit in 64 bits"):
+        config.from_dict({"train": {"total_steps": 5}, "eval": {"eval_windows": -2**63 - 1 + 2**128}})
+
+
+def test_max_consecutive_skips_default_and_docs():
+    assert config.loads(MINIMAL).train.max_consecutive_skips == 25
+    assert config.loads(MINIMAL, overrides=["train.max_consecutive_skips=1"]).train.max_consecutive_skips == 1
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "config.md").read_text()
+    assert "| `train.max_consecutive_skips` | int | `25` | in [1, 1000000] |" in doc
+
+
+def test_tokens_per_step_fit_32_bits():
+    # 2**32 - 1 = 255 * 257 * 65537: the largest count the device's uint32 words hold
+    ok = config.loads("[data]\nmicro_batches = 255\nbatch_lanes = 257\nwindow = 65537\n" + MINIMAL)
+    assert config.seqs_per_step(ok) * ok.data.window == 2**32 - 1
+    e = usage_error("[data]\nmicro_batches = 4096\nbatch_lanes = 65536\nwindow = 16\n" + MINIMAL)
+    assert "data.micro_batches * data.batch_lanes * data.window = 4294967296 tokens per optimizer step exceeds" \
+        in e.message and "32-bit" in e.message
+    e = usage_error("[data]\nmicro_batches = 4096\nbatch_lanes = 64\n" + MINIMAL, overrides=["data.window=1048576"])
+    assert e.message.startswith("--set data.window=1048576: ")  # names the override that broke it
+
+
+def test_cycles_cannot_plan_more_than_32_bit_steps():
+    e = usage_error("[train]\ncycles = 1e300\n")
+    assert "train.cycles = 1e+300 plans more than 4294967295 optimizer steps" in e.message
+    cfg = config.loads("[train]\ncycles = 1e9\n")  # fits statically; too long for this corpus
+    with pytest.raises(UsageError, match=r"train.cycles = 1e\+09 of 1000 seqs each plans 3.12e\+10 optimizer steps"):
+        config.planned_total_steps(cfg, seqs_per_cycle=1000)
+    assert config.planned_total_steps(cfg, seqs_per_cycle=4) == 125_000_000  # 1e9 * 4 / 32 lanes
