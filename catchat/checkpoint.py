@@ -9,27 +9,40 @@ in it has taken exactly N steps, lesson 3) holding
                            and the sha256 of both tensor files (corruption is caught on load)
 It is written into a temporary sibling directory, fsynced, then renamed into place; `latest` (a
 one-line text file naming the directory) is replaced last. A crash at any point leaves the
-previous checkpoint and `latest` intact.
+previous checkpoint and `latest` intact. `checkpoints/` holds only the run's live branch: a resume
+from an older checkpoint moves the newer ones aside (catchat/rundir.py), so pruning by step number
+prunes only the live lineage.
+
+Loading trusts nothing in state.json: every field is checked (types, ranges, the step against the
+directory name), the sha256 of both tensor files is required (`allow_unverified` skips the check,
+for a user who says so) and non-finite weights are refused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from catchat import vocab
+from catchat import tensorfile, vocab
 from catchat.errors import UsageError
+from catchat.faults import crash_point
+from catchat.fsutil import atomic_write_text, fsync_dir
 
 FORMAT = "catchat-checkpoint"
 FORMAT_VERSION = 1
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE, LATEST = "model.safetensors", "optimizer.safetensors", "state.json", "latest"
+MAX_STEP = 2**32 - 1  # the bound config.py puts on train.total_steps (the GPU's step counter is uint32)
+_STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 class CheckpointState(dict):
@@ -48,7 +61,7 @@ class Checkpoint:
 
     path: Path
     params: dict[str, np.ndarray]
-    optimizer: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray] | None  # None unless loaded with_optimizer (resume needs it)
     state: dict
 
     @property
@@ -68,22 +81,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    from safetensors.numpy import save
-
-    data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=metadata)
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    tensorfile.write(path, tensors, metadata)  # byte-identical for identical state: sorted header
 
 
 def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndarray],
@@ -104,70 +103,83 @@ def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndar
         full_state = {"format": FORMAT, "format_version": FORMAT_VERSION, **state,
                       "global_step": int(global_step), "vocab": vocab.NAME, "vocab_fingerprint": vocab.FINGERPRINT,
                       "sha256": {MODEL_FILE: _sha256(tmp / MODEL_FILE), OPTIMIZER_FILE: _sha256(tmp / OPTIMIZER_FILE)}}
-        _atomic_write_text(tmp / STATE_FILE, json.dumps(full_state, indent=1, sort_keys=True))
-        _fsync_dir(tmp)
+        atomic_write_text(tmp / STATE_FILE, json.dumps(full_state, indent=1, sort_keys=True))
+        fsync_dir(tmp)
+        crash_point("save.written")
         if final.exists():  # re-saving a step (a resumed run re-reaching it): swap by renames, so a
             _retire(ckpt_root, final)  # crash leaves either the old or the new one, never a partial one
         os.replace(tmp, final)
-        _fsync_dir(ckpt_root)
+        fsync_dir(ckpt_root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _atomic_write_text(ckpt_root / LATEST, final.name + "\n")
+    crash_point("save.renamed")
+    point_latest(ckpt_root, final.name)
+    crash_point("save.latest")
     if keep_last > 0:
         prune(ckpt_root, keep_last)
     else:
-        _remove_stale(ckpt_root)
+        remove_stale(ckpt_root)
     return final
+
+
+def point_latest(ckpt_root: Path, name: str) -> None:
+    """Replace `latest` (atomically) so that it names checkpoint directory `name`."""
+    atomic_write_text(Path(ckpt_root) / LATEST, name + "\n")
+
+
+def latest_name(ckpt_root: Path) -> str | None:
+    """The directory name `latest` holds, or None without a readable `latest`."""
+    try:
+        return (Path(ckpt_root) / LATEST).read_text(encoding="utf-8").strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def dir_step(path: Path) -> int | None:
+    """N of a `step-N` directory name, else None."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
 
 
 def _retire(ckpt_root: Path, ckpt: Path) -> None:
     """Take a checkpoint out of service atomically: point `latest` away from it (at the newest other
     complete one) if it names it, then rename it to a hidden `.step-*` name, removed later."""
     latest = ckpt_root / LATEST
-    if latest.is_file() and latest.read_text().strip() == ckpt.name:
+    if latest_name(ckpt_root) == ckpt.name:
         others = [p for p in list_checkpoints(ckpt_root) if p != ckpt]
         if others:
-            _atomic_write_text(latest, others[-1].name + "\n")
+            point_latest(ckpt_root, others[-1].name)
     trash = ckpt_root / f".{ckpt.name}.old.{os.getpid()}"  # a rename in place: needs no free space
     if trash.exists():
         shutil.rmtree(trash, ignore_errors=True)
     os.replace(ckpt, trash)
-    _fsync_dir(ckpt_root)
+    fsync_dir(ckpt_root)
+    crash_point("prune.retired")
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
-    """Complete checkpoint directories, oldest first (temporary and partial ones are ignored)."""
+    """Complete checkpoint directories, oldest first by step (temporary and partial ones are ignored)."""
     ckpt_root = Path(ckpt_root)
     if not ckpt_root.is_dir():
         return []
-    return sorted(p for p in ckpt_root.glob("step-*") if p.is_dir() and (p / STATE_FILE).exists())
+    found = [p for p in ckpt_root.glob("step-*") if dir_step(p) is not None and p.is_dir() and (p / STATE_FILE).exists()]
+    return sorted(found, key=dir_step)
 
 
 def prune(ckpt_root: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` checkpoints (never the one `latest` names)."""
     keep = set(list_checkpoints(ckpt_root)[-keep_last:])
-    latest = ckpt_root / LATEST
-    if latest.exists():
-        keep.add(ckpt_root / latest.read_text().strip())
+    if latest_name(ckpt_root):
+        keep.add(ckpt_root / latest_name(ckpt_root))
     for p in list_checkpoints(ckpt_root):
         if p not in keep:
             _retire(ckpt_root, p)  # renamed away first: a kill mid-delete never leaves a partial step-N
-    _remove_stale(ckpt_root)
+    remove_stale(ckpt_root)
 
 
-def _remove_stale(ckpt_root: Path) -> None:
+def remove_stale(ckpt_root: Path) -> None:
     """Remove what a killed writer left: temporary or retired `.step-*` directories and `.latest.*.tmp`
     files (one writer per run directory is assumed)."""
     for stale in Path(ckpt_root).glob(".step-*"):
@@ -186,7 +198,7 @@ def resolve(path: str | Path) -> Path:
             root = root.parent
         latest = root / LATEST
         if latest.is_file():
-            target = root / latest.read_text().strip()
+            target = root / (latest_name(root) or "")
             if not (target / STATE_FILE).exists():
                 raise UsageError(f"{latest} names {target.name}, which is not a complete checkpoint",
                                  hint=f"point at one of: {', '.join(x.name for x in list_checkpoints(root)) or 'none'}")
@@ -195,54 +207,129 @@ def resolve(path: str | Path) -> Path:
 
 
 def _read_tensors(path: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+    return tensorfile.read(path)[0]
 
+
+MAX_STATE_BYTES = 64 * 2**20  # state.json holds a config and a cursor: kilobytes; more is not ours
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _read_state(state_path: Path) -> dict:
+    """state.json as a dict whose format is ours, or a UsageError naming the file."""
+    damaged = "the checkpoint is damaged: resume from an earlier one"
     try:
-        return load_file(str(path))
-    except Exception as exc:  # safetensors raises its own error types for bad headers/data
-        raise UsageError(f"{path} is not a readable safetensors file ({exc})",
-                         hint="the file is corrupt: resume from an earlier checkpoint") from None
-
-
-def load_checkpoint(path: str | Path, *, verify: bool = True) -> Checkpoint:
-    """Load and verify a checkpoint: format, vocabulary fingerprint (lesson 1), file hashes."""
-    ckpt = resolve(path)
-    state_path = ckpt / STATE_FILE
-    try:
-        state = json.loads(state_path.read_text())
+        if state_path.stat().st_size > MAX_STATE_BYTES:
+            raise ValueError(f"{state_path.stat().st_size} bytes, more than a state file holds")
+        state = json.loads(state_path.read_bytes().decode("utf-8"))
         if not isinstance(state, dict) or state.get("format") != FORMAT:
             raise ValueError(f"format is {state.get('format') if isinstance(state, dict) else type(state).__name__!r}")
-        int(state["global_step"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"{state_path} is not a valid catchat state file ({exc})",
-                         hint="the checkpoint is damaged: resume from an earlier one") from None
+    except RecursionError:
+        raise UsageError(f"{state_path} is not a valid catchat state file (nested too deeply)", hint=damaged) from None
+    except (OSError, ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UsageError(f"{state_path} is not a valid catchat state file ({exc})", hint=damaged) from None
+    return state
+
+
+def state_problems(state: dict, ckpt: Path, *, for_resume: bool) -> list[str]:
+    """What is wrong with the fields of a checkpoint's state.json (empty when nothing is).
+
+    Every field a command relies on is checked for type and range, and global_step against the
+    `step-N` directory name: an edited or damaged state.json is refused, never trusted."""
+    problems = []
+
+    def need(key, ok, what, required=True):
+        if key not in state:
+            if required:
+                problems.append(f"no {key!r} entry")
+        elif not ok(state[key]):
+            problems.append(f"{key} must be {what}, got {json.dumps(state[key])[:60]}")
+
+    need("format_version", lambda v: v == FORMAT_VERSION, f"{FORMAT_VERSION}")
+    need("global_step", lambda v: _is_int(v) and 0 <= v <= MAX_STEP, f"a whole number in [0, {MAX_STEP}]")
+    need("config", lambda v: isinstance(v, dict), "a table")
+    need("vocab_fingerprint", lambda v: isinstance(v, str), "a string")
+    for key in ("applied_steps", "seqs", "cycle", "tokens_seen", "run_seed"):
+        need(key, lambda v: _is_int(v) and 0 <= v, "a whole number >= 0", required=for_resume and key != "tokens_seen")
+    need("cursor", lambda v: isinstance(v, dict), "a table", required=for_resume)
+    need("schedule", lambda v: isinstance(v, dict), "a table", required=False)
+    step = state.get("global_step")
+    if _is_int(step):
+        if _is_int(state.get("applied_steps")) and state["applied_steps"] > step:
+            problems.append(f"applied_steps {state['applied_steps']} exceeds global_step {step}")
+        named = dir_step(ckpt)
+        if named is not None and named != step:
+            problems.append(f"global_step is {step} but the directory is {ckpt.name}")
+    return problems
+
+
+def _verify_hashes(state: dict, ckpt: Path, files: tuple[str, ...], allow_unverified: bool, warn) -> None:
+    """Check the recorded sha256 of `files`; a missing record is refused unless allow_unverified."""
+    state_path = ckpt / STATE_FILE
+    hashes = state.get("sha256")
+    if hashes is not None and (not isinstance(hashes, dict) or not set(hashes) <= {MODEL_FILE, OPTIMIZER_FILE}
+                               or not all(isinstance(v, str) and _HEX64.match(v) for v in hashes.values())):
+        raise UsageError(f"{state_path}: its sha256 entry is not a map of {MODEL_FILE} / {OPTIMIZER_FILE} to hashes",
+                         hint="the checkpoint is damaged: resume from an earlier one")
+    hashes = hashes or {}
+    for name in files:
+        f = ckpt / name
+        if not f.exists():
+            raise UsageError(f"{f} is missing", hint="the checkpoint is incomplete: resume from an earlier one")
+        if name not in hashes:
+            if not allow_unverified:
+                raise UsageError(f"{state_path} records no sha256 for {name}, so its integrity cannot be checked",
+                                 hint="use another checkpoint, or pass --allow-unverified to load it anyway")
+            warn(f"warning: {f} is loaded unverified (no sha256 in {STATE_FILE}; --allow-unverified)")
+        elif _sha256(f) != hashes[name]:
+            raise UsageError(f"{f} is corrupt (sha256 differs from the one recorded in {STATE_FILE})",
+                             hint="resume from an earlier checkpoint")
+
+
+def _check_finite(tensors: dict[str, np.ndarray], path: Path) -> None:
+    """Refuse NaN or infinite values: a model saved that way cannot train or generate."""
+    bad = [k for k, v in tensors.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+    if bad:
+        raise UsageError(f"{path} holds non-finite values (NaN or inf) in {', '.join(sorted(bad)[:4])}"
+                         + (f" and {len(bad) - 4} more" if len(bad) > 4 else ""),
+                         hint="the checkpoint is damaged or from a diverged run: use an earlier one")
+
+
+def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unverified: bool = False,
+                    warn=None) -> Checkpoint:
+    """Load and verify a checkpoint: format, every state field, vocabulary fingerprint (lesson 1),
+    file hashes, shapes against its own config, finite values. The optimizer file is read (and
+    required) only `with_optimizer` (a resume); eval and generation need only the model."""
+    ckpt = resolve(path)
+    state_path = ckpt / STATE_FILE
+    state = _read_state(state_path)
+    problems = state_problems(state, ckpt, for_resume=with_optimizer)
+    if problems:
+        raise UsageError(f"{state_path} is damaged: " + "; ".join(problems),
+                         hint="resume from another checkpoint of the run (checkpoints/step-*)")
     state = CheckpointState(state)
     state.path = str(state_path)
     check_fingerprint(state.get("vocab_fingerprint"), str(ckpt))
-    hashes = state.get("sha256", {})
-    if not isinstance(hashes, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in hashes.items()) \
-            or not set(hashes) <= {MODEL_FILE, OPTIMIZER_FILE}:
-        raise UsageError(f"{state_path}: its sha256 entry is not a map of {MODEL_FILE} / {OPTIMIZER_FILE} to hashes",
-                         hint="the checkpoint is damaged: resume from an earlier one")
-    if verify:
-        for name, digest in hashes.items():
-            f = ckpt / name
-            if not f.exists():
-                raise UsageError(f"{f} is missing", hint="the checkpoint is incomplete: resume from an earlier one")
-            if _sha256(f) != digest:
-                raise UsageError(f"{f} is corrupt (sha256 differs from the one recorded in {STATE_FILE})",
-                                 hint="resume from an earlier checkpoint")
+    files = (MODEL_FILE, OPTIMIZER_FILE) if with_optimizer else (MODEL_FILE,)
+    _verify_hashes(state, ckpt, files, allow_unverified, warn or (lambda m: print(m, file=sys.stderr)))
     params = _read_tensors(ckpt / MODEL_FILE)
-    if isinstance(state.get("config"), dict):  # the tensors must fit the model its own state.json describes
-        from catchat import config as cfgmod
-        from catchat.model import param_specs
+    from catchat import config as cfgmod
+    from catchat.model import param_specs
 
-        cfg = cfgmod.from_dict(state["config"], source=f"{state_path} (its config)")
-        diffs = shape_differences(params, {p.name: p.shape for p in param_specs(cfgmod.model_spec(cfg, vocab.VOCAB_SIZE))})
-        if diffs:
-            raise UsageError(f"{ckpt / MODEL_FILE} does not match the model in its {STATE_FILE}: " + "; ".join(diffs),
-                             hint="the checkpoint is damaged: resume from an earlier one")
-    return Checkpoint(ckpt, params, _read_tensors(ckpt / OPTIMIZER_FILE), state)
+    cfg = cfgmod.from_dict(state["config"], source=f"{state_path} (its config)")
+    diffs = shape_differences(params, {p.name: p.shape for p in param_specs(cfgmod.model_spec(cfg, vocab.VOCAB_SIZE))})
+    if diffs:  # the tensors must fit the model its own state.json describes
+        raise UsageError(f"{ckpt / MODEL_FILE} does not match the model in its {STATE_FILE}: " + "; ".join(diffs),
+                         hint="the checkpoint is damaged: resume from an earlier one")
+    _check_finite(params, ckpt / MODEL_FILE)
+    optimizer = None
+    if with_optimizer:
+        optimizer = _read_tensors(ckpt / OPTIMIZER_FILE)
+        _check_finite(optimizer, ckpt / OPTIMIZER_FILE)
+    return Checkpoint(ckpt, params, optimizer, state)
 
 
 def check_fingerprint(found: str | None, where: str) -> None:

@@ -16,6 +16,9 @@ from catchat.errors import CatchatError
 console = Console()
 err_console = Console(stderr=True)
 
+ALLOW_UNVERIFIED_OPTION = click.option(
+    "--allow-unverified", is_flag=True,
+    help="Load a checkpoint whose state.json records no sha256 of its files (a warning says so).")
 DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
                              help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
 
@@ -129,8 +132,9 @@ def corpus_info(path):
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[CKPT]",
               help="Continue the run in --run-dir (or from the checkpoint given).")
 @click.option("--stop-after-steps", type=click.IntRange(min=1), help="Stop after N steps (the schedule is unchanged).")
+@ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def train(config_path, overrides, run_dir, resume, stop_after_steps, device):
+def train(config_path, overrides, run_dir, resume, stop_after_steps, allow_unverified, device):
     """Train a model from a TOML CONFIG on the Vulkan device."""
     from pathlib import Path
 
@@ -144,8 +148,8 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, device):
     run_dir = Path(run_dir or Path("runs") / name)
     dev = open_device(device)
     console.print(f"device: {dev.info.name}; run: {run_dir}", highlight=False)
-    with TrainReporter(console) as reporter:
-        trainer = Trainer(cfg, run_dir, dev, config_name=name, resume=resume, reporter=reporter)
+    with TrainReporter(console) as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume,
+                                                     reporter=reporter, allow_unverified=allow_unverified) as trainer:
         reason = trainer.run(stop_after_steps)
     if reason.startswith("interrupted"):
         raise SystemExit(130)
@@ -155,8 +159,9 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, device):
 @click.argument("checkpoint")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus to evaluate on (default: the run's).")
 @click.option("--windows", default=0, show_default=True, help="Held-out windows to use (0 = all).")
+@ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def eval_cmd(checkpoint, corpus_path, windows, device):
+def eval_cmd(checkpoint, corpus_path, windows, allow_unverified, device):
     """Evaluate a checkpoint on a corpus's held-out split; prints the metrics as JSON."""
     import json
 
@@ -169,7 +174,7 @@ def eval_cmd(checkpoint, corpus_path, windows, device):
     from catchat.vk.device import open_device
     from catchat.vk.program import Program
 
-    ckpt = ck.load_checkpoint(checkpoint)
+    ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
     cfg = cfgmod.from_dict(ckpt.state["config"], source=str(ckpt.path / ck.STATE_FILE))
     c = open_corpus(corpus_path or cfg.data.corpus)
     lanes = Lanes.from_config(c, cfg, "eval")
@@ -409,8 +414,9 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
               help="Sampling seed: the same seed gives the same text.")
 @click.option("--num", default=1, show_default=True, type=click.IntRange(min=1),
               help="Samples generated at once (one batch on the GPU).")
+@ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, device):
+def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, allow_unverified, device):
     """Generate text from a checkpoint, streaming it as it comes (docs/generation.md)."""
     from catchat import checkpoint as ck
     from catchat import vocab
@@ -418,7 +424,7 @@ def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, nu
     from catchat.vk.device import open_device
 
     speaker = check_speaker(speaker) if speaker is not None else None
-    ckpt = ck.load_checkpoint(checkpoint)
+    ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
     gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num)
     text = (f"{speaker}: " if speaker else "") + prompt
     ids = prompt_ids(text)
@@ -590,6 +596,10 @@ def scan(run_dir, strict):
     console.print(f"{n_fail} defect(s), {n_warn} warning(s)", highlight=False)
     if n_fail or (strict and n_warn):
         raise SystemExit(1)
+
+
+def _warn(message: str) -> None:
+    err_console.print(escape(message), highlight=False, soft_wrap=True)
 
 
 def _fail(message: str, hint: str | None, exit_code: int):

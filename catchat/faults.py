@@ -17,6 +17,11 @@ Items are separated by commas; each is KIND@step=N, N being the optimizer step t
                  stops with a one-line error saying the last checkpoint is intact and how to resume.
 
 A run with faults says so in its start/resume event (`faults`) and on the console.
+
+`CATCHAT_CRASH_AT=POINT[#K][:SIGNAL]` sends the process SIGKILL (or SIGNAL: INT, TERM) the K-th
+time (default 1) it reaches the named crash point (`crash_point(POINT)` in checkpoint.py,
+rundir.py, train.py): the kill-anywhere tests use it to stop a run at exact moments of a save, a
+prune, a resume start-up and a branch.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import numpy as np
 from catchat.errors import UsageError
 
 ENV = "CATCHAT_FAULT"
+CRASH_ENV = "CATCHAT_CRASH_AT"
 KINDS = ("nan_grad", "zero_valid", "device_lost")
 _ITEM = re.compile(r"^\s*([a-z_]+)\s*@\s*step\s*=\s*(\d+)\s*$")
 _HINT = ("e.g. CATCHAT_FAULT=nan_grad@step=3,zero_valid@step=5 (kinds: " + ", ".join(KINDS)
@@ -114,3 +120,22 @@ def lost_device(prog):
         yield
     finally:
         prog.seq_apply = real
+
+
+_crash_hits: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """SIGKILL this process here if $CATCHAT_CRASH_AT names this point (and this is the K-th hit)."""
+    want = os.environ.get(CRASH_ENV)
+    if not want:
+        return
+    want, _, sig = want.partition(":")
+    point, _, k = want.partition("#")
+    if point != name:
+        return
+    _crash_hits[name] = _crash_hits.get(name, 0) + 1
+    if _crash_hits[name] == int(k or 1):
+        import signal
+
+        os.kill(os.getpid(), getattr(signal, f"SIG{sig or 'KILL'}"))

@@ -51,6 +51,18 @@ class TrainReporter:
 
     def on_resume(self, global_step, seqs, **f):
         self._print(f"resumed at step {global_step} ({seqs} seqs) from {f.get('from')}")
+        if f.get("dropped_rows"):
+            self._print(f"{f['dropped_rows']} metrics rows logged after that checkpoint will be logged again")
+        for side in f.get("finished_branches", ()):
+            self._print(f"finished a branch a stopped process had begun: {side}")
+
+    def on_branch(self, branch_step, abandoned_step, side_dir, abandoned_checkpoints=(), **_):
+        what = f"{len(abandoned_checkpoints)} newer checkpoints and the rows up to step {abandoned_step}"
+        self._print(f"[yellow]branch[/yellow] at step {branch_step}: {what} moved to {side_dir}"
+                    if branch_step >= 0 else f"[yellow]fresh start[/yellow]: an earlier attempt's rows moved to {side_dir}")
+
+    def on_warning(self, text, **_):
+        self.console.print(text, markup=False, highlight=False)
 
     def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, tf=1.0, **_):
         if not stats.skipped:

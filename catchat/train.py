@@ -10,13 +10,13 @@ a multiple of `*_every_seqs`. The learning rate is a pure function of the absolu
 
 from __future__ import annotations
 
-import csv
 import json
 import os
+import shutil
 import signal
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -24,30 +24,41 @@ import numpy as np
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import faults as faultmod
-from catchat import vocab
+from catchat import rundir, vocab
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
+from catchat.faults import crash_point
+from catchat.fsutil import append_line, atomic_write_text
 from catchat.lanes import Lanes, prefix_dropout
 from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, init_params, param_specs
 from catchat.reference import step_seed
+from catchat.rundir import RunFiles, RunLock
+from catchat.runlog import METRICS_COLUMNS
 from catchat.schedule import interval_crossed, lr_at, tf_at
 from catchat.vk.program import Program, StepHyper, StepStats
 
-METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
-                   "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
+__all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer", "evaluate"]
 
 
-class RunFiles:
-    """Where a run keeps its files (design.md "Files a run writes")."""
+@contextmanager
+def deferred_signals():
+    """Hold SIGINT/SIGTERM until the block is done (then raise KeyboardInterrupt if one came), so a
+    Ctrl-C never stops a group of file changes half way. Only in the main thread (signals go there)."""
+    import threading
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self.config = self.root / "config.toml"
-        self.metrics = self.root / "metrics.csv"
-        self.events = self.root / "events.jsonl"
-        self.checkpoints = self.root / "checkpoints"
-        self.samples = self.root / "samples"
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    old = {s: signal.signal(s, lambda signum, _f: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def memory_mb() -> dict:
@@ -63,6 +74,10 @@ def memory_mb() -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
+
+
+def format_mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
@@ -90,40 +105,92 @@ def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool 
 
 
 class Trainer:
-    """One run: builds data, device program and state (fresh or resumed), then steps."""
+    """One run: builds data, device program and state (fresh or resumed), then steps.
+
+    It holds the run directory's lock from construction to `close()` (the CLI closes it; a
+    garbage-collected Trainer drops it too). Nothing in the run directory is written before every
+    check has passed: a refused start (bad checkpoint, other model size, Ctrl-C) changes no file,
+    and a new run directory it made is removed again."""
 
     def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
-                 resume: str | Path | None = None, reporter=None, faults=None):
+                 resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False):
         """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT."""
         self.cfg, self.dev, self.config_name = cfg, dev, config_name
         self.files = RunFiles(Path(run_dir))
         self.report = reporter or (lambda *_a, **_k: None)
         self.faults = faultmod.from_env() if faults is None else tuple(faults)
-        self._prepare_run_dir(resume)
+        self._stop_signal: str | None = None
+        self.last_checkpoint_step = -1
+        self.consecutive_skips = 0
+        created = not self.files.root.exists()
+        self.files.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.lock = RunLock(self.files.lock)
+        except BaseException:
+            if created:
+                shutil.rmtree(self.files.root, ignore_errors=True)
+            raise
+        try:
+            self._open(resume, allow_unverified)
+        except BaseException:
+            self.close()
+            if created:  # a refused start leaves nothing behind
+                shutil.rmtree(self.files.root, ignore_errors=True)
+            raise
+
+    def _open(self, resume, allow_unverified: bool) -> None:
+        cfg = self.cfg
+        finished = rundir.recover(self.files)
+        if resume is None and ck.list_checkpoints(self.files.checkpoints):
+            raise UsageError(f"{self.files.root} already holds a run with checkpoints",
+                             hint="continue it with --resume, or choose another --run-dir")
+        ckpt = None
+        if resume is not None:
+            ckpt = ck.load_checkpoint(self.files.checkpoints if resume == "" else resume, with_optimizer=True,
+                                      allow_unverified=allow_unverified, warn=lambda m: self.report("warning", text=m))
+            self._check_source(ckpt)
         self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
         self.lanes = Lanes.from_config(self.corpus, cfg, "train")
         self.eval_lanes = Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
         self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
         self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
         self.layout = ParamLayout(self.spec)
-        self.prog = Program(dev, self.spec, cfg.data.window, cfg.data.batch_lanes, optimizer=cfg.train.optimizer)
+        self.prog = Program(self.dev, self.spec, cfg.data.window, cfg.data.batch_lanes,
+                            optimizer=cfg.train.optimizer)
         self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
-        self._stop_signal: str | None = None
-        self.last_checkpoint_step = -1
-        if resume is not None:
-            self._restore(ck.load_checkpoint(self.files.checkpoints if resume == "" else resume))
+        if ckpt is not None:
+            self._restore(ckpt)
         else:
             self._fresh()
+        with deferred_signals():  # the run's files change only here, and whole: a Ctrl-C waits for it
+            self._commit_files(ckpt, finished)
+
+    def close(self) -> None:
+        """Release the run directory's lock (idempotent)."""
+        lock, self.lock = getattr(self, "lock", None), None
+        if lock is not None:
+            lock.release()
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # ------------------------------------------------------------------ setup
-    def _prepare_run_dir(self, resume):
-        root = self.files.root
-        if resume is None and ck.list_checkpoints(self.files.checkpoints):
-            raise UsageError(f"{root} already holds a run with checkpoints",
-                             hint="continue it with --resume, or choose another --run-dir")
-        root.mkdir(parents=True, exist_ok=True)
-        self.files.samples.mkdir(exist_ok=True)
-        self.files.config.write_text(cfgmod.resolved_toml(self.cfg, header=f"resolved config of run {root.name}"))
+    def _check_source(self, ckpt: ck.Checkpoint) -> None:
+        """A checkpoint of another run may start this one only while this one has no history."""
+        if self._in_run(ckpt.path):
+            return
+        if ck.list_checkpoints(self.files.checkpoints) or rundir.needs_branch(self.files, None):
+            raise UsageError(f"{ckpt.path} belongs to another run, and {self.files.root} already holds a run of "
+                             "its own", hint="continue another run's checkpoint in a new --run-dir")
+
+    def _in_run(self, path: Path) -> bool:
+        return Path(path).resolve().parent == self.files.checkpoints.resolve()
 
     def _fresh(self):
         flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
@@ -132,11 +199,35 @@ class Trainer:
         self.prog.set_carry(None)
         self.global_step, self.applied_steps = 0, 0
         self.cursor = self.lanes.start()
-        with open(self.files.metrics, "w", newline="") as f:
-            csv.writer(f).writerow(METRICS_COLUMNS)
-        self.files.events.write_text("")
-        self.event("start", config=self.config_name, total_steps=self.total_steps,
-                   model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe(), **self._run_info())
+
+    def _commit_files(self, ckpt: ck.Checkpoint | None, finished: list[Path]) -> None:
+        """Write the run's files for a start that passed every check: config, a branch if the start
+        abandons anything, the telemetry, the start/resume event."""
+        files = self.files
+        files.samples.mkdir(exist_ok=True)
+        atomic_write_text(files.config, cfgmod.resolved_toml(self.cfg, header=f"resolved config of run {files.root.name}"))
+        crash_point("resume.config")
+        info = self._run_info()
+        if finished:
+            info["finished_branches"] = [str(p.relative_to(files.root)) for p in finished]
+        if self.lock.stale_pid:
+            info["stale_lock_pid"] = self.lock.stale_pid
+        in_run = ckpt is not None and self._in_run(ckpt.path)
+        step = ckpt.global_step if in_run else None
+        if (in_run or ckpt is None) and rundir.needs_branch(files, step):
+            br = rundir.start_branch(files, ckpt.path if in_run else None, self._record("branch"))
+            self.report("branch", **br.event_fields(files.root), global_step=self.global_step)
+        if ckpt is None:
+            rundir.new_telemetry(files)
+            self.event("start", config=self.config_name, total_steps=self.total_steps,
+                       model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe(), **info)
+            return
+        dropped = rundir.trim_tail(files, self.global_step) if in_run else 0
+        if not in_run:
+            rundir.new_telemetry(files)
+            info["foreign"] = True
+        crash_point("resume.trimmed")
+        self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs, dropped_rows=dropped, **info)
 
     def _run_info(self) -> dict:
         """What `catchat scan` checks a run against: the schedule in force, step sizes, memory, faults."""
@@ -181,39 +272,14 @@ class Trainer:
             raise UsageError(f"{ckpt.path / ck.STATE_FILE} is damaged ({type(exc).__name__}: {exc})",
                              hint="resume from another checkpoint") from None
         self.last_checkpoint_step = self.global_step
-        self._truncate_metrics(self.global_step)
-        self._repair_events()
-        self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs, **self._run_info())
-
-    def _truncate_metrics(self, step: int):
-        """Drop rows logged after the checkpoint we resume from: they will be logged again."""
-        if not self.files.metrics.exists():
-            with open(self.files.metrics, "w", newline="") as f:
-                csv.writer(f).writerow(METRICS_COLUMNS)
-            return
-        with open(self.files.metrics, newline="") as f:
-            rows = list(csv.reader(f))
-        keep = [list(METRICS_COLUMNS)]
-        for r in rows[1:]:  # a row cut short by a crash (or any unreadable one) is dropped too
-            if len(r) == len(METRICS_COLUMNS) and r[0].isdigit() and int(r[0]) <= step:
-                keep.append(r)
-        with open(self.files.metrics, "w", newline="") as f:
-            csv.writer(f).writerows(keep)
-
-    def _repair_events(self):
-        """Drop a last events.jsonl line cut short by a crash, so the resumed run appends whole lines."""
-        path = self.files.events
-        if not path.exists():
-            return
-        data = path.read_bytes()
-        if data and not data.endswith(b"\n"):
-            path.write_bytes(data[:data.rfind(b"\n") + 1])
 
     # ------------------------------------------------------------------ telemetry
+    def _record(self, kind: str, **fields) -> dict:
+        return {"event": kind, "global_step": self.global_step, "time": round(time.time(), 3), **fields}
+
     def event(self, kind: str, **fields):
-        rec = {"event": kind, "global_step": self.global_step, "time": round(time.time(), 3), **fields}
-        with open(self.files.events, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        rec = self._record(kind, **fields)
+        append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
 
     def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float):
@@ -221,8 +287,7 @@ class Trainer:
                f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
                f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
                f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped))
-        with open(self.files.metrics, "a", newline="") as f:
-            csv.writer(f).writerow(row)
+        append_line(self.files.metrics, ",".join(map(str, row)))
 
     # ------------------------------------------------------------------ state
     def save(self, reason: str) -> Path:
@@ -245,10 +310,15 @@ class Trainer:
             path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
                                       keep_last=self.cfg.checkpoint.keep_last)
         except OSError as exc:
+            need = sum(a.nbytes for a in (*params.values(), *opt.values())) + 2**16
+            where = self.files.checkpoints
+            free = shutil.disk_usage(where).free if where.exists() else 0
             raise CheckpointWriteError(
-                f"could not write checkpoint {ck.step_dir_name(self.global_step)} in {self.files.checkpoints}: "
-                f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else ""),
-                hint="free disk space (or lower checkpoint.keep_last); " + self._resume_hint()) from None
+                f"could not write checkpoint {ck.step_dir_name(self.global_step)} in {where}: "
+                f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+                + f"; a checkpoint needs {format_mib(need)} there, {format_mib(free)} is free",
+                hint=f"free at least {format_mib(need)} on the disk that holds {where} (older checkpoints are "
+                     "pruned only after a new one is written); " + self._resume_hint()) from None
         self.last_checkpoint_step = self.global_step
         self.event("checkpoint", path=str(path), reason=reason, **memory_mb())
         return path
@@ -338,9 +408,11 @@ class Trainer:
         self.global_step += 1
         if st.skipped:
             reason = "no valid targets" if st.n_valid == 0 else f"non-finite gradient norm ({st.grad_norm})"
-            self.event("skipped_step", reason=reason)
+            self.consecutive_skips += 1
+            self.event("skipped_step", reason=reason, consecutive=self.consecutive_skips)
         else:
             self.applied_steps += 1
+            self.consecutive_skips = 0
         self._metrics_row(st, lr, tf, sum(count_valid(tg) for _, tg, _ in batches), seconds)
         self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
                     total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
@@ -365,6 +437,8 @@ class Trainer:
                 prev_seqs = self.cursor.seqs
                 self.step()
                 taken += 1
+                if self.consecutive_skips >= cfg.train.max_consecutive_skips:
+                    raise TooManySkips(self.consecutive_skips)
                 if interval_crossed(prev_seqs, self.cursor.seqs, cfg.eval.eval_every_seqs):
                     self.run_eval()
                 if interval_crossed(prev_seqs, self.cursor.seqs, cfg.checkpoint.checkpoint_every_seqs):
@@ -373,6 +447,15 @@ class Trainer:
                 self.save(reason)
             self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
                        applied_steps=self.applied_steps, **memory_mb())
+        except TooManySkips as exc:  # the weights are unchanged since the last applied step, but
+            self._end(f"stopped: {exc.count} consecutive skipped steps")  # going on would only skip more
+            raise CatchatError(f"stopped at step {self.global_step}: {exc.count} consecutive steps were skipped "
+                               "(non-finite gradients or no valid targets; events.jsonl says which)",
+                               hint="lower train.lr or check the corpus; " + self._resume_hint()) from None
+        except KeyboardInterrupt:  # a second Ctrl-C: stop now, but say so in the run's own record
+            self._end(f"interrupted twice ({self._stop_signal}): no final checkpoint")
+            raise CatchatError(f"interrupted twice: stopped at step {self.global_step} without a final checkpoint",
+                               hint=self._resume_hint(), exit_code=130) from None
         except DeviceLost as exc:  # nothing on the device can be read back: no final checkpoint
             self._failed(f"device lost: {exc.message}")
             raise DeviceLost(exc.message, hint=self._resume_hint()) from None
@@ -388,9 +471,18 @@ class Trainer:
         return reason
 
     def _failed(self, why: str) -> None:
-        """Log the end of a failed run, if the disk still takes it."""
+        self._end(f"failed: {why}")
+
+    def _end(self, reason: str) -> None:
+        """Log the end of a run that stops early, if the disk still takes it."""
         try:
-            self.event("end", reason=f"failed: {why}", skipped_steps=self.global_step - self.applied_steps,
+            self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
                        applied_steps=self.applied_steps, **memory_mb())
         except OSError:
             pass
+
+
+class TooManySkips(Exception):
+    def __init__(self, count: int):
+        super().__init__(count)
+        self.count = count

@@ -1,12 +1,17 @@
 """What several test files share: small corpora, tiny trained runs (seconds on lavapipe), and running
 the `catchat` command as a user would (a subprocess) with the check that its error is clean."""
 
+import csv
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
+
+from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import corpus as corpus_mod
 from catchat.train import Trainer
@@ -92,6 +97,29 @@ checkpoint_every_seqs = 0
     return root / "run"
 
 
+def sha256_of(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file under root (hidden ones too) -> sha256 of its bytes: to show a command wrote nothing.
+    The run's `.lock` is left out: whoever takes the lock writes its pid there, refused or not."""
+    return {str(p.relative_to(root)): sha256_of(p) for p in sorted(Path(root).rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def saveable_model(hidden: int = 4, layers: int = 1, seed: int = 0):
+    """(params, state) of a real model config that save_checkpoint/load_checkpoint accept."""
+    from catchat.model import init_params
+
+    cfg = cfgmod.from_dict({"model": {"hidden": hidden, "layers": layers}, "data": {"corpus": "x"},
+                            "train": {"total_steps": 9}})
+    state = {"seqs": 0, "cycle": 0, "applied_steps": 0, "run_seed": 0, "cursor": {}, "config": cfgmod.to_dict(cfg)}
+    return init_params(cfgmod.model_spec(cfg), seed), state
+
+
 def catchat(*args, env=None, cwd=None, preexec_fn=None, timeout=180) -> subprocess.CompletedProcess:
     """Run `catchat ARGS...` in a fresh process (the user's view: exit code, stdout, stderr)."""
     return subprocess.run([sys.executable, "-m", "catchat.cli", *[str(a) for a in args]], capture_output=True,
@@ -109,3 +137,69 @@ def assert_clean_error(r, code, *needles) -> str:
     for n in needles:
         assert n in r.stderr, (n, r.stderr)
     return r.stderr
+
+
+# ------------------------------------------------------------------ runs stopped and resumed (test_faults, test_run_integrity)
+TOTAL = 30  # steps of the reference run (about 1 s on lavapipe)
+
+
+def config_text(corpus_dir, total_steps=TOTAL, **sections) -> str:
+    body = {
+        "model": {"hidden": 12, "layers": 2},
+        "data": {"corpus": str(corpus_dir), "batch_lanes": 4, "window": 16, "micro_batches": 2},
+        "train": {"lr": 0.01, "total_steps": total_steps, "dropout_hidden": 0.1, "dropout_embedding": 0.05,
+                  "label_smoothing": 0.1, "seed": 3},
+        "schedule": {"warmup_fraction": 0.25, "cooldown_fraction": 0.25, "lr_min": 0.001},
+        "eval": {"eval_every_seqs": 48, "eval_windows": 2, "free_running": False, "sample_chars": 0},
+        "checkpoint": {"checkpoint_every_seqs": 24, "keep_last": 2},
+    }
+    for sec, keys in sections.items():
+        body[sec].update(keys)
+    return cfgmod.resolved_toml(cfgmod.from_dict(body))
+
+
+
+def losses(run):
+    with open(run / "metrics.csv") as f:
+        return [r["loss"] for r in csv.DictReader(f)]
+
+
+def assert_same_as_straight(run, straight):
+    """The loss column, final weights, Adam moments, carried state and data cursor: bitwise."""
+    assert losses(run) == losses(straight)
+    a, b = ck.load_checkpoint(straight, with_optimizer=True), ck.load_checkpoint(run, with_optimizer=True)
+    assert a.global_step == b.global_step == TOTAL
+    for name in a.params:
+        np.testing.assert_array_equal(a.params[name], b.params[name], err_msg=name)
+    for name in a.optimizer:
+        np.testing.assert_array_equal(a.optimizer[name], b.optimizer[name], err_msg=name)
+    assert a.state["cursor"] == b.state["cursor"] and a.state["applied_steps"] == b.state["applied_steps"]
+
+
+def rows_logged(run) -> int:
+    try:
+        return max(0, len((run / "metrics.csv").read_text().splitlines()) - 1)
+    except FileNotFoundError:
+        return 0
+
+
+def start_training(cfg_path, run, env=None):
+    return subprocess.Popen([sys.executable, "-m", "catchat.cli", "train", str(cfg_path), "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def wait_for_rows(proc, run, n, timeout=120):
+    deadline = time.time() + timeout
+    while rows_logged(run) < n:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.time() < deadline, "training did not start"
+        time.sleep(0.003)
+
+
+def resume_cli(cfg_path, run):
+    r = catchat("train", str(cfg_path), "--run-dir", str(run), "--resume")
+    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    return r
+
+

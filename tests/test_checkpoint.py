@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 
 from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat.model import init_params
 from catchat.errors import UsageError
+
+
+CONFIG = cfgmod.from_dict({"model": {"hidden": 4, "layers": 1}, "data": {"corpus": "x"}, "train": {"total_steps": 9}})
 
 
 def _tensors(seed=0):
     rng = np.random.default_rng(seed)
-    params = {"embedding.weight": rng.standard_normal((11, 4), dtype=np.float32),
-              "layers.0.norm.weight": np.ones(4, np.float32)}
+    params = init_params(cfgmod.model_spec(CONFIG), seed)
     opt = {f"exp_avg.{k}": np.zeros_like(v) for k, v in params.items()}
     opt["carry.h0"] = rng.standard_normal((1, 2, 4), dtype=np.float32)
     return params, opt
@@ -20,7 +24,9 @@ def _tensors(seed=0):
 
 def _save(root, step, keep_last=0, seed=0):
     params, opt = _tensors(seed)
-    return ck.save_checkpoint(root, step, params, opt, {"seqs": step * 4, "cursor": {"cycle": 0}}, keep_last)
+    state = {"seqs": step * 4, "cycle": 0, "applied_steps": step, "run_seed": 0, "cursor": {"cycle": 0},
+             "config": cfgmod.to_dict(CONFIG)}
+    return ck.save_checkpoint(root, step, params, opt, state, keep_last)
 
 
 def test_round_trip_and_latest(tmp_path):
@@ -28,7 +34,7 @@ def test_round_trip_and_latest(tmp_path):
     path = _save(root, 12)
     assert path.name == "step-0000012"
     assert (root / "latest").read_text().strip() == "step-0000012"
-    loaded = ck.load_checkpoint(tmp_path)  # a run dir resolves through checkpoints/latest
+    loaded = ck.load_checkpoint(tmp_path, with_optimizer=True)  # a run dir resolves through checkpoints/latest
     params, opt = _tensors()
     assert loaded.global_step == 12 and loaded.state["seqs"] == 48
     for k in params:
@@ -68,8 +74,13 @@ def test_corrupt_tensor_file_is_named(tmp_path):
     with pytest.raises(UsageError, match="model.safetensors is corrupt"):
         ck.load_checkpoint(path)
     (path / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(UsageError, match="not a readable safetensors file"):
-        ck.load_checkpoint(path, verify=False)
+    state = json.loads((path / "state.json").read_text())
+    del state["sha256"]  # unverified: only the reader can tell
+    (path / "state.json").write_text(json.dumps(state))
+    with pytest.raises(UsageError, match="records no sha256"):
+        ck.load_checkpoint(path)
+    with pytest.raises(UsageError, match="not a valid safetensors file"):
+        ck.load_checkpoint(path, allow_unverified=True, warn=lambda m: None)
 
 
 def test_corrupt_state_json_is_named(tmp_path):
@@ -89,7 +100,7 @@ def test_other_vocabulary_is_refused(tmp_path):
 
 
 def test_shape_mismatch_lists_differences():
-    params, _ = _tensors()
+    params = {"embedding.weight": np.zeros((11, 4), np.float32), "layers.0.norm.weight": np.ones(4, np.float32)}
     expected = {"embedding.weight": (101, 4), "layers.0.norm.weight": (4,), "head.weight": (101, 4)}
     with pytest.raises(UsageError) as info:
         ck.check_shapes(params, expected, "ckpt")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,24 +29,8 @@ from catchat.vk.device import Device, format_bytes
 from catchat.vk.kernels import gru
 from catchat.vk.program import Program, StepHyper, random_window
 
-from support import assert_clean_error, build_scene_corpus, catchat
-
-TOTAL = 30  # steps of the reference run (about 1 s on lavapipe)
-
-
-def config_text(corpus_dir, total_steps=TOTAL, **sections) -> str:
-    body = {
-        "model": {"hidden": 12, "layers": 2},
-        "data": {"corpus": str(corpus_dir), "batch_lanes": 4, "window": 16, "micro_batches": 2},
-        "train": {"lr": 0.01, "total_steps": total_steps, "dropout_hidden": 0.1, "dropout_embedding": 0.05,
-                  "label_smoothing": 0.1, "seed": 3},
-        "schedule": {"warmup_fraction": 0.25, "cooldown_fraction": 0.25, "lr_min": 0.001},
-        "eval": {"eval_every_seqs": 48, "eval_windows": 2, "free_running": False, "sample_chars": 0},
-        "checkpoint": {"checkpoint_every_seqs": 24, "keep_last": 2},
-    }
-    for sec, keys in sections.items():
-        body[sec].update(keys)
-    return cfgmod.resolved_toml(cfgmod.from_dict(body))
+from support import (TOTAL, assert_clean_error, assert_same_as_straight, build_scene_corpus, catchat, config_text,
+                     resume_cli, rows_logged, saveable_model, start_training, wait_for_rows)
 
 
 @pytest.fixture(scope="module")
@@ -66,50 +51,6 @@ def straight(dev, cfg_path, tmp_path_factory):
     run = tmp_path_factory.mktemp("straight") / "run"
     assert Trainer(cfgmod.load(cfg_path), run, dev).run() == "done"
     return run
-
-
-def losses(run):
-    with open(run / "metrics.csv") as f:
-        return [r["loss"] for r in csv.DictReader(f)]
-
-
-def assert_same_as_straight(run, straight):
-    """The loss column, final weights, Adam moments, carried state and data cursor: bitwise."""
-    assert losses(run) == losses(straight)
-    a, b = ck.load_checkpoint(straight), ck.load_checkpoint(run)
-    assert a.global_step == b.global_step == TOTAL
-    for name in a.params:
-        np.testing.assert_array_equal(a.params[name], b.params[name], err_msg=name)
-    for name in a.optimizer:
-        np.testing.assert_array_equal(a.optimizer[name], b.optimizer[name], err_msg=name)
-    assert a.state["cursor"] == b.state["cursor"] and a.state["applied_steps"] == b.state["applied_steps"]
-
-
-def rows_logged(run) -> int:
-    try:
-        return max(0, len((run / "metrics.csv").read_text().splitlines()) - 1)
-    except FileNotFoundError:
-        return 0
-
-
-def start_training(cfg_path, run, env=None):
-    return subprocess.Popen([sys.executable, "-m", "catchat.cli", "train", str(cfg_path), "--run-dir", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-
-
-def wait_for_rows(proc, run, n, timeout=120):
-    deadline = time.time() + timeout
-    while rows_logged(run) < n:
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.time() < deadline, "training did not start"
-        time.sleep(0.003)
-
-
-def resume_cli(cfg_path, run):
-    r = catchat("train", str(cfg_path), "--run-dir", str(run), "--resume")
-    assert r.returncode == 0 and "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
-    return r
 
 
 # ----------------------------------------------------------------------------------------- signals
@@ -172,18 +113,17 @@ SAVER = textwrap.dedent("""
     import sys
     import numpy as np
     from catchat import checkpoint as ck
+    from support import saveable_model
     root = sys.argv[1]
-    rng = np.random.default_rng(int(sys.argv[2]))
     done = ck.list_checkpoints(root)
     step = int(done[-1].name.split("-")[1]) + 1 if done else 1
-    params = {"embedding.weight": rng.standard_normal((101, 2048), dtype=np.float32),
-              "head.weight": rng.standard_normal((101, 2048), dtype=np.float32)}
+    params, state = saveable_model(hidden=256, seed=int(sys.argv[2]))  # 1.8 MB of weights
     opt = {f"exp_avg.{k}": v * 0.5 for k, v in params.items()}
     opt.update({f"exp_avg_sq.{k}": v * v for k, v in params.items()})
     print("ready", flush=True)
     while True:
         params["embedding.weight"][0, 0] = step
-        ck.save_checkpoint(root, step, params, opt, {"seqs": step}, keep_last=2)
+        ck.save_checkpoint(root, step, params, opt, state, keep_last=2)
         step += 1
 """)
 
@@ -199,7 +139,7 @@ def test_sigkill_while_checkpoints_are_written(tmp_path):
     newest = 0
     for round_ in range(8):
         proc = subprocess.Popen([sys.executable, str(script), str(root), str(round_)], stdout=subprocess.PIPE,
-                                text=True)
+                                text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent)})
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(float(rng.uniform(0.02, 0.25)))
         proc.kill()
@@ -217,7 +157,8 @@ def test_sigkill_while_checkpoints_are_written(tmp_path):
         newest = newest_now
     assert newest >= 3, "the writer never finished a checkpoint: kill times too early"
     # the next save cleans up whatever the kills left behind
-    ck.save_checkpoint(root, newest + 1, {"w": np.zeros(3, np.float32)}, {}, {}, keep_last=2)
+    params, state = saveable_model()
+    ck.save_checkpoint(root, newest + 1, params, {}, state, keep_last=2)
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
 
 
@@ -225,11 +166,14 @@ def test_resaving_a_step_swaps_atomically(tmp_path):
     """Re-saving step N (a resumed run reaching it again) never deletes the directory `latest` names
     in place: it is renamed away after `latest` points elsewhere, then replaced."""
     root = tmp_path / "checkpoints"
+    params, state = saveable_model()
     for step in (1, 2):
-        ck.save_checkpoint(root, step, {"w": np.full(3, step, np.float32)}, {}, {})
-    ck.save_checkpoint(root, 2, {"w": np.full(3, 7.0, np.float32)}, {}, {})
+        params["embedding.weight"][0, 0] = step
+        ck.save_checkpoint(root, step, params, {}, state)
+    params["embedding.weight"][0, 0] = 7.0
+    ck.save_checkpoint(root, 2, params, {}, state)
     assert (root / "latest").read_text().strip() == "step-0000002"
-    assert ck.load_checkpoint(root).params["w"][0] == 7.0
+    assert ck.load_checkpoint(root).params["embedding.weight"][0, 0] == 7.0
     assert not [p for p in root.iterdir() if p.name.startswith(".")]
 
 

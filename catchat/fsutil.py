@@ -1,0 +1,60 @@
+"""File writes that a crash cannot leave half done: atomic replace, whole-line appends, fsync.
+
+Every file a run keeps is either replaced whole (written aside, fsynced, renamed over the old one,
+the directory fsynced) or only appended to, one whole line per `os.write` (a Python signal handler
+runs between bytecodes, never inside the system call, so Ctrl-C cannot cut a line in two).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or create in `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data`: readers see the old file or the new one, never a mix or nothing."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line (a newline is added) with a single write to a file opened O_APPEND."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, data)
+        if written != len(data):  # a full disk mid-line: take the fragment back out
+            os.ftruncate(fd, os.fstat(fd).st_size - written)
+            raise OSError(28, os.strerror(28), str(path))
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> None:
+    """Remove `.NAME.PID.tmp` files left by an atomic write that was killed."""
+    for p in Path(directory).glob(".*.tmp"):
+        if p.is_file():
+            p.unlink(missing_ok=True)
