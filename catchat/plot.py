@@ -8,11 +8,15 @@ Reads three files, all written by the trainer while it runs (so any of them may 
     events.jsonl  one JSON object per line, {"event": "eval" | "resume" | "skipped_step" | ...}
     config.toml   the resolved config (optional here: the clip line and the cooldown mark)
 
+catchat.runlog reads both telemetry files (the same reader as `catchat scan`): lines it cannot use
+(not valid UTF-8, over-long, wrong cells, wrong-typed event fields) are skipped and named in a
+warning line of the summary; a last line cut short (a crash, or read mid-write) is skipped quietly.
+Unknown events and columns are ignored.
+
 A resumed run restarts from a checkpoint at step N and logs N+1, N+2, ... again. Whatever the first
 attempt logged after N belongs to an abandoned timeline: a metrics row whose step is not above the
 previous row's drops every kept row from that step on (so the last row for a step wins), and a
-"resume" event at N drops earlier evals and skipped steps after N. Unparseable lines (a row or a
-JSON line cut short by a crash or read mid-write) are skipped; unknown events and columns ignored.
+"resume" (or "branch") event at N drops earlier evals and skipped steps after N.
 
     plot_run(run_dir, out_dir=None) -> [Path]   loss, lr, grad_norm, throughput, accuracy PNGs, and
                                                 index.html showing them with the summary and config
@@ -26,9 +30,7 @@ drawn with the Agg canvas directly (no pyplot, no global backend switch).
 
 from __future__ import annotations
 
-import csv
 import html
-import json
 import math
 import os
 import time
@@ -39,9 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from catchat.errors import UsageError
+from catchat.runlog import METRICS_COLUMNS, describe_bad, numbers, read_events, read_metrics
 
-COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped",
-           "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
 LN2 = math.log(2.0)
 INDEX_HTML = "index.html"
 
@@ -62,6 +63,7 @@ class Run:
     clip: float | None = None                              # train.clip (None: no config or 0)
     cooldown_start: int | None = None                      # first cooldown step (None: unknown)
     label_smoothing: float = 0.0
+    warnings: list[str] = field(default_factory=list)     # lines of the files that were skipped
 
     @property
     def steps(self) -> np.ndarray:
@@ -78,53 +80,44 @@ class Run:
         return bool(np.isfinite(self.m["tokens"]).any())
 
 
-def _float(s: str | None) -> float:
-    if s is None or s.strip() == "":
-        return math.nan
-    return float(s)
+def _read(path: Path, reader):
+    """reader(path) (catchat.runlog), a file that cannot be read at all as a UsageError."""
+    try:
+        return reader(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
+                         hint="pass a run directory whose files you can read") from None
 
 
-def _read_metrics(path: Path, run_dir: Path) -> dict[str, np.ndarray]:
+def _read_metrics(path: Path, warnings: list[str]) -> dict[str, np.ndarray]:
+    """metrics.csv as a float array per column, one entry per step of the kept timeline."""
     hint = "wait for the run's first optimizer step, or pass a run directory (runs/<name>/)"
     if not path.is_file():
         raise UsageError(f"no metrics in {path} yet", hint=hint)
-    rows: list[tuple[int, dict]] = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        if header and "global_step" not in header:
-            raise UsageError(f"{path}: no global_step column (header: {','.join(header)})",
-                             hint="metrics.csv is written by catchat's trainer; is this a run directory?")
-        for raw in reader:
-            if None in raw.values() or None in raw:    # short or long row: cut off mid-write
-                continue
-            try:
-                step = int(raw["global_step"])
-                vals = {c: _float(raw.get(c)) for c in COLUMNS}
-            except ValueError:
-                continue
-            while rows and rows[-1][0] >= step:        # a rewind (resume): the later attempt wins
-                rows.pop()
-            rows.append((step, vals))
+    log = _read(path, read_metrics)
+    if not log.header:
+        raise UsageError(f"{path} line {log.bad[0][0]}: {log.bad[0][1]}",
+                         hint="metrics.csv is written by catchat's trainer; is this a run directory?")
+    if log.n_bad:
+        warnings.append(f"warning: {path.name}: {describe_bad(log)} skipped")
+    rows: list[dict] = []
+    for cells in log.rows:
+        vals = numbers(cells)
+        while rows and rows[-1]["global_step"] >= vals["global_step"]:  # a rewind (resume): the later wins
+            rows.pop()
+        rows.append(vals)
     if not rows:
-        raise UsageError(f"no metrics in {run_dir / 'metrics.csv'} yet", hint=hint)
-    return {c: np.array([v[c] for _, v in rows], dtype=np.float64) for c in COLUMNS}
+        raise UsageError(f"no metrics in {path} yet" + (f" ({describe_bad(log)})" if log.n_bad else ""), hint=hint)
+    return {c: np.array([v[c] for v in rows], dtype=np.float64) for c in METRICS_COLUMNS}
 
 
-def _read_events(path: Path) -> list[dict]:
+def _read_events(path: Path, warnings: list[str]) -> list[dict]:
     if not path.is_file():
         return []
-    events = []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                e = json.loads(line)
-            except ValueError:                         # truncated (or otherwise broken) line
-                continue
-            if isinstance(e, dict) and isinstance(e.get("event"), str) and \
-                    isinstance(e.get("global_step"), (int, float)):
-                events.append(e)
-    return events
+    log = _read(path, read_events)
+    if log.n_bad:
+        warnings.append(f"warning: {path.name}: {describe_bad(log)} skipped")
+    return log.events
 
 
 def _read_config(path: Path) -> dict:
@@ -152,31 +145,39 @@ def load_run(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UsageError(f"{run_dir} is not a directory", hint="pass a run directory, e.g. runs/tiny")
-    m = _read_metrics(run_dir / "metrics.csv", run_dir)
+    warnings: list[str] = []
+    m = _read_metrics(run_dir / "metrics.csv", warnings)
 
-    evals: dict[int, dict] = {}
+    evals: list[dict] = []                             # stacks in log order: a rewind pops what it abandons
     skipped = {int(s) for s, k in zip(m["global_step"], m["skipped"]) if k == 1}
-    skipped_events: set[int] = set()
+    skipped_events: list[int] = []
     resumes: list[int] = []
-    for e in _read_events(run_dir / "events.jsonl"):
-        step = int(e["global_step"])
-        if e["event"] == "resume":
-            resumes.append(step)
-            evals = {s: v for s, v in evals.items() if s <= step}
-            skipped_events = {s for s in skipped_events if s <= step}
-        elif e["event"] == "eval" and isinstance(e.get("loss"), (int, float)):
-            evals[step] = e                            # the last eval for a step wins
+    for e in _read_events(run_dir / "events.jsonl", warnings):  # known fields have their types (runlog)
+        step = e["global_step"]
+        if e["event"] in ("resume", "branch"):
+            if e["event"] == "branch":                 # back to the checkpoint at branch_step
+                step = max(e["branch_step"], 0)
+            else:
+                resumes.append(step)
+            while evals and evals[-1]["global_step"] > step:
+                evals.pop()
+            while skipped_events and skipped_events[-1] > step:
+                skipped_events.pop()
+        elif e["event"] == "eval":
+            evals.append(e)
         elif e["event"] == "skipped_step":
-            skipped_events.add(step)
+            skipped_events.append(step)
+    by_step = {e["global_step"]: e for e in evals}     # the last eval for a step wins
 
     cfg = _read_config(run_dir / "config.toml")
     clip = cfg.get("train", {}).get("clip")
     smoothing = cfg.get("train", {}).get("label_smoothing", 0.0)
-    return Run(path=run_dir, m=m, evals=[evals[s] for s in sorted(evals)], resumes=sorted(set(resumes)),
-               skipped_steps=sorted(skipped | skipped_events),
+    return Run(path=run_dir, m=m, evals=[by_step[s] for s in sorted(by_step)], resumes=sorted(set(resumes)),
+               skipped_steps=sorted(skipped | set(skipped_events)),
                clip=float(clip) if isinstance(clip, (int, float)) and clip > 0 else None,
                cooldown_start=_cooldown_start(cfg),
-               label_smoothing=float(smoothing) if isinstance(smoothing, (int, float)) else 0.0)
+               label_smoothing=float(smoothing) if isinstance(smoothing, (int, float)) else 0.0,
+               warnings=warnings)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,7 +233,7 @@ def summarise_run(run_dir: Path) -> list[str]:
     lines.append(line)
     if run.resumes:
         lines.append("resumed from step " + ", ".join(f"{s:,}" for s in run.resumes))
-    return lines
+    return lines + run.warnings
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,30 +10,36 @@ when any check fails (`--strict`: also on a warning). docs/reliability.md lists 
 
 from __future__ import annotations
 
-import csv
+import bisect
 import dataclasses
-import json
+import itertools
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from catchat.errors import UsageError
+from catchat.runlog import EventsLog, MetricsLog, describe_bad, numbers, read_events, read_metrics
+from catchat.vocab import VOCAB_SIZE
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped", "valid_tokens",
-           "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
 
 # Thresholds (docs/reliability.md)
 SPIKE_FACTOR = 5.0  # grad norm > this x the running mean of the previous SPIKE_WINDOW finite norms
 SPIKE_WINDOW, SPIKE_MIN_HISTORY = 50, 10
 LOSS_RISE = 1.10  # a block of steps whose mean loss exceeds the previous block's by 10%: warn
 LOSS_DIVERGED = 1.5  # the last block's mean loss above 1.5x the best block's: FAIL
+# A loss this far above a uniform prediction's (ln V nats) is no model at all: divergence, already in
+# the first rows (the block comparison above needs a good block first). >= 3 such applied steps: FAIL.
+LOSS_UNIFORM = math.log(VOCAB_SIZE)
+LOSS_ABSURD, ABSURD_STEPS = 2 * LOSS_UNIFORM, 3
 DROP_FACTOR, DROP_RUN, DROP_WINDOW = 0.5, 5, 50  # >= 5 steps in a row below half the running median
 MEMORY_GROWTH_MB, MEMORY_GROWTH_FRACTION = 64.0, 0.25  # RSS growth within one process: warn above both
 RESUME_LOSS_JUMP, RESUME_LOSS_STEPS = 1.5, 3  # mean loss of 3 steps after a resume vs 3 before
 LR_RTOL = 2e-5  # metrics.csv writes lr with 6 significant digits
 MAX_LISTED = 5  # steps listed per finding
+MAX_STEPS = 1000  # steps kept in a finding (a gap may be any size)
 
 
 @dataclass
@@ -42,10 +48,11 @@ class Finding:
     status: str
     detail: str
     steps: list[int] = field(default_factory=list)
+    total: int | None = None  # how many steps are concerned, when more than `steps` holds
 
     @property
     def count(self) -> int:
-        return len(self.steps)
+        return len(self.steps) if self.total is None else self.total
 
 
 @dataclass
@@ -75,8 +82,10 @@ def _steps_text(steps: list[int]) -> str:
                                                            if len(steps) > MAX_LISTED else "")
 
 
-def _float(text: str) -> float:
-    return float(text) if text not in ("", None) else math.nan
+def _text(value, limit: int = 120) -> str:
+    """A string from the telemetry, fit for one table cell: control characters escaped, cut at `limit`."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(value)[:limit + 1])
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,56 +105,47 @@ class Row:
     valid: int
     tps: float
     skipped: bool
-    loss_text: str
 
 
-def read_metrics(path: Path) -> tuple[list[Row], list[str]]:
-    """Rows of metrics.csv and the problems found reading it (with line numbers)."""
-    rows, problems = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header is None:
-            return [], [f"{path.name} is empty (no header)"]
-        if tuple(header) != COLUMNS:
-            missing = [c for c in COLUMNS if c not in header]
-            if missing:
-                return [], [f"{path.name}: header lacks {', '.join(missing)}"]
-        col = {c: header.index(c) for c in COLUMNS}
-        for lineno, r in enumerate(reader, 2):
-            if not r:
-                continue
-            try:
-                get = lambda c: r[col[c]]  # noqa: E731
-                rows.append(Row(step=int(get("global_step")), seqs=int(get("seqs")), cycle=int(get("cycle")),
-                                tokens=int(get("tokens")), lr=float(get("lr")), tf=float(get("tf")),
-                                loss=_float(get("loss")), grad_norm=_float(get("grad_norm")),
-                                valid=int(get("valid_tokens")), tps=_float(get("tokens_per_s")),
-                                skipped=get("skipped") == "1", loss_text=get("loss")))
-            except (ValueError, IndexError) as exc:
-                problems.append(f"line {lineno}: {exc}")
-    return rows, problems
+def _rows(log: MetricsLog) -> list[Row]:
+    """The well-formed rows of metrics.csv (catchat.runlog checked every cell) as Rows."""
+    out = []
+    for cells in log.rows:
+        v = numbers(cells)
+        out.append(Row(step=v["global_step"], seqs=v["seqs"], cycle=v["cycle"], tokens=v["tokens"], lr=v["lr"],
+                       tf=v["tf"], loss=v["loss"], grad_norm=v["grad_norm"], valid=v["valid_tokens"],
+                       tps=v["tokens_per_s"], skipped=v["skipped"] == 1))
+    return out
 
 
-def read_events(path: Path) -> tuple[list[dict], list[int]]:
-    """Events and the line numbers that are not JSON objects."""
-    events, bad = [], []
-    if not path.exists():
-        return events, bad
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = json.loads(line)
-            except json.JSONDecodeError:
-                bad.append(lineno)
-                continue
-            if isinstance(e, dict) and "event" in e:
-                events.append(e)
-            else:
-                bad.append(lineno)
-    return events, bad
+def _read(path: Path, reader):
+    """reader(path), an unreadable file (permissions, not a regular file) as a UsageError."""
+    try:
+        return reader(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
+                         hint="give a run directory whose files you can read") from None
+
+
+def _timeline(rows: list[Row], events: list[dict]) -> tuple[list[Row], list[int]]:
+    """The rows of the live branch, and the branch steps that cut some off.
+
+    A `branch` event at step S means the run went back to its checkpoint at S: what was logged after
+    S belongs to the abandoned branch. The trainer moves those rows aside; should they still be in
+    the file, the steps go back to S + 1 right after them, and the rows after S before that point
+    are dropped here, so no check counts them (or calls the rewind a defect)."""
+    branches = Counter(max(e["branch_step"], 0) for e in events if e["event"] == "branch")
+    out: list[Row] = []
+    cuts = []
+    for r in rows:
+        b = r.step - 1
+        if out and r.step <= out[-1].step and branches[b] > 0:
+            branches[b] -= 1
+            while out and out[-1].step > b:
+                out.pop()
+            cuts.append(b)
+        out.append(r)
+    return out, cuts
 
 
 @dataclass
@@ -162,10 +162,24 @@ class Segment:
     seqs_per_cycle: int | None = None
     resume_seqs: int | None = None
     resume_from: str = ""
+    foreign: bool | None = None  # the trainer's word on a resume from another run's checkpoint
 
 
-def _segments(events: list[dict]) -> list[Segment]:
-    segs: list[Segment] = []
+class Segments(list):
+    """The run's processes in log order, with `of(step)`: the one that logged metrics row `step`
+    (the last one that started before it), found by bisection (many resumes x many rows stays fast)."""
+
+    def of(self, step: int) -> Segment | None:
+        if getattr(self, "_keys", None) is None or len(self._order) != len(self):
+            self._order = sorted(range(len(self)), key=lambda i: self[i].from_step)
+            self._keys = [self[i].from_step for i in self._order]
+            self._latest = list(itertools.accumulate(self._order, max))  # last in log order among the first k
+        k = bisect.bisect_left(self._keys, step)  # segments that started before `step`
+        return self[self._latest[k - 1]] if k else None
+
+
+def _segments(events: list[dict]) -> Segments:
+    segs = Segments()
     for e in events:
         if e["event"] in ("start", "resume"):
             sched = e.get("schedule")
@@ -173,19 +187,15 @@ def _segments(events: list[dict]) -> list[Segment]:
                 sched = {"total_steps": e["total_steps"]}
             segs.append(Segment(e["event"], int(e.get("global_step", 0)), sched, e.get("seqs_per_step"),
                                 e.get("tokens_per_step"), [e], e.get("teacher_forcing"), e.get("seqs_per_cycle"),
-                                resume_seqs=e.get("seqs"), resume_from=str(e.get("from", ""))))
+                                resume_seqs=e.get("seqs"), resume_from=e.get("from", ""), foreign=e.get("foreign")))
         elif segs:
             segs[-1].events.append(e)
     return segs
 
 
-def _segment_of(segs: list[Segment], step: int) -> Segment | None:
+def _segment_of(segs: Segments, step: int) -> Segment | None:
     """The process that logged metrics row `step` (the last one that started before it)."""
-    owner = None
-    for s in segs:
-        if s.from_step < step:
-            owner = s
-    return owner
+    return segs.of(step)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,30 +211,15 @@ def scan_run(run_dir: Path) -> ScanReport:
     if not metrics.is_file():
         raise UsageError(f"{run_dir} has no metrics.csv: not a catchat run directory",
                          "give the directory `catchat train` wrote (runs/<config name> or --run-dir)")
-    rows, problems = read_metrics(metrics)
-    events, bad_lines = read_events(run_dir / "events.jsonl")
+    mlog = _read(metrics, read_metrics)
+    events_path = run_dir / "events.jsonl"
+    elog = _read(events_path, read_events) if events_path.exists() else EventsLog()
+    events = elog.events
+    rows, branch_cuts = _timeline(_rows(mlog), events)
     cfg = _read_config(run_dir / "config.toml")
     segs = _segments(events)
-    out: list[Finding] = []
-
-    # --- the record itself
-    if problems:
-        out.append(Finding("metrics.csv", FAIL, f"{len(problems)} unreadable rows: " + "; ".join(problems[:3])))
-    else:
-        out.append(Finding("metrics.csv", OK, f"{len(rows)} rows"))
-    if bad_lines:
-        last = bad_lines == [_count_lines(run_dir / "events.jsonl")]
-        out.append(Finding("events.jsonl", WARN if last else FAIL,
-                           ("the last line is cut short (a crash while writing it)" if last else
-                            f"lines {', '.join(map(str, bad_lines[:MAX_LISTED]))} are not JSON events"), bad_lines))
-    elif not events:
-        out.append(Finding("events.jsonl", WARN, "no events (missing or empty file)"))
-    else:
-        injected = sorted({f for e in events for f in e.get("faults", [])})
-        out.append(Finding("events.jsonl", OK, f"{len(events)} events, {len(segs)} process(es)"
-                           + (f"; faults injected on purpose ($CATCHAT_FAULT): {', '.join(injected)}" if injected else "")))
-
-    out.append(_check_steps(rows))
+    out = [_check_metrics_file(mlog), _check_events_file(elog, segs)]
+    out.append(_check_steps(rows, segs, events, branch_cuts))
     out.append(_check_counters(rows, segs, cfg))
     out.append(_check_nonfinite(rows))
     out.append(_check_skipped(rows, events))
@@ -234,14 +229,36 @@ def scan_run(run_dir: Path) -> ScanReport:
     out.append(_check_grad_spikes(rows))
     out.append(_check_throughput(rows, segs))
     out.append(_check_memory(segs))
-    out.append(_check_resumes(rows, segs, events))
+    out.append(_check_resumes(rows, segs, events, run_dir))
     out.append(_check_end(segs))
     return ScanReport(run_dir, len(rows), out)
 
 
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for _ in f)
+CUT_SHORT = "the last line is cut short (a crash while writing it, or a write in flight): not used"
+
+
+def _check_metrics_file(log: MetricsLog) -> Finding:
+    """Every line of metrics.csv a whole, well-formed row (catchat.runlog says why not)."""
+    name = "metrics.csv"
+    if log.n_bad:
+        return Finding(name, FAIL, describe_bad(log) + ", skipped" + (f"; {CUT_SHORT}" if log.truncated_tail else ""))
+    if log.truncated_tail:
+        return Finding(name, WARN, f"{len(log.rows)} rows; {CUT_SHORT}")
+    return Finding(name, OK, f"{len(log.rows)} rows")
+
+
+def _check_events_file(log: EventsLog, segs: list[Segment]) -> Finding:
+    """Every line of events.jsonl a JSON event whose known fields have their types."""
+    name = "events.jsonl"
+    if log.n_bad:
+        return Finding(name, FAIL, describe_bad(log) + ", skipped" + (f"; {CUT_SHORT}" if log.truncated_tail else ""))
+    if log.truncated_tail:
+        return Finding(name, WARN, f"{len(log.events)} events; {CUT_SHORT}")
+    if not log.events:
+        return Finding(name, WARN, "no events (missing or empty file)")
+    injected = sorted({_text(f, 40) for s in segs for f in s.events[0].get("faults", [])})
+    return Finding(name, OK, f"{len(log.events)} events, {len(segs)} process(es)"
+                   + (f"; faults injected on purpose ($CATCHAT_FAULT): {', '.join(injected)}" if injected else ""))
 
 
 def _read_config(path: Path):
@@ -255,15 +272,79 @@ def _read_config(path: Path):
         return None
 
 
-def _check_steps(rows: list[Row]) -> Finding:
+def _first_step(segs: list[Segment], rows: list[Row]) -> int:
+    """The step the run's first row should have: 1, or N + 1 when its first process resumed another
+    run's checkpoint at step N (the trainer then starts new telemetry there, so no row is <= N)."""
+    if segs and segs[0].kind == "resume" and rows[0].step > segs[0].from_step:
+        return segs[0].from_step + 1
+    return 1
+
+
+def _gaps(steps: list[int], first: int) -> list[tuple[int, int]]:
+    """The ranges (lo, hi) of steps from `first` to the last one that no row has."""
+    gaps, want = [], first
+    for s in sorted(set(steps)):
+        if s > want:
+            gaps.append((want, s - 1))
+        want = max(want, s + 1)
+    return gaps
+
+
+def _missing(gaps: list[tuple[int, int]]) -> list[int]:
+    """The first MAX_STEPS missing steps (a gap can be any size)."""
+    out: list[int] = []
+    for lo, hi in gaps:
+        out.extend(range(lo, min(hi, lo + MAX_STEPS - len(out) - 1) + 1))
+        if len(out) >= MAX_STEPS:
+            break
+    return out
+
+
+def _check_steps(rows: list[Row], segs: list[Segment], events: list[dict], branch_cuts: list[int]) -> Finding:
+    """global_step runs first, first + 1, ...: none missing (rows lost), none repeated or going back
+    (not truncated on resume). A branch is no defect: the live rows continue from the branch step."""
     name = "step sequence"
     if not rows:
         return Finding(name, WARN, "no steps logged")
-    bad = [(i + 1, r.step) for i, r in enumerate(rows) if r.step != i + 1]
-    if bad:
-        return Finding(name, FAIL, f"global_step is not 1, 2, 3, ... (row {bad[0][0]} has step {bad[0][1]}): "
-                       "rows lost, repeated, or not truncated on resume", [b[1] for b in bad])
-    return Finding(name, OK, f"steps 1..{len(rows)}, none missing or repeated")
+    first = _first_step(segs, rows)
+    steps = [r.step for r in rows]
+    gaps = _gaps(steps, first)
+    n_missing = sum(hi - lo + 1 for lo, hi in gaps)
+    repeated = sorted(s for s, n in Counter(steps).items() if n > 1)
+    back = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    early = sorted({s for s in steps if s < first})
+    problems = []
+    if gaps:
+        shown = ", ".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in gaps[:MAX_LISTED])
+        problems.append(f"{n_missing} step(s) missing: {shown}{', ...' if len(gaps) > MAX_LISTED else ''} "
+                        "(rows lost)")
+    if repeated:
+        problems.append(f"{_steps_text(repeated)} logged more than once")
+    if back:
+        i = back[0]
+        problems.append(f"row {i + 1} has step {steps[i]} after step {steps[i - 1]} "
+                        f"({len(back)} time(s) out of order: rows not truncated on resume?)")
+    if early:
+        problems.append(f"{_steps_text(early)} before the first step {first}")
+    branched = _branch_notes(events, branch_cuts)
+    if problems:
+        listed = sorted({*repeated, *(steps[i] for i in back), *early, *_missing(gaps)})[:MAX_STEPS]
+        return Finding(name, FAIL, "; ".join(problems + branched), listed,
+                       total=n_missing + len(set(repeated) | {steps[i] for i in back} | set(early)))
+    return Finding(name, OK, "; ".join([f"steps {first}..{steps[-1]}, none missing or repeated"] + branched))
+
+
+def _branch_notes(events: list[dict], cuts: list[int]) -> list[str]:
+    """What each `branch` event says (the run went back to an older checkpoint), for the detail."""
+    notes = []
+    for e in [e for e in events if e["event"] == "branch"][:MAX_LISTED]:
+        b, a = max(e["branch_step"], 0), e["abandoned_step"]
+        notes.append(f"branched at step {b}" + (f" from {_text(e['from'], 60)}" if e.get("from") else "")
+                     + (f": steps {b + 1}..{a} abandoned" if a > b else "")
+                     + (f", kept in {_text(e['side_dir'], 60)}" if e.get("side_dir") else ""))
+    if cuts:
+        notes.append(f"rows of abandoned branches dropped after step(s) {', '.join(map(str, cuts[:MAX_LISTED]))}")
+    return notes
 
 
 def _check_counters(rows: list[Row], segs: list[Segment], cfg) -> Finding:
@@ -342,21 +423,40 @@ def _check_lr(rows: list[Row], segs: list[Segment], cfg) -> Finding:
 
     name = "lr vs schedule"
     bad, checked = [], 0
+    unusable: list[tuple[int, Exception]] = []
     for r in rows:
         wsd, total = _schedule_for(_segment_of(segs, r.step), cfg)
         if wsd is None or not total:
             continue
-        want = lr_at(r.step - 1, total, wsd)
+        try:
+            want = lr_at(r.step - 1, total, wsd)
+        except FORMULA_ERRORS as exc:  # a damaged schedule in events.jsonl (total_steps 0, lr nan, ...)
+            unusable.append((r.step, exc))
+            continue
         checked += 1
         if not math.isclose(r.lr, want, rel_tol=LR_RTOL, abs_tol=1e-12):
             bad.append((r.step, r.lr, want))
-    first_bad = f"step {bad[0][0]}: {bad[0][1]:g}, the formula gives {bad[0][2]:g}" if bad else ""
+    note = _unusable_note(unusable, "schedule")
     if bad:
         return Finding(name, FAIL, f"{len(bad)} step(s) whose lr is not schedule.lr_at(global_step - 1) "
-                       f"({first_bad}): a re-run warmup (lesson 2) or a schedule not restored", [x[0] for x in bad])
+                       f"(step {bad[0][0]}: {bad[0][1]:g}, the formula gives {bad[0][2]:g}): a re-run warmup "
+                       f"(lesson 2) or a schedule not restored" + note, [x[0] for x in bad])
+    if unusable:
+        return Finding(name, WARN, f"{checked} steps follow the WSD formula" + note, [u[0] for u in unusable])
     if not checked:
         return Finding(name, WARN, "not checked: no schedule in events.jsonl and no readable config.toml")
     return Finding(name, OK, f"{checked} steps follow the WSD formula")
+
+
+FORMULA_ERRORS = (ValueError, ArithmeticError)  # what lr_at / tf_at raise on values no trainer logs
+
+
+def _unusable_note(unusable: list[tuple[int, Exception]], what: str) -> str:
+    if not unusable:
+        return ""
+    step, exc = unusable[0]
+    return (f"; {len(unusable)} step(s) not checked: the {what} logged for them cannot be evaluated "
+            f"(step {step}: {_text(exc, 80)})")
 
 
 def _tf_for(seg: Segment | None, cfg):
@@ -376,23 +476,32 @@ def _check_tf(rows: list[Row], segs: list[Segment], cfg) -> Finding:
     name = "tf vs schedule"
     sps = next((s.seqs_per_step for s in segs if s.seqs_per_step), None)
     bad, checked, unchecked = [], 0, 0
+    unusable: list[tuple[int, Exception]] = []
     for r in rows:
         tf, spc = _tf_for(_segment_of(segs, r.step), cfg)
-        if tf is None:
-            want = 1.0  # a catchat without a teacher-forcing schedule: always the data's token
-        elif getattr(tf, "schedule", "constant") == "constant" or tf.start <= tf.floor:
-            want = float(tf.start)
-        elif spc and sps:
-            want = tf_at((r.seqs - sps) / spc, tf)
-        else:
-            unchecked += 1
+        try:
+            if tf is None:
+                want = 1.0  # a catchat without a teacher-forcing schedule: always the data's token
+            elif getattr(tf, "schedule", "constant") == "constant" or tf.start <= tf.floor:
+                want = float(tf.start)
+            elif spc and sps:
+                want = tf_at((r.seqs - sps) / spc, tf)
+            else:
+                unchecked += 1
+                continue
+        except FORMULA_ERRORS as exc:  # a damaged teacher_forcing in events.jsonl (decay_cycles 0, ...)
+            unusable.append((r.step, exc))
             continue
         checked += 1
         if not math.isclose(r.tf, want, rel_tol=LR_RTOL, abs_tol=1e-9):
             bad.append((r.step, r.tf, want))
+    note = _unusable_note(unusable, "teacher-forcing schedule")
     if bad:
         return Finding(name, FAIL, f"{len(bad)} step(s) whose tf is not schedule.tf_at(cycles done) (step {bad[0][0]}: "
-                       f"{bad[0][1]:g}, the formula gives {bad[0][2]:g})", [b[0] for b in bad])
+                       f"{bad[0][1]:g}, the formula gives {bad[0][2]:g})" + note, [b[0] for b in bad])
+    if unusable:
+        return Finding(name, WARN, f"{checked} steps follow the teacher-forcing schedule" + note,
+                       [u[0] for u in unusable])
     if unchecked and not checked:
         return Finding(name, WARN, "not checked: a decaying schedule but no seqs_per_cycle in events.jsonl")
     return Finding(name, OK, f"{checked} steps follow the teacher-forcing schedule")
@@ -410,7 +519,19 @@ def _blocks(rows: list[Row]) -> tuple[int, list[tuple[int, float]]]:
 
 
 def _check_running_loss(rows: list[Row]) -> Finding:
+    """Divergence: losses far above a uniform prediction's (from the first row on), or the last block
+    of steps well above the best one; a rise from one block to the next is a warning."""
     name = "running loss"
+    absurd = [r for r in rows if not r.skipped and math.isfinite(r.loss) and r.loss > LOSS_ABSURD]
+    if absurd:
+        top = max(absurd, key=lambda r: r.loss)
+        what = (f"loss above 2 x ln {VOCAB_SIZE} = {LOSS_ABSURD:.2f} nats (a uniform prediction scores "
+                f"{LOSS_UNIFORM:.2f}) at {len(absurd)} applied step(s) ({_steps_text([r.step for r in absurd])}; "
+                f"highest {top.loss:.6g} at step {top.step})")
+        if len(absurd) >= ABSURD_STEPS:
+            return Finding(name, FAIL, f"diverged: {what}: lower train.lr, or check the data",
+                           [r.step for r in absurd][:MAX_STEPS], total=len(absurd))
+        return Finding(name, WARN, what, [r.step for r in absurd])
     w, blocks = _blocks(rows)
     if len(blocks) < 2:
         return Finding(name, OK, f"too few steps for blocks of {w}")
@@ -498,21 +619,25 @@ def _check_memory(segs: list[Segment]) -> Finding:
                    f"in {seen} process(es)")
 
 
-def _check_resumes(rows: list[Row], segs: list[Segment], events: list[dict]) -> Finding:
-    """A resume continues from a checkpoint this run logged, at its seqs, without a loss jump (lesson 8)."""
+def _check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_dir: Path) -> Finding:
+    """A resume continues from a checkpoint this run logged, at its seqs, without a loss jump (lesson 8);
+    one from another run's checkpoint is a warning (the run's history before it is not here)."""
     name = "resume signatures"
     resumes = [s for s in segs if s.kind == "resume"]
     if not resumes:
         return Finding(name, OK, "no resumes")
     by_step = {r.step: r for r in rows}
-    ckpt_steps = {int(e.get("global_step", -1)) for e in events if e["event"] == "checkpoint"}
+    ckpt_steps = {e["global_step"] for e in events if e["event"] == "checkpoint"}
     fails, warns, notes = [], [], []
     for seg in resumes:
         n = seg.from_step
         row = by_step.get(n)
-        if n > 0 and n not in ckpt_steps:
+        if _foreign(seg, run_dir):
             warns.append(n)
-            notes.append(f"step {n}: resumed from a checkpoint this run did not log ({seg.resume_from})")
+            notes.append(f"step {n}: resumed from another run's checkpoint {_text(seg.resume_from)}")
+        elif n > 0 and n not in ckpt_steps:
+            warns.append(n)
+            notes.append(f"step {n}: resumed from a checkpoint this run did not log ({_text(seg.resume_from)})")
         if row is not None and seg.resume_seqs is not None and seg.resume_seqs != row.seqs:
             fails.append(n)
             notes.append(f"step {n}: resumed at {seg.resume_seqs} seqs, the run was at {row.seqs}")
@@ -524,25 +649,46 @@ def _check_resumes(rows: list[Row], segs: list[Segment], events: list[dict]) -> 
             warns.append(n)
             notes.append(f"step {n}: loss jumped {sum(before) / len(before):.3f} -> {sum(after) / len(after):.3f} "
                          "after the resume (optimizer state or carry not restored?)")
+    detail = "; ".join(notes[:MAX_LISTED]) + (f"; (+{len(notes) - MAX_LISTED} more)" if len(notes) > MAX_LISTED else "")
     if fails:
-        return Finding(name, FAIL, "; ".join(notes), fails)
+        return Finding(name, FAIL, detail, fails)
     if warns:
-        return Finding(name, WARN, "; ".join(notes), warns)
-    return Finding(name, OK, f"{len(resumes)} resume(s) at steps {', '.join(str(s.from_step) for s in resumes)}: "
+        return Finding(name, WARN, detail, warns)
+    shown = ", ".join(str(s.from_step) for s in resumes[:MAX_LISTED]) + (", ..." if len(resumes) > MAX_LISTED else "")
+    return Finding(name, OK, f"{len(resumes)} resume(s) at steps {shown}: "
                    "continuous seqs, lr and loss")
 
 
+def _foreign(seg: Segment, run_dir: Path) -> bool:
+    """Whether a resume started from another run's checkpoint: the trainer says so ("foreign"), else
+    its "from" path (relative ones taken from the cwd, as the trainer wrote them) lies outside this
+    run's checkpoints/."""
+    if seg.foreign is not None:
+        return seg.foreign
+    if len(seg.resume_from) > 4096:  # longer than any path the kernel takes; resolving it costs an lstat a part
+        return True
+    try:
+        return not Path(seg.resume_from).resolve().is_relative_to((run_dir / "checkpoints").resolve())
+    except (OSError, ValueError, RuntimeError):  # a NUL in the path, a symlink loop: not this run's
+        return True
+
+
 def _check_end(segs: list[Segment]) -> Finding:
+    """How the last process ended: a failure, a guard's stop or an end without a final checkpoint is
+    worth a look; a plain end or an interruption (with its checkpoint) is not."""
     name = "run end"
     if not segs:
         return Finding(name, WARN, "no start event")
     ends = [e for e in segs[-1].events if e["event"] == "end"]
     if not ends:
         return Finding(name, WARN, "the last process logged no end event (killed, or still running)")
-    reason = str(ends[-1].get("reason", ""))
-    if reason.startswith("failed"):
-        return Finding(name, WARN, f"ended at step {ends[-1].get('global_step')}: {reason}")
-    return Finding(name, OK, f"ended at step {ends[-1].get('global_step')}: {reason}")
+    reason = ends[-1].get("reason", "")
+    detail = f"ended at step {ends[-1]['global_step']}: {_text(reason)}"
+    if reason.startswith(("failed", "stopped")):
+        return Finding(name, WARN, detail)
+    if "no final checkpoint" in reason:
+        return Finding(name, WARN, detail + " (the steps after the last checkpoint are logged again on resume)")
+    return Finding(name, OK, detail)
 
 
 def table_rows(report: ScanReport) -> list[tuple[str, str, str, str]]:

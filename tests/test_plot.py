@@ -11,9 +11,12 @@ import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from catchat.errors import UsageError
-from catchat.plot import COLUMNS, load_run, plot_run, summarise_run
+from catchat.plot import load_run, plot_run, summarise_run
+from catchat.runlog import METRICS_COLUMNS as COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOK = 2048
@@ -169,6 +172,94 @@ def test_truncated_metrics_row_is_skipped(run_dir):
     with (run_dir / "metrics.csv").open("a") as f:
         f.write("201,6432,0,41")                        # cut off mid-write
     assert load_run(run_dir).steps[-1] == 200
+    assert not any(line.startswith("warning") for line in summarise_run(run_dir))   # normal mid-run: quiet
+
+
+def test_damaged_lines_are_skipped_with_a_warning(run_dir):
+    """Invalid UTF-8, a line over 128 KiB and a wrong-typed event: skipped and named, the rest plotted."""
+    with (run_dir / "metrics.csv").open("ab") as f:
+        f.write(b"201,6432,0,\xff\n" + b"1," * 70_000 + b"\n")
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write('\n{"event": "eval", "global_step": 150, "loss": "low"}\n')
+    run = load_run(run_dir)
+    assert run.steps[-1] == 200 and [e["global_step"] for e in run.evals] == [50, 100, 150, 200]
+    lines = summarise_run(run_dir)
+    assert "warning: metrics.csv: 2 unusable line(s) (line 222: not valid UTF-8 (byte 11); line 223: longer than " \
+           "128 KiB) skipped" in lines
+    warned = [line for line in lines if line.startswith("warning: events.jsonl: 2 unusable line(s) (line 12: not JSON")]
+    assert warned and warned[0].endswith('line 13: "eval" event: loss is "low", not a number) skipped'), lines
+
+
+def test_a_header_that_is_not_the_trainers(tmp_path):
+    d = tmp_path / "r"
+    d.mkdir()
+    (d / "metrics.csv").write_text("step,loss\n1,2.0\n")
+    with pytest.raises(UsageError, match=r"metrics.csv line 1: header is not global_step,seqs,.*; no row read") as e:
+        load_run(d)
+    assert "is this a run directory" in e.value.hint
+
+
+def test_a_branch_drops_the_abandoned_evals(run_dir):
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write("\n" + ev("branch", 120, **{"from": "step-0000120"}, branch_step=120, abandoned_step=200,
+                          side_dir="branches/01-after-step-0000120") + "\n")
+    assert [e["global_step"] for e in load_run(run_dir).evals] == [50, 100]
+
+
+def test_damaged_telemetry_through_the_cli(dev, tmp_path):
+    """`catchat plot` on a real run with an invalid UTF-8 row, a 200 KiB line and a wrong-typed event
+    (each a traceback before): exit 0, the plots, and the skipped lines named in the summary."""
+    from support import catchat, make_tiny_run
+
+    run = make_tiny_run(tmp_path, dev)
+    with open(run / "metrics.csv", "ab") as f:
+        f.write(b"6,48,0,\xff\xfe,0.02\n" + b"7," * 100_000 + b"\n")
+    with open(run / "events.jsonl", "a") as f:
+        f.write('{"event": "eval", "global_step": "x", "loss": [1]}\n')
+    r = catchat("plot", run, env={"COLUMNS": "1000"})  # no wrapping
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "Traceback" not in out, out
+    assert "warning: metrics.csv: 2 unusable line(s) (line 7: not valid UTF-8 (byte 7); line 8: longer than " \
+           "128 KiB) skipped" in r.stdout
+    assert 'global_step is "x", not a step number) skipped' in r.stdout
+    assert "steps: 5" in r.stdout and (run / "plots" / "loss.png").is_file()
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                    max_leaves=6)
+_ORIGINAL: dict = {}
+EVENT_KEYS = ["event", "global_step", "loss", "bpc", "top1", "top5", "tokens", "free_running", "branch_step", "from"]
+
+
+@settings(derandomize=True, database=None, max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(edits=st.lists(st.tuples(st.integers(0, 100), st.sampled_from(EVENT_KEYS),
+                                JSON | st.sampled_from(["eval", "resume", "branch", "skipped_step"])),
+                      min_size=1, max_size=5),
+       cells=st.lists(st.tuples(st.integers(0, 300), st.sampled_from(COLUMNS),
+                                st.sampled_from(["", "nan", "inf", "-1", "1e308", "9" * 19, "x", "\u00e9"])),
+                      max_size=4))
+def test_fuzz_summary_of_damaged_telemetry(run_dir, edits, cells):
+    """The summary (and the HTML page's data) of wrong-typed events and cells: a summary or a UsageError."""
+    if run_dir not in _ORIGINAL:  # the fixture's files, before any example changed them
+        _ORIGINAL[run_dir] = [(run_dir / n).read_text() for n in ("events.jsonl", "metrics.csv")]
+    text, csv_text = _ORIGINAL[run_dir]
+    events = [json.loads(line) for line in text.splitlines()[:-1]]  # the last line is cut short
+    for i, key, value in edits:
+        events[i % len(events)][key] = value
+    (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows = csv_text.splitlines()
+    for i, col, value in cells:
+        j = 1 + i % (len(rows) - 1)
+        parts = rows[j].split(",")
+        parts[COLUMNS.index(col)] = value
+        rows[j] = ",".join(parts)
+    (run_dir / "metrics.csv").write_text("\n".join(rows) + "\n")
+    try:
+        assert summarise_run(run_dir)
+    except UsageError:
+        pass
 
 
 def test_missing_matplotlib(run_dir, monkeypatch):

@@ -1,6 +1,8 @@
 """`catchat scan RUN_DIR`: every check on a clean synthetic run, each defect and warning planted
-on purpose, a real trainer run with a resume, and the CLI (table, exit codes)."""
+on purpose, a real trainer run with a resume, damaged telemetry through the CLI (table, exit codes),
+and a fuzz of the whole scan over mutated files."""
 
+import copy
 import csv
 import json
 import math
@@ -9,15 +11,18 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from catchat import config as cfgmod
+from catchat.runlog import EVENT_FIELDS
+from catchat.runlog import METRICS_COLUMNS as COLUMNS
 from catchat.scan import FAIL, OK, WARN, scan_run
 from catchat.schedule import lr_at
 
 SPS, T = 8, 16  # seqs per step, window
 SPC = 200  # seqs per cycle
-COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss", "grad_norm", "clipped", "valid_tokens",
-           "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
 
 
 def _cfg(n):
@@ -57,11 +62,13 @@ def make_run(path, n=90, resumes=(), seed=0):
         if s % 10 == 0:
             events.append(dict(event="eval", global_step=s, seqs=s * SPS, loss=2.0, rss_mb=151.0, peak_rss_mb=151.0))
         if s % 20 == 0:
-            events.append(dict(event="checkpoint", global_step=s, path=f"x/step-{s:07d}", reason="interval",
+            events.append(dict(event="checkpoint", global_step=s, path=str(path / "checkpoints" / f"step-{s:07d}"),
+                               reason="interval",
                                rss_mb=151.0, peak_rss_mb=151.0))
         if s in resumes:
             events.append(dict(event="end", global_step=s, reason="interrupted (SIGINT)"))
-            events.append(dict(event="resume", global_step=s, seqs=s * SPS, **{"from": f"x/step-{s:07d}"},
+            events.append(dict(event="resume", global_step=s, seqs=s * SPS,
+                               **{"from": str(path / "checkpoints" / f"step-{s:07d}")},
                                **_info(cfg, n)))
     events.append(dict(event="end", global_step=n, reason="done", skipped_steps=0, applied_steps=n))
     write(path, rows, events)
@@ -284,3 +291,218 @@ def test_real_run_with_a_resume_scans_clean(dev, tmp_path):
     st = statuses(report)
     assert st["lr vs schedule"] == OK and st["resume signatures"] in (OK, WARN) and st["step sequence"] == OK
     assert "no growth" in report.finding("memory growth").detail
+
+
+# ---------------------------------------------------------------------------------------------
+# divergence from the start, gaps, foreign resumes, branches, end reasons (issue 17, item 13)
+# ---------------------------------------------------------------------------------------------
+
+def test_divergence_from_the_first_rows(tmp_path):
+    """lr = 10: the loss is 1428 from the first rows on, so no block is ever better than another and
+    the block comparison never fires; a loss far above a uniform prediction's (ln 101) does."""
+    rows, events = make_run(tmp_path / "r", n=8)
+    for r in rows:
+        r["loss"] = f"{1428.0 * r['global_step']:.6f}"
+    write(tmp_path / "r", rows, events)
+    f = scan_run(tmp_path / "r").finding("running loss")
+    assert f.status == FAIL and f.detail.startswith("diverged: loss above 2 x ln 101 = 9.23 nats"), f.detail
+    assert f.steps == list(range(1, 9)) and "highest 11424 at step 8" in f.detail
+
+    def two_spikes(rows, events):  # two absurd steps in a healthy run: worth a look, not a verdict
+        rows[30]["loss"] = rows[31]["loss"] = "12.000000"
+
+    f = plant(tmp_path / "b", two_spikes).finding("running loss")
+    assert f.status == WARN and f.steps == [31, 32]
+
+
+def test_a_gap_in_the_steps_names_the_missing_ones(tmp_path):
+    rows, events = make_run(tmp_path / "r", n=20)
+    del rows[10:14]  # steps 1..10, then 15..20
+    write(tmp_path / "r", rows, events)
+    f = scan_run(tmp_path / "r").finding("step sequence")
+    assert f.status == FAIL and "4 step(s) missing: 11..14 (rows lost)" in f.detail, f.detail
+    assert f.steps == [11, 12, 13, 14] and f.count == 4
+
+    def out_of_order(rows, events):
+        rows[4], rows[5] = rows[5], rows[4]
+
+    f = plant(tmp_path / "b", out_of_order).finding("step sequence")
+    assert f.status == FAIL and "row 6 has step 5 after step 6" in f.detail and "missing" not in f.detail
+
+
+def test_a_huge_gap_stays_cheap(tmp_path):
+    rows, events = make_run(tmp_path / "r", n=20)
+    rows[-1]["global_step"] = 2**62  # a damaged step number: the gap is listed, not enumerated
+    write(tmp_path / "r", rows, events)
+    f = scan_run(tmp_path / "r").finding("step sequence")
+    assert f.status == FAIL and f"{2**62 - 20} step(s) missing: 20..{2**62 - 1}" in f.detail
+    assert len(f.steps) == 1000 and f.count == 2**62 - 20
+
+
+def _resume_from(tmp_path, name, source, **extra):
+    rows, events = make_run(tmp_path / name, resumes=(40,))
+    e = next(e for e in events if e["event"] == "resume")
+    e.update({"from": source, **extra})
+    write(tmp_path / name, rows, events)
+    return scan_run(tmp_path / name).finding("resume signatures")
+
+
+def test_resume_from_another_runs_checkpoint_is_a_warning(tmp_path, monkeypatch):
+    other = str(tmp_path / "other" / "checkpoints" / "step-0000040")
+    f = _resume_from(tmp_path, "a", other)
+    assert f.status == WARN and f"step 40: resumed from another run's checkpoint {other}" in f.detail
+    assert "did not log" not in f.detail
+    monkeypatch.chdir(tmp_path)  # the trainer writes the path as it was given: relative to its cwd
+    assert _resume_from(tmp_path, "b", "b/checkpoints/step-0000040").status == OK
+    assert _resume_from(tmp_path, "c", "other/checkpoints/step-0000040").status == WARN
+    assert _resume_from(tmp_path, "d", "d/checkpoints/../../other/checkpoints/step-0000040").status == WARN
+    assert _resume_from(tmp_path, "e", "e/checkpoints/step-0000040", foreign=True).status == WARN  # its word
+    assert _resume_from(tmp_path, "f", "/elsewhere/step-0000040", foreign=False).status == OK
+    assert _resume_from(tmp_path, "g", "x\0/step-0000040").status == WARN  # not a usable path
+
+
+def test_a_run_started_from_another_runs_checkpoint(tmp_path):
+    """The trainer starts new telemetry there: the rows begin after the foreign checkpoint's step."""
+    rows, events = make_run(tmp_path / "r", resumes=(40,))
+    i = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    events = events[i:]
+    events[0].update({"from": str(tmp_path / "other" / "checkpoints" / "step-0000040"), "foreign": True})
+    write(tmp_path / "r", rows[40:], events)
+    report = scan_run(tmp_path / "r")
+    assert report.finding("step sequence").status == OK and "steps 41..90" in report.finding("step sequence").detail
+    assert report.finding("resume signatures").status == WARN and not report.defects
+
+
+def _branch(step, abandoned):
+    return dict(event="branch", global_step=step, time=1.0, **{"from": f"step-{step:07d}"}, branch_step=step,
+                abandoned_step=abandoned, side_dir=f"branches/01-after-step-{step:07d}", abandoned_checkpoints=[],
+                abandoned_rows=abandoned - step)
+
+
+def test_a_branch_is_not_a_defect(tmp_path):
+    """Resuming from an older checkpoint (a branch): the trainer moves the abandoned rows and events
+    aside and logs `branch`; should the abandoned rows still be in metrics.csv, the steps go back to
+    the branch step + 1 and those rows are dropped rather than called a defect."""
+    rows, events = make_run(tmp_path / "a", resumes=(20,))
+    i = next(i for i, e in enumerate(events) if e["event"] == "resume")
+    events.insert(i, _branch(20, 50))
+    write(tmp_path / "a", rows, events)
+    report = scan_run(tmp_path / "a")
+    assert all(f.status == OK for f in report.findings), [(f.check, f.status, f.detail) for f in report.findings]
+    assert "branched at step 20 from step-0000020: steps 21..50 abandoned, kept in branches/01-after-step-0000020" \
+        in report.finding("step sequence").detail
+
+    abandoned = [dict(r, loss="9.000000", tokens_per_s="10.0") for r in rows[20:50]]
+    write(tmp_path / "a", rows[:50] + rows[20:], events)  # 1..50 then 21..90: the old rows not moved aside
+    write(tmp_path / "a", rows[:20] + abandoned + rows[20:], events)
+    report = scan_run(tmp_path / "a")
+    assert all(f.status == OK for f in report.findings), [(f.check, f.status, f.detail) for f in report.findings]
+    assert report.rows == 90 and "dropped after step(s) 20" in report.finding("step sequence").detail
+
+    events.remove(events[i])  # the same rewind without a branch event: rows not truncated on resume
+    write(tmp_path / "a", rows[:20] + abandoned + rows[20:], events)
+    f = scan_run(tmp_path / "a").finding("step sequence")
+    assert f.status == FAIL and "row 51 has step 21 after step 50" in f.detail and "logged more than once" in f.detail
+
+
+@pytest.mark.parametrize("reason,status", [
+    ("done", OK), ("interrupted (SIGINT)", OK), ("stop-after-steps", OK),
+    ("interrupted twice (SIGINT): no final checkpoint", WARN),
+    ("stopped: 10 consecutive skipped steps", WARN),
+    ("failed: device lost: vk::Queue::submit: ErrorDeviceLost", WARN),
+])
+def test_end_reasons(tmp_path, reason, status):
+    def end(rows, events):
+        events[-1]["reason"] = reason
+
+    f = plant(tmp_path, end, resumes=()).finding("run end")
+    assert f.status == status and f.detail.startswith(f"ended at step 90: {reason}")
+
+
+def test_a_damaged_schedule_is_not_checked_rather_than_a_crash(tmp_path):
+    def damage(rows, events):
+        events[0]["schedule"]["total_steps"] = -5
+        events[0]["teacher_forcing"].update(schedule="linear", start=1.0, floor=0.5, decay_cycles=0.0)
+
+    report = plant(tmp_path, damage, resumes=())
+    lr, tf = report.finding("lr vs schedule"), report.finding("tf vs schedule")
+    assert lr.status == WARN and "90 step(s) not checked: the schedule logged for them cannot be evaluated" in lr.detail
+    assert tf.status == WARN and "teacher-forcing schedule logged for them cannot be evaluated" in tf.detail
+
+
+# ---------------------------------------------------------------------------------------------
+# damaged telemetry through the CLI: findings with line numbers, never a traceback
+# ---------------------------------------------------------------------------------------------
+
+def test_damaged_telemetry_through_the_cli(dev, tmp_path):
+    """Invalid UTF-8 and a 200 KiB line in metrics.csv, a wrong-typed event: each crashed `catchat
+    scan` before (UnicodeDecodeError, csv's field limit, TypeError); now they are FAIL findings naming
+    the lines, and the rest of the run is scanned."""
+    from support import catchat, make_tiny_run
+
+    run = make_tiny_run(tmp_path, dev)  # 5 rows: lines 2..6
+    with open(run / "metrics.csv", "ab") as f:
+        f.write(b"6,48,0,\xff\xfe,0.02\n" + b"7," * 100_000 + b"\n")
+    r = catchat("scan", run, env={"COLUMNS": "1000"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    assert "2 unusable line(s) (line 7: not valid UTF-8 (byte 7); line 8: longer than 128 KiB), skipped" in out
+    assert "(5 steps)" in out and "steps 1..5, none missing" in out
+
+    clean = run.parent / "clean"
+    make_tiny_run(clean, dev)
+    with open(clean / "run" / "events.jsonl", "a") as f:
+        f.write('{"event": "eval", "global_step": "x", "loss": [1]}\n{"event": "eval", "global_step": 5, "loss": [1]}\n')
+    r = catchat("scan", clean / "run", env={"COLUMNS": "1000"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in out, out
+    n = len((clean / "run" / "events.jsonl").read_text().splitlines())
+    assert f'line {n - 1}: global_step is "x", not a step number; line {n}: "eval" event: loss is [1], not a number' \
+        in out
+
+
+# ---------------------------------------------------------------------------------------------
+# fuzz: a scan of mutated telemetry never raises
+# ---------------------------------------------------------------------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+                    max_leaves=6)
+KEYS = sorted({"event", "global_step", "time", "rss_mb"} | {k for fields in EVENT_FIELDS.values() for k in fields})
+
+
+_BASE: dict = {}
+
+
+@st.composite
+def damaged_run(draw):
+    """make_run's events with fields set to arbitrary JSON, events renamed, rows' cells replaced."""
+    edits = draw(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(KEYS),
+                                    JSON | st.sampled_from(sorted(EVENT_FIELDS))), min_size=1, max_size=6))
+    cells = draw(st.lists(st.tuples(st.integers(0, 10**6), st.sampled_from(COLUMNS),
+                                    st.sampled_from(["", "nan", "inf", "-1", "0", "1e300", "9" * 19, "x"])),
+                          max_size=4))
+    return edits, cells
+
+
+@settings(derandomize=True, database=None, max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(damage=damaged_run())
+def test_fuzz_scan_of_damaged_telemetry(tmp_path, damage):
+    path = tmp_path / "r"
+    if path not in _BASE:  # one run per test (tmp_path is the same for every example)
+        _BASE[path] = make_run(path, resumes=(40,))
+    rows, events = copy.deepcopy(_BASE[path])
+    edits, cells = damage
+    for i, key, value in edits:
+        events[i % len(events)][key] = value
+    for i, col, value in cells:
+        rows[i % len(rows)][col] = value
+    with open(path / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    (path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    report = scan_run(path)
+    assert {f.status for f in report.findings} <= {OK, WARN, FAIL}
+
