@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
@@ -145,7 +144,6 @@ def dir_step(path: Path) -> int | None:
 def _retire(ckpt_root: Path, ckpt: Path) -> None:
     """Take a checkpoint out of service atomically: point `latest` away from it (at the newest other
     complete one) if it names it, then rename it to a hidden `.step-*` name, removed later."""
-    latest = ckpt_root / LATEST
     if latest_name(ckpt_root) == ckpt.name:
         others = [p for p in list_checkpoints(ckpt_root) if p != ckpt]
         if others:
@@ -203,6 +201,8 @@ def resolve(path: str | Path) -> Path:
                 raise UsageError(f"{latest} names {target.name}, which is not a complete checkpoint",
                                  hint=f"point at one of: {', '.join(x.name for x in list_checkpoints(root)) or 'none'}")
             return target
+        if list_checkpoints(root):  # a first save killed before it wrote `latest`: its checkpoint is whole
+            return list_checkpoints(root)[-1]
     raise UsageError(f"no checkpoint at {p}", hint="give a run directory or a checkpoints/step-NNNNNNN directory")
 
 

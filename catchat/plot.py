@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from catchat.errors import UsageError
-from catchat.runlog import METRICS_COLUMNS, describe_bad, numbers, read_events, read_metrics
+from catchat.runlog import METRICS_COLUMNS, describe_bad, numbers, read_events, read_metrics, read_or_refuse
 
 LN2 = math.log(2.0)
 INDEX_HTML = "index.html"
@@ -80,21 +80,12 @@ class Run:
         return bool(np.isfinite(self.m["tokens"]).any())
 
 
-def _read(path: Path, reader):
-    """reader(path) (catchat.runlog), a file that cannot be read at all as a UsageError."""
-    try:
-        return reader(path)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
-                         hint="pass a run directory whose files you can read") from None
-
-
 def _read_metrics(path: Path, warnings: list[str]) -> dict[str, np.ndarray]:
     """metrics.csv as a float array per column, one entry per step of the kept timeline."""
     hint = "wait for the run's first optimizer step, or pass a run directory (runs/<name>/)"
     if not path.is_file():
         raise UsageError(f"no metrics in {path} yet", hint=hint)
-    log = _read(path, read_metrics)
+    log = read_or_refuse(path, read_metrics)
     if not log.header:
         raise UsageError(f"{path} line {log.bad[0][0]}: {log.bad[0][1]}",
                          hint="metrics.csv is written by catchat's trainer; is this a run directory?")
@@ -114,7 +105,7 @@ def _read_metrics(path: Path, warnings: list[str]) -> dict[str, np.ndarray]:
 def _read_events(path: Path, warnings: list[str]) -> list[dict]:
     if not path.is_file():
         return []
-    log = _read(path, read_events)
+    log = read_or_refuse(path, read_events)
     if log.n_bad:
         warnings.append(f"warning: {path.name}: {describe_bad(log)} skipped")
     return log.events

@@ -131,15 +131,17 @@ def _lines(path: Path) -> list[bytes]:
 
 
 def _split(path: Path, step: int, step_of) -> tuple[list[bytes], list[bytes]]:
-    """(lines logged at or before `step`, lines after it or unreadable) of a telemetry file; a
-    metrics header is in neither (writers put it back first)."""
+    """(lines to keep, lines logged after `step`) of a telemetry file. A line no reader can place
+    (damaged by hand or by a disk) stays where it is: `catchat scan` reports it, nothing deletes it.
+    For a fresh start (`step` -1) every line goes.
+    A metrics header is in neither list (writers put it back first)."""
     keep, rest = [], []
     for line in _lines(path):
         s = step_of(line)
-        if s is not None and s <= step:
-            keep.append(line)
-        elif not (step_of is _metrics_step and line.rstrip(b"\r\n") == HEADER):
-            rest.append(line)
+        if step_of is _metrics_step and line.rstrip(b"\r\n") == HEADER:
+            continue
+        after = step < 0 or (s is not None and s > step)  # a fresh start (-1) keeps nothing
+        (rest if after else keep).append(line)
     return keep, rest
 
 

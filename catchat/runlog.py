@@ -348,3 +348,15 @@ def read_events(path: Path) -> EventsLog:
             log.events.append(e)
             log.line_nos.append(lineno)
     return log
+
+
+def read_or_refuse(path: Path, reader):
+    """reader(path) (read_metrics or read_events) with a file that cannot be read at all
+    (permissions, not a regular file) as a one-line UsageError, for the commands."""
+    from catchat.errors import UsageError
+
+    try:
+        return reader(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
+                         hint="give a run directory whose files you can read") from None

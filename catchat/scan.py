@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from catchat.errors import UsageError
-from catchat.runlog import EventsLog, MetricsLog, describe_bad, numbers, read_events, read_metrics
+from catchat.runlog import EventsLog, MetricsLog, describe_bad, numbers, read_events, read_metrics, read_or_refuse
 from catchat.vocab import VOCAB_SIZE
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
@@ -118,15 +118,6 @@ def _rows(log: MetricsLog) -> list[Row]:
     return out
 
 
-def _read(path: Path, reader):
-    """reader(path), an unreadable file (permissions, not a regular file) as a UsageError."""
-    try:
-        return reader(path)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
-                         hint="give a run directory whose files you can read") from None
-
-
 def _timeline(rows: list[Row], events: list[dict]) -> tuple[list[Row], list[int]]:
     """The rows of the live branch, and the branch steps that cut some off.
 
@@ -211,9 +202,9 @@ def scan_run(run_dir: Path) -> ScanReport:
     if not metrics.is_file():
         raise UsageError(f"{run_dir} has no metrics.csv: not a catchat run directory",
                          "give the directory `catchat train` wrote (runs/<config name> or --run-dir)")
-    mlog = _read(metrics, read_metrics)
+    mlog = read_or_refuse(metrics, read_metrics)
     events_path = run_dir / "events.jsonl"
-    elog = _read(events_path, read_events) if events_path.exists() else EventsLog()
+    elog = read_or_refuse(events_path, read_events) if events_path.exists() else EventsLog()
     events = elog.events
     rows, branch_cuts = _timeline(_rows(mlog), events)
     cfg = _read_config(run_dir / "config.toml")

@@ -36,6 +36,7 @@ from catchat.reference import step_seed
 from catchat.rundir import RunFiles, RunLock
 from catchat.runlog import METRICS_COLUMNS
 from catchat.schedule import interval_crossed, lr_at, tf_at
+from catchat.vk.device import format_bytes
 from catchat.vk.program import Program, StepHyper, StepStats
 
 __all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer", "evaluate"]
@@ -74,10 +75,6 @@ def memory_mb() -> dict:
     except (OSError, ValueError, IndexError):
         pass
     return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
-
-
-def format_mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
 
 
 def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
@@ -214,18 +211,20 @@ class Trainer:
             info["stale_lock_pid"] = self.lock.stale_pid
         in_run = ckpt is not None and self._in_run(ckpt.path)
         step = ckpt.global_step if in_run else None
-        if (in_run or ckpt is None) and rundir.needs_branch(files, step):
+        branched = (in_run or ckpt is None) and rundir.needs_branch(files, step)
+        if branched:
             br = rundir.start_branch(files, ckpt.path if in_run else None, self._record("branch"))
             self.report("branch", **br.event_fields(files.root), global_step=self.global_step)
         if ckpt is None:
-            rundir.new_telemetry(files)
+            if not branched:  # a branch left a metrics header and its own event: the new telemetry
+                rundir.new_telemetry(files)
             self.event("start", config=self.config_name, total_steps=self.total_steps,
                        model=cfgmod.to_dict(self.cfg)["model"], lanes=self.lanes.describe(), **info)
             return
         dropped = rundir.trim_tail(files, self.global_step) if in_run else 0
         if not in_run:
             rundir.new_telemetry(files)
-            info["foreign"] = True
+        info["foreign"] = not in_run  # a run continued from another run's checkpoint (scan reports it)
         crash_point("resume.trimmed")
         self.event("resume", **{"from": str(ckpt.path)}, seqs=self.cursor.seqs, dropped_rows=dropped, **info)
 
@@ -258,7 +257,8 @@ class Trainer:
             carry = opt["carry.h0"]
             u = opt["spectral.u"]
         except KeyError as exc:
-            raise UsageError(f"{ckpt.path / ck.OPTIMIZER_FILE} lacks {exc}", hint="resume from another checkpoint")
+            raise UsageError(f"{ckpt.path / ck.OPTIMIZER_FILE} lacks {exc}",
+                             hint="resume from another checkpoint") from None
         self.prog.set_optimizer_state(m, v, u)
         if carry.shape != (self.spec.layers, self.cfg.data.batch_lanes, self.spec.hidden):
             raise UsageError(f"{ckpt.path}: carried state {carry.shape} does not match data.batch_lanes / model",
@@ -316,9 +316,9 @@ class Trainer:
             raise CheckpointWriteError(
                 f"could not write checkpoint {ck.step_dir_name(self.global_step)} in {where}: "
                 f"{exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
-                + f"; a checkpoint needs {format_mib(need)} there, {format_mib(free)} is free",
-                hint=f"free at least {format_mib(need)} on the disk that holds {where} (older checkpoints are "
-                     "pruned only after a new one is written); " + self._resume_hint()) from None
+                + f"; a checkpoint needs {format_bytes(need)} there, {format_bytes(free)} is free",
+                hint=f"make room for {format_bytes(need)} in {where} (free disk space, a quota, ulimit -f; older "
+                     "checkpoints are pruned only after a new one is written); " + self._resume_hint()) from None
         self.last_checkpoint_step = self.global_step
         self.event("checkpoint", path=str(path), reason=reason, **memory_mb())
         return path

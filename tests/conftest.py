@@ -41,3 +41,33 @@ def cli(dev, monkeypatch, capsys):
         out, err = capsys.readouterr()
         return code, out, err
     return run
+
+
+# --------------------------------------------------------------- the exact run (test_faults, test_run_integrity,
+# test_kill_anywhere): a 30-step run every stopped-and-resumed run must equal bitwise
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory):
+    from support import build_scene_corpus
+
+    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
+
+
+@pytest.fixture(scope="session")
+def cfg_path(corpus_dir, tmp_path_factory):
+    from support import config_text
+
+    p = tmp_path_factory.mktemp("cfg") / "exact.toml"
+    p.write_text(config_text(corpus_dir))
+    return p
+
+
+@pytest.fixture(scope="session")
+def straight(dev, cfg_path, tmp_path_factory):
+    """The uninterrupted run (read only: tests copy nothing into it)."""
+    from catchat import config as cfgmod
+    from catchat.train import Trainer
+
+    run = tmp_path_factory.mktemp("straight") / "run"
+    with Trainer(cfgmod.load(cfg_path), run, dev) as t:
+        assert t.run() == "done"
+    return run

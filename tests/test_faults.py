@@ -29,28 +29,7 @@ from catchat.vk.device import Device, format_bytes
 from catchat.vk.kernels import gru
 from catchat.vk.program import Program, StepHyper, random_window
 
-from support import (TOTAL, assert_clean_error, assert_same_as_straight, build_scene_corpus, catchat, config_text,
-                     resume_cli, rows_logged, saveable_model, start_training, wait_for_rows)
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
-
-
-@pytest.fixture(scope="module")
-def cfg_path(corpus_dir, tmp_path_factory):
-    p = tmp_path_factory.mktemp("cfg") / "exact.toml"
-    p.write_text(config_text(corpus_dir))
-    return p
-
-
-@pytest.fixture(scope="module")
-def straight(dev, cfg_path, tmp_path_factory):
-    """The uninterrupted run every stopped-and-resumed run must equal."""
-    run = tmp_path_factory.mktemp("straight") / "run"
-    assert Trainer(cfgmod.load(cfg_path), run, dev).run() == "done"
-    return run
+from support import (TOTAL, assert_clean_error, assert_same_as_straight, catchat, resume_cli, rows_logged, saveable_model, start_training, wait_for_rows)
 
 
 # ----------------------------------------------------------------------------------------- signals
@@ -88,6 +67,8 @@ def test_double_sigint_stops_at_once_and_nothing_is_lost(cfg_path, straight, tmp
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "Traceback" not in out, out
     assert ck.load_checkpoint(run).global_step >= 3  # the interval checkpoint at step 3 at least
+    end = json.loads((run / "events.jsonl").read_text().splitlines()[-1])  # the stop is on record
+    assert end["event"] == "end" and end["reason"].startswith("interrupted"), end
     resume_cli(cfg_path, run)
     assert_same_as_straight(run, straight)
 
@@ -193,6 +174,7 @@ def test_disk_full_while_checkpointing_cli(dev, cfg_path, straight, tmp_path):
     r = catchat("train", str(cfg_path), "--run-dir", str(run), "--resume", "--stop-after-steps", "3",
                 preexec_fn=small_files)
     assert_clean_error(r, 1, "could not write checkpoint step-0000006", "File too large",
+                       "a checkpoint needs 116 KiB there", " is free", "make room for 116 KiB in",
                        "step-0000004 is intact", "--resume")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000004"
     assert ck.load_checkpoint(run).global_step == 4

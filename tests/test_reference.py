@@ -521,3 +521,23 @@ def test_init_params():
     assert np.all(a["layers.0.norm.weight"] == 1)
     assert np.abs(a["layers.1.gru.weight_hh"]).max() <= k and np.abs(a["head.weight"]).max() <= k
     assert a["embedding.weight"].std() == pytest.approx(k, rel=0.05)
+
+
+def test_nadam_coefficients_cost_does_not_grow_with_the_step():
+    """The product of the mu_i stops once 1 - prod is exactly 1.0 in float64: the coefficients the
+    optimizer uses equal those of the full product, and a late step does not allocate O(t)."""
+    def full(t, b1, psi=0.004):
+        mus = b1 * (1.0 - 0.5 * 0.96 ** (np.arange(1, t + 2, dtype=np.float64) * psi))
+        return float(mus[t - 1]), float(mus[t]), float(np.prod(mus[:t]))
+
+    checked = 0
+    for b1 in (0.9, 0.99, 0.999):
+        for t in (1, 2, 3, 100, 4096, 4097, 10_000, 50_000, 200_000):
+            mu_t, mu_next, prod = ref.nadam_coefficients(t, b1)
+            f_t, f_next, f_prod = full(t, b1)
+            assert abs(mu_t - f_t) <= 1e-16 and abs(mu_next - f_next) <= 1e-16
+            assert (1 - prod, 1 - prod * mu_next) == (1 - f_prod, 1 - f_prod * f_next), (t, b1)
+            checked += 1
+    assert checked == 27
+    mu_t, _, prod = ref.nadam_coefficients(2**32 - 1, 0.999)  # the full product: three 32 GiB arrays
+    assert prod < ref.MU_PROD_FLOOR and abs(mu_t - 0.999) < 1e-12

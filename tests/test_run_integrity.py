@@ -4,11 +4,7 @@ start-up, edited state, identical saves, a second Ctrl-C, leftovers of a killed 
 Each through the real CLI; docs/reliability.md has the fault table."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -18,30 +14,10 @@ from catchat import config as cfgmod
 from catchat import faults
 from catchat.train import Trainer
 
-from support import (TOTAL, assert_clean_error, assert_same_as_straight, build_scene_corpus, catchat, config_text,
+from support import (TOTAL, assert_clean_error, assert_same_as_straight, catchat, config_text,
                      losses, resume_cli, rows_logged, snapshot, start_training, wait_for_rows)
 
 EVERY = 3  # checkpoint_every_seqs 24 = 3 steps of 8 seqs; keep_last 2
-
-
-@pytest.fixture(scope="module")
-def corpus_dir(tmp_path_factory):
-    return build_scene_corpus(tmp_path_factory.mktemp("scenes"))
-
-
-@pytest.fixture(scope="module")
-def cfg_path(corpus_dir, tmp_path_factory):
-    p = tmp_path_factory.mktemp("cfg") / "exact.toml"
-    p.write_text(config_text(corpus_dir))
-    return p
-
-
-@pytest.fixture(scope="module")
-def straight(dev, cfg_path, tmp_path_factory):
-    run = tmp_path_factory.mktemp("straight") / "run"
-    with Trainer(cfgmod.load(cfg_path), run, dev) as t:
-        assert t.run() == "done"
-    return run
 
 
 def train_to(dev, cfg_path, run, steps, resume=None):
@@ -127,3 +103,166 @@ def test_resume_from_a_pruned_checkpoint_is_refused(dev, cfg_path, tmp_path):
     assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume", run / "checkpoints" / "step-0000018"),
                        2, "no checkpoint at")
     assert snapshot(run) == before
+
+
+# ------------------------------------------------------------------------------ start-up (items 2, 5, 14)
+@pytest.mark.parametrize("point", ["resume.config", "resume.trimmed"])
+def test_ctrl_c_during_resume_start_up_loses_nothing(dev, cfg_path, straight, tmp_path, point):
+    """Ctrl-C while a resume rewrites the telemetry (a crash tail after the last checkpoint is being
+    dropped): the files change whole or not at all, never to 0 bytes; resuming then ends equal."""
+    run = tmp_path / "run"
+    crash(cfg_path, run, "save.written#5")  # killed inside step 15's save: rows 1..15, latest step 12
+    assert steps_of(run) == list(range(1, 16)) and live_checkpoints(run) == ["step-0000009", "step-0000012"]
+    r = crash(cfg_path, run, f"{point}:INT", "--resume", code=130)
+    assert "interrupted" in r.stderr or "aborted" in r.stderr
+    assert steps_of(run) == list(range(1, 13))  # the deferred Ctrl-C lands after the whole rewrite
+    assert [e["global_step"] for e in events(run, "resume")] == [12]
+    resume_cli(cfg_path, run)
+    assert_same_as_straight(run, straight)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--set", "model.hidden=16"), "does not match the model config"),
+    (("--set", "data.batch_lanes=2"), "carried state (2, 4, 12) does not match data.batch_lanes"),
+    (("--set", "train.optimizer=nadam"), "was trained with adamw"),
+])
+def test_a_refused_resume_writes_nothing(dev, cfg_path, tmp_path, args, needle):
+    run = tmp_path / "run"
+    train_to(dev, cfg_path, run, 5)
+    crash(cfg_path, run, "save.latest#1", "--resume")  # killed before pruning: step-0000003 stays there
+    assert live_checkpoints(run) == ["step-0000003", "step-0000005", "step-0000006"]
+    before = snapshot(run)
+    assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume", *args), 2, needle)
+    assert snapshot(run) == before
+
+
+def test_a_failed_start_leaves_no_new_run_directory(cfg_path, tmp_path):
+    run = tmp_path / "runs" / "new"
+    assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--set", f"data.corpus={tmp_path / 'nope'}"), 2)
+    assert not run.exists()
+    assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume"), 2, "no checkpoint at")
+    assert not run.exists()
+
+
+def test_leftovers_of_a_killed_process_are_cleaned_at_start(dev, cfg_path, tmp_path):
+    run = tmp_path / "run"
+    train_to(dev, cfg_path, run, 6)
+    leftovers = [run / "checkpoints" / ".step-0000009.k2j4", run / "checkpoints" / ".step-0000003.old.77",
+                 run / "branches" / ".tmp-02-after-step-0000003"]
+    for d in leftovers:
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"partial")
+    for f in (run / "checkpoints" / ".latest.77.tmp", run / ".metrics.csv.77.tmp"):
+        f.write_text("partial")
+    notes = run / "NOTES.md"
+    notes.write_text("my notes")
+    r = catchat("train", cfg_path, "--run-dir", run, "--resume", "--stop-after-steps", 1)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [p.name for p in run.rglob(".*") if p.name != ".lock"] == []
+    assert notes.read_text() == "my notes"
+
+
+def test_a_fresh_start_keeps_an_earlier_attempts_telemetry(dev, cfg_path, straight, tmp_path):
+    """A run killed before its first checkpoint, started again: its rows and events move aside."""
+    run = tmp_path / "run"
+    crash(cfg_path, run, "save.written#1")  # rows 1..3, no checkpoint
+    assert steps_of(run) == [1, 2, 3] and not live_checkpoints(run)
+    old_rows = (run / "metrics.csv").read_text().splitlines()[1:]
+    r = catchat("train", cfg_path, "--run-dir", run)
+    assert r.returncode == 0, r.stdout + r.stderr
+    side = run / "branches" / "01-before-fresh-start"
+    assert (side / "metrics.csv").read_text().splitlines()[1:] == old_rows
+    assert [e["event"] for e in events(run)][:2] == ["branch", "start"]
+    assert_same_as_straight(run, straight)
+
+
+# ------------------------------------------------------------------------------ another run's checkpoint
+def test_a_checkpoint_of_another_run(dev, cfg_path, straight, tmp_path):
+    """It may start a new run directory (the resume event says foreign); a run directory with its
+    own history refuses it and writes nothing."""
+    other = straight / "checkpoints" / "step-0000027"
+    r = catchat("train", cfg_path, "--run-dir", tmp_path / "fork", "--resume", other)
+    assert r.returncode == 0, r.stdout + r.stderr
+    [res] = events(tmp_path / "fork", "resume")
+    assert res["foreign"] is True and res["global_step"] == 27
+    assert steps_of(tmp_path / "fork") == [28, 29, 30]
+    assert losses(tmp_path / "fork") == losses(straight)[27:]
+    run = tmp_path / "run"
+    train_to(dev, cfg_path, run, 4)
+    before = snapshot(run)
+    assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume", other), 2,
+                       "belongs to another run", "new --run-dir")
+    assert snapshot(run) == before
+
+
+# ------------------------------------------------------------------------------ two processes (item 7)
+def test_a_second_process_on_a_run_is_refused_naming_the_pid(corpus_dir, tmp_path):
+    long_cfg = tmp_path / "long.toml"
+    long_cfg.write_text(config_text(corpus_dir, total_steps=100_000))
+    run = tmp_path / "run"
+    proc = start_training(long_cfg, run)
+    try:
+        wait_for_rows(proc, run, 2)
+        before_rows = rows_logged(run)
+        for args in (("--resume",), ()):
+            r = catchat("train", long_cfg, "--run-dir", run, *args)
+            assert_clean_error(r, 2, f"{run} is in use by another catchat process (pid {proc.pid}", "kill -INT")
+        assert proc.poll() is None and rows_logged(run) >= before_rows  # the first goes on undisturbed
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    killer = start_training(long_cfg, tmp_path / "run2")
+    wait_for_rows(killer, tmp_path / "run2", 4)
+    killer.kill()
+    killer.communicate(timeout=60)
+    r = catchat("train", long_cfg, "--run-dir", tmp_path / "run2", "--resume", "--stop-after-steps", 1)
+    assert r.returncode == 0, r.stdout + r.stderr  # the kernel dropped the dead holder's lock
+    assert events(tmp_path / "run2", "resume")[-1]["stale_lock_pid"] == killer.pid
+
+
+# ------------------------------------------------------------------------------ identical saves (item 8)
+def test_identical_runs_write_byte_identical_checkpoints(dev, cfg_path, tmp_path):
+    for name in ("a", "b"):
+        train_to(dev, cfg_path, tmp_path / name, 6)
+    for f in (ck.MODEL_FILE, ck.OPTIMIZER_FILE, ck.STATE_FILE):
+        a, b = (tmp_path / n / "checkpoints" / "step-0000006" / f for n in ("a", "b"))
+        assert a.read_bytes() == b.read_bytes(), f
+
+
+# ------------------------------------------------------------------------------ skipped steps (item 6)
+def test_consecutive_skipped_steps_stop_the_run(cfg_path, tmp_path):
+    run = tmp_path / "run"
+    r = catchat("train", cfg_path, "--run-dir", run, "--set", "train.max_consecutive_skips=3",
+                env={faults.ENV: "nan_grad@step=2,nan_grad@step=5,nan_grad@step=6,nan_grad@step=7"})
+    assert_clean_error(r, 1, "stopped at step 7: 3 consecutive steps were skipped", "lower train.lr",
+                       "step-0000006 is intact")
+    end = events(run)[-1]
+    assert end["event"] == "end" and end["reason"] == "stopped: 3 consecutive skipped steps"
+    assert [e["consecutive"] for e in events(run, "skipped_step")] == [1, 1, 2, 3]
+
+
+# ------------------------------------------------------------------------------ damaged telemetry (item 10)
+def test_resume_over_damaged_telemetry_keeps_what_it_cannot_read(dev, cfg_path, straight, tmp_path):
+    """Invalid UTF-8 and a 200 KiB line in metrics.csv, a wrong-typed event: resume, scan and plot
+    go on; the damaged lines stay where they were (scan names them), the good rows are untouched."""
+    run = tmp_path / "run"
+    train_to(dev, cfg_path, run, 6)
+    lines = (run / "metrics.csv").read_bytes().splitlines(keepends=True)
+    damaged = [b"\xff\xfe not utf-8\n", b"9" * 200_000 + b"\n"]
+    (run / "metrics.csv").write_bytes(b"".join(lines[:3] + damaged + lines[3:]))
+    with open(run / "events.jsonl", "a") as f:
+        f.write('{"event": "eval", "global_step": "x", "loss": [1]}\n')
+    r = catchat("train", cfg_path, "--run-dir", run, "--resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+    data = (run / "metrics.csv").read_bytes()
+    assert all(d in data for d in damaged)
+    from catchat import runlog
+
+    log = runlog.read_metrics(run / "metrics.csv")
+    assert [int(row[0]) for row in log.rows] == list(range(1, TOTAL + 1)) and len(log.bad) == 2
+    assert [row[6] for row in log.rows] == losses(straight)
+    s = catchat("scan", run)
+    assert s.returncode == 1 and "Traceback" not in s.stdout + s.stderr and "line 4" in s.stdout, s.stdout
+    p = catchat("plot", run)
+    assert p.returncode == 0 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr

@@ -1,0 +1,104 @@
+"""Kill anywhere (issue 17): `catchat train` is SIGKILLed at 24 exact points across checkpoint
+saves, pruning, resume start-up and branching (faults.CRASH_ENV; the K of each save/prune point
+is drawn from a seeded generator). After every kill an invariant checker looks at the run as the
+user left it and as the next catchat sees it; then the run is continued and must end bitwise equal
+to a run never stopped."""
+
+import json
+
+import numpy as np
+import pytest
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import rundir
+from catchat.train import Trainer
+
+from support import TOTAL, assert_same_as_straight, catchat, losses, snapshot
+
+RNG = np.random.default_rng(17)
+K = lambda lo, hi: int(RNG.integers(lo, hi + 1))  # noqa: E731  a seeded hit count
+
+# (setup, crash point). Setups: "fresh" a new run; "tail" a run killed inside step 15's save (rows
+# 1..15, latest 12) then resumed; "branch" a run stopped at 24 then resumed from step-0000021;
+# "attempt" a run killed before its first checkpoint, then started afresh.
+SCENARIOS = [
+    ("fresh", f"save.written#{K(1, 9)}"), ("fresh", f"save.written#{K(1, 9)}"),
+    ("fresh", f"save.renamed#{K(1, 9)}"), ("fresh", f"save.renamed#{K(1, 9)}"),
+    ("fresh", f"save.latest#{K(1, 9)}"), ("fresh", f"save.latest#{K(1, 9)}"),
+    ("fresh", f"prune.retired#{K(1, 7)}"), ("fresh", f"prune.retired#{K(1, 7)}"),
+    ("tail", "resume.config"), ("tail", "resume.trimmed"), ("tail", f"save.renamed#{K(1, 5)}"),
+    ("branch", "branch.side_written"), ("branch", "branch.committed"), ("branch", "branch.latest"),
+    ("branch", "branch.moved"), ("branch", "branch.metrics"), ("branch", "branch.events"),
+    ("branch", "resume.config"), ("branch", "resume.trimmed"), ("branch", "save.latest#1"),
+    ("branch", "prune.retired#1"), ("branch", f"save.written#{K(1, 3)}"),
+    ("attempt", "branch.committed"), ("attempt", "branch.metrics"),
+]
+
+
+def train_cli(cfg_path, run, *args, crash=None):
+    env = {"CATCHAT_CRASH_AT": crash} if crash else {}
+    return catchat("train", cfg_path, "--run-dir", run, *args, env=env)
+
+
+def set_up(kind, dev, cfg_path, run) -> tuple:
+    """Bring the run to the scenario's starting point; returns the arguments of the command to kill."""
+    if kind == "fresh":
+        return ()
+    if kind == "tail":
+        assert train_cli(cfg_path, run, crash="save.written#5").returncode == -9
+        return ("--resume",)
+    if kind == "branch":
+        with Trainer(cfgmod.load(cfg_path), run, dev) as t:
+            t.run(stop_after_steps=24)
+        return ("--resume", run / "checkpoints" / "step-0000021")
+    assert train_cli(cfg_path, run, crash="save.written#1").returncode == -9  # "attempt"
+    return ()
+
+
+def check_invariants(run, straight, foreign: dict) -> None:
+    """What must hold right after a kill, and after the next catchat's recovery."""
+    assert snapshot(run / "user") == foreign, "a user's file was touched"
+    pending = [p for p in (run / "branches").glob("*/PENDING")] if (run / "branches").exists() else []
+    assert len(pending) <= 1
+    rows = losses(run)  # contiguous from step 1, each equal to the uninterrupted run's row
+    assert rows == losses(straight)[:len(rows)]
+    steps = [int(x.split(",")[0]) for x in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert steps == list(range(1, len(steps) + 1))
+    for p in ck.list_checkpoints(run / "checkpoints"):  # nothing listed is partial
+        ck.load_checkpoint(p, with_optimizer=True)
+    if ck.list_checkpoints(run / "checkpoints"):
+        latest = ck.load_checkpoint(run, with_optimizer=True)  # loads and verifies
+        assert latest.global_step <= len(steps)
+    files = rundir.RunFiles(run)
+    lock = rundir.RunLock(files.lock)  # what the next catchat does first
+    try:
+        rundir.recover(files)
+    finally:
+        lock.release()
+    assert not list(run.glob("branches/*/PENDING"))
+    live = ck.list_checkpoints(run / "checkpoints")
+    if live:
+        assert ck.resolve(run) == live[-1], "latest must name the live branch's newest checkpoint"
+        assert ck.dir_step(live[-1]) <= len(losses(run))
+    evs = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()] if files.events.exists() else []
+    assert all(e["global_step"] <= max(len(losses(run)), 0) for e in evs)
+    assert len([e for e in evs if e["event"] == "branch"]) <= 1
+
+
+@pytest.mark.parametrize("kind,point", SCENARIOS, ids=[f"{k}-{p}" for k, p in SCENARIOS])
+def test_kill_anywhere(dev, cfg_path, straight, tmp_path, kind, point):
+    run = tmp_path / "run"
+    (run / "user").mkdir(parents=True)
+    (run / "user" / "notes.md").write_text("my notes on this run\n")
+    foreign = snapshot(run / "user")
+    args = set_up(kind, dev, cfg_path, run)
+    r = train_cli(cfg_path, run, *args, crash=point)
+    assert r.returncode == -9, f"{point} was never reached: {r.stdout + r.stderr}"
+    check_invariants(run, straight, foreign)
+    resume = "" if ck.list_checkpoints(run / "checkpoints") else None
+    with Trainer(cfgmod.load(cfg_path), run, dev, resume=resume) as t:
+        assert t.run() == "done"
+    assert_same_as_straight(run, straight)
+    assert len(losses(run)) == TOTAL
+    assert snapshot(run / "user") == foreign
