@@ -1,8 +1,19 @@
-"""GLSL -> SPIR-V with glslc, cached by a hash of source + includes + defines + compiler version.
+"""GLSL -> SPIR-V: one way to get a shader variant, from a source checkout or an installed wheel.
 
 Shaders live in `glsl/NAME.comp`, shared code in `glsl/include/*.glsl`. Sizes that vary by config
 reach a shader as specialization constants (geometry) or push constants (shapes); defines select
-variants of one source. A compile error names the shader file, the line and glslc's message.
+variants of one source. A variant is (name, defines), and its key hashes the shader, every file it
+includes, the defines, the target environment and the compile flags (not the compiler version),
+so it can be computed wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
+
+1. prebuilt: `catchat/spirv/NAME-KEY.spv`, which a wheel carries for every variant listed in
+   tools/spirv-variants.txt (compiled by tools/build_spirv.py when the wheel is built); a source
+   checkout has none;
+2. the user cache: `~/.cache/catchat/spirv/NAME-KEY2.spv` (KEY2 adds glslc's version);
+3. else glslc compiles it into the cache: in a checkout from `glsl/`, in a wheel from the copy of
+   `glsl/` it carries as `catchat/glsl/`. A variant that is not prebuilt needs glslc.
+
+A compile error names the shader file, the line and glslc's message.
 """
 
 from __future__ import annotations
@@ -18,11 +29,18 @@ from pathlib import Path
 
 from catchat.errors import ShaderCompileError, VulkanUnavailable
 
-GLSL_DIR = Path(__file__).resolve().parents[2] / "glsl"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # catchat/
+# a wheel carries its GLSL as catchat/glsl/; a checkout has it beside the package
+GLSL_DIR = PACKAGE_DIR / "glsl" if (PACKAGE_DIR / "glsl").is_dir() else PACKAGE_DIR.parent / "glsl"
 INCLUDE_DIR = GLSL_DIR / "include"
+PREBUILT_DIR = PACKAGE_DIR / "spirv"  # only in a wheel
 TARGET_ENV = "vulkan1.1"  # subgroup operations; every Vulkan 1.1+ driver (lavapipe, NVIDIA, AMD, Intel)
+FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror")
+ENV_RECORD = "CATCHAT_SPIRV_RECORD"  # a file: every variant asked for is appended (tools/build_spirv.py)
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _ERROR_RE = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$", re.MULTILINE)
+_recorded: set[str] = set()
+_record_lock = threading.Lock()
 
 
 def cache_dir() -> Path:
@@ -54,6 +72,11 @@ def shader_names() -> list[str]:
     return sorted(p.stem for p in GLSL_DIR.glob("*.comp"))
 
 
+def prebuilt_count() -> int:
+    """How many SPIR-V variants this installation carries prebuilt (0 in a source checkout)."""
+    return sum(1 for _ in PREBUILT_DIR.glob("*.spv")) if PREBUILT_DIR.is_dir() else 0
+
+
 def _sources(path: Path, seen: set[Path] | None = None) -> list[Path]:
     """The shader file followed by every file it includes, transitively, in a stable order."""
     seen = set() if seen is None else seen
@@ -69,35 +92,80 @@ def _sources(path: Path, seen: set[Path] | None = None) -> list[Path]:
     return files
 
 
-def _cache_key(path: Path, defines: dict[str, object]) -> str:
+def variant_key(path: Path, defines: dict[str, object]) -> str:
+    """The key of a variant: sources (by file name and content), defines, target and flags.
+    The same wherever the GLSL lies, so a wheel's prebuilt file is found by it."""
     h = hashlib.sha256()
     for f in _sources(path):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     for k in sorted(defines):
         h.update(f"-D{k}={defines[k]}\0".encode())
-    h.update(f"{glslc_version()}\0{TARGET_ENV}".encode())
+    h.update(("\0".join(FLAGS)).encode())
     return h.hexdigest()[:32]
 
 
+def format_variant(name: str, defines: dict[str, object]) -> str:
+    """'gemm TRANS_A=1 VEC4_B=1': one line of tools/spirv-variants.txt."""
+    return " ".join([name, *(f"{k}={defines[k]}" for k in sorted(defines))])
+
+
+def parse_variant(line: str) -> tuple[str, dict[str, str]]:
+    """The inverse of `format_variant`."""
+    name, *pairs = line.split()
+    return name, dict(p.split("=", 1) for p in pairs)
+
+
 def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes:
-    """SPIR-V bytes of `glsl/<name>.comp` with the given defines, compiled once and cached on disk."""
+    """SPIR-V bytes of `glsl/<name>.comp` with the given defines: prebuilt, cached, or compiled once
+    with glslc into the cache (see the module docstring)."""
     defines = dict(defines or {})
     path = (GLSL_DIR / f"{name}.comp").resolve()
     if not path.exists():
         raise ShaderCompileError(f"no shader named {name!r}: {path} does not exist")
-    out = cache_dir() / f"{name}-{_cache_key(path, defines)}.spv"
+    if os.environ.get(ENV_RECORD):
+        _record(name, defines)
+    key = variant_key(path, defines)
+    prebuilt = PREBUILT_DIR / f"{name}-{key}.spv"
+    if prebuilt.exists():
+        return prebuilt.read_bytes()
+    try:
+        version = glslc_version()
+    except VulkanUnavailable as exc:
+        if PREBUILT_DIR.is_dir():  # a wheel: say which variant it lacks
+            raise VulkanUnavailable(
+                f"shader variant `{format_variant(name, defines)}` is not among the {prebuilt_count()} "
+                f"prebuilt in this installation, and compiling it needs glslc, which is not on PATH",
+                hint=exc.hint) from None
+        raise
+    cache_key = hashlib.sha256(f"{key}\0{version}".encode()).hexdigest()[:32]
+    out = cache_dir() / f"{name}-{cache_key}.spv"
     if out.exists():
         return out.read_bytes()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # unique per compiling thread
-    cmd = [glslc_path(), "-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror",
-           "-I", str(INCLUDE_DIR), *(f"-D{k}={v}" for k, v in sorted(defines.items())),
-           str(path), "-o", str(tmp)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        raise _compile_error(name, res.stderr)
+    glslc(path, defines, tmp)
     os.replace(tmp, out)  # atomic: a concurrent reader never sees half a file
     return out.read_bytes()
+
+
+def glslc(path: Path, defines: dict[str, object], out: Path) -> None:
+    """Compile one variant of the shader at `path` to `out` with glslc."""
+    cmd = [glslc_path(), *FLAGS, "-I", str(INCLUDE_DIR),
+           *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise _compile_error(path.stem, res.stderr)
+
+
+def _record(name: str, defines: dict[str, object]) -> None:
+    """Append the variant to $CATCHAT_SPIRV_RECORD (once per process)."""
+    line = format_variant(name, defines)
+    with _record_lock:
+        if line in _recorded:
+            return
+        _recorded.add(line)
+        with open(os.environ[ENV_RECORD], "a") as f:
+            f.write(line + "\n")
 
 
 def _compile_error(name: str, stderr: str) -> ShaderCompileError:

@@ -1,0 +1,87 @@
+"""The wheel: built from an sdist of this tree, installed into a scratch directory, it carries its
+shaders and runs `catchat parity` from outside the checkout, on a machine without glslc.
+
+The installed package is run with `python -S` and PYTHONPATH = scratch + this venv's site-packages:
+kp, numpy and the other dependencies come from the venv, while -S keeps out the editable install's
+import hook (a meta-path finder that would otherwise import catchat from the checkout).
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# what an sdist is made from (MANIFEST.in then decides what goes in)
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "catchat", "glsl",
+           "tools/build_spirv.py", "tools/spirv-variants.txt")
+
+pytestmark = pytest.mark.slow
+
+
+def run(cmd, **kw):
+    res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)
+    assert res.returncode == 0, f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(scratch dir with the installed wheel, the wheel's file names)."""
+    tmp = tmp_path_factory.mktemp("package")
+    src = tmp / "src"
+    for rel in SOURCES:
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / rel).is_dir():
+            shutil.copytree(ROOT / rel, src / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / rel, src / rel)
+    # the sdist first (PEP 517 hook), then the wheel from it, as an index would
+    run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; b.build_sdist(sys.argv[1])",
+         tmp / "sdist"], cwd=src)
+    sdist = next((tmp / "sdist").glob("catchat-*.tar.gz"))
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", sdist])
+    wheel = next((tmp / "dist").glob("catchat-*.whl"))
+    site = tmp / "site"
+    run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", site, wheel])
+    import zipfile
+
+    return site, zipfile.ZipFile(wheel).namelist()
+
+
+def test_wheel_carries_glsl_and_every_listed_variant(installed):
+    from catchat.vk import shaders
+
+    _, names = installed
+    for name in shaders.shader_names():
+        assert f"catchat/glsl/{name}.comp" in names
+    for inc in shaders.INCLUDE_DIR.glob("*.glsl"):
+        assert f"catchat/glsl/include/{inc.name}" in names
+    listed = [ln for ln in (ROOT / "tools/spirv-variants.txt").read_text().splitlines()
+              if ln.strip() and not ln.startswith("#")]
+    spirv = [n for n in names if n.startswith("catchat/spirv/") and n.endswith(".spv")]
+    assert listed and len(spirv) == len(set(listed))
+
+
+def test_installed_wheel_runs_parity_without_glslc(installed, tmp_path):
+    site, _ = installed
+    paths = sysconfig.get_paths()
+    no_glslc = tmp_path / "bin"  # PATH holds nothing: no glslc, so every shader must come prebuilt
+    no_glslc.mkdir()
+    cache = tmp_path / "cache"
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+           "PYTHONPATH": f"{site}:{paths['purelib']}:{paths['platlib']}", "PATH": str(no_glslc),
+           "CATCHAT_CACHE": str(cache), "COLUMNS": "200"}
+    py = [sys.executable, "-S"]
+    where = run([*py, "-c", "import catchat.vk.shaders as s; print(s.GLSL_DIR); print(s.prebuilt_count())"],
+                cwd=outside, env=env).stdout.split()
+    assert where[0] == str(site / "catchat" / "glsl") and int(where[1]) > 0
+    res = run([*py, "-m", "catchat", "parity", "--summary"], cwd=outside, env=env)
+    assert " 0 failed" in res.stdout and "passed" in res.stdout, res.stdout
+    assert not list(cache.rglob("*.spv")), "a shader was compiled at run time instead of coming prebuilt"
