@@ -1,5 +1,6 @@
 """Device layer: selection, host views under numpy 1 and 2, push-constant packing, size checks, CLI."""
 
+import gc
 
 import numpy as np
 import pytest
@@ -59,6 +60,23 @@ def test_host_view_on_real_tensor(dev):
     assert v.dtype == np.uint32 and list(v) == list(range(10))
     v[3] = 99
     assert int(t.data()[3]) == 99
+
+
+def test_kp_data_is_a_view_owned_by_the_tensor(dev):
+    """tools/kp-patches/0003: Tensor.data() is a writable view of the host memory with the item size
+    as stride (numpy 1 and 2), never a copy, and keeps its tensor alive."""
+    assert getattr(dev.kp, "catchat_host_view", 0), "kp lacks the host-view patch: run `make setup`"
+    t = dev.tensor(np.arange(10, dtype=np.uint32), np.uint32)
+    a, b = t.data(), t.data()
+    assert a.dtype == np.uint32 and a.shape == (10,) and a.strides == (4,)
+    assert a.flags.writeable and not a.flags.owndata
+    a[3] = 99
+    assert int(b[3]) == 99 and np.shares_memory(a, b)
+    view = dev.tensor(np.arange(6, dtype=np.float32)).data()  # the tensor's Python object is gone at once
+    gc.collect()
+    assert view.tolist() == list(range(6))
+    with pytest.raises(RuntimeError, match="storage tensor has no host memory"):
+        dev.tensor(4, kind="storage").data()
 
 
 def test_pack_push_bits():

@@ -42,8 +42,11 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip -q --disable-pip-version-check)
 "$PY" -c 'import setuptools, wheel' 2>/dev/null || "${PIP[@]}" install setuptools wheel
-"$PY" -c 'import numpy, sys; sys.exit(int(numpy.__version__.split(".")[0]) >= 2)' 2>/dev/null \
-    || "${PIP[@]}" install 'numpy>=1.24,<2'
+# numpy 2 where the index has it for this Python (numpy 1 has no wheels for Python 3.13+), else 1.x;
+# a venv that already has numpy keeps it (catchat and the patched kp work under both majors)
+if ! "$PY" -c 'import numpy' 2>/dev/null; then
+    "${PIP[@]}" install 'numpy>=2' 2>/dev/null || "${PIP[@]}" install 'numpy>=1.24'
+fi
 
 # --- 3. kp, patched, from a wheel cache keyed by version + patches --------------------
 patch_hash=$(cat tools/kp-patches/*.patch | sha256sum | cut -c1-12)
@@ -62,9 +65,13 @@ if ! ls "$wheel_dir"/kp-*.whl >/dev/null 2>&1; then
         > "$work/build.log" 2>&1 || { tail -30 "$work/build.log"; echo "setup: kp build failed" >&2; exit 1; }
     mkdir -p "$(dirname "$wheel_dir")" && rm -rf "$wheel_dir" && mv "$work/wheel" "$wheel_dir"
 fi
-if ! "$PY" -c 'import kp, sys; sys.exit(not getattr(kp, "catchat_dispatch_barrier", 0))' 2>/dev/null; then
+# reinstall when the wheel (version + patches) changed or the installed kp lacks a patch's marker
+kp_stamp="$VENV/.kp-wheel"
+if [ "$(cat "$kp_stamp" 2>/dev/null)" != "$(basename "$wheel_dir")" ] \
+   || ! "$PY" -c 'import kp, sys; sys.exit(not (getattr(kp, "catchat_dispatch_barrier", 0) and getattr(kp, "catchat_host_view", 0)))' 2>/dev/null; then
     say "installing kp from $wheel_dir"
     "${PIP[@]}" install --force-reinstall --no-deps "$wheel_dir"/kp-*.whl
+    basename "$wheel_dir" > "$kp_stamp"
 fi
 
 # --- 4. catchat itself (editable) + dev extras -----------------------------------------
@@ -75,4 +82,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "${PIP[@]}" install -e '.[dev]'
     echo "$want" > "$stamp"
 fi
-say "ready: $("$PY" -c 'import kp, catchat; print(f"catchat {catchat.__version__}, kp {kp.__version__} (patched)")')"
+say "ready: $("$PY" -c 'import kp, catchat; import numpy; print(f"catchat {catchat.__version__}, kp {kp.__version__} (patched), numpy {numpy.__version__}")')"

@@ -39,8 +39,9 @@ def import_kp():
 def host_view(tensor) -> np.ndarray:
     """A writable, properly strided 1-D view of a kp tensor's host (staging) memory.
 
-    Some kp builds under numpy 2 return `data()` with stride 0 (every element aliases element 0);
-    re-striding from the item size is right for those and a no-op for correct builds.
+    The kp that `make setup` builds (tools/kp-patches/0003) returns exactly that from `data()`
+    under numpy 1 and 2. An unpatched kp 0.9.0 under numpy 2 returns stride 0 (every element
+    aliases element 0); re-striding from the item size is right for it and a no-op otherwise.
     """
     d = tensor.data()
     return np.lib.stride_tricks.as_strided(d, (tensor.size(),), (d.itemsize,), writeable=True)
