@@ -6,15 +6,15 @@ import functools
 import sys
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from catchat import __version__
+from catchat.console import make_console, new_table
 from catchat.errors import CatchatError
 
-console = Console()
-err_console = Console(stderr=True)
+# At a terminal: its width. Through a pipe or in CI: every line and table row whole (catchat/console.py).
+console = make_console()
+err_console = make_console(stderr=True)
 
 ALLOW_UNVERIFIED_OPTION = click.option(
     "--allow-unverified", is_flag=True,
@@ -34,7 +34,7 @@ def devices():
     """List Vulkan devices with type, driver and the limits catchat sizes kernels by."""
     from catchat.vk.probe import probe_devices
 
-    table = Table("index", "name", "type", "driver", "Vulkan", "max buffer", "shared mem", "subgroup", "SMs")
+    table = new_table("index", "name", "type", "driver", "Vulkan", "max buffer", "shared mem", "subgroup", "SMs")
     for d in probe_devices():
         table.add_row(str(d.index), d.name, d.type, d.driver, d.api_version,
                       f"{d.max_storage_buffer_bytes / 2**20:.0f} MiB", f"{d.max_shared_memory_bytes // 1024} KiB",
@@ -72,12 +72,12 @@ def parity(summary, device):
     console.print(f"device: {dev.info.name} ({dev.info.type}, {dev.info.driver})")
     results, seconds = timed_run(dev)
     if summary:
-        table = Table("group", "checks", "worst max abs err", "worst max rel err", "result")
+        table = new_table("group", "checks", "worst max abs err", "worst max rel err", "result")
         for g in summarise(results):
             table.add_row(g["group"], str(g["checks"]), f"{g['max_abs']:.2e}", f"{g['max_rel']:.2e}",
                           "[green]pass[/green]" if g["failed"] == 0 else f"[red]{g['failed']} FAIL[/red]")
     else:
-        table = Table("group", "kernel", "shape", "max abs err", "max rel err", "tolerance", "result")
+        table = new_table("group", "kernel", "shape", "max abs err", "max rel err", "tolerance", "result")
         for group, r in results:
             table.add_row(group, r.kernel, r.shape, f"{r.max_abs:.2e}", f"{r.max_rel:.2e}",
                           f"{r.atol:g} + {r.rtol:g}*|ref|", "[green]pass[/green]" if r.ok else "[red]FAIL[/red]")
@@ -330,7 +330,7 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
         return
     console.print(f"{rep['checkpoint']} · step {rep['global_step']:,} · {rep['parameters']:,} parameters · "
                   f"total norm {rep['total_norm']:.4f}", highlight=False, markup=False)
-    t = Table("tensor", "shape", "norm", "rms", "mean", "std", "min", "max", title="weights")
+    t = new_table("tensor", "shape", "norm", "rms", "mean", "std", "min", "max", title="weights")
     for s in rep["tensors"]:
         t.add_row(s["name"], "x".join(map(str, s["shape"])), f"{s['norm']:.4f}", f"{s['rms']:.4f}",
                   f"{s['mean']:+.4f}", f"{s['std']:.4f}", f"{s['min']:+.4f}", f"{s['max']:+.4f}")
@@ -345,15 +345,16 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
         pct = f"{100 * (b[key] / s[key] - 1):+.1f}%" if s[key] > 0 else "n/a"
         return f"{s[key]:.4f} -> {b[key]:.4f} ({pct})"
 
-    t = Table("GRU matrix", "sigma [3H,H]", "sigma r", "sigma z", "sigma n",
-              title="spectral norms (largest singular value)" + (" A -> B" if cmp else ""))
+    t = new_table("GRU matrix", "sigma [3H,H]", "sigma r", "sigma z", "sigma n",
+                  title="spectral norms (largest singular value)" + (" A -> B" if cmp else ""))
     for s in rep["spectral"]:
         t.add_row(s["name"], *(sig(s, k) for k in ("full", "r", "z", "n")))
     console.print(t)
     if cmp:
         console.print(f"A = {rep['checkpoint']} (step {rep['global_step']:,}), "
                       f"B = {cmp['checkpoint']} (step {cmp['global_step']:,})", highlight=False, markup=False)
-        t = Table("tensor", "norm A", "norm B", "norm growth", "||B-A|| / ||A||", "cos(A, B)", title="change A -> B")
+        t = new_table("tensor", "norm A", "norm B", "norm growth", "||B-A|| / ||A||", "cos(A, B)",
+                      title="change A -> B")
         for c in cmp["changes"]:
             pct = lambda v: "n/a" if math.isnan(v) else f"{100 * v:+.1f}%"  # noqa: E731
             t.add_row(c["name"], f"{c['norm_a']:.4f}", f"{c['norm_b']:.4f}", pct(c["growth"]),
@@ -587,7 +588,7 @@ def scan(run_dir, strict):
     from catchat.scan import FAIL, WARN, scan_run, table_rows
 
     report = scan_run(Path(run_dir))
-    table = Table("check", "status", "steps", "detail", title=f"scan of {run_dir} ({report.rows} steps)")
+    table = new_table("check", "status", "steps", "detail", title=f"scan of {run_dir} ({report.rows} steps)")
     style = {FAIL: "[red]FAIL[/red]", WARN: "[yellow]warn[/yellow]"}
     for check, status, count, detail in table_rows(report):
         table.add_row(check, style.get(status, "[green]ok[/green]"), count, escape(detail))

@@ -1,6 +1,8 @@
 """What a person sees while training: a rich progress bar (loss, tokens/s, lr, ETA) and event lines.
 
 Without a terminal (CI, a pipe) the bar is replaced by a plain line about every 5% of the run.
+Each eval prints a teacher-forced line and (eval.free_running) a free-running line; the first
+free-running line is followed by FREE_RUNNING_NOTE, what it measures and why it can rise early.
 """
 
 from __future__ import annotations
@@ -9,6 +11,13 @@ import time
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+# Printed under the first free-running eval line; what Program.eval_window(free_running=True) does.
+FREE_RUNNING_NOTE = (
+    "[dim]free-running = the model fed its own argmax predictions as inputs instead of the true text (the text "
+    "only at each window's first character and at conversation starts), scored against the text: its mistakes "
+    "compound, so this loss can rise early, even above ln 101 = 4.62 (a uniform guess), before it falls while "
+    "the model learns to stay on track; the teacher-forced loss is the one that should fall from the start.[/dim]")
 
 
 class TrainReporter:
@@ -24,6 +33,7 @@ class TrainReporter:
         self.task = None
         self.loss_ema = None
         self.last_plain = 0.0
+        self.free_running_explained = False
 
     def __enter__(self):
         self.progress.__enter__()
@@ -84,7 +94,11 @@ class TrainReporter:
         if free_running:
             f = free_running
             self._print(f"[cyan]eval[/cyan] step {global_step}: free-running   loss {f['loss']:.4f} nats/char, "
-                        f"{f['bpc']:.3f} bits/char, top-1 {f['top1']:.1%}, top-5 {f['top5']:.1%}")
+                        f"{f['bpc']:.3f} bits/char, top-1 {f['top1']:.1%}, top-5 {f['top5']:.1%} "
+                        "(fed its own argmax)")
+            if not self.free_running_explained:
+                self.free_running_explained = True
+                self._print(FREE_RUNNING_NOTE)
 
     def on_checkpoint(self, path, reason, **_):
         self._print(f"[green]checkpoint[/green] {path} ({reason})")
