@@ -2,15 +2,16 @@
 """The SPIR-V a wheel ships: the list of shader variants, and their compilation at wheel-build time.
 
     python tools/build_spirv.py build DEST     # DEST/glsl (the GLSL) + DEST/spirv/NAME-KEY.spv
-    python tools/build_spirv.py record [--replace] [--python PY]
+    python tools/build_spirv.py record [--replace] [--python PY] [--config CONFIG ...]
                                                # run catchat's workloads on this machine's default
                                                # device and add every variant they compile to the list
 
 A variant is a shader plus its defines (catchat/vk/shaders.py); which ones run depends on the
 model's sizes and the device (tiles, subgroup size, SMs), so they cannot all be known at build
-time. tools/spirv-variants.txt lists those that the shipped workloads use (doctor, parity, the
-tiny config's training, eval and generation), recorded by `record` on each device kind we have
-run (lavapipe; re-run it on a GPU to add that GPU's variants). `build` (setup.py's build_py runs
+time. tools/spirv-variants.txt lists those that the shipped workloads use (doctor, parity, and
+each config's training, eval and generation), recorded by `record` on each device kind we have run
+(lavapipe with configs/tiny.toml; an H200 with all three configs, 2026-12; re-run it on a new kind
+of GPU to add its variants). `build` (setup.py's build_py runs
 it) compiles every listed variant with glslc into the wheel, and copies the GLSL too, so a variant
 not on the list is compiled into the user cache at run time, where glslc is installed.
 """
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ROOT / "tools" / "spirv-variants.txt"
 sys.path.insert(0, str(ROOT))
 
-from catchat.vk import shaders  # noqa: E402  (stdlib + catchat.errors only: fine at build time)
+from catchat.vk import shaders  # noqa: E402  (imports only the stdlib and catchat.errors: fine at build time)
 
 
 def read_variants(path: Path = VARIANTS) -> list[tuple[str, dict[str, str]]]:
@@ -64,39 +65,44 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
     return len(variants)
 
 
-def workloads(run_dir: str) -> list[list[str]]:
-    """The catchat commands whose shader variants a wheel ships prebuilt."""
-    short = ["--set", "eval.eval_every_seqs=32", "--set", "eval.eval_windows=1"]
-    return [
-        ["doctor"],
-        ["parity"],
-        ["train", "configs/tiny.toml", "--run-dir", run_dir, "--stop-after-steps", "2", *short],
-        ["eval", run_dir, "--windows", "1"],
-        ["sample", run_dir, "--speaker", "ROMEO", "--prompt", "", "--length", "40", "--seed", "1"],
-        ["sample", run_dir, "--prompt", "x" * 150, "--length", "10", "--num", "4"],
-        ["talk", run_dir, "--length", "20"],
-    ]
+def workloads(tmp: str, configs: list[str]) -> list[list[str]]:
+    """The catchat commands whose shader variants a wheel ships prebuilt: doctor, parity, and for each
+    config two training steps with evals, eval and generation (`talk` reads a line from stdin)."""
+    out = [["doctor"], ["parity"]]
+    for i, cfg in enumerate(configs):
+        run = f"{tmp}/run{i}"
+        out += [
+            ["train", cfg, "--run-dir", run, "--stop-after-steps", "2",
+             "--set", "eval.eval_every_seqs=1", "--set", "eval.eval_windows=1"],
+            ["eval", run, "--windows", "1"],
+            ["sample", run, "--speaker", "ROMEO", "--prompt", "", "--length", "40", "--seed", "1"],
+            ["sample", run, "--prompt", "x" * 150, "--length", "10", "--num", "4"],
+            ["talk", run, "--length", "20"],
+        ]
+    return out
 
 
-def record(python: str, replace: bool) -> int:
+def record(python: str, replace: bool, configs: list[str]) -> int:
     """Run the workloads with CATCHAT_SPIRV_RECORD set, then merge (or with `replace`, set) the list."""
+    failed = []
     with tempfile.TemporaryDirectory(prefix="catchat-spirv-") as tmp:
         log = Path(tmp) / "variants.txt"
         log.touch()
         env = {**os.environ, shaders.ENV_RECORD: str(log)}
-        for args in workloads(str(Path(tmp) / "run")):
+        for args in workloads(tmp, configs):
             print("+ catchat", " ".join(a if len(a) < 40 else a[:12] + "..." for a in args), flush=True)
-            res = subprocess.run([python, "-m", "catchat", *args], cwd=ROOT, env=env, text=True,
+            res = subprocess.run([python, "-m", "catchat", *args], cwd=ROOT, env=env, text=True, check=False,
                                  input="good morrow\n" if args[0] == "talk" else None,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            if res.returncode != 0:
-                raise SystemExit(f"catchat {args[0]} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+            if res.returncode != 0:  # keep going: the others' variants still count
+                failed.append(f"catchat {args[0]} failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+                print(failed[-1], file=sys.stderr)
         seen = {ln.strip() for ln in log.read_text().splitlines() if ln.strip()}
     old = {shaders.format_variant(*v) for v in read_variants()} if VARIANTS.exists() and not replace else set()
     header = [ln for ln in VARIANTS.read_text().splitlines() if ln.startswith("#")] if VARIANTS.exists() else []
     VARIANTS.write_text("\n".join(header + sorted(old | seen)) + "\n")
     print(f"{len(seen)} variants used here, {len(seen - old)} new; {len(old | seen)} listed in {VARIANTS.relative_to(ROOT)}")
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:
@@ -108,12 +114,14 @@ def main(argv=None) -> int:
     r = sub.add_parser("record", help="add the variants catchat's workloads use on this device to the list")
     r.add_argument("--python", default=sys.executable, help="the interpreter with catchat installed")
     r.add_argument("--replace", action="store_true", help="replace the list instead of adding to it")
+    r.add_argument("--config", action="append", default=None,
+                   help="a config to train, evaluate and sample (repeatable; default configs/tiny.toml)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         n = build(args.dest, args.variants)
         print(f"{n} SPIR-V variants in {args.dest / 'spirv'}")
         return 0
-    return record(args.python, args.replace)
+    return record(args.python, args.replace, args.config or ["configs/tiny.toml"])
 
 
 if __name__ == "__main__":
