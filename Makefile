@@ -2,7 +2,7 @@
 VENV := .venv
 PY   := $(VENV)/bin/python
 
-.PHONY: setup demo test parity clean
+.PHONY: setup demo test parity wheel clean
 setup:            ## system packages, patched kp (cached wheel), .venv with catchat editable
 	@bash tools/setup.sh
 
@@ -15,5 +15,8 @@ test: setup       ## the whole suite, real shaders on the default Vulkan device 
 parity: setup     ## every kernel and the whole model against numpy on this machine's device
 	$(VENV)/bin/catchat parity
 
+wheel: setup      ## a wheel with the prebuilt SPIR-V in dist/ (needs glslc)
+	$(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache
