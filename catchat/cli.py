@@ -157,32 +157,42 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, allow_unver
 
 @cli.command("eval")
 @click.argument("checkpoint")
+@click.option("--text", "text_file", default=None, type=click.Path(exists=True),
+              help="Score this plain-text or JSONL file (read like `corpus build` reads it) instead of a corpus.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True,
+              help="How to read --text (auto: .jsonl/.ndjson are JSONL).")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus to evaluate on (default: the run's).")
-@click.option("--windows", default=0, show_default=True, help="Held-out windows to use (0 = all).")
+@click.option("--split", type=click.Choice(["eval", "train", "all"]), default=None,
+              help="Which conversations of the corpus: the held-out split (default), the train split, or all.")
+@click.option("--windows", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Score only the first N windows of the packed lanes (0 = all).")
+@click.option("--lanes", "max_lanes", default=0, type=click.IntRange(min=0),
+              help="At most N lanes (default: the checkpoint's data.batch_lanes); the loss does not depend on it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def eval_cmd(checkpoint, corpus_path, windows, allow_unverified, device):
-    """Evaluate a checkpoint on a corpus's held-out split; prints the metrics as JSON."""
+def eval_cmd(checkpoint, text_file, fmt, corpus_path, split, windows, max_lanes, as_json, allow_unverified, device):
+    """Loss (nats/char), bits/char, top-1/top-5 of a checkpoint on a corpus split or a text file (docs/eval.md)."""
     import json
 
     from catchat import checkpoint as ck
-    from catchat import config as cfgmod
-    from catchat.corpus import open_corpus
-    from catchat.lanes import Lanes
-    from catchat.model import ParamLayout
-    from catchat.train import evaluate
+    from catchat.errors import UsageError
+    from catchat.evaluate import evaluate_checkpoint, summary_lines
     from catchat.vk.device import open_device
-    from catchat.vk.program import Program
 
+    if text_file is not None and (corpus_path is not None or split is not None):
+        raise UsageError("--text scores a file: it takes neither --corpus nor --split",
+                         "drop --corpus/--split, or drop --text to score a corpus")
+    if text_file is None and fmt != "auto":
+        raise UsageError("--format says how to read --text", "pass --text FILE, or drop --format")
     ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
-    cfg = cfgmod.from_dict(ckpt.state["config"], source=str(ckpt.path / ck.STATE_FILE))
-    c = open_corpus(corpus_path or cfg.data.corpus)
-    lanes = Lanes.from_config(c, cfg, "eval")
-    spec = cfgmod.model_spec(cfg)
-    prog = Program(open_device(device), spec, cfg.data.window, cfg.data.batch_lanes, training=False)
-    prog.set_params(ParamLayout(spec).flatten(ckpt.params, __import__("numpy").float32))
-    res = evaluate(prog, lanes, windows)
-    click.echo(json.dumps(dict(checkpoint=str(ckpt.path), global_step=ckpt.global_step, **res), indent=1))
+    res = evaluate_checkpoint(ckpt, open_device(device), text=text_file, fmt=fmt, corpus_path=corpus_path,
+                              split=split or "eval", n_windows=windows, max_lanes=max_lanes)
+    if as_json:
+        click.echo(json.dumps(res, indent=1))
+    else:
+        for line in summary_lines(res):
+            click.echo(line)
 
 
 @cli.command()

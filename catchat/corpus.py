@@ -101,9 +101,15 @@ class _Writer:
     _PLACEHOLDER = {vocab.BOS: "\ue001", vocab.EOS: "\ue002", vocab.TURN: "\ue003"}
     _ESCAPE = str.maketrans({0xE001: "\ufffd", 0xE002: "\ufffd", 0xE003: "\ufffd"})  # text never makes specials
 
-    def __init__(self, tmp_dir: Path):
-        self._tokens = open(tmp_dir / TOKENS_FILE, "wb", buffering=1 << 20)
-        self._index = open(tmp_dir / "index.raw", "wb", buffering=1 << 16)
+    def __init__(self, tmp_dir: Path | None):
+        """tmp_dir None: tokens and index rows go to memory (`read_conversations`), not to files."""
+        if tmp_dir is None:
+            import io
+
+            self._tokens, self._index = io.BytesIO(), io.BytesIO()
+        else:
+            self._tokens = open(tmp_dir / TOKENS_FILE, "wb", buffering=1 << 20)
+            self._index = open(tmp_dir / "index.raw", "wb", buffering=1 << 16)
         self.tokens_sha = hashlib.sha256()
         self.pos = 0  # tokens written (flushed)
         self.conversations = 0
@@ -870,9 +876,11 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     return summary
 
 
-def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction: float,
-                max_unk_rate: float, delimiter: str | None) -> BuildSummary:
-    w = _Writer(tmp)
+def _read_sources(w: _Writer, inputs: list[tuple[str, Path | None]], max_unk_rate: float,
+                  delimiter: str | None) -> list[SourceStats]:
+    """Read every (kind, path) of `_expand_sources` into `w` (the one path from a file to tokens:
+    `build` and `read_conversations` both use it); returns each source's stats. Refuses an empty
+    file, a file without text and a source over `max_unk_rate`."""
     all_stats: list[SourceStats] = []
 
     def stats_for(path: str, kind: str) -> SourceStats:
@@ -890,30 +898,37 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
                 f"(at most {max_unk_rate:.1%} allowed): binary data or a non-English script?",
                 "leave the file out, convert it, or raise the limit with --max-unk-rate")
 
+    for kind, path in inputs:
+        if kind == SHAKESPEARE:
+            _read_shakespeare(w, stats_for)
+            continue
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            raise UsageError(f"cannot read {path}: {e.strerror}", "check the path and its permissions") from None
+        if size == 0:
+            raise UsageError(f"{path} is empty (0 bytes)", "leave it out or give it some text")
+        stats = stats_for(str(path), kind)
+        try:
+            if kind == "jsonl":
+                _read_jsonl(path, w, stats)
+            else:
+                _read_text(path, w, stats, delimiter)
+        except PermissionError as e:
+            raise UsageError(f"cannot read {path}: {e.strerror}", "check its permissions") from None
+        if stats.conversations == 0:
+            what = "no records with text" if kind == "jsonl" else "no text (only whitespace or delimiters)"
+            raise UsageError(f"{path} holds {what}", "leave it out or give it some text")
+    w.flush()
+    check_unk(w.stats)
+    return all_stats
+
+
+def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction: float,
+                max_unk_rate: float, delimiter: str | None) -> BuildSummary:
+    w = _Writer(tmp)
     try:
-        for kind, path in inputs:
-            if kind == SHAKESPEARE:
-                _read_shakespeare(w, stats_for)
-                continue
-            try:
-                size = path.stat().st_size
-            except OSError as e:
-                raise UsageError(f"cannot read {path}: {e.strerror}", "check the path and its permissions") from None
-            if size == 0:
-                raise UsageError(f"{path} is empty (0 bytes)", "leave it out or give it some text")
-            stats = stats_for(str(path), kind)
-            try:
-                if kind == "jsonl":
-                    _read_jsonl(path, w, stats)
-                else:
-                    _read_text(path, w, stats, delimiter)
-            except PermissionError as e:
-                raise UsageError(f"cannot read {path}: {e.strerror}", "check its permissions") from None
-            if stats.conversations == 0:
-                what = "no records with text" if kind == "jsonl" else "no text (only whitespace or delimiters)"
-                raise UsageError(f"{path} holds {what}", "leave it out or give it some text")
-        w.flush()
-        check_unk(w.stats)
+        all_stats = _read_sources(w, inputs, max_unk_rate, delimiter)
     finally:
         w.close()
 
@@ -966,6 +981,40 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
     return BuildSummary(out_dir=tmp, conversations=n, turns=w.turns, tokens=w.pos, characters=w.characters,
                         unk=w.unk, sources=all_stats, train_conversations=n - n_eval, eval_conversations=n_eval,
                         eval_fraction=eval_fraction, skipped_empty=sum(s.skipped_empty for s in all_stats))
+
+
+@dataclass
+class Conversations:
+    """Conversations read from a file without building a corpus (`read_conversations`)."""
+
+    tokens: np.ndarray  # uint8: every conversation back to back, <bos> .. <eos>
+    starts: np.ndarray  # int64 [N]: offset of each conversation in tokens
+    lengths: np.ndarray  # int64 [N]: its length in tokens
+    sources: list[SourceStats]  # path, kind, sha256, bytes, conversations, characters, unk, skipped_empty
+    turns: int
+    characters: int  # text and speaker characters (not the specials), as a corpus manifest counts them
+    unk: int
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def read_conversations(source: str | os.PathLike, *, fmt: str = "auto", delimiter: str | None = DEFAULT_DELIMITER,
+                       max_unk_rate: float = DEFAULT_MAX_UNK_RATE) -> Conversations:
+    """A plain-text or JSONL file (or a directory of them, as `build` takes it) -> its conversations
+    as token ids, in memory: the readers, normalisation, encoding and checks of `build`, with no
+    corpus directory written (`catchat eval --text FILE`)."""
+    if fmt not in ("auto", "text", "jsonl"):
+        raise UsageError(f"unknown corpus format {fmt!r}", "use auto, text or jsonl")
+    w = _Writer(None)
+    try:
+        stats = _read_sources(w, _expand_sources([source], fmt), max_unk_rate, delimiter)
+        tokens = np.frombuffer(w._tokens.getvalue(), dtype=np.uint8)
+        index = np.frombuffer(w._index.getvalue(), dtype=np.int64).reshape(-1, 3)
+    finally:
+        w.close()
+    return Conversations(tokens=tokens, starts=index[:, 0].copy(), lengths=index[:, 1].copy(), sources=stats,
+                         turns=w.turns, characters=w.characters, unk=w.unk)
 
 
 # ---------------------------------------------------------------------------------------------

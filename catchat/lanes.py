@@ -129,6 +129,44 @@ def balanced_cuts(lengths: np.ndarray, lanes: int) -> np.ndarray:
     return np.asarray(cuts, dtype=np.int64)
 
 
+def longest_lane(lengths: np.ndarray, lanes: int) -> int:
+    """Tokens in the longest of `lanes` lanes cut by `balanced_cuts`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(lengths)])
+    cuts = balanced_cuts(lengths, lanes)
+    return int((cum[cuts[1:]] - cum[cuts[:-1]]).max())
+
+
+def packed_layout(lengths: Sequence[int], max_lanes: int, window: int, *,
+                  carry_state: bool = True) -> tuple[int, int]:
+    """(B, T) for a forward-only pass over conversations of these lengths (evaluation), at most
+    `max_lanes` lanes and windows of at most `window` tokens.
+
+    Carrying state, the loss does not depend on the layout (each conversation starts from zero
+    state, its state carried across windows), so the layout is chosen for cost: the fewest lanes
+    whose longest lane is as short as `max_lanes` lanes can make it (the number of sequential
+    steps), then the shortest T that needs no more windows than T = `window` would. Stateless
+    (state reset at every window start) the window is part of what is measured: T = `window`, and
+    B = min(max_lanes, N) cuts the lanes as the training-time eval's B = max_lanes lanes do."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) == 0 or max_lanes < 1 or window < 1:
+        raise ValueError(f"packed_layout needs conversations, max_lanes >= 1 and window >= 1 "
+                         f"(got {len(lengths)}, {max_lanes}, {window})")
+    top = min(int(max_lanes), len(lengths))
+    if not carry_state:
+        return top, int(window)
+    best = longest_lane(lengths, top)
+    lo, hi = 1, top
+    while lo < hi:  # the longest lane never grows with more lanes: bisect for the fewest reaching `best`
+        mid = (lo + hi) // 2
+        if longest_lane(lengths, mid) <= best:
+            hi = mid
+        else:
+            lo = mid + 1
+    n_windows = math.ceil(best / window)
+    return lo, math.ceil(best / n_windows)
+
+
 class Lanes:
     """B lanes over a list of conversations, cut into windows of T tokens (see module doc).
 

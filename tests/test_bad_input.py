@@ -79,7 +79,7 @@ def test_missing_optimizer_file(run, trained):
     """eval and sample need only the model; a resume needs the optimizer state too."""
     rdir, c = run
     (c / "optimizer.safetensors").unlink()
-    r = catchat("eval", rdir)
+    r = catchat("eval", rdir, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["loss"] > 0, r.stderr
     r = catchat("sample", rdir, "--length", "5")
     assert r.returncode == 0, r.stderr
