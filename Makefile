@@ -9,7 +9,8 @@ setup:            ## system packages, patched kp (cached wheel), .venv with catc
 demo: setup       ## check the device, then train configs/tiny.toml on Shakespeare and sample from it
 	@bash tools/demo.sh
 
-test: setup       ## the whole suite, real shaders on the default Vulkan device (lavapipe in CI)
+test: setup       ## lint (ruff, pyproject's config), then the whole suite: real shaders on the default Vulkan device (lavapipe in CI)
+	$(PY) -m ruff check catchat tests tools
 	$(PY) -m pytest
 
 parity: setup     ## every kernel and the whole model against numpy on this machine's device

@@ -162,7 +162,8 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     ckpt_root = Path(ckpt_root)
     if not ckpt_root.is_dir():
         return []
-    found = [p for p in ckpt_root.glob("step-*") if dir_step(p) is not None and p.is_dir() and (p / STATE_FILE).exists()]
+    found = [p for p in ckpt_root.glob("step-*")
+             if dir_step(p) is not None and p.is_dir() and (p / STATE_FILE).exists()]
     return sorted(found, key=dir_step)
 
 

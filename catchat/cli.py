@@ -161,6 +161,8 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, allow_unver
               help="Score this plain-text or JSONL file (read like `corpus build` reads it) instead of a corpus.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True,
               help="How to read --text (auto: .jsonl/.ndjson are JSONL).")
+@click.option("--max-unk-rate", default=None, type=click.FloatRange(0.0, 1.0),
+              help="With --text: refuse a text with more <unk> than this (default as corpus build: 0.05).")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus to evaluate on (default: the run's).")
 @click.option("--split", type=click.Choice(["eval", "train", "all"]), default=None,
               help="Which conversations of the corpus: the held-out split (default), the train split, or all.")
@@ -171,7 +173,8 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, allow_unver
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as one JSON object.")
 @ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def eval_cmd(checkpoint, text_file, fmt, corpus_path, split, windows, max_lanes, as_json, allow_unverified, device):
+def eval_cmd(checkpoint, text_file, fmt, max_unk_rate, corpus_path, split, windows, max_lanes, as_json,
+             allow_unverified, device):
     """Loss (nats/char), bits/char, top-1/top-5 of a checkpoint on a corpus split or a text file (docs/eval.md)."""
     import json
 
@@ -183,11 +186,12 @@ def eval_cmd(checkpoint, text_file, fmt, corpus_path, split, windows, max_lanes,
     if text_file is not None and (corpus_path is not None or split is not None):
         raise UsageError("--text scores a file: it takes neither --corpus nor --split",
                          "drop --corpus/--split, or drop --text to score a corpus")
-    if text_file is None and fmt != "auto":
-        raise UsageError("--format says how to read --text", "pass --text FILE, or drop --format")
+    if text_file is None and (fmt != "auto" or max_unk_rate is not None):
+        raise UsageError("--format and --max-unk-rate say how to read --text", "pass --text FILE, or drop them")
     ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
     res = evaluate_checkpoint(ckpt, open_device(device), text=text_file, fmt=fmt, corpus_path=corpus_path,
-                              split=split or "eval", n_windows=windows, max_lanes=max_lanes)
+                              split=split or "eval", n_windows=windows, max_lanes=max_lanes,
+                              max_unk_rate=max_unk_rate)
     if as_json:
         click.echo(json.dumps(res, indent=1))
     else:
@@ -537,7 +541,8 @@ def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device)
               help="Turns to generate, A and B alternating.")
 @click.option("--out", "out", required=True, type=click.Path(dir_okay=False),
               help="The chat log: one JSONL line per turn, written as it is produced.")
-@click.option("--append", is_flag=True, help="Continue the chat in --out: its turns prime both models, numbering goes on.")
+@click.option("--append", is_flag=True,
+              help="Continue the chat in --out: its turns prime both models, numbering goes on.")
 @click.option("--speaker-a", default="ALICE", show_default=True, help="A's speaker name.")
 @click.option("--speaker-b", default="BOB", show_default=True, help="B's speaker name.")
 @_sampling_options(ngram_default=5, suffix="-a", who="A")

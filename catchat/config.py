@@ -19,12 +19,12 @@ import difflib
 import json
 import math
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from catchat.errors import UsageError
-
 
 # ---------------------------------------------------------------------------------------------
 # Key specs: type, range, unit and a one-line description per key (drives validation and docs)

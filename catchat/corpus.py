@@ -29,9 +29,9 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -592,7 +592,8 @@ def parse_play(text: str) -> list[list[tuple[str | None, str]]]:
             turns[-1] = (sp, heading[:-1] + " " + " ".join(_unescape(x.strip()) for x in para) + "]")
             continue
         following = paras[i + 1][0].strip() if i + 1 < len(paras) else ""
-        if len(para) == 1 and _NAME_PIECE.fullmatch(first) and len(first.split()) <= 3 and _SPEAKER.fullmatch(following):
+        if (len(para) == 1 and _NAME_PIECE.fullmatch(first) and len(first.split()) <= 3
+                and _SPEAKER.fullmatch(following)):
             name_prefix = first
             continue
         add_speech(para)
@@ -682,13 +683,16 @@ def _expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tupl
             files = sorted(f for f in p.rglob("*") if f.is_file()
                            and not any(part.startswith(".") for part in f.relative_to(p).parts))
             if not files:
-                raise UsageError(f"source directory {p} holds no files", "pass files, or a directory with text/JSONL files")
+                raise UsageError(f"source directory {p} holds no files",
+                                 "pass files, or a directory with text/JSONL files")
         elif p.is_file():
             files = [p]
         elif p.exists():
-            raise UsageError(f"source {p} is not a regular file", "pass text or JSONL files, directories or 'shakespeare'")
+            raise UsageError(f"source {p} is not a regular file",
+                             "pass text or JSONL files, directories or 'shakespeare'")
         else:
-            raise UsageError(f"source {p} does not exist", f"check the path (the built-in corpus is spelled '{SHAKESPEARE}')")
+            raise UsageError(f"source {p} does not exist",
+                             f"check the path (the built-in corpus is spelled '{SHAKESPEARE}')")
         for f in files:
             kind = fmt if fmt != "auto" else ("jsonl" if f.suffix.lower() in JSONL_SUFFIXES else "text")
             out.append((kind, f))
@@ -862,7 +866,8 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     if not 0.0 <= max_unk_rate <= 1.0:
         raise UsageError(f"max unk rate must be in [0, 1], got {max_unk_rate:g}", "e.g. --max-unk-rate 0.05")
     if delimiter is not None and (not delimiter.strip() or "\n" in delimiter):
-        raise UsageError("the conversation delimiter must be a non-empty single line", f"e.g. --delimiter '{DEFAULT_DELIMITER}'")
+        raise UsageError("the conversation delimiter must be a non-empty single line",
+                         f"e.g. --delimiter '{DEFAULT_DELIMITER}'")
     out = Path(out_dir)
     in_place = _check_output(out, force)
     inputs = _expand_sources(sources, fmt)
@@ -1063,14 +1068,15 @@ class Corpus:
         self.index = index
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "Corpus":
+    def open(cls, path: str | os.PathLike) -> Corpus:
         """Open a corpus directory, refusing a vocabulary fingerprint mismatch (design.md lesson 1)."""
         path = Path(path)
         build_hint = f"build one: catchat corpus build SRC... -o {path}"
         if not path.exists():
             raise UsageError(f"corpus {path} does not exist", build_hint)
         if path.is_file():
-            raise UsageError(f"{path} is a file, not a built corpus directory", f"build it first: catchat corpus build {path} -o DIR")
+            raise UsageError(f"{path} is a file, not a built corpus directory",
+                             f"build it first: catchat corpus build {path} -o DIR")
         try:
             _finish_replacement(path)  # a --force rebuild a crash interrupted after its commit
         except OSError:

@@ -80,12 +80,12 @@ def corpus_set(corpus, split: str, eval_fraction: float, max_conversations: int 
                    split=split, notes=notes)
 
 
-def text_set(path: str | Path, fmt: str = "auto") -> EvalSet:
+def text_set(path: str | Path, fmt: str = "auto", max_unk_rate: float | None = None) -> EvalSet:
     """A plain-text or JSONL file, read, normalised and encoded exactly as `catchat corpus build`
     does (catchat.corpus.read_conversations), in memory."""
     from catchat.corpus import read_conversations
 
-    convs = read_conversations(path, fmt=fmt)
+    convs = read_conversations(path, fmt=fmt, **({} if max_unk_rate is None else {"max_unk_rate": max_unk_rate}))
     notes = []
     skipped = sum(s.skipped_empty for s in convs.sources)
     if skipped:
@@ -160,7 +160,8 @@ def evaluate_set(dev, spec, flat_params: np.ndarray, data: EvalSet, *, max_lanes
 
 
 def evaluate_checkpoint(ckpt, dev, *, text: str | None = None, fmt: str = "auto", corpus_path: str | None = None,
-                        split: str = "eval", n_windows: int = 0, max_lanes: int = 0) -> dict:
+                        split: str = "eval", n_windows: int = 0, max_lanes: int = 0,
+                        max_unk_rate: float | None = None) -> dict:
     """`catchat eval`: a loaded checkpoint (catchat.checkpoint.load_checkpoint) on `text` (a file)
     or on one split of `corpus_path` (default: the run's corpus). max_lanes > 0 caps the lanes
     (default: the checkpoint's data.batch_lanes). Returns the result dict of `evaluate_set` plus
@@ -171,7 +172,7 @@ def evaluate_checkpoint(ckpt, dev, *, text: str | None = None, fmt: str = "auto"
 
     cfg = cfgmod.from_dict(ckpt.state["config"], source=str(ckpt.path / ck.STATE_FILE))
     if text is not None:
-        data = text_set(text, fmt)
+        data = text_set(text, fmt, max_unk_rate)
     else:
         from catchat.corpus import open_corpus
 

@@ -60,7 +60,7 @@ class Sampling:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature <= 0
 
-    def replace(self, **changes) -> "Sampling":
+    def replace(self, **changes) -> Sampling:
         """A copy with some settings changed (validated)."""
         return dataclasses.replace(self, **changes)
 
@@ -167,7 +167,7 @@ class Generator:
         self.reset()
 
     @classmethod
-    def from_checkpoint(cls, dev, ckpt, streams: int = 1, prefill: int = PREFILL_WINDOW) -> "Generator":
+    def from_checkpoint(cls, dev, ckpt, streams: int = 1, prefill: int = PREFILL_WINDOW) -> Generator:
         spec = checkpoint_spec(ckpt)
         from catchat import checkpoint as ck
         from catchat.model import param_specs

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class DataCursor:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DataCursor":
+    def from_dict(cls, d: dict) -> DataCursor:
         if not isinstance(d, dict) or set(d) != {"cycle", "window", "seqs", "layout"}:
             raise UsageError(f"not a data cursor: {d!r}", "expected {cycle, window, seqs, layout} (from state.json)")
         for k in ("cycle", "window", "seqs"):
@@ -190,11 +190,13 @@ class Lanes:
         self.lengths = np.asarray(lengths, dtype=np.int64)
         n = len(self.starts)
         if n == 0:
-            raise UsageError("no conversations to make lanes from", "check the corpus, data.eval_fraction and data.max_conversations")
+            raise UsageError("no conversations to make lanes from",
+                             "check the corpus, data.eval_fraction and data.max_conversations")
         if n < batch_lanes and not allow_empty_lanes:
             raise UsageError(f"{n} conversations cannot fill data.batch_lanes = {batch_lanes} lanes "
                              "(each lane needs at least one whole conversation)",
-                             f"lower data.batch_lanes to at most {n}, or use more data (data.max_conversations, a larger corpus)")
+                             f"lower data.batch_lanes to at most {n}, or use more data "
+                             "(data.max_conversations, a larger corpus)")
         if (self.lengths < 1).any():
             raise ValueError("every conversation needs at least one token")
         self.B, self.T = int(batch_lanes), int(window)
@@ -216,7 +218,7 @@ class Lanes:
     @classmethod
     def from_corpus(cls, corpus, *, batch_lanes: int, window: int, split: str = "train",
                     eval_fraction: float = 0.05, max_conversations: int = 0, carry_state: bool = True,
-                    shuffle_block_windows: int = 0, seed: int = 0) -> "Lanes":
+                    shuffle_block_windows: int = 0, seed: int = 0) -> Lanes:
         """Lanes over one side of a corpus's split (`corpus`: catchat.corpus.Corpus).
         The eval side never shuffles and may leave lanes empty (all padding, masked)."""
         if split not in ("train", "eval"):
@@ -227,7 +229,8 @@ class Lanes:
             if split == "eval":
                 raise UsageError(f"the eval split of {corpus.path} is empty (data.eval_fraction = {eval_fraction:g})",
                                  "set data.eval_fraction > 0, or turn evaluation off (eval.eval_every_seqs = 0)")
-            raise UsageError(f"the train split of {corpus.path} is empty", "use a larger corpus or data.max_conversations = 0")
+            raise UsageError(f"the train split of {corpus.path} is empty",
+                             "use a larger corpus or data.max_conversations = 0")
         if split == "eval":
             shuffle_block_windows = 0
         ident = hashlib.sha256(
@@ -239,7 +242,7 @@ class Lanes:
                    allow_empty_lanes=(split == "eval"), layout_id=ident, notes=notes)
 
     @classmethod
-    def from_config(cls, corpus, cfg, split: str = "train") -> "Lanes":
+    def from_config(cls, corpus, cfg, split: str = "train") -> Lanes:
         """Lanes for a catchat.config.Config: data.* and train.seed."""
         d = cfg.data
         return cls.from_corpus(corpus, batch_lanes=d.batch_lanes, window=d.window, split=split,
@@ -248,7 +251,7 @@ class Lanes:
                                seed=cfg.train.seed)
 
     @classmethod
-    def from_conversations(cls, conversations: Sequence[Sequence[int]], **kwargs) -> "Lanes":
+    def from_conversations(cls, conversations: Sequence[Sequence[int]], **kwargs) -> Lanes:
         """Lanes over in-memory token lists (tests, tools)."""
         arrays = [np.asarray(c, dtype=np.uint8) for c in conversations]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
@@ -391,7 +394,8 @@ class Lanes:
                 "resume with the run's own config.toml and corpus, or start a new run")
         if c.window >= self.windows_per_cycle:
             raise UsageError(f"the saved data cursor points at window {c.window}, past this cycle's "
-                             f"{self.windows_per_cycle} windows", "the checkpoint's state.json does not match this corpus")
+                             f"{self.windows_per_cycle} windows",
+                             "the checkpoint's state.json does not match this corpus")
         return c
 
     def next(self, cursor: DataCursor) -> tuple[Window, DataCursor]:

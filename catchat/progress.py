@@ -69,7 +69,8 @@ class TrainReporter:
     def on_branch(self, branch_step, abandoned_step, side_dir, abandoned_checkpoints=(), **_):
         what = f"{len(abandoned_checkpoints)} newer checkpoints and the rows up to step {abandoned_step}"
         self._print(f"[yellow]branch[/yellow] at step {branch_step}: {what} moved to {side_dir}"
-                    if branch_step >= 0 else f"[yellow]fresh start[/yellow]: an earlier attempt's rows moved to {side_dir}")
+                    if branch_step >= 0
+                    else f"[yellow]fresh start[/yellow]: an earlier attempt's rows moved to {side_dir}")
 
     def on_warning(self, text, **_):
         self.console.print(text, markup=False, highlight=False)

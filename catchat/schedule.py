@@ -34,7 +34,7 @@ class WSD:
     lr_min: float = 0.0
 
     @classmethod
-    def from_config(cls, cfg) -> "WSD":
+    def from_config(cls, cfg) -> WSD:
         s = cfg.schedule
         return cls(lr=cfg.train.lr, warmup_fraction=s.warmup_fraction, cooldown_fraction=s.cooldown_fraction,
                    cooldown_shape=s.cooldown_shape, lr_min=s.lr_min)

@@ -174,7 +174,8 @@ def _open(path) -> BinaryIO:
         return open(path, "rb")
     except OSError as exc:
         raise UsageError(f"{_shown_path(path)}: cannot open it: {exc.strerror or exc}",
-                         hint="check that the file exists and is readable, or resume from an earlier checkpoint") from None
+                         hint="check that the file exists and is readable, "
+                              "or resume from an earlier checkpoint") from None
 
 
 def _read_header(f: BinaryIO, path, max_header_bytes: int) -> tuple[list[TensorInfo], dict[str, str], int]:
@@ -234,7 +235,8 @@ def _validate(header: dict, data_len: int) -> tuple[list[TensorInfo], dict[str, 
     metadata = header.get(METADATA_KEY)
     if metadata is None:
         metadata = {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
         raise _Corrupt(f"its {METADATA_KEY} is not a map of strings to strings")
     infos = sorted((_tensor_info(name, entry, data_len) for name, entry in header.items() if name != METADATA_KEY),
                    key=lambda i: (i.begin, i.end))

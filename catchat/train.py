@@ -202,7 +202,8 @@ class Trainer:
         abandons anything, the telemetry, the start/resume event."""
         files = self.files
         files.samples.mkdir(exist_ok=True)
-        atomic_write_text(files.config, cfgmod.resolved_toml(self.cfg, header=f"resolved config of run {files.root.name}"))
+        atomic_write_text(files.config,
+                          cfgmod.resolved_toml(self.cfg, header=f"resolved config of run {files.root.name}"))
         crash_point("resume.config")
         info = self._run_info()
         if finished:

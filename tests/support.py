@@ -139,7 +139,8 @@ def assert_clean_error(r, code, *needles) -> str:
     return r.stderr
 
 
-# ------------------------------------------------------------------ runs stopped and resumed (test_faults, test_run_integrity)
+# ------------------------------------------------------------------ runs stopped and resumed (test_faults,
+# test_run_integrity)
 TOTAL = 30  # steps of the reference run (about 1 s on lavapipe)
 
 

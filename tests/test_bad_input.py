@@ -20,7 +20,6 @@ from catchat.train import Trainer
 
 from support import assert_clean_error, catchat, sha256_of, snapshot
 
-
 # ---------------------------------------------------------------------------------------- checkpoints
 
 @pytest.fixture(scope="module")
@@ -32,7 +31,8 @@ def trained(dev, tmp_path_factory):
     for i in range(10):
         (src / f"s{i}.txt").write_text("ANNA: Is it raining?\nBO: Not yet.\n" * (1 + i % 3))
     corpus_mod.build([src], root / "corpus", eval_fraction=0.2, delimiter=None)
-    body = {"model": {"hidden": 12, "layers": 2}, "data": {"corpus": str(root / "corpus"), "batch_lanes": 2, "window": 8},
+    body = {"model": {"hidden": 12, "layers": 2},
+            "data": {"corpus": str(root / "corpus"), "batch_lanes": 2, "window": 8},
             "train": {"total_steps": 50}, "eval": {"free_running": False, "sample_chars": 0}}
     cfg = cfgmod.from_dict(body)
     (root / "cfg.toml").write_text(cfgmod.resolved_toml(cfg))
@@ -217,7 +217,8 @@ def build_cli(tmp_path, *sources, extra=()):
     ("russian.txt", ("\u041f\u0440\u0438\u0432\u0435\u0442, \u043c\u0438\u0440! " * 50).encode(),
      ["russian.txt: 69.3% of its characters are outside", "--max-unk-rate"]),
     ("bad.jsonl", b'{"text": "fine"}\n{"text": "fine"}\n{"text": oops}\n', ["bad.jsonl line 3: not valid JSON"]),
-    ("shape.jsonl", b'{"text": "fine"}\n{"turns": [{"speaker": "A"}]}\n', ['shape.jsonl line 2: turns[0] needs a "text"']),
+    ("shape.jsonl", b'{"text": "fine"}\n{"turns": [{"speaker": "A"}]}\n',
+     ['shape.jsonl line 2: turns[0] needs a "text"']),
     ("utf.jsonl", b'{"text": "fine"}\n{"text": "\xff"}\n', ["utf.jsonl line 2 is not valid UTF-8"]),
 ])
 def test_bad_corpus_sources(tmp_path, name, data, needles):

@@ -53,6 +53,7 @@ def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch
     lavapipe with CATCHAT_PERSISTENT=1); every phase of both sweeps gets a clock reading, and the
     clocked forward twin computes what the program's own forward sweep does from the same buffers."""
     import sweep_phases
+
     from catchat.vk.kernels import run_ops
 
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")

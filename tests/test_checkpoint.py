@@ -7,9 +7,8 @@ import pytest
 
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat.model import init_params
 from catchat.errors import UsageError
-
+from catchat.model import init_params
 
 CONFIG = cfgmod.from_dict({"model": {"hidden": 4, "layers": 1}, "data": {"corpus": "x"}, "train": {"total_steps": 9}})
 

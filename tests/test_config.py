@@ -207,7 +207,8 @@ def test_override_errors(item, needle):
 
 
 def test_choice_typo_suggests():
-    assert 'did you mean schedule.cooldown_shape = "cosine"?' in usage_error(MINIMAL, ["schedule.cooldown_shape=cos"]).hint
+    assert ('did you mean schedule.cooldown_shape = "cosine"?'
+            in usage_error(MINIMAL, ["schedule.cooldown_shape=cos"]).hint)
 
 
 def test_override_typo_suggests():

@@ -52,7 +52,8 @@ def test_plain_text_is_one_conversation_with_newlines_kept(tmp_path):
 
 
 def test_plain_text_delimiter_splits_conversations(tmp_path):
-    src = write(tmp_path / "a.txt", "one\n<|endoftext|>\ntwo\nlines\n  <|endoftext|>  \n\n<|endoftext|>\nthree <|endoftext|>")
+    src = write(tmp_path / "a.txt",
+                "one\n<|endoftext|>\ntwo\nlines\n  <|endoftext|>  \n\n<|endoftext|>\nthree <|endoftext|>")
     build([src], tmp_path / "c")
     assert texts(Corpus.open(tmp_path / "c")) == [f"{B}one{E}", f"{B}two\nlines{E}", f"{B}three <|endoftext|>{E}"]
     build([src], tmp_path / "d", delimiter="===")  # another delimiter: the old one is just text
@@ -65,7 +66,8 @@ def test_jsonl_turns_layout(tmp_path):
     src = jsonl(tmp_path / "d.jsonl", [
         {"turns": [{"speaker": "ANNA", "text": "Hi!\nHow are you?"}, {"speaker": "Bo", "text": "Fine."}], "id": 7},
         {"text": "just text"},
-        {"turns": [{"text": "no speaker"}, {"speaker": None, "text": "null speaker"}, {"speaker": " Multi\nline ", "text": ""}]},
+        {"turns": [{"text": "no speaker"}, {"speaker": None, "text": "null speaker"},
+                   {"speaker": " Multi\nline ", "text": ""}]},
         {"text": "   "},  # empty: skipped and counted
         {"speaker": "Cy", "text": "spoken"},
     ])
@@ -80,7 +82,8 @@ def test_jsonl_turns_layout(tmp_path):
 
 
 def test_normalisation_applies(tmp_path):
-    src = jsonl(tmp_path / "d.jsonl", [{"turns": [{"speaker": "\u201cQ\u201d", "text": "it\u2019s \u2014 fine\u2026"}]}])
+    src = jsonl(tmp_path / "d.jsonl",
+                [{"turns": [{"speaker": "\u201cQ\u201d", "text": "it\u2019s \u2014 fine\u2026"}]}])
     build([src], tmp_path / "c")
     assert texts(Corpus.open(tmp_path / "c")) == [f'{B}"Q": it\'s -- fine...{E}']
 
@@ -133,7 +136,7 @@ def test_large_input_streams_with_bounded_memory(tmp_path, monkeypatch):
     """Memory is bounded by the batch sizes (1 M characters by default), not by the input."""
     line = "The quick brown fox jumps over the lazy dog, again and again.\n"
     with open(tmp_path / "big.txt", "w") as f:
-        for i in range(60_000):  # ~3.7 MB, one conversation
+        for _ in range(60_000):  # ~3.7 MB, one conversation
             f.write(line)
     monkeypatch.setattr(corpus, "_READ_CHUNK", 1 << 16)
     monkeypatch.setattr(corpus._Writer, "FLUSH_CHARS", 1 << 16)

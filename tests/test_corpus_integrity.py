@@ -29,7 +29,6 @@ from catchat.errors import UsageError
 
 from support import assert_clean_error, catchat
 
-
 CORPUS_FILES = ["index.npy", "manifest.json", "tokens.bin"]  # a corpus's own files (docs/data.md)
 SURROGATE = re.compile(r"[\ud800-\udfff]")
 

@@ -17,7 +17,8 @@ from catchat import corpus as corpus_mod
 from catchat import vocab
 from catchat.lanes import Lanes, longest_lane, packed_layout
 from catchat.reference import model_forward_backward
-from tests.support import make_tiny_run
+
+from support import make_tiny_run
 
 JSON_FIELDS = {"checkpoint", "global_step", "source", "path", "description", "loss", "bpc", "top1", "top5",
                "n_valid", "characters", "conversations", "lanes", "window", "windows", "carry_state", "seconds",
@@ -232,7 +233,7 @@ def test_bad_flag_combinations(cli, run, plain, tmp_path):
     code, _, err = cli("eval", run, "--text", plain, "--split", "all")
     assert code == 2 and "--text scores a file: it takes neither --corpus nor --split" in err
     code, _, err = cli("eval", run, "--format", "jsonl")
-    assert code == 2 and "--format says how to read --text" in err
+    assert code == 2 and "--format and --max-unk-rate say how to read --text" in err
     (tmp_path / "empty.txt").write_text("")
     code, _, err = cli("eval", run, "--text", tmp_path / "empty.txt")
     assert code == 2 and "empty.txt is empty (0 bytes)" in err  # corpus build's own checks
@@ -319,3 +320,13 @@ def test_stateless_checkpoint_keeps_its_window(cli, run, plain, tmp_path):
     assert res["n_valid"] == carried["n_valid"] and res["loss"] != carried["loss"]
     code, out, _ = cli("eval", stateless, "--text", plain)
     assert code == 0 and "(stateless: state reset every window)" in out
+
+
+def test_max_unk_rate_for_text(cli, run, tmp_path):
+    """A text mostly outside cc101 is refused as `corpus build` refuses it; --max-unk-rate admits it."""
+    odd = tmp_path / "odd.txt"
+    odd.write_text("ALICE: Привет, как дела?\n", encoding="utf-8")
+    code, _, err = cli("eval", run, "--text", odd)
+    assert code == 2 and "outside the cc101 vocabulary" in err and "--max-unk-rate" in err, err
+    res = eval_json(cli, run, "--text", odd, "--max-unk-rate", "1")
+    assert res["characters"] == len("ALICE: Привет, как дела?") and res["n_valid"] == res["characters"] + 1

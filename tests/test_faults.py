@@ -29,8 +29,17 @@ from catchat.vk.device import Device, format_bytes
 from catchat.vk.kernels import gru
 from catchat.vk.program import Program, StepHyper, random_window
 
-from support import (TOTAL, assert_clean_error, assert_same_as_straight, catchat, resume_cli, rows_logged, saveable_model, start_training, wait_for_rows)
-
+from support import (
+    TOTAL,
+    assert_clean_error,
+    assert_same_as_straight,
+    catchat,
+    resume_cli,
+    rows_logged,
+    saveable_model,
+    start_training,
+    wait_for_rows,
+)
 
 # ----------------------------------------------------------------------------------------- signals
 
@@ -364,7 +373,8 @@ def test_too_little_device_memory_is_refused_before_allocating(dev):
     assert small.allocated_bytes == 0
 
 
-@pytest.mark.parametrize("spec,T,B", [(ModelSpec(101, 12, 2), 16, 4), (ModelSpec(101, 33, 3, tie_embeddings=True), 20, 7),
+@pytest.mark.parametrize("spec,T,B", [(ModelSpec(101, 12, 2), 16, 4),
+                                      (ModelSpec(101, 33, 3, tie_embeddings=True), 20, 7),
                                       (ModelSpec(101, 64, 1), 64, 32)])
 @pytest.mark.parametrize("persistent", ["0", "64"])  # 64: resident sweeps, the backward's partial products
 def test_planned_bytes_is_what_a_program_allocates(dev, spec, T, B, persistent, monkeypatch):

@@ -74,12 +74,15 @@ def test_text_reader_is_independent_of_read_sizes(text, chunk):
         assert np.array_equal(whole, pieces)
 
 
-JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                           | st.text(max_size=20),
+                           lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                            max_leaves=12)
 RECORDS = st.one_of(
     JSON_VALUES,
-    st.fixed_dictionaries({"text": st.text(max_size=40)}, optional={"speaker": st.none() | st.text(max_size=8) | st.integers()}),
+    st.fixed_dictionaries({"text": st.text(max_size=40)},
+                          optional={"speaker": st.none() | st.text(max_size=8) | st.integers()}),
     st.fixed_dictionaries({"turns": st.lists(st.fixed_dictionaries({"text": st.text(max_size=30) | st.integers()},
                                                                     optional={"speaker": st.text(max_size=6)}),
                                              max_size=4)},
@@ -106,7 +109,8 @@ def test_jsonl_reader_arbitrary_lines(lines):
 
 KEYS = [(s, k) for s, keys in cfgmod.key_specs().items() for k in keys]
 VALUES = st.one_of(st.integers(-5, 10**7), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
-                   st.text(max_size=12), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(), max_size=1))
+                   st.text(max_size=12), st.lists(st.integers(), max_size=2),
+                   st.dictionaries(st.text(max_size=3), st.integers(), max_size=1))
 
 
 @FAST
@@ -177,7 +181,8 @@ def saved(tmp_path_factory):
 @given(st.one_of(st.binary(max_size=200), JSON_VALUES.map(lambda v: json.dumps(v).encode()),
                  st.dictionaries(st.sampled_from(["format", "global_step", "vocab_fingerprint", "sha256", "config"]),
                                  JSON_VALUES, max_size=5).map(lambda d: json.dumps(
-                                     {"format": "catchat-checkpoint", "global_step": 1, "vocab_fingerprint": vocab.FINGERPRINT, **d}).encode())))
+                                     {"format": "catchat-checkpoint", "global_step": 1,
+                                      "vocab_fingerprint": vocab.FINGERPRINT, **d}).encode())))
 def test_checkpoint_state_arbitrary(saved, data):
     """A state.json with any content: the checkpoint loads, or one clear error naming the file."""
     good = (saved / "state.json").read_bytes()

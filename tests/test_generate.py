@@ -176,7 +176,8 @@ def test_sample_flags_are_used(cli, run_dir):
 
 
 def test_sample_ngram_block_on_the_model(cli, run_dir):
-    args = ("sample", run_dir, "--greedy", "--length", "150", "--prompt", "B", "--stop-at-turn")  # no <turn> shown as \n
+    args = ("sample", run_dir, "--greedy", "--length", "150", "--prompt", "B",
+            "--stop-at-turn")  # no <turn> shown as \n
     plain = cli(*args)[1].rstrip("\n")
     blocked = cli(*args, "--ngram-block", "4")[1].rstrip("\n")
     assert len(set(ngrams(plain, 4))) < len(ngrams(plain, 4))  # greedy loops...

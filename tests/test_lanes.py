@@ -317,7 +317,8 @@ def test_from_config(built):
     assert (lanes.B, lanes.T, lanes.carry_state, lanes.shuffle_block_windows, lanes.seed) == (3, 9, False, 2, 11)
     ev = Lanes.from_config(built, cfg, split="eval")
     assert ev.shuffle_block_windows == 0  # eval never shuffles
-    steps = config.planned_total_steps(config.with_changes(cfg, train={"total_steps": 0, "cycles": 2}), lanes.seqs_per_cycle)
+    steps = config.planned_total_steps(config.with_changes(cfg, train={"total_steps": 0, "cycles": 2}),
+                                       lanes.seqs_per_cycle)
     assert steps == 2 * lanes.windows_per_cycle
 
 

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 def run(cmd, **kw):
     res = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, check=False, **kw)
-    assert res.returncode == 0, f"{' '.join(map(str, cmd))} -> {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    assert res.returncode == 0, (f"{' '.join(map(str, cmd))} -> {res.returncode}\n"
+                                 f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
     return res
 
 

@@ -10,6 +10,7 @@ from catchat.model import ModelSpec
 from catchat.vk import program, slots
 from catchat.vk.kernels import gru
 from catchat.vk.program import Program
+
 from support import assert_clean_error, catchat, make_tiny_run
 
 

@@ -14,8 +14,19 @@ from catchat import config as cfgmod
 from catchat import faults
 from catchat.train import Trainer
 
-from support import (TOTAL, assert_clean_error, assert_same_as_straight, catchat, config_text,
-                     losses, resume_cli, rows_logged, snapshot, start_training, wait_for_rows)
+from support import (
+    TOTAL,
+    assert_clean_error,
+    assert_same_as_straight,
+    catchat,
+    config_text,
+    losses,
+    resume_cli,
+    rows_logged,
+    snapshot,
+    start_training,
+    wait_for_rows,
+)
 
 EVERY = 3  # checkpoint_every_seqs 24 = 3 steps of 8 seqs; keep_last 2
 

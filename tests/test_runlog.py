@@ -12,8 +12,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catchat.runlog import (MAX_BAD, MAX_LINE_BYTES, METRICS_COLUMNS, EventsLog, MetricsLog, describe_bad, numbers,
-                            read_events, read_metrics)
+from catchat.runlog import (
+    MAX_BAD,
+    MAX_LINE_BYTES,
+    METRICS_COLUMNS,
+    EventsLog,
+    MetricsLog,
+    describe_bad,
+    numbers,
+    read_events,
+    read_metrics,
+)
 
 HEADER = ",".join(METRICS_COLUMNS) + "\n"
 
@@ -91,7 +100,8 @@ def test_each_bad_metrics_row_is_reported_and_skipped(tmp_path):
 
 def test_header_rules(tmp_path):
     extra = metrics(tmp_path, (HEADER[:-1] + ",new_column\n" + row(1)[:-1] + ",7\n" + row(2)).encode())
-    assert extra.header[-1] == "new_column" and len(extra.rows) == 1 and extra.bad == [(3, "14 cells, the header has 15")]
+    assert (extra.header[-1] == "new_column" and len(extra.rows) == 1
+            and extra.bad == [(3, "14 cells, the header has 15")])
     other = metrics(tmp_path, ("step,loss\n" + row(1)).encode())
     assert not other.header and not other.rows and len(other.bad) == 1 and other.bad[0][0] == 1
     assert other.bad[0][1].startswith("header is not global_step,seqs,") and "'step,loss'" in other.bad[0][1]
@@ -167,11 +177,13 @@ BAD_EVENTS = [
     ('{"event": "end", "global_step": 1, "rss_mb": "big"}', '"end" event: rss_mb is "big", not a number'),
     ('{"event": "resume", "global_step": 4}', '"resume" event: from is missing'),
     ('{"event": "resume", "global_step": 4, "from": 7}', '"resume" event: from is 7, not a string'),
-    ('{"event": "resume", "global_step": 4, "from": "a", "foreign": 1}', '"resume" event: foreign is 1, not true or false'),
+    ('{"event": "resume", "global_step": 4, "from": "a", "foreign": 1}',
+     '"resume" event: foreign is 1, not true or false'),
     ('{"event": "start", "global_step": 0, "schedule": {"lr": 1}}', '"start" event: schedule.total_steps is missing'),
     ('{"event": "start", "global_step": 0, "faults": "nan_grad"}',
      '"start" event: faults is "nan_grad", not a list of strings'),
-    ('{"event": "start", "global_step": 0, "teacher_forcing": [1]}', '"start" event: teacher_forcing is [1], not an object'),
+    ('{"event": "start", "global_step": 0, "teacher_forcing": [1]}',
+     '"start" event: teacher_forcing is [1], not an object'),
     ('{"event": "branch", "global_step": 3, "branch_step": "3", "abandoned_step": 5}',
      '"branch" event: branch_step is "3", not an integer'),
     ('{"event": "checkpoint", "global_step": 3, "path": null}', '"checkpoint" event: path is null, not a string'),

@@ -452,7 +452,8 @@ def test_damaged_telemetry_through_the_cli(dev, tmp_path):
     clean = run.parent / "clean"
     make_tiny_run(clean, dev)
     with open(clean / "run" / "events.jsonl", "a") as f:
-        f.write('{"event": "eval", "global_step": "x", "loss": [1]}\n{"event": "eval", "global_step": 5, "loss": [1]}\n')
+        f.write('{"event": "eval", "global_step": "x", "loss": [1]}\n'
+                '{"event": "eval", "global_step": 5, "loss": [1]}\n')
     r = catchat("scan", clean / "run", env={"COLUMNS": "1000"})
     out = r.stdout + r.stderr
     assert r.returncode == 1 and "Traceback" not in out, out

@@ -358,7 +358,8 @@ def test_fuzz_mutated_valid_file(fuzz_path, timers, mutations):
 JSON_LEAF = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
                       st.sampled_from(["F32", "I64", "U8", "BOOL", "F16", "x", ""]))
 JSON_VALUE = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
-                          | st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "k", ""]), inner, max_size=4),
+                          | st.dictionaries(st.sampled_from(["dtype", "shape", "data_offsets", "k", ""]), inner,
+                                            max_size=4),
                           max_leaves=12)
 ENTRY = st.fixed_dictionaries({"dtype": st.sampled_from(["F32", "I64", "U8", "BOOL", "F16", "Q"]),
                                "shape": st.lists(st.integers(-1, 5) | st.integers(2**30, 2**66), max_size=3)

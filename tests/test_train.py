@@ -18,6 +18,7 @@ from catchat.train import Trainer
 
 from support import build_scene_corpus, small_config
 
+
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory):
     return build_scene_corpus(tmp_path_factory.mktemp("scenes"))

@@ -225,7 +225,8 @@ def main(argv=None):
           f"optimizer={cfg.train.optimizer} on {dev.info.name}")
     res = {"catchat": bench_catchat(cfg, dev, args.steps, args.warmup, args.tf, args.profile)}
     c = res["catchat"]
-    print(f"catchat{' (per-timestep path, tf=%g)' % args.tf if args.tf < 1 else ''}  train {c['train_tokens_per_s']:>12,.0f} tok/s  step {c['step_ms']:8.1f} ms "
+    path = f" (per-timestep path, tf={args.tf:g})" if args.tf < 1 else ""
+    print(f"catchat{path}  train {c['train_tokens_per_s']:>12,.0f} tok/s  step {c['step_ms']:8.1f} ms "
           f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}, optimizer {c['optimizer_ms']:.1f})  "
           f"eval {c['eval_tokens_per_s']:>12,.0f} tok/s  memory {c['device_bytes'] / 2**30:.2f} GiB")
     if c["profile"]:

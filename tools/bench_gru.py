@@ -124,7 +124,8 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
     for backward in (False, True):
         cands = candidates(dev, B, H, backward, n_max, persistent)
         with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
-            list(pool.map(lambda t: compile_shader(*gru.sweep_shader(t, B, H, dev.info.subgroup_size, backward)), cands))
+            list(pool.map(lambda t, b=backward: compile_shader(*gru.sweep_shader(t, B, H, dev.info.subgroup_size, b)),
+                          cands))
         rows, ref_out = [], None
         if backward:  # the backward reads save/hprev of a forward sweep
             run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])
@@ -183,7 +184,8 @@ def main(argv=None):
             best["backward" if backward else "forward"] if (B, H) == shape else orig(dev, B, H, backward, resident))
         c = bench.bench_catchat(cfg, dev, 3, 1)
         print(f"{args.apply} with tiles {best}: train {c['train_tokens_per_s']:,.0f} tok/s, step {c['step_ms']:.1f} ms "
-              f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}), eval {c['eval_tokens_per_s']:,.0f} tok/s")
+              f"(forward {c['forward_ms']:.1f}, backward {c['backward_ms']:.1f}), "
+              f"eval {c['eval_tokens_per_s']:,.0f} tok/s")
 
 
 if __name__ == "__main__":

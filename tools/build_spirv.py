@@ -101,7 +101,8 @@ def record(python: str, replace: bool, configs: list[str]) -> int:
     old = {shaders.format_variant(*v) for v in read_variants()} if VARIANTS.exists() and not replace else set()
     header = [ln for ln in VARIANTS.read_text().splitlines() if ln.startswith("#")] if VARIANTS.exists() else []
     VARIANTS.write_text("\n".join(header + sorted(old | seen)) + "\n")
-    print(f"{len(seen)} variants used here, {len(seen - old)} new; {len(old | seen)} listed in {VARIANTS.relative_to(ROOT)}")
+    print(f"{len(seen)} variants used here, {len(seen - old)} new; "
+          f"{len(old | seen)} listed in {VARIANTS.relative_to(ROOT)}")
     return 1 if failed else 0
 
 

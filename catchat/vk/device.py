@@ -30,9 +30,11 @@ def import_kp():
     except ImportError as exc:
         if "vulkan" in str(exc).lower():
             raise VulkanUnavailable("no Vulkan loader (libvulkan.so.1) on this machine",
-                                    hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)")
+                                    hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)"
+                                    ) from None
         raise VulkanUnavailable(f"the Kompute Python package `kp` is not importable ({exc})",
-                                hint="run `make setup` (builds kp 0.9.0 from source against Debian's headers)")
+                                hint="run `make setup` (builds kp 0.9.0 from source against Debian's headers)"
+                                ) from None
     return kp
 
 
@@ -165,7 +167,7 @@ def open_device(selector: str | int | None = None) -> Device:
         manager = kp.Manager(info.index)
     except RuntimeError as exc:
         raise VulkanUnavailable(f"could not open Vulkan device {info.index} ({info.name}): {exc}",
-                                hint="check the driver with `vulkaninfo --summary`")
+                                hint="check the driver with `vulkaninfo --summary`") from None
     return Device(info=info, manager=manager, kp=kp)
 
 

@@ -97,7 +97,7 @@ def load_vulkan() -> ctypes.CDLL:
         return ctypes.CDLL(name)
     except OSError:
         raise VulkanUnavailable("no Vulkan loader (libvulkan.so.1) on this machine",
-                                hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)")
+                                hint="apt-get install libvulkan1 mesa-vulkan-drivers   (or run `make setup`)") from None
 
 
 def _version(v: int) -> str:

@@ -137,7 +137,8 @@ class Program:
                       + max(sk_w * 3 * H * H, sk_h * V * H, 1) + max(cs * 3 * H, 1)  # split-K workspaces
                       + ceil_div(P, GradNorm.WORKGROUP * items)  # grad-norm partials
                       + 12 * L * H + 6 * L  # spectral projection work
-                      + L * (norm_parts * H + backward_scratch_words(dev, B, H)))  # per layer: RMSNorm dg partials, GRU sweep scratch
+                      # per layer: RMSNorm dg partials, GRU sweep scratch
+                      + L * (norm_parts * H + backward_scratch_words(dev, B, H)))
         return 4 * words
 
     # ----------------------------------------------------------------------------- buffers
@@ -245,7 +246,7 @@ class Program:
         self.bwd_layers = []
         for l in range(L):
             p = f"layers.{l}."
-            gemm_w = lambda dg, x, name: Gemm(d, (dg, 0, 3 * H), (x, 0, H), (self.grads, o(p + name), H),  # noqa: E731
+            gemm_w = lambda dg, x, name, p=p: Gemm(d, (dg, 0, 3 * H), (x, 0, H), (self.grads, o(p + name), H),  # noqa: E731
                                               3 * H, H, R, trans_a=True, beta=1.0, split_k=sk_w, workspace=self.ws)
             k = dict(
                 # dout and dx share `dx` (allowed: each row is read before it is written)

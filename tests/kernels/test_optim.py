@@ -8,10 +8,15 @@ import pytest
 from catchat import reference
 from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.vk import slots
-from catchat.vk.kernels import run_ops
-from catchat.vk.kernels import optim
-from catchat.vk.kernels.optim import (DEFAULT_GEOMETRY, SMALL_GEOMETRY, GradNorm, StepRig,
-                                      hyper_buffer, optimizer_hyper_words)
+from catchat.vk.kernels import optim, run_ops
+from catchat.vk.kernels.optim import (
+    DEFAULT_GEOMETRY,
+    SMALL_GEOMETRY,
+    GradNorm,
+    StepRig,
+    hyper_buffer,
+    optimizer_hyper_words,
+)
 
 LAYOUT = ParamLayout(ModelSpec(vocab_size=11, hidden=5, layers=2))
 
@@ -51,7 +56,7 @@ def test_hyper_words_match_reference():
     for t in (1, 2, 50):
         w = optimizer_hyper_words("nadam", t, lr, b1, b2, 1e-8, 0.1, None)
         mu_t, mu_next, mu_prod = reference.nadam_coefficients(t, b1)
-        f = lambda slot: slots.word_f32(np.array([w[slot]], np.uint32), 0)  # noqa: E731
+        f = lambda slot, w=w: slots.word_f32(np.array([w[slot]], np.uint32), 0)  # noqa: E731
         assert f(slots.HP_BIAS_CORR1) == np.float32(1 - b1**t)
         assert f(slots.HP_BIAS_CORR2) == np.float32(1 - b2**t)
         assert f(slots.HP_NADAM_COEF_G) == np.float32(lr * (1 - mu_t) / (1 - mu_prod))

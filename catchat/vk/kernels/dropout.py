@@ -37,12 +37,12 @@ class DropoutMask(Kernel):
                          push=self._push())
 
     @classmethod
-    def embedding(cls, dev: Device, hyper, mask, V: int, out_off: int = 0) -> "DropoutMask":
+    def embedding(cls, dev: Device, hyper, mask, V: int, out_off: int = 0) -> DropoutMask:
         """Embedding-row scales [V] (stream 1, p = HP_P_EMB)."""
         return cls(dev, hyper, mask, V, ref.STREAM_EMBEDDING, slots.HP_P_EMB, out_off)
 
     @classmethod
-    def hidden(cls, dev: Device, hyper, mask, B: int, H: int, layer: int, out_off: int = 0) -> "DropoutMask":
+    def hidden(cls, dev: Device, hyper, mask, B: int, H: int, layer: int, out_off: int = 0) -> DropoutMask:
         """Hidden-unit scales [B,H] of `layer` (stream 16 + layer, p = HP_P_HID)."""
         return cls(dev, hyper, mask, B * H, ref.STREAM_HIDDEN + layer, slots.HP_P_HID, out_off)
 

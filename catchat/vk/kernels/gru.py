@@ -395,11 +395,12 @@ class GruForward(_Sweep):
     same words when T == 1 (step 0 reads h0 while writing hT). stats: uint32 [ST_WORDS] (default a
     private one): stats[ST_SYNC_TIMEOUTS] counts persistent sweeps whose grid barrier gave up.
     tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk) or
-    ResidentTiles, default `default_tiles(dev, B, H, False, persistent)`. persistent: workgroups of the one-dispatch sweep (co-resident
-    on the device!), 0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always
-    one dispatch (the per-timestep path interleaves other work). phase_clock: uint32 [8 * steps],
-    SM clocks at the phase boundaries of the first steps (register-resident tiles only;
-    tools/sweep_phases.py); None compiles the shaders without them.
+    ResidentTiles, default `default_tiles(dev, B, H, False, persistent)`. persistent: workgroups of
+    the one-dispatch sweep (co-resident on the device!), 0 = T dispatches; default
+    `resident_workgroups(dev)`. `step(t)` is always one dispatch (the per-timestep path
+    interleaves other work). phase_clock: uint32 [8 * steps], SM clocks at the phase boundaries
+    of the first steps (register-resident tiles only; tools/sweep_phases.py); None compiles the
+    shaders without them.
     """
 
     shader = "gru_forward"

@@ -19,8 +19,18 @@ import numpy as np
 from catchat import reference
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ParityResult, ceil_div, compare, run_ops
-from catchat.vk.slots import (HP_INV_N_VALID, HP_SMOOTHING, HP_WORDS, ST_LOSS_SUM, ST_N_VALID,
-                              ST_TOP1, ST_TOP5, ST_WORDS, f32_bits, word_f32)
+from catchat.vk.slots import (
+    HP_INV_N_VALID,
+    HP_SMOOTHING,
+    HP_WORDS,
+    ST_LOSS_SUM,
+    ST_N_VALID,
+    ST_TOP1,
+    ST_TOP5,
+    ST_WORDS,
+    f32_bits,
+    word_f32,
+)
 
 MAX_GROUPS = 65535
 FLAG_VALID, FLAG_TOP1, FLAG_TOP5 = 1, 2, 4
