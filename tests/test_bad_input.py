@@ -15,6 +15,7 @@ import pytest
 from catchat import config as cfgmod
 from catchat import corpus as corpus_mod
 from catchat.corpus import Corpus
+from catchat.corpus import jsonl as corpus_jsonl
 from catchat.errors import UsageError
 from catchat.train import Trainer
 
@@ -269,7 +270,7 @@ def test_crlf_line_ends_are_the_same_text(tmp_path):
 
 
 def test_jsonl_line_longer_than_the_cap_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus_mod, "MAX_JSONL_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(corpus_jsonl, "MAX_JSONL_LINE_BYTES", 1 << 20)
     (tmp_path / "big.jsonl").write_text('{"text": "ok"}\n' + json.dumps({"text": "x" * (2 << 20)}) + "\n")
     with pytest.raises(UsageError, match=r"big.jsonl line 2 is longer than 1 MiB") as info:
         corpus_mod.build([tmp_path / "big.jsonl"], tmp_path / "out")

@@ -9,6 +9,8 @@ import pytest
 
 from catchat import corpus, vocab
 from catchat.corpus import Corpus, build
+from catchat.corpus import text as corpus_text
+from catchat.corpus import writer as corpus_writer
 from catchat.errors import UsageError
 
 B, E, TN = "<bos>", "<eos>", "<turn>"
@@ -126,7 +128,7 @@ def test_chunked_reading_matches(tmp_path, monkeypatch):
                    for i in range(400))
     src = write(tmp_path / "a.txt", text)
     build([src], tmp_path / "whole", max_unk_rate=1)
-    monkeypatch.setattr(corpus, "_READ_CHUNK", 7)  # lines arrive in pieces; multibyte characters split
+    monkeypatch.setattr(corpus_text, "_READ_CHUNK", 7)  # lines arrive in pieces; multibyte characters split
     build([src], tmp_path / "chunked", max_unk_rate=1)
     assert (tmp_path / "whole" / "tokens.bin").read_bytes() == (tmp_path / "chunked" / "tokens.bin").read_bytes()
     assert len(Corpus.open(tmp_path / "whole")) == 12
@@ -138,8 +140,8 @@ def test_large_input_streams_with_bounded_memory(tmp_path, monkeypatch):
     with open(tmp_path / "big.txt", "w") as f:
         for _ in range(60_000):  # ~3.7 MB, one conversation
             f.write(line)
-    monkeypatch.setattr(corpus, "_READ_CHUNK", 1 << 16)
-    monkeypatch.setattr(corpus._Writer, "FLUSH_CHARS", 1 << 16)
+    monkeypatch.setattr(corpus_text, "_READ_CHUNK", 1 << 16)
+    monkeypatch.setattr(corpus_writer.Writer, "FLUSH_CHARS", 1 << 16)
     tracemalloc.start()
     build([tmp_path / "big.txt"], tmp_path / "c")
     peak = tracemalloc.get_traced_memory()[1]
@@ -169,7 +171,7 @@ def test_invalid_utf8_names_file_and_offset(tmp_path):
 
 
 def test_invalid_utf8_offset_across_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus, "_READ_CHUNK", 4)
+    monkeypatch.setattr(corpus_text, "_READ_CHUNK", 4)
     e = usage(build, [write(tmp_path / "bad.txt", "abcdefg\u00e9h".encode() + b"\xc3(")], tmp_path / "c")
     assert "byte offset 10" in e.message
 

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from catchat import corpus as corpus_mod
 from catchat import vocab
 from catchat.corpus import Corpus
+from catchat.corpus import store as corpus_store
 from catchat.errors import UsageError
 
 from support import assert_clean_error, catchat
@@ -138,7 +139,7 @@ def test_an_empty_directory_is_built_in_place(tmp_path):
 # A `catchat corpus build` killed (SIGKILL: no cleanup runs) at a chosen point of the replacement.
 _KILLED_BUILD = """
 import os, signal, sys
-from catchat import corpus
+from catchat.corpus import commit as corpus
 point = sys.argv[1]
 die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if point == "before-commit":      # the new corpus is built in DIR/.catchat-build-<pid>, not committed
@@ -186,7 +187,7 @@ def test_build_killed_after_commit_reads_as_the_new_corpus(corpus_with_notes, tm
     def read_only(path):
         raise PermissionError(13, "Read-only file system")
     with monkeypatch.context() as m:  # a reader that cannot write here (a read-only mount) reads it where it is
-        m.setattr(corpus_mod, "_finish_replacement", read_only)
+        m.setattr(corpus_store, "finish_replacement", read_only)
         assert texts(c) == ["the new corpus, longer"]
     assert (c / ".catchat-commit").is_dir()
     assert "1 conversations, 1 turns, 22 characters" in info(c)  # a reader that can write finishes the move first

@@ -17,6 +17,7 @@ from catchat import config as cfgmod
 from catchat import corpus as corpus_mod
 from catchat import vocab
 from catchat.corpus import Corpus
+from catchat.corpus import text as corpus_text
 from catchat.errors import UsageError
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
@@ -67,7 +68,7 @@ def test_text_reader_is_independent_of_read_sizes(text, chunk):
     data = text.encode("utf-8")
     whole = build_or_refuse(data, "x.txt", max_unk_rate=1.0)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(corpus_mod, "_READ_CHUNK", chunk)
+        mp.setattr(corpus_text, "_READ_CHUNK", chunk)
         pieces = build_or_refuse(data, "x.txt", max_unk_rate=1.0)
     assert (whole is None) == (pieces is None)
     if whole is not None:
