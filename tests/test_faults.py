@@ -24,10 +24,11 @@ from catchat import corpus as corpus_mod
 from catchat import faults
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError, VulkanUnavailable
 from catchat.model import ModelSpec
+from catchat.parity.model import random_window
 from catchat.train import Trainer
 from catchat.vk.device import Device, format_bytes
 from catchat.vk.kernels import gru
-from catchat.vk.program import Program, StepHyper, random_window
+from catchat.vk.program import Program, StepHyper
 
 from support import (
     TOTAL,

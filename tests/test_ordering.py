@@ -6,7 +6,7 @@ the patch is present and the chain is right; on a real GPU (`catchat parity` run
 missing barrier shows as a wrong sum.
 """
 
-from catchat.vk import kernels
+from catchat.parity import axpby, ordering
 
 
 def test_kp_is_patched(dev):
@@ -14,10 +14,10 @@ def test_kp_is_patched(dev):
 
 
 def test_axpby_parity_odd_sizes(dev):
-    results = kernels.parity_checks(dev)
+    results = axpby.parity_checks(dev)
     assert len(results) == 6 and all(r.ok for r in results), "\n".join(map(str, results))
 
 
 def test_chained_dispatches_are_ordered(dev):
-    result = kernels.ordering_check(dev, n_elements=4099, n_dispatches=2000)
+    result = ordering.ordering_check(dev, n_elements=4099, n_dispatches=2000)
     assert result.ok, str(result)

@@ -1,6 +1,7 @@
 """`catchat parity`: every check passes here, the table and the per-family summary are printed."""
 
 from catchat import parity
+from catchat.parity import compare
 
 
 def test_parity_command_passes_and_summarises(cli):
@@ -12,8 +13,6 @@ def test_parity_command_passes_and_summarises(cli):
 
 
 def test_summarise_counts_failures():
-    from catchat.vk.kernels import compare
-
     rows = [("gemm", compare("a", "1", [1.0], [1.0], 0, 0)), ("gemm", compare("b", "1", [2.0], [1.0], 0, 0)),
             ("gru", compare("c", "1", [1.0], [1.0 + 1e-7], 1e-6, 0))]
     s = parity.summarise(rows)

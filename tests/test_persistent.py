@@ -1,5 +1,5 @@
 """Persistent recurrent sweeps: the whole sweep in one dispatch, workgroups meeting at a grid barrier
-(glsl/include/grid_sync.glsl). The kernel-level parity cases are in gru.parity_checks; here the
+(glsl/include/grid_sync.glsl). The kernel-level parity cases are in catchat/parity/gru.py; here the
 whole model under CATCHAT_PERSISTENT, the barrier's reuse across dispatches, and its failure mode."""
 
 import numpy as np
@@ -7,25 +7,27 @@ import pytest
 
 from catchat.errors import DeviceLost, UsageError
 from catchat.model import ModelSpec
-from catchat.vk import program, slots
+from catchat.parity import gru as gru_parity
+from catchat.parity import model as model_parity
+from catchat.vk import slots
 from catchat.vk.kernels import gru
 from catchat.vk.program import Program
 
 from support import assert_clean_error, catchat, make_tiny_run
 
 
-@pytest.mark.parametrize("case", program.MODEL_CASES, ids=[c[0] for c in program.MODEL_CASES])
+@pytest.mark.parametrize("case", model_parity.MODEL_CASES, ids=[c[0] for c in model_parity.MODEL_CASES])
 def test_model_matches_reference_with_persistent_sweeps(dev, case, monkeypatch):
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
     label, spec, T, B, hp = case
-    results = program.model_parity(dev, spec, T, B, hp, label=label)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=label)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
 def test_stepwise_path_with_persistent_backward(dev, monkeypatch):
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
-    spec, T, B, hp, tf = program.STEPWISE_CASES[0]
-    results = program.stepwise_parity(dev, spec, T, B, hp, tf)
+    spec, T, B, hp, tf = model_parity.STEPWISE_CASES[0]
+    results = model_parity.stepwise_parity(dev, spec, T, B, hp, tf)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
@@ -63,10 +65,10 @@ def test_persistent_geometry():
 def test_sweeps_recorded_twice_reuse_the_barrier(dev):
     """The last workgroup out zeroes the barrier's words, so a second sweep in the same sequence
     (the next micro-batch) computes the same thing."""
-    case = gru.make_case(7, 3, 20)
+    case = gru_parity.make_case(7, 3, 20)
     tiles = ((2, 2, 2, 1, 1, 8), (1, 2, 2, 2, 1, 8))
-    once = gru.run_gru_gpu(dev, case, 0.02, tiles, persistent=(1, 1))
-    twice = gru.run_gru_gpu(dev, case, 0.02, tiles, persistent=(1, 1), repeat=2)
+    once = gru_parity.run_gru_gpu(dev, case, 0.02, tiles, persistent=(1, 1))
+    twice = gru_parity.run_gru_gpu(dev, case, 0.02, tiles, persistent=(1, 1), repeat=2)
     for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
         np.testing.assert_array_equal(twice[k], once[k], err_msg=k)
     assert twice["hits"] == 2 * once["hits"] > 0  # hits accumulate: both sweeps ran
@@ -77,13 +79,13 @@ def test_a_barrier_that_cannot_hold_gives_up_and_says_so(dev):
     """1024 workgroups of 8 threads: all co-resident on a GPU (the sweep is right), but not on a CPU
     device, where the barrier must give up rather than hang and count a timeout."""
     T, B, H = 3, 64, 64
-    case = gru.make_case(T, B, H)
+    case = gru_parity.make_case(T, B, H)
     tiles = ((2, 2, 2, 1, 1, 4), (1, 2, 4, 1, 1, 4))  # 32 x 32 and 16 x 32 tiles
-    got = gru.run_gru_gpu(dev, case, 0.0, tiles, persistent=(1024, 512))
+    got = gru_parity.run_gru_gpu(dev, case, 0.0, tiles, persistent=(1024, 512))
     if dev.info.type == "CPU":
         assert got["sync_timeouts"] >= 1
     else:
-        exp, _ = gru.expected_gru(case)
+        exp, _ = gru_parity.expected_gru(case)
         assert got["sync_timeouts"] == 0
         np.testing.assert_allclose(got["dgi"], exp["dgi"], atol=1e-5, rtol=1e-4)
 

@@ -5,14 +5,15 @@ import pytest
 
 from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout, init_params
-from catchat.vk import program
-from catchat.vk.program import Program, StepHyper, random_window
+from catchat.parity import model as model_parity
+from catchat.parity.model import random_window
+from catchat.vk.program import Program, StepHyper
 
 
-@pytest.mark.parametrize("case", program.MODEL_CASES, ids=[c[0] for c in program.MODEL_CASES])
+@pytest.mark.parametrize("case", model_parity.MODEL_CASES, ids=[c[0] for c in model_parity.MODEL_CASES])
 def test_one_step_matches_reference(dev, case):
     label, spec, T, B, hp = case
-    results = program.model_parity(dev, spec, T, B, hp, label=label)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=label)
     bad = [str(r) for r in results if not r.ok]
     assert not bad, "\n".join(bad)
     assert len(results) == len(ParamLayout(spec).names) + 7

@@ -12,10 +12,10 @@ from catchat import config as cfgmod
 from catchat import reference as ref
 from catchat.lanes import prefix_dropout
 from catchat.model import ModelSpec, init_params
+from catchat.parity import model as model_parity
+from catchat.parity import sampling
 from catchat.schedule import tf_at
 from catchat.train import Trainer
-from catchat.vk import program
-from catchat.vk.kernels import sampling
 
 from support import build_scene_corpus, small_config
 
@@ -31,10 +31,11 @@ def test_choice_kernel_matches_reference(dev):
     assert results and not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("case", program.STEPWISE_CASES, ids=lambda c: f"tf={c[4]}" if isinstance(c, tuple) else "")
+@pytest.mark.parametrize("case", model_parity.STEPWISE_CASES,
+                         ids=lambda c: f"tf={c[4]}" if isinstance(c, tuple) else "")
 def test_per_timestep_path(dev, case):
     """tf = 1: equal to the batched path; tf < 1: the reference's inputs, loss and gradients."""
-    results = program.stepwise_parity(dev, *case)
+    results = model_parity.stepwise_parity(dev, *case)
     bad = [str(r) for r in results if not r.ok]
     assert not bad, "\n".join(bad)
 

@@ -26,10 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ParamLayout, init_params  # noqa: E402
+from catchat.parity.model import random_window  # noqa: E402
 from catchat.train import step_hyper  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import Axpby  # noqa: E402
-from catchat.vk.program import Program, random_window  # noqa: E402
+from catchat.vk.program import Program  # noqa: E402
 
 
 def _timed(fn, reps: int) -> float:

@@ -3,8 +3,9 @@
 import numpy as np
 
 from catchat import reference as ref
-from catchat.vk.kernels import dropout, run_ops
-from catchat.vk.kernels.dropout import DropoutMask, make_hyper
+from catchat.parity import dropout, make_hyper
+from catchat.vk.kernels import run_ops
+from catchat.vk.kernels.dropout import DropoutMask
 
 
 def test_parity(dev):

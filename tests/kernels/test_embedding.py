@@ -5,16 +5,10 @@ from collections import Counter
 import numpy as np
 
 from catchat import reference
+from catchat.parity.embedding import hyper_words, parity_checks, row_scale, run_embedding
 from catchat.vk.device import host_view
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.embedding import (
-    EmbeddingBackward,
-    EmbeddingForward,
-    hyper_words,
-    parity_checks,
-    row_scale,
-    run_embedding,
-)
+from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.slots import HP_SEED
 
 

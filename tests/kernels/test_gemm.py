@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 from catchat.model import ModelSpec, ParamLayout, init_params
-from catchat.vk.kernels import compare, run_ops
-from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm, gemm_case, parity_checks
+from catchat.parity import compare
+from catchat.parity.gemm import gemm_case, parity_checks
+from catchat.vk.kernels import run_ops
+from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm
 
 
 def test_parity(dev):

@@ -3,20 +3,21 @@
 import numpy as np
 import pytest
 
+from catchat.parity import gru as gru_parity
 from catchat.vk.kernels import gru
 
 
 def test_parity(dev):
-    results = gru.parity_checks(dev)
+    results = gru_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
 def test_deterministic(dev):
     """Two runs of both sweeps are bitwise equal (clamp on: hit counts too)."""
-    case = gru.make_case(7, 3, 40)
+    case = gru_parity.make_case(7, 3, 40)
     tiles = ((4, 4, 2, 2, 2, 16), (2, 4, 2, 2, 2, 16))
-    a = gru.run_gru_gpu(dev, case, 0.05, tiles)
-    b = gru.run_gru_gpu(dev, case, 0.05, tiles)
+    a = gru_parity.run_gru_gpu(dev, case, 0.05, tiles)
+    b = gru_parity.run_gru_gpu(dev, case, 0.05, tiles)
     for k in a:
         if k in ("hits", "sync_timeouts"):
             assert a[k] == b[k]
@@ -26,10 +27,10 @@ def test_deterministic(dev):
 
 def test_saturated_gates_stay_finite(dev):
     """Pre-activations of order 1e4 (tanh of large arguments must not give NaN)."""
-    case = gru.make_case(3, 2, 9, xscale=3e4)
+    case = gru_parity.make_case(3, 2, 9, xscale=3e4)
     assert np.abs(case["gi"]).max() > 1e4
-    got = gru.run_gru_gpu(dev, case)
-    exp, _ = gru.expected_gru(case)
+    got = gru_parity.run_gru_gpu(dev, case)
+    exp, _ = gru_parity.expected_gru(case)
     for k in ("o", "save", "dgi", "dgh", "dh0"):
         assert np.all(np.isfinite(got[k])), k
         assert np.allclose(got[k], exp[k], atol=1e-5, rtol=1e-5), k
@@ -37,7 +38,7 @@ def test_saturated_gates_stay_finite(dev):
 
 def test_sweep_ops_and_bounds(dev):
     T, B, H = 4, 2, 5
-    case = gru.make_case(T, B, H)
+    case = gru_parity.make_case(T, B, H)
     f32 = dev.tensor
     params, resets = dev.tensor(case["flat"]), dev.tensor(case["resets"], np.uint32)
 

@@ -5,19 +5,9 @@ from collections import Counter
 import numpy as np
 
 from catchat import reference
+from catchat.parity.loss import hyper_words, loss_case, parity_checks, run_loss, stats_words
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.loss import (
-    FLAG_TOP1,
-    FLAG_TOP5,
-    FLAG_VALID,
-    CrossEntropy,
-    LossReduce,
-    hyper_words,
-    loss_case,
-    parity_checks,
-    run_loss,
-    stats_words,
-)
+from catchat.vk.kernels.loss import FLAG_TOP1, FLAG_TOP5, FLAG_VALID, CrossEntropy, LossReduce
 from catchat.vk.slots import ST_LOSS_SUM, ST_N_VALID, ST_TOP1, ST_TOP5, word_f32
 
 

@@ -2,36 +2,37 @@
 
 import numpy as np
 
+from catchat.parity import norm as norm_parity
 from catchat.vk.kernels import norm
 
 
 def test_parity(dev):
-    results = norm.parity_checks(dev)
+    results = norm_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
 def test_wide_rows(dev):
     """H = 2048 (8 columns per thread at 256 threads), the widest hidden size planned."""
-    got, exp = norm._run_case(dev, 2, 2, 2048, 1, 0.2, seed=3)
+    got, exp = norm_parity.run_norm(dev, 2, 2, 2048, 1, 0.2, seed=3)
     for k in ("out", "rstd", "dx", "do"):
-        r = norm.compare(k, "H=2048", got[k], exp[k], norm.ATOL, norm.RTOL)
+        r = norm_parity.compare(k, "H=2048", got[k], exp[k], norm_parity.ATOL, norm_parity.RTOL)
         assert r.ok, str(r)
-    r = norm.compare("dg", "H=2048", got["dg"], exp["dg"], 4 * norm.ATOL, norm.RTOL)
+    r = norm_parity.compare("dg", "H=2048", got["dg"], exp["dg"], 4 * norm_parity.ATOL, norm_parity.RTOL)
     assert r.ok, str(r)
 
 
 def test_deterministic(dev):
     """Two runs give bitwise-equal outputs and dg (no float atomics)."""
-    a, _ = norm._run_case(dev, 7, 5, 96, 0, 0.1, seed=11, rpw_b=3, rng=np.random.default_rng(5))
-    b, _ = norm._run_case(dev, 7, 5, 96, 0, 0.1, seed=11, rpw_b=3, rng=np.random.default_rng(5))
+    a, _ = norm_parity.run_norm(dev, 7, 5, 96, 0, 0.1, seed=11, rpw_b=3, rng=np.random.default_rng(5))
+    b, _ = norm_parity.run_norm(dev, 7, 5, 96, 0, 0.1, seed=11, rpw_b=3, rng=np.random.default_rng(5))
     for k in a:
         assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k
 
 
 def test_dg_accumulates(dev):
     """The reduce adds into grads: recording the backward twice adds dg twice."""
+    from catchat.parity import make_hyper
     from catchat.vk.kernels import run_ops
-    from catchat.vk.kernels.dropout import make_hyper
 
     T, B, H, g_off = 3, 2, 40, 16
     rng = np.random.default_rng(2)

@@ -7,22 +7,17 @@ import pytest
 
 from catchat import reference
 from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.parity import optim as optim_parity
+from catchat.parity.optim import DEFAULT_GEOMETRY, SMALL_GEOMETRY, StepRig, hyper_buffer
 from catchat.vk import slots
 from catchat.vk.kernels import optim, run_ops
-from catchat.vk.kernels.optim import (
-    DEFAULT_GEOMETRY,
-    SMALL_GEOMETRY,
-    GradNorm,
-    StepRig,
-    hyper_buffer,
-    optimizer_hyper_words,
-)
+from catchat.vk.kernels.optim import GradNorm, optimizer_hyper_words
 
 LAYOUT = ParamLayout(ModelSpec(vocab_size=11, hidden=5, layers=2))
 
 
 def test_parity(dev):
-    results = optim.parity_checks(dev)
+    results = optim_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
@@ -70,9 +65,9 @@ def test_hyper_words_match_reference():
 
 def warmed_rig(dev, kind: str, bound: float = 0.0):
     """A rig after one applied step, so m and v are non-zero; returns (rig, hyper words of step 2)."""
-    flat, _ = optim.spectral_case(LAYOUT, seed=5)
+    flat, _ = optim_parity.spectral_case(LAYOUT, seed=5)
     rig = StepRig(dev, LAYOUT, kind, flat)
-    g = optim.layout_grads(LAYOUT, np.random.default_rng(7), 0.1)
+    g = optim_parity.layout_grads(LAYOUT, np.random.default_rng(7), 0.1)
     stats = rig.step(g, hyper_buffer(optimizer_hyper_words(kind, 1, 1e-2, 0.9, 0.99, 1e-8, 0.1, 1.0,
                                                            spectral_bound=bound), n_valid=3))
     assert stats[slots.ST_SKIPPED] == 0
@@ -82,10 +77,10 @@ def warmed_rig(dev, kind: str, bound: float = 0.0):
 @pytest.mark.parametrize("kind", optim.OPTIMIZERS)
 @pytest.mark.parametrize("why", ["nan_grad", "inf_grad", "no_valid_targets"])
 def test_skipped_step_changes_nothing(dev, kind, why):
-    _, bound = optim.spectral_case(LAYOUT, seed=5)
+    _, bound = optim_parity.spectral_case(LAYOUT, seed=5)
     rig, words = warmed_rig(dev, kind, bound)  # the spectral bound binds: it must not run either
     before = rig.download()
-    g = optim.layout_grads(LAYOUT, np.random.default_rng(8), 0.1)
+    g = optim_parity.layout_grads(LAYOUT, np.random.default_rng(8), 0.1)
     n_valid = 0 if why == "no_valid_targets" else 5
     if why == "nan_grad":
         g[LAYOUT.total // 2] = np.nan
@@ -101,7 +96,7 @@ def test_skipped_step_changes_nothing(dev, kind, why):
 
 def test_clip_binds_and_reports_scale(dev):
     rig = StepRig(dev, LAYOUT, "adamw", LAYOUT.flatten(init_params(LAYOUT.spec, seed=1)))
-    g = optim.layout_grads(LAYOUT, np.random.default_rng(2), 1.0)
+    g = optim_parity.layout_grads(LAYOUT, np.random.default_rng(2), 1.0)
     norm = reference.grad_norm(g)
     stats = rig.step(g, hyper_buffer(optimizer_hyper_words("adamw", 1, 1e-3, 0.9, 0.99, 1e-8, 0.0, 0.25),
                                      n_valid=1))
@@ -112,7 +107,7 @@ def test_clip_binds_and_reports_scale(dev):
 
 
 def test_spectral_binds_some_blocks_only(dev):
-    flat, bound = optim.spectral_case(LAYOUT, seed=5)
+    flat, bound = optim_parity.spectral_case(LAYOUT, seed=5)
     rig = StepRig(dev, LAYOUT, "adamw", flat)
     words = optimizer_hyper_words("adamw", 1, 0.0, 0.9, 0.99, 1e-8, 0.0, 0.0, spectral_bound=bound)
     rig.step(np.zeros(LAYOUT.total, np.float32), hyper_buffer(words, n_valid=1))
@@ -131,7 +126,7 @@ def test_spectral_binds_some_blocks_only(dev):
 
 
 def test_spectral_off_when_bound_is_zero(dev):
-    flat, _ = optim.spectral_case(LAYOUT, seed=5)
+    flat, _ = optim_parity.spectral_case(LAYOUT, seed=5)
     rig = StepRig(dev, LAYOUT, "adamw", flat)
     words = optimizer_hyper_words("adamw", 1, 0.0, 0.9, 0.99, 1e-8, 0.0, 0.0, spectral_bound=0.0)
     rig.step(np.zeros(LAYOUT.total, np.float32), hyper_buffer(words, n_valid=1))
@@ -143,14 +138,14 @@ def test_spectral_off_when_bound_is_zero(dev):
 @pytest.mark.parametrize("kind", optim.OPTIMIZERS)
 def test_step_chain_deterministic(dev, kind):
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=33, layers=2))
-    flat, bound = optim.spectral_case(layout, seed=2)
+    flat, bound = optim_parity.spectral_case(layout, seed=2)
     runs = []
     for _ in range(2):
         rig = StepRig(dev, layout, kind, flat)
         rng = np.random.default_rng(9)
         for t in (1, 2):
             words = optimizer_hyper_words(kind, t, 1e-2, 0.9, 0.99, 1e-8, 0.1, 1.0, spectral_bound=bound)
-            stats = rig.step(optim.layout_grads(layout, rng, 0.5), hyper_buffer(words, n_valid=4))
+            stats = rig.step(optim_parity.layout_grads(layout, rng, 0.5), hyper_buffer(words, n_valid=4))
         runs.append({**rig.download(), "stats": stats})
     for name, arr in runs[0].items():
         assert arr.tobytes() == runs[1][name].tobytes(), name

@@ -1,0 +1,27 @@
+"""axpby (glsl/axpby.comp) against its numpy twin, and zeroing over NaN/Inf garbage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat.parity import ParityResult, compare
+from catchat.vk.device import Device
+from catchat.vk.kernels import Axpby, axpby_reference, run_ops
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """axpby at sizes around its workgroup size."""
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (1, 63, 64, 65, 1000):
+        x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+        tx, ty = dev.tensor(x), dev.tensor(y)
+        (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.5, 2.0, -1.0)], [ty])
+        out.append(compare("axpby", str(n), got, axpby_reference(x, y, 0.5, 2.0, -1.0), 1e-6, 1e-6))
+    # zeroing must not read its operands: NaN garbage in fresh memory must not survive 0 * y
+    n = 100
+    x, y = np.full(n, np.nan, np.float32), np.full(n, np.inf, np.float32)
+    tx, ty = dev.tensor(x), dev.tensor(y)
+    (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.0, 0.0, 0.0)], [ty])
+    out.append(compare("axpby zero over NaN/Inf", str(n), got, np.zeros(n), 0.0, 0.0))
+    return out

@@ -1,0 +1,111 @@
+"""Matrix multiply and column sums (glsl/gemm.comp, glsl/colsum.comp) against float64 numpy: every
+transpose variant, odd sizes and offsets, split-K, the GPU's tiles, vec4 loads, row-split sums."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat.parity import ParityResult, compare
+from catchat.vk.device import Device
+from catchat.vk.kernels import ceil_div, run_ops
+from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm
+
+
+def gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias=None) -> np.ndarray:
+    """numpy twin in float64: alpha * op(a) @ op(b) + beta * c (+ bias); a, b, c 2-D arrays."""
+    A = a.T if trans_a else a
+    B = b.T if trans_b else b
+    out = alpha * (A.astype(np.float64) @ B.astype(np.float64))
+    if beta != 0.0:
+        out += beta * c.astype(np.float64)
+    if bias is not None:
+        out += bias.astype(np.float64)
+    return out
+
+
+GEMM_SIZES = ((1, 1, 1), (7, 13, 5), (65, 33, 129), (128, 96, 64))
+GEMM_RTOL = 1e-5  # relative to max |C|: float32 accumulation over K terms
+
+
+def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """A random [rows, cols] matrix at `off` with leading dimension ld inside a bigger buffer
+    filled with sentinels; returns (buffer, the matrix)."""
+    buf = np.full(off + rows * ld + extra, 777.0, np.float32)
+    mat = rng.standard_normal((rows, cols)).astype(np.float32)
+    view = buf[off:off + rows * ld].reshape(rows, ld)
+    view[:, :cols] = mat
+    return buf, mat
+
+
+def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
+              alpha=1.0, tiles=None, vec4=False) -> ParityResult:
+    """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
+    ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
+    contiguous extents allow); also checks that nothing outside C's [M,N] window changed."""
+    ar, ac = (K, M) if trans_a else (M, K)
+    br, bc = (N, K) if trans_b else (K, N)
+    pad = (lambda n, p: n + p) if not vec4 else (lambda n, p: 4 * ceil_div(n, 4) + 4)  # noqa: E731
+    a_off, b_off = (5, 17) if not vec4 else (8, 16)
+    a_buf, a = _embed(rng, ar, ac, pad(ac, 3), a_off)
+    b_buf, b = _embed(rng, br, bc, pad(bc, 1), b_off)
+    c_buf, c = _embed(rng, M, N, N + 2, 9)
+    bias_buf = np.full(N + 20, 555.0, np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    bias_buf[11:11 + N] = bias
+    ta, tb, tc, tbias = (dev.tensor(x) for x in (a_buf, b_buf, c_buf, bias_buf))
+    g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
+             alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
+             vec4=vec4)
+    (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
+    exp_buf = c_buf.astype(np.float64)
+    exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
+    exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
+    scale = float(np.abs(exp).max()) if exp.size else 1.0
+    name = f"gemm{'_tA' if trans_a else ''}{'_tB' if trans_b else ''}{'+bias' if with_bias else ''}"
+    shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
+    if tiles is not None:
+        shape += f" tiles={tiles.bm}x{tiles.bn}/{tiles.tm}x{tiles.tn}"
+    if g.vec4_a or g.vec4_b:
+        shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
+    return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
+
+
+def colsum_case(dev: Device, rng, M, N, row_splits=1) -> ParityResult:
+    a_buf, a = _embed(rng, M, N, N + 3, 7)
+    out = np.full(N + 9, 3.0, np.float32)
+    ta, to = dev.tensor(a_buf), dev.tensor(out)
+    k = ColSum(dev, (ta, 7, N + 3), (to, 4), M, N, row_splits=row_splits)
+    (got,) = run_ops(dev, [ta, to], k.ops(), [to])
+    exp = out.astype(np.float64)
+    exp[4:4 + N] += a.astype(np.float64).sum(0)
+    return compare("colsum", f"{M}x{N} splits={k.splits}", got, exp, 1e-5 * max(1.0, np.sqrt(M)), 1e-5)
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Every transpose variant at sizes that do and do not divide the tiles, with and without
+    bias, beta 0 and 1, nonzero offsets; split-K; column sums with and without row splits."""
+    rng = np.random.default_rng(0)
+    out = []
+    for M, N, K in GEMM_SIZES:
+        for ta in (False, True):
+            for tb in (False, True):
+                for beta, bias in ((0.0, False), (1.0, True)):
+                    out.append(gemm_case(dev, rng, M, N, K, ta, tb, beta, bias))
+    out.append(gemm_case(dev, rng, 65, 33, 129, False, True, 0.0, True, alpha=-0.5))
+    out.append(gemm_case(dev, rng, 37, 29, 300, True, False, 1.0, False, split_k=4))
+    out.append(gemm_case(dev, rng, 7, 13, 40, True, False, 1.0, True, split_k=3))
+    for tiles in (GPU_TILE, GPU_SPLIT_K_TILE, GPU_SMALL_TILE):
+        out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=tiles))
+    # vec4 loads: every transpose variant with one operand or both aligned (N = 67 leaves
+    # non-transposed B on floats), the GPU's tiles, split-K ranges that start on a vec4
+    for M, N, K in ((68, 36, 132), (132, 67, 44)):
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, M, N, K, ta, tb, 1.0, True, vec4=True))
+    out.append(gemm_case(dev, rng, 132, 132, 36, False, True, 0.0, False, tiles=GPU_TILE, vec4=True))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True))
+    out.append(gemm_case(dev, rng, 132, 68, 302, True, False, 1.0, True, split_k=3, tiles=GPU_SPLIT_K_TILE,
+                         vec4=True))
+    for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
+        out.append(colsum_case(dev, rng, M, N, splits))
+    return out

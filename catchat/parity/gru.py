@@ -1,0 +1,176 @@
+"""GRU recurrent sweeps (glsl/gru_forward*.comp, glsl/gru_backward*.comp) against catchat.reference:
+tiled and register-resident tiles at odd sizes, resets at t = 0 and mid-window, the BPTT clamp off
+and on (hit count exact), one dispatch per step and persistent; the GPU's dG also reproduce the
+reference's dW/db/dx through the post-sweep GEMMs' numpy twin."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat.model import ModelSpec, ParamLayout
+from catchat.parity import ParityResult, compare, make_hyper
+from catchat.vk import slots
+from catchat.vk.device import Device
+from catchat.vk.kernels import run_ops
+from catchat.vk.kernels.gru import (
+    BACKWARD_TILES,
+    FORWARD_TILES,
+    GruBackward,
+    GruForward,
+    ResidentTiles,
+    device_sms,
+    gru_backward_dg,
+    resident_backward,
+    weight_grads_from_dg,
+)
+
+FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
+BWD_ATOL, BWD_RTOL = 2e-6, 1e-5  # dGi, dGh, dh0: O(1) values after T steps of recursion
+
+
+def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
+    """Inputs of one parity case: flat params (ParamLayout with 2 layers), gi, h0 [2,B,H], resets, do."""
+    rng = np.random.default_rng(seed + 7919 * T + 104729 * H + B)
+    layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=2))
+    flat = np.zeros(layout.total, np.float32)
+    k = wscale / np.sqrt(H)  # larger than init so gates saturate somewhere
+    for name in layout.names:
+        layout.view(flat, name)[...] = rng.uniform(-k, k, layout.shapes[name])
+    x = (xscale * rng.standard_normal((T, B, H))).astype(np.float32)
+    h0 = (0.7 * rng.standard_normal((2, B, H))).astype(np.float32)
+    resets = (rng.random((T, B)) < 0.2).astype(np.uint32)  # [T,B]
+    resets[0, 0] = 1  # a reset at t = 0 ...
+    if T > 2:
+        resets[T // 2, B - 1] = 1  # ... and one inside the window
+    do = rng.standard_normal((T, B, H)).astype(np.float32)
+    names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+    p = {n: layout.view(flat, f"layers.{layer}.gru.{n}") for n in names}
+    gi = (x @ p["weight_ih"].T + p["bias_ih"]).astype(np.float32)  # [T,B,3H]: the GEMM's job
+    return dict(layout=layout, flat=flat, p=p, x=x, h0=h0, resets=resets, do=do, gi=gi, layer=layer)
+
+
+def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
+                stats0: int = 5, persistent=(0, 0), repeat: int = 1):
+    """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
+
+    tiles: (forward tiles, backward tiles), None = default_tiles; persistent: (forward, backward)
+    workgroups of one-dispatch sweeps (0 = a dispatch per step); repeat: both sweeps recorded that
+    many times in the sequence (the grid barrier's words must be ready again each time; returned
+    as `sync`). Every activation buffer carries
+    `pad` leading floats (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers
+    addressed at layer `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate).
+    """
+    layout, layer = case["layout"], case["layer"]
+    T, B, H = case["x"].shape
+    w_off = layout.offsets[f"layers.{layer}.gru.weight_hh"]
+    b_off = layout.offsets[f"layers.{layer}.gru.bias_hh"]
+    st_off = layer * B * H  # layer l of an [L,B,H] state buffer
+    f32 = lambda n: dev.tensor(pad + n)  # noqa: E731
+    tgi = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["gi"].ravel()]))
+    tp, th0 = dev.tensor(case["flat"]), dev.tensor(case["h0"])
+    tres = dev.tensor(case["resets"], np.uint32)
+    to, thp, tsave, thT = f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), dev.tensor(2 * B * H)
+    tdo = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["do"].ravel()]))
+    hyper = dev.tensor(make_hyper(0, gradh_clamp=clamp), np.uint32)
+    stats = np.zeros(slots.ST_WORDS, np.uint32)
+    stats[slots.ST_CLAMP_HITS] = stats0  # hits accumulate onto what is there
+    tstats = dev.tensor(stats, np.uint32)
+    tdgi, tdgh, tdh0 = f32(T * B * 3 * H), f32(T * B * 3 * H), dev.tensor(2 * B * H)
+    fwd = GruForward(dev, tgi, tp, th0, tres, to, thp, tsave, thT, T=T, B=B, H=H, w_off=w_off,
+                     b_off=b_off, gi_off=pad, h0_off=st_off, o_off=pad, hprev_off=pad, save_off=pad,
+                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0])
+    bwd = GruBackward(dev, tdo, tsave, thp, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
+                      w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
+                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1])
+    outs = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, to, thp, tsave, thT, tdgi, tdgh, tdh0],
+                   (fwd.sweep_ops() + bwd.sweep_ops()) * repeat,
+                   [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats, fwd.sync, bwd.sync])
+    o, hp, save, hT, dgi, dgh, dh0, st, sync_f, sync_b = outs
+    sl = np.s_[st_off:st_off + B * H]
+    return dict(o=o[pad:].reshape(T, B, H), hprev=hp[pad:].reshape(T, B, H),
+                save=save[pad:].reshape(T, B, 4 * H), hT=hT[sl].reshape(B, H),
+                dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh[pad:].reshape(T, B, 3 * H),
+                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
+                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]))
+
+
+def expected_gru(case, clamp: float = 0.0):
+    """reference forward (+ the dG twin) in float32 for one case."""
+    p, layer = case["p"], case["layer"]
+    o, cache = ref.gru_layer_forward(case["x"], case["h0"][layer], case["resets"], p["weight_ih"],
+                                     p["weight_hh"], p["bias_ih"], p["bias_hh"])
+    dgi, dgh, dh0, hits = gru_backward_dg(case["do"], cache, clamp or None)
+    save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
+    return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
+
+
+AUTO = (None, None)
+R, RB = ResidentTiles, resident_backward
+CASES = [  # (T, B, H, (forward tiles, backward tiles), clamp); AUTO = default_tiles
+    (1, 1, 1, AUTO, 0.0),
+    (5, 3, 7, AUTO, 0.0),
+    # register blocks, k-slices and k chunks that leave partial workgroups, chunks and slices
+    (5, 3, 7, ((2, 2, 2, 3, 2, 8), (1, 2, 2, 2, 2, 8)), 0.05),
+    (9, 4, 33, AUTO, 0.02),
+    (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.0),
+    (6, 5, 64, AUTO, 0.0),
+    (6, 5, 64, (FORWARD_TILES[0][0], BACKWARD_TILES[0][0]), 0.03),  # the big-GPU tiles
+    (4, 3, 130, (FORWARD_TILES[1][0], BACKWARD_TILES[1][0]), 0.0),
+    # register-resident forward (NU, TB, RU, KV, LB): shuffle levels transposed and plain, partial
+    # k-slices, units and lanes; one slice (no shuffles) at H=7; fewer threads than gate outputs
+    # and more lanes per tile than B at H=12. Backward (NU, TB, CPT, slices, LB): partial unit
+    # tiles, slices and lane batches (TB=1, 5), one slice (no shuffles) at H=7, more elements than
+    # threads (H=12), columns past H (H=33, 64, 130), transposed and plain shuffle levels
+    (5, 3, 7, (R(2, 1, 1, 2, 1), RB(2, 1, 1, 1, 4)), 0.0),
+    (7, 3, 12, (R(16, 4, 2, 2, 4), RB(16, 4, 1, 2, 4)), 0.0),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), RB(4, 2, 2, 4, 4)), 0.02),
+    (6, 5, 64, (R(16, 4, 2, 2, 4), RB(16, 5, 4, 4, 8)), 0.0),
+    (6, 5, 64, (R(4, 5, 1, 1, 5), RB(4, 5, 3, 8, 4)), 0.03),
+    (4, 3, 130, (R(8, 2, 2, 2, 2), RB(8, 2, 4, 2, 4)), 0.0),
+]
+
+
+# Persistent sweeps (one dispatch, grid barrier between steps), several tiles per workgroup included
+PERSISTENT_CASES = [
+    (9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.02),
+    (9, 4, 33, (R(4, 2, 2, 2, 2), RB(4, 2, 2, 4, 4)), 0.02),
+    (7, 6, 96, (R(16, 2, 2, 2, 2), RB(16, 2, 4, 4, 8)), 0.0),
+    (6, 5, 64, AUTO, 0.03),
+    (4, 3, 130, AUTO, 0.0),
+]
+
+
+def persistent_counts(dev: Device) -> tuple[int, ...]:
+    """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
+    workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
+    sms = device_sms(dev)
+    return (1,) + ((3, sms) if sms >= 3 else ())
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Forward and backward sweeps against reference at odd sizes, resets at t=0 and mid-window,
+    clamp off and on (hit count exact), per-step and persistent; the GPU dG also reproduce
+    reference's dW/db/dx via numpy."""
+    out = []
+    runs = [(c, 0) for c in CASES] + [(c, n) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
+    for (T, B, H, tiles, clamp), n_wg in runs:
+        case = make_case(T, B, H)
+        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg))
+        exp, cache = expected_gru(case, clamp)
+        shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
+            + (f" persistent={n_wg}" if n_wg else "")
+        for k in ("o", "hprev", "save", "hT"):
+            out.append(compare(f"gru_forward.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
+        for k in ("dgi", "dgh", "dh0"):
+            out.append(compare(f"gru_backward.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
+        out.append(compare("gru_backward.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
+        if n_wg:
+            out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
+        # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own
+        r = ref.gru_layer_backward(case["do"], None, cache, clamp or None)
+        g = weight_grads_from_dg(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])
+        atol = 4 * BWD_ATOL * np.sqrt(T * B)  # sums over T*B rows
+        for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
+            out.append(compare(f"gru_backward.{name}", shape, a, e, atol, BWD_RTOL))
+    return out

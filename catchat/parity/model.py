@@ -1,0 +1,150 @@
+"""The whole model against catchat.reference: one training step on the GPU (logits, loss, counts,
+hT, every parameter gradient, the clamp hits, the parameters after the optimizer step) in two
+configurations, and the per-timestep (scheduled-sampling) path."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.parity import ParityResult, compare
+from catchat.vk.device import Device
+from catchat.vk.program import Program, StepHyper
+
+
+def random_window(rng, spec: ModelSpec, T: int, B: int, pad_frac: float = 0.15):
+    """Time-major tokens/targets/resets with conversation starts mid-window and masked targets."""
+    tokens = rng.integers(1, spec.vocab_size, (T, B)).astype(np.uint32)
+    targets = rng.integers(1, spec.vocab_size, (T, B)).astype(np.uint32)
+    targets[rng.random((T, B)) < pad_frac] = 0
+    resets = (rng.random((T, B)) < 0.2).astype(np.uint32)
+    return tokens, targets, resets
+
+
+MODEL_CASES = [  # (name, spec, T, B, StepHyper)
+    ("untied adamw dropout", ModelSpec(vocab_size=101, hidden=12, layers=2), 7, 3,
+     StepHyper(lr=3e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, weight_decay=0.1,
+               clip=0.5, run_seed=7)),
+    ("tied nadam clamp spectral", ModelSpec(vocab_size=101, hidden=9, layers=1, tie_embeddings=True), 5, 4,
+     StepHyper(lr=2e-3, optimizer="nadam", label_smoothing=0.0, gradh_clamp=1e-5, spectral_bound=1.0,
+               weight_decay=0.05, clip=0.0, run_seed=3)),
+]
+
+GRAD_ATOL, GRAD_RTOL = 2e-6, 2e-4  # float32 GPU sums vs float64 reference, gradients of O(1e-2)
+PARAM_ATOL = 2e-6  # after one step of lr ~3e-3
+
+
+def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
+                 label: str = "model") -> list[ParityResult]:
+    """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
+    gradient, the clamp hit count, and every parameter after the optimizer step."""
+    rng = np.random.default_rng(seed)
+    layout = ParamLayout(spec)
+    flat = layout.flatten(init_params(spec, seed))
+    tokens, targets, resets = random_window(rng, spec, T, B)
+    h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
+    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    prog.set_params(flat)
+    prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+    # eval pass (no dropout, plain CE) gives the logits; it also carries h0 -> hT, so reset after
+    prog.set_carry(h0)
+    prog.eval_window(tokens, targets, resets)
+    (logits,) = prog.read("logits")
+    prog.set_carry(h0)
+    st = prog.train_step([(tokens, targets, resets)], hp, global_step=0)
+    grads, new_params, h_next = prog.read("grads", "params", "h0")
+
+    f64 = layout.unflatten(flat.astype(np.float64))
+    n_valid = int(np.count_nonzero(targets))
+    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
+                                       need_grads=False)
+    res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
+                                     smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
+                                     p_hid=hp.dropout_hidden, seed=seed0,
+                                     clamp=hp.gradh_clamp or None)
+    # The update is checked on the GPU's own gradients: Adam's first step is g / (|g| + eps), so
+    # float32-vs-float64 differences in gradients near eps would swamp any tolerance.
+    exp_flat = flat.astype(np.float64).copy()
+    m, v = np.zeros_like(exp_flat), np.zeros_like(exp_flat)
+    exp_apply = ref.reference_apply_step(exp_flat, grads.astype(np.float64), m, v, layout, n_valid, t=1,
+                                         lr=hp.lr, optimizer=hp.optimizer, b1=hp.beta1, b2=hp.beta2, eps=hp.eps,
+                                         wd=hp.weight_decay, clip=hp.clip, spectral_bound=hp.spectral_bound or None,
+                                         spectral_u=ref.spectral_u_init(spec, np.float64))
+    shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}"
+    out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
+           compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
+           compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
+                   [res.top1, res.top5, res.n_valid], 0, 0),
+           compare("clamp hits", shape, [st.clamp_hits], [res.clamp_hits], 0, 0),
+           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), 1e-5, 1e-4)]
+    g = layout.unflatten(grads)
+    for name in layout.names:
+        out.append(compare(f"grad {name}", shape, g[name], res.grads[name], GRAD_ATOL, GRAD_RTOL))
+    out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
+    out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
+    return out
+
+
+def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, tf: float,
+                    seed: int = 0) -> list[ParityResult]:
+    """The per-timestep (scheduled-sampling) path: at tf = 1 against the batched path (loss and
+    every gradient), at tf < 1 against the reference given the same coin flips (the fed inputs
+    exactly, then loss and gradients on them)."""
+    rng = np.random.default_rng(seed)
+    layout = ParamLayout(spec)
+    flat = layout.flatten(init_params(spec, seed))
+    tokens, targets, resets = random_window(rng, spec, T, B)
+    resets[0] = 1  # windows start conversations here: h0 = 0, as the reference's per-step forward
+    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    no_update = StepHyper(**{**hp.__dict__, "lr": 0.0, "weight_decay": 0.0})  # keep the weights for a 2nd run
+
+    def run(stepwise):
+        prog.set_params(flat)
+        prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+        prog.set_carry(None)
+        st = prog.train_step([(tokens, targets, resets)], no_update, global_step=0, tf=tf, stepwise=stepwise)
+        return (st, *prog.read("grads", "tokens"))
+
+    shape = f"H={spec.hidden} L={spec.layers} T={T} B={B} tf={tf}"
+    st, grads, fed = run(True)
+    if tf >= 1.0:
+        st_b, grads_b, _ = run(False)
+        return [compare("stepwise = batched: loss", shape, [st.loss], [st_b.loss], 0, 1e-6),
+                compare("stepwise = batched: grads", shape, grads, grads_b, 1e-7, 1e-5)]
+    f64 = layout.unflatten(flat.astype(np.float64))
+    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    h0 = np.zeros((spec.layers, B, spec.hidden))
+    exp_fed, n_fed = ref.scheduled_sampling_inputs(f64, spec, tokens, resets, h0, tf=tf, top_k=hp.tf_top_k,
+                                                   seed=seed0, p_emb=hp.dropout_embedding, p_hid=hp.dropout_hidden)
+    res = ref.model_forward_backward(f64, spec, exp_fed, targets, resets, h0, int(np.count_nonzero(targets)),
+                                     smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
+                                     p_hid=hp.dropout_hidden, seed=seed0)
+    g = layout.unflatten(grads)
+    out = [compare("scheduled sampling: fed inputs", shape, fed, exp_fed.reshape(-1), 0, 0),
+           compare("scheduled sampling: model-fed count", shape, [st.tf_model_fed], [n_fed], 0, 0),
+           compare("scheduled sampling: loss", shape, [st.loss], [res.loss], 1e-6, 1e-5)]
+    out += [compare(f"scheduled sampling: grad {n}", shape, g[n], res.grads[n], GRAD_ATOL, GRAD_RTOL)
+            for n in layout.names]
+    return out
+
+
+STEPWISE_CASES = [  # (spec, T, B, StepHyper, tf)
+    (ModelSpec(vocab_size=101, hidden=10, layers=2), 6, 3,
+     StepHyper(lr=1e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, run_seed=5), 1.0),
+    (ModelSpec(vocab_size=101, hidden=10, layers=2), 7, 3,
+     StepHyper(lr=1e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, run_seed=5), 0.5),
+    (ModelSpec(vocab_size=101, hidden=8, layers=1, tie_embeddings=True), 6, 4,
+     StepHyper(lr=1e-3, run_seed=9, tf_top_k=5), 0.3),
+]
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """The whole model, two configurations, against the reference; the per-timestep path."""
+    out = []
+    for label, spec, T, B, hp in MODEL_CASES:
+        out += model_parity(dev, spec, T, B, hp, label=label)
+    for spec, T, B, hp, tf in STEPWISE_CASES:
+        out += stepwise_parity(dev, spec, T, B, hp, tf)
+    return out
