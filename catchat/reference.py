@@ -159,8 +159,7 @@ def gru_layer_backward(do, dhT, cache, clamp=None):
     gradient into the carried-in h0 (t = 0) is returned unclamped: truncated BPTT never uses it.
     Returns dx [T,B,H], dh0 [B,H], dw_ih [3H,H], dw_hh [3H,H], db_ih [3H], db_hh [3H], hits.
     """
-    x, hprev, r, z, n, ghn = (cache[k] for k in ("x", "hprev", "r", "z", "n", "ghn"))
-    carry, w_ih, w_hh = cache["carry"], cache["w_ih"], cache["w_hh"]
+    x, hprev, w_ih, w_hh = cache["x"], cache["hprev"], cache["w_ih"], cache["w_hh"]
     T, B, H = do.shape
     dx = np.empty_like(x)  # [T,B,H]
     dw_ih = np.zeros_like(w_ih)  # [3H,H]
@@ -170,24 +169,68 @@ def gru_layer_backward(do, dhT, cache, clamp=None):
     dh = np.zeros((B, H), do.dtype) if dhT is None else dhT.astype(do.dtype)  # [B,H] into h_t
     hits = 0
     for t in reversed(range(T)):
-        dh = dh + do[t]  # total gradient on h_t
-        dn = dh * (1 - z[t])
-        dz = dh * (hprev[t] - n[t])
-        dan = dn * (1 - n[t] ** 2)  # pre-tanh of n
-        daz = dz * z[t] * (1 - z[t])  # pre-sigmoid of z
-        dar = dan * ghn[t] * r[t] * (1 - r[t])  # pre-sigmoid of r
-        dgi = np.concatenate([dar, daz, dan], axis=1)  # [B,3H]
-        dgh = np.concatenate([dar, daz, dan * r[t]], axis=1)  # [B,3H] r gates W_hn h + b_hn
+        dgi, dgh, dh = gru_step_backward(dh + do[t], t, cache)  # [B,3H], [B,3H], [B,H] into h_{t-1}
         dx[t] = dgi @ w_ih
         dw_ih += dgi.T @ x[t]
         dw_hh += dgh.T @ hprev[t]
         db_ih += dgi.sum(0)
         db_hh += dgh.sum(0)
-        dh = (dh * z[t] + dgh @ w_hh) * carry[t][:, None]  # into h_{t-1}; none through a reset
-        if clamp is not None and t > 0:
-            hits += int(np.count_nonzero(np.abs(dh) > clamp))
-            dh = np.clip(dh, -clamp, clamp)
+        dh, h = _bptt_clamp(dh, clamp, t)
+        hits += h
     return dx, dh, dw_ih, dw_hh, db_ih, db_hh, hits
+
+
+def gru_step_backward(dh, t, cache):
+    """The gate backward of step t of `gru_layer_forward`.
+
+    dh [B,H]: the total gradient on h_t. Returns dgi, dgh [B,3H], the gradients on the input and
+    recurrent projections' pre-activations (r, z, n; r gates W_hn h + b_hn, so the n part of dgh
+    is the n part of dgi times r), and the gradient into h_{t-1} [B,H] (none through a reset),
+    before any clamp.
+    """
+    hprev, r, z, n, ghn = (cache[k] for k in ("hprev", "r", "z", "n", "ghn"))
+    dn = dh * (1 - z[t])
+    dz = dh * (hprev[t] - n[t])
+    dan = dn * (1 - n[t] ** 2)  # pre-tanh of n
+    daz = dz * z[t] * (1 - z[t])  # pre-sigmoid of z
+    dar = dan * ghn[t] * r[t] * (1 - r[t])  # pre-sigmoid of r
+    dgi = np.concatenate([dar, daz, dan], axis=1)  # [B,3H]
+    dgh = np.concatenate([dar, daz, dan * r[t]], axis=1)  # [B,3H]
+    return dgi, dgh, (dh * z[t] + dgh @ cache["w_hh"]) * cache["carry"][t][:, None]
+
+
+def _bptt_clamp(dh, clamp, t: int):
+    """(dh clamped to [-clamp, clamp], elements beyond it) for the gradient step t (t >= 1) sends into
+    h_{t-1}; (dh, 0) with no clamp or at t = 0 (dh0 stays unclamped)."""
+    if clamp is None or t == 0:
+        return dh, 0
+    return np.clip(dh, -clamp, clamp), int(np.count_nonzero(np.abs(dh) > clamp))
+
+
+def gru_sweep_backward(do, cache, clamp=None):
+    """What the GPU's backward sweep writes (glsl/gru_backward*.comp, catchat/vk/kernels/gru.py):
+    `gru_layer_backward`'s recursion without the weight gradients, which GEMMs form after the sweep
+    (`gru_weight_grads`).
+
+    do [T,B,H]; cache from gru_layer_forward. Returns dGi, dGh [T,B,3H], dh0 [B,H], hits.
+    """
+    T, B, H = do.shape
+    dgi, dgh = np.empty((T, B, 3 * H), do.dtype), np.empty((T, B, 3 * H), do.dtype)  # [T,B,3H]
+    dh = np.zeros((B, H), do.dtype)  # [B,H]
+    hits = 0
+    for t in reversed(range(T)):
+        dgi[t], dgh[t], dh = gru_step_backward(dh + do[t], t, cache)
+        dh, h = _bptt_clamp(dh, clamp, t)
+        hits += h
+    return dgi, dgh, dh, hits
+
+
+def gru_weight_grads(dgi, dgh, x, hprev, w_ih):
+    """What the post-sweep GEMMs compute from the sweep's dGi, dGh [T,B,3H], the layer input x and
+    hprev [T,B,H]: dx [T,B,H], dW_ih, dW_hh [3H,H], db_ih, db_hh [3H] (numpy, any dtype)."""
+    H = x.shape[-1]
+    dgi2, dgh2 = dgi.reshape(-1, 3 * H), dgh.reshape(-1, 3 * H)
+    return (dgi @ w_ih, dgi2.T @ x.reshape(-1, H), dgh2.T @ hprev.reshape(-1, H), dgi2.sum(0), dgh2.sum(0))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,9 +20,7 @@ from catchat.vk.kernels.gru import (
     GruForward,
     ResidentTiles,
     device_sms,
-    gru_backward_dg,
     resident_backward,
-    weight_grads_from_dg,
 )
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
@@ -96,11 +94,11 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
 
 
 def expected_gru(case, clamp: float = 0.0):
-    """reference forward (+ the dG twin) in float32 for one case."""
+    """reference forward and backward sweep in float32 for one case."""
     p, layer = case["p"], case["layer"]
     o, cache = ref.gru_layer_forward(case["x"], case["h0"][layer], case["resets"], p["weight_ih"],
                                      p["weight_hh"], p["bias_ih"], p["bias_hh"])
-    dgi, dgh, dh0, hits = gru_backward_dg(case["do"], cache, clamp or None)
+    dgi, dgh, dh0, hits = ref.gru_sweep_backward(case["do"], cache, clamp or None)
     save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
     return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
 
@@ -169,7 +167,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
             out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own
         r = ref.gru_layer_backward(case["do"], None, cache, clamp or None)
-        g = weight_grads_from_dg(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])
+        g = ref.gru_weight_grads(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])
         atol = 4 * BWD_ATOL * np.sqrt(T * B)  # sums over T*B rows
         for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
             out.append(compare(f"gru_backward.{name}", shape, a, e, atol, BWD_RTOL))

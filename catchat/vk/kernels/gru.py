@@ -4,6 +4,7 @@ the register-resident glsl/gru_forward_resident.comp, glsl/gru_backward_resident
 Only the serial path lives here. Before the forward sweep a GEMM computes gi = x @ W_ih^T + b_ih
 [T,B,3H] for all steps; after the backward sweep GEMMs compute dW_ih = dGi^T x, dW_hh = dGh^T hprev,
 db_ih = colsum(dGi), db_hh = colsum(dGh), dx = dGi @ W_ih from the dGi, dGh, hprev written here.
+numpy twins: catchat.reference.gru_layer_forward, gru_sweep_backward, gru_weight_grads.
 
 Forward, per step t = 0..T-1: the recurrent matmul h_prev @ W_hh^T fused with the gates; writes
 o[t], hprev[t], save[t] = (r, z, n, ghn), hT at T-1. Backward, s = T, T-1, ..., 0 (T+1 steps):
@@ -484,40 +485,3 @@ class GruBackward(_Sweep):
         if self.sweep_workgroups:
             return [self._steps_op(self.T, self.T + 1, persistent=True)]
         return [self.step(s) for s in range(self.T, -1, -1)]
-
-
-# ---------------------------------------------------------------------------------------------
-# numpy twin of the backward sweep's outputs (reference computes dG internally only)
-# ---------------------------------------------------------------------------------------------
-
-
-def gru_backward_dg(do, cache, clamp=None):
-    """reference.gru_layer_backward's loop, returning what the GPU writes.
-
-    do [T,B,H]; cache from reference.gru_layer_forward. Returns dGi, dGh [T,B,3H], dh0 [B,H], hits.
-    """
-    hprev, r, z, n, ghn, carry = (cache[k] for k in ("hprev", "r", "z", "n", "ghn", "carry"))
-    w_hh = cache["w_hh"]
-    T, B, H = do.shape
-    dgi, dgh = np.empty((T, B, 3 * H), do.dtype), np.empty((T, B, 3 * H), do.dtype)  # [T,B,3H]
-    dh = np.zeros((B, H), do.dtype)  # [B,H]
-    hits = 0
-    for t in reversed(range(T)):
-        dh = dh + do[t]
-        dan = dh * (1 - z[t]) * (1 - n[t] ** 2)
-        daz = dh * (hprev[t] - n[t]) * z[t] * (1 - z[t])
-        dar = dan * ghn[t] * r[t] * (1 - r[t])
-        dgi[t] = np.concatenate([dar, daz, dan], axis=1)
-        dgh[t] = np.concatenate([dar, daz, dan * r[t]], axis=1)
-        dh = (dh * z[t] + dgh[t] @ w_hh) * carry[t][:, None]
-        if clamp is not None and t > 0:
-            hits += int(np.count_nonzero(np.abs(dh) > clamp))
-            dh = np.clip(dh, -clamp, clamp)
-    return dgi, dgh, dh, hits
-
-
-def weight_grads_from_dg(dgi, dgh, x, hprev, w_ih):
-    """What the post-sweep GEMMs compute: dx, dW_ih, dW_hh, db_ih, db_hh (numpy, any dtype)."""
-    H = x.shape[-1]
-    dgi2, dgh2 = dgi.reshape(-1, 3 * H), dgh.reshape(-1, 3 * H)
-    return (dgi @ w_ih, dgi2.T @ x.reshape(-1, H), dgh2.T @ hprev.reshape(-1, H), dgi2.sum(0), dgh2.sum(0))
