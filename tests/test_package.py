@@ -62,6 +62,10 @@ def test_wheel_carries_glsl_and_every_listed_variant(installed):
         assert f"catchat/glsl/{name}.comp" in names
     for inc in shaders.INCLUDE_DIR.glob("*.glsl"):
         assert f"catchat/glsl/include/{inc.name}" in names
+    # generated includes travel as their source (catchat/vk/slots.py), never as a copy that could go stale
+    assert "catchat/vk/slots.py" in names
+    for name in shaders.GENERATED_INCLUDES:
+        assert not [n for n in names if n.endswith(f"/{name}")], name
     listed = [ln for ln in (ROOT / "tools/spirv-variants.txt").read_text().splitlines()
               if ln.strip() and not ln.startswith("#")]
     spirv = [n for n in names if n.startswith("catchat/spirv/") and n.endswith(".spv")]
@@ -86,3 +90,26 @@ def test_installed_wheel_runs_parity_without_glslc(installed, tmp_path):
     res = run([*py, "-m", "catchat", "parity", "--summary"], cwd=outside, env=env)
     assert " 0 failed" in res.stdout and "passed" in res.stdout, res.stdout
     assert not list(cache.rglob("*.spv")), "a shader was compiled at run time instead of coming prebuilt"
+
+
+def test_installed_wheel_compiles_unlisted_variant_with_generated_slots(installed, tmp_path):
+    """A variant the wheel does not prebuild is compiled at run time from its catchat/glsl/ copy, with
+    slots.glsl generated from the installed catchat/vk/slots.py: the same key and SPIR-V as here."""
+    from catchat.vk import shaders
+
+    site, _ = installed
+    paths = sysconfig.get_paths()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    cache = tmp_path / "cache"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+           "PYTHONPATH": f"{site}:{paths['purelib']}:{paths['platlib']}", "CATCHAT_CACHE": str(cache)}
+    name, defines = "loss_reduce", {"CATCHAT_TEST_UNLISTED": 1}  # includes slots.glsl; no list has this define
+    out = tmp_path / "variant.spv"
+    code = (f"import sys, catchat.vk.shaders as s; assert s.GLSL_DIR.is_relative_to({str(site)!r}); "
+            f"d = {defines!r}; print(s.variant_key(s.GLSL_DIR / '{name}.comp', d)); "
+            f"open(sys.argv[1], 'wb').write(s.compile_shader('{name}', d))")
+    key = run([sys.executable, "-S", "-c", code, out], cwd=outside, env=env).stdout.strip()
+    assert key == shaders.variant_key(shaders.GLSL_DIR / f"{name}.comp", defines)
+    assert len(list(cache.rglob(f"{name}-*.spv"))) == 1  # compiled at run time, not prebuilt
+    assert out.read_bytes() == shaders.compile_shader(name, defines)

@@ -65,17 +65,80 @@ def test_missing_shader_and_include(glsl_tree):
         shaders.compile_shader("inc")
 
 
-def test_slots_agree_with_glsl():
-    """catchat/vk/slots.py and glsl/include/slots.glsl name the same word slots."""
+def _slot_defines(text):
     import re
 
+    return {m[1]: int(m[2]) for m in re.finditer(r"^#define ((?:HP|ST)_\w+) (\d+)u$", text, re.MULTILINE)}
+
+
+def test_generated_slots_glsl_defines_exactly_the_python_slots():
+    """slots.glsl is generated from catchat/vk/slots.py (the one table): the same names, values and
+    order, every slot inside its buffer, and no hand-written copy left in glsl/."""
     from catchat.vk import slots
 
-    text = (shaders.INCLUDE_DIR / "slots.glsl").read_text()
-    glsl = {m[1]: int(m[2]) for m in re.finditer(r"#define ((?:HP|ST)_\w+) (\d+)u", text)}
-    assert glsl == slots.all_slots()
-    assert max(v for k, v in glsl.items() if k.startswith("HP_") and k != "HP_WORDS") < slots.HP_WORDS
-    assert max(v for k, v in glsl.items() if k.startswith("ST_") and k != "ST_WORDS") < slots.ST_WORDS
+    text = shaders.slots_glsl()
+    assert _slot_defines(text) == slots.all_slots()
+    assert list(_slot_defines(text)) == list(slots.all_slots())  # slots.py's order
+    assert len(slots.all_slots()) == sum(ln.startswith("#define ") for ln in text.splitlines()) - 3  # guard, HPF, HPU
+    assert "#define HPF(buf, slot) uintBitsToFloat(buf[slot])" in text and "#define HPU(buf, slot) (buf[slot])" in text
+    hp = {k: v for k, v in slots.all_slots().items() if k.startswith("HP_") and k != "HP_WORDS"}
+    st = {k: v for k, v in slots.all_slots().items() if k.startswith("ST_") and k != "ST_WORDS"}
+    assert max(hp.values()) < slots.HP_WORDS and max(st.values()) < slots.ST_WORDS
+    assert len(set(hp.values())) == len(hp) and len(set(st.values())) == len(st)  # no slot shared
+    assert not (ROOT / "glsl" / "include" / "slots.glsl").exists()
+    assert not list(ROOT.glob("glsl/**/slots.glsl"))
+
+
+def test_slots_change_changes_the_key_of_every_includer(monkeypatch):
+    """The key hashes the generated text: editing slots.py recompiles exactly the shaders that include it."""
+    from catchat.vk import slots
+
+    path = lambda name: shaders.GLSL_DIR / f"{name}.comp"  # noqa: E731
+    users = [n for n in shaders.shader_names() if ("slots.glsl", shaders.slots_glsl().encode())
+             in shaders._sources(path(n))]
+    assert {"optimizer", "loss_reduce", "gru_forward"} <= set(users)  # gru_forward: via grid_sync.glsl
+    before = {n: shaders.variant_key(path(n), {}) for n in shaders.shader_names()}
+    monkeypatch.setattr(slots, "HP_TF_TOPK", 21)
+    after = {n: shaders.variant_key(path(n), {}) for n in shaders.shader_names()}
+    assert {n for n in before if before[n] != after[n]} == set(users)
+
+
+def test_stale_copy_of_a_generated_include_is_refused(glsl_tree):
+    (glsl_tree / "s.comp").write_text('#version 450\n#include "slots.glsl"\nlayout(local_size_x = 1) in;\n'
+                                      "layout(set = 0, binding = 0) buffer B { uint b[]; };\n"
+                                      "void main() { b[ST_LOSS_SUM] = HPU(b, HP_LR); }\n")
+    assert shaders.compile_shader("s")[:4] == b"\x03\x02\x23\x07"  # generated: no file needed
+    (glsl_tree / "include" / "slots.glsl").write_text("#define HP_LR 5u\n")
+    with pytest.raises(ShaderCompileError, match="stale copy of the generated include 'slots.glsl'"):
+        shaders.compile_shader("s")
+
+
+def test_shader_reads_the_slots_the_host_writes(dev, glsl_tree):
+    """On the device: a shader built with the generated include sees every slot index the host has,
+    and reads a float and a uint slot of a `hyper` buffer the host filled through slots.py."""
+    import numpy as np
+
+    from catchat.vk import slots
+    from catchat.vk.device import host_view
+
+    names = list(slots.all_slots())
+    body = "".join(f"    o[{i}] = {name};\n" for i, name in enumerate(names))
+    (glsl_tree / "slots_probe.comp").write_text(
+        '#version 450\n#include "slots.glsl"\nlayout(local_size_x = 1) in;\n'
+        "layout(set = 0, binding = 0) readonly buffer Hyper { uint hyper[]; };\n"
+        "layout(set = 0, binding = 1) buffer Out { uint o[]; };\n"
+        f"void main() {{\n{body}"
+        f"    o[{len(names)}] = floatBitsToUint(2.0 * HPF(hyper, HP_LR));\n"
+        f"    o[{len(names) + 1}] = HPU(hyper, HP_STEP) + 1u;\n}}\n")
+    hyper = np.zeros(slots.HP_WORDS, np.uint32)
+    hyper[slots.HP_LR] = slots.f32_bits(0.375)
+    hyper[slots.HP_STEP] = 41
+    t_hyper, t_out = dev.tensor(hyper, np.uint32), dev.tensor(len(names) + 2, np.uint32)
+    algo = dev.algorithm([t_hyper, t_out], shaders.compile_shader("slots_probe"), [1])
+    dev.recorded([dev.kp.OpAlgoDispatch(algo)], upload=[t_hyper, t_out], download=[t_out]).eval()
+    out = host_view(t_out)
+    assert dict(zip(names, out[:len(names)].tolist(), strict=True)) == slots.all_slots()
+    assert slots.word_f32(out, len(names)) == 0.75 and out[len(names) + 1] == 42
 
 
 def test_concurrent_compiles_of_one_variant(glsl_tree):

@@ -13,7 +13,10 @@ each config's training, eval and generation), recorded by `record` on each devic
 (lavapipe with configs/tiny.toml; an H200 with all three configs, 2026-12; re-run it on a new kind
 of GPU to add its variants). `build` (setup.py's build_py runs
 it) compiles every listed variant with glslc into the wheel, and copies the GLSL too, so a variant
-not on the list is compiled into the user cache at run time, where glslc is installed.
+not on the list is compiled into the user cache at run time, where glslc is installed. The list
+holds variants, not keys: keys are computed here at build time (and again at run time), so a change
+of the key scheme or of a generated include needs no re-record. Generated includes (slots.glsl,
+from catchat/vk/slots.py) are not copied: the installed package makes them at every compile.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ROOT / "tools" / "spirv-variants.txt"
 sys.path.insert(0, str(ROOT))
 
-from catchat.vk import shaders  # noqa: E402  (imports only the stdlib and catchat.errors: fine at build time)
+from catchat.vk import shaders  # noqa: E402  (stdlib, catchat.errors, catchat.vk.slots: no numpy at build time)
 
 
 def read_variants(path: Path = VARIANTS) -> list[tuple[str, dict[str, str]]]:
@@ -41,8 +44,9 @@ def read_variants(path: Path = VARIANTS) -> list[tuple[str, dict[str, str]]]:
 
 
 def build(dest: Path, variants_file: Path = VARIANTS) -> int:
-    """Copy glsl/ to DEST/glsl and compile every listed variant to DEST/spirv/NAME-KEY.spv;
-    returns the number of variants. Fails (ShaderCompileError) on the first that does not compile."""
+    """Copy glsl/ to DEST/glsl and compile every listed variant to DEST/spirv/NAME-KEY.spv (the
+    generated includes, which are no files in glsl/, come from catchat/vk/shaders.py); returns the number
+    of variants. Fails (ShaderCompileError) on the first that does not compile."""
     dest = Path(dest)
     glsl_out, spirv_out = dest / "glsl", dest / "spirv"
     for d in (glsl_out, spirv_out):

@@ -1,17 +1,21 @@
 """GLSL -> SPIR-V: one way to get a shader variant, from a source checkout or an installed wheel.
 
-Shaders live in `glsl/NAME.comp`, shared code in `glsl/include/*.glsl`. Sizes that vary by config
-reach a shader as specialization constants (geometry) or push constants (shapes); defines select
-variants of one source. A variant is (name, defines), and its key hashes the shader, every file it
-includes, the defines, the target environment and the compile flags (not the compiler version),
-so it can be computed wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
+Shaders live in `glsl/NAME.comp`, shared code in `glsl/include/*.glsl`, except the includes
+generated from Python (`GENERATED_INCLUDES`: `slots.glsl`, from catchat/vk/slots.py), which are
+never files in glsl/: every glslc run gets them written into a scratch directory on its include
+path. Sizes that vary by config reach a shader as specialization constants (geometry) or push
+constants (shapes); defines select variants of one source. A variant is (name, defines), and its
+key hashes the shader, every file it includes (a generated one by its generated text), the defines,
+the target environment and the compile flags (not the compiler version), so it can be computed
+wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
 
 1. prebuilt: `catchat/spirv/NAME-KEY.spv`, which a wheel carries for every variant listed in
    tools/spirv-variants.txt (compiled by tools/build_spirv.py when the wheel is built); a source
    checkout has none;
 2. the user cache: `~/.cache/catchat/spirv/NAME-KEY2.spv` (KEY2 adds glslc's version);
 3. else glslc compiles it into the cache: in a checkout from `glsl/`, in a wheel from the copy of
-   `glsl/` it carries as `catchat/glsl/`. A variant that is not prebuilt needs glslc.
+   `glsl/` it carries as `catchat/glsl/` (the generated includes come from the installed
+   catchat/vk/slots.py either way). A variant that is not prebuilt needs glslc.
 
 A compile error names the shader file, the line and glslc's message.
 """
@@ -24,10 +28,12 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
 from catchat.errors import ShaderCompileError, VulkanUnavailable
+from catchat.vk import slots
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # catchat/
 # a wheel carries its GLSL as catchat/glsl/; a checkout has it beside the package
@@ -77,15 +83,45 @@ def prebuilt_count() -> int:
     return sum(1 for _ in PREBUILT_DIR.glob("*.spv")) if PREBUILT_DIR.is_dir() else 0
 
 
-def _sources(path: Path, seen: set[Path] | None = None) -> list[Path]:
-    """The shader file followed by every file it includes, transitively, in a stable order."""
+def slots_glsl() -> str:
+    """The text of `#include "slots.glsl"`: every slot of catchat/vk/slots.py as a `#define NAME Nu`,
+    in slots.py's order, and the two accessors."""
+    defines = "".join(f"#define {name} {index}u\n" for name, index in slots.all_slots().items())
+    return ("// Word slots of the `hyper` (host -> GPU) and `stats` (GPU -> host) buffers; floats are stored as\n"
+            "// uint bits. Generated from catchat/vk/slots.py by catchat/vk/shaders.py for every compile.\n"
+            "#ifndef CATCHAT_SLOTS_GLSL\n#define CATCHAT_SLOTS_GLSL\n"
+            f"{defines}\n"
+            "// Read a float / uint slot of a uint word buffer.\n"
+            "#define HPF(buf, slot) uintBitsToFloat(buf[slot])\n"
+            "#define HPU(buf, slot) (buf[slot])\n"
+            "\n#endif\n")
+
+
+# includes made from Python for every compile (never files in glsl/): name -> its text's generator
+GENERATED_INCLUDES = {"slots.glsl": slots_glsl}
+
+
+def _sources(path: Path, seen: set[object] | None = None) -> list[tuple[str, bytes]]:
+    """(file name, content) of the shader and of every file it includes, transitively, in a stable
+    order; a generated include by its generated text."""
     seen = set() if seen is None else seen
     if path in seen:
         return []
     seen.add(path)
-    files = [path]
-    for name in _INCLUDE_RE.findall(path.read_text()):
-        inc = (path.parent / name) if (path.parent / name).exists() else INCLUDE_DIR / name
+    data = path.read_bytes()
+    files = [(path.name, data)]
+    for name in _INCLUDE_RE.findall(data.decode()):
+        local = path.parent / name
+        if name in GENERATED_INCLUDES:
+            stale = [p for p in (local, INCLUDE_DIR / name) if p.exists()]
+            if stale:  # glslc would read the file instead of the generated text the key hashes
+                raise ShaderCompileError(f"{stale[0]}: a stale copy of the generated include {name!r} "
+                                         f"(made from catchat/vk/ at every compile): delete it")
+            if name not in seen:
+                seen.add(name)
+                files.append((name, GENERATED_INCLUDES[name]().encode()))
+            continue
+        inc = local if local.exists() else INCLUDE_DIR / name
         if not inc.exists():
             raise ShaderCompileError(f"{path.name}: #include \"{name}\" not found in {INCLUDE_DIR}")
         files += _sources(inc.resolve(), seen)
@@ -93,11 +129,11 @@ def _sources(path: Path, seen: set[Path] | None = None) -> list[Path]:
 
 
 def variant_key(path: Path, defines: dict[str, object]) -> str:
-    """The key of a variant: sources (by file name and content), defines, target and flags.
-    The same wherever the GLSL lies, so a wheel's prebuilt file is found by it."""
+    """The key of a variant: sources (by file name and content, a generated include by its text),
+    defines, target and flags. The same wherever the GLSL lies, so a wheel's prebuilt file is found by it."""
     h = hashlib.sha256()
-    for f in _sources(path):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for name, data in _sources(path):
+        h.update(name.encode() + b"\0" + data + b"\0")
     for k in sorted(defines):
         h.update(f"-D{k}={defines[k]}\0".encode())
     h.update(("\0".join(FLAGS)).encode())
@@ -149,10 +185,14 @@ def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes
 
 
 def glslc(path: Path, defines: dict[str, object], out: Path) -> None:
-    """Compile one variant of the shader at `path` to `out` with glslc."""
-    cmd = [glslc_path(), *FLAGS, "-I", str(INCLUDE_DIR),
-           *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    """Compile one variant of the shader at `path` to `out` with glslc; the generated includes are
+    written into a scratch directory searched after glsl/include/ (which must not hold a copy)."""
+    with tempfile.TemporaryDirectory(prefix="catchat-glsl-") as generated:
+        for name, text in GENERATED_INCLUDES.items():
+            Path(generated, name).write_text(text())
+        cmd = [glslc_path(), *FLAGS, "-I", str(INCLUDE_DIR), "-I", generated,
+               *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise _compile_error(path.stem, res.stderr)
 

@@ -1,14 +1,20 @@
-"""Word slots of the two small buffers every training-step kernel shares (mirrors glsl/include/slots.glsl).
+"""Word slots of the two small buffers every training-step kernel shares: the one table of them.
 
 `hyper` (uint32 words, floats stored as their bits) is uploaded by the host before every
 micro-batch: values that change every step live here, never in push constants frozen at record
 time. `stats` (uint32 words) is written by the GPU and read back after a step.
-A test checks this file and the GLSL include agree.
+Shaders see the same table as `#include "slots.glsl"`, which is not a file in glsl/: shaders.py
+generates it from this module (`shaders.slots_glsl()`) for every compile, and its text is part of
+every variant's key. This module imports nothing outside the stdlib at load time (numpy only inside
+the helpers), so the wheel build, which generates the include, needs no numpy.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # --- hyper: host -> GPU, every micro-batch --------------------------------------------------
 HP_LR = 0  # f32 learning rate of this step
@@ -50,14 +56,18 @@ ST_WORDS = 16
 
 def f32_bits(x: float) -> np.uint32:
     """The bits of float32(x) as a uint32 word."""
+    import numpy as np
+
     return np.float32(x).view(np.uint32)
 
 
 def word_f32(words: np.ndarray, slot: int) -> float:
     """Read a float slot of a uint32 word array."""
+    import numpy as np
+
     return float(np.asarray(words, dtype=np.uint32)[slot:slot + 1].view(np.float32)[0])
 
 
 def all_slots() -> dict[str, int]:
-    """Every HP_* and ST_* name with its index (for the GLSL agreement test)."""
+    """Every HP_* and ST_* name with its index, in the order defined here (what slots.glsl defines)."""
     return {k: v for k, v in globals().items() if k.startswith(("HP_", "ST_")) and isinstance(v, int)}
