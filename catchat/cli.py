@@ -219,12 +219,6 @@ def plot(run_dir, out):
 
 
 # ------------------------------------------------------------------------------ analysis
-def _ckpt_label(ckpt) -> str:
-    """'<run> step N' for a checkpoint inside runs/<run>/checkpoints/, else its directory name."""
-    run = ckpt.path.parent.parent.name if ckpt.path.parent.name == "checkpoints" else ckpt.path.name
-    return f"{run} step {ckpt.global_step:,}"
-
-
 @cli.command()
 @click.argument("checkpoint")
 @click.option("--compare", "compare_ckpt", default=None, metavar="CKPT2",
@@ -253,77 +247,23 @@ def _ckpt_label(ckpt) -> str:
 def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tokens, text_file, corpus_path,
               reference, out, no_3d, device):
     """Loss landscape around a checkpoint: filter-normalised random directions (Li et al. 2018), per layer."""
-    from pathlib import Path
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from catchat import checkpoint as ck
-    from catchat import config as cfgmod
     from catchat import landscape as land
-    from catchat.errors import UsageError
-    from catchat.model import param_specs
 
-    grp = land.parse_group(group)
-    ckpts = [ck.load_checkpoint(checkpoint)] + ([ck.load_checkpoint(compare_ckpt)] if compare_ckpt else [])
-    entries = []
-    for c in ckpts:
-        cfg_c = cfgmod.from_dict(c.state["config"], source=str(c.path / ck.STATE_FILE))
-        spec = cfgmod.model_spec(cfg_c)
-        ck.check_shapes(c.params, {p.name: p.shape for p in param_specs(spec)},
-                        str(c.path))
-        entries.append((str(c.path), _ckpt_label(c), c.global_step, spec, c.params))
-    cfg = cfgmod.from_dict(ckpts[0].state["config"], source=str(ckpts[0].path / ck.STATE_FILE))
-    max_layers = min(e[3].layers for e in entries)
-    for layer in layers:
-        if layer >= max_layers:
-            raise UsageError(f"--layer {layer}: the model has {max_layers} layers (0..{max_layers - 1})",
-                             hint="choose a layer that exists in every checkpoint")
-    if text_file:
-        try:
-            text = Path(text_file).read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise UsageError(f"{text_file} is not valid UTF-8 (byte {e.start})", hint="convert it to UTF-8") from None
-        data = land.text_slice(text, cfg.data.window, cfg.data.batch_lanes, tokens, source=str(text_file))
-    else:
-        from catchat.corpus import open_corpus
-
-        data = land.heldout_slice(open_corpus(corpus_path or cfg.data.corpus), cfg, tokens)
-    if reference:
-        make = lambda spec: land.ReferenceEvaluator(spec, data)  # noqa: E731
-        where = "numpy reference (float64)"
-    else:
-        from catchat.vk.device import open_device
-
-        dev = open_device(device)
-        make = lambda spec: land.GpuEvaluator(dev, spec, data)  # noqa: E731
-        where = f"{dev.info.name} (forward-only program, replayed per point)"
-    n_layers = len(set(layers)) if layers else max_layers
-    per_layer = land.evaluations_per_layer(grid_n, radius)
-    total = per_layer * n_layers * len(entries)
-    console.print(f"{data.describe()}; evaluating on {where}", highlight=False, markup=False, soft_wrap=True)
-    console.print(f"{len(entries)} checkpoint(s) x {n_layers} layer(s) x {per_layer} points "
-                  f"({grid_n}x{grid_n} grid + centre + 2 circles of {land.CIRCLE_POINTS}) = {total} evaluations; "
-                  f"group {grp.label}, seed {seed}", highlight=False, markup=False, soft_wrap=True)
+    job = land.prepare(checkpoint, compare_ckpt, layers=layers, group=group, grid_n=grid_n, radius=radius, seed=seed,
+                       tokens=tokens, text_file=text_file, corpus_path=corpus_path, reference=reference, device=device)
+    say = functools.partial(console.print, highlight=False, markup=False, soft_wrap=True)
+    for line in job.plan_lines():
+        say(line)
     progress = Progress(TextColumn("[bold]landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console, disable=not console.is_terminal, transient=True)
     with progress:
-        task = progress.add_task("landscape", total=total)
-        many = len(entries) > 1
-        result = land.compute(
-            entries, data, make, layers=list(layers) or None, group=grp, seed=seed, grid_n=grid_n, radius=radius,
-            on_point=lambda: progress.advance(task),
-            on_surface=lambda c, s: progress.console.print(
-                s.summary(grp.label, prefix=f"{c.label}: " if many else "") + f" · {s.seconds:.1f} s",
-                highlight=False, markup=False, soft_wrap=True))
-    out_dir = Path(out) if out else land.default_out_dir([c.path for c in ckpts])
-    try:
-        paths = land.write_outputs(out_dir, result, surface_3d=not no_3d)
-    except UsageError as e:
-        if "matplotlib" not in e.message:
-            raise
-        paths = land.write_data(out_dir, result)
-        err_console.print(f"no PNGs: {e.message} (fix: {e.hint})", highlight=False, markup=False, soft_wrap=True)
-    console.print(f"wrote {out_dir}: " + " ".join(p.name for p in paths), highlight=False, markup=False, soft_wrap=True)
+        task = progress.add_task("landscape", total=job.total)
+        result = job.run(on_point=lambda: progress.advance(task), on_surface=say)
+    out_dir, paths = job.write(result, out, surface_3d=not no_3d,
+                               warn=lambda m: err_console.print(m, highlight=False, markup=False, soft_wrap=True))
+    say(f"wrote {out_dir}: " + " ".join(p.name for p in paths))
 
 
 @cli.command("inspect")
@@ -336,50 +276,20 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
     import json
     import math
 
-    from catchat.weights import report
+    from catchat.weights import Table, inspect_sections, report
 
     rep = report(checkpoint, compare_ckpt)
     if as_json:
         click.echo(json.dumps(rep, indent=1, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
         return
-    console.print(f"{rep['checkpoint']} · step {rep['global_step']:,} · {rep['parameters']:,} parameters · "
-                  f"total norm {rep['total_norm']:.4f}", highlight=False, markup=False)
-    t = new_table("tensor", "shape", "norm", "rms", "mean", "std", "min", "max", title="weights")
-    for s in rep["tensors"]:
-        t.add_row(s["name"], "x".join(map(str, s["shape"])), f"{s['norm']:.4f}", f"{s['rms']:.4f}",
-                  f"{s['mean']:+.4f}", f"{s['std']:.4f}", f"{s['min']:+.4f}", f"{s['max']:+.4f}")
-    console.print(t)
-    cmp = rep.get("compare")
-    other = {s["name"]: s for s in cmp["spectral"]} if cmp else {}
-
-    def sig(s, key):
-        b = other.get(s["name"])
-        if not b:
-            return f"{s[key]:.4f}"
-        pct = f"{100 * (b[key] / s[key] - 1):+.1f}%" if s[key] > 0 else "n/a"
-        return f"{s[key]:.4f} -> {b[key]:.4f} ({pct})"
-
-    t = new_table("GRU matrix", "sigma [3H,H]", "sigma r", "sigma z", "sigma n",
-                  title="spectral norms (largest singular value)" + (" A -> B" if cmp else ""))
-    for s in rep["spectral"]:
-        t.add_row(s["name"], *(sig(s, k) for k in ("full", "r", "z", "n")))
-    console.print(t)
-    if cmp:
-        console.print(f"A = {rep['checkpoint']} (step {rep['global_step']:,}), "
-                      f"B = {cmp['checkpoint']} (step {cmp['global_step']:,})", highlight=False, markup=False)
-        t = new_table("tensor", "norm A", "norm B", "norm growth", "||B-A|| / ||A||", "cos(A, B)",
-                      title="change A -> B")
-        for c in cmp["changes"]:
-            pct = lambda v: "n/a" if math.isnan(v) else f"{100 * v:+.1f}%"  # noqa: E731
-            t.add_row(c["name"], f"{c['norm_a']:.4f}", f"{c['norm_b']:.4f}", pct(c["growth"]),
-                      "n/a" if math.isnan(c["rel_change"]) else f"{c['rel_change']:.4f}",
-                      "n/a" if math.isnan(c["cosine"]) else f"{c['cosine']:.4f}")
-        console.print(t)
-        g = cmp["total_norm"] / rep["total_norm"] - 1 if rep["total_norm"] else float("nan")
-        console.print(f"total norm {rep['total_norm']:.4f} -> {cmp['total_norm']:.4f} ({100 * g:+.1f}%)",
-                      highlight=False, markup=False)
-        for note in cmp["notes"]:
-            console.print(f"note: {note}", highlight=False, markup=False)
+    for item in inspect_sections(rep):
+        if isinstance(item, Table):
+            t = new_table(*item.columns, title=item.title)
+            for row in item.rows:
+                t.add_row(*row)
+            console.print(t)
+        else:
+            console.print(item, highlight=False, markup=False)
 
 
 # ------------------------------------------------------------------------------ generation

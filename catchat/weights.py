@@ -164,3 +164,54 @@ def report(path, compare_path=None) -> dict:
                               changes=[asdict(c) for c in changes], notes=notes,
                               spectral=[asdict(s) for s in spec_b.values()])
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# `catchat inspect` as text: the report's lines and tables, in print order (the CLI draws them)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+def _nan_or(fmt: str, v: float) -> str:
+    return "n/a" if math.isnan(v) else format(v, fmt)
+
+
+def inspect_sections(rep: dict) -> list[str | Table]:
+    """What `catchat inspect` prints for a `report`: lines (str) and tables, in order."""
+    out: list[str | Table] = [
+        f"{rep['checkpoint']} · step {rep['global_step']:,} · {rep['parameters']:,} parameters · "
+        f"total norm {rep['total_norm']:.4f}",
+        Table("weights", ("tensor", "shape", "norm", "rms", "mean", "std", "min", "max"),
+              [(s["name"], "x".join(map(str, s["shape"])), f"{s['norm']:.4f}", f"{s['rms']:.4f}",
+                f"{s['mean']:+.4f}", f"{s['std']:.4f}", f"{s['min']:+.4f}", f"{s['max']:+.4f}")
+               for s in rep["tensors"]])]
+    cmp = rep.get("compare")
+    other = {s["name"]: s for s in cmp["spectral"]} if cmp else {}
+
+    def sig(s, key):
+        b = other.get(s["name"])
+        if not b:
+            return f"{s[key]:.4f}"
+        pct = f"{100 * (b[key] / s[key] - 1):+.1f}%" if s[key] > 0 else "n/a"
+        return f"{s[key]:.4f} -> {b[key]:.4f} ({pct})"
+
+    out.append(Table("spectral norms (largest singular value)" + (" A -> B" if cmp else ""),
+                     ("GRU matrix", "sigma [3H,H]", "sigma r", "sigma z", "sigma n"),
+                     [(s["name"], *(sig(s, k) for k in ("full", "r", "z", "n"))) for s in rep["spectral"]]))
+    if not cmp:
+        return out
+    out.append(f"A = {rep['checkpoint']} (step {rep['global_step']:,}), "
+               f"B = {cmp['checkpoint']} (step {cmp['global_step']:,})")
+    out.append(Table("change A -> B", ("tensor", "norm A", "norm B", "norm growth", "||B-A|| / ||A||", "cos(A, B)"),
+                     [(c["name"], f"{c['norm_a']:.4f}", f"{c['norm_b']:.4f}",
+                       "n/a" if math.isnan(c["growth"]) else f"{100 * c['growth']:+.1f}%",
+                       _nan_or(".4f", c["rel_change"]), _nan_or(".4f", c["cosine"])) for c in cmp["changes"]]))
+    g = cmp["total_norm"] / rep["total_norm"] - 1 if rep["total_norm"] else float("nan")
+    out.append(f"total norm {rep['total_norm']:.4f} -> {cmp['total_norm']:.4f} ({100 * g:+.1f}%)")
+    out += [f"note: {note}" for note in cmp["notes"]]
+    return out

@@ -14,6 +14,7 @@ from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import corpus as corpus_mod
 from catchat import landscape as land
+from catchat import vocab
 from catchat.errors import UsageError
 from catchat.model import ParamLayout
 from catchat.train import Trainer, evaluate
@@ -172,7 +173,7 @@ def test_heldout_slice_sizes(trained):
 def test_text_slice_layout():
     text = "To be, or not to be: that is the question."
     sl = land.text_slice(text, T=4, B=3, tokens=1000)
-    ids = np.concatenate([[1], land.vocab.encode_ids(text), [2]])
+    ids = np.concatenate([[1], vocab.encode_ids(text), [2]])
     pairs = []
     for b in range(sl.B):
         for tok, tgt, _ in sl.windows:
