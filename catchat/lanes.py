@@ -435,7 +435,7 @@ def prefix_dropout(targets: np.ndarray, resets: np.ndarray, p: float, max_fracti
     the first token after the prefix is zero, so the model learns to predict from a short context.
     Returns new (targets, resets) [T,B]; deterministic in seed (the step's dropout seed).
     """
-    from catchat.reference import rng_uniform
+    from catchat.rng import rng_uniform
 
     targets, resets = targets.copy(), resets.copy()
     if p <= 0:

@@ -4,7 +4,8 @@ Plain, readable, CPU-only. The contract is docs/model.md; shapes are time-major.
 has a `*_forward` and a `*_backward` side by side (llm.c style). Arithmetic follows the dtype of
 the parameters passed in (float32 to compare with the GPU, float64 for finite differences).
 
-Sections: RNG and dropout masks / layers / loss / model / optimizers / one training step.
+Sections: dropout masks (from catchat.rng) / layers / loss / model / scheduled sampling /
+optimizers / one training step.
 """
 
 from __future__ import annotations
@@ -15,57 +16,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat.model import ModelSpec, ParamLayout
+from catchat.rng import (
+    STREAM_EMBEDDING,
+    STREAM_HIDDEN,
+    STREAM_TF_COIN,
+    STREAM_TF_SAMPLE,
+    rng_uniform,
+    step_seed,
+)
 
 # ---------------------------------------------------------------------------------------------
-# RNG: counter-based hash shared with GLSL (uint32 wraparound)
+# Dropout masks, drawn from the counter-based RNG shared with GLSL (catchat.rng)
 # ---------------------------------------------------------------------------------------------
-
-_M32 = np.uint64(0xFFFFFFFF)
-_K1 = np.uint64(0x7FEB352D)
-_K2 = np.uint64(0x846CA68B)
-_S15, _S16, _S8 = np.uint64(15), np.uint64(16), np.uint64(8)
-STREAM_EMBEDDING = 1  # counter = vocab row v
-STREAM_HIDDEN = 16  # + layer; counter = b * H + j
-
-
-def _u32(x) -> np.ndarray:
-    """Python ints / arrays -> uint64 array holding uint32 values (wrapped, as GLSL uint)."""
-    if isinstance(x, int):
-        x = x & 0xFFFFFFFF
-    return np.asarray(x).astype(np.uint64) & _M32
-
-
-def mix32(x):
-    """The 32-bit integer hash of docs/model.md; uint32 in, uint32 out (scalar or array).
-
-    Products are formed in uint64 and masked, which is exactly uint32 wraparound.
-    """
-    x = _u32(x)
-    x ^= x >> _S16
-    x = (x * _K1) & _M32
-    x ^= x >> _S15
-    x = (x * _K2) & _M32
-    x ^= x >> _S16
-    return x.astype(np.uint32)[()]
-
-
-def rng_u32(seed, stream, counter):
-    """rng_u32 = mix32(mix32(mix32(counter) ^ stream) ^ seed); broadcasts over arrays."""
-    a = _u32(mix32(counter)) ^ _u32(stream)
-    b = _u32(mix32(a)) ^ _u32(seed)
-    return mix32(b)
-
-
-def rng_uniform(seed, stream, counter):
-    """Uniform in [0, 1) with 24 random bits, exactly representable in float32."""
-    u = _u32(rng_u32(seed, stream, counter)) >> _S8
-    return (u.astype(np.float32) * np.float32(2.0**-24))[()]
-
-
-def step_seed(run_seed: int, global_step: int, micro_batch: int) -> int:
-    """Per-micro-batch dropout seed: mix32(run_seed ^ mix32(global_step * 64 + micro_batch))."""
-    inner = int(mix32((global_step * 64 + micro_batch) & 0xFFFFFFFF))
-    return int(mix32((int(run_seed) & 0xFFFFFFFF) ^ inner))
 
 
 def _keep(seed: int, stream: int, counter: np.ndarray, p: float) -> np.ndarray:
@@ -344,7 +306,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
 
     params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
     h0 [L,B,H]; n_valid_step: valid targets of the whole optimizer step; seed: this
-    micro-batch's dropout seed (`step_seed`).
+    micro-batch's dropout seed (`catchat.rng.step_seed`).
     """
     E = params["embedding.weight"]  # [V,H]
     dt = E.dtype
@@ -397,8 +359,6 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
 # ---------------------------------------------------------------------------------------------
 # Scheduled sampling: the per-timestep path's choice of inputs (docs/model.md)
 # ---------------------------------------------------------------------------------------------
-
-STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33
 
 
 def tf_select(row_tokens, prev_logits, row_resets, seed: int, t: int, tf: float, top_k: int = 0):

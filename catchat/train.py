@@ -32,7 +32,7 @@ from catchat.fsutil import append_line, atomic_write_text
 from catchat.lanes import Lanes, prefix_dropout
 from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, init_params, param_specs
-from catchat.reference import step_seed
+from catchat.rng import step_seed
 from catchat.rundir import RunFiles, RunLock
 from catchat.runlog import METRICS_COLUMNS
 from catchat.schedule import interval_crossed, lr_at, tf_at

@@ -12,6 +12,7 @@ import pytest
 
 from catchat import reference as ref
 from catchat.model import ALIGN, ModelSpec, ParamLayout, init_params, param_specs
+from catchat.rng import STREAM_HIDDEN, rng_uniform, step_seed
 
 # ---------------------------------------------------------------------------------------------
 # A small problem: L=2, H=5, V=11, T=6, B=3, resets mid-window, masked targets
@@ -19,7 +20,7 @@ from catchat.model import ALIGN, ModelSpec, ParamLayout, init_params, param_spec
 
 T, B = 6, 3
 P_EMB, P_HID = 0.25, 0.3
-SEED = ref.step_seed(7, 3, 2)  # drops embedding rows 2 and 9, 6 + 8 of 15 hidden units
+SEED = step_seed(7, 3, 2)  # drops embedding rows 2 and 9, 6 + 8 of 15 hidden units
 
 
 def _problem(tied: bool, dtype=np.float64):
@@ -222,66 +223,27 @@ def test_top1_top5_hand_example():
 
 
 # ---------------------------------------------------------------------------------------------
-# RNG and dropout masks
+# Dropout masks (the RNG itself: tests/test_rng.py)
 # ---------------------------------------------------------------------------------------------
-
-
-def _mix32_py(x: int) -> int:
-    """Independent pure-int version of the hash."""
-    x &= 0xFFFFFFFF
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & 0xFFFFFFFF
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & 0xFFFFFFFF
-    return x ^ (x >> 16)
-
-
-def test_rng_pinned_values():
-    # mix32(1) by hand: x=1; x ^= x>>16 -> 0x00000001; x *= 0x7feb352d -> 0x7feb352d;
-    # x>>15 = 0x0000ffd6, x ^= -> 0x7febcafb; x *= 0x846ca68b (mod 2^32) -> 0x6889f849
-    # (low nibble: 0xb * 0xb = 0x79 -> 9); x>>16 = 0x6889, 0xf849 ^ 0x6889 = 0x90c0 -> 0x688990c0.
-    # rng_u32(1, 1, 0): mix32(0) = 0; 0 ^ 1 = 1; mix32(1) = 0x688990c0; ^ 1 -> 0x688990c1;
-    # mix32(0x688990c1) = 0xd25b73e6.
-    assert int(ref.mix32(1)) == 0x688990C0
-    assert int(ref.mix32(0)) == 0
-    pinned = {(0, 0, 0): 0, (1, 1, 0): 0xD25B73E6, (12345, 1, 7): 0xE414D381,
-              (0xDEADBEEF, 17, 1000): 0x1810A7D7, (7, 16, 2**32 - 1): 0x5EA8DC07}
-    for (seed, stream, counter), want in pinned.items():
-        assert int(ref.rng_u32(seed, stream, counter)) == want
-        assert _mix32_py(_mix32_py(_mix32_py(counter) ^ stream) ^ seed) == want
-    assert ref.step_seed(1234, 5, 1) == 930335062
-    assert ref.step_seed(1234, 5, 1) == _mix32_py(1234 ^ _mix32_py(5 * 64 + 1))
-    assert ref.step_seed(2**32 + 5, 2**27, 3) == 1928472627  # wraps like GLSL uint
-
-
-def test_rng_arrays_match_scalars_and_uniform_range():
-    counters = np.arange(0, 5000, 7, dtype=np.uint64)
-    got = ref.rng_u32(99, 3, counters)
-    assert got.dtype == np.uint32
-    assert [int(a) for a in got[:20]] == [_mix32_py(_mix32_py(_mix32_py(int(c)) ^ 3) ^ 99)
-                                         for c in counters[:20]]
-    u = ref.rng_uniform(99, 3, counters)
-    assert u.dtype == np.float32 and u.min() >= 0 and u.max() < 1
-    np.testing.assert_array_equal(u, (got >> 8).astype(np.float64) / 2**24)
 
 
 def test_dropout_masks():
     for p in (0.1, 0.3, 0.5):
-        m = ref.hidden_keep_mask(ref.step_seed(1, 2, 0), 1, 64, 256, p)
+        m = ref.hidden_keep_mask(step_seed(1, 2, 0), 1, 64, 256, p)
         assert m.shape == (64, 256) and m.dtype == bool
         assert abs(m.mean() - (1 - p)) < 0.015  # 16384 draws: 4 sigma
-        e = ref.embedding_keep_mask(ref.step_seed(1, 2, 0), 20000, p)
+        e = ref.embedding_keep_mask(step_seed(1, 2, 0), 20000, p)
         assert abs(e.mean() - (1 - p)) < 0.015
-    s = ref.step_seed(5, 10, 0)
+    s = step_seed(5, 10, 0)
     mask0 = ref.hidden_keep_mask(s, 0, 4, 32, 0.3)
     np.testing.assert_array_equal(mask0, ref.hidden_keep_mask(s, 0, 4, 32, 0.3))  # same seed
     assert not np.array_equal(mask0, ref.hidden_keep_mask(s, 1, 4, 32, 0.3))  # other layer
-    s2 = ref.step_seed(5, 10, 1)  # next micro-batch
+    s2 = step_seed(5, 10, 1)  # next micro-batch
     emb = ref.embedding_keep_mask(s, 101, 0.3)
     assert not np.array_equal(emb, ref.embedding_keep_mask(s2, 101, 0.3))
     assert ref.embedding_keep_mask(s, 101, 0.0).all()
     # counter = b * H + j: lane b's row is the same hash stream cut at b * H
-    u = ref.rng_uniform(s, ref.STREAM_HIDDEN + 2, np.arange(4 * 32, dtype=np.uint64))
+    u = rng_uniform(s, STREAM_HIDDEN + 2, np.arange(4 * 32, dtype=np.uint64))
     want = (u >= np.float32(0.3)).reshape(4, 32)
     np.testing.assert_array_equal(ref.hidden_keep_mask(s, 2, 4, 32, 0.3), want)
 

@@ -9,6 +9,7 @@ import numpy as np
 from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.parity import ParityResult, compare
+from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.program import Program, StepHyper
 
@@ -57,7 +58,7 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
 
     f64 = layout.unflatten(flat.astype(np.float64))
     n_valid = int(np.count_nonzero(targets))
-    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    seed0 = step_seed(hp.run_seed, 0, 0)
     plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
                                        need_grads=False)
     res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
@@ -114,7 +115,7 @@ def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper,
         return [compare("stepwise = batched: loss", shape, [st.loss], [st_b.loss], 0, 1e-6),
                 compare("stepwise = batched: grads", shape, grads, grads_b, 1e-7, 1e-5)]
     f64 = layout.unflatten(flat.astype(np.float64))
-    seed0 = ref.step_seed(hp.run_seed, 0, 0)
+    seed0 = step_seed(hp.run_seed, 0, 0)
     h0 = np.zeros((spec.layers, B, spec.hidden))
     exp_fed, n_fed = ref.scheduled_sampling_inputs(f64, spec, tokens, resets, h0, tf=tf, top_k=hp.tf_top_k,
                                                    seed=seed0, p_emb=hp.dropout_embedding, p_hid=hp.dropout_hidden)

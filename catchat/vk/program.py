@@ -47,6 +47,7 @@ from catchat import reference as ref
 from catchat.errors import DeviceLost
 from catchat.lanes import n_valid as count_valid
 from catchat.model import ModelSpec, ParamLayout
+from catchat.rng import step_seed
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
 from catchat.vk.kernels import Axpby
@@ -448,7 +449,7 @@ class Program:
         words = optimizer_hyper_words(hp.optimizer, t, hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
                                       hp.clip, hp.spectral_bound)
         words.update({
-            slots.HP_SEED: np.uint32(ref.step_seed(hp.run_seed, global_step, micro_batch)),
+            slots.HP_SEED: np.uint32(step_seed(hp.run_seed, global_step, micro_batch)),
             slots.HP_N_VALID: np.uint32(n_valid), slots.HP_INV_N_VALID: f(1.0 / n_valid if n_valid else 0.0),
             slots.HP_P_EMB: f(hp.dropout_embedding), slots.HP_P_HID: f(hp.dropout_hidden),
             slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(hp.gradh_clamp),

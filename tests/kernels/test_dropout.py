@@ -1,9 +1,10 @@
-"""Dropout masks: the GLSL RNG is bit-identical to catchat.reference's."""
+"""Dropout masks: the GLSL RNG is bit-identical to catchat.rng's (through catchat.reference's masks)."""
 
 import numpy as np
 
 from catchat import reference as ref
 from catchat.parity import dropout, make_hyper
+from catchat.rng import step_seed
 from catchat.vk.kernels import run_ops
 from catchat.vk.kernels.dropout import DropoutMask
 
@@ -22,7 +23,7 @@ def _hidden(dev, seed, p, B, H, layer):
 
 def test_hidden_mask_large_exact(dev):
     """Many counters (B*H = 64*160): the keep pattern equals reference's exactly."""
-    seed, p, B, H, layer = ref.step_seed(99, 12345, 3), 0.3, 64, 160, 1
+    seed, p, B, H, layer = step_seed(99, 12345, 3), 0.3, 64, 160, 1
     got = _hidden(dev, seed, p, B, H, layer)
     keep = ref.hidden_keep_mask(seed, layer, B, H, p)
     assert np.array_equal(got != 0, keep)

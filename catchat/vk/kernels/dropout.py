@@ -8,7 +8,7 @@ catchat.reference.
 
 from __future__ import annotations
 
-from catchat import reference as ref
+from catchat import rng
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
@@ -34,12 +34,12 @@ class DropoutMask(Kernel):
     @classmethod
     def embedding(cls, dev: Device, hyper, mask, V: int, out_off: int = 0) -> DropoutMask:
         """Embedding-row scales [V] (stream 1, p = HP_P_EMB)."""
-        return cls(dev, hyper, mask, V, ref.STREAM_EMBEDDING, slots.HP_P_EMB, out_off)
+        return cls(dev, hyper, mask, V, rng.STREAM_EMBEDDING, slots.HP_P_EMB, out_off)
 
     @classmethod
     def hidden(cls, dev: Device, hyper, mask, B: int, H: int, layer: int, out_off: int = 0) -> DropoutMask:
         """Hidden-unit scales [B,H] of `layer` (stream 16 + layer, p = HP_P_HID)."""
-        return cls(dev, hyper, mask, B * H, ref.STREAM_HIDDEN + layer, slots.HP_P_HID, out_off)
+        return cls(dev, hyper, mask, B * H, rng.STREAM_HIDDEN + layer, slots.HP_P_HID, out_off)
 
     def _push(self):
         return (self.n, self.stream, self.p_slot, self.out_off)

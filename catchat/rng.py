@@ -1,0 +1,70 @@
+"""The counter-based RNG shared by the shaders, the numpy reference and the trainer.
+
+Every random number catchat draws on the GPU (dropout masks, scheduled sampling's coins and
+samples) is a pure function of (seed, stream, counter): no RNG state lives on the device, so a
+recorded sequence replays with a new seed in the `hyper` buffer, and numpy reproduces every draw
+bit for bit. docs/model.md states it; glsl/include/common.glsl implements mix32 / rng_u32 /
+rng_uniform for the shaders (glsl/include/dropout.glsl and glsl/tf_select.comp use them with the
+streams below). The two must agree bit for bit. `catchat parity` checks it on every device:
+catchat/parity/dropout.py compares the keep masks the GLSL draws with catchat.reference's bit for
+bit, catchat/parity/sampling.py scheduled sampling's choices (its coins and top-k draws) exactly;
+tests/test_rng.py pins values of the hash against an independent pure-int version.
+
+The host side: `step_seed` gives each micro-batch its dropout seed (the trainer and the GPU
+program put it in HP_SEED; catchat.reference draws the same masks from it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_M32 = np.uint64(0xFFFFFFFF)
+_K1 = np.uint64(0x7FEB352D)
+_K2 = np.uint64(0x846CA68B)
+_S15, _S16, _S8 = np.uint64(15), np.uint64(16), np.uint64(8)
+
+# Streams: each use of the RNG draws from its own (docs/model.md); a counter numbers the draws in it.
+STREAM_EMBEDDING = 1  # embedding-row dropout; counter = vocab row v
+STREAM_HIDDEN = 16  # + layer: hidden-unit dropout of that layer; counter = b * H + j
+STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33  # scheduled sampling: the coin, the top-k draw; counter = t * B + b
+# 48, 49: prefix dropout's hit and length (catchat.lanes.STREAM_PREFIX_HIT, STREAM_PREFIX_LEN; host only)
+
+
+def _u32(x) -> np.ndarray:
+    """Python ints / arrays -> uint64 array holding uint32 values (wrapped, as GLSL uint)."""
+    if isinstance(x, int):
+        x = x & 0xFFFFFFFF
+    return np.asarray(x).astype(np.uint64) & _M32
+
+
+def mix32(x):
+    """The 32-bit integer hash of docs/model.md; uint32 in, uint32 out (scalar or array).
+
+    Products are formed in uint64 and masked, which is exactly uint32 wraparound.
+    """
+    x = _u32(x)
+    x ^= x >> _S16
+    x = (x * _K1) & _M32
+    x ^= x >> _S15
+    x = (x * _K2) & _M32
+    x ^= x >> _S16
+    return x.astype(np.uint32)[()]
+
+
+def rng_u32(seed, stream, counter):
+    """rng_u32 = mix32(mix32(mix32(counter) ^ stream) ^ seed); broadcasts over arrays."""
+    a = _u32(mix32(counter)) ^ _u32(stream)
+    b = _u32(mix32(a)) ^ _u32(seed)
+    return mix32(b)
+
+
+def rng_uniform(seed, stream, counter):
+    """Uniform in [0, 1) with 24 random bits, exactly representable in float32."""
+    u = _u32(rng_u32(seed, stream, counter)) >> _S8
+    return (u.astype(np.float32) * np.float32(2.0**-24))[()]
+
+
+def step_seed(run_seed: int, global_step: int, micro_batch: int) -> int:
+    """Per-micro-batch dropout seed: mix32(run_seed ^ mix32(global_step * 64 + micro_batch))."""
+    inner = int(mix32((global_step * 64 + micro_batch) & 0xFFFFFFFF))
+    return int(mix32((int(run_seed) & 0xFFFFFFFF) ^ inner))
