@@ -93,9 +93,9 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
     capture where the driver has it; lavapipe does not); a broken shader is a clean error."""
     import pytest
     import shader_stats
+    from pipeline_stats import compute_pipeline_statistics
 
     from catchat.errors import VulkanUnavailable
-    from catchat.vk.pipeline_stats import compute_pipeline_statistics
 
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
     args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.batch_lanes=3",

@@ -7,7 +7,7 @@
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
 compiles their persistent variants, creates each as a pipeline with statistics capture
-(VK_KHR_pipeline_executable_properties, catchat/vk/pipeline_stats.py) and prints every statistic
+(VK_KHR_pipeline_executable_properties, tools/pipeline_stats.py) and prints every statistic
 the driver reports (NVIDIA: register count, binary, stack, local and shared memory sizes): whether
 a tile shape spills its W_hh slice. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads. Drivers without the extension
@@ -26,13 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_gemm  # noqa: E402
+from pipeline_stats import compute_pipeline_statistics  # noqa: E402
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ModelSpec, ParamLayout  # noqa: E402
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import gemm, gru  # noqa: E402
-from catchat.vk.pipeline_stats import compute_pipeline_statistics  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
 

@@ -37,6 +37,29 @@ BACKWARD_PHASES = ("partials, gate backward", "product with W, partial stores", 
                    "dGi/dhtot writes, next inputs", "wait for the lane tile")
 
 
+class _Clocked:
+    """A register-resident sweep whose shaders stamp phase clocks into `clock` (uint32 [8 * steps]):
+    PHASE_CLOCK is its binding, the one after the sweep's own (glsl/include/phase_clock.glsl)."""
+
+    def __init__(self, *args, clock, **kwargs):
+        self.clock = clock
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.tiles, gru.ResidentTiles):
+            raise ValueError("phase clocks need register-resident tiles")
+
+    def _resident_extras(self, tensors: list, defines: dict) -> list:
+        defines.update(PHASE_CLOCK=len(tensors), PHASE_STEPS=self.clock.size() // 8)
+        return tensors + [self.clock]
+
+
+class ClockedForward(_Clocked, gru.GruForward):
+    pass
+
+
+class ClockedBackward(_Clocked, gru.GruBackward):
+    pass
+
+
 def clocked_twins(prog, layer: int, steps: int):
     """Layer `layer`'s sweeps rebuilt on the program's buffers with phase clocks, and the clock
     tensors (uint32 [steps, 8] each)."""
@@ -47,15 +70,15 @@ def clocked_twins(prog, layer: int, steps: int):
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
     clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
     gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off = kf.offsets
-    fwd = gru.GruForward(dev, prog.gi, prog.params, prog.h0, prog.resets, prog.o[layer], prog.hprev[layer],
+    fwd = ClockedForward(dev, prog.gi, prog.params, prog.h0, prog.resets, prog.o[layer], prog.hprev[layer],
                          prog.save[layer], prog.hT, T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off,
                          h0_off=h0_off, o_off=o_off, hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
-                         tiles=kf.tiles, stats=prog.stats, phase_clock=clocks[0])
+                         tiles=kf.tiles, stats=prog.stats, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
-    bwd = gru.GruBackward(dev, prog.do, prog.save[layer], prog.hprev[layer], prog.resets, prog.params, prog.hyper,
+    bwd = ClockedBackward(dev, prog.do, prog.save[layer], prog.hprev[layer], prog.resets, prog.params, prog.hyper,
                           prog.dgi, prog.dgh, prog.dh0, prog.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
-                          dh0_off=dh0_off, tiles=kb.tiles, phase_clock=clocks[1])
+                          dh0_off=dh0_off, tiles=kb.tiles, clock=clocks[1])
     return fwd, bwd, clocks
 
 

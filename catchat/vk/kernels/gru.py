@@ -332,11 +332,10 @@ class _Sweep(Kernel):
     backward = False
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
-    def _build(self, dev: Device, tensors, tiles, persistent: int | None, push, phase_clock=None):
+    def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
         """Tiles (given, or picked for this device and sweep mode), then both shader variants. A
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
-        gru_*_resident.comp). phase_clock: a uint32 tensor of 8 words per step that the resident
-        shaders fill with phase clocks (glsl/include/phase_clock.glsl; tools/sweep_phases.py)."""
+        gru_*_resident.comp)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
         self.tiles = default_tiles(dev, B, H, backward, resident) if tiles is None else tiles
@@ -351,12 +350,8 @@ class _Sweep(Kernel):
             if backward:  # the partial products of dGh[s] @ W_hh, binding 12
                 self.partial = dev.tensor(partial_words(B, H, self.tiles), kind="storage")
                 tensors = tensors + [self.partial]
-            if phase_clock is not None:  # the next binding
-                defines.update(PHASE_CLOCK=len(tensors), PHASE_STEPS=phase_clock.size() // 8)
-                tensors = tensors + [phase_clock]
+            tensors = self._resident_extras(tensors, defines)
         else:
-            if phase_clock is not None:
-                raise ValueError("phase clocks need register-resident tiles")
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
             spec = list(self.tiles[:3])
@@ -367,6 +362,12 @@ class _Sweep(Kernel):
         if self.sweep_workgroups:
             self.sweep_algo = dev.algorithm(tensors, compile_shader(self.shader, {**defines, "PERSISTENT": 1}),
                                             [self.sweep_workgroups], spec_consts=spec, push_consts=pack_push(*push))
+
+    def _resident_extras(self, tensors: list, defines: dict) -> list:
+        """The bindings of a resident sweep's shaders (defines updated in place for any added):
+        the sweep's own. A hook for developer tools: tools/sweep_phases.py's clocked twins add a
+        phase-clock buffer (glsl/include/phase_clock.glsl)."""
+        return tensors
 
     @staticmethod
     def _sync_tensors(dev: Device, stats, B: int):
@@ -396,9 +397,7 @@ class GruForward(_Sweep):
     ResidentTiles, default `default_tiles(dev, B, H, False, persistent)`. persistent: workgroups of
     the one-dispatch sweep (co-resident on the device!), 0 = T dispatches; default
     `resident_workgroups(dev)`. `step(t)` is always one dispatch (the per-timestep path
-    interleaves other work). phase_clock: uint32 [8 * steps], SM clocks at the phase boundaries
-    of the first steps (register-resident tiles only; tools/sweep_phases.py); None compiles the
-    shaders without them.
+    interleaves other work).
     """
 
     shader = "gru_forward"
@@ -406,7 +405,7 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None, phase_clock=None):
+                 persistent: int | None = None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
@@ -420,7 +419,7 @@ class GruForward(_Sweep):
         self.vec4_offset = o_off
         self.sync, self.stats = self._sync_tensors(dev, stats, B)
         self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats], tiles, persistent,
-                    (0, T, B, H, *self.offsets, 1), phase_clock)
+                    (0, T, B, H, *self.offsets, 1))
 
     def _steps_op(self, t0: int, t1: int, persistent: bool = False):
         return self._dispatch((t0, self.T, self.B, self.H, *self.offsets, t1), persistent)
@@ -448,7 +447,7 @@ class GruBackward(_Sweep):
     the carried-in state, unclamped; for checks). Accumulates: stats[ST_CLAMP_HITS] += clamped
     elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps whose grid barrier gave up. A
     private scratch dhtot [B,H] carries the running gradient between steps; it needs no zeroing
-    (step s = T writes it before anything reads it). persistent, phase_clock: as GruForward's.
+    (step s = T writes it before anything reads it). persistent: as GruForward's.
     """
 
     shader = "gru_backward"
@@ -456,8 +455,7 @@ class GruBackward(_Sweep):
 
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
-                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
-                 phase_clock=None):
+                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
                            (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
@@ -469,7 +467,7 @@ class GruBackward(_Sweep):
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
         self.sync, _ = self._sync_tensors(dev, stats, B)
         self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
-                    tiles, persistent, (0, T, B, H, *self.offsets, 1), phase_clock)
+                    tiles, persistent, (0, T, B, H, *self.offsets, 1))
 
     def _steps_op(self, s: int, n: int, persistent: bool = False):
         return self._dispatch((s, self.T, self.B, self.H, *self.offsets, n), persistent)
