@@ -1,4 +1,4 @@
-"""The parameter spec: names, shapes, init and the one flat layout shared by all.
+"""The parameter spec: names, shapes, the one flat layout shared by all, and initialisation.
 
 Every consumer (numpy reference, GPU buffers, optimizer moments, checkpoints) sees the same
 flat float32 buffer; `ParamLayout` maps each named tensor to its offset in it. Names are
@@ -129,3 +129,10 @@ def init_params(spec: ModelSpec, seed: int) -> dict[str, np.ndarray]:
             t = rng.uniform(-k, k, s.shape)
         out[s.name] = t.astype(np.float32)
     return out
+
+
+def spectral_u_init(spec: ModelSpec, dtype=np.float32) -> np.ndarray:
+    """The spectral-norm projection's power-iteration vectors at the start of training:
+    u [L, 2 (ih, hh), 3 (r, z, n), H], all normalised ones (training state from then on)."""
+    H = spec.hidden
+    return np.full((spec.layers, 2, 3, H), 1.0 / math.sqrt(H), dtype)

@@ -497,12 +497,6 @@ def spectral_project(W_block, u, bound):
     return W_block, u
 
 
-def spectral_u_init(spec: ModelSpec, dtype=np.float32) -> np.ndarray:
-    """Power-iteration vectors u [L, 2 (ih, hh), 3 (r, z, n), H], all normalised ones."""
-    H = spec.hidden
-    return np.full((spec.layers, 2, 3, H), 1.0 / math.sqrt(H), dtype)
-
-
 def spectral_project_model(flat, layout: ParamLayout, u, bound):
     """Project every gate block of every weight_ih / weight_hh in `flat`; u updated in place."""
     H = layout.spec.hidden
@@ -577,7 +571,7 @@ def reference_apply_step(flat, g, m, v, layout: ParamLayout, n_valid, *, t, lr, 
         raise ValueError(f"unknown optimizer {optimizer!r} (expected 'adamw' or 'nadam')")
     if spectral_bound is not None:
         if spectral_u is None:
-            raise ValueError("spectral_bound needs spectral_u (see spectral_u_init)")
+            raise ValueError("spectral_bound needs spectral_u (see catchat.model.spectral_u_init)")
         spectral_project_model(flat, layout, spectral_u, spectral_bound)
     out.update(clipped=scale < 1.0, skipped=False)
     return out

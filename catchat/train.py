@@ -152,7 +152,7 @@ class Trainer:
         self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
         self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
         self.layout = ParamLayout(self.spec)
-        self.prog = Program(self.dev, self.spec, cfg.data.window, cfg.data.batch_lanes,
+        self.prog = Program(self.dev, self.layout, cfg.data.window, cfg.data.batch_lanes,
                             optimizer=cfg.train.optimizer)
         self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
         if ckpt is not None:

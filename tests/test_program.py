@@ -22,7 +22,7 @@ def test_one_step_matches_reference(dev, case):
 def _setup(dev, spec, T, B, hp, seed=0):
     layout = ParamLayout(spec)
     flat = layout.flatten(init_params(spec, seed))
-    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    prog = Program(dev, layout, T, B, optimizer=hp.optimizer)
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     prog.set_carry(None)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from catchat import reference as ref
-from catchat.model import ALIGN, ModelSpec, ParamLayout, init_params, param_specs
+from catchat.model import ALIGN, ModelSpec, ParamLayout, init_params, param_specs, spectral_u_init
 from catchat.rng import STREAM_HIDDEN, rng_uniform, step_seed
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +412,7 @@ def test_step_spectral_projection_after_the_update():
     plain = flat.copy()
     ref.reference_train_step(plain, np.zeros_like(flat), np.zeros_like(flat), layout,
                              [(tok, tg, rs, h0)], **kw)
-    u = ref.spectral_u_init(layout.spec, np.float64)
+    u = spectral_u_init(layout.spec, np.float64)
     ref.reference_train_step(flat, np.zeros_like(flat), np.zeros_like(flat), layout,
                              [(tok, tg, rs, h0)], spectral_bound=0.5, spectral_u=u, **kw)
     H = layout.spec.hidden

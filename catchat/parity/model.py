@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from catchat import reference as ref
-from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
 from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device
@@ -45,7 +45,7 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     flat = layout.flatten(init_params(spec, seed))
     tokens, targets, resets = random_window(rng, spec, T, B)
     h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
-    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    prog = Program(dev, layout, T, B, optimizer=hp.optimizer)
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     # eval pass (no dropout, plain CE) gives the logits; it also carries h0 -> hT, so reset after
@@ -72,7 +72,7 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     exp_apply = ref.reference_apply_step(exp_flat, grads.astype(np.float64), m, v, layout, n_valid, t=1,
                                          lr=hp.lr, optimizer=hp.optimizer, b1=hp.beta1, b2=hp.beta2, eps=hp.eps,
                                          wd=hp.weight_decay, clip=hp.clip, spectral_bound=hp.spectral_bound or None,
-                                         spectral_u=ref.spectral_u_init(spec, np.float64))
+                                         spectral_u=spectral_u_init(spec, np.float64))
     shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}"
     out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
@@ -98,7 +98,7 @@ def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper,
     flat = layout.flatten(init_params(spec, seed))
     tokens, targets, resets = random_window(rng, spec, T, B)
     resets[0] = 1  # windows start conversations here: h0 = 0, as the reference's per-step forward
-    prog = Program(dev, spec, T, B, optimizer=hp.optimizer)
+    prog = Program(dev, layout, T, B, optimizer=hp.optimizer)
     no_update = StepHyper(**{**hp.__dict__, "lr": 0.0, "weight_decay": 0.0})  # keep the weights for a 2nd run
 
     def run(stepwise):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from catchat import reference
-from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
 from catchat.parity import ParityResult, compare
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -52,7 +52,7 @@ class StepRig:
         self.mask = dev.tensor(layout.decay_mask())
         self.hyper = dev.tensor(slots.HP_WORDS, np.uint32)
         self.stats = dev.tensor(slots.ST_WORDS, np.uint32)
-        self.u = dev.tensor(reference.spectral_u_init(layout.spec))
+        self.u = dev.tensor(spectral_u_init(layout.spec))
         self.norm = GradNorm(dev, self.grads, self.stats, n, **geometry["norm"])
         self.opt = Optimizer(dev, self.params, self.grads, self.m, self.v, self.mask, self.hyper,
                              self.stats, n, kind, **geometry["opt"])
@@ -152,7 +152,7 @@ def spectral_case(layout: ParamLayout, seed: int) -> tuple[np.ndarray, float]:
             W = layout.view(flat, f"layers.{l}.gru.{which}")
             for gate in range(3):
                 W[gate * H:(gate + 1) * H] *= np.float32(1.0 + 0.5 * (l * 6 + k * 3 + gate))
-    s = np.sort(block_sigmas(flat, layout, reference.spectral_u_init(layout.spec)))
+    s = np.sort(block_sigmas(flat, layout, spectral_u_init(layout.spec)))
     mid = len(s) // 2
     return flat, float(math.sqrt(s[mid - 1] * s[mid]))
 
@@ -165,7 +165,7 @@ def _spectral_checks(dev: Device) -> list[ParityResult]:
         layout = ParamLayout(ModelSpec(vocab_size=11, hidden=hidden, layers=2))
         flat, bound = spectral_case(layout, seed=hidden)
         rig = StepRig(dev, layout, "adamw", flat, geo)
-        p, u = flat.copy(), reference.spectral_u_init(layout.spec)
+        p, u = flat.copy(), spectral_u_init(layout.spec)
         words = optimizer_hyper_words("adamw", 1, 0.0, 0.9, 0.99, 1e-8, 0.0, 0.0, spectral_bound=bound)
         for rep in range(2):
             rig.step(np.zeros(layout.total, np.float32), hyper_buffer(words, n_valid=1))

@@ -43,10 +43,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catchat import reference as ref
 from catchat.errors import DeviceLost
 from catchat.lanes import n_valid as count_valid
-from catchat.model import ModelSpec, ParamLayout
+from catchat.model import ModelSpec, ParamLayout, spectral_u_init
 from catchat.rng import step_seed
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -95,33 +94,42 @@ class StepStats:
     tf_model_fed: int = 0  # inputs that were the model's own choice (scheduled sampling)
 
 
-class Program:
-    """All device state and recorded sequences for one ModelSpec at window T and B lanes."""
+def _layout(model: ParamLayout | ModelSpec) -> ParamLayout:
+    """The caller's layout, or one made for a bare ModelSpec (forward-only callers)."""
+    return model if isinstance(model, ParamLayout) else ParamLayout(model)
 
-    def __init__(self, dev: Device, spec: ModelSpec, T: int, B: int, optimizer: str = "adamw",
+
+class Program:
+    """All device state and recorded sequences for one model's parameter layout at window T and B lanes."""
+
+    def __init__(self, dev: Device, model: ParamLayout | ModelSpec, T: int, B: int, optimizer: str = "adamw",
                  training: bool = True):
-        """training=False builds only the forward pass (evaluation, generation): no gradient,
+        """model: the parameter layout the caller already has (the trainer's), or a ModelSpec to lay
+        out here. training=False builds only the forward pass (evaluation, generation): no gradient,
         optimizer or backward buffers."""
-        self.dev, self.spec, self.T, self.B = dev, spec, int(T), int(B)
-        self.layout = ParamLayout(spec)
+        self.layout = _layout(model)
+        self.dev, self.spec, self.T, self.B = dev, self.layout.spec, int(T), int(B)
         self.optimizer_kind = optimizer
         self.training = training
-        dev.check_device_memory(self.planned_bytes(spec, T, B, training, dev),
-                                f"the model (H={spec.hidden}, L={spec.layers}) at T={self.T}, B={self.B}"
+        dev.check_device_memory(self.planned_bytes(self.layout, T, B, training, dev),
+                                f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
         self._alloc()
         self._build_kernels()
         self._record()
 
     @staticmethod
-    def planned_bytes(spec: ModelSpec, T: int, B: int, training: bool = True, dev: Device | None = None) -> int:
+    def planned_bytes(model: ParamLayout | ModelSpec, T: int, B: int, training: bool = True,
+                      dev: Device | None = None) -> int:
         """Bytes of device buffers the constructor will allocate (every buffer in the module doc,
         plus the kernels' scratch), computed without allocating. `dev` sets the GPU split-K
         workspaces; without it they are sized as on a CPU device (no split)."""
         from catchat.vk.kernels import ceil_div
         from catchat.vk.kernels.optim import MAX_GROUPS_X
 
-        H, L, V, R, P = spec.hidden, spec.layers, spec.vocab_size, int(T) * int(B), ParamLayout(spec).total
+        layout = _layout(model)
+        spec = layout.spec
+        H, L, V, R, P = spec.hidden, spec.layers, spec.vocab_size, int(T) * int(B), layout.total
         B = int(B)
         words = (P + slots.HP_WORDS + slots.ST_WORDS + 3 * R + 2 * L * B * H  # params, hyper, stats, data, h0/hT
                  + (L + 1) * R * H + 2 * L * R * H + L * R * 4 * H + L * R  # x, o, hprev, save, rstd
@@ -166,7 +174,7 @@ class Program:
             return
         self.grads, self.m, self.v = (d.tensor(P) for _ in range(3))
         self.decay = d.tensor(lay.decay_mask())
-        self.u = d.tensor(ref.spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
+        self.u = d.tensor(spectral_u_init(s))  # [L,2,3,H] spectral-norm vectors
         self._sync([self.decay, self.u], True)  # device tensors hold garbage until synced
         self.dh0 = d.tensor(L * B * H)
         self.dx, self.do = d.tensor(R * H), self.x[L]  # aliases: see the module doc
@@ -383,7 +391,7 @@ class Program:
         """Upload Adam moments and (optionally) the spectral-norm vectors."""
         self._put(self.m, m)
         self._put(self.v, v)
-        self._put(self.u, ref.spectral_u_init(self.spec) if u is None else u)
+        self._put(self.u, spectral_u_init(self.spec) if u is None else u)
         self._sync([self.m, self.v, self.u], True)
 
     def set_carry(self, h0: np.ndarray | None) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from catchat import reference
-from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
 from catchat.parity import optim as optim_parity
 from catchat.parity.optim import DEFAULT_GEOMETRY, SMALL_GEOMETRY, StepRig, hyper_buffer
 from catchat.vk import slots
@@ -132,7 +132,7 @@ def test_spectral_off_when_bound_is_zero(dev):
     rig.step(np.zeros(LAYOUT.total, np.float32), hyper_buffer(words, n_valid=1))
     got = rig.download()
     assert got["params"].tobytes() == flat.tobytes()
-    assert got["u"].tobytes() == reference.spectral_u_init(LAYOUT.spec).tobytes()
+    assert got["u"].tobytes() == spectral_u_init(LAYOUT.spec).tobytes()
 
 
 @pytest.mark.parametrize("kind", optim.OPTIMIZERS)

@@ -144,7 +144,7 @@ class SpectralProject(Kernel):
 
     params: flat float32 [layout.total] (updated in place: a block with sigma > bound is scaled
     by bound / sigma); u: float32 [L,2,3,H] persistent unit vectors (start:
-    reference.spectral_u_init; training state, checkpoint it), updated every applied step;
+    catchat.model.spectral_u_init; training state, checkpoint it), updated every applied step;
     hyper [HP_WORDS] (HP_SPECTRAL_BOUND, 0 = off), stats [ST_WORDS] (ST_SKIPPED = 1: off).
     Owns `work` float32 [2 * 6L * H + 6L] scratch. Four dispatches, to record in order,
     after Optimizer. Matches reference.spectral_project_model.
