@@ -74,7 +74,7 @@ def _num(x: float) -> str:
 # Upper bounds that keep the run's counters inside the 32-bit words the device and the RNG use:
 #  - the optimizer step t (1-based, at most total_steps) goes to the GPU as the uint32 hyper word
 #    HP_STEP (vk/kernels/optim.py: np.uint32(t)); 2**32 would wrap to 0 (numpy 2.4 warns, later
-#    numpy raises). global_step itself only reaches the GPU through reference.step_seed, which
+#    numpy raises). global_step itself only reaches the GPU through rng.step_seed, which
 #    masks global_step * 64 + micro_batch to 32 bits on purpose (docs/model.md): the dropout seeds
 #    repeat every 2**26 steps, which is harmless (other data, other weights), not an overflow.
 #  - the valid targets of one optimizer step (at most micro_batches * batch_lanes * window) go to

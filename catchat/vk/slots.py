@@ -24,7 +24,7 @@ HP_EPS = 3  # f32 Adam epsilon
 HP_WEIGHT_DECAY = 4  # f32 decoupled weight decay (applied where the layout's decay mask is 1)
 HP_CLIP = 5  # f32 max global grad norm; 0 = no clipping
 HP_INV_N_VALID = 6  # f32 1 / valid targets of the whole optimizer step (0 when there are none)
-HP_SEED = 7  # u32 dropout seed of this micro-batch (reference.step_seed)
+HP_SEED = 7  # u32 dropout seed of this micro-batch (rng.step_seed)
 HP_STEP = 8  # u32 optimizer step t being taken (1-based)
 HP_BIAS_CORR1 = 9  # f32 1 - beta1^t (AdamW)
 HP_BIAS_CORR2 = 10  # f32 1 - beta2^t

@@ -3,7 +3,7 @@
 #ifndef CATCHAT_COMMON_GLSL
 #define CATCHAT_COMMON_GLSL
 
-// The counter-based RNG of docs/model.md, bit-identical to catchat.reference.mix32/rng_u32.
+// The counter-based RNG of docs/model.md, bit-identical to catchat.rng.mix32/rng_u32.
 uint mix32(uint x) {
     x ^= x >> 16; x *= 0x7feb352du;
     x ^= x >> 15; x *= 0x846ca68bu;
