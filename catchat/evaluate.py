@@ -101,7 +101,7 @@ def _largest_buffer_bytes(spec, T: int, B: int) -> int:
     return 4 * T * B * max(4 * spec.hidden, spec.vocab_size)
 
 
-def fit_layout(dev, spec, lengths, max_lanes: int, window: int, carry_state: bool) -> tuple[int, int, str]:
+def fit_layout(dev, layout, lengths, max_lanes: int, window: int, carry_state: bool) -> tuple[int, int, str]:
     """(B, T, note): `packed_layout`, with fewer lanes (then, carrying state, a shorter window) while
     the program would exceed the device's memory or its largest storage buffer. The note says so."""
     from catchat.vk.program import Program
@@ -113,8 +113,8 @@ def fit_layout(dev, spec, lengths, max_lanes: int, window: int, carry_state: boo
     while True:
         B, T = packed_layout(lengths, cap_b, cap_t, carry_state=carry_state)
         first = first or (B, T)
-        fits = ((not heap or Program.planned_bytes(spec, T, B, training=False, dev=dev) <= heap)
-                and _largest_buffer_bytes(spec, T, B) <= max_buffer)
+        fits = ((not heap or Program.planned_bytes(layout, T, B, training=False, dev=dev) <= heap)
+                and _largest_buffer_bytes(layout.spec, T, B) <= max_buffer)
         if fits or (B == 1 and (T == 1 or not carry_state)):
             break  # fits, or cannot shrink further (Program then says what is missing)
         if B > 1:
@@ -126,9 +126,9 @@ def fit_layout(dev, spec, lengths, max_lanes: int, window: int, carry_state: boo
     return B, T, note
 
 
-def evaluate_set(dev, spec, flat_params: np.ndarray, data: EvalSet, *, max_lanes: int, window: int,
+def evaluate_set(dev, layout, flat_params: np.ndarray, data: EvalSet, *, max_lanes: int, window: int,
                  carry_state: bool = True, n_windows: int = 0) -> dict:
-    """Score `data` with the model (spec, flat float32 params) on `dev`: a forward-only program of
+    """Score `data` with the model (its ParamLayout, flat float32 params) on `dev`: a forward-only program of
     the `fit_layout` shape. n_windows > 0 scores only the first that many windows of that layout.
     Returns loss (nats per target), bpc, top1, top5 (rates), n_valid (targets scored), characters
     (of them, the text's characters: not <turn>/<eos>), conversations, lanes, window, windows,
@@ -136,10 +136,10 @@ def evaluate_set(dev, spec, flat_params: np.ndarray, data: EvalSet, *, max_lanes
     from catchat.vk.program import Program
 
     t0 = time.perf_counter()
-    B, T, note = fit_layout(dev, spec, data.lengths, max_lanes, window, carry_state)
+    B, T, note = fit_layout(dev, layout, data.lengths, max_lanes, window, carry_state)
     lanes = Lanes(data.tokens, data.starts, data.lengths, batch_lanes=B, window=T, carry_state=carry_state,
                   layout_id="eval")
-    prog = Program(dev, spec, T, B, training=False)
+    prog = Program(dev, layout, T, B, training=False)
     prog.set_params(flat_params)
     total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
     characters = 0
@@ -178,9 +178,9 @@ def evaluate_checkpoint(ckpt, dev, *, text: str | None = None, fmt: str = "auto"
 
         data = corpus_set(open_corpus(corpus_path or cfg.data.corpus), split, cfg.data.eval_fraction,
                           cfg.data.max_conversations)
-    spec = cfgmod.model_spec(cfg)
-    flat = ParamLayout(spec).flatten(ckpt.params, np.float32)
-    res = evaluate_set(dev, spec, flat, data, max_lanes=max_lanes or cfg.data.batch_lanes, window=cfg.data.window,
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    flat = layout.flatten(ckpt.params, np.float32)
+    res = evaluate_set(dev, layout, flat, data, max_lanes=max_lanes or cfg.data.batch_lanes, window=cfg.data.window,
                        carry_state=cfg.data.carry_state, n_windows=n_windows)
     head = {"checkpoint": str(ckpt.path), "global_step": ckpt.global_step, "source": data.source, "path": data.path}
     if data.split is not None:

@@ -155,12 +155,12 @@ class Generator:
     where it can, one token at a time for the rest) and keeps the last logits; `generate` samples
     from them. A `<bos>` token always starts from a zero state (as in training: reset = 1 there)."""
 
-    def __init__(self, dev, spec: ModelSpec, flat_params: np.ndarray, streams: int = 1,
+    def __init__(self, dev, layout: ParamLayout, flat_params: np.ndarray, streams: int = 1,
                  prefill: int = PREFILL_WINDOW):
-        self.dev, self.spec, self.streams = dev, spec, int(streams)
+        self.dev, self.layout, self.spec, self.streams = dev, layout, layout.spec, int(streams)
         self.prefill = int(prefill)
         self._flat = np.asarray(flat_params, np.float32)
-        self.prog = Program(dev, spec, 1, self.streams, training=False)
+        self.prog = Program(dev, self.layout, 1, self.streams, training=False)
         self.prog.set_params(self._flat)
         self._prefill_prog: Program | None = None
         self.logits: np.ndarray | None = None  # [streams, V] after the last fed token
@@ -173,7 +173,8 @@ class Generator:
         from catchat.model import param_specs
 
         ck.check_shapes(ckpt.params, {p.name: p.shape for p in param_specs(spec)}, str(ckpt.path))
-        return cls(dev, spec, ParamLayout(spec).flatten(ckpt.params, np.float32), streams, prefill)
+        layout = ParamLayout(spec)
+        return cls(dev, layout, layout.flatten(ckpt.params, np.float32), streams, prefill)
 
     def set_params(self, flat_params: np.ndarray) -> None:
         """Swap in other weights of the same spec (e.g. the trainer's samples at each eval)."""
@@ -190,7 +191,7 @@ class Generator:
 
     def _prefill_program(self) -> Program:
         if self._prefill_prog is None:
-            self._prefill_prog = Program(self.dev, self.spec, self.prefill, self.streams, training=False)
+            self._prefill_prog = Program(self.dev, self.layout, self.prefill, self.streams, training=False)
             self._prefill_prog.set_params(self._flat)
         return self._prefill_prog
 

@@ -26,6 +26,21 @@ from catchat.rng import (
 )
 
 # ---------------------------------------------------------------------------------------------
+# axpby: y = a*x + b*y + c (zeroing, scaling, copying, accumulating buffers)
+# ---------------------------------------------------------------------------------------------
+
+
+def axpby_reference(x: np.ndarray, y: np.ndarray, a: float, b: float, c: float = 0.0) -> np.ndarray:
+    """numpy twin of glsl/axpby.comp (float32 arithmetic; a zero coefficient ignores its operand)."""
+    r = np.zeros_like(y, dtype=np.float32)
+    if a != 0:
+        r = np.float32(a) * x
+    if b != 0:
+        r = r + np.float32(b) * y
+    return (r + np.float32(c)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
 # Dropout masks, drawn from the counter-based RNG shared with GLSL (catchat.rng)
 # ---------------------------------------------------------------------------------------------
 

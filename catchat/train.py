@@ -363,7 +363,7 @@ class Trainer:
 
         flat = self.prog.get_params()
         if getattr(self, "_sampler", None) is None:
-            self._sampler = Generator(self.dev, self.spec, flat, streams=1, prefill=1)
+            self._sampler = Generator(self.dev, self.layout, flat, streams=1, prefill=1)
         else:
             self._sampler.set_params(flat)
         parts = []

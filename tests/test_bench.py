@@ -11,7 +11,7 @@ import bench  # noqa: E402
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ParamLayout  # noqa: E402
-from catchat.vk.program import Program  # noqa: E402
+from catchat.vk.program import Program, sequences  # noqa: E402
 
 
 def small(layers: int = 2):
@@ -33,7 +33,7 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     spec = cfgmod.model_spec(cfg)
     assert res["device_bytes"] >= 4 * 4 * ParamLayout(spec).total
     # every group of the recorded micro-batch timed once, in order, the baseline submit taken off
-    groups = bench.profile_groups(Program(dev, spec, cfg.data.window, cfg.data.batch_lanes))
+    groups = bench.profile_groups(Program(dev, ParamLayout(spec), cfg.data.window, cfg.data.batch_lanes))
     assert [(kind, name) for kind, name, _ in res["profile"]] == [(kind, name) for kind, name, _ in groups]
     # each group is timed less an empty submit's time: the sweeps (dozens of dispatches) still cost more
     assert sum(ms for kind, _, ms in res["profile"] if kind == "sweep") > 0
@@ -42,9 +42,9 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
 def test_profile_groups_are_the_micro_batch(dev):
     """Every dispatch of the recorded micro-batch (forward, loss, backward) is in exactly one group."""
     cfg = small(layers=3)
-    prog = Program(dev, cfgmod.model_spec(cfg), cfg.data.window, cfg.data.batch_lanes)
+    prog = Program(dev, ParamLayout(cfgmod.model_spec(cfg)), cfg.data.window, cfg.data.batch_lanes)
     grouped = sum(len(ops) for _, _, ops in bench.profile_groups(prog))
-    micro = len(prog.forward_ops()) + 2 + len(prog.backward_ops())  # + cross-entropy, loss reduction
+    micro = len(sequences.forward_ops(prog.fwd)) + 2 + len(sequences.backward_ops(prog.bwd))  # + loss, reduction
     assert grouped == micro
 
 
@@ -61,8 +61,8 @@ def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch
     prog, train_step, _ = bench.ready_program(cfg, dev)
     train_step()
     fwd, bwd, clocks = sweep_phases.clocked_twins(prog, 1, 24)
-    before = run_ops(prog.dev, [], prog.fwd_layers[1]["gru"].sweep_ops(), [prog.o[1], prog.save[1]])
-    after = run_ops(prog.dev, [], fwd.sweep_ops(), [prog.o[1], prog.save[1], clocks[0]])
+    before = run_ops(prog.dev, [], prog.fwd.gru[1].sweep_ops(), [prog.buffers.o[1], prog.buffers.save[1]])
+    after = run_ops(prog.dev, [], fwd.sweep_ops(), [prog.buffers.o[1], prog.buffers.save[1], clocks[0]])
     for a, b in zip(before, after[:2]):
         assert (a == b).all()
     phases, step = sweep_phases.phase_cycles(after[2].reshape(24, 8), len(sweep_phases.FORWARD_PHASES))

@@ -165,9 +165,9 @@ def test_corpus_eval_matches_trainer_eval(cli, run, dev):
 
     c = ck.load_checkpoint(run)
     cfg = cfgmod.from_dict(c.state["config"])
-    spec = cfgmod.model_spec(cfg)
-    prog = Program(dev, spec, cfg.data.window, cfg.data.batch_lanes, training=False)
-    prog.set_params(ParamLayout(spec).flatten(c.params, np.float32))
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    prog = Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, training=False)
+    prog.set_params(layout.flatten(c.params, np.float32))
     want = evaluate(prog, Lanes.from_config(corpus_mod.open_corpus(cfg.data.corpus), cfg, "eval"), 0)
     got = eval_json(cli, run)
     n = want["n_valid"]
@@ -292,17 +292,18 @@ def test_fit_layout_shrinks_to_the_device():
     """A v3-size model (H=512) on a device with 128 MiB buffers (lavapipe): fewer lanes, then a
     shorter window, until the largest buffer fits; the note says so."""
     from catchat.evaluate import _largest_buffer_bytes, fit_layout
-    from catchat.model import ModelSpec
+    from catchat.model import ModelSpec, ParamLayout
 
     spec = ModelSpec(vocab_size=101, hidden=512, layers=3)
+    layout = ParamLayout(spec)
     dev = SimpleNamespace(info=SimpleNamespace(name="small", device_memory_bytes=2 << 30,
                                                max_storage_buffer_bytes=128 << 20))
-    assert fit_layout(dev, spec, [3761], 64, 1024, True) == (1, 941, "")
-    B, T, note = fit_layout(dev, spec, [3000] * 64, 64, 1024, True)
+    assert fit_layout(dev, layout, [3761], 64, 1024, True) == (1, 941, "")
+    B, T, note = fit_layout(dev, layout, [3000] * 64, 64, 1024, True)
     assert _largest_buffer_bytes(spec, T, B) <= 128 << 20 and B * T >= 8192
     assert note == f"64 lanes of 1000 would not fit on small: using {B} of {T}"
     tiny = SimpleNamespace(info=SimpleNamespace(name="tiny", device_memory_bytes=0, max_storage_buffer_bytes=1 << 20))
-    B, T, _ = fit_layout(tiny, spec, [3000], 64, 1024, True)
+    B, T, _ = fit_layout(tiny, layout, [3000], 64, 1024, True)
     assert (B, T) == (1, 125) and _largest_buffer_bytes(spec, T, B) <= 1 << 20 < _largest_buffer_bytes(spec, 250, 1)
 
 

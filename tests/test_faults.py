@@ -23,7 +23,7 @@ from catchat import config as cfgmod
 from catchat import corpus as corpus_mod
 from catchat import faults
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError, VulkanUnavailable
-from catchat.model import ModelSpec
+from catchat.model import ModelSpec, ParamLayout
 from catchat.parity.model import random_window
 from catchat.train import Trainer
 from catchat.vk.device import Device, format_bytes
@@ -345,7 +345,7 @@ class _Failing:
 def test_device_lost_in_program_sequences(dev):
     """Every recorded sequence and transfer of a Program turns kp's RuntimeError into DeviceLost."""
     spec, T, B = ModelSpec(vocab_size=101, hidden=8, layers=1), 4, 2
-    prog = Program(dev, spec, T, B)
+    prog = Program(dev, ParamLayout(spec), T, B)
     tok, tg, rs = random_window(np.random.default_rng(0), spec, T, B)
     prog.seq_eval = _Failing()
     with pytest.raises(DeviceLost, match="failed while running an evaluation window"):
@@ -363,11 +363,11 @@ def test_too_little_device_memory_is_refused_before_allocating(dev):
     asked for and the config keys to lower; nothing is allocated."""
     small = dataclasses.replace(dev, info=dataclasses.replace(dev.info, device_memory_bytes=8 << 20),
                                 allocated_bytes=0)
-    spec = ModelSpec(vocab_size=101, hidden=64, layers=2)
+    layout = ParamLayout(ModelSpec(vocab_size=101, hidden=64, layers=2))
     with pytest.raises(VulkanUnavailable) as info:
-        Program(small, spec, 64, 32)
+        Program(small, layout, 64, 32)
     msg = str(info.value)
-    assert f"needs {format_bytes(Program.planned_bytes(spec, 64, 32, True, small))} of device memory" in msg
+    assert f"needs {format_bytes(Program.planned_bytes(layout, 64, 32, True, small))} of device memory" in msg
     assert "has 8.0 MiB" in msg and "T=64, B=32" in msg and "H=64, L=2" in msg
     for key in ("model.hidden", "data.batch_lanes", "data.window"):
         assert key in info.value.hint
@@ -382,10 +382,10 @@ def test_planned_bytes_is_what_a_program_allocates(dev, spec, T, B, persistent, 
     monkeypatch.setenv("CATCHAT_PERSISTENT", persistent)
     for training in (True, False):
         before = dev.allocated_bytes
-        prog = Program(dev, spec, T, B, training=training)
-        assert dev.allocated_bytes - before == Program.planned_bytes(spec, T, B, training, dev)
+        prog = Program(dev, ParamLayout(spec), T, B, training=training)
+        assert dev.allocated_bytes - before == Program.planned_bytes(ParamLayout(spec), T, B, training, dev)
         if training:
-            resident = [isinstance(lay["gru"].tiles, gru.ResidentTiles) for lay in prog.bwd_layers]
+            resident = [isinstance(lay.gru.tiles, gru.ResidentTiles) for lay in prog.bwd.layers]
             assert all(resident) == (persistent == "64")
 
 

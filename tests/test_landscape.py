@@ -131,7 +131,7 @@ def test_gpu_and_numpy_surfaces_agree_and_reproduce(dev, trained):
     assert len(data.windows) == 1 and data.n_valid > 30
     alphas = land.grid(N, R)
     kw = dict(layer=1, group=land.parse_group("z"), seed=11, alphas=alphas, radius=R)
-    gpu = land.GpuEvaluator(dev, spec, data)
+    gpu = land.GpuEvaluator(dev, layout, data)
     s_gpu = land.layer_surface(gpu, layout, flat, **kw)
     s_ref = land.layer_surface(land.ReferenceEvaluator(spec, data), layout, flat, **kw)
     assert s_gpu.loss.shape == (N, N) and s_gpu.evaluations == 9 + 8 + 4  # circle at r shares 4 grid points
@@ -151,7 +151,7 @@ def test_gpu_and_numpy_surfaces_agree_and_reproduce(dev, trained):
     from catchat.lanes import Lanes
     from catchat.vk.program import Program
 
-    prog = Program(dev, spec, cfg.data.window, cfg.data.batch_lanes, training=False)
+    prog = Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, training=False)
     prog.set_params(flat)
     assert s_gpu.centre == pytest.approx(evaluate(prog, Lanes.from_config(corpus, cfg, "eval"), 1)["loss"],
                                          rel=1e-6)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from catchat.errors import DeviceLost, UsageError
-from catchat.model import ModelSpec
+from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import gru as gru_parity
 from catchat.parity import model as model_parity
 from catchat.vk import slots
@@ -34,18 +34,18 @@ def test_stepwise_path_with_persistent_backward(dev, monkeypatch):
 def test_programs_pick_persistent_sweeps_from_the_environment(dev, monkeypatch):
     spec = ModelSpec(vocab_size=101, hidden=8, layers=2)
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
-    prog = Program(dev, spec, 5, 2, training=True)
-    assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.fwd_layers)
-    assert all(len(k["gru"].sweep_ops()) == 1 for k in prog.bwd_layers)
+    prog = Program(dev, ParamLayout(spec), 5, 2, training=True)
+    sweeps = lambda p: p.fwd.gru + [lay.gru for lay in p.bwd.layers]  # noqa: E731
+    assert all(len(k.sweep_ops()) == 1 for k in sweeps(prog))
     # one tile fits one workgroup at H=8: W_hh stays in registers (so the whole-model tests with
     # CATCHAT_PERSISTENT=1 run the resident kernels)
-    assert all(k["gru"].shader.endswith("_resident") for k in prog.fwd_layers + prog.bwd_layers)
+    assert all(k.shader.endswith("_resident") for k in sweeps(prog))
     monkeypatch.setenv("CATCHAT_PERSISTENT", "0")
-    prog = Program(dev, spec, 5, 2, training=True)
-    assert [len(k["gru"].sweep_ops()) for k in prog.fwd_layers + prog.bwd_layers] == [5, 5, 6, 6]
+    prog = Program(dev, ParamLayout(spec), 5, 2, training=True)
+    assert [len(k.sweep_ops()) for k in sweeps(prog)] == [5, 5, 6, 6]
     monkeypatch.setenv("CATCHAT_PERSISTENT", "lots")
     with pytest.raises(UsageError, match="CATCHAT_PERSISTENT"):
-        Program(dev, spec, 5, 2, training=False)
+        Program(dev, ParamLayout(spec), 5, 2, training=False)
 
 
 def test_persistent_geometry():
@@ -91,11 +91,11 @@ def test_a_barrier_that_cannot_hold_gives_up_and_says_so(dev):
 
 
 def test_a_lost_barrier_is_an_error_not_a_result(dev):
-    prog = Program(dev, ModelSpec(vocab_size=101, hidden=8, layers=1), 4, 2, training=False)
+    prog = Program(dev, ParamLayout(ModelSpec(vocab_size=101, hidden=8, layers=1)), 4, 2, training=False)
     from catchat.vk.device import host_view
 
-    host_view(prog.stats)[:] = 0
-    host_view(prog.stats)[slots.ST_SYNC_TIMEOUTS] = 1
+    host_view(prog.buffers.stats)[:] = 0
+    host_view(prog.buffers.stats)[slots.ST_SYNC_TIMEOUTS] = 1
     with pytest.raises(DeviceLost, match="CATCHAT_PERSISTENT=0"):
         prog._stats(1)
 
@@ -105,8 +105,8 @@ def test_forward_passes_check_the_barrier_too(dev, monkeypatch):
     all be resident on a CPU device (lavapipe runs at most 16 threads); on a GPU they are and the
     logits come back."""
     monkeypatch.setenv("CATCHAT_PERSISTENT", "64")
-    prog = Program(dev, ModelSpec(vocab_size=101, hidden=256, layers=1), 3, 64, training=False)
-    assert prog.fwd_layers[0]["gru"].sweep_workgroups == 64
+    prog = Program(dev, ParamLayout(ModelSpec(vocab_size=101, hidden=256, layers=1)), 3, 64, training=False)
+    assert prog.fwd.gru[0].sweep_workgroups == 64
     prog.set_params(np.full(prog.layout.total, 0.01, np.float32))
     prog.set_carry(None)
     zeros = np.zeros((3, 64), np.uint32)

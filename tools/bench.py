@@ -56,8 +56,9 @@ def ready_program(cfg, dev, tf: float = 1.0):
     training step / one evaluation window each on random data."""
     spec = cfgmod.model_spec(cfg)
     T, B = cfg.data.window, cfg.data.batch_lanes
-    prog = Program(dev, spec, T, B, optimizer=cfg.train.optimizer)
-    flat = ParamLayout(spec).flatten(init_params(spec, 0))
+    layout = ParamLayout(spec)
+    prog = Program(dev, layout, T, B, optimizer=cfg.train.optimizer)
+    flat = layout.flatten(init_params(spec, 0))
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     prog.set_carry(None)
@@ -106,22 +107,24 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profi
 def profile_groups(prog: Program) -> list[tuple[str, str, list]]:
     """The training micro-batch's dispatches in (kind, name, ops) groups, in recorded order:
     kind is "sweep" (the serial per-timestep dispatches), "gemm" or "other"."""
-    groups = [("other", "embedding", [prog.emb_f.op()])]
-    for l, k in enumerate(prog.fwd_layers):
-        groups += [("other" if l == 0 else "gemm", f"L{l} input projection", k["proj"].ops()),
-                   ("sweep", f"L{l} forward sweep", k["gru"].sweep_ops()), ("other", f"L{l} norm", k["norm"].ops())]
-    groups += [("gemm", "head", prog.head_f.ops()), ("other", "loss", [prog.ce_train.op(), prog.loss_reduce.op()]),
-               ("gemm", "head backward", prog.head_dx.ops() + prog.head_dw.ops())]
-    for l, k in reversed(list(enumerate(prog.bwd_layers))):
-        groups += [("other", f"L{l} norm backward", k["norm"].ops()),
-                   ("sweep", f"L{l} backward sweep", k["gru"].sweep_ops()),
-                   ("gemm", f"L{l} weight gradients", sum((k[n].ops() for n in ("dw_ih", "dw_hh") if n in k), [])),
-                   ("other", f"L{l} bias gradients", k["db_ih"].ops() + k["db_hh"].ops())]
-        if "dx" in k:
-            groups.append(("gemm", f"L{l} input gradient", k["dx"].ops()))
-    t0 = prog.table0_b
-    groups += [("other", "embedding + table0 token sums", [prog.emb_b.op(), t0["zero"](0.0, 0.0), t0["sum"].op()]),
-               ("gemm", "table0 backward GEMMs", t0["dw_ih"].ops() + t0["demb"].ops())]
+    f, k = prog.fwd, prog.bwd
+    groups = [("other", "embedding", [f.rows.embedding.op()])]
+    for l, (proj, gru, norm) in enumerate(zip(f.rows.proj, f.gru, f.rows.norm)):
+        groups += [("other" if l == 0 else "gemm", f"L{l} input projection", proj.ops()),
+                   ("sweep", f"L{l} forward sweep", gru.sweep_ops()), ("other", f"L{l} norm", norm.ops())]
+    groups += [("gemm", "head", f.rows.head.ops()),
+               ("other", "loss", [k.cross_entropy.op(), f.loss_reduce.op()]),
+               ("gemm", "head backward", k.head_dx.ops() + k.head_dw.ops())]
+    for l, lay in reversed(list(enumerate(k.layers))):
+        groups += [("other", f"L{l} norm backward", lay.norm.ops()),
+                   ("sweep", f"L{l} backward sweep", lay.gru.sweep_ops()),
+                   ("gemm", f"L{l} weight gradients", (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()),
+                   ("other", f"L{l} bias gradients", lay.db_ih.ops() + lay.db_hh.ops())]
+        if lay.dx:
+            groups.append(("gemm", f"L{l} input gradient", lay.dx.ops()))
+    t0 = k.table0
+    groups += [("other", "embedding + table0 token sums", [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]),
+               ("gemm", "table0 backward GEMMs", t0.dw_ih.ops() + t0.demb.ops())]
     return groups
 
 

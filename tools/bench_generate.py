@@ -40,8 +40,8 @@ TEMPERATURE = 0.8
 
 
 def bench_catchat(spec, dev, B: int, steps: int, warmup: int) -> dict:
-    flat = ParamLayout(spec).flatten(init_params(spec, 0), np.float32)
-    gen = Generator(dev, spec, flat, streams=B, prefill=0)
+    layout = ParamLayout(spec)
+    gen = Generator(dev, layout, layout.flatten(init_params(spec, 0), np.float32), streams=B, prefill=0)
     s = Sampling(temperature=TEMPERATURE)
     rng = np.random.default_rng(0)
     gen.feed(np.array([vocab.BOS], np.uint32))

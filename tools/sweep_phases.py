@@ -64,19 +64,20 @@ def clocked_twins(prog, layer: int, steps: int):
     """Layer `layer`'s sweeps rebuilt on the program's buffers with phase clocks, and the clock
     tensors (uint32 [steps, 8] each)."""
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
-    kf, kb = prog.fwd_layers[layer]["gru"], prog.bwd_layers[layer]["gru"]
+    kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
     if not (isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
         raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
     clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
     gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off = kf.offsets
-    fwd = ClockedForward(dev, prog.gi, prog.params, prog.h0, prog.resets, prog.o[layer], prog.hprev[layer],
-                         prog.save[layer], prog.hT, T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off,
-                         h0_off=h0_off, o_off=o_off, hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
-                         tiles=kf.tiles, stats=prog.stats, clock=clocks[0])
+    fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.hprev[layer], b.save[layer], b.hT,
+                         T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
+                         hprev_off=hprev_off, save_off=save_off, hT_off=hT_off, tiles=kf.tiles, stats=b.stats,
+                         clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
-    bwd = ClockedBackward(dev, prog.do, prog.save[layer], prog.hprev[layer], prog.resets, prog.params, prog.hyper,
-                          prog.dgi, prog.dgh, prog.dh0, prog.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
+    # the backward's do and dGi live in x[L] and gi (catchat/vk/program/plan.py)
+    bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.hprev[layer], b.resets, b.params, b.hyper,
+                          b.gi, b.dgh, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
                           dh0_off=dh0_off, tiles=kb.tiles, clock=clocks[1])
     return fwd, bwd, clocks

@@ -30,7 +30,7 @@ lanes, so batching points would need per-lane weights. `ReferenceEvaluator` runs
 model (catchat.reference) on the same windows: the oracle.
 
     sl = heldout_slice(corpus, cfg, tokens=2048)            # or text_slice(text, T, B, tokens)
-    ev = GpuEvaluator(dev, spec, sl)                         # or ReferenceEvaluator(spec, sl)
+    ev = GpuEvaluator(dev, layout, sl)                       # or ReferenceEvaluator(spec, sl)
     surf = layer_surface(ev, layout, flat, layer=0, group=parse_group("z"), seed=0,
                          alphas=grid(11, 0.5), radius=0.5)
     write_outputs(out_dir, result)                          # PNGs, landscape.npz, landscape.csv

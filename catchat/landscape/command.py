@@ -19,7 +19,7 @@ from catchat.landscape import surface
 from catchat.landscape.directions import DEFAULT_GROUP, Group, parse_group
 from catchat.landscape.evaluation import DEFAULT_TOKENS, EvalSlice, choose_evaluator, choose_slice
 from catchat.landscape.files import default_out_dir, write_data, write_outputs
-from catchat.model import ModelSpec
+from catchat.model import ModelSpec, ParamLayout
 
 Entry = tuple[str, str, int, ModelSpec, dict[str, np.ndarray]]  # (path, label, step, spec, params): for compute
 
@@ -37,7 +37,7 @@ class Job:
     ckpt_paths: list[Path]
     entries: list[Entry]
     data: EvalSlice
-    make_evaluator: Callable[[ModelSpec], Callable[[np.ndarray], float]]
+    make_evaluator: Callable[[ParamLayout], Callable[[np.ndarray], float]]
     where: str  # the evaluator, in words
     layers: list[int]  # as given ([]: every layer)
     n_layers: int

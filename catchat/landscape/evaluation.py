@@ -96,11 +96,11 @@ class GpuEvaluator:
 
     name = "gpu"
 
-    def __init__(self, dev, spec: ModelSpec, data: EvalSlice):
+    def __init__(self, dev, layout: ParamLayout, data: EvalSlice):
         from catchat.vk.program import Program
 
-        self.spec, self.data = spec, data
-        self.prog = Program(dev, spec, data.T, data.B, training=False)
+        self.spec, self.data = layout.spec, data
+        self.prog = Program(dev, layout, data.T, data.B, training=False)
 
     def __call__(self, flat: np.ndarray) -> float:
         self.prog.set_params(np.asarray(flat, np.float32))
@@ -145,12 +145,13 @@ def choose_slice(cfg, tokens: int = DEFAULT_TOKENS, text_file: str | Path | None
 
 
 def choose_evaluator(data: EvalSlice, reference: bool, device=None
-                     ) -> tuple[Callable[[ModelSpec], Callable[[np.ndarray], float]], str]:
-    """(a factory of evaluators per ModelSpec, the evaluator in words): the numpy reference with
+                     ) -> tuple[Callable[[ParamLayout], Callable[[np.ndarray], float]], str]:
+    """(a factory of evaluators per parameter layout, the evaluator in words): the numpy reference with
     `reference`, else a forward-only program on `device` (opened here)."""
     if reference:
-        return (lambda spec: ReferenceEvaluator(spec, data)), "numpy reference (float64)"
+        return (lambda layout: ReferenceEvaluator(layout.spec, data)), "numpy reference (float64)"
     from catchat.vk.device import open_device
 
     dev = open_device(device)
-    return (lambda spec: GpuEvaluator(dev, spec, data)), f"{dev.info.name} (forward-only program, replayed per point)"
+    return ((lambda layout: GpuEvaluator(dev, layout, data)),
+            f"{dev.info.name} (forward-only program, replayed per point)")

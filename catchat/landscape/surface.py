@@ -170,7 +170,7 @@ class Landscape:
 
 
 def compute(checkpoints: Sequence[tuple[str, str, int, ModelSpec, dict[str, np.ndarray]]], data: EvalSlice,
-            make_evaluator: Callable[[ModelSpec], Callable[[np.ndarray], float]], *, layers: Sequence[int] | None,
+            make_evaluator: Callable[[ParamLayout], Callable[[np.ndarray], float]], *, layers: Sequence[int] | None,
             group: Group, seed: int, grid_n: int = DEFAULT_GRID, radius: float = DEFAULT_RADIUS,
             circle_points: int = CIRCLE_POINTS, on_point: Callable[[], None] | None = None,
             on_surface: Callable[[CheckpointSurfaces, Surface], None] | None = None) -> Landscape:
@@ -186,7 +186,7 @@ def compute(checkpoints: Sequence[tuple[str, str, int, ModelSpec, dict[str, np.n
         flat = layout.flatten(params, np.float32)
         ev = evaluators.get(spec)
         if ev is None:
-            ev = evaluators[spec] = make_evaluator(spec)
+            ev = evaluators[spec] = make_evaluator(layout)
         cs = CheckpointSurfaces(path, label, step)
         for layer in layers:
             s = layer_surface(ev, layout, flat, layer=layer, group=group, seed=seed, alphas=alphas, radius=radius,

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from catchat.parity import ParityResult, compare
+from catchat.reference import axpby_reference
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby, axpby_reference, run_ops
+from catchat.vk.kernels import Axpby, run_ops
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:

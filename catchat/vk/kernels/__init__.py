@@ -11,8 +11,6 @@ Their checks against the numpy twins live in catchat/parity/ (a module per famil
 
 from __future__ import annotations
 
-import numpy as np
-
 from catchat.vk.device import Device, host_view, pack_push
 from catchat.vk.shaders import compile_shader
 
@@ -62,12 +60,3 @@ class Axpby(Kernel):
     def __call__(self, a: float, b: float, c: float = 0.0):
         return self.op(self.n, float(a), float(b), float(c))
 
-
-def axpby_reference(x: np.ndarray, y: np.ndarray, a: float, b: float, c: float = 0.0) -> np.ndarray:
-    """numpy twin of glsl/axpby.comp (float32 arithmetic; a zero coefficient ignores its operand)."""
-    r = np.zeros_like(y, dtype=np.float32)
-    if a != 0:
-        r = np.float32(a) * x
-    if b != 0:
-        r = r + np.float32(b) * y
-    return (r + np.float32(c)).astype(np.float32)

@@ -1,0 +1,296 @@
+"""The host-side driver of the GPU program: one model's parameter layout at window T and B lanes.
+
+`Program` allocates the buffer plan (plan.py), binds the kernels to it (kernelsets.py), records the
+sequences (sequences.py) and drives them: parameters, optimizer state and the carried state in and
+out, a training step (micro-batches of consecutive windows of the same B lanes: the carried state
+flows from one to the next, as in reference.reference_train_step), evaluation windows, and the
+`hyper` words of each step. With teacher forcing below 1 (scheduled sampling) the forward pass
+runs one timestep at a time, choosing each next input from the previous step's logits; it writes
+the same activations as the batched forward, so the backward pass is the same.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.errors import DeviceLost
+from catchat.lanes import n_valid as count_valid
+from catchat.model import ParamLayout, spectral_u_init
+from catchat.rng import step_seed
+from catchat.vk import slots
+from catchat.vk.device import Device, host_view
+from catchat.vk.kernels.optim import optimizer_hyper_words
+from catchat.vk.program import sequences as sq
+from catchat.vk.program.kernelsets import (
+    BackwardKernels,
+    ForwardKernels,
+    StepwiseKernels,
+    build_backward,
+    build_forward,
+    build_stepwise,
+)
+from catchat.vk.program.plan import Geometry, allocate, planned_bytes
+
+
+@dataclass(frozen=True)
+class StepHyper:
+    """Everything a training step needs besides data: optimizer, regularisers, RNG."""
+
+    lr: float
+    optimizer: str = "adamw"
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip: float = 1.0  # 0 = no clipping
+    label_smoothing: float = 0.0
+    dropout_embedding: float = 0.0
+    dropout_hidden: float = 0.0
+    gradh_clamp: float = 0.0  # 0 = off
+    spectral_bound: float = 0.0  # 0 = off
+    run_seed: int = 0
+    tf_top_k: int = 0  # scheduled sampling's fed-back token: 0 = argmax, k = a sample from the top k
+
+
+@dataclass
+class StepStats:
+    """What the GPU reports after a step (or an evaluation pass)."""
+
+    loss: float  # sum of per-token losses / n_valid (smoothed in training, plain in eval)
+    n_valid: int
+    top1: int
+    top5: int
+    grad_norm: float = float("nan")  # before clipping
+    clip_scale: float = 1.0
+    skipped: bool = False
+    clamp_hits: int = 0
+    tf_model_fed: int = 0  # inputs that were the model's own choice (scheduled sampling)
+
+
+class Program:
+    """All device state and recorded sequences for one model's parameter layout at window T and B lanes.
+
+    buffers: the plan's buffers (plan.Buffers); fwd, bwd, stepwise: the kernel sets (bwd None
+    without training, stepwise None until the per-timestep path is first used); seq_*: the
+    recorded sequences (sequences.py)."""
+
+    def __init__(self, dev: Device, layout: ParamLayout, T: int, B: int, optimizer: str = "adamw",
+                 training: bool = True):
+        """layout: the caller's parameter layout (built once by the caller). training=False builds
+        only the forward pass (evaluation, generation): no gradient, optimizer or backward buffers."""
+        self.layout, self.dev, self.spec, self.T, self.B = layout, dev, layout.spec, int(T), int(B)
+        self.optimizer_kind = optimizer
+        self.training = training
+        dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
+                                f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
+                                + (" with training buffers" if training else ""))
+        self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training)
+        self.buffers = b = allocate(dev, layout, g, training)
+        if b.initialised():
+            self._sync(b.initialised(), True)  # device tensors hold garbage until synced
+        self.fwd: ForwardKernels = build_forward(dev, layout, b, g)
+        self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer) if training else None
+        self.stepwise: StepwiseKernels | None = None
+        fwd = sq.forward_ops(self.fwd)
+        self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
+        self.seq_first = self.seq_next = self.seq_apply = None
+        if training:
+            self.seq_first, self.seq_next = sq.record_train(dev, b, self.fwd, self.bwd, fwd)
+            self.seq_apply = sq.record_apply(dev, b, self.fwd, self.bwd)
+        self.seq_eval_free = self.seq_first_tf = self.seq_next_tf = None  # per-timestep: recorded on first use
+
+    planned_bytes = staticmethod(planned_bytes)
+
+    def _stepwise_sequences(self):
+        """Scheduled-sampling training and free-running eval sequences (recorded on first use)."""
+        if self.seq_eval_free is not None:
+            return
+        dev, b = self.dev, self.buffers
+        self.stepwise = build_stepwise(dev, self.layout, b, self.geometry)
+        fwd = sq.stepwise_forward_ops(self.fwd, self.stepwise, self.T, self.B)
+        self.seq_eval_free = sq.record_eval(dev, b, self.fwd, fwd)
+        if self.training:
+            self.seq_first_tf, self.seq_next_tf = sq.record_train(dev, b, self.fwd, self.bwd, fwd)
+
+    # ----------------------------------------------------------------------------- host side
+    def _sync(self, tensors, to_device: bool):
+        kp = self.dev.kp
+        op = kp.OpTensorSyncDevice(tensors) if to_device else kp.OpTensorSyncLocal(tensors)
+        self._eval(self.dev.sequence(), "an upload" if to_device else "a download", op)
+
+    def _eval(self, seq, what: str, *op) -> None:
+        """seq.eval(), with kp's RuntimeError (a failed submit or wait: VK_ERROR_DEVICE_LOST...)
+        turned into DeviceLost naming what was running."""
+        try:
+            seq.eval(*op)
+        except RuntimeError as exc:
+            raise DeviceLost(f"the Vulkan device ({self.dev.info.name}) failed while running {what}: {exc}",
+                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
+
+    def _put(self, tensor, array, dtype=np.float32):
+        host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
+
+    def set_params(self, flat: np.ndarray) -> None:
+        """Upload parameters (flat ParamLayout order) and rebuild what derives from them (table0)."""
+        self._put(self.buffers.params, flat)
+        self._eval(self.seq_set_params, "a parameter upload")
+
+    def set_optimizer_state(self, m: np.ndarray, v: np.ndarray, u: np.ndarray | None = None) -> None:
+        """Upload Adam moments and (optionally) the spectral-norm vectors."""
+        self._put(self.buffers.m, m)
+        self._put(self.buffers.v, v)
+        self._put(self.buffers.u, spectral_u_init(self.spec) if u is None else u)
+        self._sync([self.buffers.m, self.buffers.v, self.buffers.u], True)
+
+    def set_carry(self, h0: np.ndarray | None) -> None:
+        """Upload the carried hidden state [L,B,H] (None: zeros)."""
+        self._put(self.buffers.h0, np.zeros(self.buffers.h0.size(), np.float32) if h0 is None else h0)
+        self._sync([self.buffers.h0], True)
+
+    def read(self, *names: str) -> list[np.ndarray]:
+        """Download buffers by attribute name ('params', 'grads', 'h0', 'logits', ...) as host copies."""
+        tensors = [getattr(self.buffers, n) for n in names]
+        if any(t is None for t in tensors):
+            raise ValueError(f"{', '.join(names)}: not every buffer exists in this program (training={self.training})")
+        self._sync(tensors, False)
+        return [host_view(t).copy() for t in tensors]
+
+    def get_params(self) -> np.ndarray:
+        return self.read("params")[0]
+
+    def get_optimizer_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return tuple(self.read("m", "v", "u"))
+
+    def get_carry(self) -> np.ndarray:
+        L, H = self.spec.layers, self.spec.hidden
+        return self.read("h0")[0].reshape(L, self.B, H)
+
+    def _load_data(self, tokens, targets, resets):
+        shape = (self.T, self.B)
+        b = self.buffers
+        for t, a in ((b.tokens, tokens), (b.targets, targets), (b.resets, resets)):
+            if np.shape(a) != shape:
+                raise ValueError(f"data must be time-major {shape}, got {np.shape(a)}")
+            self._put(t, a, np.uint32)
+
+    def _load_hyper(self, words: dict[int, np.uint32]):
+        h = host_view(self.buffers.hyper)
+        h[:] = 0
+        for slot, w in words.items():
+            h[slot] = w
+
+    def _zero_stats(self):
+        host_view(self.buffers.stats)[:] = 0
+
+    def _check_sweeps(self, words) -> None:
+        """A persistent sweep whose grid barrier gave up computed garbage: say so instead."""
+        if words[slots.ST_SYNC_TIMEOUTS]:
+            raise DeviceLost(f"a one-dispatch recurrent sweep on {self.dev.info.name} lost its workgroups (they were "
+                             "not all resident at once), so this step's results are wrong",
+                             hint="run with CATCHAT_PERSISTENT=0 (one dispatch per timestep) and report the GPU")
+
+    def _stats(self, n_valid: int) -> StepStats:
+        w = host_view(self.buffers.stats).copy()
+        self._check_sweeps(w)
+        f32 = lambda slot: slots.word_f32(w, slot)  # noqa: E731
+        norm_sq = f32(slots.ST_GRAD_NORM_SQ)
+        return StepStats(loss=f32(slots.ST_LOSS_SUM) / n_valid if n_valid else 0.0, n_valid=int(w[slots.ST_N_VALID]),
+                         top1=int(w[slots.ST_TOP1]), top5=int(w[slots.ST_TOP5]),
+                         grad_norm=math.sqrt(max(norm_sq, 0.0)) if math.isfinite(norm_sq) else float("nan"),
+                         clip_scale=f32(slots.ST_CLIP_SCALE), skipped=bool(w[slots.ST_SKIPPED]),
+                         clamp_hits=int(w[slots.ST_CLAMP_HITS]), tf_model_fed=int(w[slots.ST_TF_MODEL_FED]))
+
+    def hyper_words(self, hp: StepHyper, *, global_step: int, micro_batch: int, n_valid: int,
+                    opt_t: int | None = None, tf: float = 1.0) -> dict[int, np.uint32]:
+        """The hyper buffer for one micro-batch of optimizer step global_step + 1."""
+        f = slots.f32_bits
+        t = global_step + 1 if opt_t is None else opt_t
+        words = optimizer_hyper_words(hp.optimizer, t, hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
+                                      hp.clip, hp.spectral_bound)
+        words.update({
+            slots.HP_SEED: np.uint32(step_seed(hp.run_seed, global_step, micro_batch)),
+            slots.HP_N_VALID: np.uint32(n_valid), slots.HP_INV_N_VALID: f(1.0 / n_valid if n_valid else 0.0),
+            slots.HP_P_EMB: f(hp.dropout_embedding), slots.HP_P_HID: f(hp.dropout_hidden),
+            slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(hp.gradh_clamp),
+            slots.HP_TF: f(tf), slots.HP_TF_TOPK: np.uint32(hp.tf_top_k),
+        })
+        return words
+
+    def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None,
+                   tf: float = 1.0, stepwise: bool | None = None) -> StepStats:
+        """One optimizer step over micro-batches [(tokens, targets, resets) time-major [T,B]].
+
+        The valid-target count is taken from the data on the host (lesson 10); a step with none,
+        or with a non-finite gradient norm, is not applied (StepStats.skipped). tf < 1 runs the
+        forward pass one timestep at a time with scheduled sampling (docs/model.md); `stepwise`
+        forces that path (True) or the batched one (False) whatever tf is.
+        """
+        if not self.training:
+            raise ValueError("this program was built with training=False")
+        if hp.optimizer != self.optimizer_kind:
+            raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
+        n_valid = sum(count_valid(tg) for _, tg, _ in micro_batches)
+        if (tf < 1.0) if stepwise is None else stepwise:
+            self._stepwise_sequences()
+            first, nxt = self.seq_first_tf, self.seq_next_tf
+        else:
+            first, nxt = self.seq_first, self.seq_next
+        for k, (tok, tg, rs) in enumerate(micro_batches):
+            self._load_data(tok, tg, rs)
+            self._load_hyper(self.hyper_words(hp, global_step=global_step, micro_batch=k, n_valid=n_valid,
+                                              opt_t=opt_t, tf=tf))
+            if k == 0:
+                self._zero_stats()
+                self._eval(first, f"training step {global_step + 1} (micro-batch 1)")
+            else:
+                self._eval(nxt, f"training step {global_step + 1} (micro-batch {k + 1})")
+        self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
+        return self._stats(n_valid)
+
+    def forward_logits(self, tokens, resets) -> np.ndarray:
+        """Forward one window without dropout and return logits [T,B,V]; carries the state."""
+        self._load_data(tokens, np.zeros((self.T, self.B), np.uint32), resets)
+        self._load_hyper({})
+        self._zero_stats()
+        self._eval(self.seq_logits, "a forward pass")
+        self._check_sweeps(host_view(self.buffers.stats))
+        return host_view(self.buffers.logits).reshape(self.T, self.B, self.spec.vocab_size).copy()
+
+    def eval_window(self, tokens, targets, resets, *, free_running: bool = False) -> StepStats:
+        """Forward one window with plain cross-entropy (no smoothing, no dropout); carries the state.
+
+        free_running: teacher forcing 0 — every input after the window's first token (and after each
+        conversation start) is the model's own argmax from the step before (the per-timestep path).
+        """
+        n_valid = count_valid(targets)
+        self._load_data(tokens, targets, resets)
+        self._load_hyper({slots.HP_N_VALID: np.uint32(n_valid),
+                          slots.HP_INV_N_VALID: slots.f32_bits(1.0 / n_valid if n_valid else 0.0),
+                          slots.HP_TF: slots.f32_bits(0.0 if free_running else 1.0)})
+        self._zero_stats()
+        if free_running:
+            self._stepwise_sequences()
+            self._eval(self.seq_eval_free, "a free-running evaluation window")
+        else:
+            self._eval(self.seq_eval, "an evaluation window")
+        return self._stats(n_valid)
+
+    def evaluate_windows(self, windows, *, free_running: bool = False) -> dict:
+        """Plain cross-entropy over windows [(tokens, targets, resets) time-major [T,B]] in order,
+        the state carried from one to the next, starting from zero: loss (nats/char), bpc, top-1 and
+        top-5 rates, valid targets, windows. Leaves the carried state where the windows end."""
+        self.set_carry(None)
+        loss_sum, n_valid, top1, top5, count = 0.0, 0, 0, 0, 0
+        for tokens, targets, resets in windows:
+            st = self.eval_window(tokens, targets, resets, free_running=free_running)
+            loss_sum += st.loss * st.n_valid
+            n_valid += st.n_valid
+            top1 += st.top1
+            top5 += st.top5
+            count += 1
+        loss = loss_sum / n_valid if n_valid else float("nan")
+        return dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
+                    n_valid=n_valid, windows=count)

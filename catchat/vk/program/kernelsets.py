@@ -1,0 +1,181 @@
+"""The program's kernels, bound to its buffers: typed sets for the forward pass, the backward
+pass + optimizer, and the per-timestep (row-block) forward.
+
+Forward per layer: input projection for all timesteps (layer 0: a gather from table0, the
+per-token projection E @ W_ih0^T, plus b_ih0), the recurrent sweep, residual + RMSNorm. Backward
+per layer (top-down): norm backward, recurrent sweep backward, then the weight gradients as GEMMs
+over all timesteps (split-K), bias gradients as column sums, the input gradient as one GEMM.
+Layer 0's input side goes through table0: dtable0 = dGi0 summed by token, then dW_ih0 +=
+dtable0^T E and dE += dtable0 W_ih0 ([V]-sized GEMMs instead of [T*B]-sized ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from catchat.model import ParamLayout
+from catchat.vk.device import Device
+from catchat.vk.kernels import Axpby
+from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
+from catchat.vk.kernels.gemm import ColSum, Gemm
+from catchat.vk.kernels.gru import GruBackward, GruForward
+from catchat.vk.kernels.loss import CrossEntropy, LossReduce
+from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
+from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
+from catchat.vk.kernels.sampling import TfSelect
+from catchat.vk.program.plan import Buffers, Geometry
+
+
+@dataclass
+class RowKernels:
+    """The per-row forward kernels over `rows` rows (T*B for the batched pass, B for one timestep
+    of the per-timestep pass, which moves them along with op_at)."""
+
+    embedding: EmbeddingForward  # x[0] = scaled embedding rows
+    proj: list[EmbeddingForward | Gemm]  # per layer: gi = x[l] W_ih^T + b_ih (layer 0: gather from table0)
+    norm: list[ResidualRmsNormForward]  # per layer: x[l+1] = RMSNorm(x[l] + o[l])
+    head: Gemm  # logits = x[L] W_head^T
+
+
+@dataclass
+class ForwardKernels:
+    rows: RowKernels  # over T*B rows
+    gru: list[GruForward]  # per layer: the recurrent sweep
+    table0: Gemm  # table0 = E W_ih0^T (after every parameter change)
+    cross_entropy: CrossEntropy  # plain (eval)
+    loss_reduce: LossReduce
+    carry: Axpby  # h0 = hT
+
+
+@dataclass
+class BackwardLayer:
+    norm: ResidualRmsNormBackward
+    gru: GruBackward
+    dw_hh: Gemm
+    db_ih: ColSum
+    db_hh: ColSum
+    dw_ih: Gemm | None = None  # layers > 0 (layer 0's goes through table0)
+    dx: Gemm | None = None  # layers > 0
+
+
+@dataclass
+class Table0Backward:
+    zero: Axpby  # dtable0 = 0
+    sum: EmbeddingBackward  # dtable0 += dGi0 by token
+    dw_ih: Gemm  # dW_ih0 += dtable0^T E
+    demb: Gemm  # dE += dtable0 W_ih0
+
+
+@dataclass
+class BackwardKernels:
+    """The backward pass and the optimizer step."""
+
+    cross_entropy: CrossEntropy  # with label smoothing; dlogits in place
+    head_dx: Gemm
+    head_dw: Gemm
+    layers: list[BackwardLayer]  # in layer order (recorded top-down)
+    embedding: EmbeddingBackward
+    table0: Table0Backward
+    zero_grads: Axpby
+    grad_norm: GradNorm
+    optimizer: Optimizer
+    spectral: SpectralProject
+
+
+@dataclass
+class StepwiseKernels:
+    """The per-timestep forward: the input choice (scheduled sampling) and row-block kernels over
+    B rows; the recurrent steps are the batched sweep's `step(t)`."""
+
+    tf_select: TfSelect
+    rows: RowKernels
+
+
+def _head_name(layout: ParamLayout) -> str:
+    return "embedding.weight" if layout.spec.tie_embeddings else "head.weight"
+
+
+def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: int) -> RowKernels:
+    o, H, V = layout.offsets, g.H, g.V
+    emb = EmbeddingForward(dev, (b.tokens, 0), (b.params, o["embedding.weight"]), (b.x[0], 0), b.hyper, rows, V, H)
+    proj, norm = [], []
+    for l in range(g.L):
+        p = f"layers.{l}."
+        if l == 0:  # a gather from table0
+            proj.append(EmbeddingForward(dev, (b.tokens, 0), (b.table0, 0), (b.gi, 0), b.hyper, rows, V, 3 * H,
+                                         scale_h=H, bias=(b.params, o[p + "gru.bias_ih"])))
+        else:
+            proj.append(Gemm(dev, (b.x[l], 0, H), (b.params, o[p + "gru.weight_ih"], H), (b.gi, 0, 3 * H),
+                             rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"])))
+        norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
+                                           T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
+                                           eps=layout.spec.norm_eps))
+    head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[_head_name(layout)], H), (b.logits, 0, V), rows, V, H,
+                trans_b=True)
+    return RowKernels(emb, proj, norm, head)
+
+
+def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> ForwardKernels:
+    o, T, B, H, V = layout.offsets, g.T, g.B, g.H, g.V
+    rows = build_rows(dev, layout, b, g, g.R)
+    table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
+                  (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True)
+    gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.hprev[l], b.save[l], b.hT, T=T, B=B, H=H,
+                      w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
+                      hT_off=l * B * H, stats=b.stats) for l in range(g.L)]
+    ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
+                      want_grad=False)
+    reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
+    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H))
+
+
+def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str) -> BackwardKernels:
+    o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
+    head = o[_head_name(layout)]
+    dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py)
+    ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
+                      want_grad=True)  # dlogits in place
+    head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V)
+    head_dw = Gemm(dev, (b.logits, 0, V), (b.x[L], 0, H), (b.grads, head, H), V, H, R, trans_a=True, beta=1.0,
+                   split_k=g.split_head, workspace=b.ws)
+    layers = []
+    for l in range(L):
+        p = f"layers.{l}."
+
+        def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K
+            return Gemm(dev, (dg, 0, 3 * H), (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
+                        beta=1.0, split_k=g.split_w, workspace=b.ws)
+
+        k = BackwardLayer(
+            # dout and dx share `dx` (allowed: each row is read before it is written)
+            norm=ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do,
+                                         b.grads, T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"]),
+            gru=GruBackward(dev, do, b.save[l], b.hprev[l], b.resets, b.params, b.hyper, dgi, b.dgh, b.dh0,
+                            b.stats, T=T, B=B, H=H, w_off=o[p + "gru.weight_hh"], dh0_off=l * B * H),
+            dw_hh=gemm_w(b.dgh, b.hprev[l], "gru.weight_hh"),
+            db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
+            db_hh=ColSum(dev, (b.dgh, 0, 3 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum, b.ws_cs))
+        if l > 0:  # layer 0's input side goes through table0 (below)
+            k.dw_ih = gemm_w(dgi, b.x[l], "gru.weight_ih")
+            k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,
+                        beta=1.0)
+        layers.append(k)
+    emb_b = EmbeddingBackward(dev, (b.tokens, 0), (b.dx, 0), (b.grads, o["embedding.weight"]), b.hyper, R, V, H)
+    w_ih0, emb = o["layers.0.gru.weight_ih"], o["embedding.weight"]
+    table0 = Table0Backward(
+        zero=Axpby(dev, b.dtable0, b.dtable0, V * 3 * H),
+        sum=EmbeddingBackward(dev, (b.tokens, 0), (dgi, 0), (b.dtable0, 0), b.hyper, R, V, 3 * H, scale_h=H),
+        dw_ih=Gemm(dev, (b.dtable0, 0, 3 * H), (b.params, emb, H), (b.grads, w_ih0, H), 3 * H, H, V, trans_a=True,
+                   beta=1.0),
+        demb=Gemm(dev, (b.dtable0, 0, 3 * H), (b.params, w_ih0, H), (b.grads, emb, H), V, H, 3 * H, beta=1.0))
+    P = g.P
+    return BackwardKernels(
+        cross_entropy=ce, head_dx=head_dx, head_dw=head_dw, layers=layers, embedding=emb_b, table0=table0,
+        zero_grads=Axpby(dev, b.grads, b.grads, P), grad_norm=GradNorm(dev, b.grads, b.stats, P),
+        optimizer=Optimizer(dev, b.params, b.grads, b.m, b.v, b.decay, b.hyper, b.stats, P, kind=optimizer),
+        spectral=SpectralProject(dev, b.params, layout, b.u, b.hyper, b.stats))
+
+
+def build_stepwise(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> StepwiseKernels:
+    tf = TfSelect(dev, b.tokens, b.logits, b.resets, b.hyper, b.stats, T=g.T, B=g.B, V=g.V)
+    return StepwiseKernels(tf, build_rows(dev, layout, b, g, g.B))

@@ -1,0 +1,212 @@
+"""The buffer plan: every device buffer of a Program, declared once.
+
+`Buffers` is the plan. Each field is one buffer (one name per buffer, no aliases) and carries its
+dtype, shape (in the dimensions of `Geometry`), whether it is one buffer or one per layer, and
+which programs need it. `allocate` makes exactly these buffers; `planned_bytes` adds up exactly
+these sizes (plus the scratch the kernels allocate for themselves, `kernel_scratch`), so the
+memory estimate and the allocation cannot drift apart. Shapes are time-major (docs/model.md).
+
+Programs: "eval" (teacher-forced eval and the logits pass of generation), "stepwise" (the
+per-timestep forward: scheduled-sampling training and free-running eval; it reuses the batched
+buffers one row block at a time and needs none of its own) and "train" (backward and optimizer).
+A forward-only Program (training=False) allocates only what "eval" or "stepwise" need.
+
+Two buffers serve two roles in turn (one name each; the second role is the one named in `doc`):
+`gi` holds the gate gradients dGi in the backward pass (nothing reads the forward's input
+projections after the forward), and `x[L]` holds do, the gradient on a GRU output (its last
+reader, the head's weight gradient, runs before the first norm backward writes do).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from catchat.model import ParamLayout, spectral_u_init
+from catchat.vk import slots
+from catchat.vk.device import Device
+from catchat.vk.kernels import ceil_div
+from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
+from catchat.vk.kernels.gru import backward_scratch_words, sync_words
+from catchat.vk.kernels.optim import MAX_GROUPS_X, GradNorm
+
+Tensor = Any  # a kp tensor
+F32, U32 = np.float32, np.uint32
+EVAL, STEPWISE, TRAIN = "eval", "stepwise", "train"
+EVERY = (EVAL, STEPWISE, TRAIN)  # the forward pass's buffers: every program reads or writes them
+TRAINING = (TRAIN,)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The sizes a Program's buffers are made of: window T, lanes B, model sizes, the flat
+    parameter count P, and the GPU's split-K / column-sum splits of the backward pass (1 on a CPU
+    device, with dev=None, or for a forward-only program)."""
+
+    T: int
+    B: int
+    H: int
+    L: int
+    V: int
+    P: int
+    split_w: int = 1  # the [3H,H] weight gradients over K = T*B
+    split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
+    colsum: int = 1  # row splits of the bias gradients' column sums
+
+    @classmethod
+    def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True) -> Geometry:
+        s, T, B = layout.spec, int(T), int(B)
+        H, V, R = s.hidden, s.vocab_size, T * B
+        gpu = dev is not None and training
+        return cls(T, B, H, s.layers, V, layout.total,
+                   split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
+                   split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
+                   colsum=colsum_splits(dev, R, 3 * H) if gpu else 1)
+
+    @property
+    def R(self) -> int:
+        """Rows of a window: T*B."""
+        return self.T * self.B
+
+    def dim(self, name: str) -> int:
+        """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
+        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'L+1', or a number."""
+        if name == "L+1":
+            return self.L + 1
+        if name.isdigit():
+            return int(name)
+        m = re.fullmatch(r"(\d*)([A-Z]+)", name)
+        if m is None:
+            raise ValueError(f"bad dimension {name!r}")
+        named = {"HP": slots.HP_WORDS, "ST": slots.ST_WORDS,
+                 "WS": max(self.split_w * 3 * self.H * self.H, self.split_head * self.V * self.H, 1),
+                 "WSCS": max(self.colsum * 3 * self.H, 1)}
+        base = named[m[2]] if m[2] in named else getattr(self, m[2])
+        return int(m[1] or 1) * base
+
+    def words(self, shape: str) -> int:
+        return int(np.prod([self.dim(d) for d in shape.split()], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """One buffer of the plan: shape (dimension names), element type, one per layer ('L', 'L+1')
+    or a single buffer (''), kp kind ('storage': device-only), the programs that need it, and
+    its contents at creation (None: zeros; else a function of the layout, uploaded once)."""
+
+    shape: str
+    dtype: type = F32
+    per: str = ""
+    kind: str = "device"
+    programs: tuple[str, ...] = EVERY
+    init: Callable[[ParamLayout], np.ndarray] | None = None
+    doc: str = ""
+
+    def needed(self, training: bool) -> bool:
+        return any(p != TRAIN or training for p in self.programs)
+
+    def count(self, g: Geometry) -> int:
+        """Buffers of this entry: 1, or one per layer (plus one)."""
+        return g.dim(self.per) if self.per else 1
+
+    def nbytes(self, g: Geometry) -> int:
+        return self.count(g) * g.words(self.shape) * np.dtype(self.dtype).itemsize
+
+
+def buf(shape: str, dtype=F32, **kw) -> Any:
+    """A field of `Buffers` carrying its BufferSpec (None until allocated, or when not needed)."""
+    return field(default=None, metadata={"plan": BufferSpec(shape, dtype, **kw)})
+
+
+@dataclass
+class Buffers:
+    """Every buffer of a Program, in allocation order (a per-layer entry is a list)."""
+
+    params: Tensor = buf("P", doc="the parameters, flat ParamLayout order")
+    hyper: Tensor = buf("HP", U32, doc="per-step scalars (slots.py): lr, Adam's t, seed, 1/N_valid, ...")
+    stats: Tensor = buf("ST", U32, doc="what the GPU reports (slots.py): loss sum, top-1/5, grad norm, ...")
+    tokens: Tensor = buf("T B", U32)
+    targets: Tensor = buf("T B", U32)
+    resets: Tensor = buf("T B", U32, doc="1 = the state entering this step is zero")
+    h0: Tensor = buf("L B H", doc="carried state in")
+    hT: Tensor = buf("L B H", doc="state after the window (copied into h0: the carry)")
+    x: list[Tensor] = buf("T B H", per="L+1", doc="the embedding's output, then each norm's; x[L] holds do "
+                                                   "(gradient on the last GRU output) in the backward")
+    o: list[Tensor] = buf("T B H", per="L", doc="GRU outputs")
+    hprev: list[Tensor] = buf("T B H", per="L", doc="the state entering each step")
+    save: list[Tensor] = buf("T B 4H", per="L", doc="r, z, n, W_hn h + b_hn per step")
+    rstd: list[Tensor] = buf("T B", per="L", doc="RMSNorm 1/rms")
+    gi: Tensor = buf("T B 3H", doc="input projections of the layer being run; dGi of that layer in the backward")
+    table0: Tensor = buf("V 3H", kind="storage", doc="layer 0's input projection per token: E @ W_ih0^T")
+    logits: Tensor = buf("T B V", doc="dlogits overwrite them in training")
+    row_loss: Tensor = buf("T B", doc="per-row loss, reduced into stats")
+    row_flags: Tensor = buf("T B", U32, doc="per-row valid / top-1 / top-5 flags")
+    grads: Tensor = buf("P", programs=TRAINING)
+    m: Tensor = buf("P", programs=TRAINING, doc="Adam's first moments")
+    v: Tensor = buf("P", programs=TRAINING, doc="Adam's second moments")
+    decay: Tensor = buf("P", programs=TRAINING, init=lambda lay: lay.decay_mask(), doc="1 where weight decay applies")
+    u: Tensor = buf("L 2 3H", programs=TRAINING, init=lambda lay: spectral_u_init(lay.spec),
+                    doc="spectral-norm power-iteration vectors [L,2,3,H]")
+    dh0: Tensor = buf("L B H", programs=TRAINING, doc="gradient on h0 (for checks)")
+    dx: Tensor = buf("T B H", programs=TRAINING, doc="gradient on a layer's input (shared by the layers)")
+    dgh: Tensor = buf("T B 3H", programs=TRAINING, doc="recurrent gate gradients of the layer being run")
+    dtable0: Tensor = buf("V 3H", kind="storage", programs=TRAINING, doc="dGi0 summed by token")
+    ws: Tensor = buf("WS", kind="storage", programs=TRAINING,
+                     doc="split-K workspace of the weight gradients (they run one after another)")
+    ws_cs: Tensor = buf("WSCS", kind="storage", programs=TRAINING, doc="row-split workspace of the bias gradients")
+
+    def initialised(self) -> list[Tensor]:
+        """The allocated buffers with contents at creation (to upload once)."""
+        return [getattr(self, f.name) for f in fields(self)
+                if f.metadata["plan"].init is not None and getattr(self, f.name) is not None]
+
+
+def plan() -> list[tuple[str, BufferSpec]]:
+    """(name, spec) of every buffer, in allocation order."""
+    return [(f.name, f.metadata["plan"]) for f in fields(Buffers)]
+
+
+def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> Buffers:
+    """The plan's buffers that a program with/without training needs, made on dev."""
+    made = {}
+    for name, spec in plan():
+        if not spec.needed(training):
+            continue
+        words = g.words(spec.shape)
+
+        def make(spec=spec, words=words):
+            if spec.init is None:
+                return dev.tensor(words, spec.dtype, kind=spec.kind)
+            data = spec.init(layout)
+            if data.size != words:
+                raise ValueError(f"initial contents of {spec.shape} hold {data.size} words, not {words}")
+            return dev.tensor(data, spec.dtype, kind=spec.kind)
+
+        made[name] = [make() for _ in range(spec.count(g))] if spec.per else make()
+    return Buffers(**made)
+
+
+def kernel_scratch(g: Geometry, training: bool, dev: Device | None) -> list[tuple[str, int]]:
+    """(what, words) of the scratch buffers the program's kernels allocate for themselves."""
+    out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
+    if training:
+        items = max(GradNorm.ITEMS, ceil_div(g.P, GradNorm.WORKGROUP * MAX_GROUPS_X))
+        norm_parts = ceil_div(g.R, max(8, ceil_div(g.R, 1024)))  # ResidualRmsNormBackward's dg partials
+        out += [("grad-norm partials", ceil_div(g.P, GradNorm.WORKGROUP * items)),
+                ("spectral projection work", 2 * 6 * g.L * g.H + 6 * g.L),
+                ("RMSNorm backward dg partials", g.L * norm_parts * g.H),
+                ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
+    return out
+
+
+def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, dev: Device | None = None) -> int:
+    """Bytes of device buffers a Program allocates (the plan's buffers plus the kernels' scratch),
+    computed without allocating. `dev` sets the GPU split-K workspaces and sweep tiles; without it
+    they are sized as on a CPU device (no split)."""
+    g = Geometry.of(layout, T, B, dev, training)
+    own = sum(spec.nbytes(g) for _, spec in plan() if spec.needed(training))
+    return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev))

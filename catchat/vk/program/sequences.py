@@ -1,0 +1,107 @@
+"""The recorded sequences: op lists in dispatch order, and the kp sequences built from them once
+and replayed for every batch (never re-recorded).
+
+    eval                   upload hyper/stats/data; forward; plain cross-entropy + loss reduction; carry
+    logits                 upload hyper/stats/data; forward; carry; download logits and stats
+    set params             upload params; rebuild table0
+    micro-batch (first)    upload hyper/stats/data; zero grads; forward; loss (dlogits in place); backward; carry
+    micro-batch (next)     the same without zeroing and the stats upload (gradient accumulation)
+    apply                  grad norm; skip guard + clip + AdamW/NAdam; spectral projection; table0; download stats
+    per-timestep           recorded on first use: eval (free-running) and the two micro-batches with the
+                           forward one timestep at a time (scheduled sampling); the backward is the same
+Values that change every step travel in the `hyper` buffer uploaded with the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from catchat.vk.device import Device
+from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, StepwiseKernels
+from catchat.vk.program.plan import Buffers
+
+Sequence = Any  # a recorded kp sequence
+
+
+# ----------------------------------------------------------------------------- op lists
+def forward_ops(f: ForwardKernels) -> list:
+    """Embedding, every layer (input projection, recurrent sweep, residual+norm), head."""
+    r = f.rows
+    ops = [r.embedding.op()]
+    for proj, gru, norm in zip(r.proj, f.gru, r.norm):
+        ops += proj.ops() + gru.sweep_ops() + norm.ops()
+    return ops + r.head.ops()
+
+
+def backward_ops(k: BackwardKernels) -> list:
+    """Head, then layers top-down (norm, recurrent sweep, batched weight gradients), embedding."""
+    ops = k.head_dx.ops() + k.head_dw.ops()
+    for lay in reversed(k.layers):
+        ops += lay.norm.ops() + lay.gru.sweep_ops() + (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()
+        ops += lay.db_ih.ops() + lay.db_hh.ops() + (lay.dx.ops() if lay.dx else [])
+    t0 = k.table0
+    return ops + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] + t0.dw_ih.ops() + t0.demb.ops()
+
+
+def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) -> list:
+    """The forward pass one timestep at a time: choose the input (scheduled sampling), embed it,
+    run every layer's projection, recurrent step and norm on that row block, then the head."""
+    r, ops = s.rows, []
+    for t in range(T):
+        row = t * B  # every row-block kernel moves to this timestep's rows
+        ops += [s.tf_select.step(t), r.embedding.op_at(row)]
+        for proj, gru, norm in zip(r.proj, f.gru, r.norm):
+            ops += [proj.op_at(row), gru.step(t), norm.op_at(row)]
+        ops.append(r.head.op_at(row))
+    return ops
+
+
+def optimizer_ops(f: ForwardKernels, k: BackwardKernels) -> list:
+    """Grad norm, the optimizer (skip guard, clip, AdamW/NAdam), spectral projection, table0."""
+    return k.grad_norm() + [k.optimizer()] + k.spectral() + f.table0.ops()
+
+
+# ----------------------------------------------------------------------------- sequences
+class ForwardSequences(NamedTuple):
+    eval: Sequence
+    logits: Sequence
+    set_params: Sequence
+
+
+class TrainSequences(NamedTuple):
+    first: Sequence
+    next: Sequence
+
+
+def _data(b: Buffers) -> list:
+    return [b.tokens, b.targets, b.resets]
+
+
+def record_eval(dev: Device, b: Buffers, f: ForwardKernels, fwd: list) -> Sequence:
+    """An eval sequence around the forward ops `fwd` (batched, or per-timestep: free-running)."""
+    return dev.recorded(fwd + [f.cross_entropy.op(), f.loss_reduce.op(), f.carry(1.0, 0.0)],
+                        [b.hyper, b.stats] + _data(b), [b.stats])
+
+
+def record_forward(dev: Device, b: Buffers, f: ForwardKernels, fwd: list) -> ForwardSequences:
+    """The forward-only sequences around the batched forward ops `fwd` (forward_ops)."""
+    return ForwardSequences(
+        eval=record_eval(dev, b, f, fwd),
+        logits=dev.recorded(fwd + [f.carry(1.0, 0.0)], [b.hyper, b.stats] + _data(b), [b.logits, b.stats]),
+        set_params=dev.recorded(f.table0.ops(), [b.params]))  # table0 follows the params
+
+
+def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list) -> TrainSequences:
+    """The first and next micro-batch around the forward ops `fwd` (batched or per-timestep)."""
+    micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + backward_ops(k) + [f.carry(1.0, 0.0)]
+    return TrainSequences(first=dev.recorded([k.zero_grads(0.0, 0.0)] + micro, [b.hyper, b.stats] + _data(b)),
+                          next=dev.recorded(micro, [b.hyper] + _data(b)))
+
+
+def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels) -> Sequence:
+    return dev.recorded(optimizer_ops(f, k), [], [b.stats])
+
+
+# ----------------------------------------------------------------------------- decode (issue 20)
+# The generator's decode step (one token per stream through every layer and the head, sampling on
+# the device) is recorded here next to the others, as record_decode(dev, b, f, ...) -> Sequence.
