@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from catchat.vk import tiles
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
 
@@ -67,23 +68,21 @@ class GemmTiles:
         return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
 
 
-# The GPU's tiles (H200, v3 shapes, tools/bench_gemm.py): a 128x128 tile of 16x8 outputs per thread
-# on 128 threads (the compiler then allots up to ~255 registers; at 256 threads it stops at 128:
-# 8x8 per thread gave 30-31 TFLOP/s, this 33-37); 128x64 / 8x4 for split-K weight gradients (38);
-# 64x64 / 4x4 when there are too few large tiles to fill the machine. CPU (lavapipe): 32x32 / 4x4.
-GPU_TILE = GemmTiles(128, 128, 8, 16, 8)
-GPU_SPLIT_K_TILE = GemmTiles(128, 64, 8, 8, 4)
-GPU_SMALL_TILE = GemmTiles(64, 64, 8, 4, 4)
-CPU_TILE = GemmTiles(32, 32, 8, 4, 4)
+# The measured tiles live in catchat/vk/tiles.py (a row per device family, with the measurement).
+# The H200's and the CPU row's, by name, for tests and benchmarks that force a tile shape:
+GPU_TILE = GemmTiles(*tiles.GEMM_ROWS[0].large)
+GPU_SPLIT_K_TILE = GemmTiles(*tiles.GEMM_ROWS[0].split_k)
+GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
+CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
 def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
-    """Tile sizes for this device and output shape (see GPU_TILE)."""
-    if not _is_gpu(dev):
-        return CPU_TILE
-    if ceil_div(M, 128) * ceil_div(N, 128) * split_k >= 264:  # ~2 workgroups per SM on an H200
-        return GPU_SPLIT_K_TILE if split_k > 1 else GPU_TILE
-    return GPU_SMALL_TILE
+    """Tile sizes for this device and output shape, from its family's row of tiles.GEMM_ROWS:
+    the large (or split-K) tile where the grid of 128x128 tiles reaches the row's fill count."""
+    row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
+    if row.fill_workgroups and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= row.fill_workgroups:
+        return GemmTiles(*(row.split_k if split_k > 1 else row.large))
+    return GemmTiles(*row.small)
 
 
 def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from catchat.errors import UsageError
-from catchat.vk import slots
+from catchat.vk import slots, tiles
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, ceil_div
 from catchat.vk.shaders import compile_shader
@@ -38,16 +38,11 @@ from catchat.vk.shaders import compile_shader
 #             k chunk = RC rows of W_hh
 # Threads x*y*slices; one workgroup covers (x*bx [*4 backward]) x (y*by) outputs. Candidates in
 # order of preference, each with the fewest workgroups it needs to fill a big GPU; the last is
-# the fallback for small shapes. Measured on an H200 (B=64, T=256, per step, wall clock incl.
-# the 2.75 us floor of a chained Kompute dispatch): forward (8,16,4,1,1,64) 20.8 us at
-# H=512, 61 us at 1024, 207 us at 2048; backward (2,16,16,1,1,128) 22.6 us at H=512,
-# (4,8,8,1,2,128) 51 us at 1024, 178 us at 2048. At B=32 H=2048 the forward's (4,16,4,2,2,64)
-# (2x2 register blocks, half the W_hh re-reads) made catchat-v5 training 5% and eval 12% faster.
-FORWARD_TILES = (((4, 16, 4, 2, 2, 64), 256), ((8, 16, 4, 1, 1, 64), 128), ((8, 8, 4, 1, 1, 64), 32),
-                 ((4, 8, 2, 1, 1, 32), 1))
-BACKWARD_TILES = (((4, 8, 8, 1, 2, 128), 256), ((2, 16, 16, 1, 1, 128), 128), ((2, 16, 8, 1, 1, 64), 32),
-                  ((4, 8, 1, 1, 1, 32), 1))
-
+# the fallback for small shapes. The candidates are measurements: catchat/vk/tiles.py holds them,
+# a row per device family with the benchmark that chose them; the pickers read the device's row
+# (`tile_row`). The H200's row, by name (tests, parity and tools force these):
+_H200 = tiles.GRU_ROWS[0]
+FORWARD_TILES, BACKWARD_TILES = _H200.forward, _H200.backward
 
 def shader_defines(tiles, H: int, backward: bool) -> dict:
     """The compile-time defines of the step shader for `tiles`: register blocks, chunk and the
@@ -62,9 +57,7 @@ def shader_defines(tiles, H: int, backward: bool) -> dict:
 
 # Persistent sweeps (one dispatch per sweep, see glsl/include/grid_sync.glsl) want about one tile
 # per resident workgroup: bigger tiles, tried in order, the one with the most tiles that still fit.
-PERSISTENT_FORWARD_TILES = ((8, 16, 4, 2, 1, 64), (4, 16, 4, 2, 2, 64), (8, 16, 4, 2, 2, 64))
-PERSISTENT_BACKWARD_TILES = ((4, 16, 8, 1, 1, 128), (8, 8, 8, 1, 2, 128), (8, 16, 4, 1, 2, 128))
-
+PERSISTENT_FORWARD_TILES, PERSISTENT_BACKWARD_TILES = _H200.persistent_forward, _H200.persistent_backward
 
 class ResidentTiles(NamedTuple):
     """Tiles of a register-resident sweep (glsl/gru_*_resident.comp): a workgroup owns `cols`
@@ -85,19 +78,17 @@ class ResidentTiles(NamedTuple):
 
 # Candidates (cols, per_thread, kv, batch or 0 = all lanes, sl) in order of preference; the lanes
 # per tile follow from the workgroups available (the fewest that leave one workgroup per tile).
-# Measured on an H200 at B=64 H=512 (a v3 layer's sweep, us per step, one persistent dispatch):
-# forward (16, 2, 2, 4) 7.5, (32, 1, 4, 2) 7.9-12.9 (1024 threads: over the register budget),
-# tiled 18; backward split by columns of dh (staging dGh[s] of the lane tile) 9.6, tiled ~20; by
-# rows (ms per sweep inside a training step): (16, 2, 0, 8, 2) 8.34, (16, 2, 0, 16, 1) 8.34,
-# (16, 1, 0, 16, 1) 8.96, (16, 2, 0, 16, 2) 9.3, (16, 4, 0, 4, 4) 10.5, (16, 8, 0, 4, 8) 10.8,
-# (16, 4, 0, 8, 4) 12.1. See docs/benchmarks.md.
-RESIDENT_FORWARD_TILES = ((16, 2, 2, 4, 32), (8, 2, 2, 4, 32), (4, 2, 2, 2, 32), (2, 1, 2, 2, 32))
-RESIDENT_BACKWARD_TILES = ((16, 2, 0, 8, 2), (8, 2, 0, 8, 2), (8, 4, 0, 8, 2), (4, 4, 0, 8, 2), (2, 4, 0, 8, 2))
+# Measured per device family (tiles.py; docs/benchmarks.md).
+RESIDENT_FORWARD_TILES, RESIDENT_BACKWARD_TILES = _H200.resident_forward, _H200.resident_backward
 # 32-bit registers per SM (every NVIDIA GPU since Kepler; resident sweeps run where the driver
 # reports SMs, i.e. NVIDIA): a workgroup whose threads need more than REGISTER_FILE / threads
 # each would spill its W_hh slice to memory or not launch.
-REGISTER_FILE = 65536
+REGISTER_FILE = _H200.register_file
 
+
+def tile_row(dev: Device) -> tiles.GruRow:
+    """The device family's row of sweep tile candidates (tiles.GRU_ROWS)."""
+    return tiles.gru_row(dev.info.name, dev.info.type != "CPU")
 
 def resident_registers(tiles: ResidentTiles, backward: bool) -> int:
     """Registers a thread of a resident sweep needs, roughly: W_hh, partial sums, 24 for the rest."""
@@ -154,21 +145,21 @@ def resident_candidate(B: int, H: int, workgroups: int, cols: int, per_thread: i
 
 
 def resident_fits(tiles: ResidentTiles, B: int, H: int, backward: bool, workgroups: int, max_threads: int,
-                  max_shared: int, subgroup: int = 32) -> bool:
+                  max_shared: int, subgroup: int = 32, register_file: int = REGISTER_FILE) -> bool:
     """A workgroup per tile within `workgroups`, the threads, the shared memory and the register file."""
     _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
     return (n_tiles <= workgroups and nt <= max_threads and nbytes <= max_shared
-            and nt * resident_registers(tiles, backward) <= REGISTER_FILE)
+            and nt * resident_registers(tiles, backward) <= register_file)
 
 
 def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_shared: int,
-                        backward: bool = False, subgroup: int = 32):
-    """The first resident candidate that fits (`resident_fits`; None: W_hh does not fit on chip
-    this way, the tiled shader runs)."""
-    for cand in (RESIDENT_BACKWARD_TILES if backward else RESIDENT_FORWARD_TILES):
-        tiles = resident_candidate(B, H, workgroups, *cand)
-        if tiles and resident_fits(tiles, B, H, backward, workgroups, max_threads, max_shared, subgroup):
-            return tiles
+                        backward: bool = False, subgroup: int = 32, row: tiles.GruRow = _H200):
+    """The first resident candidate of `row` that fits (`resident_fits`; None: W_hh does not fit
+    on chip this way, the tiled shader runs)."""
+    for cand in (row.resident_backward if backward else row.resident_forward):
+        t = resident_candidate(B, H, workgroups, *cand)
+        if t and resident_fits(t, B, H, backward, workgroups, max_threads, max_shared, subgroup, row.register_file):
+            return t
     return None
 
 
@@ -211,11 +202,11 @@ def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
     per step): register-resident where W_hh fits (`pick_resident_tiles`), else tiled (`pick_tiles`)."""
     info = dev.info
     if resident:
-        tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations, info.max_shared_memory_bytes,
-                                    backward, info.subgroup_size)
-        if tiles:
-            return tiles
-    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes))
+        resident_tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations,
+                                             info.max_shared_memory_bytes, backward, info.subgroup_size, tile_row(dev))
+        if resident_tiles:
+            return resident_tiles
+    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes, tile_row(dev)))
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0) -> tuple[str, dict]:
@@ -275,19 +266,20 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
     return n_workgroups(tiles, B, H, backward)
 
 
-def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_shared: int = 48 * 1024):
+def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_shared: int = 48 * 1024,
+               row: tiles.GruRow = _H200):
     """Per-step sweeps (resident 0): the first candidate whose workgroup count for [B, H] outputs
     reaches its threshold. Persistent sweeps over `resident` workgroups: the persistent candidate
     with the most tiles that still fit (and within max_shared bytes), else the per-step choice."""
     if resident > 0:
-        fits = [t for t in (PERSISTENT_BACKWARD_TILES if backward else PERSISTENT_FORWARD_TILES)
+        fits = [t for t in (row.persistent_backward if backward else row.persistent_forward)
                 if n_workgroups(t, B, H, backward) <= resident and shared_bytes(t, backward) <= max_shared]
         if fits:
             return max(fits, key=lambda t: n_workgroups(t, B, H, backward))
-    cands = BACKWARD_TILES if backward else FORWARD_TILES
-    for tiles, min_wg in cands:
-        if n_workgroups(tiles, B, H, backward) >= min_wg:
-            return tiles
+    cands = row.backward if backward else row.forward
+    for cand, min_wg in cands:
+        if n_workgroups(cand, B, H, backward) >= min_wg:
+            return cand
     return cands[-1][0]
 
 
