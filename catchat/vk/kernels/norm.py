@@ -71,18 +71,26 @@ class ResidualRmsNormBackward:
     dx into dx (GEMM with beta = 1).
     """
 
+    @staticmethod
+    def rows_per_workgroup(R: int, rows_per_wg: int | None = None) -> int:
+        return rows_per_wg or max(8, ceil_div(R, 1024))  # <= 1024 partial rows of dg
+
+    @classmethod
+    def scratch_words(cls, R: int, H: int, rows_per_wg: int | None = None) -> int:
+        """Words of the private dg partials [n_parts, H] (the program's memory plan reads this)."""
+        return ceil_div(R, cls.rows_per_workgroup(R, rows_per_wg)) * H
+
     def __init__(self, dev: Device, x, o, params, hyper, rstd, dout, dx, do, grads, *, T: int, B: int,
                  H: int, layer: int, g_off: int, x_off: int = 0, o_off: int = 0, rstd_off: int = 0,
                  dout_off: int = 0, dx_off: int = 0, do_off: int = 0, wg: int | None = None,
                  rows_per_wg: int | None = None):
         R = int(T) * int(B)
         wg, cols = _row_workgroup(dev, H, wg)
-        rpw = rows_per_wg or max(8, ceil_div(R, 1024))  # <= 1024 partial rows of dg
+        rpw = self.rows_per_workgroup(R, rows_per_wg)
         self.n_parts = ceil_div(R, rpw)
         if self.n_parts > MAX_WORKGROUPS:
             raise ValueError(f"{self.n_parts} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")
         self.dgpart = dev.tensor(self.n_parts * H, kind="storage")  # [n_parts, H] scratch
-        self.scratch_bytes = self.n_parts * H * 4
         self.rows_push = (R, B, H, layer, rpw, x_off, o_off, g_off, rstd_off, dout_off, dx_off, do_off)
         self.rows = Kernel(dev, [x, o, params, hyper, rstd, dout, dx, do, self.dgpart], [self.n_parts],
                            spec=[wg, cols], push=self.rows_push, defines={"BACKWARD": 1}, shader="rmsnorm")

@@ -51,14 +51,24 @@ class GradNorm(Kernel):
     WORKGROUP = 256
     ITEMS = 8
 
+    @classmethod
+    def items_per_thread(cls, n: int, wg: int, items: int | None = None) -> int:
+        return max(items or cls.ITEMS, ceil_div(n, wg * MAX_GROUPS_X))
+
+    @classmethod
+    def scratch_words(cls, n: int, wg: int | None = None, items: int | None = None) -> int:
+        """Words of the per-workgroup partials (the program's memory plan reads this)."""
+        wg = wg or cls.WORKGROUP
+        return ceil_div(n, wg * cls.items_per_thread(n, wg, items))
+
     def __init__(self, dev: Device, grads, stats, n: int, offset: int = 0, workgroup: int | None = None,
                  items: int | None = None):
         self.n, self.offset = int(n), int(offset)
         if self.n < 1:
             raise ValueError("GradNorm needs n >= 1")
         wg = _check_pow2(workgroup or self.WORKGROUP)
-        self.items = max(items or self.ITEMS, ceil_div(self.n, wg * MAX_GROUPS_X))
-        self.n_partials = ceil_div(self.n, wg * self.items)
+        self.items = self.items_per_thread(self.n, wg, items)
+        self.n_partials = self.scratch_words(self.n, wg, items)
         self.partials = dev.tensor(self.n_partials, np.uint32)  # [n_partials] float bits
         tensors, push = [grads, self.partials, stats], (self.n, self.offset, self.n_partials)
         super().__init__(dev, tensors, [self.n_partials], spec=[wg, self.items], push=push)
@@ -155,6 +165,11 @@ class SpectralProject(Kernel):
     ROWS = 8  # phase-2 rows per workgroup: shared memory ROWS * WORKGROUP * 4 bytes
     MAX_TILES = 1024
 
+    @staticmethod
+    def scratch_words(H: int, L: int) -> int:
+        """Words of `work`: two [H] vectors and a norm per W_ih/W_hh gate block (6 per layer)."""
+        return 2 * 6 * L * H + 6 * L
+
     def __init__(self, dev: Device, params, layout: ParamLayout, u, hyper, stats,
                  workgroup: int | None = None, rows: int | None = None, max_tiles: int | None = None):
         spec = layout.spec
@@ -171,7 +186,7 @@ class SpectralProject(Kernel):
         wg = _check_pow2(workgroup or self.WORKGROUP)
         rows = max(1, min(rows or self.ROWS, wg, dev.info.max_shared_memory_bytes // (4 * wg)))
         self.tiles = max(1, min(ceil_div(H * H, wg), max_tiles or self.MAX_TILES))
-        self.work = dev.tensor(2 * self.blocks * H + self.blocks, np.float32)
+        self.work = dev.tensor(self.scratch_words(H, L), np.float32)
         self.push = (H, self.blocks, ih0, hh_delta, stride, self.tiles)
         tensors = [params, u, self.work, hyper, stats]
         grids = {1: [ceil_div(H, wg), self.blocks], 2: [ceil_div(H, rows), self.blocks],

@@ -29,10 +29,10 @@ import numpy as np
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import ceil_div
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
 from catchat.vk.kernels.gru import backward_scratch_words, sync_words
-from catchat.vk.kernels.optim import MAX_GROUPS_X, GradNorm
+from catchat.vk.kernels.norm import ResidualRmsNormBackward
+from catchat.vk.kernels.optim import GradNorm, SpectralProject
 
 Tensor = Any  # a kp tensor
 F32, U32 = np.float32, np.uint32
@@ -194,11 +194,9 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None) -> list[tupl
     """(what, words) of the scratch buffers the program's kernels allocate for themselves."""
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
     if training:
-        items = max(GradNorm.ITEMS, ceil_div(g.P, GradNorm.WORKGROUP * MAX_GROUPS_X))
-        norm_parts = ceil_div(g.R, max(8, ceil_div(g.R, 1024)))  # ResidualRmsNormBackward's dg partials
-        out += [("grad-norm partials", ceil_div(g.P, GradNorm.WORKGROUP * items)),
-                ("spectral projection work", 2 * 6 * g.L * g.H + 6 * g.L),
-                ("RMSNorm backward dg partials", g.L * norm_parts * g.H),
+        out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
+                ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
+                ("RMSNorm backward dg partials", g.L * ResidualRmsNormBackward.scratch_words(g.R, g.H)),
                 ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
     return out
 
