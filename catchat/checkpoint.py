@@ -35,7 +35,7 @@ import numpy as np
 from catchat import tensorfile, vocab
 from catchat.errors import UsageError
 from catchat.faults import crash_point
-from catchat.fsutil import atomic_write_text, fsync_dir
+from catchat.fsutil import atomic_write_text, fsync_dir, remove_stale_temporaries
 
 FORMAT = "catchat-checkpoint"
 FORMAT_VERSION = 1
@@ -80,8 +80,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> None:
-    tensorfile.write(path, tensors, metadata)  # byte-identical for identical state: sorted header
+def _write_tensors(path: Path, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> str:
+    """Write a tensor file (byte-identical for identical state: sorted header); returns its sha256."""
+    return tensorfile.write(path, tensors, metadata)
 
 
 def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndarray],
@@ -97,11 +98,12 @@ def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndar
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=ckpt_root))
     try:
         meta = {"format": FORMAT, "global_step": str(global_step), "vocab_fingerprint": vocab.FINGERPRINT}
-        _write_tensors(tmp / MODEL_FILE, params, {**meta, "model": json.dumps(state.get("model", {}))})
-        _write_tensors(tmp / OPTIMIZER_FILE, optimizer, meta)
+        hashes = {MODEL_FILE: _write_tensors(tmp / MODEL_FILE, params,
+                                             {**meta, "model": json.dumps(state.get("model", {}))}),
+                  OPTIMIZER_FILE: _write_tensors(tmp / OPTIMIZER_FILE, optimizer, meta)}
         full_state = {"format": FORMAT, "format_version": FORMAT_VERSION, **state,
                       "global_step": int(global_step), "vocab": vocab.NAME, "vocab_fingerprint": vocab.FINGERPRINT,
-                      "sha256": {MODEL_FILE: _sha256(tmp / MODEL_FILE), OPTIMIZER_FILE: _sha256(tmp / OPTIMIZER_FILE)}}
+                      "sha256": hashes}
         atomic_write_text(tmp / STATE_FILE, json.dumps(full_state, indent=1, sort_keys=True))
         fsync_dir(tmp)
         crash_point("save.written")
@@ -179,12 +181,11 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
 
 
 def remove_stale(ckpt_root: Path) -> None:
-    """Remove what a killed writer left: temporary or retired `.step-*` directories and `.latest.*.tmp`
-    files (one writer per run directory is assumed)."""
+    """Remove what a killed writer left: temporary or retired `.step-*` directories and the
+    temporaries of atomic writes (`.latest.PID.tmp`; one writer per run directory is assumed)."""
     for stale in Path(ckpt_root).glob(".step-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    for stale in Path(ckpt_root).glob(f".{LATEST}.*.tmp"):
-        stale.unlink(missing_ok=True)
+    remove_stale_temporaries(ckpt_root)
 
 
 def resolve(path: str | Path) -> Path:
@@ -202,8 +203,9 @@ def resolve(path: str | Path) -> Path:
                 raise UsageError(f"{latest} names {target.name}, which is not a complete checkpoint",
                                  hint=f"point at one of: {', '.join(x.name for x in list_checkpoints(root)) or 'none'}")
             return target
-        if list_checkpoints(root):  # a first save killed before it wrote `latest`: its checkpoint is whole
-            return list_checkpoints(root)[-1]
+        done = list_checkpoints(root)
+        if done:  # a first save killed before it wrote `latest`: its checkpoint is whole
+            return done[-1]
     raise UsageError(f"no checkpoint at {p}", hint="give a run directory or a checkpoints/step-NNNNNNN directory")
 
 

@@ -21,17 +21,15 @@ that opens the run finishes the branch before anything else, so nothing is lost 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from catchat import checkpoint as ck
+from catchat import runlog
 from catchat.errors import UsageError
 from catchat.faults import crash_point
 from catchat.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, remove_stale_temporaries
@@ -102,56 +100,39 @@ class RunLock:
 
 
 # ------------------------------------------------------------------------------ telemetry lines
-def _metrics_step(line: bytes) -> int | None:
-    """global_step of a metrics.csv line, None for the header or a line that is not a whole row."""
-    try:
-        cells = next(csv.reader([line.decode("utf-8")]))
-    except (UnicodeDecodeError, csv.Error, StopIteration):
-        return None
-    if len(cells) != len(METRICS_COLUMNS) or not cells[0].isdigit():
-        return None
-    return int(cells[0])
-
-
-def _event_step(line: bytes) -> int | None:
-    try:
-        e = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    step = e.get("global_step") if isinstance(e, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+HEADER = ",".join(METRICS_COLUMNS).encode()  # column names need no csv quoting
 
 
 def _lines(path: Path) -> list[bytes]:
-    """The whole lines of a file (a last line cut short by a crash is not one)."""
+    """The whole lines of a file, split at b"\n" as catchat.runlog numbers them (a last line cut
+    short by a crash is not one)."""
+    return [line + b"\n" for line in path.read_bytes().split(b"\n")[:-1]] if path.exists() else []
+
+
+def _placed(path: Path) -> dict[int, int]:
+    """Line number -> global_step of every line catchat.runlog reads as a whole metrics row or event
+    (the one definition of a readable line); the metrics header is placed at step -1."""
     if not path.exists():
-        return []
-    data = path.read_bytes()
-    return data.splitlines(keepends=True)[:data.count(b"\n")]
+        return {}
+    if path.suffix == ".csv":
+        log = runlog.read_metrics(path)
+        return ({1: -1} if log.header else {}) | {n: int(r[0]) for r, n in zip(log.rows, log.line_nos)}
+    log = runlog.read_events(path)
+    return {n: e["global_step"] for e, n in zip(log.events, log.line_nos)}
 
 
-def _split(path: Path, step: int, step_of) -> tuple[list[bytes], list[bytes]]:
-    """(lines to keep, lines logged after `step`) of a telemetry file. A line no reader can place
-    (damaged by hand or by a disk) stays where it is: `catchat scan` reports it, nothing deletes it.
-    For a fresh start (`step` -1) every line goes.
-    A metrics header is in neither list (writers put it back first)."""
-    keep, rest = [], []
-    for line in _lines(path):
-        s = step_of(line)
-        if step_of is _metrics_step and line.rstrip(b"\r\n") == HEADER:
+def _split(path: Path, step: int) -> tuple[list[bytes], list[bytes]]:
+    """(lines to keep, lines logged after `step`) of metrics.csv or events.jsonl. A line no reader
+    can place (damaged by hand or by a disk) stays where it is: `catchat scan` reports it, nothing
+    deletes it. For a fresh start (`step` -1) every line goes. The metrics header is in neither
+    list (writers put it back first)."""
+    placed, keep, rest = _placed(path), [], []
+    for n, line in enumerate(_lines(path), 1):
+        s = placed.get(n)
+        if s == -1 and n == 1 and path.suffix == ".csv":
             continue
-        after = step < 0 or (s is not None and s > step)  # a fresh start (-1) keeps nothing
-        (rest if after else keep).append(line)
+        (rest if step < 0 or (s is not None and s > step) else keep).append(line)
     return keep, rest
-
-
-def _csv_line(cells) -> bytes:
-    out = io.StringIO()
-    csv.writer(out, lineterminator="\n").writerow(cells)
-    return out.getvalue().encode()
-
-
-HEADER = _csv_line(METRICS_COLUMNS).rstrip(b"\n")
 
 
 def _write_metrics(path: Path, rows: list[bytes]) -> None:
@@ -178,64 +159,51 @@ def trim_tail(files: RunFiles, step: int) -> int:
     process that stopped before its next checkpoint (a crash tail: resuming logs it again), and
     without a line cut short. Never in place: a kill leaves the old file or the new one. Returns
     the number of metrics rows dropped."""
-    keep, rest = _split(files.metrics, step, _metrics_step)
+    keep, rest = _split(files.metrics, step)
     if rest or not _is_whole(files.metrics) or _lines(files.metrics)[:1] != [HEADER + b"\n"]:
         _write_metrics(files.metrics, keep)
-    ev_keep, ev_rest = _split(files.events, step, _event_step)
+    ev_keep, ev_rest = _split(files.events, step)
     if ev_rest or not _is_whole(files.events):
         atomic_write_bytes(files.events, b"".join(ev_keep))
-    return sum(_metrics_step(r) is not None for r in rest)
+    return len(rest)
 
 
 # ------------------------------------------------------------------------------ branches
-@dataclass
-class Branch:
-    """A branch point: the live run continues from `step` (checkpoint `source`; -1 and None for a
-    fresh start); what came after it moved to `side_dir`."""
-
-    side_dir: Path
-    step: int
-    source: str | None
-    abandoned_step: int
-    checkpoints: list[str]
-    rows: int
-
-    def event_fields(self, root: Path) -> dict:
-        return {"from": self.source, "branch_step": self.step, "abandoned_step": self.abandoned_step,
-                "side_dir": str(self.side_dir.relative_to(root)), "abandoned_checkpoints": self.checkpoints,
-                "abandoned_rows": self.rows}
+def has_history(files: RunFiles) -> bool:
+    """Whether the run directory holds rows or events (of an attempt that never checkpointed)."""
+    return bool(_split(files.metrics, -1)[1] or _lines(files.events))
 
 
-def needs_branch(files: RunFiles, step: int | None) -> bool:
-    """Whether continuing at checkpoint `step` abandons a newer checkpoint; for a fresh start
-    (None), whether an earlier attempt left rows or events behind."""
-    if step is None:
-        return bool(_split(files.metrics, -1, _metrics_step)[1] or _lines(files.events))
+def needs_branch(files: RunFiles, step: int) -> bool:
+    """Whether continuing at checkpoint `step` of this run abandons a newer checkpoint."""
     return any(ck.dir_step(p) > step for p in ck.list_checkpoints(files.checkpoints))
 
 
-def start_branch(files: RunFiles, source: Path | None, event: dict) -> Branch:
+def start_branch(files: RunFiles, source: Path | None, event: dict) -> dict:
     """Move everything after checkpoint `source` (of this run; None: a fresh start, everything)
     aside into branches/NN-after-step-S and make `source` the live branch's latest. `event` is the
-    `branch` event appended to the live events.jsonl (its branch fields are added here)."""
+    start of the `branch` event appended to the live events.jsonl; the branch's fields (`from`,
+    `branch_step` (-1 for a fresh start), `abandoned_step`, `side_dir`, `abandoned_checkpoints`,
+    `abandoned_rows`) are added here. Returns the whole event."""
     step = ck.dir_step(source) if source else -1
     abandoned = [p.name for p in ck.list_checkpoints(files.checkpoints) if ck.dir_step(p) > step]
-    _, rows = _split(files.metrics, step, _metrics_step)
-    _, events = _split(files.events, step, _event_step)
-    steps = [ck.dir_step(Path(n)) for n in abandoned] + [s for s in map(_metrics_step, rows) if s is not None]
+    _, rows = _split(files.metrics, step)
+    _, events = _split(files.events, step)
+    row_steps = [s for n, s in _placed(files.metrics).items() if s > step]
     files.branches.mkdir(exist_ok=True)
     n = 1 + max((int(p.name.split("-")[0]) for p in files.branches.iterdir() if p.name.split("-")[0].isdigit()),
                 default=0)
     side = files.branches / (f"{n:02d}-after-step-{step:07d}" if source else f"{n:02d}-before-fresh-start")
-    br = Branch(side, step, source.name if source else None, max(steps, default=step), abandoned,
-                sum(s is not None for s in map(_metrics_step, rows)))
+    info = {**event, "from": source.name if source else None, "branch_step": step,
+            "abandoned_step": max([ck.dir_step(Path(a)) for a in abandoned] + row_steps, default=step),
+            "side_dir": str(side.relative_to(files.root)), "abandoned_checkpoints": abandoned,
+            "abandoned_rows": len(row_steps)}
     tmp = files.branches / f".tmp-{side.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     (tmp / "checkpoints").mkdir()
     _write_metrics(tmp / "metrics.csv", rows)
     atomic_write_bytes(tmp / "events.jsonl", b"".join(events))
-    info = {**event, **br.event_fields(files.root)}
     atomic_write_text(tmp / BRANCH_INFO, json.dumps(info, indent=1) + "\n")
     atomic_write_text(tmp / PENDING, "this branch is being made; the next catchat on this run finishes it\n")
     crash_point("branch.side_written")
@@ -243,7 +211,7 @@ def start_branch(files: RunFiles, source: Path | None, event: dict) -> Branch:
     fsync_dir(files.branches)
     crash_point("branch.committed")
     finish_branch(files, side)
-    return br
+    return info
 
 
 def finish_branch(files: RunFiles, side: Path) -> None:
@@ -262,9 +230,9 @@ def finish_branch(files: RunFiles, side: Path) -> None:
         fsync_dir(side / "checkpoints")
     if not info.get("from") and files.checkpoints.exists() and not ck.list_checkpoints(files.checkpoints):
         (files.checkpoints / ck.LATEST).unlink(missing_ok=True)
-    _write_metrics(files.metrics, _split(files.metrics, step, _metrics_step)[0])
+    _write_metrics(files.metrics, _split(files.metrics, step)[0])
     crash_point("branch.metrics")
-    keep, _ = _split(files.events, step, _event_step)
+    keep, _ = _split(files.events, step)
     mark = json.dumps(info).encode() + b"\n"
     if mark not in keep:
         keep.append(mark)
@@ -299,6 +267,5 @@ def _roll_latest_forward(files: RunFiles) -> None:
     live branch's newest and `latest` is made to name it."""
     done = ck.list_checkpoints(files.checkpoints)
     named = ck.latest_name(files.checkpoints)
-    if done and (named is None or not (files.checkpoints / named / ck.STATE_FILE).exists()
-                 or (ck.dir_step(Path(named)) or -1) < ck.dir_step(done[-1])):
+    if done and named != done[-1].name:  # `latest` missing, damaged, or behind the newest
         ck.point_latest(files.checkpoints, done[-1].name)

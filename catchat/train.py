@@ -123,11 +123,6 @@ class Trainer:
         self.files.root.mkdir(parents=True, exist_ok=True)
         try:
             self.lock = RunLock(self.files.lock)
-        except BaseException:
-            if created:
-                shutil.rmtree(self.files.root, ignore_errors=True)
-            raise
-        try:
             self._open(resume, allow_unverified)
         except BaseException:
             self.close()
@@ -182,7 +177,7 @@ class Trainer:
         """A checkpoint of another run may start this one only while this one has no history."""
         if self._in_run(ckpt.path):
             return
-        if ck.list_checkpoints(self.files.checkpoints) or rundir.needs_branch(self.files, None):
+        if ck.list_checkpoints(self.files.checkpoints) or rundir.has_history(self.files):
             raise UsageError(f"{ckpt.path} belongs to another run, and {self.files.root} already holds a run of "
                              "its own", hint="continue another run's checkpoint in a new --run-dir")
 
@@ -211,11 +206,12 @@ class Trainer:
         if self.lock.stale_pid:
             info["stale_lock_pid"] = self.lock.stale_pid
         in_run = ckpt is not None and self._in_run(ckpt.path)
-        step = ckpt.global_step if in_run else None
-        branched = (in_run or ckpt is None) and rundir.needs_branch(files, step)
+        if in_run:
+            branched = rundir.needs_branch(files, ckpt.global_step)
+        else:  # a fresh start over an earlier attempt's telemetry; another run's checkpoint has none (checked)
+            branched = ckpt is None and rundir.has_history(files)
         if branched:
-            br = rundir.start_branch(files, ckpt.path if in_run else None, self._record("branch"))
-            self.report("branch", **br.event_fields(files.root), global_step=self.global_step)
+            self.report("branch", **rundir.start_branch(files, ckpt.path if in_run else None, self._record("branch")))
         if ckpt is None:
             if not branched:  # a branch left a metrics header and its own event: the new telemetry
                 rundir.new_telemetry(files)
