@@ -23,6 +23,7 @@ anything, and raises one-line `UsageError`s (never json / numpy / OS exceptions)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -62,16 +63,21 @@ def dumps(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None
     return b"".join([header, *(a.tobytes() for a in arrays)])
 
 
-def write(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
+def write(path: str | Path, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> str:
     """Write `dumps(tensors, metadata)` to `path` and fsync it (the caller renames it into place).
-    Streams tensor by tensor, so the file is never held in memory twice."""
+    Streams tensor by tensor, so the file is never held in memory twice. Returns the sha256 (hex)
+    of the bytes written, hashed on the way: a checkpoint records it without reading the file back."""
     header, arrays = _prepare(tensors, metadata)
+    digest = hashlib.sha256(header)
     with open(path, "wb") as f:
         f.write(header)
         for a in arrays:
-            f.write(a.reshape(-1).view(np.uint8))
+            data = a.reshape(-1).view(np.uint8)
+            digest.update(data)
+            f.write(data)
         f.flush()
         os.fsync(f.fileno())
+    return digest.hexdigest()
 
 
 def _prepare(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None) -> tuple[bytes, list[np.ndarray]]:

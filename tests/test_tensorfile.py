@@ -74,8 +74,9 @@ def with_header(header: dict | str | bytes, data: bytes = b"", pad: bool = True)
 def test_round_trip_file(tmp_path):
     x, meta = sample_tensors(), {"format": "catchat-checkpoint", "global_step": "12", "ünï": "cödé"}
     path = tmp_path / "x.safetensors"
-    tf.write(path, x, meta)
+    digest = tf.write(path, x, meta)
     assert path.read_bytes() == tf.dumps(x, meta)  # write streams the same bytes dumps builds
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest()  # hashed on the way, as written
     got, got_meta = tf.read(path)
     assert_same(x, got)
     assert got_meta == meta
