@@ -82,7 +82,7 @@ def check_invariants(run, straight, foreign: dict) -> None:
         assert ck.resolve(run) == live[-1], "latest must name the live branch's newest checkpoint"
         assert ck.dir_step(live[-1]) <= len(losses(run))
     evs = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()] if files.events.exists() else []
-    assert all(e["global_step"] <= max(len(losses(run)), 0) for e in evs)
+    assert all(e["global_step"] <= len(losses(run)) for e in evs)
     assert len([e for e in evs if e["event"] == "branch"]) <= 1
 
 
