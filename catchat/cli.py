@@ -361,10 +361,10 @@ def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, nu
     if num == 1:
         click.echo(shown, nl=False)
 
-        def show(tokens):
-            t = int(tokens[0])
-            if t not in stops:
-                click.echo(vocab.decode([t]), nl=False)
+        def show(rows):  # a chunk of tokens [k, 1] at a time
+            text = [int(t) for t in rows[:, 0] if t not in stops and t != vocab.PAD]
+            if text:
+                click.echo(vocab.decode(text), nl=False)
 
         gen.generate(ids, length, sampling, seed=seed, stop_at=stops, on_tokens=show)
         click.echo()
@@ -376,12 +376,17 @@ def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, nu
         body = [t for t in outs[b] if t not in stops]
         click.echo(f"--- sample {b + 1}\n{shown}{vocab.decode(body)}")
 
-    def collect(tokens):
-        for b, t in enumerate(tokens.tolist()):
-            if b not in printed:
+    def collect(rows):  # a chunk of tokens [k, num] at a time; <pad> after a sample stopped
+        for b in range(num):
+            if b in printed:
+                continue
+            for t in rows[:, b].tolist():
+                if t == vocab.PAD:
+                    break
                 outs[b].append(t)
                 if t in stops:
                     emit(b)
+                    break
 
     gen.generate(ids, length, sampling, seed=seed, stop_at=stops, on_tokens=collect)
     for b in range(num):

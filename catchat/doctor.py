@@ -71,7 +71,8 @@ def checks() -> list[Check]:
         return out + [Check("vulkan loader", False, e.message, e.hint or "")]
     try:
         kp = vkdev.import_kp()
-        patched = bool(getattr(kp, "catchat_dispatch_barrier", 0)) and bool(getattr(kp, "catchat_host_view", 0))
+        markers = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async")
+        patched = all(getattr(kp, m, 0) for m in markers)
         out.append(Check("kp", patched, f"{importlib.metadata.version('kp')}"
                          + (" (catchat's patches applied)" if patched else " (UNPATCHED)"),
                          "run `make setup`: it builds kp with tools/kp-patches/ applied"))

@@ -1,11 +1,13 @@
-"""Sampling from a trained model on the GPU, one timestep at a time for a batch of streams.
+"""Sampling from a trained model on the GPU: the tokens chosen and fed back on the device.
 
-The forward pass runs on the device in forward-only Programs: one with T = 1 and B = streams for
-the token-by-token loop, and (built on first use) one with T = `prefill` for feeding long runs of
-known tokens (a prompt, the other speaker's turn, a re-primed context) a window at a time; the
-hidden state moves between them through the host. Each step reads back the logits [B, V] and the
-next token is chosen on the host by `choose` (temperature, top-k, top-p, greedy, n-gram blocking)
-with a seeded numpy RNG, so the same seed gives the same text. docs/generation.md has the rules.
+A `Generator` keeps the model resident for a batch of streams. Known text (a prompt, the other
+speaker's turn) goes through the batched forward a window of `prefill` tokens at a time; the rest,
+and everything generated, goes through the decode step (catchat/vk/program/decoder.py): every
+layer, the head and the choice of the next token (temperature, top-k, top-p, greedy, n-gram
+blocking, stop tokens) on the device, `chunk` tokens per submit, the host reading back only the
+chosen tokens. The draws come from the counter RNG keyed by (seed, stream, token number), so the
+same seed gives the same text whatever the chunk size; `choose` is the choice's host twin
+(catchat.reference.sample_choice). docs/generation.md has the rules.
 
     gen = Generator.from_checkpoint(dev, ck.load_checkpoint("runs/tiny"), streams=4)
     outs = gen.generate(prompt_ids("ROMEO: "), 300, Sampling(temperature=0.7), seed=1)
@@ -19,17 +21,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catchat import vocab
+from catchat import reference as ref
+from catchat import rng, vocab
 from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
+from catchat.vk import slots
 from catchat.vk.program import Program
+from catchat.vk.program.decoder import DEFAULT_CHUNK, NONE, Decoder
 
 DIALOGUE_NGRAM_BLOCK = 5  # `talk` and `chat` block repeated 5-grams by default; `sample` does not
 PREFILL_WINDOW = 64  # tokens per dispatch window when feeding known text
 
 
 # ---------------------------------------------------------------------------------------------
-# Choosing the next token (the one implementation: sample, talk and chat all come through here)
+# Choosing the next token: the settings, their decode words, and the host twin of the device's choice
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -60,6 +65,11 @@ class Sampling:
     def is_greedy(self) -> bool:
         return self.greedy or self.temperature <= 0
 
+    @property
+    def inv_temperature(self) -> float:
+        """1 / temperature as float32 (the device multiplies by it; 0 when greedy)."""
+        return 0.0 if self.is_greedy else float(np.float32(1.0 / self.temperature))
+
     def replace(self, **changes) -> Sampling:
         """A copy with some settings changed (validated)."""
         return dataclasses.replace(self, **changes)
@@ -69,79 +79,43 @@ class Sampling:
                     ngram_block=self.ngram_block)
 
 
-class NgramBlock:
-    """Per-stream memory of the n-grams a stream has generated, for `choose`.
+def choose(logits: np.ndarray, s: Sampling, uniforms: np.ndarray, banned: np.ndarray | None = None) -> np.ndarray:
+    """The next token per row of logits [B, V] (int64 [B]): the host twin of the device's choice
+    (catchat.reference.sample_choice; docs/generation.md has the rules).
 
-    After the last n-1 tokens of stream b, every token that once followed those n-1 tokens in
-    stream b is banned, so no n-gram occurs twice. Tokens in `exempt` (those that end generation,
-    <eos> always) are never banned: a stream can always stop, so some token is always allowed."""
-
-    def __init__(self, n: int, streams: int, exempt: Sequence[int] = (vocab.EOS,)):
-        if n < 2:
-            raise ValueError(f"n-gram blocking needs n >= 2, got {n}")
-        self.n, self.streams = int(n), int(streams)
-        self.exempt = sorted(set(exempt) | {vocab.EOS})
-        self._seen: list[dict[tuple[int, ...], set[int]]] = [{} for _ in range(self.streams)]
-        self._tail: list[tuple[int, ...]] = [() for _ in range(self.streams)]
-
-    def banned(self, vocab_size: int) -> np.ndarray:
-        """bool [streams, V]: True where the token would repeat an n-gram of that stream."""
-        mask = np.zeros((self.streams, vocab_size), bool)
-        for b in range(self.streams):
-            nxt = self._seen[b].get(self._tail[b])
-            if nxt:
-                mask[b, list(nxt)] = True
-        mask[:, self.exempt] = False
-        return mask
-
-    def push(self, tokens: np.ndarray, active: np.ndarray | None = None) -> None:
-        """Record one generated token per stream (streams where `active` is False are skipped)."""
-        k = self.n - 1
-        for b, t in enumerate(np.asarray(tokens).tolist()):
-            if active is not None and not active[b]:
-                continue
-            tail = self._tail[b]
-            if len(tail) == k:
-                self._seen[b].setdefault(tail, set()).add(t)
-            self._tail[b] = (tail + (t,))[-k:]
+    <pad> and <bos> are never chosen, nor tokens `banned` [B, V] marks (reference.ngram_banned);
+    uniforms [B] are the draws (rng.decode_uniforms for the device's)."""
+    z = np.asarray(logits, np.float32)
+    allowed = np.ones(z.shape, bool)
+    allowed[:, [vocab.PAD, vocab.BOS]] = False
+    if banned is not None:
+        allowed &= ~np.asarray(banned, bool)
+    return ref.sample_choice(z, uniforms, allowed, inv_temp=s.inv_temperature, top_k=s.top_k, top_p=s.top_p,
+                             greedy=s.is_greedy)[0]
 
 
-def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, block: NgramBlock | None = None,
-           active: np.ndarray | None = None) -> np.ndarray:
-    """The next token per row of logits [B, V] (int64 [B]).
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 32-bit seed for one part of a run (a turn of a dialogue, a side of a chat) from the user's
+    seed: the parts hashed in with the project's mix32, so nearby seeds give unrelated draws."""
+    x = int(seed) & 0xFFFFFFFF
+    for part in parts:
+        x = int(rng.mix32(x ^ int(rng.mix32(int(part) & 0xFFFFFFFF))))
+    return x
 
-    Order: <pad> and <bos> are never chosen; tokens `block` bans are removed; greedy (or
-    temperature 0) takes the first largest logit; otherwise logits / temperature, keep the top_k
-    largest (ties to the lower index), softmax, keep the smallest prefix of the sorted
-    probabilities whose mass reaches top_p, renormalise and draw one uniform per row from `rng`.
-    The chosen tokens are recorded in `block` (rows where `active` is False are not)."""
-    z = np.asarray(logits, np.float64).copy()  # [B, V]
-    B, V = z.shape
-    z[:, [vocab.PAD, vocab.BOS]] = -np.inf
-    if block is not None:
-        z[block.banned(V)] = -np.inf
-    if s.is_greedy:
-        nxt = z.argmax(axis=1)
-    else:
-        z /= s.temperature
-        if 0 < s.top_k < V:
-            drop = np.argsort(-z, axis=1, kind="stable")[:, s.top_k:]  # [B, V - k]
-            np.put_along_axis(z, drop, -np.inf, axis=1)
-        p = np.exp(z - z.max(axis=1, keepdims=True))  # [B, V]
-        if s.top_p < 1.0:
-            p /= p.sum(axis=1, keepdims=True)
-            order = np.argsort(-p, axis=1, kind="stable")
-            sorted_p = np.take_along_axis(p, order, axis=1)
-            sorted_p[np.cumsum(sorted_p, axis=1) - sorted_p >= s.top_p] = 0.0  # mass before it already reaches top_p
-            p = np.zeros_like(p)
-            np.put_along_axis(p, order, sorted_p, axis=1)
-        c = np.cumsum(p, axis=1)
-        c /= c[:, -1:]  # the last entry is exactly 1, so the pick always has p > 0
-        u = rng.random((B, 1))
-        nxt = (c <= u).sum(axis=1)
-    if block is not None:
-        block.push(nxt, active)
-    return nxt
+
+def decode_settings(s: Sampling, seed: int, length: int, stop_at: Sequence[int]) -> np.ndarray:
+    """The decode config words (slots.DC_*) of one generation call."""
+    w = np.zeros(slots.DC_WORDS, np.uint32)
+    w[slots.DC_SEED] = int(seed) & 0xFFFFFFFF
+    w[slots.DC_LENGTH] = int(length)
+    w[slots.DC_INV_TEMP] = slots.f32_bits(s.inv_temperature)
+    w[slots.DC_TOP_K] = int(s.top_k)
+    w[slots.DC_TOP_P] = slots.f32_bits(s.top_p)
+    w[slots.DC_GREEDY] = int(s.is_greedy)
+    w[slots.DC_NGRAM] = int(s.ngram_block)
+    for t in set(stop_at) | {vocab.EOS}:
+        w[slots.DC_STOP + t // 32] |= np.uint32(1 << (t % 32))
+    return w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,39 +123,39 @@ def choose(logits: np.ndarray, s: Sampling, rng: np.random.Generator, block: Ngr
 # ---------------------------------------------------------------------------------------------
 
 class Generator:
-    """A model resident on the device, generating `streams` texts in parallel.
+    """A model resident on the device, generating `streams` texts in parallel, the tokens chosen
+    and fed back on the device `chunk` steps per submit (catchat/vk/program/decoder.py).
 
-    `feed` runs known tokens through the model (a window of `prefill` tokens per dispatch chain
-    where it can, one token at a time for the rest) and keeps the last logits; `generate` samples
-    from them. A `<bos>` token always starts from a zero state (as in training: reset = 1 there)."""
+    `feed` runs known tokens through the model: whole windows of `prefill` tokens through the
+    batched forward, the rest through the decode step; `generate` feeds a prompt the same way and
+    samples after it. A `<bos>` token always starts from a zero state (as in training: reset = 1)."""
 
     def __init__(self, dev, layout: ParamLayout, flat_params: np.ndarray, streams: int = 1,
-                 prefill: int = PREFILL_WINDOW):
+                 prefill: int = PREFILL_WINDOW, chunk: int | None = None):
         self.dev, self.layout, self.spec, self.streams = dev, layout, layout.spec, int(streams)
-        self.prefill = int(prefill)
-        self._flat = np.asarray(flat_params, np.float32)
-        self.prog = Program(dev, self.layout, 1, self.streams, training=False)
-        self.prog.set_params(self._flat)
-        self._prefill_prog: Program | None = None
+        self.prefill = max(1, int(prefill))
+        self.chunk = int(chunk or DEFAULT_CHUNK)
+        if self.chunk < 2 or self.chunk % 2:
+            raise UsageError(f"chunk {self.chunk} is out of range", "give an even number of tokens per submit, >= 2")
+        self.prog = Program(dev, layout, self.prefill, self.streams, training=False)
+        self._decoder: Decoder | None = None
         self.logits: np.ndarray | None = None  # [streams, V] after the last fed token
-        self.reset()
+        self.set_params(flat_params)
 
     @classmethod
-    def from_checkpoint(cls, dev, ckpt, streams: int = 1, prefill: int = PREFILL_WINDOW) -> Generator:
+    def from_checkpoint(cls, dev, ckpt, streams: int = 1, prefill: int = PREFILL_WINDOW,
+                        chunk: int | None = None) -> Generator:
         spec = checkpoint_spec(ckpt)
         from catchat import checkpoint as ck
         from catchat.model import param_specs
 
         ck.check_shapes(ckpt.params, {p.name: p.shape for p in param_specs(spec)}, str(ckpt.path))
         layout = ParamLayout(spec)
-        return cls(dev, layout, layout.flatten(ckpt.params, np.float32), streams, prefill)
+        return cls(dev, layout, layout.flatten(ckpt.params, np.float32), streams, prefill, chunk)
 
     def set_params(self, flat_params: np.ndarray) -> None:
         """Swap in other weights of the same spec (e.g. the trainer's samples at each eval)."""
-        self._flat = np.asarray(flat_params, np.float32)
-        self.prog.set_params(self._flat)
-        if self._prefill_prog is not None:
-            self._prefill_prog.set_params(self._flat)
+        self.prog.set_params(np.asarray(flat_params, np.float32))
         self.reset()
 
     def reset(self) -> None:
@@ -189,69 +163,96 @@ class Generator:
         self.prog.set_carry(None)
         self.logits = None
 
-    def _prefill_program(self) -> Program:
-        if self._prefill_prog is None:
-            self._prefill_prog = Program(self.dev, self.layout, self.prefill, self.streams, training=False)
-            self._prefill_prog.set_params(self._flat)
-        return self._prefill_prog
+    def _decoder_for(self, history: int) -> Decoder:
+        """The decoder, rebuilt only when a call needs a longer n-gram history than it holds."""
+        if self._decoder is None or history > self._decoder.cap:
+            cap = 1 if history <= 1 else max(256, 1 << (history - 1).bit_length())
+            self._decoder = Decoder(self.prog, self.chunk, history_cap=cap,
+                                    forced_cap=max(self.chunk, self.prefill))
+        return self._decoder
+
+    def _stream_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.uint32)
+        if ids.ndim == 1:
+            ids = np.repeat(ids[:, None], self.streams, axis=1)
+        if ids.ndim != 2 or ids.shape[1] != self.streams:
+            raise ValueError(f"tokens of shape {ids.shape}: this generator has {self.streams} streams")
+        return ids
+
+    def _prefill(self, ids: np.ndarray) -> np.ndarray:
+        """Feed whole windows of `ids` [n, streams] through the batched forward; return the rest,
+        which the decode step takes (as forced tokens of the next call)."""
+        W, pos = self.prefill, 0
+        if W > 1:
+            resets = (ids == vocab.BOS).astype(np.uint32)  # a conversation starts: zero state (docs/model.md)
+            while len(ids) - pos >= W:
+                self.logits = self.prog.forward_logits(ids[pos:pos + W], resets[pos:pos + W])[-1]
+                pos += W
+        dec = self._decoder_for(1)
+        while len(ids) - pos > dec.forced_cap:  # more than one call's worth (only when prefill is off)
+            self._decode(ids[pos:pos + dec.forced_cap], 0, Sampling(), 0, ())
+            pos += dec.forced_cap
+        return ids[pos:]
+
+    def _decode(self, forced: np.ndarray, length: int, sampling: Sampling, seed: int, stop_at,
+                on_tokens: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
+        """One decoder call: feed `forced` [n, streams], then sample up to `length` tokens per stream."""
+        dec = self._decoder_for(length if sampling.ngram_block else 1)
+        n = len(forced)
+        out: list[list[int]] = [[] for _ in range(self.streams)]
+        done = np.zeros(self.streams, bool)
+        stops = np.array(sorted(set(stop_at) | {vocab.EOS}))
+        choice = 0  # index of the next row over the whole call
+        rows_iter = dec.run(decode_settings(sampling, seed, length, stop_at), forced if n else None,
+                            None if n else self.logits, n + max(length, 1))
+        try:
+            for rows in rows_iter:
+                gen = rows[max(0, n - choice):]  # rows after the forced tokens
+                choice += len(rows)
+                if not len(gen) or length == 0:
+                    continue
+                made = gen != NONE
+                for b in np.flatnonzero(made.any(axis=0)):
+                    out[b] += gen[made[:, b], b].tolist()
+                if on_tokens is not None:
+                    on_tokens(np.where(made, gen, vocab.PAD).astype(np.int64))
+                done |= np.isin(gen, stops).any(axis=0) | (np.array([len(o) for o in out]) >= length)
+                if done.all():
+                    break
+        finally:
+            rows_iter.close()
+        self.logits = dec.last_logits()
+        return out
 
     def feed(self, ids) -> np.ndarray:
         """Feed tokens [n, streams] (or [n]: the same for every stream) in order; return the last
         logits [streams, V] (also kept in `self.logits`)."""
-        ids = np.asarray(ids, dtype=np.uint32)
-        if ids.ndim == 1:
-            ids = np.repeat(ids[:, None], self.streams, axis=1)
-        n = ids.shape[0]
-        if n == 0:
+        ids = self._stream_ids(ids)
+        if len(ids) == 0:
             raise ValueError("feed() needs at least one token")
-        if ids.shape[1] != self.streams:
-            raise ValueError(f"feed() got {ids.shape[1]} streams, this generator has {self.streams}")
-        resets = (ids == vocab.BOS).astype(np.uint32)  # a conversation starts: zero state (docs/model.md)
-        pos = 0
-        W = self.prefill
-        if W > 1 and n >= W:
-            pre = self._prefill_program()
-            pre.set_carry(self.prog.get_carry())
-            while n - pos >= W:
-                self.logits = pre.forward_logits(ids[pos:pos + W], resets[pos:pos + W])[-1]
-                pos += W
-            self.prog.set_carry(pre.get_carry())
-        while pos < n:
-            self.logits = self.prog.forward_logits(ids[pos:pos + 1], resets[pos:pos + 1])[0]
-            pos += 1
+        rest = self._prefill(ids)
+        if len(rest):
+            self._decode(rest, 0, Sampling(), 0, ())
         return self.logits
 
     def generate(self, prompt, length: int, sampling: Sampling, seed: int = 0, *,
-                 rng: np.random.Generator | None = None, stop_at: Sequence[int] = (vocab.EOS,),
+                 stop_at: Sequence[int] = (vocab.EOS,),
                  on_tokens: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
         """Feed `prompt` (None: continue after what was fed last), then sample up to `length`
-        tokens per stream. A stream stops at a token in `stop_at` (<eos> always), which is kept as
-        the last token of its output. `on_tokens` sees each step's tokens [streams] as they come
-        (<pad> for streams that have stopped). The last token of each output is not fed: the state
-        ends just before it. N-gram blocking (sampling.ngram_block) covers each stream's output."""
+        tokens per stream, chosen on the device. A stream stops at a token in `stop_at` (<eos>
+        always), kept as the last token of its output. `on_tokens` sees the tokens as they come,
+        a chunk [k, streams] at a time (<pad> for streams that have stopped). The last token of
+        each output is not fed: the state ends just before it. N-gram blocking covers each
+        stream's output of this call. The draws are keyed by (seed, stream, token number), so the
+        text does not depend on the chunk size."""
         if length < 1:
             raise ValueError("length must be >= 1")
-        stop_at = tuple(sorted(set(stop_at) | {vocab.EOS}))
-        rng = np.random.default_rng(seed) if rng is None else rng
+        forced = np.zeros((0, self.streams), np.uint32)
         if prompt is not None and len(prompt):
-            self.feed(prompt)
-        if self.logits is None:
+            forced = self._prefill(self._stream_ids(prompt))
+        if self.logits is None and not len(forced):
             raise ValueError("nothing fed yet: give a prompt (at least <bos>)")
-        block = NgramBlock(sampling.ngram_block, self.streams, stop_at) if sampling.ngram_block else None
-        out: list[list[int]] = [[] for _ in range(self.streams)]
-        done = np.zeros(self.streams, bool)
-        for step in range(length):
-            nxt = choose(self.logits, sampling, rng, block, ~done)
-            nxt[done] = vocab.PAD
-            for b in np.flatnonzero(~done):
-                out[b].append(int(nxt[b]))
-            if on_tokens:
-                on_tokens(nxt)
-            done |= np.isin(nxt, stop_at)
-            if done.all() or step == length - 1:
-                break
-            self.feed(nxt[None, :])
-        return out
+        return self._decode(forced, length, sampling, seed, stop_at, on_tokens)
 
 
 def checkpoint_spec(ckpt) -> ModelSpec:

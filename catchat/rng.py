@@ -27,6 +27,8 @@ _S15, _S16, _S8 = np.uint64(15), np.uint64(16), np.uint64(8)
 STREAM_EMBEDDING = 1  # embedding-row dropout; counter = vocab row v
 STREAM_HIDDEN = 16  # + layer: hidden-unit dropout of that layer; counter = b * H + j
 STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33  # scheduled sampling: the coin, the top-k draw; counter = t * B + b
+STREAM_DECODE, STREAM_DECODE_LANE = 34, 35  # generation: the draw (counter = the stream's token number), the
+# stream's own seed (counter = stream b): u = rng_uniform(rng_u32(seed, STREAM_DECODE_LANE, b), STREAM_DECODE, n)
 # 48, 49: prefix dropout's hit and length (catchat.lanes.STREAM_PREFIX_HIT, STREAM_PREFIX_LEN; host only)
 
 
@@ -62,6 +64,13 @@ def rng_uniform(seed, stream, counter):
     """Uniform in [0, 1) with 24 random bits, exactly representable in float32."""
     u = _u32(rng_u32(seed, stream, counter)) >> _S8
     return (u.astype(np.float32) * np.float32(2.0**-24))[()]
+
+
+def decode_uniforms(seed: int, streams, position):
+    """The uniform generation draws for `position` (the stream's n-th generated token, from 0) of
+    each stream in `streams`: what glsl/decode_sample.comp draws, bit for bit (float32 [len(streams)])."""
+    lane_seed = rng_u32(int(seed) & 0xFFFFFFFF, STREAM_DECODE_LANE, np.asarray(streams))
+    return rng_uniform(lane_seed, STREAM_DECODE, position)
 
 
 def step_seed(run_seed: int, global_step: int, micro_batch: int) -> int:

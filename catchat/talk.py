@@ -25,7 +25,7 @@ import numpy as np
 
 from catchat import vocab
 from catchat.errors import UsageError
-from catchat.generate import Generator, Sampling
+from catchat.generate import Generator, Sampling, derive_seed
 
 DEFAULT_CONTEXT = 800  # tokens (= characters) of rolling context
 DEFAULT_TURN_LENGTH = 300  # most characters a model writes in one turn
@@ -124,23 +124,24 @@ class Dialogue:
         self.gen.reset()
         self.reprimes += 1
 
-    def reply(self, speaker: str, length: int, sampling: Sampling, rng: np.random.Generator,
+    def reply(self, speaker: str, length: int, sampling: Sampling, seed: int,
               on_token: Callable[[int], None] | None = None) -> Turn:
-        """`speaker`'s next turn, sampled: feeds what is pending and `speaker: `, then samples up to
-        `length` tokens, stopping at <turn> or <eos>. on_token sees each text token as it comes."""
+        """`speaker`'s next turn, sampled with `seed`: feeds what is pending and `speaker: `, then
+        samples up to `length` tokens, stopping at <turn> or <eos>. on_token sees each text token as
+        it comes."""
         pending = ([vocab.TURN] if self.turns else []) + _prefix(speaker)
         if len(self._ctx) + len(pending) > self.context:
             self._reprime(len(pending))
         self._ctx += pending
-        self.gen.feed(np.asarray(self._ctx[self._fed:], np.uint32))
-        self._fed = len(self._ctx)
         stops = (vocab.TURN, vocab.EOS)
 
-        def show(tokens):
-            if on_token is not None and int(tokens[0]) not in stops:
-                on_token(int(tokens[0]))
+        def show(rows):  # a chunk [k, 1] of tokens; <pad> once the reply has stopped
+            for t in rows[:, 0].tolist():
+                if on_token is not None and t not in stops and t != vocab.PAD:
+                    on_token(t)
 
-        out = self.gen.generate(None, length, sampling, rng=rng, stop_at=stops, on_tokens=show)[0]
+        unfed = np.asarray(self._ctx[self._fed:], np.uint32)  # fed by the same call that samples
+        out = self.gen.generate(unfed, length, sampling, seed, stop_at=stops, on_tokens=show)[0]
         stop = {vocab.TURN: "turn", vocab.EOS: "eos"}.get(out[-1], "length")
         ids = out[:-1] if stop != "length" else out
         turn = Turn(speaker, ids, stop)
@@ -243,7 +244,6 @@ def talk(dialogue: Dialogue, lines: Iterable[str], st: TalkState, *, seed: int =
     """The talk loop: each line from `lines` is the user's turn (or a /command); the model's answer
     is written (streamed) through `write`. one_line (stdin is a pipe): each answer is one output
     line with its line breaks shown as ' / ', and no speaker prefix. Returns the answers given."""
-    rng = np.random.default_rng(seed)
     answers = 0
     for raw in lines:
         line = raw.rstrip("\r\n")
@@ -268,7 +268,7 @@ def talk(dialogue: Dialogue, lines: Iterable[str], st: TalkState, *, seed: int =
             s = vocab.decode([tok])
             write(s.replace("\n", " / ") if one_line else s)
 
-        dialogue.reply(st.speaker, st.length, st.sampling, rng, on_token=show)
+        dialogue.reply(st.speaker, st.length, st.sampling, derive_seed(seed, answers), on_token=show)
         write("\n")
         answers += 1
         if dialogue.reprimes != reprimes:
@@ -402,8 +402,8 @@ def chat(sides: list[Side], turns: int, out: Path, *, append: bool = False, leng
             me, other = sides[nxt], sides[1 - nxt]
             if on_turn_start:
                 on_turn_start(me.speaker)
-            rng = np.random.default_rng([seed, nxt, number + 1])
-            turn = me.dialogue.reply(me.speaker, length, me.sampling, rng, on_token=on_token)
+            turn = me.dialogue.reply(me.speaker, length, me.sampling, derive_seed(seed, nxt, number + 1),
+                                     on_token=on_token)
             other.dialogue.add_turn(turn)
             record(nxt, me.speaker, turn)
             nxt = 1 - nxt

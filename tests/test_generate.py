@@ -1,4 +1,5 @@
-"""Generation: the sampler (`choose`), the GPU generator against numpy, and `catchat sample` end to end.
+"""Generation: the choice's host twin (`choose`), the GPU generator against numpy, and `catchat sample`
+end to end. The device's choice against the twin, rule by rule, is catchat/parity/decode.py.
 
 Lesson 9 of design.md: the predecessor's --temperature flag was silently ignored, so every
 sampling flag here is checked to change (or, for top-k 1 vs greedy, not change) the text.
@@ -15,7 +16,7 @@ from catchat import checkpoint as ck
 from catchat import reference as ref
 from catchat import vocab
 from catchat.errors import UsageError
-from catchat.generate import Generator, NgramBlock, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
+from catchat.generate import Generator, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
 
 from support import make_tiny_run
 
@@ -32,41 +33,54 @@ def ngrams(ids, n):
 
 
 # ------------------------------------------------------------------------------ choose (host only)
-def test_top_k_1_equals_greedy_and_ignores_the_seed():
+def draws(n, seed):
+    return np.random.default_rng(seed).random(n).astype(np.float32)
+
+
+def test_top_k_1_equals_greedy_and_ignores_the_draw():
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((64, vocab.VOCAB_SIZE))
     logits[:8, 40] = logits[:8, 30] = 9.0  # ties: both take the lower index
-    greedy = choose(logits, Sampling(greedy=True), rng)
+    greedy = choose(logits, Sampling(greedy=True), draws(64, 0))
     assert (greedy[:8] == 30).all()
     for t in (0.3, 1.0, 5.0):
         for seed in range(3):
-            np.testing.assert_array_equal(choose(logits, Sampling(temperature=t, top_k=1),
-                                                 np.random.default_rng(seed)), greedy)
-    np.testing.assert_array_equal(choose(logits, Sampling(temperature=0.0), rng), greedy)
+            np.testing.assert_array_equal(choose(logits, Sampling(temperature=t, top_k=1), draws(64, seed)), greedy)
+    np.testing.assert_array_equal(choose(logits, Sampling(temperature=0.0), draws(64, 1)), greedy)
 
 
 def test_never_pad_or_bos_and_top_k_top_p_limit_the_choice():
     logits = np.zeros((4000, vocab.VOCAB_SIZE))
     logits[:, vocab.PAD] = logits[:, vocab.BOS] = 50.0  # most likely, still never chosen
     logits[:, 10:14] = [3.0, 2.9, 2.8, -1.0]
-    picks = choose(logits, Sampling(temperature=1.0), np.random.default_rng(1))
+    u = draws(4000, 1)
+    picks = choose(logits, Sampling(temperature=1.0), u)
     assert not np.isin(picks, [vocab.PAD, vocab.BOS]).any()
-    assert set(choose(logits, Sampling(temperature=1.0, top_k=3), np.random.default_rng(1))) == {10, 11, 12}
+    assert set(choose(logits, Sampling(temperature=1.0, top_k=3), u)) == {10, 11, 12}
     p = np.exp([3.0, 2.9, 2.8])
     # nucleus: 10 alone holds < 0.45 of the mass of everything, 10+11 more
     top_p = float(p[0] / (p.sum() + np.exp(-1.0) + 95))
-    got = set(choose(logits, Sampling(temperature=1.0, top_p=top_p * 1.01), np.random.default_rng(1)))
-    assert got == {10, 11}
+    assert set(choose(logits, Sampling(temperature=1.0, top_p=top_p * 1.01), u)) == {10, 11}
 
 
 def test_temperature_changes_the_draws():
     logits = np.random.default_rng(3).standard_normal((256, vocab.VOCAB_SIZE)) * 2
-    a = choose(logits, Sampling(temperature=0.5), np.random.default_rng(7))
-    b = choose(logits, Sampling(temperature=2.0), np.random.default_rng(7))
+    u = draws(256, 7)
+    a = choose(logits, Sampling(temperature=0.5), u)
+    b = choose(logits, Sampling(temperature=2.0), u)
     assert (a != b).mean() > 0.2
-    hot = [choose(logits, Sampling(temperature=t), np.random.default_rng(7)) for t in (0.05, 0.5, 2.0)]
+    hot = [choose(logits, Sampling(temperature=t), u) for t in (0.05, 0.5, 2.0)]
     agree = [(h == logits[:, 2:].argmax(1) + 2).mean() for h in hot]
     assert agree[0] > agree[1] > agree[2]  # colder is greedier
+
+
+def test_the_draw_picks_by_running_sum_in_index_order():
+    """u * sum p falls in token v's share of the running sum: the choice moves with u, in index order."""
+    logits = np.full((1, vocab.VOCAB_SIZE), -np.inf)
+    logits[0, [10, 20, 30]] = 0.0  # three equal shares
+    picks = [int(choose(logits, Sampling(temperature=1.0), np.array([u], np.float32))[0])
+             for u in (0.0, 0.3, 0.34, 0.66, 0.67, 0.999)]
+    assert picks == [10, 10, 20, 20, 30, 30]
 
 
 @pytest.mark.parametrize("n", [2, 3, 5])
@@ -76,14 +90,14 @@ def test_ngram_block_never_repeats_an_ngram(n, greedy):
     B, V = 3, vocab.VOCAB_SIZE
     s = Sampling(temperature=0.7, greedy=greedy, ngram_block=n)
     rng = np.random.default_rng(n)
-    block = NgramBlock(n, B)
     out = [[] for _ in range(B)]
     last = np.full(B, 6)
     for _ in range(200):
         logits = rng.standard_normal((B, V)) * 0.1 - 5.0
         logits[:, vocab.EOS] = -40.0
         logits[np.arange(B), 6 + (last - 6 + 1) % 3] = 10.0  # prefer the next of 6, 7, 8
-        last = choose(logits, s, rng, block)
+        banned = np.stack([ref.ngram_banned(o, n, V, (vocab.EOS,)) for o in out])
+        last = choose(logits, s, rng.random(B).astype(np.float32), banned)
         for b in range(B):
             out[b].append(int(last[b]))
     for b in range(B):
@@ -94,17 +108,14 @@ def test_ngram_block_never_repeats_an_ngram(n, greedy):
     assert len(set(ngrams(plain, n))) < len(ngrams(plain, n))  # the cycle itself does repeat
 
 
-def test_ngram_block_is_per_stream_and_exempts_stops():
-    block = NgramBlock(2, 2, exempt=(vocab.TURN,))
-    for t in (10, 11):
-        block.push(np.array([t, t]), active=np.array([True, False]))
-    block.push(np.array([10, 10]))
-    banned = block.banned(vocab.VOCAB_SIZE)
-    assert banned[0, 11] and banned[0].sum() == 1  # stream 0: 10 11 10 -> after 10, 11 is taken
-    assert not banned[1].any()  # stream 1 saw only one token
-    block.push(np.array([vocab.TURN, vocab.TURN]))
-    block.push(np.array([10, 20]))
-    assert not block.banned(vocab.VOCAB_SIZE)[:, [vocab.TURN, vocab.EOS]].any()
+def test_ngram_banned_follows_the_history_and_exempts_stops():
+    V = vocab.VOCAB_SIZE
+    assert np.flatnonzero(ref.ngram_banned([10, 11, 10], 2, V)).tolist() == [11]  # after 10, 11 was taken
+    assert not ref.ngram_banned([10], 2, V).any()  # one token: no bigram yet
+    assert np.flatnonzero(ref.ngram_banned([10, 11, 12, 10, 11], 3, V)).tolist() == [12]
+    hist = [10, vocab.TURN, 10, vocab.EOS, 10]
+    assert not ref.ngram_banned(hist, 2, V, (vocab.TURN, vocab.EOS))[[vocab.TURN, vocab.EOS]].any()
+    assert ref.ngram_banned(hist, 2, V, (vocab.EOS,))[vocab.TURN]
 
 
 def test_sampling_and_speaker_validation():
@@ -156,6 +167,38 @@ def test_same_seed_same_text_and_stop_tokens(dev, run_dir):
         stops = [i for i, t in enumerate(o) if t in (vocab.TURN, vocab.EOS)]
         assert stops in ([], [len(o) - 1]) and (stops or len(o) == 200)
         assert vocab.PAD not in o and vocab.BOS not in o
+
+
+def test_text_does_not_depend_on_the_chunk_and_streams_in_chunks(dev, run_dir):
+    """The draws are keyed by (seed, stream, token number): 2, 6 or 64 tokens per submit give the same
+    text; on_tokens sees it chunk by chunk, <pad> once a stream has stopped."""
+    ckpt = ck.load_checkpoint(run_dir)
+    s = Sampling(temperature=1.2, top_k=30, ngram_block=4)
+    texts, seen = [], []
+    for chunk in (2, 6, 64):
+        gen = Generator.from_checkpoint(dev, ckpt, streams=3, chunk=chunk)
+        rows = []
+        texts.append(gen.generate(prompt_ids("ALICE: Where"), 90, s, seed=11, stop_at=(vocab.TURN,),
+                                  on_tokens=rows.append))
+        assert all(r.shape[1] == 3 and len(r) <= chunk for r in rows)
+        seen.append(np.concatenate(rows))
+    assert texts[0] == texts[1] == texts[2]
+    for b, out in enumerate(texts[0]):
+        streamed = seen[0][:, b]
+        assert streamed[:len(out)].tolist() == out and (streamed[len(out):] == vocab.PAD).all()
+
+
+def test_state_after_generate_continues_like_feeding_the_text(dev, run_dir):
+    """generate() leaves the state just before its last token: feeding that token then gives the
+    same logits as feeding the prompt and the whole output in one go."""
+    ckpt = ck.load_checkpoint(run_dir)
+    gen = Generator.from_checkpoint(dev, ckpt)
+    prompt = prompt_ids("BOB: The cat")
+    out = gen.generate(prompt, 70, Sampling(temperature=0.9), seed=4)[0]
+    after = gen.feed(np.array(out[-1:], np.uint32))
+    fresh = Generator.from_checkpoint(dev, ckpt, prefill=16)
+    np.testing.assert_allclose(after, fresh.feed(np.concatenate([prompt, out]).astype(np.uint32)),
+                               atol=2e-5, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------ catchat sample

@@ -68,7 +68,7 @@ def test_missing_shader_and_include(glsl_tree):
 def _slot_defines(text):
     import re
 
-    return {m[1]: int(m[2]) for m in re.finditer(r"^#define ((?:HP|ST)_\w+) (\d+)u$", text, re.MULTILINE)}
+    return {m[1]: int(m[2]) for m in re.finditer(r"^#define ((?:HP|ST|DC|DS)_\w+) (\d+)u$", text, re.MULTILINE)}
 
 
 def test_generated_slots_glsl_defines_exactly_the_python_slots():
@@ -81,10 +81,11 @@ def test_generated_slots_glsl_defines_exactly_the_python_slots():
     assert list(_slot_defines(text)) == list(slots.all_slots())  # slots.py's order
     assert len(slots.all_slots()) == sum(ln.startswith("#define ") for ln in text.splitlines()) - 3  # guard, HPF, HPU
     assert "#define HPF(buf, slot) uintBitsToFloat(buf[slot])" in text and "#define HPU(buf, slot) (buf[slot])" in text
-    hp = {k: v for k, v in slots.all_slots().items() if k.startswith("HP_") and k != "HP_WORDS"}
-    st = {k: v for k, v in slots.all_slots().items() if k.startswith("ST_") and k != "ST_WORDS"}
-    assert max(hp.values()) < slots.HP_WORDS and max(st.values()) < slots.ST_WORDS
-    assert len(set(hp.values())) == len(hp) and len(set(st.values())) == len(st)  # no slot shared
+    for table, words in (("HP_", slots.HP_WORDS), ("ST_", slots.ST_WORDS), ("DC_", slots.DC_WORDS),
+                         ("DS_", slots.DS_WORDS)):
+        found = {k: v for k, v in slots.all_slots().items() if k.startswith(table) and not k.endswith("_WORDS")}
+        assert max(found.values()) < words and len(set(found.values())) == len(found)  # inside, none shared
+    assert slots.DC_STOP + 8 <= slots.DC_WORDS  # the 256-bit stop mask fits
     assert not (ROOT / "glsl" / "include" / "slots.glsl").exists()
     assert not list(ROOT.glob("glsl/**/slots.glsl"))
 

@@ -38,13 +38,13 @@ def generator(dev, run, **kw):
 # ------------------------------------------------------------------------------ Dialogue
 def test_dialogue_layout_and_state(dev, runs):
     d = talk_mod.Dialogue(generator(dev, runs[0]), 800)
-    rng = np.random.default_rng(0)
+    seed = 0
     d.add("YOU", "hello\nthere")
-    r1 = d.reply("CAT", 25, Sampling(greedy=True), rng)
+    r1 = d.reply("CAT", 25, Sampling(greedy=True), seed)
     assert d.context_tokens == [vocab.BOS] + enc("YOU: hello\nthere") + [vocab.TURN] + enc("CAT: ") + r1.ids
     assert r1.stop in ("turn", "eos", "length") and vocab.TURN not in r1.ids and vocab.EOS not in r1.ids
     d.add("YOU", "and?")
-    r2 = d.reply("CAT", 25, Sampling(temperature=1.0), rng)
+    r2 = d.reply("CAT", 25, Sampling(temperature=1.0), seed + 1)
     assert d.context_tokens == ([vocab.BOS] + enc("YOU: hello\nthere") + [vocab.TURN] + enc("CAT: ") + r1.ids
                                 + [vocab.TURN] + enc("YOU: and?") + [vocab.TURN] + enc("CAT: ") + r2.ids)
     assert d.reprimes == 0
@@ -57,11 +57,11 @@ def test_dialogue_layout_and_state(dev, runs):
 def test_rolling_context_keeps_the_latest_whole_turns(dev, runs):
     budget = 60
     d = talk_mod.Dialogue(generator(dev, runs[0]), budget)
-    rng = np.random.default_rng(1)
+    seed = 1
     said = [f"line number {i} is here" for i in range(6)]  # 'YOU: ...' = 24 tokens each
     for text in said:
         d.add("YOU", text)
-        last = d.reply("CAT", 8, Sampling(temperature=1.0), rng)
+        last = d.reply("CAT", 8, Sampling(temperature=1.0), seed)
     assert d.reprimes >= 2
     ctx = d.context_tokens
     assert ctx[0] == vocab.BOS and vocab.BOS not in ctx[1:]
@@ -74,7 +74,7 @@ def test_rolling_context_keeps_the_latest_whole_turns(dev, runs):
     np.testing.assert_allclose(fresh.feed(np.array(ctx[:d._fed], np.uint32))[0], d.gen.logits[0], atol=1e-5)
     # a turn longer than the whole budget is still kept (alone)
     d.add("YOU", "x" * 100)
-    d.reply("CAT", 4, Sampling(temperature=1.0), rng)
+    d.reply("CAT", 4, Sampling(temperature=1.0), seed)
     ctx = d.context_tokens
     assert ctx[:1 + len(enc("YOU: " + "x" * 100))] == [vocab.BOS] + enc("YOU: " + "x" * 100)
 

@@ -19,8 +19,10 @@ import numpy as np
 
 from catchat.vk import slots
 
-# Kernel families in the order a training step runs them, then the ordering chain and the model.
-GROUPS = ("axpby", "dropout", "embedding", "gemm", "gru", "norm", "loss", "optim", "sampling", "ordering", "model")
+# Kernel families in the order a training step runs them (then generation's decode step), the ordering
+# chain and the model.
+GROUPS = ("axpby", "dropout", "embedding", "gemm", "gru", "norm", "loss", "optim", "sampling", "decode", "ordering",
+          "model")
 
 
 @dataclass

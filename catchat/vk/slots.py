@@ -1,8 +1,10 @@
-"""Word slots of the two small buffers every training-step kernel shares: the one table of them.
+"""Word slots of the small buffers the kernels share with the host: the one table of them.
 
 `hyper` (uint32 words, floats stored as their bits) is uploaded by the host before every
 micro-batch: values that change every step live here, never in push constants frozen at record
-time. `stats` (uint32 words) is written by the GPU and read back after a step.
+time. `stats` (uint32 words) is written by the GPU and read back after a step. The decoder
+(generation on the device) has its own two: `DC_*`, the call's sampling settings, and `DS_*`, the
+words each stream keeps on the device between steps.
 Shaders see the same table as `#include "slots.glsl"`, which is not a file in glsl/: shaders.py
 generates it from this module (`shaders.slots_glsl()`) for every compile, and its text is part of
 every variant's key. This module imports nothing outside the stdlib at load time (numpy only inside
@@ -53,6 +55,24 @@ ST_TF_MODEL_FED = 8  # u32 inputs that were the model's own choice instead of th
 ST_SYNC_TIMEOUTS = 9  # u32 persistent sweeps whose grid barrier gave up (workgroups not co-resident)
 ST_WORDS = 16
 
+# --- decode config: host -> GPU, once per generation call (catchat/vk/program/decoder.py) ---------
+DC_SEED = 0  # u32 the call's sampling seed; stream b draws from rng_u32(seed, STREAM_DECODE_LANE, b)
+DC_LENGTH = 1  # u32 tokens to generate per stream (a stream stops earlier at a stop token)
+DC_INV_TEMP = 2  # f32 1 / temperature (multiplied, so the host and the GPU round alike)
+DC_TOP_K = 3  # u32 0 = off
+DC_TOP_P = 4  # f32 1 = off
+DC_GREEDY = 5  # u32 1 = take the first largest logit
+DC_NGRAM = 6  # u32 n-gram blocking over the call's generated tokens: 0 = off, else n >= 2
+DC_N_FORCED = 7  # u32 known tokens fed before sampling starts (the same count for every stream)
+DC_STOP = 8  # u32 x 8: bit v set = token v stops its stream (vocabularies up to 256 tokens)
+DC_WORDS = 16
+
+# --- decode stream state: GPU-resident words per stream (DS_WORDS each) ---------------------------
+DS_DONE = 0  # u32 1 = the stream stopped: its state and logits stay, it emits nothing more
+DS_GEN = 1  # u32 tokens generated so far in this call (the RNG counter of the next draw)
+DS_FED = 2  # u32 forced tokens taken so far
+DS_WORDS = 4
+
 
 def f32_bits(x: float) -> np.uint32:
     """The bits of float32(x) as a uint32 word."""
@@ -69,5 +89,6 @@ def word_f32(words: np.ndarray, slot: int) -> float:
 
 
 def all_slots() -> dict[str, int]:
-    """Every HP_* and ST_* name with its index, in the order defined here (what slots.glsl defines)."""
-    return {k: v for k, v in globals().items() if k.startswith(("HP_", "ST_")) and isinstance(v, int)}
+    """Every HP_*, ST_*, DC_* and DS_* name with its index, in the order defined here (what slots.glsl
+    defines)."""
+    return {k: v for k, v in globals().items() if k.startswith(("HP_", "ST_", "DC_", "DS_")) and isinstance(v, int)}

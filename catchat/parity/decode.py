@@ -1,0 +1,139 @@
+"""Generation's decode step and on-device sampling (glsl/decode_layer.comp, glsl/decode_sample.comp)
+against catchat.reference: the state and logits after feeding tokens (odd H, partial stream tiles,
+one to three layers, tied head, a <bos> reset inside), the choice from given logits under every
+sampling rule (reference.sample_choice, the same uniforms), and whole generations replayed through
+the numpy model (n-gram blocking, stop tokens, lengths).
+
+Choices are compared exactly wherever the twin's margin (the distance of the draw, or of top_p, to
+a boundary that would change the choice) exceeds MARGIN; closer rows may pick either neighbour,
+because the GPU's float32 exp and sums differ from the float64 twin in the last bits."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat import rng as crng
+from catchat import vocab
+from catchat.generate import Generator, Sampling, derive_seed
+from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.parity import ParityResult, compare
+from catchat.vk.device import Device
+
+ATOL, RTOL = 3e-5, 3e-4  # a few float32 steps through L layers (different summation order than numpy)
+MARGIN = 1e-5
+
+
+def _generator(dev: Device, spec: ModelSpec, B: int, seed: int, chunk: int = 4, peaky: float = 1.0):
+    params = init_params(spec, seed)
+    head = "embedding.weight" if spec.tie_embeddings else "head.weight"
+    params[head] = (params[head] * peaky).astype(np.float32)  # sharper distributions exercise top-k/top-p
+    layout = ParamLayout(spec)
+    return Generator(dev, layout, layout.flatten(params, np.float32), streams=B, prefill=1, chunk=chunk), params
+
+
+def _ref_step(params, spec, tok, h):
+    """One token per stream through the numpy model: (logits [B,V], state [L,B,H])."""
+    B = tok.shape[0]
+    tok = np.asarray(tok, np.uint32)[None, :]
+    r = ref.model_forward_backward(params, spec, tok, np.zeros((1, B), np.uint32),
+                                   (tok == vocab.BOS).astype(np.uint32), h, 1, need_grads=False)
+    return r.logits[0], r.hT
+
+
+def choices(kernel: str, shape: str, got, expected, margin) -> ParityResult:
+    """Token choices: equal wherever margin > MARGIN (max_abs = how many of those differ)."""
+    got, expected = np.asarray(got), np.asarray(expected)
+    decisive = np.asarray(margin) > MARGIN
+    wrong = int(np.count_nonzero((got != expected) & decisive))
+    return ParityResult(kernel, f"{shape}, {int(decisive.sum())}/{decisive.size} decisive", float(wrong), 0.0,
+                        0.0, 0.0, wrong == 0 and decisive.sum() > 0)
+
+
+def _step_case(dev, H, L, B, tied, seed) -> list[ParityResult]:
+    spec = ModelSpec(hidden=H, layers=L, tie_embeddings=tied)
+    gen, params = _generator(dev, spec, B, seed)
+    rng = np.random.default_rng(seed)
+    h0 = rng.standard_normal((L, B, H)).astype(np.float32)
+    ids = rng.integers(vocab.FIRST_PRINTABLE, spec.vocab_size, (7, B)).astype(np.uint32)
+    ids[3, B // 2] = vocab.BOS  # one stream starts a conversation in the middle: zero state there
+    gen.prog.set_carry(h0)
+    got_logits = gen.feed(ids)
+    got_h = gen.prog.get_carry()
+    h, lg = h0, None
+    for t in ids:
+        lg, h = _ref_step(params, spec, t, h)
+    shape = f"H={H} L={L} B={B}{' tied' if tied else ''}, 7 steps"
+    return [compare("decode step: state", shape, got_h, h, ATOL, RTOL),
+            compare("decode step: logits", shape, got_logits, lg, ATOL, RTOL)]
+
+
+SAMPLINGS = [Sampling(greedy=True), Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5),
+             Sampling(temperature=1.3, top_p=0.8), Sampling(temperature=0.9, top_k=12, top_p=0.6),
+             Sampling(temperature=2.0, top_k=1)]
+
+
+def _choice_case(dev, B, seed) -> list[ParityResult]:
+    """The first choice of a call, from logits given by the host, against the twin."""
+    spec = ModelSpec(hidden=16, layers=1)
+    gen, _ = _generator(dev, spec, B, seed)
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, s in enumerate(SAMPLINGS):
+        logits = (rng.standard_normal((B, spec.vocab_size)) * 3).astype(np.float32)
+        logits[:, 7] = logits.max(axis=1)  # a tie at the top: the lower index wins
+        gen.logits = logits
+        call_seed = derive_seed(seed, i)
+        got = [o[0] for o in gen.generate(None, 1, s, seed=call_seed)]
+        allowed = np.ones(logits.shape, bool)
+        allowed[:, [vocab.PAD, vocab.BOS]] = False
+        u = crng.decode_uniforms(call_seed, np.arange(B), 0)
+        exp, margin = ref.sample_choice(logits, u, allowed, inv_temp=s.inv_temperature, top_k=s.top_k,
+                                        top_p=s.top_p, greedy=s.is_greedy)
+        out.append(choices("decode choice", f"B={B} {s.describe()}", got, exp, margin))
+    return out
+
+
+def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)) -> list[ParityResult]:
+    """A whole generation, replayed through the numpy model: each token is the twin's choice from
+    the numpy logits after the tokens before it (n-gram bans from the stream's own history)."""
+    spec = ModelSpec(hidden=H, layers=L)
+    gen, params = _generator(dev, spec, B, seed, chunk=6, peaky=8.0)
+    prompt = np.array([vocab.BOS] + list(vocab.encode("ROMEO: ").ids), np.uint32)
+    outs = gen.generate(prompt, length, s, seed=seed, stop_at=stops)
+    h = np.zeros((L, B, H), np.float32)
+    for t in prompt:
+        lg, h = _ref_step(params, spec, np.full(B, t, np.uint32), h)
+    got, exp, margin, ends_ok = [], [], [], True
+    for b, o in enumerate(outs):
+        hb, lgb = h[:, b:b + 1].copy(), lg[b:b + 1]
+        for n, tok in enumerate(o):
+            allowed = np.ones((1, spec.vocab_size), bool)
+            allowed[:, [vocab.PAD, vocab.BOS]] = False
+            if s.ngram_block:
+                allowed[0] &= ~ref.ngram_banned(o[:n], s.ngram_block, spec.vocab_size, stops)
+            c, m = ref.sample_choice(lgb, crng.decode_uniforms(seed, [b], n), allowed, inv_temp=s.inv_temperature,
+                                     top_k=s.top_k, top_p=s.top_p, greedy=s.is_greedy)
+            got.append(tok)
+            exp.append(c[0])
+            margin.append(m[0])
+            lgb, hb = _ref_step(params, spec, np.array([tok], np.uint32), hb)
+        ends_ok &= len(o) == length or (len(o) < length and o[-1] in stops)
+        ends_ok &= all(t not in stops for t in o[:-1])
+    shape = f"H={H} L={L} B={B} {length} tokens {s.describe()}"
+    end = ParityResult("decode generation: stops", shape, 0.0 if ends_ok else 1.0, 0.0, 0.0, 0.0, bool(ends_ok))
+    return [choices("decode generation", shape, got, exp, margin), end]
+
+
+def parity_checks(dev: Device) -> list[ParityResult]:
+    """Decode steps at odd sizes, every sampling rule, whole generations with blocking and stops."""
+    out = []
+    for H, L, B, tied, seed in ((37, 1, 1, False, 1), (48, 3, 3, False, 2), (33, 2, 9, True, 3), (64, 2, 17, False, 4)):
+        out += _step_case(dev, H, L, B, tied, seed)
+    for B, seed in ((1, 5), (67, 6)):
+        out += _choice_case(dev, B, seed)
+    out += _generation_case(dev, 40, 2, 3, Sampling(temperature=1.0, ngram_block=3), 60, 7)
+    out += _generation_case(dev, 40, 2, 2, Sampling(temperature=0.8, top_k=8, top_p=0.9), 50, 8,
+                            stops=(vocab.EOS, vocab.NEWLINE))
+    out += _generation_case(dev, 24, 1, 2, Sampling(greedy=True, ngram_block=2), 40, 9)
+    return out

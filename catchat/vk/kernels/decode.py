@@ -1,0 +1,90 @@
+"""Generation's decode step (glsl/decode_layer.comp, glsl/decode_sample.comp): one dispatch per
+layer and one for the head and the choice of the next token, for B streams at once.
+
+The decode step reads the same flat parameter buffer and layer-0 table (E W_ih0^T) as the batched
+forward, keeps its state on the device between steps (a ping-pong [2, L, B, H] state, each
+layer's input [L, B, H], the next input token and a few words per stream), and never returns to
+the host inside a chunk of steps (catchat/vk/program/decoder.py records those).
+"""
+
+from __future__ import annotations
+
+import math
+
+from catchat import vocab
+from catchat.model import ParamLayout
+from catchat.vk.device import Device
+from catchat.vk.kernels import Kernel, ceil_div
+
+MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
+
+
+def stream_tile(B: int) -> int:
+    """Streams per subgroup in the layer kernel: a register tile of 1, 2, 4 or 8 partial sums."""
+    return min(8, 1 << max(0, math.ceil(math.log2(max(1, B)))))
+
+
+class DecodeLayer(Kernel):
+    """One layer's decode step for every stream: input (embedding / residual + RMSNorm of the layer
+    below), both projections, the GRU cell, state ping-pong. `op(layer, parity)` for each layer."""
+
+    shader = "decode_layer"
+
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, xin, token, ctl, *, B: int,
+                 first: bool):
+        s = layout.spec
+        self.layout, self.B, self.H, self.L, self.first = layout, int(B), s.hidden, s.layers, first
+        sub = max(1, dev.info.subgroup_size)
+        self.workgroup = 2 * sub  # two subgroups: two units per workgroup, enough workgroups to fill a GPU
+        self.units_wgs = ceil_div(self.H, self.workgroup // sub)
+        self.tile = stream_tile(self.B)
+        wgs = self.units_wgs * ceil_div(self.B, self.tile)
+        super().__init__(dev, [params, table0, state, xin, token, ctl], [wgs], spec=[self.workgroup, self.tile],
+                         push=self._push(0 if first else 1, 0))
+
+    def _push(self, layer: int, parity: int) -> tuple:
+        o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
+        g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
+        w_ih = o[p + "gru.weight_ih"]
+        return (layer, parity, self.H, self.B, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
+                o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.units_wgs, vocab.BOS,
+                float(math.sqrt(self.H)), float(s.norm_eps))
+
+    def step(self, layer: int, parity: int):
+        """The dispatch of `layer` (layer 0 needs the kernel built with first=True) reading state half
+        `parity` and writing the other."""
+        if (layer == 0) != self.first:
+            raise ValueError(f"layer {layer} needs the DecodeLayer built with first={layer == 0}")
+        return self.op(*self._push(layer, parity))
+
+
+class DecodeSample(Kernel):
+    """The head and the choice of the next token, one workgroup per stream. `op_head(k, parity)`
+    computes the logits from the state half `parity` the layers just wrote; `op_given(k)` chooses
+    from the logits buffer as uploaded. Either writes its choice to row k of `out`."""
+
+    shader = "decode_sample"
+
+    def __init__(self, dev: Device, layout: ParamLayout, params, state, xin, logits, token, ctl, cfg, forced,
+                 history, out, *, B: int, history_cap: int, forced_cap: int):
+        s = layout.spec
+        if s.vocab_size > MAX_VOCAB:
+            raise ValueError(f"device sampling handles vocabularies up to {MAX_VOCAB} tokens, not {s.vocab_size}")
+        self.layout, self.B, self.cap, self.forced_cap = layout, int(B), int(history_cap), int(forced_cap)
+        sub = max(1, dev.info.subgroup_size)
+        self.workgroup = ceil_div(max(s.vocab_size, 2 * sub), sub) * sub
+        super().__init__(dev, [params, state, xin, logits, token, ctl, cfg, forced, history, out], [self.B],
+                         spec=[self.workgroup], push=self._push(0, 0, 0))
+
+    def _push(self, mode: int, k: int, parity: int) -> tuple:
+        o, s = self.layout.offsets, self.layout.spec
+        head = "embedding.weight" if s.tie_embeddings else "head.weight"
+        return (mode, k, parity, s.hidden, self.B, s.layers, s.vocab_size, o[head],
+                o[f"layers.{s.layers - 1}.norm.weight"], self.cap, self.forced_cap, vocab.PAD, vocab.BOS, vocab.EOS,
+                float(s.norm_eps))
+
+    def op_head(self, k: int, parity: int):
+        return self.op(*self._push(0, k, parity))
+
+    def op_given(self, k: int):
+        return self.op(*self._push(1, k, 0))

@@ -1,0 +1,193 @@
+#version 450
+// The end of a decode step for stream b = workgroup: the head, then the choice of the next input
+// token (docs/generation.md; catchat.reference.sample_choice is the numpy twin, rule for rule).
+//   HEAD (mode 0):  y = xin[L-1] + h_new[L-1];  logits = W_head (y * rstd(y) * g_{L-1})   -> logits[b]
+//   given (mode 1): logits[b] as uploaded (the first choice of a call, after a batched prefill)
+// Then, in order: a forced token while DS_FED < n_forced (feeding known text: nothing is emitted);
+// else stop when DS_GEN = length; else sample:
+//   allowed = not <pad>, not <bos>, not banned by n-gram blocking (stop tokens are never banned)
+//   greedy:  the first largest allowed logit
+//   else:    z = logit * inv_temp; keep the top_k largest (rank by z, ties to the lower index);
+//            p = exp(z - max z); keep tokens whose mass ranked before them is < top_p * sum p;
+//            c = running sum of kept p in index order; u = rng_uniform(seed_b, STREAM_DECODE, gen);
+//            token = the first v with c[v] > u * c[V-1] (else the last kept v)
+// The token is the next step's input, is written to out[k, b] and to the n-gram history, and the
+// stream stops after a stop token or its length-th token. A stopped stream writes NONE and nothing else.
+// N-gram blocking: after the last n-1 generated tokens, every token that once followed those n-1
+// tokens in this call is banned (the lanes scan the history in parallel).
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_basic : require
+#include "common.glsl"
+#include "slots.glsl"
+
+layout(local_size_x_id = 0) in;  // >= V: thread v owns token v in the choice
+
+layout(set = 0, binding = 0) readonly buffer P { float params[]; };
+layout(set = 0, binding = 1) readonly buffer S { float state[]; };     // [2, L, B, H]
+layout(set = 0, binding = 2) readonly buffer X { float xin[]; };       // [L, B, H]
+layout(set = 0, binding = 3) buffer Lg { float logits[]; };            // [B, V]
+layout(set = 0, binding = 4) buffer Tok { uint token[]; };             // [B] next step's input
+layout(set = 0, binding = 5) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
+layout(set = 0, binding = 6) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
+layout(set = 0, binding = 7) readonly buffer Forced { uint forced[]; };  // [F, B]
+layout(set = 0, binding = 8) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
+layout(set = 0, binding = 9) writeonly buffer Out { uint outp[]; };    // [K, B]
+
+layout(push_constant) uniform Push {
+    uint mode;  // 0: head then choose, 1: choose from the uploaded logits
+    uint k;  // row of out written by this dispatch
+    uint parity;  // the state half written by this step (1 - the layers' `parity`)
+    uint H, B, L, V;
+    uint w_head, g_last;  // offsets of the head weight [V, H] and the last layer's norm weight
+    uint cap, n_forced_cap;
+    uint pad, bos, eos;
+    float eps;
+} pc;
+
+const uint NONE = 0xFFFFFFFFu;
+const uint STREAM_DECODE = 34u, STREAM_DECODE_LANE = 35u;  // catchat.rng
+
+shared float z[gl_WorkGroupSize.x];
+shared float p[gl_WorkGroupSize.x];
+shared float red[gl_WorkGroupSize.x];
+shared uint ired[gl_WorkGroupSize.x];
+shared float head_out[gl_WorkGroupSize.x];  // the head's logits (mode 0)
+shared uint banned[8];
+shared uint pick_first, pick_last;
+
+float wg_sum(float v) {
+    float s = subgroupAdd(v);
+    if (subgroupElect()) red[gl_SubgroupID] = s;
+    barrier();
+    float t = 0.0;
+    for (uint i = 0u; i < gl_NumSubgroups; ++i) t += red[i];
+    barrier();
+    return t;
+}
+
+float wg_max(float v) {
+    float s = subgroupMax(v);
+    if (subgroupElect()) red[gl_SubgroupID] = s;
+    barrier();
+    float t = red[0];
+    for (uint i = 1u; i < gl_NumSubgroups; ++i) t = max(t, red[i]);
+    barrier();
+    return t;
+}
+
+uint wg_min_u(uint v) {
+    uint s = subgroupMin(v);
+    if (subgroupElect()) ired[gl_SubgroupID] = s;
+    barrier();
+    uint t = ired[0];
+    for (uint i = 1u; i < gl_NumSubgroups; ++i) t = min(t, ired[i]);
+    barrier();
+    return t;
+}
+
+bool is_stop(uint v) { return v < 256u && (cfg[DC_STOP + v / 32u] & (1u << (v % 32u))) != 0u; }
+
+void head(uint b) {
+    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x, H = pc.H;
+    uint xo = ((pc.L - 1u) * pc.B + b) * H, so = ((pc.parity * pc.L + pc.L - 1u) * pc.B + b) * H;
+    float ss = 0.0;
+    for (uint k = tid; k < H; k += WG) { float y = xin[xo + k] + state[so + k]; ss += y * y; }
+    float rstd = 1.0 / sqrt(wg_sum(ss) / float(H) + pc.eps);
+    // subgroup w computes rows v = w, w + nsub, ...; its lanes stride over k
+    for (uint v = gl_SubgroupID; v < pc.V; v += gl_NumSubgroups) {
+        float acc = 0.0;
+        for (uint k = gl_SubgroupInvocationID; k < H; k += gl_SubgroupSize)
+            acc += params[pc.w_head + v * H + k] * ((xin[xo + k] + state[so + k]) * params[pc.g_last + k]);
+        acc = subgroupAdd(acc) * rstd;
+        if (subgroupElect()) { logits[b * pc.V + v] = acc; head_out[v] = acc; }
+    }
+    barrier();
+}
+
+void main() {
+    uint b = gl_WorkGroupID.x, v = gl_LocalInvocationID.x, V = pc.V;
+    uint c0 = b * DS_WORDS;
+    uint done = ctl[c0 + DS_DONE], fed = ctl[c0 + DS_FED], gen = ctl[c0 + DS_GEN];
+    barrier();  // every thread has read ctl before thread 0 writes it
+    if (done != 0u) {  // uniform per workgroup
+        if (v == 0u) outp[pc.k * pc.B + b] = NONE;
+        return;
+    }
+    if (pc.mode == 0u) head(b);
+    if (fed < cfg[DC_N_FORCED]) {  // feeding known text
+        if (v == 0u) {
+            token[b] = forced[fed * pc.B + b];
+            ctl[c0 + DS_FED] = fed + 1u;
+            outp[pc.k * pc.B + b] = NONE;
+        }
+        return;
+    }
+    if (gen >= cfg[DC_LENGTH]) {
+        if (v == 0u) { ctl[c0 + DS_DONE] = 1u; outp[pc.k * pc.B + b] = NONE; }
+        return;
+    }
+    // n-gram blocking: ban every token that followed the current (n-1)-token tail before
+    uint n = cfg[DC_NGRAM];
+    if (v < 8u) banned[v] = 0u;
+    barrier();
+    if (n >= 2u && gen >= n - 1u) {
+        uint tl = n - 1u;
+        for (uint q = tl + v; q < gen && q < pc.cap; q += gl_WorkGroupSize.x) {
+            bool match = true;
+            for (uint i = 0u; i < tl; ++i)
+                if (hist[(q - tl + i) * pc.B + b] != hist[(gen - tl + i) * pc.B + b]) { match = false; break; }
+            uint t = hist[q * pc.B + b];
+            if (match && t < 256u) atomicOr(banned[t / 32u], 1u << (t % 32u));
+        }
+    }
+    barrier();
+    bool allowed = v < V && v != pc.pad && v != pc.bos
+                   && (is_stop(v) || (banned[v / 32u] & (1u << (v % 32u))) == 0u);
+    float lg = v >= V ? 0.0 : (pc.mode == 0u ? head_out[v] : logits[b * V + v]);
+    const float NEG = -3.0e38, NEG_INF = uintBitsToFloat(0xff800000u);  // NEG: disallowed tokens' z
+    uint choice;
+    if (cfg[DC_GREEDY] != 0u) {
+        float m = wg_max(allowed ? lg : NEG_INF);
+        choice = wg_min_u(allowed && lg == m ? v : NONE);
+    } else {
+        float zt = lg * uintBitsToFloat(cfg[DC_INV_TEMP]);
+        z[v] = allowed ? zt : NEG;
+        barrier();
+        uint rank = 0u;  // position in the descending order, ties to the lower index
+        if (allowed)
+            for (uint u = 0u; u < V; ++u) rank += (z[u] > zt || (z[u] == zt && u < v)) ? 1u : 0u;
+        uint top_k = cfg[DC_TOP_K];
+        bool kept = allowed && (top_k == 0u || rank < top_k);
+        float zmax = wg_max(kept ? zt : NEG_INF);
+        float pv = kept ? exp(zt - zmax) : 0.0;
+        float top_p = uintBitsToFloat(cfg[DC_TOP_P]);
+        if (top_p < 1.0) {
+            float total = wg_sum(pv);
+            p[v] = pv;
+            barrier();
+            float before = 0.0;  // mass of the kept tokens ranked before v
+            if (kept)
+                for (uint u = 0u; u < V; ++u)
+                    if (p[u] > 0.0 && (z[u] > zt || (z[u] == zt && u < v))) before += p[u];
+            barrier();
+            if (!(before < top_p * total)) pv = 0.0;
+        }
+        p[v] = pv;
+        barrier();
+        float c = 0.0, total = 0.0;
+        for (uint u = 0u; u < V; ++u) { total += p[u]; if (u == v) c = total; }
+        uint seed_b = rng_u32(cfg[DC_SEED], STREAM_DECODE_LANE, b);
+        float thr = rng_uniform(seed_b, STREAM_DECODE, gen) * total;
+        uint first = wg_min_u(v < V && pv > 0.0 && c > thr ? v : NONE);
+        uint from_end = wg_min_u(v < V && pv > 0.0 ? V - 1u - v : NONE);  // the last kept token
+        choice = first != NONE ? first : (from_end != NONE ? V - 1u - from_end : NONE);
+    }
+    if (choice >= V) choice = pc.eos;  // nothing to choose from (non-finite logits): stop
+    if (v == 0u) {
+        token[b] = choice;
+        outp[pc.k * pc.B + b] = choice;
+        if (gen < pc.cap) hist[gen * pc.B + b] = choice;
+        ctl[c0 + DS_GEN] = gen + 1u;
+        if (is_stop(choice) || gen + 1u >= cfg[DC_LENGTH]) ctl[c0 + DS_DONE] = 1u;
+    }
+}

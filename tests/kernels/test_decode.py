@@ -1,0 +1,47 @@
+"""Generation's decode step and on-device choice against catchat.reference (catchat/parity/decode.py),
+plus the edges a parity table does not show."""
+
+import numpy as np
+
+from catchat import reference as ref
+from catchat import vocab
+from catchat.generate import Sampling
+from catchat.model import ModelSpec
+from catchat.parity import decode as decode_parity
+
+
+def test_parity(dev):
+    results = decode_parity.parity_checks(dev)
+    assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_non_finite_logits_stop_the_stream_on_both_sides(dev):
+    """Nothing to choose from (NaN logits): <eos>, on the device and in the twin."""
+    gen, _ = decode_parity._generator(dev, ModelSpec(hidden=16, layers=1), 2, 0)
+    logits = np.full((2, vocab.VOCAB_SIZE), np.nan, np.float32)
+    allowed = np.ones(logits.shape, bool)
+    for s in (Sampling(greedy=True), Sampling(temperature=1.0, top_p=0.5)):
+        gen.logits = logits
+        assert gen.generate(None, 5, s, seed=1) == [[vocab.EOS], [vocab.EOS]]
+        twin, _ = ref.sample_choice(logits, np.zeros(2, np.float32), allowed, inv_temp=s.inv_temperature,
+                                    top_p=s.top_p, greedy=s.is_greedy)
+        assert twin.tolist() == [vocab.EOS, vocab.EOS]
+
+
+def test_a_stopped_stream_keeps_its_state_while_others_run(dev):
+    """Stream 0 stops at once (only <eos> allowed by the logits it starts from); stream 1 runs 20
+    steps. Stream 0's state and logits are those it stopped with."""
+    gen, _ = decode_parity._generator(dev, ModelSpec(hidden=24, layers=2), 2, 3)
+    gen.feed(np.array([vocab.BOS, 40, 41], np.uint32))
+    before_h, before_logits = gen.prog.get_carry(), gen.logits.copy()
+    logits = before_logits.copy()
+    logits[0] = -1e30
+    logits[0, vocab.EOS] = 0.0
+    gen.logits = logits
+    outs = gen.generate(None, 20, Sampling(temperature=1.0), seed=2)
+    assert outs[0] == [vocab.EOS]
+    assert len(outs[1]) == 20 or outs[1][-1] == vocab.EOS
+    h = gen.prog.get_carry()
+    np.testing.assert_array_equal(h[:, 0], before_h[:, 0])
+    np.testing.assert_array_equal(gen.logits[0], logits[0])
+    assert not np.array_equal(h[:, 1], before_h[:, 1])
