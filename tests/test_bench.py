@@ -111,3 +111,120 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
     assert sum(line.startswith("  ") for line in out.splitlines()) >= 11
     with pytest.raises(VulkanUnavailable, match="vkCreate"):
         compute_pipeline_statistics(b"\x03\x02\x23\x07" + bytes(20), 1, 0)
+
+
+# ------------------------------------------------------------------------- tools/bench_generate.py
+def _bench_generate_args(*extra):
+    return [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set", "model.layers=2",
+            "--warmup", "1", "--repeats", "1", *extra]
+
+
+def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, capsys):
+    """catchat generates through Generator.generate with random weights where <eos> can never win
+    (bench_params), so every stream yields all its characters and chars/s counts B * steps; the
+    first character's time is measured (and is within the whole generation's)."""
+    import json
+
+    import bench_generate
+
+    monkeypatch.setattr(bench_generate, "open_device", lambda device=None: dev)
+    out = tmp_path / "r.json"
+    for tied in ("false", "true"):
+        res = bench_generate.main(_bench_generate_args("--set", f"model.tie_embeddings={tied}", "--batches", "1,5",
+                                                       "--steps", "40", "--json", str(out)))
+        assert json.loads(out.read_text())["catchat"] == res["catchat"]
+        for r in res["catchat"]:
+            assert r["chars"] == 40 * r["batch"] and r["short_streams"] == 0
+            assert 0 < r["first_char_ms"] <= r["step_ms"] * 40 and r["forward_ms"] > 0
+    text = capsys.readouterr().out
+    assert "batch 5, 40 per stream" in text and "chars/s" in text and "first char ms" in text
+    assert "vs graph" not in text  # no torch asked for
+
+
+def _fake_vulkan(monkeypatch, mod):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(mod, "open_device", lambda device=None: SimpleNamespace(info=SimpleNamespace(name="fake")))
+
+
+class _FakeGenerator:
+    """Generator's public API as bench_generate uses it; records how it was made and called."""
+
+    made: list = []
+
+    def __init__(self, dev, layout, flat, streams=1, prefill=64, chunk=None):
+        self.streams, self.chunk = streams, chunk
+        _FakeGenerator.made.append({"streams": streams, "chunk": chunk})
+
+    def feed(self, ids):
+        return None
+
+    def generate(self, prompt, length, sampling, seed=0, *, stop_at=(2,), on_tokens=None):
+        import time
+
+        import numpy as np
+
+        assert list(prompt) == [1] and stop_at == () and sampling.temperature == 0.8
+        time.sleep(0.02)  # the first character takes 20 ms, the rest nothing
+        for k in range(0, length, 3):  # tokens come 3 steps at a time
+            on_tokens(np.full((min(3, length - k), self.streams), 7))
+        return [[7] * (length - b) for b in range(self.streams)]  # stream b stopped b early
+
+
+def test_bench_generate_chunk_option_first_char_and_short_streams(monkeypatch, capsys):
+    """--chunk reaches the Generator only when given; the first character is the first on_tokens
+    call; chars/s counts the characters produced, and early stops are reported."""
+    import bench_generate
+
+    _fake_vulkan(monkeypatch, bench_generate)
+    monkeypatch.setattr(bench_generate, "Generator", _FakeGenerator)
+    _FakeGenerator.made.clear()
+    res = bench_generate.main(_bench_generate_args("--batches", "3", "--steps", "10"))
+    assert _FakeGenerator.made == [{"streams": 3, "chunk": None}]
+    c = res["catchat"][0]
+    assert c["chars"] == 10 + 9 + 8 and c["short_streams"] == 2
+    assert 20 <= c["first_char_ms"] < 20 + 0.5 * 1e3 and abs(c["chars_per_s"] * c["step_ms"] * 10 / 1e3 - 27) < 1e-6
+    assert "2 streams stopped early" in capsys.readouterr().out
+    _FakeGenerator.made.clear()
+    bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--chunk", "6"))
+    assert _FakeGenerator.made == [{"streams": 2, "chunk": 6}]
+
+
+def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, capsys):
+    """The table: catchat, torch eager, eager + host copy and the CUDA graph, each row's chars/s and
+    first-char time over the graph's; no graph off CUDA (a clear line says so); no torch at all: a
+    clear line and catchat alone."""
+    import bench_generate
+
+    _fake_vulkan(monkeypatch, bench_generate)
+    monkeypatch.setattr(bench_generate, "Generator", _FakeGenerator)
+    eager = dict(batch=2, steps=4, chars_per_s=400.0, step_ms=5.0, first_char_ms=6.0, chars_per_s_host_copy=200.0,
+                 step_ms_host_copy=10.0, first_char_ms_host_copy=7.0)
+    graph = dict(batch=2, steps=64, chunk=64, chars_per_s=800.0, step_ms=2.5, first_char_ms=60.0)
+    calls = []
+    monkeypatch.setattr(bench_generate, "bench_torch", lambda spec, B, *a: calls.append(("eager", B)) or eager)
+    monkeypatch.setattr(bench_generate, "bench_torch_graph", lambda spec, B, *a: calls.append(("graph", B, a)) or graph)
+
+    monkeypatch.setattr(bench_generate, "_torch_device", lambda want: ("cuda", "torch 9 on a GPU"))
+    res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch",
+                                                   "--graph-chunk", "64"))
+    assert calls == [("eager", 2), ("graph", 2, (4, 1, "cuda", 64, 1))]
+    rows = {r["variant"]: r for r in res["tables"][0]["rows"]}
+    assert list(rows) == ["catchat", "torch eager", "torch eager + host copy", "torch CUDA graph (64/replay)"]
+    assert rows["torch eager"]["chars_per_s_vs_graph"] == 0.5
+    assert rows["torch eager + host copy"]["first_char_vs_graph"] == 7 / 60
+    assert rows["catchat"]["chars_per_s_vs_graph"] == res["catchat"][0]["chars_per_s"] / 800
+    out = capsys.readouterr().out
+    assert "chars/s vs graph" in out and "the graph ran 64 steps (whole chunks)" in out
+
+    calls.clear()
+    monkeypatch.setattr(bench_generate, "_torch_device", lambda want: ("cpu", "torch 9 on cpu"))
+    res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch"))
+    assert calls == [("eager", 2)] and "torch_graph" not in res and "CUDA" in res["torch_graph_skipped"]
+    out = capsys.readouterr().out
+    assert "torch CUDA graph skipped" in out and "torch eager + host copy" in out and "vs graph" not in out
+
+    monkeypatch.setattr(bench_generate, "_torch_device", lambda want: (None, "torch is not importable (x)"))
+    res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch"))
+    assert "torch" not in res and res["torch_skipped"] == "torch is not importable (x)"
+    assert "torch comparison skipped: torch is not importable (x)" in capsys.readouterr().out
