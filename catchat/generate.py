@@ -27,7 +27,7 @@ from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.vk import slots
 from catchat.vk.program import Program
-from catchat.vk.program.decoder import DEFAULT_CHUNK, NONE, Decoder
+from catchat.vk.program.decoder import NONE, Decoder, default_chunk
 
 DIALOGUE_NGRAM_BLOCK = 5  # `talk` and `chat` block repeated 5-grams by default; `sample` does not
 PREFILL_WINDOW = 64  # tokens per dispatch window when feeding known text
@@ -103,7 +103,12 @@ def derive_seed(seed: int, *parts: int) -> int:
     return x
 
 
-def decode_settings(s: Sampling, seed: int, length: int, stop_at: Sequence[int]) -> np.ndarray:
+def stop_tokens(stop_at: Sequence[int] | None) -> list[int]:
+    """The tokens that end a stream: `stop_at` and <eos> always; None: none at all (benchmarks)."""
+    return [] if stop_at is None else sorted(set(stop_at) | {vocab.EOS})
+
+
+def decode_settings(s: Sampling, seed: int, length: int, stop_at: Sequence[int] | None) -> np.ndarray:
     """The decode config words (slots.DC_*) of one generation call."""
     w = np.zeros(slots.DC_WORDS, np.uint32)
     w[slots.DC_SEED] = int(seed) & 0xFFFFFFFF
@@ -113,7 +118,7 @@ def decode_settings(s: Sampling, seed: int, length: int, stop_at: Sequence[int])
     w[slots.DC_TOP_P] = slots.f32_bits(s.top_p)
     w[slots.DC_GREEDY] = int(s.is_greedy)
     w[slots.DC_NGRAM] = int(s.ngram_block)
-    for t in set(stop_at) | {vocab.EOS}:
+    for t in stop_tokens(stop_at):
         w[slots.DC_STOP + t // 32] |= np.uint32(1 << (t % 32))
     return w
 
@@ -134,7 +139,7 @@ class Generator:
                  prefill: int = PREFILL_WINDOW, chunk: int | None = None):
         self.dev, self.layout, self.spec, self.streams = dev, layout, layout.spec, int(streams)
         self.prefill = max(1, int(prefill))
-        self.chunk = int(chunk or DEFAULT_CHUNK)
+        self.chunk = int(chunk or default_chunk(dev))
         if self.chunk < 2 or self.chunk % 2:
             raise UsageError(f"chunk {self.chunk} is out of range", "give an even number of tokens per submit, >= 2")
         self.prog = Program(dev, layout, self.prefill, self.streams, training=False)
@@ -201,7 +206,7 @@ class Generator:
         n = len(forced)
         out: list[list[int]] = [[] for _ in range(self.streams)]
         done = np.zeros(self.streams, bool)
-        stops = np.array(sorted(set(stop_at) | {vocab.EOS}))
+        stops = np.array(stop_tokens(stop_at), np.int64)
         choice = 0  # index of the next row over the whole call
         rows_iter = dec.run(decode_settings(sampling, seed, length, stop_at), forced if n else None,
                             None if n else self.logits, n + max(length, 1))
@@ -236,11 +241,11 @@ class Generator:
         return self.logits
 
     def generate(self, prompt, length: int, sampling: Sampling, seed: int = 0, *,
-                 stop_at: Sequence[int] = (vocab.EOS,),
+                 stop_at: Sequence[int] | None = (vocab.EOS,),
                  on_tokens: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
         """Feed `prompt` (None: continue after what was fed last), then sample up to `length`
         tokens per stream, chosen on the device. A stream stops at a token in `stop_at` (<eos>
-        always), kept as the last token of its output. `on_tokens` sees the tokens as they come,
+        always; None: no stop token at all, for benchmarks), kept as the last token of its output. `on_tokens` sees the tokens as they come,
         a chunk [k, streams] at a time (<pad> for streams that have stopped). The last token of
         each output is not fed: the state ends just before it. N-gram blocking covers each
         stream's output of this call. The draws are keyed by (seed, stream, token number), so the

@@ -9,7 +9,7 @@
 //   greedy:  the first largest allowed logit
 //   else:    z = logit * inv_temp; keep the top_k largest (rank by z, ties to the lower index);
 //            p = exp(z - max z); keep tokens whose mass ranked before them is < top_p * sum p;
-//            c = running sum of kept p in index order; u = rng_uniform(seed_b, STREAM_DECODE, gen);
+//            c = running sum of kept p in index order (any summation order: the twin is float64); u = rng_uniform(seed_b, STREAM_DECODE, gen);
 //            token = the first v with c[v] > u * c[V-1] (else the last kept v)
 // The token is the next step's input, is written to out[k, b] and to the n-gram history, and the
 // stream stops after a stop token or its length-th token. A stopped stream writes NONE and nothing else.
@@ -153,10 +153,10 @@ void main() {
         float zt = lg * uintBitsToFloat(cfg[DC_INV_TEMP]);
         z[v] = allowed ? zt : NEG;
         barrier();
-        uint rank = 0u;  // position in the descending order, ties to the lower index
-        if (allowed)
-            for (uint u = 0u; u < V; ++u) rank += (z[u] > zt || (z[u] == zt && u < v)) ? 1u : 0u;
         uint top_k = cfg[DC_TOP_K];
+        uint rank = 0u;  // position in the descending order, ties to the lower index (top-k only)
+        if (allowed && top_k > 0u)
+            for (uint u = 0u; u < V; ++u) rank += (z[u] > zt || (z[u] == zt && u < v)) ? 1u : 0u;
         bool kept = allowed && (top_k == 0u || rank < top_k);
         float zmax = wg_max(kept ? zt : NEG_INF);
         float pv = kept ? exp(zt - zmax) : 0.0;
@@ -172,10 +172,16 @@ void main() {
             barrier();
             if (!(before < top_p * total)) pv = 0.0;
         }
-        p[v] = pv;
+        // running sum in index order: a subgroup scan plus the totals of the subgroups before
+        float c = subgroupInclusiveAdd(pv);
+        if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) red[gl_SubgroupID] = c;
         barrier();
-        float c = 0.0, total = 0.0;
-        for (uint u = 0u; u < V; ++u) { total += p[u]; if (u == v) c = total; }
+        float total = 0.0;
+        for (uint i = 0u; i < gl_NumSubgroups; ++i) {
+            if (i < gl_SubgroupID) c += red[i];
+            total += red[i];
+        }
+        barrier();
         uint seed_b = rng_u32(cfg[DC_SEED], STREAM_DECODE_LANE, b);
         float thr = rng_uniform(seed_b, STREAM_DECODE, gen) * total;
         uint first = wg_min_u(v < V && pv > 0.0 && c > thr ? v : NONE);

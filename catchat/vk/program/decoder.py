@@ -27,7 +27,13 @@ from catchat.vk.kernels.decode import DecodeLayer, DecodeSample
 from catchat.vk.program import sequences as sq
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
-DEFAULT_CHUNK = 64  # tokens per submit: the submit's cost (~0.5 ms on an H200) spread over 64 steps
+DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
+CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
+
+
+def default_chunk(dev) -> int:
+    """Tokens per submit when the caller does not choose."""
+    return CPU_CHUNK if dev.info.type == "CPU" else DEFAULT_CHUNK
 
 
 class Decoder:
