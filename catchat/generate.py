@@ -229,6 +229,11 @@ class Generator:
         self.logits = dec.last_logits()
         return out
 
+    def profile(self, steps: int = 8) -> dict[str, float]:
+        """Device microseconds of one decode step by kernel (GPU timestamps, median of `steps` steps
+        run from the current state, which they advance: call reset() before generating again)."""
+        return self._decoder_for(1).profile(steps)
+
     def feed(self, ids) -> np.ndarray:
         """Feed tokens [n, streams] (or [n]: the same for every stream) in order; return the last
         logits [streams, V] (also kept in `self.logits`)."""
@@ -245,8 +250,9 @@ class Generator:
                  on_tokens: Callable[[np.ndarray], None] | None = None) -> list[list[int]]:
         """Feed `prompt` (None: continue after what was fed last), then sample up to `length`
         tokens per stream, chosen on the device. A stream stops at a token in `stop_at` (<eos>
-        always; None: no stop token at all, for benchmarks), kept as the last token of its output. `on_tokens` sees the tokens as they come,
-        a chunk [k, streams] at a time (<pad> for streams that have stopped). The last token of
+        always; None: no stop token at all, for benchmarks), kept as the last token of its output.
+        `on_tokens` sees the tokens as they come, a chunk [k, streams] at a time (<pad> for streams
+        that have stopped). The last token of
         each output is not fed: the state ends just before it. N-gram blocking covers each
         stream's output of this call. The draws are keyed by (seed, stream, token number), so the
         text does not depend on the chunk size."""

@@ -21,6 +21,8 @@
 #include "slots.glsl"
 
 layout(local_size_x_id = 0) in;  // >= V: thread v owns token v in the choice
+layout(constant_id = 1) const uint ROWS = 1;  // head rows per subgroup: ceil(V / subgroups)
+layout(constant_id = 2) const uint HMAX = 1;  // H (the staged head input)
 
 layout(set = 0, binding = 0) readonly buffer P { float params[]; };
 layout(set = 0, binding = 1) readonly buffer S { float state[]; };     // [2, L, B, H]
@@ -52,6 +54,7 @@ shared float p[gl_WorkGroupSize.x];
 shared float red[gl_WorkGroupSize.x];
 shared uint ired[gl_WorkGroupSize.x];
 shared float head_out[gl_WorkGroupSize.x];  // the head's logits (mode 0)
+shared float xs[HMAX];  // the head's input y * g (rstd applied to the sums)
 shared uint banned[8];
 shared uint pick_first, pick_last;
 
@@ -87,19 +90,33 @@ uint wg_min_u(uint v) {
 
 bool is_stop(uint v) { return v < 256u && (cfg[DC_STOP + v / 32u] & (1u << (v % 32u))) != 0u; }
 
+// The head for stream b: x = y * g * rstd(y) staged in shared memory once, then subgroup w takes
+// rows w, w + nsub, ... (ROWS of them, all in flight together: one weight load per row per k step,
+// so a k step waits for one memory latency, not ROWS of them); lanes stride over k.
 void head(uint b) {
     uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x, H = pc.H;
     uint xo = ((pc.L - 1u) * pc.B + b) * H, so = ((pc.parity * pc.L + pc.L - 1u) * pc.B + b) * H;
     float ss = 0.0;
-    for (uint k = tid; k < H; k += WG) { float y = xin[xo + k] + state[so + k]; ss += y * y; }
-    float rstd = 1.0 / sqrt(wg_sum(ss) / float(H) + pc.eps);
-    // subgroup w computes rows v = w, w + nsub, ...; its lanes stride over k
-    for (uint v = gl_SubgroupID; v < pc.V; v += gl_NumSubgroups) {
-        float acc = 0.0;
-        for (uint k = gl_SubgroupInvocationID; k < H; k += gl_SubgroupSize)
-            acc += params[pc.w_head + v * H + k] * ((xin[xo + k] + state[so + k]) * params[pc.g_last + k]);
-        acc = subgroupAdd(acc) * rstd;
-        if (subgroupElect()) { logits[b * pc.V + v] = acc; head_out[v] = acc; }
+    for (uint k = tid; k < H; k += WG) {
+        float y = xin[xo + k] + state[so + k];
+        ss += y * y;
+        xs[k] = y * params[pc.g_last + k];
+    }
+    float rstd = 1.0 / sqrt(wg_sum(ss) / float(H) + pc.eps);  // its barrier also publishes xs
+    uint nsub = gl_NumSubgroups, sg = gl_SubgroupID;
+    float acc[ROWS];
+    for (uint i = 0u; i < ROWS; ++i) acc[i] = 0.0;
+    for (uint k = gl_SubgroupInvocationID; k < H; k += gl_SubgroupSize) {
+        float x = xs[k];
+        for (uint i = 0u; i < ROWS; ++i) {
+            uint v = sg + i * nsub;
+            if (v < pc.V) acc[i] += params[pc.w_head + v * H + k] * x;
+        }
+    }
+    for (uint i = 0u; i < ROWS; ++i) {
+        uint v = sg + i * nsub;
+        float l = subgroupAdd(acc[i]) * rstd;
+        if (v < pc.V && subgroupElect()) { logits[b * pc.V + v] = l; head_out[v] = l; }
     }
     barrier();
 }

@@ -44,7 +44,6 @@ per layer an nn.GRU step + residual + nn.RMSNorm, a linear head without bias. Ro
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import math
 import statistics
@@ -105,11 +104,6 @@ def bench_params(spec) -> dict[str, np.ndarray]:
     return p
 
 
-def generator_takes_chunk() -> bool:
-    """Whether this catchat's Generator has the chunk= (characters per submit) keyword."""
-    return "chunk" in inspect.signature(Generator).parameters
-
-
 def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None = None, repeats: int = 3) -> dict:
     """catchat's generation through the public Generator API: `generate` from <bos>, end to end."""
     layout = ParamLayout(spec)
@@ -136,16 +130,12 @@ def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None 
     runs = [run(steps) for _ in range(repeats)]
     total = _median(r[0] for r in runs)
     chars = min(r[2] for r in runs)
-    # one feed of a token per stream, the T = 1 forward with its logits' read-back, for reference
-    tok = np.full((1, B), vocab.FIRST_PRINTABLE, np.uint32)
+    gen.reset()
     gen.feed(PROMPT)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        gen.feed(tok)
-    fwd = (time.perf_counter() - t0) / steps
-    return dict(batch=B, steps=steps, chunk=chunk, generator_chunk=getattr(gen, "chunk", None), chars=chars,
+    profile = gen.profile()  # device microseconds per decode step, by kernel
+    return dict(batch=B, steps=steps, chunk=chunk, generator_chunk=gen.chunk, chars=chars,
                 short_streams=max(r[3] for r in runs), chars_per_s=chars / total, step_ms=total / steps * 1e3,
-                first_char_ms=_median(r[1] for r in runs) * 1e3, forward_ms=fwd * 1e3)
+                first_char_ms=_median(r[1] for r in runs) * 1e3, device_us=profile)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,8 +374,6 @@ def main(argv=None):
         ap.error("--batches, --steps and --repeats must be >= 1 and --warmup >= 0")
     if args.graph_chunk < 1 or (args.chunk is not None and args.chunk < 1):
         ap.error("--chunk and --graph-chunk must be >= 1")
-    if args.chunk is not None and not generator_takes_chunk():
-        ap.error("--chunk: this catchat's Generator takes no chunk= keyword")
     cfg = cfgmod.load(args.config, args.overrides)
     spec = cfgmod.model_spec(cfg)
     dev = open_device(args.device)
@@ -428,8 +416,9 @@ def main(argv=None):
         size = c["generator_chunk"] if c["generator_chunk"] is not None else c["chunk"]
         chunk = "the Generator's default" if c["chunk"] is None else "--chunk"
         chunk = f"{size} ({chunk})" if size is not None else chunk
-        note = (f"catchat: {c['chars']:,} characters in {B} streams, chunk {chunk}; one feed() of a token per "
-                f"stream {c['forward_ms']:.3f} ms")
+        kernels = ", ".join(f"{k} {v:.1f}" for k, v in c["device_us"].items())
+        note = (f"catchat: {c['chars']:,} characters in {B} streams, chunk {chunk}; device us per step: {kernels} "
+                f"(sum {sum(c['device_us'].values()):.1f})")
         if c["short_streams"]:
             note += f"; {c['short_streams']} streams stopped early"
         if g is not None and g["steps"] != args.steps:

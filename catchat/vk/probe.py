@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ _OFF_STORAGE_RANGE = _LIMITS + 7 * 4
 _OFF_PUSH_SIZE = _LIMITS + 8 * 4
 _OFF_SHARED_MEM = _LIMITS + 216
 _OFF_WG_INVOCATIONS = _LIMITS + 232
+_OFF_TIMESTAMP_PERIOD = _LIMITS + 424  # float: nanoseconds per timestamp tick
 
 _STYPE_APP_INFO, _STYPE_INSTANCE_INFO = 0, 1
 _STYPE_PROPS2, _STYPE_SUBGROUP, _STYPE_DRIVER = 1000059001, 1000094000, 1000196000
@@ -50,6 +52,7 @@ class DeviceInfo:
     subgroup_size: int
     device_memory_bytes: int = 0  # the largest DEVICE_LOCAL memory heap (0: unknown)
     compute_units: int = 0  # streaming multiprocessors (VK_NV_shader_sm_builtins; 0: unknown)
+    timestamp_period_ns: float = 1.0  # nanoseconds per GPU timestamp tick
 
 
 class _AppInfo(ctypes.Structure):
@@ -153,6 +156,7 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
         subgroup_size=subgroup.subgroupSize,
         device_memory_bytes=_device_memory(vk, handle),
         compute_units=_sm_count(vk, handle),
+        timestamp_period_ns=struct.unpack_from("<f", raw, _OFF_TIMESTAMP_PERIOD)[0],
     )
 
 

@@ -59,7 +59,8 @@ class DecodeLayer(Kernel):
 
 
 class DecodeSample(Kernel):
-    """The head and the choice of the next token, one workgroup per stream. `op_head(k, parity)`
+    """The head and the choice of the next token, one wide workgroup per stream (1024 threads on a
+    GPU: the head's 101 rows x H are the step's longest chain at batch 1). `op_head(k, parity)`
     computes the logits from the state half `parity` the layers just wrote; `op_given(k)` chooses
     from the logits buffer as uploaded. Either writes its choice to row k of `out`."""
 
@@ -72,9 +73,11 @@ class DecodeSample(Kernel):
             raise ValueError(f"device sampling handles vocabularies up to {MAX_VOCAB} tokens, not {s.vocab_size}")
         self.layout, self.B, self.cap, self.forced_cap = layout, int(B), int(history_cap), int(forced_cap)
         sub = max(1, dev.info.subgroup_size)
-        self.workgroup = ceil_div(max(s.vocab_size, 2 * sub), sub) * sub
+        widest = 128 if dev.info.type == "CPU" else min(1024, dev.info.max_workgroup_invocations)
+        self.workgroup = max(ceil_div(s.vocab_size, sub) * sub, widest // sub * sub)  # a thread per token at least
+        rows = ceil_div(s.vocab_size, self.workgroup // sub)
         super().__init__(dev, [params, state, xin, logits, token, ctl, cfg, forced, history, out], [self.B],
-                         spec=[self.workgroup], push=self._push(0, 0, 0))
+                         spec=[self.workgroup, rows, s.hidden], push=self._push(0, 0, 0))
 
     def _push(self, mode: int, k: int, parity: int) -> tuple:
         o, s = self.layout.offsets, self.layout.spec

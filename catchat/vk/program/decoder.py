@@ -60,9 +60,10 @@ class Decoder:
         common = (prog.layout, b.params, b.table0, self.state, self.xin, self.token, self.ctl)
         self.layer0 = DecodeLayer(dev, *common, B=B, first=True)
         self.layers = DecodeLayer(dev, *common, B=B, first=False) if L > 1 else None
-        samplers = [DecodeSample(dev, prog.layout, b.params, self.state, self.xin, self.logits, self.token, self.ctl,
-                                 self.cfg, self.forced, self.history, out, B=B, history_cap=self.cap,
-                                 forced_cap=self.forced_cap) for out in self.outs]
+        self.samplers = samplers = [
+            DecodeSample(dev, prog.layout, b.params, self.state, self.xin, self.logits, self.token, self.ctl, self.cfg,
+                         self.forced, self.history, out, B=B, history_cap=self.cap, forced_cap=self.forced_cap)
+            for out in self.outs]
         n = L * B * H  # the carry [L,B,H] is state half 0
         from_carry, to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token]
@@ -123,6 +124,21 @@ class Decoder:
         finally:
             for c in inflight:  # the caller stopped early: let the chunks in flight finish
                 self._wait(self.seq_chunks[c % 2])
+
+    def profile(self, steps: int = 8) -> dict[str, float]:
+        """Device microseconds per decode step by kernel ('layer 0', 'layer 1', ..., 'head + choice'),
+        the median over `steps` steps run from the current state (GPU timestamps; the state advances).
+        Times include each dispatch's wait for the one before it."""
+        names = [f"layer {l}" for l in range(self.spec.layers)] + ["head + choice"]
+        ops = [op for k in range(2 * (steps // 2 or 1)) for op in sq.decode_step_ops(self.layer0, self.layers,
+                                                                                    self.samplers[1], k)]
+        seq = self.dev.sequence(timestamps=len(ops) + 1)
+        for op in ops:
+            seq.record(op)
+        seq.eval()
+        ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)].reshape(-1, len(names))
+        period_us = self.dev.info.timestamp_period_ns / 1e3
+        return {n: float(np.median(ticks[:, i])) * period_us for i, n in enumerate(names)}
 
     def last_logits(self) -> np.ndarray:
         """The logits [B, V] each stream's last choice was made from (downloaded by every chunk)."""
