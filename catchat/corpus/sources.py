@@ -42,6 +42,9 @@ def expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tuple
         elif p.exists():
             raise UsageError(f"source {p} is not a regular file",
                              "pass text or JSONL files, directories or 'shakespeare'")
+        elif str(src).startswith(f"{SHAKESPEARE}:"):
+            raise UsageError(f"source {src} does not exist: a build takes the built-in corpus as '{SHAKESPEARE}'",
+                             f"name held-out plays with --hold-out, e.g. {SHAKESPEARE} --hold-out 'Macbeth, Othello'")
         else:
             raise UsageError(f"source {p} does not exist",
                              f"check the path (the built-in corpus is spelled '{SHAKESPEARE}')")

@@ -1,7 +1,8 @@
 """The train/eval split: each conversation's key (from the sha256 of its tokens) and the rule on it.
 
 A conversation is held out when its 63-bit key < eval_fraction * 2^63, so the split is stable when
-the corpus grows or is reordered, and the same text always lands on the same side.
+the corpus grows or is reordered, and the same text always lands on the same side. Conversations of
+held-out works (catchat.corpus.holdout) are eval whatever their key.
 """
 
 from __future__ import annotations
@@ -19,12 +20,22 @@ def split_key(digest: bytes) -> int:
     return int.from_bytes(digest[:8], "big") >> _KEY_SHIFT
 
 
-def split_mask(keys: np.ndarray, eval_fraction: float) -> np.ndarray:
+def split_mask(keys: np.ndarray, eval_fraction: float, held: np.ndarray | None = None) -> np.ndarray:
     """Boolean [N]: True for held-out (eval) conversations. `keys` are index column 2.
 
-    Eval iff key < eval_fraction * 2^63. When eval_fraction > 0 and N >= 2 at least one
-    conversation is held out (the smallest key) and at least one stays in train (the largest)."""
+    `held` (boolean [N], optional): conversations of held-out works (catchat.corpus.holdout), eval
+    whatever their key; the hash rule decides the others. Eval iff key < eval_fraction * 2^63. When
+    eval_fraction > 0 and the others number >= 2, at least one of them is held out (the smallest
+    key) and at least one stays in train (the largest)."""
     keys = np.asarray(keys, dtype=np.int64)
+    if held is None or not held.any():
+        return _hash_mask(keys, eval_fraction)
+    mask = held.copy()
+    mask[~held] = _hash_mask(keys[~held], eval_fraction)
+    return mask
+
+
+def _hash_mask(keys: np.ndarray, eval_fraction: float) -> np.ndarray:
     if eval_fraction <= 0 or keys.size == 0:
         return np.zeros(keys.shape, dtype=bool)
     mask = keys.astype(np.float64) < eval_fraction * _KEY_SCALE

