@@ -1,7 +1,7 @@
 #version 450
 // The end of a decode step for stream b = workgroup: the head, then the choice of the next input
 // token (docs/generation.md; catchat.reference.sample_choice is the numpy twin, rule for rule).
-//   HEAD (mode 0):  y = xin[L-1] + h_new[L-1];  logits = W_head (y * rstd(y) * g_{L-1})   -> logits[b]
+//   HEAD (mode 0):  y = ysum[L-1] (x + h of the last layer);  logits = W_head (y * rstd(y) * g_{L-1})   -> logits[b]
 //   given (mode 1): logits[b] as uploaded (the first choice of a call, after a batched prefill)
 // Then, in order: a forced token while DS_FED < n_forced (feeding known text: nothing is emitted);
 // else stop when DS_GEN = length; else sample:
@@ -25,20 +25,18 @@ layout(constant_id = 1) const uint ROWS = 1;  // head rows per subgroup: ceil(V 
 layout(constant_id = 2) const uint HMAX = 1;  // H (the staged head input)
 
 layout(set = 0, binding = 0) readonly buffer P { float params[]; };
-layout(set = 0, binding = 1) readonly buffer S { float state[]; };     // [2, L, B, H]
-layout(set = 0, binding = 2) readonly buffer X { float xin[]; };       // [L, B, H]
-layout(set = 0, binding = 3) buffer Lg { float logits[]; };            // [B, V]
-layout(set = 0, binding = 4) buffer Tok { uint token[]; };             // [B] next step's input
-layout(set = 0, binding = 5) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
-layout(set = 0, binding = 6) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
-layout(set = 0, binding = 7) readonly buffer Forced { uint forced[]; };  // [F, B]
-layout(set = 0, binding = 8) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
-layout(set = 0, binding = 9) writeonly buffer Out { uint outp[]; };    // [K, B]
+layout(set = 0, binding = 1) readonly buffer Y { float ysum[]; };      // [L, B, H] x + h of each layer
+layout(set = 0, binding = 2) buffer Lg { float logits[]; };            // [B, V]
+layout(set = 0, binding = 3) buffer Tok { uint token[]; };             // [B] next step's input
+layout(set = 0, binding = 4) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
+layout(set = 0, binding = 5) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
+layout(set = 0, binding = 6) readonly buffer Forced { uint forced[]; };  // [F, B]
+layout(set = 0, binding = 7) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
+layout(set = 0, binding = 8) writeonly buffer Out { uint outp[]; };    // [K, B]
 
 layout(push_constant) uniform Push {
     uint mode;  // 0: head then choose, 1: choose from the uploaded logits
     uint k;  // row of out written by this dispatch
-    uint parity;  // the state half written by this step (1 - the layers' `parity`)
     uint H, B, L, V;
     uint w_head, g_last;  // offsets of the head weight [V, H] and the last layer's norm weight
     uint cap, n_forced_cap;
@@ -95,10 +93,10 @@ bool is_stop(uint v) { return v < 256u && (cfg[DC_STOP + v / 32u] & (1u << (v % 
 // so a k step waits for one memory latency, not ROWS of them); lanes stride over k.
 void head(uint b) {
     uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x, H = pc.H;
-    uint xo = ((pc.L - 1u) * pc.B + b) * H, so = ((pc.parity * pc.L + pc.L - 1u) * pc.B + b) * H;
+    uint yo = ((pc.L - 1u) * pc.B + b) * H;
     float ss = 0.0;
     for (uint k = tid; k < H; k += WG) {
-        float y = xin[xo + k] + state[so + k];
+        float y = ysum[yo + k];
         ss += y * y;
         xs[k] = y * params[pc.g_last + k];
     }

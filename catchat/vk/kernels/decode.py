@@ -25,28 +25,34 @@ def stream_tile(B: int) -> int:
 
 
 class DecodeLayer(Kernel):
-    """One layer's decode step for every stream: input (embedding / residual + RMSNorm of the layer
-    below), both projections, the GRU cell, state ping-pong. `op(layer, parity)` for each layer."""
+    """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
+    below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
+    `step(layer, parity)` for each layer."""One layer's decode step for every stream: input (embedding / residual + RMSNorm of the layer
+    below, from its x + h), both projections, the GRU cell, state ping-pong, this layer's x + h. `op(layer, parity)` for each layer."""
 
     shader = "decode_layer"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, xin, token, ctl, *, B: int,
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
                  first: bool):
         s = layout.spec
         self.layout, self.B, self.H, self.L, self.first = layout, int(B), s.hidden, s.layers, first
         sub = max(1, dev.info.subgroup_size)
-        self.workgroup = 2 * sub  # two subgroups: two units per workgroup, enough workgroups to fill a GPU
+        # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more streams:
+        # eight, which share their stream tile's inputs through L1
+        self.workgroup = (2 if self.B == 1 else 8) * sub
         self.units_wgs = ceil_div(self.H, self.workgroup // sub)
         self.tile = stream_tile(self.B)
+        self.vec4 = self.H % 4 == 0
         wgs = self.units_wgs * ceil_div(self.B, self.tile)
-        super().__init__(dev, [params, table0, state, xin, token, ctl], [wgs], spec=[self.workgroup, self.tile],
-                         push=self._push(0 if first else 1, 0))
+        super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
+                         spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0 if first else 1, 0),
+                         defines={"VEC4": 1} if self.vec4 else None)
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
         g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
         w_ih = o[p + "gru.weight_ih"]
-        return (layer, parity, self.H, self.B, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
+        return (layer, parity, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.units_wgs, vocab.BOS,
                 float(math.sqrt(self.H)), float(s.norm_eps))
 
@@ -60,13 +66,13 @@ class DecodeLayer(Kernel):
 
 class DecodeSample(Kernel):
     """The head and the choice of the next token, one wide workgroup per stream (1024 threads on a
-    GPU: the head's 101 rows x H are the step's longest chain at batch 1). `op_head(k, parity)`
-    computes the logits from the state half `parity` the layers just wrote; `op_given(k)` chooses
+    GPU: the head's 101 rows x H are the step's longest chain at batch 1). `op_head(k)` computes
+    the logits from the last layer's x + h (ysum) the layers just wrote; `op_given(k)` chooses
     from the logits buffer as uploaded. Either writes its choice to row k of `out`."""
 
     shader = "decode_sample"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, state, xin, logits, token, ctl, cfg, forced,
+    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, token, ctl, cfg, forced,
                  history, out, *, B: int, history_cap: int, forced_cap: int):
         s = layout.spec
         if s.vocab_size > MAX_VOCAB:
@@ -76,18 +82,18 @@ class DecodeSample(Kernel):
         widest = 128 if dev.info.type == "CPU" else min(1024, dev.info.max_workgroup_invocations)
         self.workgroup = max(ceil_div(s.vocab_size, sub) * sub, widest // sub * sub)  # a thread per token at least
         rows = ceil_div(s.vocab_size, self.workgroup // sub)
-        super().__init__(dev, [params, state, xin, logits, token, ctl, cfg, forced, history, out], [self.B],
-                         spec=[self.workgroup, rows, s.hidden], push=self._push(0, 0, 0))
+        super().__init__(dev, [params, ysum, logits, token, ctl, cfg, forced, history, out], [self.B],
+                         spec=[self.workgroup, rows, s.hidden], push=self._push(0, 0))
 
-    def _push(self, mode: int, k: int, parity: int) -> tuple:
+    def _push(self, mode: int, k: int) -> tuple:
         o, s = self.layout.offsets, self.layout.spec
         head = "embedding.weight" if s.tie_embeddings else "head.weight"
-        return (mode, k, parity, s.hidden, self.B, s.layers, s.vocab_size, o[head],
+        return (mode, k, s.hidden, self.B, s.layers, s.vocab_size, o[head],
                 o[f"layers.{s.layers - 1}.norm.weight"], self.cap, self.forced_cap, vocab.PAD, vocab.BOS, vocab.EOS,
                 float(s.norm_eps))
 
-    def op_head(self, k: int, parity: int):
-        return self.op(*self._push(0, k, parity))
+    def op_head(self, k: int):
+        return self.op(*self._push(0, k))
 
     def op_given(self, k: int):
-        return self.op(*self._push(1, k, 0))
+        return self.op(*self._push(1, k))

@@ -1,7 +1,7 @@
 """Generation on the device: K tokens per submit, sampled and fed back without the host.
 
 A `Decoder` sits beside a forward-only `Program` (whose parameters, layer-0 table and carried
-state it shares) and owns the decode state: a ping-pong hidden state, each layer's input, the next
+state it shares) and owns the decode state: a ping-pong hidden state, each layer's x + h, the next
 input token, the last logits and a few words per stream (done, tokens generated, forced tokens
 taken), the call's settings and the n-gram history. A call is one start sequence (upload the
 settings, take the carry, make the first choice) and then chunks of K steps, two recorded chunk
@@ -49,7 +49,7 @@ class Decoder:
         L, B, H, V = spec.layers, self.B, spec.hidden, spec.vocab_size
         u32 = np.uint32
         self.state = dev.tensor(2 * L * B * H)
-        self.xin = dev.tensor(L * B * H)
+        self.ysum = dev.tensor(L * B * H)
         self.logits = dev.tensor(B * V)
         self.token = dev.tensor(B, u32)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
@@ -57,11 +57,11 @@ class Decoder:
         self.forced = dev.tensor(self.forced_cap * B, u32)
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
-        common = (prog.layout, b.params, b.table0, self.state, self.xin, self.token, self.ctl)
+        common = (prog.layout, b.params, b.table0, self.state, self.ysum, self.token, self.ctl)
         self.layer0 = DecodeLayer(dev, *common, B=B, first=True)
         self.layers = DecodeLayer(dev, *common, B=B, first=False) if L > 1 else None
         self.samplers = samplers = [
-            DecodeSample(dev, prog.layout, b.params, self.state, self.xin, self.logits, self.token, self.ctl, self.cfg,
+            DecodeSample(dev, prog.layout, b.params, self.ysum, self.logits, self.token, self.ctl, self.cfg,
                          self.forced, self.history, out, B=B, history_cap=self.cap, forced_cap=self.forced_cap)
             for out in self.outs]
         n = L * B * H  # the carry [L,B,H] is state half 0

@@ -112,7 +112,7 @@ def decode_step_ops(layer0, layers, sample, k: int) -> list:
     parity = k % 2
     ops = [layer0.step(0, parity)]
     ops += [layers.step(l, parity) for l in range(1, layer0.L)]
-    return ops + [sample.op_head(k, 1 - parity)]
+    return ops + [sample.op_head(k)]
 
 
 def record_decode_chunk(dev: Device, layer0, layers, sample, to_carry, K: int, download: list) -> Sequence:
