@@ -27,8 +27,7 @@ def stream_tile(B: int) -> int:
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
-    `step(layer, parity)` for each layer."""One layer's decode step for every stream: input (embedding / residual + RMSNorm of the layer
-    below, from its x + h), both projections, the GRU cell, state ping-pong, this layer's x + h. `op(layer, parity)` for each layer."""
+    `step(layer, parity)` for each layer."""
 
     shader = "decode_layer"
 
