@@ -104,6 +104,26 @@ def bench_params(spec) -> dict[str, np.ndarray]:
     return p
 
 
+def bench_talk_reply(spec, dev, repeats: int = 3) -> dict:
+    """A `talk` turn: the user's line (80 characters) and the model's prefix fed, then the reply
+    sampled (the first 64 characters of it); the time to its first character is what a user waits."""
+    from catchat.talk import Dialogue
+
+    layout = ParamLayout(spec)
+    gen = Generator(dev, layout, layout.flatten(bench_params(spec), np.float32))
+    dialogue = Dialogue(gen, 800)
+    waits = []
+    for i in range(repeats + 1):  # the first turn builds the decoder: not counted
+        dialogue.add("YOU", "Tell me, good friend, what news from the court, and who rides with the king today?")
+        first: list[float] = []
+        t0 = time.perf_counter()
+        dialogue.reply("CAT", 64, Sampling(temperature=TEMPERATURE), seed=i,
+                       on_token=lambda _t, first=first: first or first.append(time.perf_counter()))
+        if i and first:
+            waits.append(first[0] - t0)
+    return dict(first_char_ms=_median(waits) * 1e3 if waits else float("nan"), turns=len(waits))
+
+
 def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None = None, repeats: int = 3) -> dict:
     """catchat's generation through the public Generator API: `generate` from <bos>, end to end."""
     layout = ParamLayout(spec)
@@ -388,6 +408,9 @@ def main(argv=None):
             res["catchat"].append(bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats))
         except UsageError as exc:  # e.g. a --chunk the Generator refuses
             ap.error(str(exc))
+    res["talk_reply"] = talk = bench_talk_reply(spec, dev, args.repeats)
+    print(f"talk: first character of a reply after an 80-character user line: {talk['first_char_ms']:.2f} ms "
+          f"(median of {talk['turns']} turns)")
     eager: list = [None] * len(batches)
     graph: list = [None] * len(batches)
     if args.compare_torch:
