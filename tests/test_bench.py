@@ -184,6 +184,7 @@ def test_bench_generate_chunk_option_first_char_and_short_streams(monkeypatch, c
 
     _fake_vulkan(monkeypatch, bench_generate)
     monkeypatch.setattr(bench_generate, "Generator", _FakeGenerator)
+    monkeypatch.setattr(bench_generate, "bench_talk_reply", lambda *a, **k: {"first_char_ms": 1.0, "turns": 1})
     _FakeGenerator.made.clear()
     res = bench_generate.main(_bench_generate_args("--batches", "3", "--steps", "10"))
     assert _FakeGenerator.made == [{"streams": 3, "chunk": None}]
@@ -204,6 +205,7 @@ def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, cap
 
     _fake_vulkan(monkeypatch, bench_generate)
     monkeypatch.setattr(bench_generate, "Generator", _FakeGenerator)
+    monkeypatch.setattr(bench_generate, "bench_talk_reply", lambda *a, **k: {"first_char_ms": 1.0, "turns": 1})
     eager = dict(batch=2, steps=4, chars_per_s=400.0, step_ms=5.0, first_char_ms=6.0, chars_per_s_host_copy=200.0,
                  step_ms_host_copy=10.0, first_char_ms_host_copy=7.0)
     graph = dict(batch=2, steps=64, chunk=64, chars_per_s=800.0, step_ms=2.5, first_char_ms=60.0)
