@@ -6,7 +6,8 @@ in it has taken exactly N steps, lesson 3) holding
     optimizer.safetensors  Adam moments `exp_avg.<name>`, `exp_avg_sq.<name>`, spectral-norm vectors,
                            and the carried hidden state `carry.h0` [L,B,H]
     state.json             step, seqs, cycle, data cursor, RNG, schedule, config, vocab fingerprint,
-                           and the sha256 of both tensor files (corruption is caught on load)
+                           and the sha256 of both tensor files (corruption is caught on load); a
+                           time-budgeted run's also its run clock ("budget": catchat/budget.py)
 It is written into a temporary sibling directory, fsynced, then renamed into place; `latest` (a
 one-line text file naming the directory) is replaced last. A crash at any point leaves the
 previous checkpoint and `latest` intact. `checkpoints/` holds only the run's live branch: a resume
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from catchat import tensorfile, vocab
+from catchat import budget, tensorfile, vocab
 from catchat.errors import UsageError
 from catchat.faults import crash_point
 from catchat.fsutil import atomic_write_text, fsync_dir, remove_stale_temporaries
@@ -259,6 +260,7 @@ def state_problems(state: dict, ckpt: Path, *, for_resume: bool) -> list[str]:
         need(key, lambda v: _is_int(v) and 0 <= v, "a whole number >= 0", required=for_resume and key != "tokens_seen")
     need("cursor", lambda v: isinstance(v, dict), "a table", required=for_resume)
     need("schedule", lambda v: isinstance(v, dict), "a table", required=False)
+    _check_budget(state, problems, for_resume)
     step = state.get("global_step")
     if _is_int(step):
         if _is_int(state.get("applied_steps")) and state["applied_steps"] > step:
@@ -267,6 +269,22 @@ def state_problems(state: dict, ckpt: Path, *, for_resume: bool) -> list[str]:
         if named is not None and named != step:
             problems.append(f"global_step is {step} but the directory is {ckpt.name}")
     return problems
+
+
+def _check_budget(state: dict, problems: list[str], for_resume: bool) -> None:
+    """The run clock of a time-budgeted checkpoint ("budget": budget_s, elapsed_s, train_start_s,
+    progress). Required to resume one whose config has a budget; absent from older and unbudgeted
+    checkpoints (a budget given to those starts counting at the resume)."""
+    train = state.get("config", {}).get("train", {}) if isinstance(state.get("config"), dict) else {}
+    budgeted = isinstance(train, dict) and isinstance(train.get("time_budget_s"), (int, float)) \
+        and train["time_budget_s"] > 0
+    if "budget" not in state:
+        if budgeted and for_resume:
+            problems.append("no 'budget' entry (the run clock of a time-budgeted run)")
+        return
+    why = budget.valid_state(state["budget"])
+    if why:
+        problems.append(f"budget: {why}")
 
 
 def _verify_hashes(state: dict, ckpt: Path, files: tuple[str, ...], allow_unverified: bool, warn) -> None:

@@ -148,24 +148,33 @@ def corpus_info(path):
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[CKPT]",
               help="Continue the run in --run-dir (or from the checkpoint given).")
 @click.option("--stop-after-steps", type=click.IntRange(min=1), help="Stop after N steps (the schedule is unchanged).")
+@click.option("--time-budget", "time_budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
+              help="Train for this wall-clock time, start-up included: warmup, stable and cooldown run on elapsed "
+                   "time, the last step uses schedule.lr_min, and a checkpoint and an eval end the run within the "
+                   "budget. Sets train.time_budget_s and replaces the config's train.total_steps / train.cycles "
+                   "(a --set of one of them keeps it as a step cap). A resumed run keeps its remaining budget.")
 @ALLOW_UNVERIFIED_OPTION
 @DEVICE_OPTION
-def train(config_path, overrides, run_dir, resume, stop_after_steps, allow_unverified, device):
+def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, allow_unverified, device):
     """Train a model from a TOML CONFIG on the Vulkan device."""
     from pathlib import Path
 
     from catchat import config as cfgmod
+    from catchat.budget import process_start
     from catchat.progress import TrainReporter
     from catchat.train import Trainer
     from catchat.vk.device import open_device
 
+    if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
+        overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
     cfg = cfgmod.load(config_path, overrides)
     name = Path(config_path).stem
     run_dir = Path(run_dir or Path("runs") / name)
     dev = open_device(device)
     console.print(f"device: {dev.info.name}; run: {run_dir}", highlight=False)
     with TrainReporter(console) as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume,
-                                                     reporter=reporter, allow_unverified=allow_unverified) as trainer:
+                                                     reporter=reporter, allow_unverified=allow_unverified,
+                                                     clock_origin=process_start()) as trainer:
         reason = trainer.run(stop_after_steps)
     if reason.startswith("interrupted"):
         raise SystemExit(130)

@@ -5,7 +5,7 @@ every key with its unit, default and range). Every key has a default; unknown se
 wrong types and out-of-range values are `UsageError`s that name the key (and the closest valid
 key, design.md lesson 9). Keys carry their unit in the name: `*_seqs` (windows of one lane),
 `*_steps` (optimizer steps), `cycles` (passes over the train split), `*_fraction` (of the planned
-total steps, or of the corpus).
+total steps, or of the corpus; with train.time_budget_s, of the budget's training time), `*_s` (seconds).
 
     cfg = load("configs/tiny.toml", overrides=["train.lr=3e-4"])
     text = resolved_toml(cfg)            # the run dir's config.toml; load(...) of it gives cfg back
@@ -136,14 +136,17 @@ class TrainConfig:
     total_steps: int = _key(0, int, "planned optimizer steps (set this or cycles, not both; 0 = unset)", "steps",
                             lo=0, hi=MAX_TOTAL_STEPS)
     cycles: float = _key(0.0, float, "planned passes over the train split (set this or total_steps; 0 = unset)", "cycles", lo=0)
+    time_budget_s: float = _key(0.0, float, "wall-clock budget, start-up included: the schedule runs on elapsed time and the "
+                                "run ends by then with a checkpoint and an eval; total_steps / cycles become optional "
+                                "step caps (0 = off)", "seconds", lo=0)
     max_consecutive_skips: int = _key(25, int, "stop the run after this many skipped steps in a row (non-finite gradient or no valid targets)",
                                       "steps", lo=1, hi=10**6)
 
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    warmup_fraction: float = _key(0.02, float, "linear warmup, share of total_steps", "fraction", lo=0, hi=1)
-    cooldown_fraction: float = _key(0.1, float, "cooldown to lr_min at the end, share of total_steps", "fraction", lo=0, hi=1)
+    warmup_fraction: float = _key(0.02, float, "linear warmup, share of total_steps (or of the time budget's training time)", "fraction", lo=0, hi=1)
+    cooldown_fraction: float = _key(0.1, float, "cooldown to lr_min at the end, share of total_steps (or of the time budget's training time)", "fraction", lo=0, hi=1)
     cooldown_shape: str = _key("cosine", str, "shape of the cooldown", choices=("cosine", "linear"))
     lr_min: float = _key(0.0, float, "learning rate at the end of the cooldown (<= train.lr)", "", lo=0)
 
@@ -372,13 +375,14 @@ def _check_cross(cfg: Config, source: str, origins: dict) -> None:
             f"{d.shuffle_block_windows} with data.carry_state = true: stateful truncated BPTT needs contiguous "
             "windows; shuffling would feed one conversation's hidden state into another (design.md lesson 5)",
             "set data.shuffle_block_windows = 0, or data.carry_state = false to train stateless")
-    if (t.total_steps > 0) == (t.cycles > 0):
+    if t.total_steps > 0 and t.cycles > 0 or t.total_steps == 0 and t.cycles == 0 and t.time_budget_s == 0:
         both = t.total_steps > 0
         raise UsageError(
             f"{where('train.total_steps', 'train.cycles')}: "
             + ("both train.total_steps and train.cycles are set" if both else "neither train.total_steps nor train.cycles is set")
-            + ": the run length needs exactly one of them",
-            "set the other one to 0 (e.g. --set train.cycles=0)" if both else "e.g. train.total_steps = 1000 or train.cycles = 2")
+            + ": the run length needs exactly one of them (or a train.time_budget_s)",
+            "set the other one to 0 (e.g. --set train.cycles=0)" if both else
+            "e.g. train.total_steps = 1000, train.cycles = 2 or train.time_budget_s = 300")
     if t.cycles / seqs_per_step(cfg) > MAX_TOTAL_STEPS:  # a cycle is at least one seq: surely too long
         raise UsageError(
             f"{where('train.cycles')}: train.cycles = {t.cycles:g} plans more than {MAX_TOTAL_STEPS} optimizer steps",
@@ -412,9 +416,12 @@ def seqs_per_step(cfg: Config) -> int:
 def planned_total_steps(cfg: Config, seqs_per_cycle: int) -> int:
     """The run's planned optimizer steps: train.total_steps, or train.cycles converted through
     `seqs_per_cycle` (from `Lanes.seqs_per_cycle`), rounded up to whole steps (at least 1, at
-    most MAX_TOTAL_STEPS: a UsageError names train.cycles beyond it)."""
+    most MAX_TOTAL_STEPS: a UsageError names train.cycles beyond it). With a time budget these
+    are a step cap, and 0 (neither set) means none: the budget alone plans the run."""
     if cfg.train.total_steps > 0:
         return cfg.train.total_steps
+    if cfg.train.cycles == 0 and cfg.train.time_budget_s > 0:
+        return 0
     if seqs_per_cycle <= 0:
         raise UsageError("the train split has no windows, so train.cycles cannot be turned into steps",
                          "use a larger corpus or set train.total_steps")

@@ -54,10 +54,19 @@ class TrainReporter:
         for line in lines:
             self.console.print(line, markup=False, highlight=False)
 
-    def on_start(self, total_steps, lanes=(), **_):
+    def on_start(self, total_steps, lanes=(), schedule=None, **_):
         for line in lanes:
             self.console.print(line, markup=False, highlight=False)
-        self._print(f"training for {total_steps} steps")
+        budget = (schedule or {}).get("time_budget_s")
+        if budget:
+            cap = f", at most {total_steps} steps" if total_steps else ""
+            self._print(f"training for {budget:g} s of wall-clock time (start-up included{cap})")
+        else:
+            self._print(f"training for {total_steps} steps")
+
+    def on_time_budget(self, time_budget_s, elapsed_s, training_s, eval_estimate_s, checkpoint_estimate_s, **_):
+        self._print(f"time budget {time_budget_s:g} s: {elapsed_s:.1f} s used so far, {max(training_s, 0):.1f} s to "
+                    f"train, then a checkpoint (~{checkpoint_estimate_s:.1f} s) and an eval (~{eval_estimate_s:.1f} s)")
 
     def on_resume(self, global_step, seqs, **f):
         self._print(f"resumed at step {global_step} ({seqs} seqs) from {f.get('from')}")
@@ -83,7 +92,7 @@ class TrainReporter:
             info += f"  tf {tf:.2f}"
         if self.task is None:
             self.task = self.progress.add_task("train", total=total_steps, completed=global_step - 1, info=info)
-        self.progress.update(self.task, completed=global_step, info=info)
+        self.progress.update(self.task, total=total_steps, completed=global_step, info=info)  # a budget's total moves
         if not self.live and (global_step == total_steps or time.monotonic() - self.last_plain > 10
                               or global_step % max(1, total_steps // 20) == 0):
             self.last_plain = time.monotonic()
@@ -114,5 +123,6 @@ class TrainReporter:
         self._print(f"[yellow]{signal}[/yellow]: finishing this step, then writing a checkpoint "
                     "(press Ctrl-C again to stop at once)")
 
-    def on_end(self, global_step, reason, **_):
-        self._print(f"run ended at step {global_step}: {reason}")
+    def on_end(self, global_step, reason, time_budget_s=None, elapsed_s=None, **_):
+        spent = f" after {elapsed_s:.1f} s of the {time_budget_s:g} s budget" if time_budget_s and elapsed_s else ""
+        self._print(f"run ended at step {global_step}: {reason}{spent}")

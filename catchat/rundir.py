@@ -33,7 +33,7 @@ from catchat import runlog
 from catchat.errors import UsageError
 from catchat.faults import crash_point
 from catchat.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, remove_stale_temporaries
-from catchat.runlog import METRICS_COLUMNS
+from catchat.runlog import METRICS_COLUMNS, WRITTEN_COLUMNS
 
 PENDING, BRANCH_INFO = "PENDING", "branch.json"
 
@@ -100,7 +100,21 @@ class RunLock:
 
 
 # ------------------------------------------------------------------------------ telemetry lines
-HEADER = ",".join(METRICS_COLUMNS).encode()  # column names need no csv quoting
+HEADER = ",".join(WRITTEN_COLUMNS).encode()  # a new run's header; column names need no csv quoting
+
+
+def metrics_header(path: Path) -> bytes:
+    """The header line (no newline) that `path`'s rows go with: its own when it begins with
+    METRICS_COLUMNS (a run begun by an older catchat keeps its columns: rows and header must agree),
+    else HEADER."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 16).rstrip(b"\r\n")
+    except FileNotFoundError:
+        return HEADER
+    if first.split(b",")[:len(METRICS_COLUMNS)] == [c.encode() for c in METRICS_COLUMNS]:
+        return first
+    return HEADER
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -135,8 +149,8 @@ def _split(path: Path, step: int) -> tuple[list[bytes], list[bytes]]:
     return keep, rest
 
 
-def _write_metrics(path: Path, rows: list[bytes]) -> None:
-    atomic_write_bytes(path, HEADER + b"\n" + b"".join(rows))
+def _write_metrics(path: Path, rows: list[bytes], header: bytes = HEADER) -> None:
+    atomic_write_bytes(path, header + b"\n" + b"".join(rows))
 
 
 def _is_whole(path: Path) -> bool:
@@ -160,8 +174,9 @@ def trim_tail(files: RunFiles, step: int) -> int:
     without a line cut short. Never in place: a kill leaves the old file or the new one. Returns
     the number of metrics rows dropped."""
     keep, rest = _split(files.metrics, step)
-    if rest or not _is_whole(files.metrics) or _lines(files.metrics)[:1] != [HEADER + b"\n"]:
-        _write_metrics(files.metrics, keep)
+    header = metrics_header(files.metrics)
+    if rest or not _is_whole(files.metrics) or _lines(files.metrics)[:1] != [header + b"\n"]:
+        _write_metrics(files.metrics, keep, header)
     ev_keep, ev_rest = _split(files.events, step)
     if ev_rest or not _is_whole(files.events):
         atomic_write_bytes(files.events, b"".join(ev_keep))
@@ -202,7 +217,7 @@ def start_branch(files: RunFiles, source: Path | None, event: dict) -> dict:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     (tmp / "checkpoints").mkdir()
-    _write_metrics(tmp / "metrics.csv", rows)
+    _write_metrics(tmp / "metrics.csv", rows, metrics_header(files.metrics))
     atomic_write_bytes(tmp / "events.jsonl", b"".join(events))
     atomic_write_text(tmp / BRANCH_INFO, json.dumps(info, indent=1) + "\n")
     atomic_write_text(tmp / PENDING, "this branch is being made; the next catchat on this run finishes it\n")
@@ -230,7 +245,8 @@ def finish_branch(files: RunFiles, side: Path) -> None:
         fsync_dir(side / "checkpoints")
     if not info.get("from") and files.checkpoints.exists() and not ck.list_checkpoints(files.checkpoints):
         (files.checkpoints / ck.LATEST).unlink(missing_ok=True)
-    _write_metrics(files.metrics, _split(files.metrics, step)[0])
+    rows = _split(files.metrics, step)[0]  # none left (a fresh start): the new run gets this catchat's columns
+    _write_metrics(files.metrics, rows, metrics_header(files.metrics) if rows else HEADER)
     crash_point("branch.metrics")
     keep, _ = _split(files.events, step)
     mark = json.dumps(info).encode() + b"\n"

@@ -26,7 +26,9 @@ appends after them are kept as raw cells). Any other header is bad (line 1) and 
 columns could not be told apart. A row is well formed when csv parses the line into exactly as many
 cells as the header has, and every METRICS_COLUMNS cell is a number of its column's kind: a decimal
 integer in int64 range for INT_COLUMNS (global_step >= 0), a float (empty allowed: nan, e.g. the
-loss of a skipped step without valid targets) for the others.
+loss of a skipped step without valid targets) for the others. LATER_COLUMNS are what this trainer
+appends (the run clock and the schedule's progress); a file written before them lacks them and
+stays readable, and where the header has them their cells are checked as floats too.
 
 events.jsonl: each line is a JSON object with a str "event" and an int "global_step" (not a bool,
 >= 0, int64). The fields that scan and plot read (EVENT_FIELDS) are checked when present, with their
@@ -52,6 +54,12 @@ METRICS_COLUMNS = ("global_step", "seqs", "cycle", "tokens", "lr", "tf", "loss",
                    "valid_tokens", "tokens_per_s", "step_ms", "gradh_clamp_hits", "skipped")
 INT_COLUMNS = frozenset({"global_step", "seqs", "cycle", "tokens", "clipped", "valid_tokens", "gradh_clamp_hits",
                          "skipped"})  # what the trainer writes as integers; the rest are floats
+# Appended after METRICS_COLUMNS by this trainer (floats): elapsed_s, the run clock when the step ended
+# (a time-budgeted run's budget clock, which a resume continues; otherwise seconds since the process
+# started); progress, the share of the plan done after the step (the schedule's input). A metrics.csv
+# begun by an older catchat has neither, and a resumed run keeps writing its columns.
+LATER_COLUMNS = ("elapsed_s", "progress")
+WRITTEN_COLUMNS = METRICS_COLUMNS + LATER_COLUMNS
 
 MAX_LINE_BYTES = 128 * 1024  # far above any line the trainer writes (an eval event is < 1 KiB)
 MAX_BAD = 1000  # bad lines listed; n_bad counts the rest
@@ -145,11 +153,13 @@ def describe_bad(log: MetricsLog | EventsLog, shown: int = 3) -> str:
 _INT_TEXT = re.compile(r"[+-]?[0-9]{1,19}")  # int64 has 19 digits: no huge-int parsing
 
 
-def numbers(cells: list[str]) -> dict[str, int | float]:
+def numbers(cells: list[str], header: list[str] | None = None) -> dict[str, int | float]:
     """The METRICS_COLUMNS cells of a row as numbers: int for INT_COLUMNS, float (nan when empty)
-    for the others. Raises ValueError naming the column when a cell is not one."""
+    for the others; with the file's `header`, also the LATER_COLUMNS it has. Raises ValueError naming
+    the column when a cell is not one."""
     out: dict[str, int | float] = {}
-    for name, text in zip(METRICS_COLUMNS, cells):
+    later = [(n, cells[i]) for i, n in enumerate(header or ()) if n in LATER_COLUMNS and i < len(cells)]
+    for name, text in [*zip(METRICS_COLUMNS, cells), *later]:
         if name in INT_COLUMNS:
             if not _INT_TEXT.fullmatch(text) or not -INT64 <= int(text) < INT64:
                 raise ValueError(f"{name} is not an integer: {text[:40]!r}")
@@ -207,7 +217,7 @@ def _read_row(log: MetricsLog, lineno: int, text: str) -> None:
         _note_bad(log, lineno, f"{len(cells)} cells, the header has {len(log.header)}")
     else:
         try:
-            numbers(cells)
+            numbers(cells, log.header)
         except ValueError as exc:
             _note_bad(log, lineno, str(exc))
             return
@@ -253,21 +263,23 @@ def _list_of(check, what: str):
     return _kind(lambda v: isinstance(v, list) and all(check(x) is None for x in v), what)
 
 
-def _object(fields: dict, required: bool):
-    """A dict whose known fields have their types (every one present when `required`)."""
+def _object(fields: dict, required: bool, optional: dict | None = None):
+    """A dict whose known fields have their types (every one of `fields` present when `required`;
+    `optional` ones checked when present)."""
     def check(v):
         if not isinstance(v, dict):
             return f"is {_short(v)}, not an object"
-        why = _bad_field(v, fields, fields if required else ())
+        why = _bad_field(v, {**fields, **(optional or {})}, fields if required else ())
         return f".{why}" if why else None  # a path: schedule.lr is ...
     return check
 
 
 _SCHEDULE = {"total_steps": INT, "lr": NUM, "warmup_fraction": NUM, "cooldown_fraction": NUM,
              "cooldown_shape": STR, "lr_min": NUM}
+_SCHEDULE_LATER = {"time_budget_s": NUM}  # a time-budgeted run's schedule (absent from older events)
 _TEACHER_FORCING = {"start": NUM, "floor": NUM, "schedule": STR, "hold_cycles": NUM, "decay_cycles": NUM}
 _SCORES = {"loss": NUM, "bpc": NUM, "top1": NUM, "top5": NUM}
-_RUN_INFO = {"total_steps": INT, "schedule": _object(_SCHEDULE, True),
+_RUN_INFO = {"total_steps": INT, "schedule": _object(_SCHEDULE, True, _SCHEDULE_LATER),
              "teacher_forcing": _object(_TEACHER_FORCING, True), "seqs_per_step": INT,
              "tokens_per_step": INT, "seqs_per_cycle": INT, "faults": _list_of(STR, "a list of strings")}
 _COMMON = {"time": NUM, "rss_mb": _or_none(NUM), "peak_rss_mb": _or_none(NUM)}

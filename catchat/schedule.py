@@ -1,4 +1,5 @@
-"""Learning-rate schedule and interval checks: pure functions of the absolute step / seqs count.
+"""Learning-rate schedule and interval checks: pure functions of the absolute step / seqs count
+(or, with a time budget, of the plan's progress).
 
 Nothing here keeps state (design.md lessons 2 and 4): a resumed run asks `lr_at` for the same
 global step it would have reached without the interruption and gets the same value, so a resume
@@ -15,6 +16,13 @@ WSD (warmup, stable, decay) over `total_steps` planned steps, with
                                   cosine: lr_min + (lr - lr_min) * (1 + cos(pi p)) / 2
                                   linear: lr + (lr_min - lr) * p    the last planned step uses lr_min
     s >= total_steps              lr_min                            (a run extended past its plan)
+
+With a time budget (train.time_budget_s) the same WSD shape runs on the *progress* of the plan
+instead of the step count: `lr_at_progress(p)` with p in (0, 1] the share of the plan done when the
+step ends (the step version's (s + 1) / total_steps). `TimePlan` turns the run clock into p, and
+`plan_step` decides which step is the last one (p = 1, so it uses lr_min): the step after which
+another would not end before the deadline. Those are pure functions too, of measured times instead
+of the step count; the trainer (catchat/budget.py) feeds them its clock.
 """
 
 from __future__ import annotations
@@ -81,12 +89,97 @@ def lr_at(global_step: int, total_steps: int, cfg) -> float:
         return w.lr * (s + 1) / p.warmup_end
     if s < p.cooldown_start:
         return float(w.lr)
-    frac = (s - p.cooldown_start + 1) / (total_steps - p.cooldown_start)
+    return _cooldown(w, (s - p.cooldown_start + 1) / (total_steps - p.cooldown_start))
+
+
+def lr_at_progress(progress: float, cfg) -> float:
+    """Learning rate for a step that ends at `progress` of the plan (the share done after it, in
+    [0, 1]; 1 marks the last step): the WSD shape of `lr_at` on a continuous axis.
+
+        p < warmup_fraction                 lr * p / warmup_fraction
+        p <= 1 - cooldown_fraction          lr
+        p in (1 - cooldown_fraction, 1]     q = (p - (1 - cooldown_fraction)) / cooldown_fraction:
+                                            cosine or linear from lr to lr_min, lr_min at p = 1
+    Values outside [0, 1] are clamped: a step never gets a learning rate outside [0, lr]."""
+    w = _wsd(cfg)
+    if not math.isfinite(progress):
+        raise ValueError(f"progress must be a finite number, got {progress}")
+    p = min(max(float(progress), 0.0), 1.0)
+    if p >= 1.0:
+        return float(w.lr_min)
+    if p < w.warmup_fraction:
+        return w.lr * p / w.warmup_fraction
+    start = 1.0 - w.cooldown_fraction
+    if p <= start:
+        return float(w.lr)
+    return _cooldown(w, (p - start) / w.cooldown_fraction)
+
+
+def _cooldown(w: WSD, frac: float) -> float:
+    """lr at `frac` in (0, 1] of the cooldown."""
     if w.cooldown_shape == "cosine":
         return w.lr_min + (w.lr - w.lr_min) * 0.5 * (1.0 + math.cos(math.pi * frac))
     if w.cooldown_shape == "linear":
         return w.lr + (w.lr_min - w.lr) * frac
     raise ValueError(f"unknown cooldown_shape {w.cooldown_shape!r} (cosine or linear)")
+
+
+@dataclass(frozen=True)
+class TimePlan:
+    """A time-budgeted run's plan, in seconds of the run clock (which counts every process's time
+    from its start, start-up included, and goes on from a checkpoint's count on resume).
+
+    Training steps fill [train_start_s, deadline_s]; the last `reserve_s` seconds of the budget are
+    kept for the final checkpoint and eval. `progress(t)` is the share of that span done at t."""
+
+    budget_s: float
+    reserve_s: float
+    train_start_s: float
+
+    @property
+    def deadline_s(self) -> float:
+        """When the last step must have ended."""
+        return self.budget_s - self.reserve_s
+
+    def progress(self, clock_s: float) -> float:
+        """(clock_s - train_start_s) / (deadline_s - train_start_s), clamped to [0, 1] (1 when the
+        span is empty: the budget was spent before training began)."""
+        span = self.deadline_s - self.train_start_s
+        if span <= 0:
+            return 1.0
+        return min(max((clock_s - self.train_start_s) / span, 0.0), 1.0)
+
+
+@dataclass(frozen=True)
+class TimedStep:
+    """What `plan_step` decided for the step about to run."""
+
+    progress: float  # share of the plan done when the step ends; 1.0 exactly for the last step
+    last: bool  # no step follows it: it gets lr_min, then the run ends
+
+
+def plan_step(plan: TimePlan, *, now_s: float, step_s: float | None, after_s: float, global_step: int,
+              total_steps: int = 0, prev_progress: float = 0.0) -> TimedStep:
+    """Progress and last-step decision for the step about to start at `now_s` on the run clock.
+
+    step_s: the expected duration of a step (None before one was measured: then 0);
+    after_s: the expected interval work (evals, checkpoints) right after this step, were it not
+    the last; total_steps > 0: a step cap (train.total_steps / cycles), whose progress
+    (global_step + 1) / total_steps counts as well: whichever plan is further along drives the
+    schedule, and whichever runs out first ends the run.
+
+    The step is the last when another one after it (and after `after_s`) would not end by the
+    deadline, or when it reaches the step cap. Otherwise its progress is the time share at its
+    expected end, never below `prev_progress` (so the learning rate never climbs back when an
+    estimate changes) and below 1."""
+    tau = step_s or 0.0
+    capped = total_steps > 0 and global_step + 1 >= total_steps
+    if capped or now_s + tau + after_s + tau > plan.deadline_s:
+        return TimedStep(progress=1.0, last=True)
+    p = plan.progress(now_s + tau)
+    if total_steps > 0:
+        p = max(p, (global_step + 1) / total_steps)
+    return TimedStep(progress=min(max(p, prev_progress), math.nextafter(1.0, 0.0)), last=False)
 
 
 def phase_at(global_step: int, total_steps: int, cfg) -> str:

@@ -6,6 +6,11 @@ consumed, cycles count passes over the train split. Intervals fire when the seqs
 a multiple of `*_every_seqs`. The learning rate is a pure function of the absolute global_step
 (lesson 2), so a resume lands exactly where the run stopped. Every way a run ends (done,
 --stop-after-steps, Ctrl-C/SIGTERM) writes a final checkpoint (lesson 8: all state, carry too).
+
+With train.time_budget_s the schedule runs on the run clock instead (catchat/budget.py): each step's
+learning rate comes from the share of the budget's training time done, the step after which no
+other fits before the deadline is the last (at lr_min), and the run ends with a checkpoint and an
+eval inside the budget. Such a run is timing-dependent; unbudgeted runs are untouched by it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import faults as faultmod
 from catchat import rundir, vocab
+from catchat.budget import Budget, Clock, checkpoint_guess
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
 from catchat.faults import crash_point
@@ -35,7 +41,7 @@ from catchat.model import ParamLayout, init_params, param_specs
 from catchat.rng import step_seed
 from catchat.rundir import RunFiles, RunLock
 from catchat.runlog import METRICS_COLUMNS
-from catchat.schedule import interval_crossed, lr_at, tf_at
+from catchat.schedule import TimedStep, interval_crossed, lr_at, lr_at_progress, tf_at
 from catchat.vk.device import format_bytes
 from catchat.vk.program import Program, StepHyper, StepStats
 
@@ -110,14 +116,19 @@ class Trainer:
     and a new run directory it made is removed again."""
 
     def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
-                 resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False):
-        """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT."""
+                 resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False,
+                 clock_origin: float | None = None):
+        """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT. clock_origin: the
+        time.monotonic() from which this process's time counts (the CLI: the process's start, so a
+        time budget includes start-up); None: now."""
+        self.clock = Clock(0.0, clock_origin)
         self.cfg, self.dev, self.config_name = cfg, dev, config_name
         self.files = RunFiles(Path(run_dir))
         self.report = reporter or (lambda *_a, **_k: None)
         self.faults = faultmod.from_env() if faults is None else tuple(faults)
         self._stop_signal: str | None = None
         self.last_checkpoint_step = -1
+        self.last_eval_step = -1
         self.consecutive_skips = 0
         created = not self.files.root.exists()
         self.files.root.mkdir(parents=True, exist_ok=True)
@@ -141,9 +152,10 @@ class Trainer:
             ckpt = ck.load_checkpoint(self.files.checkpoints if resume == "" else resume, with_optimizer=True,
                                       allow_unverified=allow_unverified, warn=lambda m: self.report("warning", text=m))
             self._check_source(ckpt)
+            cfg = self.cfg = self._keep_budget(ckpt)
         self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
         self.lanes = Lanes.from_config(self.corpus, cfg, "train")
-        self.eval_lanes = Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
+        self.eval_lanes = self._eval_lanes()
         self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
         self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
         self.layout = ParamLayout(self.spec)
@@ -154,8 +166,10 @@ class Trainer:
             self._restore(ckpt)
         else:
             self._fresh()
+        self.budget = self._make_budget(ckpt)
         with deferred_signals():  # the run's files change only here, and whole: a Ctrl-C waits for it
             self._commit_files(ckpt, finished)
+        self._columns = rundir.metrics_header(self.files.metrics).decode().split(",")
 
     def close(self) -> None:
         """Release the run directory's lock (idempotent)."""
@@ -183,6 +197,42 @@ class Trainer:
 
     def _in_run(self, path: Path) -> bool:
         return Path(path).resolve().parent == self.files.checkpoints.resolve()
+
+    def _keep_budget(self, ckpt: ck.Checkpoint) -> cfgmod.Config:
+        """A time-budgeted run stays budgeted: resumed with a config that sets no budget, it keeps the
+        checkpoint's budget and step caps (train.time_budget_s, total_steps, cycles), so a plain
+        --resume keeps the remaining budget. A config with a budget of its own sets that one instead
+        (the time already used still counts)."""
+        saved = ckpt.state.get("config", {}).get("train", {})
+        budget = saved.get("time_budget_s", 0)
+        if self.cfg.train.time_budget_s > 0 or not budget:
+            return self.cfg
+        self.report("warning", text=f"the checkpoint's time budget of {budget:g} s is kept (and its step cap, if any): "
+                                    "pass --time-budget to change it")
+        return cfgmod.with_changes(self.cfg, train={k: saved[k] for k in ("time_budget_s", "total_steps", "cycles")})
+
+    def _eval_lanes(self) -> Lanes | None:
+        """The eval split's lanes: for interval evals, and for the eval a time-budgeted run ends with
+        (which therefore needs an eval split); None when neither asks for them."""
+        cfg = self.cfg
+        if cfg.train.time_budget_s > 0:
+            if len(self.corpus.split(cfg.data.eval_fraction, cfg.data.max_conversations).eval) == 0:
+                raise UsageError(f"a time-budgeted run ends with an eval, and the eval split of {self.corpus.path} is "
+                                 f"empty (data.eval_fraction = {cfg.data.eval_fraction:g})",
+                                 'set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")')
+            return Lanes.from_config(self.corpus, cfg, "eval")
+        return Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
+
+    def _make_budget(self, ckpt: ck.Checkpoint | None) -> Budget | None:
+        """The time budget (None without one); a resume goes on from the checkpoint's run clock."""
+        if self.cfg.train.time_budget_s <= 0:
+            return None
+        saved = ckpt.state.get("budget") if ckpt is not None else None
+        budget = Budget.from_state(self.cfg.train.time_budget_s, saved, self.clock.origin)
+        self.clock = budget.clock
+        carry = self.spec.layers * self.cfg.data.batch_lanes * self.spec.hidden
+        budget.costs.checkpoint_guess_s = checkpoint_guess(4 * (3 * self.layout.total + carry))
+        return budget
 
     def _fresh(self):
         flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
@@ -234,6 +284,9 @@ class Trainer:
                     seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
                     seqs_per_cycle=self.lanes.seqs_per_cycle, **memory_mb())
         info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
+        if self.budget is not None:  # the lr then follows the metrics' progress column (total_steps: a cap, 0 = none)
+            info["schedule"]["time_budget_s"] = self.budget.budget_s
+            info["budget"] = self.budget.summary()
         if self.faults:
             info["faults"] = [str(f) for f in self.faults]
         return info
@@ -279,16 +332,20 @@ class Trainer:
         append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
 
-    def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float):
-        row = (self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
+    def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float):
+        row = [self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
                f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
                f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
-               f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped))
+               f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped)]
+        later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}"}
+        row += [later.get(c, "") for c in self._columns[len(METRICS_COLUMNS):]]  # the columns the file has
         append_line(self.files.metrics, ",".join(map(str, row)))
 
     # ------------------------------------------------------------------ state
     def save(self, reason: str) -> Path:
-        """Write a checkpoint of everything needed to continue exactly (lesson 8)."""
+        """Write a checkpoint of everything needed to continue exactly (lesson 8); a budgeted run's
+        checkpoint also holds its run clock ("budget"), so a resume keeps the remaining budget."""
+        started = time.perf_counter()
         lay = self.layout
         params = {n: a.copy() for n, a in lay.unflatten(self.prog.get_params()).items()}
         m, v, u = self.prog.get_optimizer_state()
@@ -299,10 +356,10 @@ class Trainer:
         config = cfgmod.to_dict(self.cfg)
         state = dict(applied_steps=self.applied_steps, seqs=self.cursor.seqs, cycle=self.cursor.cycle,
                      cursor=self.cursor.to_dict(), run_seed=self.cfg.train.seed, reason=reason,
-                     schedule=dict(total_steps=self.total_steps, lr_next=lr_at(self.global_step, self.total_steps,
-                                                                                self.cfg)),
-                     tokens_seen=self.global_step * self.tokens_per_step, config=config,
-                     config_name=self.config_name, model=config["model"])
+                     schedule=self._schedule_state(), tokens_seen=self.global_step * self.tokens_per_step,
+                     config=config, config_name=self.config_name, model=config["model"])
+        if self.budget is not None:
+            state["budget"] = self.budget.state()
         try:
             path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
                                       keep_last=self.cfg.checkpoint.keep_last)
@@ -317,8 +374,17 @@ class Trainer:
                 hint=f"make room for {format_bytes(need)} in {where} (free disk space, a quota, ulimit -f; older "
                      "checkpoints are pruned only after a new one is written); " + self._resume_hint()) from None
         self.last_checkpoint_step = self.global_step
+        if self.budget is not None:
+            self.budget.costs.add_checkpoint(time.perf_counter() - started)
         self.event("checkpoint", path=str(path), reason=reason, **memory_mb())
         return path
+
+    def _schedule_state(self) -> dict:
+        """state.json's "schedule": the plan and the next step's lr (budgeted: the progress reached)."""
+        if self.budget is not None:
+            return dict(total_steps=self.total_steps, time_budget_s=self.budget.budget_s,
+                        progress=self.budget.progress)
+        return dict(total_steps=self.total_steps, lr_next=lr_at(self.global_step, self.total_steps, self.cfg))
 
     def _resume_hint(self) -> str:
         """Which checkpoint is intact and how to continue from it (for failure messages)."""
@@ -335,7 +401,9 @@ class Trainer:
 
     def run_eval(self) -> dict | None:
         """Teacher-forced and (eval.free_running) free-running metrics on the held-out split, plus
-        samples in samples/ (eval.sample_chars)."""
+        samples in samples/ (eval.sample_chars). A budgeted run times it (the final eval's estimate)."""
+        started = time.perf_counter()
+        self.last_eval_step = self.global_step
         self.write_samples()
         if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
             return None
@@ -344,6 +412,8 @@ class Trainer:
         if self.cfg.eval.free_running:
             free = evaluate(self.prog, self.eval_lanes, n, free_running=True)
             res["free_running"] = {k: free[k] for k in ("loss", "bpc", "top1", "top5")}
+        if self.budget is not None:
+            self.budget.costs.add_eval(time.perf_counter() - started)
         self.event("eval", seqs=self.cursor.seqs, tokens=self.global_step * self.tokens_per_step, tf=self.tf_now(),
                    **res, **memory_mb())
         return res
@@ -355,6 +425,12 @@ class Trainer:
         chars = self.cfg.eval.sample_chars
         if chars <= 0:
             return None
+        path = self.files.samples / f"step-{self.global_step:07d}.txt"
+        path.write_text("\n".join(self._sample_texts(chars)))
+        return path
+
+    def _sample_texts(self, chars: int) -> list[str]:
+        """The SAMPLE_SETTINGS samples of `chars` characters each from <bos>, as the samples file has them."""
         from catchat.generate import Generator, Sampling
 
         flat = self.prog.get_params()
@@ -368,9 +444,7 @@ class Trainer:
             ids = self._sampler.generate(np.array([vocab.BOS], np.uint32), chars,
                                          Sampling(temperature=temperature), seed=seed)[0]
             parts.append(f"=== {label} (seed {seed}) ===\n{vocab.decode(ids, show_specials=False)}\n")
-        path = self.files.samples / f"step-{self.global_step:07d}.txt"
-        path.write_text("\n".join(parts))
-        return path
+        return parts
 
     # ------------------------------------------------------------------ the loop
     def _on_signal(self, signum, _frame):
@@ -379,15 +453,20 @@ class Trainer:
         self._stop_signal = signal.Signals(signum).name
         self.report("stopping", signal=self._stop_signal)
 
-    def step(self) -> StepStats:
-        """One optimizer step over the next micro-batches; logs it."""
+    def step(self, decision: TimedStep | None = None) -> StepStats:
+        """One optimizer step over the next micro-batches; logs it. `decision`: a budgeted run's
+        (catchat.budget.Budget.next_step), whose progress sets the lr; None: the step schedule."""
         cfg = self.cfg
+        began = time.perf_counter()
         windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
         batches = [(w.tokens, *prefix_dropout(w.targets, w.resets, cfg.data.prefix_dropout,
                                                cfg.data.prefix_max_fraction,
                                                step_seed(cfg.train.seed, self.global_step, k)))
                    for k, w in enumerate(windows)]
-        lr = lr_at(self.global_step, self.total_steps, cfg)
+        if decision is None:
+            lr, progress = lr_at(self.global_step, self.total_steps, cfg), (self.global_step + 1) / self.total_steps
+        else:
+            lr, progress = lr_at_progress(decision.progress, cfg), decision.progress
         tf = self.tf_now()
         hits = faultmod.at(self.faults, self.global_step + 1)
         if "zero_valid" in hits:
@@ -410,21 +489,89 @@ class Trainer:
         else:
             self.applied_steps += 1
             self.consecutive_skips = 0
-        self._metrics_row(st, lr, tf, sum(count_valid(tg) for _, tg, _ in batches), seconds)
+        self._metrics_row(st, lr, tf, sum(count_valid(tg) for _, tg, _ in batches), seconds, progress)
         self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
-                    total_steps=self.total_steps, tokens_per_s=self.tokens_per_step / seconds)
+                    total_steps=self._steps_expected(decision), tokens_per_s=self.tokens_per_step / seconds)
+        if decision is not None:
+            self.budget.took(decision, time.perf_counter() - began)
         return st
 
+    def _steps_expected(self, decision: TimedStep | None) -> int:
+        """The run's length in steps as far as it is known now (for the progress display): the plan,
+        or for a budgeted run the steps done plus those the time left holds at the current pace."""
+        if decision is None:
+            return self.total_steps
+        if decision.last:
+            return self.global_step
+        step_s = self.budget.costs.step_s()
+        left = max(0, int((self.budget.plan().deadline_s - self.clock.now()) / step_s)) if step_s else 0
+        expected = self.global_step + left
+        return min(expected, self.total_steps) if self.total_steps else expected
+
+    def _finished(self) -> bool:
+        """The run has taken its last step (a budgeted one: the step at progress 1, or the step cap)."""
+        if self.budget is None:
+            return self.global_step >= self.total_steps
+        return self.budget.done or 0 < self.total_steps <= self.global_step
+
+    def _next_decision(self) -> TimedStep | None:
+        """A budgeted run's plan for the step about to start (None without a budget): the interval
+        eval and checkpoint that would follow it count as time spent before the next one."""
+        if self.budget is None:
+            return None
+        cfg, costs = self.cfg, self.budget.costs
+        seqs = self.cursor.seqs
+        after_seqs = seqs + cfgmod.seqs_per_step(cfg)
+        after = costs.eval_cost() if interval_crossed(seqs, after_seqs, cfg.eval.eval_every_seqs) else 0.0
+        if interval_crossed(seqs, after_seqs, cfg.checkpoint.checkpoint_every_seqs):
+            after += costs.checkpoint_cost()
+        return self.budget.next_step(self.global_step, self.total_steps, after)
+
+    PROBE_CHARS = 8  # characters per sample timed by the eval probe
+    PROBE_SAFETY = 1.5  # the probe's estimate is scaled up: timings on a loaded machine vary by tens of percent
+
+    def _probe_eval(self) -> None:
+        """Costs before they are measured, for the budget's plan. An eval: one eval window
+        (teacher-forced, and free-running with eval.free_running) and PROBE_CHARS sampled characters,
+        each timed after a warm-up call (whose one-off costs a first eval would pay anyway), scaled to
+        the eval's windows and eval.sample_chars, times PROBE_SAFETY. The first step: a forward and
+        backward pass of each micro-batch, about 3 teacher-forced windows each."""
+        costs, lanes, chars = self.budget.costs, self.eval_lanes, self.cfg.eval.sample_chars
+        forward = _timed_twice(lambda: evaluate(self.prog, lanes, 1))
+        free = _timed_twice(lambda: evaluate(self.prog, lanes, 1, free_running=True)) if self.cfg.eval.free_running \
+            else 0.0
+        n = self.cfg.eval.eval_windows
+        windows = lanes.windows_per_cycle if n <= 0 else min(n, lanes.windows_per_cycle)
+        per_char = _timed_twice(lambda: self._sample_texts(self.PROBE_CHARS)) / self.PROBE_CHARS if chars > 0 else 0.0
+        costs.eval_probe_s = self.PROBE_SAFETY * (windows * (forward + free) + chars * per_char)
+        costs.step_guess_s = 3 * self.cfg.data.micro_batches * forward
+
+    def _plan_budget(self) -> bool:
+        """Before a budgeted process's first step: probe the eval's cost, log the plan (a `time_budget`
+        event). Returns whether there is time left to train."""
+        b = self.budget
+        if b.costs.eval_s is None:
+            self._probe_eval()
+        plan = b.plan()
+        left = plan.deadline_s - b.clock.now()
+        self.event("time_budget", **b.summary(), deadline_s=round(plan.deadline_s, 3), training_s=round(left, 3),
+                   eval_estimate_s=round(b.costs.eval_cost(), 3),
+                   checkpoint_estimate_s=round(b.costs.checkpoint_cost(), 3))
+        return left > 0
+
     def run(self, stop_after_steps: int | None = None) -> str:
-        """Train until the planned total, `stop_after_steps` more steps, or a signal; returns why it ended.
-        A final checkpoint is written in every case."""
+        """Train until the planned total (or a budgeted run's last step), `stop_after_steps` more
+        steps, or a signal; returns why it ended. A final checkpoint is written in every case; a
+        budgeted run that reaches its end evaluates once more."""
         cfg = self.cfg
         if self.faults:
             self.report("faults", faults=[str(f) for f in self.faults])
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         taken, reason = 0, "done"
         try:  # the handlers stay until the final checkpoint is written: a Ctrl-C then cannot cut it short
-            while self.global_step < self.total_steps:
+            if self.budget is not None and not self._finished() and not self._plan_budget():
+                reason = "time budget spent before training"
+            while reason == "done" and not self._finished():
                 if self._stop_signal:
                     reason = f"interrupted ({self._stop_signal})"
                     break
@@ -432,7 +579,7 @@ class Trainer:
                     reason = "stop-after-steps"
                     break
                 prev_seqs = self.cursor.seqs
-                self.step()
+                self.step(self._next_decision())
                 taken += 1
                 if self.consecutive_skips >= cfg.train.max_consecutive_skips:
                     raise TooManySkips(self.consecutive_skips)
@@ -442,8 +589,10 @@ class Trainer:
                     self.save("interval")
             if self.last_checkpoint_step != self.global_step:
                 self.save(reason)
+            if self.budget is not None and reason == "done" and self.last_eval_step != self.global_step:
+                self.run_eval()  # the final eval of a budgeted run (unless the last step's interval eval was it)
             self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
-                       applied_steps=self.applied_steps, **memory_mb())
+                       applied_steps=self.applied_steps, **memory_mb(), **self._budget_fields())
         except TooManySkips as exc:  # the weights are unchanged since the last applied step, but
             self._end(f"stopped: {exc.count} consecutive skipped steps")  # going on would only skip more
             raise CatchatError(f"stopped at step {self.global_step}: {exc.count} consecutive steps were skipped "
@@ -467,6 +616,10 @@ class Trainer:
                 signal.signal(s, h)
         return reason
 
+    def _budget_fields(self) -> dict:
+        """The end event's account of a budgeted run: budget, clock, estimates (empty without one)."""
+        return {} if self.budget is None else self.budget.summary()
+
     def _failed(self, why: str) -> None:
         self._end(f"failed: {why}")
 
@@ -477,6 +630,14 @@ class Trainer:
                        applied_steps=self.applied_steps, **memory_mb())
         except OSError:
             pass
+
+
+def _timed_twice(fn) -> float:
+    """Seconds the second of two calls of `fn` takes (the first pays one-off costs: pipelines, buffers)."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 class TooManySkips(Exception):

@@ -90,12 +90,24 @@ def _unusable_note(unusable: list[tuple[int, Exception]], what: str) -> str:
             f"(step {step}: {cell_text(exc, 80)})")
 
 
+def _budgeted(seg: Segment | None, cfg) -> bool:
+    """Whether the process that logged a segment ran on a time budget (its lr follows the progress column)."""
+    sched = (seg.schedule if seg else None) or {}
+    if "time_budget_s" in sched:
+        return bool(sched["time_budget_s"])
+    return seg is None and cfg is not None and cfg.train.time_budget_s > 0
+
+
 def check_lr(rows: list[Row], segs: Segments, cfg) -> Finding:
-    """Each row's lr equals schedule.lr_at(global_step - 1) under the schedule of the process that logged it."""
-    from catchat.schedule import lr_at
+    """Each row's lr equals schedule.lr_at(global_step - 1) under the schedule of the process that logged it
+    (a time-budgeted process: schedule.lr_at_progress of the row's progress column)."""
+    from catchat.schedule import lr_at, lr_at_progress
 
     def formula(r: Row):
-        wsd, total = _schedule_for(segs.of(r.step), cfg)
+        seg = segs.of(r.step)
+        wsd, total = _schedule_for(seg, cfg)
+        if wsd is not None and _budgeted(seg, cfg):
+            return None if math.isnan(r.progress) else (lambda: lr_at_progress(r.progress, wsd))
         if wsd is None or not total:
             return None
         return lambda: lr_at(r.step - 1, total, wsd)

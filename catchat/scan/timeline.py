@@ -26,16 +26,17 @@ class Row:
     valid: int
     tps: float
     skipped: bool
+    progress: float = float("nan")  # the schedule's input (metrics.csv of a newer catchat); nan when absent
 
 
 def read_rows(log: MetricsLog) -> list[Row]:
     """The well-formed rows of metrics.csv (catchat.runlog checked every cell) as Rows."""
     out = []
     for cells in log.rows:
-        v = numbers(cells)
+        v = numbers(cells, log.header)
         out.append(Row(step=v["global_step"], seqs=v["seqs"], cycle=v["cycle"], tokens=v["tokens"], lr=v["lr"],
                        tf=v["tf"], loss=v["loss"], grad_norm=v["grad_norm"], valid=v["valid_tokens"],
-                       tps=v["tokens_per_s"], skipped=v["skipped"] == 1))
+                       tps=v["tokens_per_s"], skipped=v["skipped"] == 1, progress=v.get("progress", float("nan"))))
     return out
 
 
