@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
 import click
@@ -154,28 +155,50 @@ def corpus_info(path):
                    "budget. Sets train.time_budget_s and replaces the config's train.total_steps / train.cycles "
                    "(a --set of one of them keeps it as a step cap). A resumed run keeps its remaining budget.")
 @ALLOW_UNVERIFIED_OPTION
-@DEVICE_OPTION
-def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, allow_unverified, device):
-    """Train a model from a TOML CONFIG on the Vulkan device."""
+@click.option("--device", "device", default=None, metavar="INDEX|NAME[,...]",
+              help="Vulkan device by index or name substring (env CATCHAT_DEVICE). Under mpiexec: a comma list "
+                   "gives rank r's device as entry (local rank mod its length); default: local rank modulo the GPUs.")
+@click.option("--distributed", is_flag=True,
+              help="Use MPI even when no launcher is seen in the environment (mpiexec is detected by itself).")
+def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, allow_unverified, device,
+          distributed):
+    """Train a model from a TOML CONFIG on the Vulkan device (on N ranks: `mpiexec -n N catchat train CONFIG`)."""
+    from contextlib import nullcontext
     from pathlib import Path
 
     from catchat import config as cfgmod
+    from catchat import distributed as dist
     from catchat.budget import process_start
     from catchat.progress import TrainReporter
     from catchat.train import Trainer
-    from catchat.vk.device import open_device
+    from catchat.vk.device import ENV_DEVICE, open_device
 
     if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
         overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
     cfg = cfgmod.load(config_path, overrides)
     name = Path(config_path).stem
     run_dir = Path(run_dir or Path("runs") / name)
-    dev = open_device(device)
-    console.print(f"device: {dev.info.name}; run: {run_dir}", highlight=False)
-    with TrainReporter(console) as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume,
-                                                     reporter=reporter, allow_unverified=allow_unverified,
-                                                     clock_origin=process_start()) as trainer:
+    comm = dist.init(force=distributed)  # None for a single process: MPI is not even imported
+    if comm is None:
+        dev = open_device(device)
+        console.print(f"device: {dev.info.name}; run: {run_dir}", highlight=False)
+    else:
+        from catchat.vk.probe import probe_devices
+
+        selector = device if device is not None else os.environ.get(ENV_DEVICE)
+        dev = open_device(dist.device_selector(selector, comm.local_rank, probe_devices()))
+        where = comm.allgather_obj(f"{comm.host}: {dev.info.name} (device {dev.info.index})", "listing the devices")
+        if comm.is_root:
+            console.print(f"{comm.size} ranks; run: {run_dir}", highlight=False)
+            for r, line in enumerate(where):
+                console.print(f"  rank {r}: {line}", highlight=False)
+    reporting = TrainReporter(console) if comm is None or comm.is_root else nullcontext(None)
+    with reporting as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume, reporter=reporter,
+                                        allow_unverified=allow_unverified, clock_origin=process_start(),
+                                        comm=comm) as trainer:
         reason = trainer.run(stop_after_steps)
+    if comm is not None:
+        comm.finish()
     if reason.startswith("interrupted"):
         raise SystemExit(130)
 

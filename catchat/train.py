@@ -11,11 +11,20 @@ With train.time_budget_s the schedule runs on the run clock instead (catchat/bud
 learning rate comes from the share of the budget's training time done, the step after which no
 other fits before the deadline is the last (at lr_min), and the run ends with a checkpoint and an
 eval inside the budget. Such a run is timing-dependent; unbudgeted runs are untouched by it.
+
+Data parallelism (`mpiexec -n N catchat train`, catchat/distributed.py, docs/distributed.md): a
+Trainer given a `comm` is one rank. Every rank cuts the same global windows and trains its share of
+the lanes (its columns, its carried state); the gradient sums meet in `Comm.sum_grads` before the one
+optimizer step every rank applies. Rank 0 alone holds the run directory (lock, telemetry, samples,
+checkpoints): at start-up it loads or initialises the state and sends it to the others; a checkpoint
+gathers every lane's carried state to it. Stopping (Ctrl-C, SIGTERM) is agreed after each step, so
+all ranks stop after the same step.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -28,8 +37,8 @@ import numpy as np
 
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
+from catchat import distributed, rundir, vocab
 from catchat import faults as faultmod
-from catchat import rundir, vocab
 from catchat.budget import Budget, Clock, checkpoint_guess
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
@@ -93,16 +102,34 @@ def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
                      tf_top_k=cfg.teacher_forcing.top_k if cfg.teacher_forcing.choice == "topk" else 0)
 
 
-def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool = False) -> dict:
+def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool = False,
+             comm: distributed.Comm | None = None, share: tuple[int, int] | None = None) -> dict:
     """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state;
     teacher-forced, or free-running (every input the model's own argmax, the per-timestep path).
 
-    The program's carried state is saved and restored around it, so training continues unchanged.
+    With `comm` (data parallelism) this rank scores lanes share = [lo, hi) of each window and the
+    sums (loss, valid targets, top-1/5) are added over the ranks in rank order: every rank gets the
+    result of all lanes. The program's carried state is saved and restored around it, so training
+    continues unchanged.
     """
     saved = prog.get_carry()
     total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
-    windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
-    res = prog.evaluate_windows(windows, free_running=free_running)
+    if comm is None:
+        windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
+        res = prog.evaluate_windows(windows, free_running=free_running)
+    else:
+        lo, hi = share
+        prog.set_carry(None)
+        sums = np.zeros(4, np.float64)  # loss sum, valid targets, top-1, top-5
+        for i in range(total):
+            w = lanes.window(0, i)
+            st = prog.eval_window(w.tokens[:, lo:hi], w.targets[:, lo:hi], w.resets[:, lo:hi],
+                                  free_running=free_running)
+            sums += (st.loss * st.n_valid, st.n_valid, st.top1, st.top5)
+        loss_sum, n_valid, top1, top5 = comm.sum_rows(sums, "adding up an evaluation")
+        loss = loss_sum / n_valid if n_valid else float("nan")
+        res = dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
+                   n_valid=int(n_valid), windows=total)
     prog.set_carry(saved)
     return res
 
@@ -117,25 +144,36 @@ class Trainer:
 
     def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
                  resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False,
-                 clock_origin: float | None = None):
+                 clock_origin: float | None = None, comm: distributed.Comm | None = None):
         """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT. clock_origin: the
         time.monotonic() from which this process's time counts (the CLI: the process's start, so a
-        time budget includes start-up); None: now."""
+        time budget includes start-up); None: now. comm: this process is one rank of a data-parallel
+        run (catchat.distributed); None: the only process."""
         self.clock = Clock(0.0, clock_origin)
         self.cfg, self.dev, self.config_name = cfg, dev, config_name
+        self.comm = comm
+        self.is_root = comm is None or comm.is_root
         self.files = RunFiles(Path(run_dir))
         self.report = reporter or (lambda *_a, **_k: None)
         self.faults = faultmod.from_env() if faults is None else tuple(faults)
         self._stop_signal: str | None = None
+        self._stop_agreed: str | None = None  # with ranks: the signal some rank got, agreed after a step
         self.last_checkpoint_step = -1
         self.last_eval_step = -1
         self.consecutive_skips = 0
+        self._exchange = {"reduce_s": 0.0, "step_s": 0.0, "steps": 0}  # with ranks: the gradient exchange's time
+        self.lock = None
+        if not self.is_root:  # a rank other than 0 touches no file of the run: it takes rank 0's state
+            self._follow()
+            return
         created = not self.files.root.exists()
         self.files.root.mkdir(parents=True, exist_ok=True)
         try:
             self.lock = RunLock(self.files.lock)
             self._open(resume, allow_unverified)
         except BaseException:
+            if comm is not None and not getattr(self, "_shared", False):
+                self._share_start(None)  # the other ranks stop too (quietly: this rank says why)
             self.close()
             if created:  # a refused start leaves nothing behind
                 shutil.rmtree(self.files.root, ignore_errors=True)
@@ -153,15 +191,12 @@ class Trainer:
                                       allow_unverified=allow_unverified, warn=lambda m: self.report("warning", text=m))
             self._check_source(ckpt)
             cfg = self.cfg = self._keep_budget(ckpt)
-        self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
-        self.lanes = Lanes.from_config(self.corpus, cfg, "train")
-        self.eval_lanes = self._eval_lanes()
-        self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
-        self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
-        self.layout = ParamLayout(self.spec)
-        self.prog = Program(self.dev, self.layout, cfg.data.window, cfg.data.batch_lanes,
-                            optimizer=cfg.train.optimizer)
-        self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
+        if self.comm is not None and cfg.train.time_budget_s > 0:
+            raise UsageError(f"a time budget (train.time_budget_s = {cfg.train.time_budget_s:g}) is not supported on "
+                             f"{self.comm.size} ranks: each rank's clock would plan its own steps",
+                             "train on several ranks with train.total_steps or train.cycles, or on one process "
+                             "with the budget")
+        self._build(cfg)
         if ckpt is not None:
             self._restore(ckpt)
         else:
@@ -170,6 +205,63 @@ class Trainer:
         with deferred_signals():  # the run's files change only here, and whole: a Ctrl-C waits for it
             self._commit_files(ckpt, finished)
         self._columns = rundir.metrics_header(self.files.metrics).decode().split(",")
+        if self.comm is not None:
+            self._share_start(self._start_state())
+
+    def _build(self, cfg: cfgmod.Config) -> None:
+        """Corpus, lanes (all of them, on every rank), this rank's share of them and its Program."""
+        self.corpus = open_corpus(cfg.data.corpus, on_build=lambda s: self.report("corpus", lines=s.lines()))
+        self.lanes = Lanes.from_config(self.corpus, cfg, "train")
+        self.eval_lanes = self._eval_lanes()
+        self.total_steps = cfgmod.planned_total_steps(cfg, self.lanes.seqs_per_cycle)
+        self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
+        self.layout = ParamLayout(self.spec)
+        B = cfg.data.batch_lanes
+        if self.comm is None:
+            self.shares = [(0, B)]
+        else:
+            self.shares = [distributed.lane_share(B, self.comm.size, r) for r in range(self.comm.size)]
+        self.share = self.shares[0 if self.comm is None else self.comm.rank]
+        lo, hi = self.share
+        self.prog = Program(self.dev, self.layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
+                            lane_offset=lo, lanes_total=B)
+        self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
+
+    def _set_carry(self, carry: np.ndarray | None) -> None:
+        """Upload this rank's lanes of the carried state [L, B, H] of all lanes (None: zeros)."""
+        lo, hi = self.share
+        self.prog.set_carry(None if carry is None else np.ascontiguousarray(carry[:, lo:hi]))
+
+    # ------------------------------------------------------------------ ranks
+    def _start_state(self) -> dict:
+        """What the other ranks start from: rank 0's config, counters, cursor, parameters, optimizer
+        state and every lane's carried state (from a checkpoint, or the fresh initialisation)."""
+        m, v, u = self.prog.get_optimizer_state()
+        return dict(cfg=self.cfg, global_step=self.global_step, applied_steps=self.applied_steps,
+                    cursor=self.cursor.to_dict(), last_checkpoint_step=self.last_checkpoint_step,
+                    params=self.prog.get_params(), m=m, v=v, u=u, carry=self._start_carry)
+
+    def _share_start(self, state: dict | None) -> None:
+        """Rank 0: send the start state (None: the start was refused) to the other ranks."""
+        self._shared = True
+        self.comm.bcast_obj(state, "sending the start state", distributed.START_TIMEOUT_S)
+
+    def _follow(self) -> None:
+        """A rank other than 0: wait for rank 0's start state (it checks and loads the run), then build
+        the same program over this rank's lanes and take the state. A start rank 0 refused ends this
+        rank quietly (rank 0 prints why)."""
+        state = self.comm.bcast_obj(None, "waiting for rank 0 to start the run", distributed.START_TIMEOUT_S)
+        if state is None:
+            raise SystemExit(2)
+        self.cfg = state["cfg"]
+        self._build(self.cfg)
+        self.prog.set_params(state["params"])
+        self.prog.set_optimizer_state(state["m"], state["v"], state["u"])
+        self._set_carry(state["carry"])
+        self.cursor = self.lanes.restore(state["cursor"])
+        self.global_step, self.applied_steps = state["global_step"], state["applied_steps"]
+        self.last_checkpoint_step = state["last_checkpoint_step"]
+        self.budget = None
 
     def close(self) -> None:
         """Release the run directory's lock (idempotent)."""
@@ -238,7 +330,8 @@ class Trainer:
         flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
         self.prog.set_params(flat)
         self.prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
-        self.prog.set_carry(None)
+        self._start_carry = None
+        self._set_carry(None)
         self.global_step, self.applied_steps = 0, 0
         self.cursor = self.lanes.start()
 
@@ -289,6 +382,8 @@ class Trainer:
             info["budget"] = self.budget.summary()
         if self.faults:
             info["faults"] = [str(f) for f in self.faults]
+        if self.comm is not None:
+            info["distributed"] = dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares])
         return info
 
     def _restore(self, ckpt: ck.Checkpoint):
@@ -313,7 +408,8 @@ class Trainer:
         if carry.shape != (self.spec.layers, self.cfg.data.batch_lanes, self.spec.hidden):
             raise UsageError(f"{ckpt.path}: carried state {carry.shape} does not match data.batch_lanes / model",
                              hint="keep data.batch_lanes and the model when resuming")
-        self.prog.set_carry(carry)
+        self._start_carry = carry
+        self._set_carry(carry)
         try:
             self.cursor = self.lanes.restore(ckpt.state["cursor"])
             self.global_step = ckpt.global_step
@@ -328,11 +424,15 @@ class Trainer:
         return {"event": kind, "global_step": self.global_step, "time": round(time.time(), 3), **fields}
 
     def event(self, kind: str, **fields):
+        if not self.is_root:
+            return
         rec = self._record(kind, **fields)
         append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
 
     def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float):
+        if not self.is_root:
+            return
         row = [self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
                f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
                f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
@@ -342,10 +442,15 @@ class Trainer:
         append_line(self.files.metrics, ",".join(map(str, row)))
 
     # ------------------------------------------------------------------ state
-    def save(self, reason: str) -> Path:
+    def save(self, reason: str) -> Path | None:
         """Write a checkpoint of everything needed to continue exactly (lesson 8); a budgeted run's
-        checkpoint also holds its run clock ("budget"), so a resume keeps the remaining budget."""
+        checkpoint also holds its run clock ("budget"), so a resume keeps the remaining budget. With
+        ranks, every rank sends its lanes' carried state and rank 0 writes (the others return None)."""
         started = time.perf_counter()
+        if not self.is_root:
+            self.comm.gather_lanes(self.prog.get_carry(), self.shares, "gathering the carried state for a checkpoint")
+            self.last_checkpoint_step = self.global_step
+            return None
         lay = self.layout
         params = {n: a.copy() for n, a in lay.unflatten(self.prog.get_params()).items()}
         m, v, u = self.prog.get_optimizer_state()
@@ -353,6 +458,9 @@ class Trainer:
         opt.update({f"exp_avg_sq.{n}": a.copy() for n, a in lay.unflatten(v).items()})
         opt["spectral.u"] = u.reshape(self.spec.layers, 2, 3, self.spec.hidden)
         opt["carry.h0"] = self.prog.get_carry()
+        if self.comm is not None:  # every lane's state, in lane order, to rank 0
+            opt["carry.h0"] = self.comm.gather_lanes(opt["carry.h0"], self.shares,
+                                                     "gathering the carried state for a checkpoint")
         config = cfgmod.to_dict(self.cfg)
         state = dict(applied_steps=self.applied_steps, seqs=self.cursor.seqs, cycle=self.cursor.cycle,
                      cursor=self.cursor.to_dict(), run_seed=self.cfg.train.seed, reason=reason,
@@ -404,13 +512,14 @@ class Trainer:
         samples in samples/ (eval.sample_chars). A budgeted run times it (the final eval's estimate)."""
         started = time.perf_counter()
         self.last_eval_step = self.global_step
-        self.write_samples()
+        if self.is_root:
+            self.write_samples()
         if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
             return None
         n = self.cfg.eval.eval_windows
-        res = evaluate(self.prog, self.eval_lanes, n)
+        res = evaluate(self.prog, self.eval_lanes, n, comm=self.comm, share=self.share)
         if self.cfg.eval.free_running:
-            free = evaluate(self.prog, self.eval_lanes, n, free_running=True)
+            free = evaluate(self.prog, self.eval_lanes, n, free_running=True, comm=self.comm, share=self.share)
             res["free_running"] = {k: free[k] for k in ("loss", "bpc", "top1", "top5")}
         if self.budget is not None:
             self.budget.costs.add_eval(time.perf_counter() - started)
@@ -458,6 +567,7 @@ class Trainer:
         (catchat.budget.Budget.next_step), whose progress sets the lr; None: the step schedule."""
         cfg = self.cfg
         began = time.perf_counter()
+        crash_point("train.step")
         windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
         batches = [(w.tokens, *prefix_dropout(w.targets, w.resets, cfg.data.prefix_dropout,
                                                cfg.data.prefix_max_fraction,
@@ -471,6 +581,12 @@ class Trainer:
         hits = faultmod.at(self.faults, self.global_step + 1)
         if "zero_valid" in hits:
             batches = faultmod.zero_targets(batches)
+        valid = sum(count_valid(tg) for _, tg, _ in batches)  # the whole step's, on every rank (lesson 10)
+        reduce_grads = None
+        if self.comm is not None:  # this rank's lanes of every window; the ranks' gradients are added
+            lo, hi = self.share
+            batches = [tuple(np.ascontiguousarray(a[:, lo:hi]) for a in batch) for batch in batches]
+            reduce_grads = self.comm.sum_grads
         start = time.perf_counter()
         with ExitStack() as injected:
             if "nan_grad" in hits:
@@ -478,7 +594,9 @@ class Trainer:
             if "device_lost" in hits:
                 injected.enter_context(faultmod.lost_device(self.prog))
             st = self.prog.train_step(batches, step_hyper(cfg, lr), global_step=self.global_step,
-                                      opt_t=self.applied_steps + 1, tf=tf)
+                                      opt_t=self.applied_steps + 1, tf=tf, n_valid=valid, reduce_grads=reduce_grads)
+        if self.comm is not None:
+            st = self._add_up(st, time.perf_counter() - start)
         seconds = time.perf_counter() - start
         self.cursor = next_cursor
         self.global_step += 1
@@ -489,12 +607,44 @@ class Trainer:
         else:
             self.applied_steps += 1
             self.consecutive_skips = 0
-        self._metrics_row(st, lr, tf, sum(count_valid(tg) for _, tg, _ in batches), seconds, progress)
+        self._metrics_row(st, lr, tf, valid, seconds, progress)
         self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
                     total_steps=self._steps_expected(decision), tokens_per_s=self.tokens_per_step / seconds)
         if decision is not None:
             self.budget.took(decision, time.perf_counter() - began)
         return st
+
+    def _add_up(self, st: StepStats, seconds: float) -> StepStats:
+        """The whole step's stats from every rank's share (added in rank order), and the agreement on
+        stopping: a signal any rank got before this point stops every rank after this step."""
+        mine = (st.loss, st.n_valid, st.top1, st.top5, st.clamp_hits, st.tf_model_fed,
+                1.0 if self._stop_signal else 0.0, self.prog.reduce_s, seconds)
+        tot = self.comm.sum_rows(mine, f"adding up step {self.global_step + 1}")
+        if tot[6] > 0 and self._stop_agreed is None:
+            self._stop_agreed = self._stop_signal or "a signal to another rank"
+        ranks = self.comm.size
+        self._exchange["reduce_s"] += tot[7] / ranks
+        self._exchange["step_s"] += tot[8] / ranks
+        self._exchange["steps"] += 1
+        return StepStats(loss=float(tot[0]), n_valid=int(tot[1]), top1=int(tot[2]), top5=int(tot[3]),
+                         grad_norm=st.grad_norm, clip_scale=st.clip_scale, skipped=st.skipped,
+                         clamp_hits=int(tot[4]), tf_model_fed=int(tot[5]))
+
+    def _stopping(self) -> str | None:
+        """The signal that stops the run before the next step: this process's, or with ranks the one
+        they agreed on after the last step (so that every rank stops after the same step)."""
+        return self._stop_signal if self.comm is None else self._stop_agreed
+
+    def _exchange_summary(self) -> dict:
+        """The end event's account of the gradient exchange (ranks only): mean seconds per step of the
+        exchange (download, collectives, upload) and of the whole step, and the exchange's share."""
+        if self.comm is None:
+            return {}
+        e, n = self._exchange, max(self._exchange["steps"], 1)
+        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares],
+                                    exchange_ms_per_step=round(1e3 * e["reduce_s"] / n, 3),
+                                    step_ms_per_step=round(1e3 * e["step_s"] / n, 3),
+                                    exchange_share=round(e["reduce_s"] / e["step_s"], 4) if e["step_s"] else None)}
 
     def _steps_expected(self, decision: TimedStep | None) -> int:
         """The run's length in steps as far as it is known now (for the progress display): the plan,
@@ -572,8 +722,8 @@ class Trainer:
             if self.budget is not None and not self._finished() and not self._plan_budget():
                 reason = "time budget spent before training"
             while reason == "done" and not self._finished():
-                if self._stop_signal:
-                    reason = f"interrupted ({self._stop_signal})"
+                if self._stopping():
+                    reason = f"interrupted ({self._stopping()})"
                     break
                 if stop_after_steps is not None and taken >= stop_after_steps:
                     reason = "stop-after-steps"
@@ -592,7 +742,8 @@ class Trainer:
             if self.budget is not None and reason == "done" and self.last_eval_step != self.global_step:
                 self.run_eval()  # the final eval of a budgeted run (unless the last step's interval eval was it)
             self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
-                       applied_steps=self.applied_steps, **memory_mb(), **self._budget_fields())
+                       applied_steps=self.applied_steps, **memory_mb(), **self._budget_fields(),
+                       **self._exchange_summary())
         except TooManySkips as exc:  # the weights are unchanged since the last applied step, but
             self._end(f"stopped: {exc.count} consecutive skipped steps")  # going on would only skip more
             raise CatchatError(f"stopped at step {self.global_step}: {exc.count} consecutive steps were skipped "
@@ -606,6 +757,9 @@ class Trainer:
             self._failed(f"device lost: {exc.message}")
             raise DeviceLost(exc.message, hint=self._resume_hint()) from None
         except CheckpointWriteError as exc:
+            self._failed(exc.message)
+            raise
+        except distributed.RankLost as exc:  # another rank died or hangs: this one can only stop
             self._failed(exc.message)
             raise
         except OSError as exc:  # metrics.csv / events.jsonl: disk full, quota, permissions

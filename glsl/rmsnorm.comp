@@ -5,7 +5,8 @@
 //              dy = rstd * (dyhat - yhat * mean(dyhat * yhat));  dx = dy;  do = dy * hidscale
 //              dgpart[wg, j] = sum over this workgroup's rows (in order) of dout * yhat
 //   DG_REDUCE: grads[g_off + j] += sum over workgroups w (in order) of dgpart[w, j]   (deterministic)
-// hidscale[b,j] = dropout_scale(seed, 16 + layer, b * H + j, p_hid), recomputed, never stored.
+// hidscale[b,j] = dropout_scale(seed, 16 + layer, (lane0 + b) * H + j, p_hid), recomputed, never stored;
+// lane0 = hyper[HP_LANE_OFFSET]: the global index of this program's lane 0 (data parallelism; 0 alone).
 // FORWARD/BACKWARD: one workgroup owns rows [wg * rows_per_wg, ...) and thread i owns columns
 // i, i + WG, ... (COLS of them, kept in registers): row sums are one subgroup + shared reduction.
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -66,7 +67,8 @@ float wg_sum(float v) {
 
 float hid_scale(uint b, uint j) {
     float p = HPF(hyper, HP_P_HID);
-    return p > 0.0 ? dropout_scale(HPU(hyper, HP_SEED), DROPOUT_STREAM_HIDDEN + pc.layer, b * pc.H + j, p) : 1.0;
+    uint lane = HPU(hyper, HP_LANE_OFFSET) + b;  // the global lane: the same mask on any number of ranks
+    return p > 0.0 ? dropout_scale(HPU(hyper, HP_SEED), DROPOUT_STREAM_HIDDEN + pc.layer, lane * pc.H + j, p) : 1.0;
 }
 #endif
 

@@ -5,7 +5,10 @@
 // step t-1: the argmax (HP_TF_TOPK == 0) or a sample from its k largest logits (softmax over
 // them). <pad> and <bos> are never chosen; ties go to the lower index. The choice overwrites
 // tokens[t] in place, so the embedding (and its backward) sees what was actually fed.
-// Exactly catchat.reference.tf_select (docs/model.md, "Scheduled sampling").
+// Exactly catchat.reference.tf_select (docs/model.md, "Scheduled sampling"). The draws of lane b at
+// step t use counter t * lanes + lane0 + b: lanes = hyper[HP_LANES] (the global lane count; 0 = B)
+// and lane0 = hyper[HP_LANE_OFFSET], so a rank holding lanes [lane0, lane0 + B) of a data-parallel
+// run draws what one process holding all of them would.
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -28,7 +31,9 @@ void main() {
     uint row = pc.t * pc.B + b;
     if (resets[row] != 0u) return;
     uint seed = hyper[HP_SEED];
-    if (rng_uniform(seed, STREAM_COIN, row) < HPF(hyper, HP_TF)) return;  // teacher forced
+    uint lanes = hyper[HP_LANES] != 0u ? hyper[HP_LANES] : pc.B;
+    uint draw = pc.t * lanes + hyper[HP_LANE_OFFSET] + b;  // the RNG counter (the global row)
+    if (rng_uniform(seed, STREAM_COIN, draw) < HPF(hyper, HP_TF)) return;  // teacher forced
     uint base = (row - pc.B) * pc.V;  // logits of step t-1, lane b
     uint k = min(hyper[HP_TF_TOPK], MAX_K);
     uint choice;
@@ -55,7 +60,7 @@ void main() {
         }
         float total = 0.0;
         for (uint q = 0u; q < n; q++) total += exp(val[q] - val[0]);
-        float u = rng_uniform(seed, STREAM_SAMPLE, row) * total;
+        float u = rng_uniform(seed, STREAM_SAMPLE, draw) * total;
         float acc = 0.0;
         choice = idx[n - 1u];
         for (uint q = 0u; q < n; q++) {

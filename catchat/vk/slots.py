@@ -40,6 +40,8 @@ HP_GRADH_CLAMP = 17  # f32 per-timestep clamp of the BPTT hidden-state gradient;
 HP_SPECTRAL_BOUND = 18  # f32 spectral-norm bound of GRU gate blocks; 0 = off
 HP_TF = 19  # f32 teacher forcing: probability that a step's input is the data's token (per-timestep path)
 HP_TF_TOPK = 20  # u32 the fed-back token: 0 = the model's argmax, k > 0 = a sample from its top k
+HP_LANE_OFFSET = 21  # u32 global index of the program's lane 0 (data parallelism: a rank's first lane; else 0)
+HP_LANES = 22  # u32 lanes of the whole step on all ranks (the RNG counters' row length; 0 = the program's B)
 HP_WORDS = 32
 
 # --- stats: GPU -> host, zeroed at the start of every optimizer step ---------------------------

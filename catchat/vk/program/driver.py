@@ -12,6 +12,7 @@ the same activations as the batched forward, so the backward pass is the same.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,10 +79,19 @@ class Program:
     recorded sequences (sequences.py)."""
 
     def __init__(self, dev: Device, layout: ParamLayout, T: int, B: int, optimizer: str = "adamw",
-                 training: bool = True):
+                 training: bool = True, *, lane_offset: int = 0, lanes_total: int | None = None):
         """layout: the caller's parameter layout (built once by the caller). training=False builds
-        only the forward pass (evaluation, generation): no gradient, optimizer or backward buffers."""
+        only the forward pass (evaluation, generation): no gradient, optimizer or backward buffers.
+        lane_offset, lanes_total: this program's B lanes are lanes [lane_offset, lane_offset + B) of
+        lanes_total (data parallelism, catchat/distributed.py): dropout masks and scheduled sampling's
+        draws are those of the global lane (HP_LANE_OFFSET, HP_LANES). Default: all lanes, offset 0."""
         self.layout, self.dev, self.spec, self.T, self.B = layout, dev, layout.spec, int(T), int(B)
+        self.lane_offset = int(lane_offset)
+        self.lanes_total = self.B if lanes_total is None else int(lanes_total)
+        if self.lane_offset < 0 or self.lane_offset + self.B > self.lanes_total:
+            raise ValueError(f"lanes [{self.lane_offset}, {self.lane_offset + self.B}) are not inside "
+                             f"[0, {self.lanes_total})")
+        self.reduce_s = 0.0  # seconds of the last step's gradient exchange (download, reduce_grads, upload)
         self.optimizer_kind = optimizer
         self.training = training
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
@@ -179,6 +189,8 @@ class Program:
     def _load_hyper(self, words: dict[int, np.uint32]):
         h = host_view(self.buffers.hyper)
         h[:] = 0
+        h[slots.HP_LANE_OFFSET] = self.lane_offset
+        h[slots.HP_LANES] = self.lanes_total
         for slot, w in words.items():
             h[slot] = w
 
@@ -220,19 +232,28 @@ class Program:
         return words
 
     def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None,
-                   tf: float = 1.0, stepwise: bool | None = None) -> StepStats:
+                   tf: float = 1.0, stepwise: bool | None = None, n_valid: int | None = None,
+                   reduce_grads=None) -> StepStats:
         """One optimizer step over micro-batches [(tokens, targets, resets) time-major [T,B]].
 
         The valid-target count is taken from the data on the host (lesson 10); a step with none,
         or with a non-finite gradient norm, is not applied (StepStats.skipped). tf < 1 runs the
         forward pass one timestep at a time with scheduled sampling (docs/model.md); `stepwise`
         forces that path (True) or the batched one (False) whatever tf is.
+
+        Data parallelism (catchat/distributed.py): `n_valid` is the valid targets of the whole step on
+        every rank (the loss's divisor); `reduce_grads(grads) -> grads` turns this program's gradient
+        sum (float32 [P], ParamLayout order) into the sum over ranks, between the micro-batches and the
+        optimizer, which then applies the same step on every rank. The StepStats' loss, n_valid,
+        top-1/5 and counters are then this program's share (the caller adds them up); the grad norm,
+        clip scale and skip are the whole step's.
         """
         if not self.training:
             raise ValueError("this program was built with training=False")
         if hp.optimizer != self.optimizer_kind:
             raise ValueError(f"program was built for {self.optimizer_kind}, step asks for {hp.optimizer}")
-        n_valid = sum(count_valid(tg) for _, tg, _ in micro_batches)
+        if n_valid is None:
+            n_valid = sum(count_valid(tg) for _, tg, _ in micro_batches)
         if (tf < 1.0) if stepwise is None else stepwise:
             self._stepwise_sequences()
             first, nxt = self.seq_first_tf, self.seq_next_tf
@@ -247,8 +268,20 @@ class Program:
                 self._eval(first, f"training step {global_step + 1} (micro-batch 1)")
             else:
                 self._eval(nxt, f"training step {global_step + 1} (micro-batch {k + 1})")
+        if reduce_grads is not None:
+            self._exchange_grads(reduce_grads, global_step)
         self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
         return self._stats(n_valid)
+
+    def _exchange_grads(self, reduce_grads, global_step: int) -> None:
+        """Download the gradient sum, replace it by reduce_grads' result, upload it (timed: reduce_s)."""
+        started = time.perf_counter()
+        grads = self.buffers.grads
+        self._sync([grads], False)
+        summed = reduce_grads(host_view(grads).copy())
+        self._put(grads, summed)
+        self._sync([grads], True)
+        self.reduce_s = time.perf_counter() - started
 
     def forward_logits(self, tokens, resets) -> np.ndarray:
         """Forward one window without dropout and return logits [T,B,V]; carries the state."""

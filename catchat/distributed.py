@@ -1,0 +1,251 @@
+"""Data parallelism over MPI (mpi4py): which rank owns which lanes, and the collectives a step needs.
+
+`mpiexec -n N catchat train CONFIG` starts N processes (ranks); each opens its own Vulkan device
+(local rank modulo the devices, `--device A,B,...` / CATCHAT_DEVICE to choose), builds the global
+lanes of `data.batch_lanes` and owns a contiguous share of them (`lane_share`): its columns of every
+window, their carried state, their dropout and scheduled-sampling draws (the GPU draws with the
+global lane index: HP_LANE_OFFSET / HP_LANES in the hyper buffer). A step: each rank runs its
+micro-batches, downloads its gradient sum, `Comm.sum_grads` adds the ranks' sums in rank order
+(reduce-scatter by Alltoall, float64 accumulation in rank order, all-gather), uploads the total and
+runs the same optimizer step as every other rank (grad norm, clip and the skip guard see the same
+total). The loss is divided by the step's global valid-target count, which every rank counts on the
+host from the global windows (lesson 10), so N ranks compute the one-process step up to float32
+summation order, on any MPI implementation.
+
+A single process (no launcher, or `mpiexec -n 1`) never imports mpi4py: `init()` returns None.
+
+Faults: every collective is non-blocking and waited on with a deadline (CATCHAT_MPI_TIMEOUT
+seconds, default 600; the start-up's exchange waits START_TIMEOUT_S at least): a rank that hangs or
+dies makes the others raise `RankLost`, which the command line prints as one line before exiting
+without MPI_Finalize (that would wait for the lost rank). MPICH's mpiexec ends the other ranks by
+itself as soon as one exits with an error (`-disable-auto-cleanup` leaves that to the deadline).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.errors import CatchatError, UsageError
+
+ENV_TIMEOUT = "CATCHAT_MPI_TIMEOUT"
+DEFAULT_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 1800.0  # rank 0 may build a corpus or load a large checkpoint while the others wait
+# what launchers set: Open MPI, MPICH/Intel MPI (Hydra, also Slurm's PMI2), MVAPICH
+SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
+
+
+class RankLost(CatchatError):
+    """Another rank stopped answering (died or hangs), or MPI reported it gone."""
+
+    exit_code = 1
+
+
+def launched_size(environ=os.environ) -> int:
+    """The number of ranks a launcher (mpiexec, mpirun, srun) started, from its environment; 1 without one."""
+    for var in SIZE_VARS:
+        value = environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
+def local_rank_env(environ=os.environ) -> int | None:
+    """This process's rank on its host as the launcher says it (None: not said)."""
+    for var in LOCAL_RANK_VARS:
+        value = environ.get(var, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def lane_share(lanes: int, size: int, rank: int) -> tuple[int, int]:
+    """Lanes [lo, hi) of `rank` among `size`: contiguous, sizes differing by at most one (the first
+    lanes % size ranks take one more)."""
+    if lanes < size:
+        raise UsageError(f"data.batch_lanes = {lanes} lanes cannot be shared by {size} ranks (each needs one)",
+                         f"raise data.batch_lanes to at least {size}, or start fewer ranks")
+    base, extra = divmod(lanes, size)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def device_selector(selector: str | None, local_rank: int, devices) -> str:
+    """The device a rank opens: from a comma list ("0,1" or names) the entry local_rank modulo its
+    length; a single selector as given; none: local rank modulo the discrete GPUs (or all devices
+    when there is none)."""
+    if selector is not None and str(selector).strip():
+        items = [s.strip() for s in str(selector).split(",") if s.strip()]
+        return items[local_rank % len(items)] if items else ""
+    gpus = [d for d in devices if d.type == "discrete GPU"] or list(devices)
+    if not gpus:
+        return ""
+    return str(gpus[local_rank % len(gpus)].index)
+
+
+def timeout_from_env(environ=os.environ) -> float:
+    raw = environ.get(ENV_TIMEOUT, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UsageError(f"{ENV_TIMEOUT}={raw!r} is not a positive number of seconds", f"unset it (default "
+                         f"{DEFAULT_TIMEOUT_S:g} s) or set e.g. {ENV_TIMEOUT}=120")
+    return value
+
+
+def init(*, force: bool = False) -> Comm | None:
+    """The world communicator when launched on more than one rank (or `force`), else None; only then
+    is mpi4py imported (a single process needs no MPI)."""
+    if launched_size() <= 1 and not force:
+        return None
+    try:
+        import mpi4py
+
+        mpi4py.rc.finalize = False  # finalized by Comm.finish on a clean end only: never wait on a lost rank
+        from mpi4py import MPI
+    except ImportError:
+        raise UsageError("catchat was started by an MPI launcher (or with --distributed), but mpi4py is not "
+                         "installed", "run `make setup` (it installs mpi4py and MPICH into .venv), or "
+                                      "`pip install mpi4py mpich`") from None
+    world = MPI.COMM_WORLD
+    if world.Get_size() <= 1 and not force:
+        return None
+    return Comm(MPI, world, timeout_from_env())
+
+
+@dataclass
+class Timing:
+    """Seconds spent in the gradient sum (download, collectives, upload are timed by the caller)."""
+
+    reduce_s: float = 0.0
+    steps: int = 0
+
+
+class Comm:
+    """The world communicator with deadlines on every collective, and the few operations training uses."""
+
+    def __init__(self, MPI, world, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.MPI, self.world, self.timeout_s = MPI, world, float(timeout_s)
+        self.rank, self.size = world.Get_rank(), world.Get_size()
+        self.host = MPI.Get_processor_name()
+        local = local_rank_env()
+        if local is None:  # ranks on the same host, numbered in rank order
+            hosts = self.allgather_obj(self.host, "exchanging host names")
+            local = hosts[:self.rank].count(self.host)
+        self.local_rank = local
+        self.timing = Timing()
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ waiting with a deadline
+    def _wait(self, req, what: str, timeout_s: float | None = None) -> None:
+        """Wait for a non-blocking request, polling (sleeps from 20 us up to 2 ms, so a signal handler
+        runs and a lost rank is noticed); past the deadline raise RankLost."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        pause = 0.0
+        try:
+            while not req.Test():
+                if time.monotonic() > deadline:
+                    raise RankLost(f"rank {self.rank} ({self.host}): no answer from the other ranks for {limit:g} s "
+                                   f"while {what}: a rank died or hangs; stopping ({ENV_TIMEOUT} sets the wait)")
+                time.sleep(pause)
+                pause = min(2e-3, max(2e-5, pause * 2))
+        except self.MPI.Exception as exc:
+            raise RankLost(f"rank {self.rank} ({self.host}): MPI failed while {what}: "
+                           f"{exc.Get_error_string().strip()}") from None
+
+    # ------------------------------------------------------------------ collectives
+    def bcast_obj(self, obj, what: str, timeout_s: float | None = None):
+        """Rank 0's picklable `obj` on every rank."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if self.is_root else b""
+        n = np.array([len(data)], np.int64)
+        self._wait(self.world.Ibcast(n, root=0), what, timeout_s)
+        buf = np.frombuffer(data, np.uint8).copy() if self.is_root else np.empty(int(n[0]), np.uint8)
+        self._wait(self.world.Ibcast(buf, root=0), what, timeout_s)
+        return obj if self.is_root else pickle.loads(buf.tobytes())
+
+    def bcast_array(self, array: np.ndarray | None, shape, dtype, what: str, timeout_s: float | None = None):
+        """Rank 0's array (of known shape and dtype) on every rank."""
+        buf = np.ascontiguousarray(array, dtype=dtype) if self.is_root else np.empty(shape, dtype)
+        self._wait(self.world.Ibcast(buf, root=0), what, timeout_s)
+        return buf
+
+    def allgather_obj(self, obj, what: str) -> list:
+        """Every rank's picklable `obj`, in rank order."""
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        sizes = np.empty(self.size, np.int64)
+        self._wait(self.world.Iallgather(np.array([len(data)], np.int64), sizes), what)
+        out = np.empty(int(sizes.sum()), np.uint8)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self._wait(self.world.Iallgatherv(data.copy(), [out, (sizes, offsets), self.MPI.BYTE]), what)
+        return [pickle.loads(out[o:o + s].tobytes()) for o, s in zip(offsets, sizes)]
+
+    def sum_rows(self, values, what: str) -> np.ndarray:
+        """The element-wise sum of every rank's float64 vector, added in rank order (the same bits on
+        every rank, whatever the MPI)."""
+        mine = np.ascontiguousarray(values, np.float64).ravel()
+        rows = np.empty((self.size, mine.size), np.float64)
+        self._wait(self.world.Iallgather(mine, rows), what)
+        total = rows[0].copy()
+        for r in range(1, self.size):
+            total += rows[r]
+        return total
+
+    def sum_grads(self, grads: np.ndarray, what: str = "summing gradients") -> np.ndarray:
+        """The sum over ranks of a float32 gradient vector, identical on every rank and independent of
+        the MPI implementation: each rank receives one slice of every rank's vector (Alltoall: a
+        reduce-scatter whose adding we do), adds the slices in rank order in float64, rounds once to
+        float32, and the slices are all-gathered. Bytes per rank: 2 (N-1)/N of the vector, as a ring
+        all-reduce."""
+        started = time.perf_counter()
+        g = np.ascontiguousarray(grads, np.float32).ravel()
+        n, N = g.size, self.size
+        chunk = -(-n // N)
+        send = np.zeros(N * chunk, np.float32)
+        send[:n] = g
+        recv = np.empty_like(send)
+        self._wait(self.world.Ialltoall(send, recv), what)
+        parts = recv.reshape(N, chunk)
+        acc = parts[0].astype(np.float64)
+        for r in range(1, N):
+            acc += parts[r]
+        mine = acc.astype(np.float32)
+        out = np.empty(N * chunk, np.float32)
+        self._wait(self.world.Iallgather(mine, out), what)
+        self.timing.reduce_s += time.perf_counter() - started
+        self.timing.steps += 1
+        return out[:n]
+
+    def gather_lanes(self, local: np.ndarray, shares: list[tuple[int, int]], what: str) -> np.ndarray | None:
+        """Rank 0: every rank's [L, b_r, H] block (lanes shares[r]) joined into [L, B, H]; others: None."""
+        local = np.ascontiguousarray(local, np.float32)
+        L, H = local.shape[0], local.shape[2]
+        counts = np.array([L * (hi - lo) * H for lo, hi in shares], np.int64)
+        offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        out = np.empty(int(counts.sum()), np.float32) if self.is_root else None
+        recv = [out, (counts, offsets), self.MPI.FLOAT] if self.is_root else None
+        self._wait(self.world.Igatherv(local.ravel(), recv, root=0), what)
+        if not self.is_root:
+            return None
+        blocks = [out[o:o + c].reshape(L, hi - lo, H) for o, c, (lo, hi) in zip(offsets, counts, shares)]
+        return np.concatenate(blocks, axis=1)
+
+    def barrier(self, what: str) -> None:
+        self._wait(self.world.Ibarrier(), what)
+
+    def finish(self) -> None:
+        """MPI_Finalize after a clean end (every rank got here)."""
+        if not self.MPI.Is_finalized():
+            self.MPI.Finalize()
