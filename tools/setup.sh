@@ -5,6 +5,7 @@
 #      those system headers (no network fetches inside CMake), with catchat's patches from
 #      tools/kp-patches/ applied; the built wheel is cached, so a second setup takes seconds
 #   3. a virtualenv .venv with catchat installed editable plus its dev extras
+#   4. mpi4py and MPICH (wheels, mpiexec in .venv/bin) for data-parallel training; optional
 # Re-running it does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -82,4 +83,13 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "${PIP[@]}" install -e '.[dev]'
     echo "$want" > "$stamp"
 fi
+# --- 5. MPI for data-parallel training (`mpiexec -n N catchat train`, docs/distributed.md) -------
+# mpi4py and MPICH as wheels (MPICH's mpiexec lands in .venv/bin): no system MPI, nothing to build.
+# Optional: a single process never imports MPI, so a machine without these wheels still trains.
+if ! "$PY" -c 'import mpi4py' 2>/dev/null || [ ! -x "$VENV/bin/mpiexec" ]; then
+    say "installing mpi4py and MPICH (wheels) for training on several ranks"
+    "${PIP[@]}" install 'mpi4py>=4' 'mpich>=4' \
+        || say "warning: mpi4py / MPICH did not install: training on several ranks needs them (docs/distributed.md)"
+fi
+
 say "ready: $("$PY" -c 'import kp, catchat; import numpy; print(f"catchat {catchat.__version__}, kp {kp.__version__} (patched), numpy {numpy.__version__}")')"
