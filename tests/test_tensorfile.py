@@ -336,7 +336,7 @@ def mutate(blob: bytes, op: str, a: int, b: int) -> bytes:
     elif op == "length":
         data[:8] = struct.pack("<Q", a)
     elif op == "length_delta":
-        data[:8] = struct.pack("<Q", max(0, struct.unpack("<Q", blob[:8])[0] + a))
+        data[:8] = struct.pack("<Q", min(2**64 - 1, max(0, struct.unpack("<Q", blob[:8])[0] + a)))  # stays a u64
     elif op == "truncate":
         del data[a:]
     else:
