@@ -76,7 +76,7 @@ void main() {
         ss[s] = 0.0;
         uint b = b0 + s;
         keep[s] = (b < B && token[b] != pc.bos) ? 1.0 : 0.0;  // <bos>: the state entering is zero
-        for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
+        [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
     }
     // what the end needs, loaded before the k loop so its latency hides behind the dot products
     float bi0 = params1[pc.b_ih + j], bi1 = params1[pc.b_ih + H + j], bi2 = params1[pc.b_ih + 2u * H + j];

@@ -17,6 +17,7 @@
 // tokens in this call is banned (the lanes scan the history in parallel).
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -103,15 +104,15 @@ void head(uint b) {
     float rstd = 1.0 / sqrt(wg_sum(ss) / float(H) + pc.eps);  // its barrier also publishes xs
     uint nsub = gl_NumSubgroups, sg = gl_SubgroupID;
     float acc[ROWS];
-    for (uint i = 0u; i < ROWS; ++i) acc[i] = 0.0;
+    [[unroll]] for (uint i = 0u; i < ROWS; ++i) acc[i] = 0.0;
     for (uint k = gl_SubgroupInvocationID; k < H; k += gl_SubgroupSize) {
         float x = xs[k];
-        for (uint i = 0u; i < ROWS; ++i) {
+        [[unroll]] for (uint i = 0u; i < ROWS; ++i) {  // unrolled: acc stays in registers
             uint v = sg + i * nsub;
             if (v < pc.V) acc[i] += params[pc.w_head + v * H + k] * x;
         }
     }
-    for (uint i = 0u; i < ROWS; ++i) {
+    [[unroll]] for (uint i = 0u; i < ROWS; ++i) {
         uint v = sg + i * nsub;
         float l = subgroupAdd(acc[i]) * rstd;
         if (v < pc.V && subgroupElect()) { logits[b * pc.V + v] = l; head_out[v] = l; }

@@ -127,11 +127,18 @@ class Decoder:
 
     def profile(self, steps: int = 8) -> dict[str, float]:
         """Device microseconds per decode step by kernel ('layer 0', 'layer 1', ..., 'head + choice'),
-        the median over `steps` steps run from the current state (GPU timestamps; the state advances).
-        Times include each dispatch's wait for the one before it."""
+        the median over `steps` steps sampled (temperature 1) from the current state, which they
+        advance (GPU timestamps; each time includes the dispatch's wait for the one before it)."""
         names = [f"layer {l}" for l in range(self.spec.layers)] + ["head + choice"]
-        ops = [op for k in range(2 * (steps // 2 or 1)) for op in sq.decode_step_ops(self.layer0, self.layers,
-                                                                                    self.samplers[1], k)]
+        ops = [op for k in range(2 * max(1, steps // 2)) for op in sq.decode_step_ops(self.layer0, self.layers,
+                                                                                        self.samplers[1], k)]
+        cfg = np.zeros(slots.DC_WORDS, np.uint32)  # every stream live and sampling: what a call costs
+        cfg[slots.DC_LENGTH] = len(ops)
+        cfg[slots.DC_INV_TEMP] = slots.f32_bits(1.0)
+        cfg[slots.DC_TOP_P] = slots.f32_bits(1.0)
+        host_view(self.cfg)[:] = cfg
+        host_view(self.ctl)[:] = 0
+        self.dev.upload([self.cfg, self.ctl])
         seq = self.dev.sequence(timestamps=len(ops) + 1)
         for op in ops:
             seq.record(op)
