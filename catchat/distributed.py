@@ -6,7 +6,7 @@ lanes of `data.batch_lanes` and owns a contiguous share of them (`lane_share`): 
 window, their carried state, their dropout and scheduled-sampling draws (the GPU draws with the
 global lane index: HP_LANE_OFFSET / HP_LANES in the hyper buffer). A step: each rank runs its
 micro-batches, downloads its gradient sum, `Comm.sum_grads` adds the ranks' sums in rank order
-(reduce-scatter by Alltoall, float64 accumulation in rank order, all-gather), uploads the total and
+(reduce-scatter by Alltoall, float32 additions in rank order, all-gather), uploads the total and
 runs the same optimizer step as every other rank (grad norm, clip and the skip guard see the same
 total). The loss is divided by the step's global valid-target count, which every rank counts on the
 host from the global windows (lesson 10), so N ranks compute the one-process step up to float32
@@ -124,9 +124,12 @@ def init(*, force: bool = False) -> Comm | None:
 
 @dataclass
 class Timing:
-    """Seconds spent in the gradient sum (download, collectives, upload are timed by the caller)."""
+    """Seconds of sum_grads since the start: waiting for the slowest rank to arrive (a barrier), and the
+    exchange itself once all are there (collectives and the host's sum). The device's download and
+    upload of the gradient are timed by the Program (reduce_s)."""
 
-    reduce_s: float = 0.0
+    wait_s: float = 0.0
+    exchange_s: float = 0.0
     steps: int = 0
 
 
@@ -149,19 +152,32 @@ class Comm:
         return self.rank == 0
 
     # ------------------------------------------------------------------ waiting with a deadline
-    def _wait(self, req, what: str, timeout_s: float | None = None) -> None:
-        """Wait for a non-blocking request, polling (sleeps from 20 us up to 2 ms, so a signal handler
-        runs and a lost rank is noticed); past the deadline raise RankLost."""
+    SPIN_S = 2e-3  # a wait polls without pause this long, then sleeps between polls (up to MAX_PAUSE_S)
+    MAX_PAUSE_S = 1e-3
+
+    def _wait(self, req, what: str, timeout_s: float | None = None, *, spin: bool = False) -> None:
+        """Wait for a non-blocking request; past the deadline raise RankLost. MPI moves a message only
+        while a rank is inside an MPI call, so a transfer whose peers are all present is waited for by
+        polling without pause (`spin`: MPI's own blocking calls spin the same way); a wait for a rank
+        still computing (a barrier) polls SPIN_S, then sleeps between polls, leaving the CPU to the
+        others (lavapipe's threads, on a CPU device). A signal handler runs between polls."""
         limit = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
-        pause = 0.0
+        start = time.monotonic()
+        deadline, calm = start + limit, start + self.SPIN_S
+        pause, polls, spinning = 0.0, 0, True
         try:
             while not req.Test():
-                if time.monotonic() > deadline:
+                polls += 1
+                if spinning and polls % 256:  # the clock is read every 256 polls while spinning
+                    continue
+                now = time.monotonic()
+                if now > deadline:
                     raise RankLost(f"rank {self.rank} ({self.host}): no answer from the other ranks for {limit:g} s "
                                    f"while {what}: a rank died or hangs; stopping ({ENV_TIMEOUT} sets the wait)")
-                time.sleep(pause)
-                pause = min(2e-3, max(2e-5, pause * 2))
+                if not spin and now > calm:
+                    spinning = False
+                    time.sleep(pause)
+                    pause = min(self.MAX_PAUSE_S, max(2e-5, pause * 2))
         except self.MPI.Exception as exc:
             raise RankLost(f"rank {self.rank} ({self.host}): MPI failed while {what}: "
                            f"{exc.Get_error_string().strip()}") from None
@@ -205,26 +221,28 @@ class Comm:
 
     def sum_grads(self, grads: np.ndarray, what: str = "summing gradients") -> np.ndarray:
         """The sum over ranks of a float32 gradient vector, identical on every rank and independent of
-        the MPI implementation: each rank receives one slice of every rank's vector (Alltoall: a
-        reduce-scatter whose adding we do), adds the slices in rank order in float64, rounds once to
-        float32, and the slices are all-gathered. Bytes per rank: 2 (N-1)/N of the vector, as a ring
-        all-reduce."""
-        started = time.perf_counter()
+        the MPI implementation: after a barrier (the wait for the slowest rank, timed apart), each
+        rank receives one slice of every rank's vector (Alltoall: a reduce-scatter whose adding we
+        do), adds the slices in rank order in float32, and the slices are all-gathered. Bytes per
+        rank: 2 (N-1)/N of the vector, as a ring all-reduce."""
         g = np.ascontiguousarray(grads, np.float32).ravel()
         n, N = g.size, self.size
         chunk = -(-n // N)
         send = np.zeros(N * chunk, np.float32)
         send[:n] = g
         recv = np.empty_like(send)
-        self._wait(self.world.Ialltoall(send, recv), what)
+        arrived = time.perf_counter()
+        self._wait(self.world.Ibarrier(), what)  # the wait for the slowest rank, not spinning
+        started = time.perf_counter()
+        self._wait(self.world.Ialltoall(send, recv), what, spin=True)
         parts = recv.reshape(N, chunk)
-        acc = parts[0].astype(np.float64)
-        for r in range(1, N):
-            acc += parts[r]
-        mine = acc.astype(np.float32)
+        mine = parts[0].copy()
+        for r in range(1, N):  # rank order, float32: (((g0 + g1) + g2) + ...), the same on every rank
+            np.add(mine, parts[r], out=mine)
         out = np.empty(N * chunk, np.float32)
-        self._wait(self.world.Iallgather(mine, out), what)
-        self.timing.reduce_s += time.perf_counter() - started
+        self._wait(self.world.Iallgather(mine, out), what, spin=True)
+        self.timing.wait_s += started - arrived
+        self.timing.exchange_s += time.perf_counter() - started
         self.timing.steps += 1
         return out[:n]
 

@@ -161,7 +161,8 @@ class Trainer:
         self.last_checkpoint_step = -1
         self.last_eval_step = -1
         self.consecutive_skips = 0
-        self._exchange = {"reduce_s": 0.0, "step_s": 0.0, "steps": 0}  # with ranks: the gradient exchange's time
+        self._exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, step_s=0.0, steps=0)  # with ranks
+        self._timing_seen = (0.0, 0.0)  # comm.timing's wait_s, exchange_s at the last step
         self.lock = None
         if not self.is_root:  # a rank other than 0 touches no file of the run: it takes rank 0's state
             self._follow()
@@ -617,14 +618,16 @@ class Trainer:
     def _add_up(self, st: StepStats, seconds: float) -> StepStats:
         """The whole step's stats from every rank's share (added in rank order), and the agreement on
         stopping: a signal any rank got before this point stops every rank after this step."""
+        timing = self.comm.timing
+        wait, exchange = timing.wait_s - self._timing_seen[0], timing.exchange_s - self._timing_seen[1]
+        self._timing_seen = (timing.wait_s, timing.exchange_s)
         mine = (st.loss, st.n_valid, st.top1, st.top5, st.clamp_hits, st.tf_model_fed,
-                1.0 if self._stop_signal else 0.0, self.prog.reduce_s, seconds)
+                1.0 if self._stop_signal else 0.0, wait, exchange, self.prog.reduce_s - wait - exchange, seconds)
         tot = self.comm.sum_rows(mine, f"adding up step {self.global_step + 1}")
         if tot[6] > 0 and self._stop_agreed is None:
             self._stop_agreed = self._stop_signal or "a signal to another rank"
-        ranks = self.comm.size
-        self._exchange["reduce_s"] += tot[7] / ranks
-        self._exchange["step_s"] += tot[8] / ranks
+        for i, key in enumerate(("wait_s", "exchange_s", "transfer_s", "step_s"), 7):
+            self._exchange[key] += tot[i] / self.comm.size  # the ranks' mean
         self._exchange["steps"] += 1
         return StepStats(loss=float(tot[0]), n_valid=int(tot[1]), top1=int(tot[2]), top5=int(tot[3]),
                          grad_norm=st.grad_norm, clip_scale=st.clip_scale, skipped=st.skipped,
@@ -636,15 +639,18 @@ class Trainer:
         return self._stop_signal if self.comm is None else self._stop_agreed
 
     def _exchange_summary(self) -> dict:
-        """The end event's account of the gradient exchange (ranks only): mean seconds per step of the
-        exchange (download, collectives, upload) and of the whole step, and the exchange's share."""
+        """The end event's account of the gradient exchange (ranks only), ms per step, the ranks' mean:
+        `wait` for the slowest rank to finish its micro-batches, the `exchange` once all are there
+        (collectives and the host's sum), the `transfer` of the gradient from and to the device, the
+        whole `step`; `exchange_share` = (exchange + transfer) / step, what overlap could hide."""
         if self.comm is None:
             return {}
         e, n = self._exchange, max(self._exchange["steps"], 1)
-        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares],
-                                    exchange_ms_per_step=round(1e3 * e["reduce_s"] / n, 3),
-                                    step_ms_per_step=round(1e3 * e["step_s"] / n, 3),
-                                    exchange_share=round(e["reduce_s"] / e["step_s"], 4) if e["step_s"] else None)}
+        ms = {f"{k[:-2]}_ms_per_step": round(1e3 * e[k] / n, 3)
+              for k in ("wait_s", "exchange_s", "transfer_s", "step_s")}
+        share = (e["exchange_s"] + e["transfer_s"]) / e["step_s"] if e["step_s"] else None
+        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares], **ms,
+                                    exchange_share=None if share is None else round(share, 4))}
 
     def _steps_expected(self, decision: TimedStep | None) -> int:
         """The run's length in steps as far as it is known now (for the progress display): the plan,
