@@ -1,9 +1,7 @@
 #version 450
-// The end of a decode step for stream b = workgroup: the head, then the choice of the next input
-// token (docs/generation.md; catchat.reference.sample_choice is the numpy twin, rule for rule).
-//   HEAD (mode 0):  y = ysum[L-1] (x + h of the last layer);  logits = W_head (y * rstd(y) * g_{L-1})   -> logits[b]
-//   given (mode 1): logits[b] as uploaded (the first choice of a call, after a batched prefill)
-// Then, in order: a forced token while DS_FED < n_forced (feeding known text: nothing is emitted);
+// The end of a decode step for stream b = workgroup: the choice of the next input token from
+// logits[b] (written by glsl/decode_head.comp, or uploaded for the first choice of a call)
+// (docs/generation.md; catchat.reference.sample_choice is the numpy twin, rule for rule). In order: a forced token while DS_FED < n_forced (feeding known text: nothing is emitted);
 // else stop when DS_GEN = length; else sample:
 //   allowed = not <pad>, not <bos>, not banned by n-gram blocking (stop tokens are never banned)
 //   greedy:  the first largest allowed logit
@@ -22,27 +20,20 @@
 #include "slots.glsl"
 
 layout(local_size_x_id = 0) in;  // >= V: thread v owns token v in the choice
-layout(constant_id = 1) const uint ROWS = 1;  // head rows per subgroup: ceil(V / subgroups)
-layout(constant_id = 2) const uint HMAX = 1;  // H (the staged head input)
 
-layout(set = 0, binding = 0) readonly buffer P { float params[]; };
-layout(set = 0, binding = 1) readonly buffer Y { float ysum[]; };      // [L, B, H] x + h of each layer
-layout(set = 0, binding = 2) buffer Lg { float logits[]; };            // [B, V]
-layout(set = 0, binding = 3) buffer Tok { uint token[]; };             // [B] next step's input
-layout(set = 0, binding = 4) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
-layout(set = 0, binding = 5) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
-layout(set = 0, binding = 6) readonly buffer Forced { uint forced[]; };  // [F, B]
-layout(set = 0, binding = 7) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
-layout(set = 0, binding = 8) writeonly buffer Out { uint outp[]; };    // [K, B]
+layout(set = 0, binding = 0) readonly buffer Lg { float logits[]; };   // [B, V]
+layout(set = 0, binding = 1) buffer Tok { uint token[]; };             // [B] next step's input
+layout(set = 0, binding = 2) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
+layout(set = 0, binding = 3) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
+layout(set = 0, binding = 4) readonly buffer Forced { uint forced[]; };  // [F, B]
+layout(set = 0, binding = 5) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
+layout(set = 0, binding = 6) writeonly buffer Out { uint outp[]; };    // [K, B]
 
 layout(push_constant) uniform Push {
-    uint mode;  // 0: head then choose, 1: choose from the uploaded logits
     uint k;  // row of out written by this dispatch
-    uint H, B, L, V;
-    uint w_head, g_last;  // offsets of the head weight [V, H] and the last layer's norm weight
-    uint cap, n_forced_cap;
+    uint B, V;
+    uint cap;  // rows of the n-gram history
     uint pad, bos, eos;
-    float eps;
 } pc;
 
 const uint NONE = 0xFFFFFFFFu;
@@ -52,8 +43,6 @@ shared float z[gl_WorkGroupSize.x];
 shared float p[gl_WorkGroupSize.x];
 shared float red[gl_WorkGroupSize.x];
 shared uint ired[gl_WorkGroupSize.x];
-shared float head_out[gl_WorkGroupSize.x];  // the head's logits (mode 0)
-shared float xs[HMAX];  // the head's input y * g (rstd applied to the sums)
 shared uint banned[8];
 shared uint pick_first, pick_last;
 
@@ -89,37 +78,6 @@ uint wg_min_u(uint v) {
 
 bool is_stop(uint v) { return v < 256u && (cfg[DC_STOP + v / 32u] & (1u << (v % 32u))) != 0u; }
 
-// The head for stream b: x = y * g * rstd(y) staged in shared memory once, then subgroup w takes
-// rows w, w + nsub, ... (ROWS of them, all in flight together: one weight load per row per k step,
-// so a k step waits for one memory latency, not ROWS of them); lanes stride over k.
-void head(uint b) {
-    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x, H = pc.H;
-    uint yo = ((pc.L - 1u) * pc.B + b) * H;
-    float ss = 0.0;
-    for (uint k = tid; k < H; k += WG) {
-        float y = ysum[yo + k];
-        ss += y * y;
-        xs[k] = y * params[pc.g_last + k];
-    }
-    float rstd = 1.0 / sqrt(wg_sum(ss) / float(H) + pc.eps);  // its barrier also publishes xs
-    uint nsub = gl_NumSubgroups, sg = gl_SubgroupID;
-    float acc[ROWS];
-    [[unroll]] for (uint i = 0u; i < ROWS; ++i) acc[i] = 0.0;
-    for (uint k = gl_SubgroupInvocationID; k < H; k += gl_SubgroupSize) {
-        float x = xs[k];
-        [[unroll]] for (uint i = 0u; i < ROWS; ++i) {  // unrolled: acc stays in registers
-            uint v = sg + i * nsub;
-            if (v < pc.V) acc[i] += params[pc.w_head + v * H + k] * x;
-        }
-    }
-    [[unroll]] for (uint i = 0u; i < ROWS; ++i) {
-        uint v = sg + i * nsub;
-        float l = subgroupAdd(acc[i]) * rstd;
-        if (v < pc.V && subgroupElect()) { logits[b * pc.V + v] = l; head_out[v] = l; }
-    }
-    barrier();
-}
-
 void main() {
     uint b = gl_WorkGroupID.x, v = gl_LocalInvocationID.x, V = pc.V;
     uint c0 = b * DS_WORDS;
@@ -129,7 +87,6 @@ void main() {
         if (v == 0u) outp[pc.k * pc.B + b] = NONE;
         return;
     }
-    if (pc.mode == 0u) head(b);
     if (fed < cfg[DC_N_FORCED]) {  // feeding known text
         if (v == 0u) {
             token[b] = forced[fed * pc.B + b];
@@ -159,7 +116,7 @@ void main() {
     barrier();
     bool allowed = v < V && v != pc.pad && v != pc.bos
                    && (is_stop(v) || (banned[v / 32u] & (1u << (v % 32u))) == 0u);
-    float lg = v >= V ? 0.0 : (pc.mode == 0u ? head_out[v] : logits[b * V + v]);
+    float lg = v < V ? logits[b * V + v] : 0.0;
     const float NEG = -3.0e38, NEG_INF = uintBitsToFloat(0xff800000u);  // NEG: disallowed tokens' z
     uint choice;
     if (cfg[DC_GREEDY] != 0u) {

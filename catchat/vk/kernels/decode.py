@@ -63,36 +63,47 @@ class DecodeLayer(Kernel):
         return self.op(*self._push(layer, parity))
 
 
+class DecodeHead(Kernel):
+    """The head for every stream: logits = W_head (RMSNorm of the last layer's x + h), a subgroup per
+    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits)."""
+
+    shader = "decode_head"
+
+    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int):
+        s = layout.spec
+        self.B, self.V = int(B), s.vocab_size
+        sub = max(1, dev.info.subgroup_size)
+        self.workgroup = 2 * sub
+        self.rows_wgs = ceil_div(self.V, 2)
+        self.tile = stream_tile(self.B)
+        head = "embedding.weight" if s.tie_embeddings else "head.weight"
+        o = layout.offsets
+        self.push = (s.layers, self.V, o[head], o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
+                     float(s.norm_eps))
+        super().__init__(dev, [params, ysum, logits, ctl], [self.rows_wgs * ceil_div(self.B, self.tile)],
+                         spec=[self.workgroup, self.tile, s.hidden, self.B], push=self.push,
+                         defines={"VEC4": 1} if s.hidden % 4 == 0 else None)
+
+    def step(self):
+        return self.op(*self.push)
+
+
 class DecodeSample(Kernel):
-    """The head and the choice of the next token, one wide workgroup per stream (1024 threads on a
-    GPU: the head's 101 rows x H are the step's longest chain at batch 1). `op_head(k)` computes
-    the logits from the last layer's x + h (ysum) the layers just wrote; `op_given(k)` chooses
-    from the logits buffer as uploaded. Either writes its choice to row k of `out`."""
+    """The choice of the next token from the logits, one workgroup per stream (a thread per
+    token). `choose(k)` writes its choices to row k of `out`."""
 
     shader = "decode_sample"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, token, ctl, cfg, forced,
-                 history, out, *, B: int, history_cap: int, forced_cap: int):
+    def __init__(self, dev: Device, layout: ParamLayout, logits, token, ctl, cfg, forced, history, out, *, B: int,
+                 history_cap: int):
         s = layout.spec
         if s.vocab_size > MAX_VOCAB:
             raise ValueError(f"device sampling handles vocabularies up to {MAX_VOCAB} tokens, not {s.vocab_size}")
-        self.layout, self.B, self.cap, self.forced_cap = layout, int(B), int(history_cap), int(forced_cap)
+        self.B, self.V, self.cap = int(B), s.vocab_size, int(history_cap)
         sub = max(1, dev.info.subgroup_size)
-        widest = 128 if dev.info.type == "CPU" else min(1024, dev.info.max_workgroup_invocations)
-        self.workgroup = max(ceil_div(s.vocab_size, sub) * sub, widest // sub * sub)  # a thread per token at least
-        rows = ceil_div(s.vocab_size, self.workgroup // sub)
-        super().__init__(dev, [params, ysum, logits, token, ctl, cfg, forced, history, out], [self.B],
-                         spec=[self.workgroup, rows, s.hidden], push=self._push(0, 0))
+        self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
+        super().__init__(dev, [logits, token, ctl, cfg, forced, history, out], [self.B], spec=[self.workgroup],
+                         push=(0, self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS))
 
-    def _push(self, mode: int, k: int) -> tuple:
-        o, s = self.layout.offsets, self.layout.spec
-        head = "embedding.weight" if s.tie_embeddings else "head.weight"
-        return (mode, k, s.hidden, self.B, s.layers, s.vocab_size, o[head],
-                o[f"layers.{s.layers - 1}.norm.weight"], self.cap, self.forced_cap, vocab.PAD, vocab.BOS, vocab.EOS,
-                float(s.norm_eps))
-
-    def op_head(self, k: int):
-        return self.op(*self._push(0, k))
-
-    def op_given(self, k: int):
-        return self.op(*self._push(1, k))
+    def choose(self, k: int):
+        return self.op(k, self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS)

@@ -23,7 +23,7 @@ import numpy as np
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import DecodeLayer, DecodeSample
+from catchat.vk.kernels.decode import DecodeHead, DecodeLayer, DecodeSample
 from catchat.vk.program import sequences as sq
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
@@ -60,15 +60,15 @@ class Decoder:
         common = (prog.layout, b.params, b.table0, self.state, self.ysum, self.token, self.ctl)
         self.layer0 = DecodeLayer(dev, *common, B=B, first=True)
         self.layers = DecodeLayer(dev, *common, B=B, first=False) if L > 1 else None
+        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, self.logits, self.ctl, B=B)
         self.samplers = samplers = [
-            DecodeSample(dev, prog.layout, b.params, self.ysum, self.logits, self.token, self.ctl, self.cfg,
-                         self.forced, self.history, out, B=B, history_cap=self.cap, forced_cap=self.forced_cap)
-            for out in self.outs]
+            DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
+                         B=B, history_cap=self.cap) for out in self.outs]
         n = L * B * H  # the carry [L,B,H] is state half 0
         from_carry, to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token]
         self.seq_start = sq.record_decode_start(dev, inputs, from_carry, samplers[0], [self.outs[0]])
-        self.seq_chunks = [sq.record_decode_chunk(dev, self.layer0, self.layers, s, to_carry, self.K,
+        self.seq_chunks = [sq.record_decode_chunk(dev, self.layer0, self.layers, self.head, s, to_carry, self.K,
                                                   [out, self.logits]) for s, out in zip(samplers[1:], self.outs[1:])]
         self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
 
@@ -126,12 +126,12 @@ class Decoder:
                 self._wait(self.seq_chunks[c % 2])
 
     def profile(self, steps: int = 8) -> dict[str, float]:
-        """Device microseconds per decode step by kernel ('layer 0', 'layer 1', ..., 'head + choice'),
+        """Device microseconds per decode step by kernel ('layer 0', 'layer 1', ..., 'head', 'choice'),
         the median over `steps` steps sampled (temperature 1) from the current state, which they
         advance (GPU timestamps; each time includes the dispatch's wait for the one before it)."""
-        names = [f"layer {l}" for l in range(self.spec.layers)] + ["head + choice"]
-        ops = [op for k in range(2 * max(1, steps // 2)) for op in sq.decode_step_ops(self.layer0, self.layers,
-                                                                                        self.samplers[1], k)]
+        names = [f"layer {l}" for l in range(self.spec.layers)] + ["head", "choice"]
+        ops = [op for k in range(2 * max(1, steps // 2))
+               for op in sq.decode_step_ops(self.layer0, self.layers, self.head, self.samplers[1], k)]
         cfg = np.zeros(slots.DC_WORDS, np.uint32)  # every stream live and sampling: what a call costs
         cfg[slots.DC_LENGTH] = len(ops)
         cfg[slots.DC_INV_TEMP] = slots.f32_bits(1.0)

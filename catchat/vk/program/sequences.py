@@ -10,7 +10,7 @@ and replayed for every batch (never re-recorded).
     per-timestep           recorded on first use: eval (free-running) and the two micro-batches with the
                            forward one timestep at a time (scheduled sampling); the backward is the same
     decode start           upload the call's settings; carry -> decode state; first choice; download it
-    decode chunk (x2)      K steps of every layer + head + choice, the next input fed back on the device;
+    decode chunk (x2)      K steps of every layer, the head, the choice; the next input fed back on the device;
                            decode state -> carry; download the K chosen tokens (two, for overlap)
 Values that change every step travel in the `hyper` buffer uploaded with the data.
 """
@@ -106,21 +106,21 @@ def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels)
 
 
 # ----------------------------------------------------------------------------- decode
-def decode_step_ops(layer0, layers, sample, k: int) -> list:
-    """Decode step k of a chunk: every layer (state half k % 2 -> the other), then the head and the
+def decode_step_ops(layer0, layers, head, sample, k: int) -> list:
+    """Decode step k of a chunk: every layer (state half k % 2 -> the other), the head, and the
     choice of the next token into row k of the chunk's output."""
     parity = k % 2
     ops = [layer0.step(0, parity)]
     ops += [layers.step(l, parity) for l in range(1, layer0.L)]
-    return ops + [sample.op_head(k)]
+    return ops + [head.step(), sample.choose(k)]
 
 
-def record_decode_chunk(dev: Device, layer0, layers, sample, to_carry, K: int, download: list) -> Sequence:
+def record_decode_chunk(dev: Device, layer0, layers, head, sample, to_carry, K: int, download: list) -> Sequence:
     """K decode steps (K even: the state ends in half 0, where the next chunk starts), then the
     state copied to the Program's carry (so a batched prefill continues from it) and `download`."""
     if K < 2 or K % 2:
         raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
-    ops = [op for k in range(K) for op in decode_step_ops(layer0, layers, sample, k)]
+    ops = [op for k in range(K) for op in decode_step_ops(layer0, layers, head, sample, k)]
     return dev.recorded(ops + [to_carry(1.0, 0.0)], [], download)
 
 
@@ -128,4 +128,4 @@ def record_decode_start(dev: Device, upload: list, from_carry, sample, download:
     """The start of a generation call: upload its settings, forced tokens and last logits, take the
     Program's carried state, and make the first choice (from the uploaded logits, or the first
     forced token)."""
-    return dev.recorded([from_carry(1.0, 0.0), sample.op_given(0)], upload, download)
+    return dev.recorded([from_carry(1.0, 0.0), sample.choose(0)], upload, download)
