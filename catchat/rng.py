@@ -1,13 +1,14 @@
 """The counter-based RNG shared by the shaders, the numpy reference and the trainer.
 
 Every random number catchat draws on the GPU (dropout masks, scheduled sampling's coins and
-samples) is a pure function of (seed, stream, counter): no RNG state lives on the device, so a
+samples, generation's draws) is a pure function of (seed, stream, counter): no RNG state lives on the device, so a
 recorded sequence replays with a new seed in the `hyper` buffer, and numpy reproduces every draw
 bit for bit. docs/model.md states it; glsl/include/common.glsl implements mix32 / rng_u32 /
-rng_uniform for the shaders (glsl/include/dropout.glsl and glsl/tf_select.comp use them with the
-streams below). The two must agree bit for bit. `catchat parity` checks it on every device:
+rng_uniform for the shaders (glsl/include/dropout.glsl, glsl/tf_select.comp and
+glsl/decode_sample.comp use them with the streams below). The two must agree bit for bit. `catchat parity` checks it on every device:
 catchat/parity/dropout.py compares the keep masks the GLSL draws with catchat.reference's bit for
-bit, catchat/parity/sampling.py scheduled sampling's choices (its coins and top-k draws) exactly;
+bit, catchat/parity/sampling.py scheduled sampling's choices (its coins and top-k draws) exactly,
+catchat/parity/decode.py generation's choices against reference.sample_choice with decode_uniforms;
 tests/test_rng.py pins values of the hash against an independent pure-int version.
 
 The host side: `step_seed` gives each micro-batch its dropout seed (the trainer and the GPU
