@@ -5,7 +5,8 @@ samples, generation's draws) is a pure function of (seed, stream, counter): no R
 recorded sequence replays with a new seed in the `hyper` buffer, and numpy reproduces every draw
 bit for bit. docs/model.md states it; glsl/include/common.glsl implements mix32 / rng_u32 /
 rng_uniform for the shaders (glsl/include/dropout.glsl, glsl/tf_select.comp and
-glsl/decode_sample.comp use them with the streams below). The two must agree bit for bit. `catchat parity` checks it on every device:
+glsl/decode_sample.comp use them with the streams below). The two must agree bit for bit.
+`catchat parity` checks it on every device:
 catchat/parity/dropout.py compares the keep masks the GLSL draws with catchat.reference's bit for
 bit, catchat/parity/sampling.py scheduled sampling's choices (its coins and top-k draws) exactly,
 catchat/parity/decode.py generation's choices against reference.sample_choice with decode_uniforms;
@@ -26,8 +27,10 @@ _S15, _S16, _S8 = np.uint64(15), np.uint64(16), np.uint64(8)
 
 # Streams: each use of the RNG draws from its own (docs/model.md); a counter numbers the draws in it.
 STREAM_EMBEDDING = 1  # embedding-row dropout; counter = vocab row v
-STREAM_HIDDEN = 16  # + layer: hidden-unit dropout of that layer; counter = b * H + j
-STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33  # scheduled sampling: the coin, the top-k draw; counter = t * B + b
+STREAM_HIDDEN = 16  # + layer: hidden-unit dropout of that layer; counter = b * H + j (b: the global lane)
+# scheduled sampling: the coin, the top-k draw; counter = t * B + b. B and b count the lanes of every rank of a
+# data-parallel run (catchat/distributed.py), as the hidden dropout's b does
+STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33
 STREAM_DECODE, STREAM_DECODE_LANE = 34, 35  # generation: the draw (counter = the stream's token number), the
 # stream's own seed (counter = stream b): u = rng_uniform(rng_u32(seed, STREAM_DECODE_LANE, b), STREAM_DECODE, n)
 # 48, 49: prefix dropout's hit and length (catchat.lanes.STREAM_PREFIX_HIT, STREAM_PREFIX_LEN; host only)
