@@ -45,3 +45,21 @@ def test_a_stopped_stream_keeps_its_state_while_others_run(dev):
     np.testing.assert_array_equal(h[:, 0], before_h[:, 0])
     np.testing.assert_array_equal(gen.logits[0], logits[0])
     assert not np.array_equal(h[:, 1], before_h[:, 1])
+
+
+def test_ngram_blocking_over_a_long_output_grows_the_history(dev):
+    """An n-gram history longer than the decoder holds rebuilds it (256 -> 1024 tokens); no 3-gram
+    repeats over 600 greedy tokens of a model that loops, and the short call before is unchanged."""
+    gen, _ = decode_parity._generator(dev, ModelSpec(hidden=24, layers=1), 1, 5, peaky=8.0)
+    prompt = np.array([vocab.BOS, 40], np.uint32)
+    s = Sampling(greedy=True, ngram_block=3)
+    short = gen.generate(prompt, 100, s, stop_at=None)[0]
+    assert gen._decoder.cap == 256
+    gen.reset()
+    long = gen.generate(prompt, 600, s, stop_at=None)[0]
+    assert gen._decoder.cap == 1024 and len(long) == 600 and long[:100] == short
+    grams = [tuple(long[i:i + 3]) for i in range(len(long) - 2)]
+    assert len(grams) == len(set(grams))
+    gen.reset()
+    plain = gen.generate(prompt, 600, Sampling(greedy=True), stop_at=None)[0]
+    assert len({tuple(plain[i:i + 3]) for i in range(598)}) < 598  # unblocked greedy repeats
