@@ -63,3 +63,24 @@ def test_ngram_blocking_over_a_long_output_grows_the_history(dev):
     gen.reset()
     plain = gen.generate(prompt, 600, Sampling(greedy=True), stop_at=None)[0]
     assert len({tuple(plain[i:i + 3]) for i in range(598)}) < 598  # unblocked greedy repeats
+
+
+def test_a_failed_submit_is_a_device_lost_error(dev):
+    """kp's RuntimeError from a chunk's submit or wait reaches the caller as DeviceLost (a one-line
+    error in the CLI), not a traceback."""
+    import pytest
+
+    from catchat.errors import DeviceLost
+
+    gen, _ = decode_parity._generator(dev, ModelSpec(hidden=16, layers=1), 1, 0)
+    gen.generate(np.array([vocab.BOS], np.uint32), 4, Sampling())
+
+    class Lost:
+        def eval(self):
+            raise RuntimeError("vk::Queue::submit: ErrorDeviceLost")
+
+        eval_async = eval_await = eval
+
+    gen._decoder.seq_chunks = [Lost(), Lost()]
+    with pytest.raises(DeviceLost, match="failed while generating: vk::Queue::submit"):
+        gen.generate(np.array([vocab.BOS], np.uint32), 40, Sampling(), stop_at=None)

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from catchat.errors import DeviceLost
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
@@ -73,14 +74,19 @@ class Decoder:
         self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
 
     def _submit(self, seq) -> None:
-        if self._async:
-            seq.eval_async()
-        else:
-            seq.eval()
+        self._device_call(seq.eval_async if self._async else seq.eval)
 
     def _wait(self, seq) -> None:
         if self._async:
-            seq.eval_await()
+            self._device_call(seq.eval_await)
+
+    def _device_call(self, call) -> None:
+        """A submit or wait; kp's RuntimeError (VK_ERROR_DEVICE_LOST, ...) becomes DeviceLost."""
+        try:
+            call()
+        except RuntimeError as exc:
+            raise DeviceLost(f"the Vulkan device ({self.dev.info.name}) failed while generating: {exc}",
+                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
 
     def run(self, settings: np.ndarray, forced: np.ndarray | None, logits: np.ndarray | None,
             steps: int) -> Iterator[np.ndarray]:
