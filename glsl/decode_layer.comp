@@ -61,6 +61,28 @@ layout(push_constant) uniform Push {
 
 uint st(uint half_, uint l, uint b) { return ((half_ * pc.L + l) * B + b) * H; }  // in floats
 
+// Layer 0's input side at unit j for token `tok`: gi (table0 row times sqrt(H)) and x = E[tok, j] sqrt(H).
+// A token outside the vocabulary is a zero row (as the batched gather).
+void layer0_input(uint tok, uint j, out float gi0, out float gi1, out float gi2, out float x) {
+    float t0 = 0.0, t1 = 0.0, t2 = 0.0, e = 0.0;
+    if (tok < pc.V) {
+        t0 = table0[tok * 3u * H + j]; t1 = table0[tok * 3u * H + H + j];
+        t2 = table0[tok * 3u * H + 2u * H + j]; e = params1[pc.g_prev + tok * H + j];
+    }
+    gi0 = t0 * pc.sqrt_h; gi1 = t1 * pc.sqrt_h; gi2 = t2 * pc.sqrt_h;
+    x = e * pc.sqrt_h;
+}
+
+// The GRU cell from the pre-activations with their biases added; hold is the state entering
+// (already zero after a <bos>).
+float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2, float hold) {
+    float r = sigmoid(ai0 + ah0), z = sigmoid(ai1 + ah1);
+    float n = tanh_safe(ai2 + r * ah2);
+    return (1.0 - z) * n + z * hold;
+}
+
+#ifndef TILED
+
 void main() {
     uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x;
@@ -117,14 +139,7 @@ void main() {
         float gh0 = subgroupAdd(ah[0][s]), gh1 = subgroupAdd(ah[1][s]), gh2 = subgroupAdd(ah[2][s]);
         float gi0, gi1, gi2, x;
         if (first) {
-            uint tok = token[b];
-            float t0 = 0.0, t1 = 0.0, t2 = 0.0, e = 0.0;
-            if (tok < pc.V) {  // a token outside the vocabulary is a zero row (as the batched gather)
-                t0 = table0[tok * 3u * H + j]; t1 = table0[tok * 3u * H + H + j];
-                t2 = table0[tok * 3u * H + 2u * H + j]; e = params1[pc.g_prev + tok * H + j];
-            }
-            gi0 = t0 * pc.sqrt_h; gi1 = t1 * pc.sqrt_h; gi2 = t2 * pc.sqrt_h;
-            x = e * pc.sqrt_h;
+            layer0_input(token[b], j, gi0, gi1, gi2, x);
         } else {
             float rstd = 1.0 / sqrt(subgroupAdd(ss[s]) / float(H) + pc.eps);
             gi0 = subgroupAdd(ai[0][s]) * rstd; gi1 = subgroupAdd(ai[1][s]) * rstd;
@@ -132,11 +147,103 @@ void main() {
             x = y_j[s] * rstd * gj;
         }
         if (lane == 0u) {
-            float r = sigmoid(gi0 + bi0 + gh0 + bh0), z = sigmoid(gi1 + bi1 + gh1 + bh1);
-            float n = tanh_safe(gi2 + bi2 + r * (gh2 + bh2));
-            float h = done[s] ? hold_j[s] : (1.0 - z) * n + z * hold_j[s] * keep[s];
+            float h = done[s] ? hold_j[s]
+                              : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, gh0 + bh0, gh1 + bh1, gh2 + bh2,
+                                         hold_j[s] * keep[s]);
             state1[st(newh, l, b) + j] = h;
             ysum1[(l * B + b) * H + j] = x + h;
         }
     }
 }
+#endif  // !TILED
+
+#ifdef TILED
+// Many streams (B >= 16): the step as two small GEMMs tiled through shared memory. A workgroup owns
+// UJ units (their 6 weight rows each: r, z, n of W_ih and W_hh) and a tile of BT streams; per chunk
+// of KC columns it stages the weights (W_ih times the norm weight g), the layer input y (x + h of
+// the layer below) and the state entering, and thread (u, t) accumulates unit u's 6 rows for
+// streams t*SB ... t*SB + SB-1. So every input element is loaded once per workgroup, not once per
+// unit as in the subgroup kernel above. sum(y^2) per stream is summed by thread b from the staged
+// tile. WG = UJ * BT / SB threads.
+layout(constant_id = 4) const uint UJ = 4;   // units per workgroup
+layout(constant_id = 5) const uint BT = 64;  // streams per workgroup
+layout(constant_id = 6) const uint KC = 32;  // columns per staged chunk
+const uint BTP = BT + 1u;  // padded row of the input tiles (conflict-free transposed stores)
+
+shared float wt[6u * UJ * KC];   // [u*6 + g][kk]: g = 0..2 ih rows (times g), 3..5 hh rows
+shared float ys[KC * BTP];       // [kk][b]  y = x + h of the layer below
+shared float hs[KC * BTP];       // [kk][b]  the state entering (zero after <bos>)
+shared float rstd_s[BT];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
+    uint u = tid / (BT / SB), t = tid % (BT / SB);
+    uint units_wg = gl_WorkGroupID.x % pc.units_wgs, tile = gl_WorkGroupID.x / pc.units_wgs;
+    uint j = units_wg * UJ + u, b0 = tile * BT;
+    uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
+    bool first = l == 0u;
+    float ai[3][SB], ah[3][SB];
+    [[unroll]] for (uint s = 0u; s < SB; ++s)
+        [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
+    float ss = 0.0;  // thread tid < BT: sum(y^2) of stream b0 + tid
+    for (uint k0 = 0u; k0 < H; k0 += KC) {
+        for (uint i = tid; i < 6u * UJ * KC; i += WG) {  // weights, coalesced along k
+            uint row = i / KC, kk = i % KC, uu = row / 6u, g = row % 6u, jj = units_wg * UJ + uu, k = k0 + kk;
+            float w = 0.0;
+            if (jj < H && k < H) {
+                if (g >= 3u) w = params1[pc.w_hh + ((g - 3u) * H + jj) * H + k];
+                else if (!first) w = params1[pc.w_ih + (g * H + jj) * H + k] * params1[pc.g_prev + k];
+            }
+            wt[i] = w;
+        }
+        for (uint i = tid; i < BT * KC; i += WG) {  // inputs, coalesced along k, stored transposed
+            uint bb = i / KC, kk = i % KC, b = b0 + bb, k = k0 + kk;
+            float y = 0.0, h = 0.0;
+            if (b < B && k < H) {
+                if (!first) y = ysum1[((l - 1u) * B + b) * H + k];
+                h = token[b] != pc.bos ? state1[st(oldh, l, b) + k] : 0.0;
+            }
+            ys[kk * BTP + bb] = y;
+            hs[kk * BTP + bb] = h;
+        }
+        barrier();
+        if (!first && tid < BT)
+            for (uint kk = 0u; kk < KC; ++kk) ss += ys[kk * BTP + tid] * ys[kk * BTP + tid];
+        if (u < UJ) {
+            [[unroll]] for (uint kk = 0u; kk < KC; ++kk) {
+                float w0 = wt[(u * 6u) * KC + kk], w1 = wt[(u * 6u + 1u) * KC + kk], w2 = wt[(u * 6u + 2u) * KC + kk];
+                float w3 = wt[(u * 6u + 3u) * KC + kk], w4 = wt[(u * 6u + 4u) * KC + kk], w5 = wt[(u * 6u + 5u) * KC + kk];
+                [[unroll]] for (uint s = 0u; s < SB; ++s) {
+                    float y = ys[kk * BTP + t * SB + s], h = hs[kk * BTP + t * SB + s];
+                    ai[0][s] += w0 * y; ai[1][s] += w1 * y; ai[2][s] += w2 * y;
+                    ah[0][s] += w3 * h; ah[1][s] += w4 * h; ah[2][s] += w5 * h;
+                }
+            }
+        }
+        barrier();  // the tiles are overwritten by the next chunk
+    }
+    if (tid < BT) rstd_s[tid] = 1.0 / sqrt(ss / float(H) + pc.eps);
+    barrier();
+    if (j >= H) return;
+    [[unroll]] for (uint s = 0u; s < SB; ++s) {
+        uint bb = t * SB + s, b = b0 + bb;
+        if (b >= B) break;
+        float gi0, gi1, gi2, x;
+        if (first) {
+            layer0_input(token[b], j, gi0, gi1, gi2, x);
+        } else {
+            float rstd = rstd_s[bb];
+            gi0 = ai[0][s] * rstd; gi1 = ai[1][s] * rstd; gi2 = ai[2][s] * rstd;
+            x = ysum1[((l - 1u) * B + b) * H + j] * rstd * params1[pc.g_prev + j];
+        }
+        float hold = state1[st(oldh, l, b) + j];
+        float keep = token[b] != pc.bos ? 1.0 : 0.0;
+        float h = ctl[b * DS_WORDS + DS_DONE] != 0u ? hold
+                : gru_cell(gi0 + params1[pc.b_ih + j], gi1 + params1[pc.b_ih + H + j], gi2 + params1[pc.b_ih + 2u * H + j],
+                           ah[0][s] + params1[pc.b_hh + j], ah[1][s] + params1[pc.b_hh + H + j],
+                           ah[2][s] + params1[pc.b_hh + 2u * H + j], hold * keep);
+        state1[st(newh, l, b) + j] = h;
+        ysum1[(l * B + b) * H + j] = x + h;
+    }
+}
+#endif  // TILED
