@@ -52,6 +52,7 @@ class DeviceInfo:
     subgroup_size: int
     device_memory_bytes: int = 0  # the largest DEVICE_LOCAL memory heap (0: unknown)
     compute_units: int = 0  # streaming multiprocessors (VK_NV_shader_sm_builtins; 0: unknown)
+    warps_per_cu: int = 0  # resident warps an SM can hold (the same extension; 0: unknown)
     timestamp_period_ns: float = 1.0  # nanoseconds per GPU timestamp tick
 
 
@@ -142,6 +143,7 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
     raw = bytes(props2.props)
     u32 = lambda off: int.from_bytes(raw[off:off + 4], "little")  # noqa: E731
     vendor_id = u32(_OFF_VENDOR)
+    sms, warps = _sm_builtins(vk, handle)
     return DeviceInfo(
         index=index,
         name=raw[_OFF_NAME:_OFF_NAME + 256].split(b"\0", 1)[0].decode(errors="replace"),
@@ -155,7 +157,8 @@ def _describe(vk: ctypes.CDLL, index: int, handle) -> DeviceInfo:
         max_workgroup_invocations=u32(_OFF_WG_INVOCATIONS),
         subgroup_size=subgroup.subgroupSize,
         device_memory_bytes=_device_memory(vk, handle),
-        compute_units=_sm_count(vk, handle),
+        compute_units=sms,
+        warps_per_cu=warps,
         timestamp_period_ns=struct.unpack_from("<f", raw, _OFF_TIMESTAMP_PERIOD)[0],
     )
 
@@ -173,14 +176,15 @@ def device_extensions(vk: ctypes.CDLL, handle) -> set[str]:
             for i in range(count.value)}
 
 
-def _sm_count(vk: ctypes.CDLL, handle) -> int:
-    """Streaming multiprocessors, where the driver offers VK_NV_shader_sm_builtins (else 0)."""
+def _sm_builtins(vk: ctypes.CDLL, handle) -> tuple[int, int]:
+    """(streaming multiprocessors, warps per SM) where the driver offers VK_NV_shader_sm_builtins
+    (else (0, 0): other vendors do not tell Vulkan either number)."""
     if "VK_NV_shader_sm_builtins" not in device_extensions(vk, handle):
-        return 0
+        return 0, 0
     sm = _SmProps(_STYPE_SM_BUILTINS, None)
     props2 = _Props2(_STYPE_PROPS2, ctypes.cast(ctypes.pointer(sm), ctypes.c_void_p))
     vk.vkGetPhysicalDeviceProperties2(ctypes.c_void_p(handle), ctypes.byref(props2))
-    return int(sm.smCount)
+    return int(sm.smCount), int(sm.warpsPerSm)
 
 
 def _device_memory(vk: ctypes.CDLL, handle) -> int:

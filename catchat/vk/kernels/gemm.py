@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from catchat.vk import tiles
+from catchat.vk import tiles, tune
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
 
@@ -76,22 +76,68 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
-def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
-    """Tile sizes for this device and output shape, from its family's row of tiles.GEMM_ROWS:
-    the large (or split-K) tile where the grid of 128x128 tiles reaches the row's fill count."""
+def _fits(dev: Device, t: GemmTiles) -> bool:
+    return t.threads <= dev.info.max_workgroup_invocations and t.shared_bytes <= dev.info.max_shared_memory_bytes
+
+
+def gemm_candidates(dev: Device) -> list[GemmTiles]:
+    """Every tile the tables list (each row's large, split-K and small tile) that fits this device's
+    threads and shared memory: what `catchat bench --tune` measures, and what a cached choice must be."""
+    out = []
+    for row in tiles.GEMM_ROWS:
+        for t in (row.large, row.split_k, row.small):
+            g = GemmTiles(*t)
+            if g not in out and _fits(dev, g):
+                out.append(g)
+    return out
+
+
+def _cus(dev: Device) -> int:
+    """The device's SM count (0: unknown, or a CPU device)."""
+    return dev.info.compute_units if dev.info.type != "CPU" else 0
+
+
+def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
+    """The tables' choice (tiles.GEMM_ROWS, the device family's row): the large (or split-K) tile
+    where the grid of 128x128 tiles reaches the row's fill count, scaled to this device's SMs
+    (the measured device's count where the driver does not tell), else the small tile."""
     row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
-    if row.fill_workgroups and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= row.fill_workgroups:
+    fill = tiles.scaled_workgroups(row.fill_workgroups, _cus(dev), row.measured_cus)
+    if row.fill_workgroups and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= fill:
         return GemmTiles(*(row.split_k if split_k > 1 else row.large))
     return GemmTiles(*row.small)
 
 
+def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1, K: int | None = None,
+               trans: tuple[bool, bool] = (False, False)) -> GemmTiles:
+    """Tile sizes for this device and output shape: the choice `catchat bench --tune` cached for
+    this device and (M, N, K, split_k, transposes) where there is one and it is still a candidate
+    (`gemm_candidates`), else the tables' (`table_gemm_tiles`). Without K the cache is not asked."""
+    if K is not None:
+        key = tune.gemm_key(M, N, K, split_k, *trans)
+        cached = tune.lookup(dev.info, "gemm", key)
+        if cached is not None:
+            try:
+                t = GemmTiles(*(int(v) for v in cached))
+            except (TypeError, ValueError):
+                t = None
+            if t is not None and t in gemm_candidates(dev):
+                return t
+            tune.note(f"ignoring the tuned GEMM tiles {cached} for {key}: not a candidate on this device "
+                      f"(`catchat bench CONFIG --tune` measures again)")
+    return table_gemm_tiles(dev, M, N, split_k)
+
+
 def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
     """A split-K count for a long-K GEMM with few output tiles (weight gradients, K = T*B):
-    ~512 workgroups in all, k-ranges of >= 1024, a workspace of at most max_workspace_bytes;
-    1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms unsplit -> 3.2 ms at 16.)"""
+    the row's workgroups in all (~512 on an H200, ~4 per SM), k-ranges of >= 1024, a workspace of at
+    most max_workspace_bytes; 1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms
+    unsplit -> 3.2 ms at 16.)"""
     if not _is_gpu(dev):
         return 1
-    s = ceil_div(512, ceil_div(M, 128) * ceil_div(N, 128))
+    row = tiles.gemm_row(dev.info.name, True)
+    target = tiles.scaled_workgroups(row.split_k_workgroups, _cus(dev), row.measured_cus)
+    s = ceil_div(target, ceil_div(M, 128) * ceil_div(N, 128))
     return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
 
 
@@ -156,7 +202,7 @@ class Gemm(Kernel):
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
-        self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k)
+        self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
         t = self.tiles
         if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
                 or t.threads > dev.info.max_workgroup_invocations):
@@ -235,12 +281,14 @@ def colsum_geometry(dev: Device) -> tuple[int, int]:
 
 
 def colsum_splits(dev: Device, M: int, N: int) -> int:
-    """Row splits for ColSum: ~1024 workgroups with >= 512 rows each on a GPU, 1 on a CPU.
-    (H200, [65536,1536]: 1.0 ms unsplit -> 0.15 ms at 16 splits.)"""
+    """Row splits for ColSum: the row's workgroups (~1024 on an H200, ~8 per SM) with >= 512 rows
+    each on a GPU, 1 on a CPU. (H200, [65536,1536]: 1.0 ms unsplit -> 0.15 ms at 16 splits.)"""
     if not _is_gpu(dev):
         return 1
+    row = tiles.gemm_row(dev.info.name, True)
+    target = tiles.scaled_workgroups(row.colsum_workgroups, _cus(dev), row.measured_cus)
     cols = ceil_div(N, colsum_geometry(dev)[0])
-    return max(1, min(ceil_div(1024, cols), M // 512))
+    return max(1, min(ceil_div(target, cols), M // 512))
 
 
 class ColSum(Kernel):

@@ -13,9 +13,11 @@ the gate backward of step s-1 on the same elements, so no dh ping-pong buffer is
 thread owns its (b, k) element in every step (see the shader header).
 
 A sweep (`sweep_ops()`) is either one dispatch per step, or, where the device tells how many
-workgroups can be resident at once (`resident_workgroups`: one per SM on NVIDIA), one persistent
-dispatch whose workgroups walk the tiles of each step and meet at a grid barrier between steps
-(glsl/include/grid_sync.glsl): no per-step launch, drain and barrier. `step(t)` is always one
+workgroups can be resident at once (`resident_workgroups`: one per SM on NVIDIA) and the sweep's
+dispatch is shown co-resident from the device's limits (`plan_sweep`, catchat/vk/occupancy.py),
+one persistent dispatch whose workgroups walk the tiles of each step and meet at a grid barrier
+between steps (glsl/include/grid_sync.glsl): no per-step launch, drain and barrier. A kernel's
+`residency` says why (None: a dispatch per step by choice, or a forced count). `step(t)` is always one
 dispatch (the per-timestep path interleaves other kernels between steps).
 """
 
@@ -27,9 +29,10 @@ from typing import NamedTuple
 import numpy as np
 
 from catchat.errors import UsageError
-from catchat.vk import slots, tiles
+from catchat.vk import slots, tiles, tune
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.occupancy import Residency, co_residency
 from catchat.vk.shaders import compile_shader
 
 # Tiles: (threads x, threads y, k-slices, block x, block y, k chunk).
@@ -193,20 +196,121 @@ def partial_words(B: int, H: int, tiles) -> int:
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhtot,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
-    tiles = default_tiles(dev, B, H, True, resident_workgroups(dev)) if dev is not None else None
+    tiles = plan_sweep(dev, B, H, True).tiles if dev is not None else None
     return B * H + sync_words(B) + partial_words(B, H, tiles)
 
 
-def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
-    """The tiles a sweep at [B, H] uses on dev over `resident` persistent workgroups (0: a dispatch
-    per step): register-resident where W_hh fits (`pick_resident_tiles`), else tiled (`pick_tiles`)."""
+def table_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
+    """The tables' tiles for a sweep at [B, H] on dev over `resident` persistent workgroups (0: a
+    dispatch per step): register-resident where W_hh fits (`pick_resident_tiles`), else tiled
+    (`pick_tiles`, its workgroup minimums scaled to the device's SM count)."""
     info = dev.info
     if resident:
         resident_tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations,
                                              info.max_shared_memory_bytes, backward, info.subgroup_size, tile_row(dev))
         if resident_tiles:
             return resident_tiles
-    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes, tile_row(dev)))
+    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes, tile_row(dev), device_sms(dev),
+                            info.max_workgroup_invocations))
+
+
+def sweep_candidates(dev: Device, B: int, H: int, backward: bool, resident: int) -> list:
+    """Every tile the tables list for a sweep at [B, H] over `resident` workgroups that fits this
+    device: the register-resident candidates (persistent sweeps only), the persistent tiled ones
+    that fit `resident`, then the per-step ones. What `catchat bench --tune` measures, and what a
+    cached choice must be one of."""
+    info, row, out = dev.info, tile_row(dev), []
+    if resident:
+        for cand in (row.resident_backward if backward else row.resident_forward):
+            t = resident_candidate(B, H, resident, *cand)
+            if t and t not in out and resident_fits(t, B, H, backward, resident, info.max_workgroup_invocations,
+                                                    info.max_shared_memory_bytes, info.subgroup_size,
+                                                    row.register_file):
+                out.append(t)
+        for t in (row.persistent_backward if backward else row.persistent_forward):
+            if n_workgroups(t, B, H, backward) <= resident and _tiles_fit(t, backward, info) and t not in out:
+                out.append(tuple(t))
+    for t, _ in (row.backward if backward else row.forward):
+        if _tiles_fit(t, backward, info) and tuple(t) not in out:
+            out.append(tuple(t))
+    return out
+
+
+def _tiles_fit(t, backward: bool, info) -> bool:
+    return t[0] * t[1] * t[2] <= info.max_workgroup_invocations and shared_bytes(t, backward) <= \
+        info.max_shared_memory_bytes
+
+
+def _from_cache(value):
+    """A cached sweep choice ["ResidentTiles" | "tuple", [...]] as tiles (None: not that shape)."""
+    try:
+        kind, vals = value
+        vals = [int(v) for v in vals]
+        if kind == "ResidentTiles" and len(vals) == len(ResidentTiles._fields):
+            return ResidentTiles(*vals)
+        if kind == "tuple" and len(vals) == 6:
+            return tuple(vals)
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def to_cache(tiles) -> list:
+    """Tiles as the tuning cache stores them."""
+    return [type(tiles).__name__ if isinstance(tiles, ResidentTiles) else "tuple", [int(v) for v in tiles]]
+
+
+def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
+    """The tiles a sweep at [B, H] uses on dev over `resident` persistent workgroups (0: a dispatch
+    per step): the choice `catchat bench --tune` cached for this device and shape where it is still
+    a candidate (`sweep_candidates`), else the tables' (`table_tiles`)."""
+    key = tune.gru_key(B, H, backward, resident)
+    cached = tune.lookup(dev.info, "gru", key)
+    if cached is not None:
+        t = _from_cache(cached)
+        if t is not None and t in sweep_candidates(dev, B, H, backward, resident):
+            return t
+        tune.note(f"ignoring the tuned sweep tiles {cached} for {key}: not a candidate on this device "
+                  f"(`catchat bench CONFIG --tune` measures again)")
+    return table_tiles(dev, B, H, backward, resident)
+
+
+class SweepPlan(NamedTuple):
+    """How a sweep at [B, H] runs: its tiles, the persistent workgroups it may use (0: a dispatch
+    per step) and why (the co-residency shown, or why it was not)."""
+
+    tiles: object
+    resident: int
+    residency: Residency | None
+
+
+def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident: int) -> Residency:
+    """Whether the persistent dispatch of a sweep at these tiles over `resident` workgroups is
+    shown co-resident on dev (catchat/vk/occupancy.py)."""
+    info = dev.info
+    if isinstance(tiles, ResidentTiles):
+        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, info.subgroup_size)
+        regs = resident_registers(tiles, backward)
+    else:
+        n_tiles, nt, nbytes, regs = n_workgroups(tiles, B, H, backward), tiles[0] * tiles[1] * tiles[2], \
+            shared_bytes(tiles, backward), 0
+    return co_residency(info, sweep_workgroups(resident, n_tiles), nt, nbytes, regs, tile_row(dev).register_file)
+
+
+def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | None = None, tiles=None) -> SweepPlan:
+    """The tiles and mode of a sweep. `persistent` given (a caller's count) or CATCHAT_PERSISTENT set:
+    that many workgroups, unchecked (the caller vouches; the barrier's timeout guard still reports a
+    failure). Else one per SM, if the persistent dispatch is shown co-resident from the device's
+    limits (`sweep_residency`); where it is not, one dispatch per step, with per-step tiles."""
+    forced = persistent is not None or bool(os.environ.get("CATCHAT_PERSISTENT", "").strip())
+    resident = resident_workgroups(dev) if persistent is None else int(persistent)
+    chosen = default_tiles(dev, B, H, backward, resident) if tiles is None else tiles
+    if not resident or forced:
+        return SweepPlan(chosen, resident, None)
+    res = sweep_residency(dev, chosen, B, H, backward, resident)
+    if res.ok:
+        return SweepPlan(chosen, resident, res)
+    return SweepPlan(default_tiles(dev, B, H, backward, 0) if tiles is None else tiles, 0, res)
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0) -> tuple[str, dict]:
@@ -267,10 +371,12 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
 
 
 def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_shared: int = 48 * 1024,
-               row: tiles.GruRow = _H200):
-    """Per-step sweeps (resident 0): the first candidate whose workgroup count for [B, H] outputs
-    reaches its threshold. Persistent sweeps over `resident` workgroups: the persistent candidate
-    with the most tiles that still fit (and within max_shared bytes), else the per-step choice."""
+               row: tiles.GruRow = _H200, cus: int = 0, max_threads: int = 1024):
+    """Per-step sweeps (resident 0): the first candidate within max_shared bytes and max_threads
+    whose workgroup count for [B, H] outputs reaches its threshold (the row's, measured on a GPU of
+    row.measured_cus SMs, scaled to `cus`; 0 = unknown: as measured). Persistent sweeps over
+    `resident` workgroups: the persistent candidate with the most tiles that still fit (and within
+    max_shared bytes), else the per-step choice."""
     if resident > 0:
         fits = [t for t in (row.persistent_backward if backward else row.persistent_forward)
                 if n_workgroups(t, B, H, backward) <= resident and shared_bytes(t, backward) <= max_shared]
@@ -278,7 +384,8 @@ def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_sh
             return max(fits, key=lambda t: n_workgroups(t, B, H, backward))
     cands = row.backward if backward else row.forward
     for cand, min_wg in cands:
-        if n_workgroups(cand, B, H, backward) >= min_wg:
+        fits = cand[0] * cand[1] * cand[2] <= max_threads and shared_bytes(cand, backward) <= max_shared
+        if fits and n_workgroups(cand, B, H, backward) >= tiles.scaled_workgroups(min_wg, cus, row.measured_cus):
             return cand
     return cands[-1][0]
 
@@ -329,8 +436,8 @@ class _Sweep(Kernel):
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
         gru_*_resident.comp)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
-        resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        self.tiles = default_tiles(dev, B, H, backward, resident) if tiles is None else tiles
+        plan = plan_sweep(dev, B, H, backward, persistent, tiles)
+        resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
