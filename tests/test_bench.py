@@ -1,4 +1,5 @@
-"""tools/bench.py runs on lavapipe at a small config, and its profile covers the whole micro-batch."""
+"""`catchat bench` (catchat/bench.py) runs on lavapipe at a small config, its profile covers the whole
+micro-batch, --tune caches the fastest tiles the pickers then use; and the benchmark tools in tools/."""
 
 import math
 import sys
@@ -7,8 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-import bench  # noqa: E402
-
+from catchat import bench  # noqa: E402
 from catchat import config as cfgmod  # noqa: E402
 from catchat.model import ParamLayout  # noqa: E402
 from catchat.vk.program import Program, sequences  # noqa: E402
@@ -20,14 +20,14 @@ def small(layers: int = 2):
 
 
 def test_bench_measures_train_eval_memory_and_profile(dev):
-    """A 1-step run gives every figure tools/bench.py prints. Its timings are not checked beyond being
+    """A 1-step run gives every figure `catchat bench` prints. Its timings are not checked beyond being
     numbers (a token count over a measured interval is positive whatever the code does); the memory
     figure and the profile's groups are."""
     cfg = small()
     res = bench.bench_catchat(cfg, dev, steps=1, warmup=1, want_profile=True)
     timings = ("train_tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms", "eval_tokens_per_s",
                "build_s")
-    assert set(res) == {*timings, "device_bytes", "profile"}
+    assert set(res) == {*timings, "device_bytes", "profile", "sweeps"}
     assert [k for k in timings if not math.isfinite(res[k])] == []
     # the footprint holds at least the four model-sized float32 buffers: params, grads, AdamW's m and v
     spec = cfgmod.model_spec(cfg)
@@ -46,6 +46,124 @@ def test_profile_groups_are_the_micro_batch(dev):
     grouped = sum(len(ops) for _, _, ops in bench.profile_groups(prog))
     micro = len(sequences.forward_ops(prog.fwd)) + 2 + len(sequences.backward_ops(prog.bwd))  # + loss, reduction
     assert grouped == micro
+
+
+SMALL = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--set", "data.window=6",
+         "--set", "data.batch_lanes=3", "--steps", "1", "--warmup", "1"]
+
+
+def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkeypatch):
+    """The command: the catchat row, the step split, how each sweep runs (and why), the profile,
+    the JSON file; --compare-torch without torch (or without CUDA) says so in one line."""
+    import json
+
+    monkeypatch.setattr(bench, "torch_status", lambda: (False, "torch is not importable (test)"))
+    out = tmp_path / "b.json"
+    code, text, err = cli("bench", *SMALL, "--profile", "--compare-torch", "--json", out)
+    assert code == 0, err
+    assert "catchat" in text and "train tok/s" in text and "step: forward" in text
+    assert text.count("sweep L") == 4 and "a dispatch per step" in text
+    assert "sum of groups" in text and "torch comparison skipped: torch is not importable (test)" in text
+    res = json.loads(out.read_text())
+    assert res["catchat"]["profile"] and len(res["catchat"]["sweeps"]) == 4
+    assert res["torch_status"] == "torch is not importable (test)" and "torch" not in res
+    assert "--precision" not in cli("bench", "--help")[1]
+
+
+def test_catchat_bench_torch_rows(cli, monkeypatch):
+    """With a usable torch: a row per mode (FP32, TF32, AMP fp16, AMP bf16) and its ratio; a mode
+    that fails is a row that says why, and the others still run."""
+    monkeypatch.setattr(bench, "torch_status", lambda: (True, "torch 9 on a GPU"))
+    calls = []
+
+    def fake(cfg, steps, warmup, mode):
+        calls.append(mode)
+        if mode == "amp_bf16":
+            raise RuntimeError("bf16 GRU not supported here")
+        return dict(train_tokens_per_s=500.0, step_ms=36.0, eval_tokens_per_s=1000.0, device_bytes=2**30)
+
+    monkeypatch.setattr(bench, "bench_torch", fake)
+    code, text, err = cli("bench", *SMALL, "--compare-torch")
+    assert code == 0, err
+    assert calls == ["fp32", "tf32", "amp_fp16", "amp_bf16"]
+    for label in ("FP32 (TF32 off)", "TF32", "AMP fp16", "AMP bf16"):
+        assert f"torch {label}" in text
+    assert "RuntimeError: bf16 GRU not supported here" in text and "500" in text
+
+
+def _tiny_cfg():
+    return cfgmod.load(ROOT / "configs" / "tiny.toml",
+                       ["model.hidden=12", "data.window=6", "data.batch_lanes=3"])
+
+
+def test_tune_caches_the_fastest_candidate_and_the_pickers_use_it(dev, tmp_path, monkeypatch):
+    """Deterministic: a fake timer makes the 64x64 GEMM tile and the last per-step sweep candidate the
+    fastest; the cache is written, read back, and a program built afterwards uses those tiles. A
+    candidate within the noise margin of the tables' choice does not replace it."""
+    import json
+
+    from catchat.vk import tune as tunecache
+    from catchat.vk.kernels import gemm, gru
+
+    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CATCHAT_PERSISTENT", raising=False)
+    cfg = _tiny_cfg()
+    spec = cfgmod.model_spec(cfg)
+    before = Program(dev, ParamLayout(spec), 6, 3)
+    assert before.fwd.rows.head.tiles == gemm.CPU_TILE
+    fast_gemm, seen = gemm.GemmTiles(64, 64, 8, 4, 4), []
+
+    def measure(kind, shape, tiles):
+        seen.append((kind, shape))
+        if kind == "gemm":
+            return 1.0 if tiles == fast_gemm else 2.0
+        cands = gru.sweep_candidates(dev, shape["B"], shape["H"], shape["backward"], shape["resident"])
+        return 1.0 if tiles == cands[-1] else (1.01 if tiles == cands[0] else 3.0)
+
+    rows, path = bench.tune(cfg, dev, measure=measure)
+    assert path.parent == tmp_path / "cache" / "tune" and path.exists()
+    data = json.loads(path.read_text())
+    assert data["device"] == dev.info.name and data["driver"] == dev.info.driver
+    gemm_keys = [r.key for r in rows if r.kind == "gemm"]
+    assert gemm_keys and all(data["gemm"][k] == list(fast_gemm) for k in gemm_keys)
+    sweeps = [r for r in rows if r.kind == "gru"]
+    assert {r.key for r in sweeps} == {"fwd/B3/H12/wg0", "bwd/B3/H12/wg0"}
+    for r in sweeps:  # the last candidate is 1% faster than the tables' choice: within the margin
+        assert r.winner == r.table and data["gru"][r.key] == gru.to_cache(r.table)
+    # read back: the program's GEMMs take the cached tiles
+    after = Program(dev, ParamLayout(spec), 6, 3)
+    assert after.fwd.rows.head.tiles == fast_gemm and after.bwd.layers[1].dw_hh.tiles == fast_gemm
+    assert tunecache.lookup(dev.info, "gemm", gemm_keys[0]) == list(fast_gemm)
+    # a clear winner replaces the tables' choice
+    measure2 = lambda kind, shape, tiles: (  # noqa: E731
+        2.0 if kind == "gemm" else (1.0 if tiles == gru.sweep_candidates(dev, 3, 12, shape["backward"], 0)[-1]
+                                    else 3.0))
+    bench.tune(cfg, dev, measure=measure2)
+    last = gru.sweep_candidates(dev, 3, 12, False, 0)[-1]
+    assert Program(dev, ParamLayout(spec), 6, 3).fwd.gru[0].tiles == last
+    assert {k for k, _ in seen} == {"gemm", "gru"}
+
+
+def test_tune_measures_for_real_and_a_corrupt_cache_is_only_a_warning(cli, tmp_path, monkeypatch):
+    """`catchat bench --tune` on lavapipe measures every candidate (timings not checked), caches a
+    choice per shape that is one of the candidates; a corrupt cache file afterwards is a warning
+    and the tables' choice, never a traceback."""
+    import json
+
+    from catchat.vk import tune as tunecache
+
+    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    tunecache._said.clear()
+    code, text, err = cli("bench", *SMALL, "--tune")
+    assert code == 0, err
+    assert "tuned on" in text and "cached" in text
+    path = next((tmp_path / "cache" / "tune").glob("*.json"))
+    data = json.loads(path.read_text())
+    assert data["gemm"] and data["gru"] and set(data["measured"]) == {f"{k}/{key}" for k in ("gemm", "gru")
+                                                                      for key in data[k]}
+    path.write_text("{ this is not json")
+    code, text, err = cli("bench", *SMALL)
+    assert code == 0 and "ignoring the tuning cache" in err and "Traceback" not in err + text
 
 
 def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch, capsys):

@@ -9,7 +9,7 @@ per step, fastest first. Sweeps run as the program would run them on this device
 dispatch where the GPU reports its SMs, else a dispatch per step); --persistent N overrides. Every
 candidate's outputs are compared with the default tiles' (a tile that computes something else is
 reported, not ranked). --apply CONFIG then reruns
-tools/bench.py's training measurement for that config with the fastest tiles patched in.
+`catchat bench`'s training measurement for that config with the fastest tiles patched in.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench  # noqa: E402
-
+from catchat import bench  # noqa: E402
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402

@@ -13,7 +13,7 @@ part() { local name=$1; shift; echo "== $name"; ( time timeout "${PART_TIMEOUT:-
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity
 part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py tests/kernels
-part bench-v3 $py tools/bench.py configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
+part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # registers of the resident sweeps, and of tile shapes that measured slower (docs/benchmarks.md)
@@ -23,4 +23,4 @@ part train-v3 $py -m catchat.cli train configs/catchat-v3.toml --set "data.corpu
     --run-dir /tmp/gpu-check-v3 --stop-after-steps 40
 cp /tmp/gpu-check-v3/metrics.csv /tmp/gpu-check-v3/events.jsonl "$out/" 2>/dev/null
 part sample-v3 $py -m catchat.cli sample /tmp/gpu-check-v3 --speaker HAMLET --length 200 --seed 1
-part bench-v5 $py tools/bench.py configs/catchat-v5.toml --steps 2 --warmup 1 --compare-torch --profile --json "$out/bench-v5.json"
+part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --compare-torch --profile --json "$out/bench-v5.json"

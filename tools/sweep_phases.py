@@ -3,7 +3,7 @@
 
     python tools/sweep_phases.py configs/catchat-v3.toml [--layer 1] [--steps 512] [--reps 3] [--set k=v]
 
-Builds the training program for CONFIG (as tools/bench.py does) and runs one training step, so
+Builds the training program for CONFIG (as `catchat bench` does) and runs one training step, so
 its buffers hold real activations. Then it runs layer --layer's forward and backward sweeps again
 as twins compiled with phase clocks (glsl/include/phase_clock.glsl): workgroup 0 stamps the SM
 clock at each phase boundary of the first --steps steps. Prints the median cycles of each phase
@@ -23,9 +23,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import ready_program, timed_sequence  # noqa: E402
-
 from catchat import config as cfgmod  # noqa: E402
+from catchat.bench import ready_program, timed_sequence  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402
 

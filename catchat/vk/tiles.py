@@ -90,7 +90,7 @@ GRU_ROWS = (
         resident_forward=((16, 2, 2, 4, 32), (8, 2, 2, 4, 32), (4, 2, 2, 2, 32), (2, 1, 2, 2, 32)),
         resident_backward=((16, 2, 0, 8, 2), (8, 2, 0, 8, 2), (8, 4, 0, 8, 2), (4, 4, 0, 8, 2), (2, 4, 0, 8, 2)),
         register_file=65536, measured_cus=132,
-        measured="NVIDIA H200, driver 580.159.04 (`python tools/bench_gru.py`, `python tools/bench.py CONFIG`; "
+        measured="NVIDIA H200, driver 580.159.04 (`python tools/bench_gru.py`, `catchat bench CONFIG`; "
                  "docs/benchmarks.md). Per-step tiled sweeps at B=64, T=256 (us per step incl. the 2.75 us dispatch "
                  "floor): forward (8,16,4,1,1,64) 20.8 at H=512, 61 at 1024, 207 at 2048; backward "
                  "(2,16,16,1,1,128) 22.6 at H=512, (4,8,8,1,2,128) 51 at 1024, 178 at 2048; at B=32 H=2048 the "

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from catchat.fsutil import atomic_write_text
@@ -32,6 +33,19 @@ KINDS = ("gemm", "gru")
 
 _said: set[str] = set()
 _loaded: dict = {}
+_asked: dict | None = None  # while `recording`: (kind, key) -> the shape the picker was asked for
+
+
+@contextmanager
+def recording():
+    """Collect every (kind, key) -> shape the pickers are asked for inside the `with` (what
+    `catchat bench --tune` measures: the shapes a program of the config really uses)."""
+    global _asked
+    prev, _asked = _asked, {}
+    try:
+        yield _asked
+    finally:
+        _asked = prev
 
 
 def note(message: str) -> None:
@@ -108,8 +122,11 @@ def load(info) -> dict | None:
     return _loaded[key]
 
 
-def lookup(info, kind: str, key: str):
-    """The cached choice for `key` of `kind` ("gemm", "gru") on this device, or None."""
+def lookup(info, kind: str, key: str, shape: dict | None = None):
+    """The cached choice for `key` of `kind` ("gemm", "gru") on this device, or None. `shape`
+    (the key's numbers) is what `recording` collects."""
+    if _asked is not None and shape is not None:
+        _asked.setdefault((kind, key), shape)
     data = load(info)
     return None if data is None else data.get(kind, {}).get(key)
 

@@ -67,6 +67,10 @@ class GemmTiles:
     def spec(self) -> list[int]:
         return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
 
+    def __iter__(self):
+        """(BM, BN, BK, TM, TN), the tables' and the tuning cache's form."""
+        return iter((self.bm, self.bn, self.bk, self.tm, self.tn))
+
 
 # The measured tiles live in catchat/vk/tiles.py (a row per device family, with the measurement).
 # The H200's and the CPU row's, by name, for tests and benchmarks that force a tile shape:
@@ -115,7 +119,8 @@ def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1, K: int | None = No
     (`gemm_candidates`), else the tables' (`table_gemm_tiles`). Without K the cache is not asked."""
     if K is not None:
         key = tune.gemm_key(M, N, K, split_k, *trans)
-        cached = tune.lookup(dev.info, "gemm", key)
+        cached = tune.lookup(dev.info, "gemm", key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
+                                                         trans_b=trans[1]))
         if cached is not None:
             try:
                 t = GemmTiles(*(int(v) for v in cached))

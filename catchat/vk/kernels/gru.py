@@ -265,7 +265,7 @@ def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
     per step): the choice `catchat bench --tune` cached for this device and shape where it is still
     a candidate (`sweep_candidates`), else the tables' (`table_tiles`)."""
     key = tune.gru_key(B, H, backward, resident)
-    cached = tune.lookup(dev.info, "gru", key)
+    cached = tune.lookup(dev.info, "gru", key, dict(B=B, H=H, backward=backward, resident=resident))
     if cached is not None:
         t = _from_cache(cached)
         if t is not None and t in sweep_candidates(dev, B, H, backward, resident):

@@ -1,0 +1,409 @@
+"""`catchat bench CONFIG`: training and forward-only throughput on this device, optionally beside
+PyTorch, the step split into kernel groups, and tile tuning for this GPU.
+
+- `bench_catchat`: tokens/s of a training step (forward + backward + optimizer) and of forward-only
+  evaluation, the step split into forward / backward / optimizer (each timed as its own recorded
+  sequence) and the device memory catchat allocated. Data is random tokens with conversation
+  resets: throughput does not depend on text. `profile` times each group of the micro-batch's
+  dispatches (sweeps, GEMMs, the rest) alone.
+- `bench_torch`: the same architecture in PyTorch (per-layer nn.GRU + residual + RMSNorm + linear
+  head, label-smoothed cross-entropy, fused AdamW, grad clipping) in the same process, in FP32
+  (TF32 off), TF32, and automatic mixed precision with fp16 (with a gradient scaler) and bf16.
+- `tune`: for every shape a program of the config asks tile pickers about (catchat/vk/tune.py's
+  `recording`), time each candidate the tables list that fits this device (GEMM tiles; sweep tiles:
+  register-resident, persistent and per-step), check it computes what the tables' choice does,
+  and cache the fastest per device, driver and shape; the pickers use it from then on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from catchat import config as cfgmod
+from catchat.model import ParamLayout, init_params
+from catchat.vk import slots
+from catchat.vk import tune as tunecache
+from catchat.vk.device import host_view
+from catchat.vk.kernels import Axpby, gemm, gru, run_ops
+
+TORCH_MODES = (("fp32", "FP32 (TF32 off)"), ("tf32", "TF32"), ("amp_fp16", "AMP fp16"), ("amp_bf16", "AMP bf16"))
+
+
+class _NoProgress:
+    """A stand-in for a rich Progress: `step(label)` before each unit of long work."""
+
+    def step(self, label: str) -> None:
+        pass
+
+
+def _timed(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs."""
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def timed_sequence(dev, ops, reps: int, warmup: int = 1) -> float:
+    """Median seconds of one recorded sequence of ops over reps runs, after warmup runs."""
+    seq = dev.recorded(ops)
+    for _ in range(warmup):
+        seq.eval()
+    return _timed(seq.eval, reps)
+
+
+def ready_program(cfg, dev, tf: float = 1.0):
+    """The training program for cfg with initial parameters, and (train_step, eval_step): one
+    training step / one evaluation window each on random data."""
+    from catchat.parity.model import random_window
+    from catchat.train import step_hyper
+    from catchat.vk.program import Program
+
+    spec = cfgmod.model_spec(cfg)
+    T, B = cfg.data.window, cfg.data.batch_lanes
+    layout = ParamLayout(spec)
+    prog = Program(dev, layout, T, B, optimizer=cfg.train.optimizer)
+    flat = layout.flatten(init_params(spec, 0))
+    prog.set_params(flat)
+    prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+    prog.set_carry(None)
+    rng = np.random.default_rng(0)
+    data = [random_window(rng, spec, T, B, pad_frac=0.0) for _ in range(4)]
+    hp = step_hyper(cfg, cfg.train.lr)
+    state = {"i": 0}
+
+    def train_step():
+        w = data[state["i"] % len(data)]
+        state["i"] += 1
+        st = prog.train_step([w], hp, global_step=state["i"], tf=tf)
+        assert math.isfinite(st.loss)
+
+    def eval_step():
+        w = data[state["i"] % len(data)]
+        state["i"] += 1
+        prog.eval_window(*w)
+
+    return prog, train_step, eval_step
+
+
+def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profile: bool = False,
+                  progress=None) -> dict:
+    """catchat's figures at cfg on dev (see the module docstring); progress: `step(label)` per phase."""
+    progress = progress or _NoProgress()
+    T, B = cfg.data.window, cfg.data.batch_lanes
+    before = dev.allocated_bytes
+    t0 = time.perf_counter()
+    progress.step("building the program (shaders compile on first use)")
+    prog, train_step, eval_step = ready_program(cfg, dev, tf)
+    build_s = time.perf_counter() - t0
+    train_bytes = dev.allocated_bytes - before
+
+    progress.step(f"warm-up ({warmup} steps)")
+    for _ in range(warmup):
+        train_step()
+    progress.step(f"training steps ({steps})")
+    step_s = _timed(train_step, steps)
+    # the split: each part as its own recorded sequence (hyper/data already uploaded)
+    progress.step("forward / backward / optimizer split")
+    fwd_s = _timed(prog.seq_eval_free.eval if tf < 1 else prog.seq_logits.eval, steps)
+    micro_s = _timed(prog.seq_first_tf.eval if tf < 1 else prog.seq_first.eval, steps)
+    apply_s = _timed(prog.seq_apply.eval, steps)
+    tokens = T * B
+    progress.step(f"evaluation windows ({steps})")
+    eval_s = _timed(eval_step, steps)
+    if want_profile:
+        progress.step("profile: each group of the micro-batch alone")
+    return dict(train_tokens_per_s=tokens / step_s, step_ms=step_s * 1e3, forward_ms=fwd_s * 1e3,
+                backward_ms=(micro_s - fwd_s) * 1e3, optimizer_ms=apply_s * 1e3,
+                eval_tokens_per_s=tokens / eval_s, device_bytes=train_bytes, build_s=build_s,
+                sweeps=sweep_modes(prog), profile=profile(prog, steps) if want_profile else None)
+
+
+def sweep_modes(prog) -> list[dict]:
+    """How each recurrent sweep of the program runs: shader, tiles, persistent workgroups (0: a
+    dispatch per step) and the co-residency reason (None: per step by choice, or forced)."""
+    out = []
+    kernels = [(f"L{l} forward", k) for l, k in enumerate(prog.fwd.gru)]
+    if prog.bwd is not None:
+        kernels += [(f"L{l} backward", lay.gru) for l, lay in enumerate(prog.bwd.layers)]
+    for name, k in kernels:
+        res = getattr(k, "residency", None)
+        out.append(dict(sweep=name, shader=k.shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
+                        residency=res.reason if res else None))
+    return out
+
+
+def profile_groups(prog) -> list[tuple[str, str, list]]:
+    """The training micro-batch's dispatches in (kind, name, ops) groups, in recorded order:
+    kind is "sweep" (the serial per-timestep dispatches), "gemm" or "other"."""
+    f, k = prog.fwd, prog.bwd
+    groups = [("other", "embedding", [f.rows.embedding.op()])]
+    for l, (proj, sweep, norm) in enumerate(zip(f.rows.proj, f.gru, f.rows.norm)):
+        groups += [("other" if l == 0 else "gemm", f"L{l} input projection", proj.ops()),
+                   ("sweep", f"L{l} forward sweep", sweep.sweep_ops()), ("other", f"L{l} norm", norm.ops())]
+    groups += [("gemm", "head", f.rows.head.ops()),
+               ("other", "loss", [k.cross_entropy.op(), f.loss_reduce.op()]),
+               ("gemm", "head backward", k.head_dx.ops() + k.head_dw.ops())]
+    for l, lay in reversed(list(enumerate(k.layers))):
+        groups += [("other", f"L{l} norm backward", lay.norm.ops()),
+                   ("sweep", f"L{l} backward sweep", lay.gru.sweep_ops()),
+                   ("gemm", f"L{l} weight gradients", (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()),
+                   ("other", f"L{l} bias gradients", lay.db_ih.ops() + lay.db_hh.ops())]
+        if lay.dx:
+            groups.append(("gemm", f"L{l} input gradient", lay.dx.ops()))
+    t0 = k.table0
+    groups += [("other", "embedding + table0 token sums", [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]),
+               ("gemm", "table0 backward GEMMs", t0.dw_ih.ops() + t0.demb.ops())]
+    return groups
+
+
+def profile(prog, reps: int) -> list[tuple[str, str, float]]:
+    """Milliseconds of each group of profile_groups, each recorded and timed as its own sequence
+    (after a training step, so the buffers hold real values), less the time of a sequence holding
+    one trivial dispatch (submit, fence wait and host overhead: ~0.1-1 ms, which would otherwise
+    swamp the small groups)."""
+    scratch = prog.dev.tensor(1, kind="storage")
+    groups = [("baseline", "", [Axpby(prog.dev, scratch, scratch, 1)(0.0, 0.0)])] + profile_groups(prog)
+    out = [(kind, name, timed_sequence(prog.dev, ops, max(reps, 5)) * 1e3) for kind, name, ops in groups]
+    base = out.pop(0)[2]
+    return [(kind, name, max(ms - base, 0.0)) for kind, name, ms in out]
+
+
+# ------------------------------------------------------------------------------------------ PyTorch
+def torch_status() -> tuple[bool, str]:
+    """(usable, a line saying which torch and GPU, or why the comparison cannot run)."""
+    try:
+        import torch
+    except ImportError as e:
+        return False, f"torch is not importable ({e}); install a CUDA build of torch to compare"
+    if not torch.cuda.is_available():
+        return False, f"torch {torch.__version__} has no CUDA device here (the comparison runs on CUDA only)"
+    return True, f"torch {torch.__version__} on {torch.cuda.get_device_name()}"
+
+
+def bench_torch(cfg, steps: int, warmup: int, mode: str = "fp32") -> dict:
+    """PyTorch's figures at cfg in `mode` (TORCH_MODES): FP32 with TF32 off, TF32, or autocast to
+    fp16 (with a GradScaler) or bf16 around the forward pass and the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    tf32 = mode == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    amp = {"amp_fp16": torch.float16, "amp_bf16": torch.bfloat16}.get(mode)
+    dev = torch.device("cuda")
+    H, L, V = cfg.model.hidden, cfg.model.layers, cfgmod.model_spec(cfg).vocab_size
+    T, B = cfg.data.window, cfg.data.batch_lanes
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(V, H)
+            self.grus = torch.nn.ModuleList(torch.nn.GRU(H, H) for _ in range(L))
+            self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(H, eps=1e-6) for _ in range(L))
+            self.head = torch.nn.Linear(H, V, bias=False)
+
+        def forward(self, tok, h0):
+            x = self.emb(tok) * math.sqrt(H)
+            hs = []
+            for g, norm, h in zip(self.grus, self.norms, h0):
+                o, hT = g(x, h[None].to(x.dtype))
+                x = norm(x + F.dropout(o, 0.0, self.training))
+                hs.append(hT[0])
+            return self.head(x), hs
+
+    model = Model().to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=cfg.train.weight_decay, fused=True)
+    scaler = torch.amp.GradScaler("cuda", enabled=mode == "amp_fp16")
+    tok = torch.randint(1, V, (T, B), device=dev)
+    tgt = torch.randint(1, V, (T, B), device=dev)
+    h0 = [torch.zeros(B, H, device=dev) for _ in range(L)]
+
+    def autocast():
+        return torch.autocast("cuda", dtype=amp, enabled=amp is not None)
+
+    def train_step():
+        with autocast():
+            logits, _ = model(tok, h0)
+            loss = F.cross_entropy(logits.reshape(-1, V).float(), tgt.reshape(-1),
+                                   label_smoothing=cfg.train.label_smoothing)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.clip or 1e9)
+        scaler.step(opt)
+        scaler.update()
+        torch.cuda.synchronize()
+
+    def eval_step():
+        with torch.no_grad(), autocast():
+            model(tok, h0)
+        torch.cuda.synchronize()
+
+    for _ in range(warmup):
+        train_step()
+    torch.cuda.reset_peak_memory_stats()
+    step_s = _timed(train_step, steps)
+    peak = torch.cuda.max_memory_allocated()
+    eval_s = _timed(eval_step, steps)
+    return dict(train_tokens_per_s=T * B / step_s, step_ms=step_s * 1e3, eval_tokens_per_s=T * B / eval_s,
+                device_bytes=peak)
+
+
+# ------------------------------------------------------------------------------------------- tuning
+@dataclass
+class TuneRow:
+    """One shape's measurement: the candidates with seconds (None: failed or computed something
+    else), the tables' choice and the winner (None: nothing to choose from)."""
+
+    kind: str
+    key: str
+    table: object
+    candidates: list = field(default_factory=list)
+    seconds: list = field(default_factory=list)
+    winner: object = None
+
+    def micros(self, tiles) -> float | None:
+        """Microseconds measured for `tiles` (None: not measured, failed, or no such candidate)."""
+        for c, s in zip(self.candidates, self.seconds):
+            if tiles is not None and tuple(c) == tuple(tiles) and s is not None:
+                return s * 1e6
+        return None
+
+
+def tune_shapes(cfg, dev) -> dict:
+    """(kind, key) -> shape for every tile choice the config's training and evaluation programs make
+    on dev (built once under catchat/vk/tune.py's `recording`, then dropped)."""
+    from catchat.vk.program import Program
+
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    with tunecache.recording() as asked:
+        Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, optimizer=cfg.train.optimizer)
+    return dict(asked)
+
+
+def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
+    """(the tables' choice, every candidate the tables list that fits dev) for one shape."""
+    if kind == "gemm":
+        return gemm.table_gemm_tiles(dev, shape["M"], shape["N"], shape["split_k"]), gemm.gemm_candidates(dev)
+    args = (dev, shape["B"], shape["H"], shape["backward"], shape["resident"])
+    return gru.table_tiles(*args), gru.sweep_candidates(*args)
+
+
+class Measurer:
+    """Times tile candidates on random operands, one buffer set per shape; `__call__(kind, shape,
+    tiles)` gives seconds per run, or None when the candidate failed or computed something other
+    than the first candidate of its shape (the tables' choice)."""
+
+    def __init__(self, dev, reps: int = 5, steps: int = 32):
+        self.dev, self.reps, self.steps = dev, reps, steps
+        self.rng = np.random.default_rng(0)
+        self.shape_key, self.bufs, self.reference = None, None, None
+
+    def _tensor(self, n: int, scale: float = 1.0):
+        return self.dev.tensor((scale * self.rng.standard_normal(max(1, n))).astype(np.float32))
+
+    def _setup(self, kind: str, shape: dict):
+        key = (kind, tuple(sorted(shape.items())))
+        if key == self.shape_key:
+            return
+        self.shape_key, self.reference, dev = key, None, self.dev
+        if kind == "gemm":
+            M, N, K = shape["M"], shape["N"], shape["K"]
+            self.bufs = dict(a=self._tensor(M * K), b=self._tensor(K * N), c=self._tensor(M * N),
+                             work=dev.tensor(max(1, shape["split_k"] * M * N), kind="storage"))
+            dev.upload([self.bufs[n] for n in "abc"])
+            return
+        B, H, T = shape["B"], shape["H"], self.steps
+        t = self._tensor
+        b = dict(params=t(3 * H * H + 3 * H, 1 / math.sqrt(H)), gi=t(T * B * 3 * H), do=t(T * B * H, 0.01),
+                 h0=t(B * H), hT=t(B * H), dh0=t(B * H), o=t(T * B * H), hprev=t(T * B * H), save=t(T * B * 4 * H),
+                 dgi=t(T * B * 3 * H), dgh=t(T * B * 3 * H),
+                 resets=dev.tensor(np.zeros(T * B, np.uint32), np.uint32),
+                 hyper=dev.tensor(np.zeros(slots.HP_WORDS, np.uint32), np.uint32),
+                 stats=dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32))
+        dev.upload(list(b.values()))
+        self.bufs = b
+        if shape["backward"]:  # the backward reads the save / hprev of a forward sweep
+            run_ops(dev, [], self._forward(shape, None).sweep_ops(), [b["o"]])
+
+    def _forward(self, shape, tiles):
+        b, H = self.bufs, shape["H"]
+        return gru.GruForward(self.dev, b["gi"], b["params"], b["h0"], b["resets"], b["o"], b["hprev"], b["save"],
+                              b["hT"], T=self.steps, B=shape["B"], H=H, w_off=0, b_off=3 * H * H, tiles=tiles,
+                              persistent=shape["resident"])
+
+    def _kernel(self, kind: str, shape: dict, tiles):
+        """(ops to time, the output tensor)."""
+        b = self.bufs
+        if kind == "gemm":
+            M, N, K, ta, tb = shape["M"], shape["N"], shape["K"], shape["trans_a"], shape["trans_b"]
+            k = gemm.Gemm(self.dev, (b["a"], 0, M if ta else K), (b["b"], 0, K if tb else N), (b["c"], 0, N),
+                          M, N, K, trans_a=ta, trans_b=tb, split_k=shape["split_k"], tiles=tiles, workspace=b["work"])
+            return k.ops(), b["c"]
+        if not shape["backward"]:
+            return self._forward(shape, tiles).sweep_ops(), b["o"]
+        k = gru.GruBackward(self.dev, b["do"], b["save"], b["hprev"], b["resets"], b["params"], b["hyper"], b["dgi"],
+                            b["dgh"], b["dh0"], b["stats"], T=self.steps, B=shape["B"], H=shape["H"], w_off=0,
+                            tiles=tiles, persistent=shape["resident"])
+        return k.sweep_ops(), b["dgi"]
+
+    def __call__(self, kind: str, shape: dict, tiles) -> float | None:
+        self._setup(kind, shape)
+        try:
+            ops, out = self._kernel(kind, shape, tiles)
+        except (ValueError, RuntimeError):
+            return None
+        host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
+        self.dev.upload([out])
+        sec = timed_sequence(self.dev, ops, self.reps)
+        stats = self.bufs.get("stats")
+        (got,) = run_ops(self.dev, [], [], [out])
+        if stats is not None and run_ops(self.dev, [], [], [stats])[0][slots.ST_SYNC_TIMEOUTS]:
+            host_view(stats)[:] = 0
+            self.dev.upload([stats])
+            return None  # its grid barrier gave up: not all its workgroups were resident
+        if self.reference is None:
+            self.reference = got
+        scale = max(float(np.nanmax(np.abs(self.reference))), 1e-30)
+        err = float(np.abs(got - self.reference).max()) / scale
+        return sec if np.isfinite(err) and err <= 1e-4 else None
+
+
+MARGIN = 0.03  # a candidate replaces the tables' choice only when it is this much faster (timing noise)
+
+
+def tune(cfg, dev, measure=None, progress=None) -> tuple[list[TuneRow], object]:
+    """Measure every candidate of every shape the config's programs choose tiles for, cache the
+    fastest per shape (catchat/vk/tune.py; the tables' choice unless one is MARGIN faster), and
+    return (the rows, the cache file). measure(kind, shape, tiles) -> seconds or None (default: a
+    `Measurer`; the tables' choice is timed first, and is the reference the others must match)."""
+    progress = progress or _NoProgress()
+    progress.step("collecting the config's tile choices")
+    shapes = tune_shapes(cfg, dev)
+    measure = measure or Measurer(dev)
+    rows, chosen, measured = [], {"gemm": {}, "gru": {}}, {}
+    for (kind, key), shape in sorted(shapes.items()):
+        table, cands = candidates_of(dev, kind, shape)
+        cands = [table] + [c for c in cands if c != table] if table in cands else cands
+        row = TuneRow(kind, key, table, cands)
+        for c in cands:
+            progress.step(f"{kind} {key}: {tuple(c)}")
+            row.seconds.append(measure(kind, shape, c) if len(cands) > 1 else None)
+        timed = [(s, i) for i, s in enumerate(row.seconds) if s is not None]
+        if timed:
+            best, i = min(timed)
+            base = row.seconds[0] if cands[0] == table else None
+            row.winner = table if base is not None and best > base * (1 - MARGIN) else cands[i]
+            chosen[kind][key] = [int(v) for v in row.winner] if kind == "gemm" else gru.to_cache(row.winner)
+            measured[f"{kind}/{key}"] = [[gru.to_cache(c) if kind == "gru" else [int(v) for v in c],
+                                          None if s is None else round(s * 1e6, 2)] for c, s in zip(cands, row.seconds)]
+        rows.append(row)
+    path = tunecache.store(dev.info, chosen, measured)
+    return rows, path
