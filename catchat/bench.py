@@ -17,6 +17,7 @@ PyTorch, the step split into kernel groups, and tile tuning for this GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -132,10 +133,20 @@ def sweep_modes(prog) -> list[dict]:
     kernels = [(f"L{l} forward", k) for l, k in enumerate(prog.fwd.gru)]
     if prog.bwd is not None:
         kernels += [(f"L{l} backward", lay.gru) for l, lay in enumerate(prog.bwd.layers)]
+    import os
+
+    from catchat.vk.occupancy import co_residency
+
+    forced = os.environ.get("CATCHAT_PERSISTENT", "").strip()
     for name, k in kernels:
         res = getattr(k, "residency", None)
+        why = res.reason if res else None
+        if why is None and forced:
+            why = f"CATCHAT_PERSISTENT={forced}"
+        elif why is None and not k.sweep_workgroups:
+            why = co_residency(prog.dev.info, 2, 1, 0).reason  # why persistent sweeps are off on this device
         out.append(dict(sweep=name, shader=k.shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
-                        residency=res.reason if res else None))
+                        residency=why))
     return out
 
 
@@ -407,3 +418,111 @@ def tune(cfg, dev, measure=None, progress=None) -> tuple[list[TuneRow], object]:
         rows.append(row)
     path = tunecache.store(dev.info, chosen, measured)
     return rows, path
+
+
+# ------------------------------------------------------------------------------------------ the command
+class _Steps:
+    """The long work of `catchat bench` as a transient spinner line (at a terminal only)."""
+
+    def __init__(self, console):
+        from rich.markup import escape
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=self.console, disable=not self.console.is_terminal, transient=True)
+        self.task, self.escape = None, escape
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def step(self, label: str) -> None:
+        self.progress.update(self.task, description=self.escape(label))
+
+
+def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, compare_torch: bool,
+                want_profile: bool, want_tune: bool, json_path, device, console, err_console) -> None:
+    """`catchat bench`: measure, print (tables on `console`, progress on `err_console`), write JSON."""
+    import json
+
+    from rich.markup import escape
+
+    from catchat.console import new_table
+    from catchat.fsutil import atomic_write_text
+    from catchat.vk.device import format_bytes, open_device
+
+    cfg = cfgmod.load(config_path, list(overrides))
+    dev = open_device(device)
+    m, say = cfg.model, functools.partial(console.print, highlight=False, soft_wrap=True)
+    say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
+               f"optimizer={cfg.train.optimizer} on {dev.info.name} ({dev.info.type}, {dev.info.driver})"))
+    res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
+    with _Steps(err_console) as progress:
+        if want_tune:
+            rows, path = tune(cfg, dev, progress=progress)
+            table = new_table("kind", "shape", "tables' choice", "fastest", "us (tables')", "us (fastest)",
+                              title=f"tuned on {dev.info.name}")
+            for r in rows:
+                fmt = lambda us: "-" if us is None else f"{us:.1f}"  # noqa: E731
+                table.add_row(r.kind, r.key, escape(str(tuple(r.table))),
+                              escape(str(tuple(r.winner))) if r.winner is not None else "(one candidate)",
+                              fmt(r.micros(r.table)), fmt(r.micros(r.winner)))
+            console.print(table)
+            say(escape(f"cached {sum(r.winner is not None for r in rows)} choices in {path}"))
+            res["tune"] = {"cache": str(path), "rows": [
+                dict(kind=r.kind, key=r.key, table=list(r.table), winner=None if r.winner is None else list(r.winner),
+                     candidates=[list(c) for c in r.candidates], seconds=r.seconds) for r in rows]}
+        c = bench_catchat(cfg, dev, steps, warmup, tf, want_profile, progress=progress)
+        res["catchat"] = c
+        torch_rows = {}
+        if compare_torch:
+            ok, line = torch_status()
+            res["torch_status"] = line
+            if ok:
+                for mode, label in TORCH_MODES:
+                    progress.step(f"torch {label}")
+                    try:
+                        torch_rows[label] = bench_torch(cfg, steps, warmup, mode)
+                    except Exception as e:  # noqa: BLE001 (a mode this torch or GPU lacks: say so, run the rest)
+                        torch_rows[label] = {"error": f"{e.__class__.__name__}: {e}".splitlines()[0]}
+                res["torch"] = torch_rows
+    path_note = f" (per-timestep path, tf={tf:g})" if tf < 1 else ""
+    table = new_table("run", "train tok/s", "step ms", "eval tok/s", "memory", "train vs catchat")
+    table.add_row(f"catchat{path_note}", f"{c['train_tokens_per_s']:,.0f}", f"{c['step_ms']:.1f}",
+                  f"{c['eval_tokens_per_s']:,.0f}", format_bytes(c["device_bytes"]), "1.00x")
+    for label, t in torch_rows.items():
+        if "error" in t:
+            table.add_row(f"torch {label}", "failed", "-", "-", "-", escape(t["error"]))
+        else:
+            table.add_row(f"torch {label}", f"{t['train_tokens_per_s']:,.0f}", f"{t['step_ms']:.1f}",
+                          f"{t['eval_tokens_per_s']:,.0f}", f"{format_bytes(t['device_bytes'])} (peak)",
+                          f"{c['train_tokens_per_s'] / t['train_tokens_per_s']:.2f}x")
+    console.print(table)
+    say(f"step: forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms, optimizer "
+        f"{c['optimizer_ms']:.1f} ms; program built in {c['build_s']:.1f} s")
+    if compare_torch and not torch_rows:
+        say(escape(f"torch comparison skipped: {res['torch_status']}"))
+    for sw in c["sweeps"]:
+        mode = (f"one persistent dispatch of {sw['workgroups']} workgroups" if sw["workgroups"]
+                else "a dispatch per step")
+        why = f" ({sw['residency']})" if sw["residency"] else ""
+        kind = "resident tiles" if sw["tiles"][0] == "ResidentTiles" else "tiles"
+        say(escape(f"sweep {sw['sweep']}: {sw['shader']}, {kind} {tuple(sw['tiles'][1])}, {mode}{why}"))
+    if c["profile"]:
+        table = new_table("group", "ms", "kind", title="where a micro-batch goes (each group timed alone)")
+        for kind, name, ms in c["profile"]:
+            table.add_row(name, f"{ms:.2f}", kind)
+        for kind in ("sweep", "gemm", "other"):
+            table.add_row(f"{kind} total", f"{sum(ms for k, _, ms in c['profile'] if k == kind):.2f}", "")
+        table.add_row("sum of groups", f"{sum(ms for _, _, ms in c['profile']):.2f}", f"step {c['step_ms']:.1f}")
+        console.print(table)
+    if json_path:
+        atomic_write_text(json_path, json.dumps(res, indent=1, default=str) + "\n")
+        say(escape(f"wrote {json_path}"))
+
+

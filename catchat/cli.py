@@ -90,28 +90,6 @@ def parity(summary, device):
 
 
 # ------------------------------------------------------------------------------ bench
-class _Steps:
-    """The long work of `catchat bench` as a transient spinner line (at a terminal only)."""
-
-    def __init__(self):
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                 console=err_console, disable=not err_console.is_terminal, transient=True)
-        self.task = None
-
-    def __enter__(self):
-        self.progress.__enter__()
-        self.task = self.progress.add_task("starting", total=None)
-        return self
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-    def step(self, label: str) -> None:
-        self.progress.update(self.task, description=escape(label))
-
-
 @cli.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(exists=True, dir_okay=False))
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key.")
@@ -129,81 +107,11 @@ class _Steps:
 @DEVICE_OPTION
 def bench(config_path, overrides, steps, warmup, tf, compare_torch, want_profile, want_tune, json_path, device):
     """Training and evaluation throughput of CONFIG on this GPU (docs/benchmarks.md)."""
-    import json
+    from catchat.bench import run_command
 
-    from catchat import bench as bm
-    from catchat import config as cfgmod
-    from catchat.fsutil import atomic_write_text
-    from catchat.vk.device import open_device
-
-    cfg = cfgmod.load(config_path, list(overrides))
-    dev = open_device(device)
-    m, say = cfg.model, functools.partial(console.print, highlight=False, soft_wrap=True)
-    say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
-               f"optimizer={cfg.train.optimizer} on {dev.info.name} ({dev.info.type}, {dev.info.driver})"))
-    res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
-    with _Steps() as progress:
-        if want_tune:
-            rows, path = bm.tune(cfg, dev, progress=progress)
-            table = new_table("kind", "shape", "tables' choice", "fastest", "us (tables')", "us (fastest)",
-                              title=f"tuned on {dev.info.name}")
-            for r in rows:
-                fmt = lambda us: "-" if us is None else f"{us:.1f}"  # noqa: E731
-                table.add_row(r.kind, r.key, escape(str(tuple(r.table))),
-                              escape(str(tuple(r.winner))) if r.winner is not None else "(one candidate)",
-                              fmt(r.micros(r.table)), fmt(r.micros(r.winner)))
-            console.print(table)
-            say(escape(f"cached {sum(r.winner is not None for r in rows)} choices in {path}"))
-            res["tune"] = {"cache": str(path), "rows": [
-                dict(kind=r.kind, key=r.key, table=list(r.table), winner=None if r.winner is None else list(r.winner),
-                     candidates=[list(c) for c in r.candidates], seconds=r.seconds) for r in rows]}
-        c = bm.bench_catchat(cfg, dev, steps, warmup, tf, want_profile, progress=progress)
-        res["catchat"] = c
-        torch_rows = {}
-        if compare_torch:
-            ok, line = bm.torch_status()
-            res["torch_status"] = line
-            if ok:
-                for mode, label in bm.TORCH_MODES:
-                    progress.step(f"torch {label}")
-                    try:
-                        torch_rows[label] = bm.bench_torch(cfg, steps, warmup, mode)
-                    except Exception as e:  # noqa: BLE001 (a mode this torch or GPU lacks: say so, run the rest)
-                        torch_rows[label] = {"error": f"{e.__class__.__name__}: {e}".splitlines()[0]}
-                res["torch"] = torch_rows
-    path_note = f" (per-timestep path, tf={tf:g})" if tf < 1 else ""
-    table = new_table("run", "train tok/s", "step ms", "eval tok/s", "memory GiB", "train vs catchat")
-    table.add_row(f"catchat{path_note}", f"{c['train_tokens_per_s']:,.0f}", f"{c['step_ms']:.1f}",
-                  f"{c['eval_tokens_per_s']:,.0f}", f"{c['device_bytes'] / 2**30:.2f}", "1.00x")
-    for label, t in torch_rows.items():
-        if "error" in t:
-            table.add_row(f"torch {label}", "failed", "-", "-", "-", escape(t["error"]))
-        else:
-            table.add_row(f"torch {label}", f"{t['train_tokens_per_s']:,.0f}", f"{t['step_ms']:.1f}",
-                          f"{t['eval_tokens_per_s']:,.0f}", f"{t['device_bytes'] / 2**30:.2f} (peak)",
-                          f"{c['train_tokens_per_s'] / t['train_tokens_per_s']:.2f}x")
-    console.print(table)
-    say(f"step: forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms, optimizer "
-        f"{c['optimizer_ms']:.1f} ms; program built in {c['build_s']:.1f} s")
-    if compare_torch and not torch_rows:
-        say(escape(f"torch comparison skipped: {res['torch_status']}"))
-    for sw in c["sweeps"]:
-        mode = (f"one persistent dispatch of {sw['workgroups']} workgroups" if sw["workgroups"]
-                else "a dispatch per step")
-        why = f" ({sw['residency']})" if sw["residency"] else ""
-        kind = "resident tiles" if sw["tiles"][0] == "ResidentTiles" else "tiles"
-        say(escape(f"sweep {sw['sweep']}: {sw['shader']}, {kind} {tuple(sw['tiles'][1])}, {mode}{why}"))
-    if c["profile"]:
-        table = new_table("group", "ms", "kind", title="where a micro-batch goes (each group timed alone)")
-        for kind, name, ms in c["profile"]:
-            table.add_row(name, f"{ms:.2f}", kind)
-        for kind in ("sweep", "gemm", "other"):
-            table.add_row(f"{kind} total", f"{sum(ms for k, _, ms in c['profile'] if k == kind):.2f}", "")
-        table.add_row("sum of groups", f"{sum(ms for _, _, ms in c['profile']):.2f}", f"step {c['step_ms']:.1f}")
-        console.print(table)
-    if json_path:
-        atomic_write_text(json_path, json.dumps(res, indent=1, default=str) + "\n")
-        say(escape(f"wrote {json_path}"))
+    run_command(config_path, overrides, steps=steps, warmup=warmup, tf=tf, compare_torch=compare_torch,
+                want_profile=want_profile, want_tune=want_tune, json_path=json_path, device=device,
+                console=console, err_console=err_console)
 
 
 # ------------------------------------------------------------------------------ corpus
