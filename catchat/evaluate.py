@@ -4,7 +4,7 @@ plain-text / JSONL file (docs/eval.md).
 What is scored: the conversations, each from zero hidden state (reset at its `<bos>`), the state
 carried across windows within it, every next-token target but the one after its `<eos>` (so
 every character, every `<turn>` and the `<eos>`): the same targets and state as the trainer's
-evals (catchat.train.evaluate over `Lanes`). A checkpoint trained stateless (data.carry_state =
+evals (`evaluate_lanes` over `Lanes`, below). A checkpoint trained stateless (data.carry_state =
 false) is scored stateless too, with its own window.
 
 The eval program is forward-only and built for the data, not for the checkpoint's training batch:
@@ -17,9 +17,11 @@ summation order).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,7 +29,43 @@ from catchat import vocab
 from catchat.errors import UsageError
 from catchat.lanes import Lanes, packed_layout
 
+if TYPE_CHECKING:
+    from catchat.distributed import Comm
+    from catchat.vk.program import Program
+
 SPLITS = ("eval", "train", "all")
+
+
+def evaluate_lanes(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool = False,
+                   comm: Comm | None = None, share: tuple[int, int] | None = None) -> dict:
+    """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state;
+    teacher-forced, or free-running (every input the model's own argmax, the per-timestep path).
+
+    With `comm` (data parallelism) this rank scores lanes share = [lo, hi) of each window and the
+    sums (loss, valid targets, top-1/5) are added over the ranks in rank order: every rank gets the
+    result of all lanes. The program's carried state is saved and restored around it, so training
+    continues unchanged.
+    """
+    saved = prog.get_carry()
+    total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
+    if comm is None:
+        windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
+        res = prog.evaluate_windows(windows, free_running=free_running)
+    else:
+        lo, hi = share
+        prog.set_carry(None)
+        sums = np.zeros(4, np.float64)  # loss sum, valid targets, top-1, top-5
+        for i in range(total):
+            w = lanes.window(0, i)
+            st = prog.eval_window(w.tokens[:, lo:hi], w.targets[:, lo:hi], w.resets[:, lo:hi],
+                                  free_running=free_running)
+            sums += (st.loss * st.n_valid, st.n_valid, st.top1, st.top5)
+        loss_sum, n_valid, top1, top5 = comm.sum_rows(sums, "adding up an evaluation")
+        loss = loss_sum / n_valid if n_valid else float("nan")
+        res = dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
+                   n_valid=int(n_valid), windows=total)
+    prog.set_carry(saved)
+    return res
 FORMATS = ("auto", "text", "jsonl")
 
 

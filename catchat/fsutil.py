@@ -3,11 +3,14 @@
 Every file a run keeps is either replaced whole (written aside, fsynced, renamed over the old one,
 the directory fsynced) or only appended to, one whole line per `os.write` (a Python signal handler
 runs between bytecodes, never inside the system call, so Ctrl-C cannot cut a line in two).
+A group of changes that must happen whole runs under `deferred_signals`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -58,3 +61,23 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> None:
     for p in Path(directory).glob(".*.tmp"):
         if p.is_file():
             p.unlink(missing_ok=True)
+
+
+@contextmanager
+def deferred_signals():
+    """Hold SIGINT/SIGTERM until the block is done (then raise KeyboardInterrupt if one came), so a
+    Ctrl-C never stops a group of file changes half way. Only in the main thread (signals go there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    old = {s: signal.signal(s, lambda signum, _f: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if caught:
+        raise KeyboardInterrupt

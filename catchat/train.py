@@ -10,7 +10,8 @@ a multiple of `*_every_seqs`. The learning rate is a pure function of the absolu
 With train.time_budget_s the schedule runs on the run clock instead (catchat/budget.py): each step's
 learning rate comes from the share of the budget's training time done, the step after which no
 other fits before the deadline is the last (at lr_min), and the run ends with a checkpoint and an
-eval inside the budget. Such a run is timing-dependent; unbudgeted runs are untouched by it.
+eval inside the budget. Such a run is timing-dependent; unbudgeted runs are untouched by it. The
+Trainer's part of it is the mixin `catchat.train_budget.BudgetedRun`.
 
 Data parallelism (`mpiexec -n N catchat train`, catchat/distributed.py, docs/distributed.md): a
 Trainer given a `comm` is one rank. Every rank cuts the same global windows and trains its share of
@@ -18,19 +19,19 @@ the lanes (its columns, its carried state); the gradient sums meet in `Comm.sum_
 optimizer step every rank applies. Rank 0 alone holds the run directory (lock, telemetry, samples,
 checkpoints): at start-up it loads or initialises the state and sends it to the others; a checkpoint
 gathers every lane's carried state to it. Stopping (Ctrl-C, SIGTERM) is agreed after each step, so
-all ranks stop after the same step.
+all ranks stop after the same step. The Trainer's part of it is the mixin
+`catchat.train_ranks.RankedRun`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
 import sys
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +40,12 @@ from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import distributed, rundir, vocab
 from catchat import faults as faultmod
-from catchat.budget import Budget, Clock, checkpoint_guess
+from catchat.budget import Clock
 from catchat.corpus import open_corpus
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
+from catchat.evaluate import evaluate_lanes
 from catchat.faults import crash_point
-from catchat.fsutil import append_line, atomic_write_text
+from catchat.fsutil import append_line, atomic_write_text, deferred_signals
 from catchat.lanes import Lanes, prefix_dropout
 from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, init_params, param_specs
@@ -51,30 +53,12 @@ from catchat.rng import step_seed
 from catchat.rundir import RunFiles, RunLock
 from catchat.runlog import METRICS_COLUMNS
 from catchat.schedule import TimedStep, interval_crossed, lr_at, lr_at_progress, tf_at
+from catchat.train_budget import BudgetedRun
+from catchat.train_ranks import RankedRun
 from catchat.vk.device import format_bytes
 from catchat.vk.program import Program, StepHyper, StepStats
 
-__all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer", "evaluate"]
-
-
-@contextmanager
-def deferred_signals():
-    """Hold SIGINT/SIGTERM until the block is done (then raise KeyboardInterrupt if one came), so a
-    Ctrl-C never stops a group of file changes half way. Only in the main thread (signals go there)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught = []
-    old = {s: signal.signal(s, lambda signum, _f: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if caught:
-        raise KeyboardInterrupt
+__all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer"]
 
 
 def memory_mb() -> dict:
@@ -102,39 +86,7 @@ def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
                      tf_top_k=cfg.teacher_forcing.top_k if cfg.teacher_forcing.choice == "topk" else 0)
 
 
-def evaluate(prog: Program, lanes: Lanes, n_windows: int, *, free_running: bool = False,
-             comm: distributed.Comm | None = None, share: tuple[int, int] | None = None) -> dict:
-    """Plain cross-entropy over the first n_windows windows (0 = all) of `lanes`, from zero state;
-    teacher-forced, or free-running (every input the model's own argmax, the per-timestep path).
-
-    With `comm` (data parallelism) this rank scores lanes share = [lo, hi) of each window and the
-    sums (loss, valid targets, top-1/5) are added over the ranks in rank order: every rank gets the
-    result of all lanes. The program's carried state is saved and restored around it, so training
-    continues unchanged.
-    """
-    saved = prog.get_carry()
-    total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
-    if comm is None:
-        windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
-        res = prog.evaluate_windows(windows, free_running=free_running)
-    else:
-        lo, hi = share
-        prog.set_carry(None)
-        sums = np.zeros(4, np.float64)  # loss sum, valid targets, top-1, top-5
-        for i in range(total):
-            w = lanes.window(0, i)
-            st = prog.eval_window(w.tokens[:, lo:hi], w.targets[:, lo:hi], w.resets[:, lo:hi],
-                                  free_running=free_running)
-            sums += (st.loss * st.n_valid, st.n_valid, st.top1, st.top5)
-        loss_sum, n_valid, top1, top5 = comm.sum_rows(sums, "adding up an evaluation")
-        loss = loss_sum / n_valid if n_valid else float("nan")
-        res = dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
-                   n_valid=int(n_valid), windows=total)
-    prog.set_carry(saved)
-    return res
-
-
-class Trainer:
+class Trainer(BudgetedRun, RankedRun):
     """One run: builds data, device program and state (fresh or resumed), then steps.
 
     It holds the run directory's lock from construction to `close()` (the CLI closes it; a
@@ -233,37 +185,6 @@ class Trainer:
         lo, hi = self.share
         self.prog.set_carry(None if carry is None else np.ascontiguousarray(carry[:, lo:hi]))
 
-    # ------------------------------------------------------------------ ranks
-    def _start_state(self) -> dict:
-        """What the other ranks start from: rank 0's config, counters, cursor, parameters, optimizer
-        state and every lane's carried state (from a checkpoint, or the fresh initialisation)."""
-        m, v, u = self.prog.get_optimizer_state()
-        return dict(cfg=self.cfg, global_step=self.global_step, applied_steps=self.applied_steps,
-                    cursor=self.cursor.to_dict(), last_checkpoint_step=self.last_checkpoint_step,
-                    params=self.prog.get_params(), m=m, v=v, u=u, carry=self._start_carry)
-
-    def _share_start(self, state: dict | None) -> None:
-        """Rank 0: send the start state (None: the start was refused) to the other ranks."""
-        self._shared = True
-        self.comm.bcast_obj(state, "sending the start state", distributed.START_TIMEOUT_S)
-
-    def _follow(self) -> None:
-        """A rank other than 0: wait for rank 0's start state (it checks and loads the run), then build
-        the same program over this rank's lanes and take the state. A start rank 0 refused ends this
-        rank quietly (rank 0 prints why)."""
-        state = self.comm.bcast_obj(None, "waiting for rank 0 to start the run", distributed.START_TIMEOUT_S)
-        if state is None:
-            raise SystemExit(2)
-        self.cfg = state["cfg"]
-        self._build(self.cfg)
-        self.prog.set_params(state["params"])
-        self.prog.set_optimizer_state(state["m"], state["v"], state["u"])
-        self._set_carry(state["carry"])
-        self.cursor = self.lanes.restore(state["cursor"])
-        self.global_step, self.applied_steps = state["global_step"], state["applied_steps"]
-        self.last_checkpoint_step = state["last_checkpoint_step"]
-        self.budget = None
-
     def close(self) -> None:
         """Release the run directory's lock (idempotent)."""
         lock, self.lock = getattr(self, "lock", None), None
@@ -291,19 +212,6 @@ class Trainer:
     def _in_run(self, path: Path) -> bool:
         return Path(path).resolve().parent == self.files.checkpoints.resolve()
 
-    def _keep_budget(self, ckpt: ck.Checkpoint) -> cfgmod.Config:
-        """A time-budgeted run stays budgeted: resumed with a config that sets no budget, it keeps the
-        checkpoint's budget and step caps (train.time_budget_s, total_steps, cycles), so a plain
-        --resume keeps the remaining budget. A config with a budget of its own sets that one instead
-        (the time already used still counts)."""
-        saved = ckpt.state.get("config", {}).get("train", {})
-        budget = saved.get("time_budget_s", 0)
-        if self.cfg.train.time_budget_s > 0 or not budget:
-            return self.cfg
-        self.report("warning", text=f"the checkpoint's time budget of {budget:g} s is kept (and its step cap, if any): "
-                                    "pass --time-budget to change it")
-        return cfgmod.with_changes(self.cfg, train={k: saved[k] for k in ("time_budget_s", "total_steps", "cycles")})
-
     def _eval_lanes(self) -> Lanes | None:
         """The eval split's lanes: for interval evals, and for the eval a time-budgeted run ends with
         (which therefore needs an eval split); None when neither asks for them."""
@@ -315,17 +223,6 @@ class Trainer:
                                  'set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")')
             return Lanes.from_config(self.corpus, cfg, "eval")
         return Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
-
-    def _make_budget(self, ckpt: ck.Checkpoint | None) -> Budget | None:
-        """The time budget (None without one); a resume goes on from the checkpoint's run clock."""
-        if self.cfg.train.time_budget_s <= 0:
-            return None
-        saved = ckpt.state.get("budget") if ckpt is not None else None
-        budget = Budget.from_state(self.cfg.train.time_budget_s, saved, self.clock.origin)
-        self.clock = budget.clock
-        carry = self.spec.layers * self.cfg.data.batch_lanes * self.spec.hidden
-        budget.costs.checkpoint_guess_s = checkpoint_guess(4 * (3 * self.layout.total + carry))
-        return budget
 
     def _fresh(self):
         flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
@@ -518,9 +415,9 @@ class Trainer:
         if self.eval_lanes is None or self.eval_lanes.windows_per_cycle == 0:
             return None
         n = self.cfg.eval.eval_windows
-        res = evaluate(self.prog, self.eval_lanes, n, comm=self.comm, share=self.share)
+        res = evaluate_lanes(self.prog, self.eval_lanes, n, comm=self.comm, share=self.share)
         if self.cfg.eval.free_running:
-            free = evaluate(self.prog, self.eval_lanes, n, free_running=True, comm=self.comm, share=self.share)
+            free = evaluate_lanes(self.prog, self.eval_lanes, n, free_running=True, comm=self.comm, share=self.share)
             res["free_running"] = {k: free[k] for k in ("loss", "bpc", "top1", "top5")}
         if self.budget is not None:
             self.budget.costs.add_eval(time.perf_counter() - started)
@@ -615,105 +512,11 @@ class Trainer:
             self.budget.took(decision, time.perf_counter() - began)
         return st
 
-    def _add_up(self, st: StepStats, seconds: float) -> StepStats:
-        """The whole step's stats from every rank's share (added in rank order), and the agreement on
-        stopping: a signal any rank got before this point stops every rank after this step."""
-        timing = self.comm.timing
-        wait, exchange = timing.wait_s - self._timing_seen[0], timing.exchange_s - self._timing_seen[1]
-        self._timing_seen = (timing.wait_s, timing.exchange_s)
-        mine = (st.loss, st.n_valid, st.top1, st.top5, st.clamp_hits, st.tf_model_fed,
-                1.0 if self._stop_signal else 0.0, wait, exchange, self.prog.reduce_s - wait - exchange, seconds)
-        tot = self.comm.sum_rows(mine, f"adding up step {self.global_step + 1}")
-        if tot[6] > 0 and self._stop_agreed is None:
-            self._stop_agreed = self._stop_signal or "a signal to another rank"
-        for i, key in enumerate(("wait_s", "exchange_s", "transfer_s", "step_s"), 7):
-            self._exchange[key] += tot[i] / self.comm.size  # the ranks' mean
-        self._exchange["steps"] += 1
-        return StepStats(loss=float(tot[0]), n_valid=int(tot[1]), top1=int(tot[2]), top5=int(tot[3]),
-                         grad_norm=st.grad_norm, clip_scale=st.clip_scale, skipped=st.skipped,
-                         clamp_hits=int(tot[4]), tf_model_fed=int(tot[5]))
-
-    def _stopping(self) -> str | None:
-        """The signal that stops the run before the next step: this process's, or with ranks the one
-        they agreed on after the last step (so that every rank stops after the same step)."""
-        return self._stop_signal if self.comm is None else self._stop_agreed
-
-    def _exchange_summary(self) -> dict:
-        """The end event's account of the gradient exchange (ranks only), ms per step, the ranks' mean:
-        `wait` for the slowest rank to finish its micro-batches, the `exchange` once all are there
-        (collectives and the host's sum), the `transfer` of the gradient from and to the device, the
-        whole `step`; `exchange_share` = (exchange + transfer) / step, what overlap could hide."""
-        if self.comm is None:
-            return {}
-        e, n = self._exchange, max(self._exchange["steps"], 1)
-        ms = {f"{k[:-2]}_ms_per_step": round(1e3 * e[k] / n, 3)
-              for k in ("wait_s", "exchange_s", "transfer_s", "step_s")}
-        share = (e["exchange_s"] + e["transfer_s"]) / e["step_s"] if e["step_s"] else None
-        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares], **ms,
-                                    exchange_share=None if share is None else round(share, 4))}
-
-    def _steps_expected(self, decision: TimedStep | None) -> int:
-        """The run's length in steps as far as it is known now (for the progress display): the plan,
-        or for a budgeted run the steps done plus those the time left holds at the current pace."""
-        if decision is None:
-            return self.total_steps
-        if decision.last:
-            return self.global_step
-        step_s = self.budget.costs.step_s()
-        left = max(0, int((self.budget.plan().deadline_s - self.clock.now()) / step_s)) if step_s else 0
-        expected = self.global_step + left
-        return min(expected, self.total_steps) if self.total_steps else expected
-
     def _finished(self) -> bool:
         """The run has taken its last step (a budgeted one: the step at progress 1, or the step cap)."""
         if self.budget is None:
             return self.global_step >= self.total_steps
         return self.budget.done or 0 < self.total_steps <= self.global_step
-
-    def _next_decision(self) -> TimedStep | None:
-        """A budgeted run's plan for the step about to start (None without a budget): the interval
-        eval and checkpoint that would follow it count as time spent before the next one."""
-        if self.budget is None:
-            return None
-        cfg, costs = self.cfg, self.budget.costs
-        seqs = self.cursor.seqs
-        after_seqs = seqs + cfgmod.seqs_per_step(cfg)
-        after = costs.eval_cost() if interval_crossed(seqs, after_seqs, cfg.eval.eval_every_seqs) else 0.0
-        if interval_crossed(seqs, after_seqs, cfg.checkpoint.checkpoint_every_seqs):
-            after += costs.checkpoint_cost()
-        return self.budget.next_step(self.global_step, self.total_steps, after)
-
-    PROBE_CHARS = 8  # characters per sample timed by the eval probe
-    PROBE_SAFETY = 1.5  # the probe's estimate is scaled up: timings on a loaded machine vary by tens of percent
-
-    def _probe_eval(self) -> None:
-        """Costs before they are measured, for the budget's plan. An eval: one eval window
-        (teacher-forced, and free-running with eval.free_running) and PROBE_CHARS sampled characters,
-        each timed after a warm-up call (whose one-off costs a first eval would pay anyway), scaled to
-        the eval's windows and eval.sample_chars, times PROBE_SAFETY. The first step: a forward and
-        backward pass of each micro-batch, about 3 teacher-forced windows each."""
-        costs, lanes, chars = self.budget.costs, self.eval_lanes, self.cfg.eval.sample_chars
-        forward = _timed_twice(lambda: evaluate(self.prog, lanes, 1))
-        free = _timed_twice(lambda: evaluate(self.prog, lanes, 1, free_running=True)) if self.cfg.eval.free_running \
-            else 0.0
-        n = self.cfg.eval.eval_windows
-        windows = lanes.windows_per_cycle if n <= 0 else min(n, lanes.windows_per_cycle)
-        per_char = _timed_twice(lambda: self._sample_texts(self.PROBE_CHARS)) / self.PROBE_CHARS if chars > 0 else 0.0
-        costs.eval_probe_s = self.PROBE_SAFETY * (windows * (forward + free) + chars * per_char)
-        costs.step_guess_s = 3 * self.cfg.data.micro_batches * forward
-
-    def _plan_budget(self) -> bool:
-        """Before a budgeted process's first step: probe the eval's cost, log the plan (a `time_budget`
-        event). Returns whether there is time left to train."""
-        b = self.budget
-        if b.costs.eval_s is None:
-            self._probe_eval()
-        plan = b.plan()
-        left = plan.deadline_s - b.clock.now()
-        self.event("time_budget", **b.summary(), deadline_s=round(plan.deadline_s, 3), training_s=round(left, 3),
-                   eval_estimate_s=round(b.costs.eval_cost(), 3),
-                   checkpoint_estimate_s=round(b.costs.checkpoint_cost(), 3))
-        return left > 0
 
     def run(self, stop_after_steps: int | None = None) -> str:
         """Train until the planned total (or a budgeted run's last step), `stop_after_steps` more
@@ -776,10 +579,6 @@ class Trainer:
                 signal.signal(s, h)
         return reason
 
-    def _budget_fields(self) -> dict:
-        """The end event's account of a budgeted run: budget, clock, estimates (empty without one)."""
-        return {} if self.budget is None else self.budget.summary()
-
     def _failed(self, why: str) -> None:
         self._end(f"failed: {why}")
 
@@ -790,14 +589,6 @@ class Trainer:
                        applied_steps=self.applied_steps, **memory_mb())
         except OSError:
             pass
-
-
-def _timed_twice(fn) -> float:
-    """Seconds the second of two calls of `fn` takes (the first pays one-off costs: pipelines, buffers)."""
-    fn()
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 class TooManySkips(Exception):

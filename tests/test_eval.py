@@ -157,10 +157,10 @@ def test_splits(cli, run):
 
 
 def test_corpus_eval_matches_trainer_eval(cli, run, dev):
-    """The packed layout scores the eval split as the trainer's evals do (train.evaluate over the
+    """The packed layout scores the eval split as the trainer's evals do (catchat.evaluate.evaluate_lanes over the
     run's own B = 4, T = 16 lanes)."""
+    from catchat.evaluate import evaluate_lanes as evaluate
     from catchat.model import ParamLayout
-    from catchat.train import evaluate
     from catchat.vk.program import Program
 
     c = ck.load_checkpoint(run)

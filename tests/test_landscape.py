@@ -16,8 +16,9 @@ from catchat import corpus as corpus_mod
 from catchat import landscape as land
 from catchat import vocab
 from catchat.errors import UsageError
+from catchat.evaluate import evaluate_lanes as evaluate
 from catchat.model import ParamLayout
-from catchat.train import Trainer, evaluate
+from catchat.train import Trainer
 
 from support import build_scene_corpus
 
