@@ -309,11 +309,12 @@ def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
 
 class Measurer:
     """Times tile candidates on random operands, one buffer set per shape; `__call__(kind, shape,
-    tiles)` gives seconds per run, or None when the candidate failed or computed something other
-    than the first candidate of its shape (the tables' choice)."""
+    tiles)` gives seconds per run (a GEMM recorded `gemm_repeat` times in one sequence, a sweep of
+    `steps` steps), or None when the candidate failed or computed something other than the first
+    candidate of its shape (the tables' choice)."""
 
-    def __init__(self, dev, reps: int = 5, steps: int = 32):
-        self.dev, self.reps, self.steps = dev, reps, steps
+    def __init__(self, dev, reps: int = 5, steps: int = 32, gemm_repeat: int = 8):
+        self.dev, self.reps, self.steps, self.gemm_repeat = dev, reps, steps, gemm_repeat
         self.rng = np.random.default_rng(0)
         self.shape_key, self.bufs, self.reference = None, None, None
 
@@ -373,7 +374,8 @@ class Measurer:
             return None
         host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
         self.dev.upload([out])
-        sec = timed_sequence(self.dev, ops, self.reps)
+        n = self.gemm_repeat if kind == "gemm" else 1  # a GEMM recorded n times: the submit's cost spread
+        sec = timed_sequence(self.dev, ops * n, self.reps) / n
         stats = self.bufs.get("stats")
         (got,) = run_ops(self.dev, [], [], [out])
         if stats is not None and run_ops(self.dev, [], [], [stats])[0][slots.ST_SYNC_TIMEOUTS]:
@@ -398,7 +400,7 @@ def tune(cfg, dev, measure=None, progress=None) -> tuple[list[TuneRow], object]:
     progress = progress or _NoProgress()
     progress.step("collecting the config's tile choices")
     shapes = tune_shapes(cfg, dev)
-    measure = measure or Measurer(dev)
+    measure = measure or Measurer(dev, steps=min(cfg.data.window, 128))
     rows, chosen, measured = [], {"gemm": {}, "gru": {}}, {}
     for (kind, key), shape in sorted(shapes.items()):
         table, cands = candidates_of(dev, kind, shape)
