@@ -15,6 +15,13 @@ def dev():
     return open_device()
 
 
+@pytest.fixture(autouse=True)
+def no_tuned_tiles(monkeypatch):
+    """Tiles from the tables, never from a tuning cache the user may have written on this machine
+    (`catchat bench --tune`); the tuning tests opt in with their own empty cache."""
+    monkeypatch.setenv("CATCHAT_TUNE", "0")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

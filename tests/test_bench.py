@@ -106,6 +106,7 @@ def test_tune_caches_the_fastest_candidate_and_the_pickers_use_it(dev, tmp_path,
     from catchat.vk.kernels import gemm, gru
 
     monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CATCHAT_TUNE", raising=False)  # conftest's no_tuned_tiles: this test tunes
     monkeypatch.delenv("CATCHAT_PERSISTENT", raising=False)
     cfg = _tiny_cfg()
     spec = cfgmod.model_spec(cfg)
@@ -153,6 +154,7 @@ def test_tune_measures_for_real_and_a_corrupt_cache_is_only_a_warning(cli, tmp_p
     from catchat.vk import tune as tunecache
 
     monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("CATCHAT_TUNE", raising=False)  # conftest's no_tuned_tiles: this test tunes
     tunecache._said.clear()
     code, text, err = cli("bench", *SMALL, "--tune")
     assert code == 0, err
