@@ -1,0 +1,71 @@
+"""The `catchat` command line. Every user-fixable failure prints one or two lines, never a traceback.
+
+This module holds the command group, the options several commands share, the error handling of
+`main`; the commands live by stage in device.py (devices, doctor, parity, bench), data.py (corpus),
+training.py (train), generation.py (sample, talk, chat) and analysis.py (eval, plot, landscape,
+inspect, scan), imported at the bottom so that each registers itself on `cli`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.markup import escape
+
+from catchat import __version__
+from catchat.console import make_console
+from catchat.errors import CatchatError
+
+# At a terminal: its width. Through a pipe or in CI: every line and table row whole (catchat/console.py).
+console = make_console()
+err_console = make_console(stderr=True)
+
+ALLOW_UNVERIFIED_OPTION = click.option(
+    "--allow-unverified", is_flag=True,
+    help="Load a checkpoint whose state.json records no sha256 of its files (a warning says so).")
+DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
+                             help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="catchat")
+def cli():
+    """catchat: character-level GRU language models trained on Vulkan compute."""
+
+
+def _warn(message: str) -> None:
+    err_console.print(escape(message), highlight=False, soft_wrap=True)
+
+
+def _fail(message: str, hint: str | None, exit_code: int):
+    """One error line (and a fix line): never wrapped, brackets in it printed as they are."""
+    err_console.print("[red]error:[/red] " + escape(message), highlight=False, soft_wrap=True)
+    if hint:
+        err_console.print("  fix: " + escape(hint), highlight=False, soft_wrap=True)
+    sys.exit(exit_code)
+
+
+def main(argv=None):
+    """Console-script entry point: run the CLI, turning CatchatError into a short message + exit code."""
+    try:
+        cli.main(args=argv, prog_name="catchat", standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.UsageError as e:  # an unknown flag or command, a bad option value: one line, exit 2
+        _fail(e.format_message(), f"`{e.ctx.command_path if e.ctx else 'catchat'} --help` lists what it takes",
+              e.exit_code)
+    except click.ClickException as e:
+        _fail(e.format_message(), None, e.exit_code)
+    except CatchatError as e:
+        _fail(e.message, e.hint, e.exit_code)
+    except OSError as e:  # disk full, permissions, a file gone: the system's words, not a traceback
+        _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
+              "check free disk space, the path and its permissions", 1)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+
+from catchat.cli import analysis, data, device, generation, training  # noqa: E402, F401 (they register the commands)

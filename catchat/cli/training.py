@@ -1,0 +1,71 @@
+"""`catchat train`: one process, or one rank of a data-parallel run under mpiexec."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from catchat.cli import ALLOW_UNVERIFIED_OPTION, cli, console
+
+
+# ------------------------------------------------------------------------------ train / eval
+@cli.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(exists=True, dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Where the run lives (default runs/<config name>).")
+@click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[CKPT]",
+              help="Continue the run in --run-dir (or from the checkpoint given).")
+@click.option("--stop-after-steps", type=click.IntRange(min=1), help="Stop after N steps (the schedule is unchanged).")
+@click.option("--time-budget", "time_budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
+              help="Train for this wall-clock time, start-up included: warmup, stable and cooldown run on elapsed "
+                   "time, the last step uses schedule.lr_min, and a checkpoint and an eval end the run within the "
+                   "budget. Sets train.time_budget_s and replaces the config's train.total_steps / train.cycles "
+                   "(a --set of one of them keeps it as a step cap). A resumed run keeps its remaining budget.")
+@ALLOW_UNVERIFIED_OPTION
+@click.option("--device", "device", default=None, metavar="INDEX|NAME[,...]",
+              help="Vulkan device by index or name substring (env CATCHAT_DEVICE). Under mpiexec: a comma list "
+                   "gives rank r's device as entry (local rank mod its length); default: local rank modulo the GPUs.")
+@click.option("--distributed", is_flag=True,
+              help="Use MPI even when no launcher is seen in the environment (mpiexec is detected by itself).")
+def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, allow_unverified, device,
+          distributed):
+    """Train a model from a TOML CONFIG on the Vulkan device (on N ranks: `mpiexec -n N catchat train CONFIG`)."""
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from catchat import config as cfgmod
+    from catchat import distributed as dist
+    from catchat.budget import process_start
+    from catchat.progress import TrainReporter
+    from catchat.train import Trainer
+    from catchat.vk.device import ENV_DEVICE, open_device
+
+    if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
+        overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
+    cfg = cfgmod.load(config_path, overrides)
+    name = Path(config_path).stem
+    run_dir = Path(run_dir or Path("runs") / name)
+    comm = dist.init(force=distributed)  # None for a single process: MPI is not even imported
+    if comm is None:
+        dev = open_device(device)
+        console.print(f"device: {dev.info.name}; run: {run_dir}", highlight=False)
+    else:
+        from catchat.vk.probe import probe_devices
+
+        selector = device if device is not None else os.environ.get(ENV_DEVICE)
+        dev = open_device(dist.device_selector(selector, comm.local_rank, probe_devices()))
+        where = comm.allgather_obj(f"{comm.host}: {dev.info.name} (device {dev.info.index})", "listing the devices")
+        if comm.is_root:
+            console.print(f"{comm.size} ranks; run: {run_dir}", highlight=False)
+            for r, line in enumerate(where):
+                console.print(f"  rank {r}: {line}", highlight=False)
+    reporting = TrainReporter(console) if comm is None or comm.is_root else nullcontext(None)
+    with reporting as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume, reporter=reporter,
+                                        allow_unverified=allow_unverified, clock_origin=process_start(),
+                                        comm=comm) as trainer:
+        reason = trainer.run(stop_after_steps)
+    if comm is not None:
+        comm.finish()
+    if reason.startswith("interrupted"):
+        raise SystemExit(130)
