@@ -53,6 +53,11 @@ def param_specs(spec: ModelSpec) -> list[ParamSpec]:
     return out
 
 
+def head_name(spec: ModelSpec) -> str:
+    """The parameter the head multiplies by: embedding.weight when tied, else head.weight."""
+    return "embedding.weight" if spec.tie_embeddings else "head.weight"
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 

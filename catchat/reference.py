@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catchat.model import ModelSpec, ParamLayout
+from catchat.model import ModelSpec, ParamLayout, head_name
 from catchat.rng import (
     STREAM_EMBEDDING,
     STREAM_HIDDEN,
@@ -343,8 +343,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)
         gcaches.append(gc)
         ncaches.append(nc)
-    head_name = "embedding.weight" if spec.tie_embeddings else "head.weight"
-    W_head = params[head_name]  # [V,H]
+    W_head = params[head_name(spec)]  # [V,H]
     logits = head_forward(x, W_head)  # [T,B,V]
     loss, dlogits, top1, top5, nv = cross_entropy_forward_backward(logits, targets, n_valid_step,
                                                                    smoothing)
@@ -353,7 +352,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
 
     grads = {k: np.zeros_like(v) for k, v in params.items()}
     dx, dW = head_backward(dlogits, x, W_head)  # [T,B,H], [V,H]
-    grads[head_name] += dW  # tied: the head's share lands on the embedding
+    grads[head_name(spec)] += dW  # tied: the head's share lands on the embedding
     dh0 = np.empty((L, B, H), dt)  # [L,B,H]
     hits = 0
     for l in reversed(range(L)):

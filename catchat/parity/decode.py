@@ -17,7 +17,7 @@ from catchat import reference as ref
 from catchat import rng as crng
 from catchat import vocab
 from catchat.generate import Generator, Sampling, derive_seed
-from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import ModelSpec, ParamLayout, head_name, init_params
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 
@@ -28,7 +28,7 @@ MARGIN = 1e-5
 def _generator(dev: Device, spec: ModelSpec, B: int, seed: int, chunk: int = 4, peaky: float = 1.0,
                tiled: bool | None = None):
     params = init_params(spec, seed)
-    head = "embedding.weight" if spec.tie_embeddings else "head.weight"
+    head = head_name(spec)
     params[head] = (params[head] * peaky).astype(np.float32)  # sharper distributions exercise top-k/top-p
     layout = ParamLayout(spec)
     return (Generator(dev, layout, layout.flatten(params, np.float32), streams=B, prefill=1, chunk=chunk, tiled=tiled),

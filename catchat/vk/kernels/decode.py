@@ -1,9 +1,10 @@
-"""Generation's decode step (glsl/decode_layer.comp, glsl/decode_sample.comp): one dispatch per
-layer and one for the head and the choice of the next token, for B streams at once.
+"""Generation's decode step for B streams at once: one dispatch per layer (glsl/decode_layer.comp),
+one for the head (glsl/decode_head.comp) and one for the choice of the next token
+(glsl/decode_sample.comp).
 
 The decode step reads the same flat parameter buffer and layer-0 table (E W_ih0^T) as the batched
 forward, keeps its state on the device between steps (a ping-pong [2, L, B, H] state, each
-layer's input [L, B, H], the next input token and a few words per stream), and never returns to
+layer's x + h [L, B, H], the next input token and a few words per stream), and never returns to
 the host inside a chunk of steps (catchat/vk/program/decoder.py records those).
 """
 
@@ -13,7 +14,7 @@ import math
 import os
 
 from catchat import vocab
-from catchat.model import ParamLayout
+from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
 
@@ -90,12 +91,11 @@ class DecodeHead(Kernel):
         s = layout.spec
         self.B, self.V = int(B), s.vocab_size
         sub = max(1, dev.info.subgroup_size)
-        self.workgroup = 2 * sub
-        self.rows_wgs = ceil_div(self.V, 2)
+        self.workgroup = 2 * sub  # two rows per workgroup: the 101 rows spread over the GPU
+        self.rows_wgs = ceil_div(self.V, self.workgroup // sub)
         self.tile = stream_tile(self.B)
-        head = "embedding.weight" if s.tie_embeddings else "head.weight"
         o = layout.offsets
-        self.push = (s.layers, self.V, o[head], o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
+        self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
                      float(s.norm_eps))
         super().__init__(dev, [params, ysum, logits, ctl], [self.rows_wgs * ceil_div(self.B, self.tile)],
                          spec=[self.workgroup, self.tile, s.hidden, self.B], push=self.push,

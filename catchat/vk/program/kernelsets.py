@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from catchat.model import ParamLayout
+from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
@@ -91,10 +91,6 @@ class StepwiseKernels:
     rows: RowKernels
 
 
-def _head_name(layout: ParamLayout) -> str:
-    return "embedding.weight" if layout.spec.tie_embeddings else "head.weight"
-
-
 def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: int) -> RowKernels:
     o, H, V = layout.offsets, g.H, g.V
     emb = EmbeddingForward(dev, (b.tokens, 0), (b.params, o["embedding.weight"]), (b.x[0], 0), b.hyper, rows, V, H)
@@ -110,7 +106,7 @@ def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: 
         norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
                                            T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
                                            eps=layout.spec.norm_eps))
-    head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[_head_name(layout)], H), (b.logits, 0, V), rows, V, H,
+    head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[head_name(layout.spec)], H), (b.logits, 0, V), rows, V, H,
                 trans_b=True)
     return RowKernels(emb, proj, norm, head)
 
@@ -131,7 +127,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str) -> BackwardKernels:
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
-    head = o[_head_name(layout)]
+    head = o[head_name(layout.spec)]
     dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py)
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
