@@ -198,6 +198,46 @@ def torch_status() -> tuple[bool, str]:
     return True, f"torch {torch.__version__} on {torch.cuda.get_device_name()}"
 
 
+def torch_model(spec, dev):
+    """The architecture in PyTorch, as torch users would write it (default init): per layer an
+    nn.GRU + residual + nn.RMSNorm, a linear head without bias. `forward(tok [T, B], h0: L x [B, H])`
+    runs a window (logits [T, B, V], the last states); `step(tok [B], hs: L x [1, B, H])` is one
+    decode step (logits [B, V], new hs). The one PyTorch twin of the benchmarks (catchat bench,
+    tools/bench_generate.py)."""
+    import torch
+    import torch.nn.functional as F
+
+    H, L, V = spec.hidden, spec.layers, spec.vocab_size
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(V, H)
+            self.grus = torch.nn.ModuleList(torch.nn.GRU(H, H) for _ in range(L))
+            self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(H, eps=spec.norm_eps) for _ in range(L))
+            self.head = torch.nn.Linear(H, V, bias=False)
+
+        def forward(self, tok, h0):
+            x = self.emb(tok) * math.sqrt(H)
+            hs = []
+            for g, norm, h in zip(self.grus, self.norms, h0):
+                o, hT = g(x, h[None].to(x.dtype))
+                x = norm(x + F.dropout(o, 0.0, self.training))
+                hs.append(hT[0])
+            return self.head(x), hs
+
+        def step(self, tok, hs):
+            x = (self.emb(tok) * math.sqrt(H))[None]  # [1, B, H]
+            new = []
+            for g, norm, h in zip(self.grus, self.norms, hs):
+                o, h = g(x, h)
+                x = norm(x + o)
+                new.append(h)
+            return self.head(x[0]), new  # [B, V]
+
+    return Model().to(dev)
+
+
 def bench_torch(cfg, steps: int, warmup: int, mode: str = "fp32") -> dict:
     """PyTorch's figures at cfg in `mode` (TORCH_MODES): FP32 with TF32 off, TF32, or autocast to
     fp16 (with a GradScaler) or bf16 around the forward pass and the loss."""
@@ -212,24 +252,7 @@ def bench_torch(cfg, steps: int, warmup: int, mode: str = "fp32") -> dict:
     H, L, V = cfg.model.hidden, cfg.model.layers, cfgmod.model_spec(cfg).vocab_size
     T, B = cfg.data.window, cfg.data.batch_lanes
 
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = torch.nn.Embedding(V, H)
-            self.grus = torch.nn.ModuleList(torch.nn.GRU(H, H) for _ in range(L))
-            self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(H, eps=1e-6) for _ in range(L))
-            self.head = torch.nn.Linear(H, V, bias=False)
-
-        def forward(self, tok, h0):
-            x = self.emb(tok) * math.sqrt(H)
-            hs = []
-            for g, norm, h in zip(self.grus, self.norms, h0):
-                o, hT = g(x, h[None].to(x.dtype))
-                x = norm(x + F.dropout(o, 0.0, self.training))
-                hs.append(hT[0])
-            return self.head(x), hs
-
-    model = Model().to(dev)
+    model = torch_model(cfgmod.model_spec(cfg), dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=cfg.train.weight_decay, fused=True)
     scaler = torch.amp.GradScaler("cuda", enabled=mode == "amp_fp16")
     tok = torch.randint(1, V, (T, B), device=dev)

@@ -57,9 +57,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat import vocab  # noqa: E402
+from catchat.bench import torch_model  # noqa: E402
 from catchat.errors import UsageError  # noqa: E402
 from catchat.generate import Generator, Sampling  # noqa: E402
-from catchat.model import ParamLayout, init_params  # noqa: E402
+from catchat.model import ParamLayout, head_name, init_params  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 
 TEMPERATURE = 0.8
@@ -98,7 +99,7 @@ def bench_params(spec) -> dict[str, np.ndarray]:
         p[f"layers.{l}.gru.weight_hh"][n] = 0.0
         p[f"layers.{l}.gru.bias_ih"][n] = 20.0
         p[f"layers.{l}.gru.bias_hh"][n] = 0.0
-    head = p["embedding.weight" if spec.tie_embeddings else "head.weight"]  # tied: <eos> is never fed
+    head = p[head_name(spec)]  # tied: <eos> is never fed
     head[vocab.EOS] = 0.0
     head[vocab.EOS, 0] = EOS_LOGIT_WEIGHT
     return p
@@ -170,26 +171,7 @@ def _torch_model(spec, dev):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    H, L, V = spec.hidden, spec.layers, spec.vocab_size
-
-    class Model(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb = torch.nn.Embedding(V, H)
-            self.grus = torch.nn.ModuleList(torch.nn.GRU(H, H) for _ in range(L))
-            self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(H, eps=spec.norm_eps) for _ in range(L))
-            self.head = torch.nn.Linear(H, V, bias=False)
-
-        def step(self, tok, hs):  # tok [B], hs: L x [1, B, H]
-            x = (self.emb(tok) * math.sqrt(H))[None]  # [1, B, H]
-            new = []
-            for gru, norm, h in zip(self.grus, self.norms, hs):
-                o, h = gru(x, h)
-                x = norm(x + o)
-                new.append(h)
-            return self.head(x[0]), new  # [B, V]
-
-    return Model().to(dev).eval()
+    return torch_model(spec, dev).eval()
 
 
 def bench_torch(spec, B: int, steps: int, warmup: int, device: str, repeats: int = 3) -> dict:
