@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from catchat.errors import VulkanUnavailable
+from catchat.errors import DeviceLost, VulkanUnavailable
 from catchat.vk.probe import DeviceInfo, probe_devices
 
 ENV_DEVICE = "CATCHAT_DEVICE"
@@ -143,6 +143,15 @@ class Device:
         if download:
             seq.record(self.kp.OpTensorSyncLocal(list(download)))
         return seq
+
+    def run(self, call, what: str) -> None:
+        """call(): a submit, wait or eval of recorded work, with kp's RuntimeError (a failed submit or
+        wait: VK_ERROR_DEVICE_LOST...) turned into DeviceLost naming `what` was running."""
+        try:
+            call()
+        except RuntimeError as exc:
+            raise DeviceLost(f"the Vulkan device ({self.info.name}) failed while running {what}: {exc}",
+                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
 
     def algorithm(self, tensors, spirv: bytes, workgroups, spec_consts=(), push_consts=()):
         """A kp algorithm with uint32 specialization and push constants (the dtype recipe that

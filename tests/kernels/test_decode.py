@@ -82,5 +82,5 @@ def test_a_failed_submit_is_a_device_lost_error(dev):
         eval_async = eval_await = eval
 
     gen._decoder.seq_chunks = [Lost(), Lost()]
-    with pytest.raises(DeviceLost, match="failed while generating: vk::Queue::submit"):
+    with pytest.raises(DeviceLost, match="failed while running generation: vk::Queue::submit"):
         gen.generate(np.array([vocab.BOS], np.uint32), 40, Sampling(), stop_at=None)

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from catchat.errors import DeviceLost
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
@@ -75,19 +74,11 @@ class Decoder:
         self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
 
     def _submit(self, seq) -> None:
-        self._device_call(seq.eval_async if self._async else seq.eval)
+        self.dev.run(seq.eval_async if self._async else seq.eval, "generation")
 
     def _wait(self, seq) -> None:
         if self._async:
-            self._device_call(seq.eval_await)
-
-    def _device_call(self, call) -> None:
-        """A submit or wait; kp's RuntimeError (VK_ERROR_DEVICE_LOST, ...) becomes DeviceLost."""
-        try:
-            call()
-        except RuntimeError as exc:
-            raise DeviceLost(f"the Vulkan device ({self.dev.info.name}) failed while generating: {exc}",
-                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
+            self.dev.run(seq.eval_await, "generation")
 
     def run(self, settings: np.ndarray, forced: np.ndarray | None, logits: np.ndarray | None,
             steps: int) -> Iterator[np.ndarray]:
@@ -110,7 +101,7 @@ class Decoder:
         host_view(self.logits)[:] = 0.0 if logits is None else np.asarray(logits, np.float32).reshape(-1)
         host_view(self.ctl)[:] = 0
         host_view(self.token)[:] = 0
-        self.prog._eval(self.seq_start, "the start of generation")
+        self.dev.run(self.seq_start.eval, "the start of generation")
         yield host_view(self.outs[0]).reshape(1, B).copy()
         chunks = -(-(int(steps) - 1) // self.K)
         inflight: list[int] = []

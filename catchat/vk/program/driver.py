@@ -132,13 +132,8 @@ class Program:
         self._eval(self.dev.sequence(), "an upload" if to_device else "a download", op)
 
     def _eval(self, seq, what: str, *op) -> None:
-        """seq.eval(), with kp's RuntimeError (a failed submit or wait: VK_ERROR_DEVICE_LOST...)
-        turned into DeviceLost naming what was running."""
-        try:
-            seq.eval(*op)
-        except RuntimeError as exc:
-            raise DeviceLost(f"the Vulkan device ({self.dev.info.name}) failed while running {what}: {exc}",
-                             hint="check the driver and the GPU (`catchat doctor`), then start again") from None
+        """seq.eval() (Device.run: a failed submit or wait is DeviceLost naming `what`)."""
+        self.dev.run(lambda: seq.eval(*op), what)
 
     def _put(self, tensor, array, dtype=np.float32):
         host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
