@@ -49,11 +49,15 @@ _recorded: set[str] = set()
 _record_lock = threading.Lock()
 
 
+def cache_root() -> Path:
+    """catchat's user cache: $CATCHAT_CACHE, else $XDG_CACHE_HOME/catchat or ~/.cache/catchat."""
+    return Path(os.environ.get("CATCHAT_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "catchat"))
+
+
 def cache_dir() -> Path:
-    """Where compiled SPIR-V is kept (CATCHAT_CACHE or ~/.cache/catchat)."""
-    root = os.environ.get("CATCHAT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "catchat")
-    return Path(root) / "spirv"
+    """Where compiled SPIR-V is kept (cache_root()/spirv)."""
+    return cache_root() / "spirv"
 
 
 @functools.cache

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from catchat.fsutil import atomic_write_text
+from catchat.vk.shaders import cache_root
 
 VERSION = 1
 ENV_TUNE = "CATCHAT_TUNE"
@@ -56,10 +57,8 @@ def note(message: str) -> None:
 
 
 def tune_dir() -> Path:
-    """Where tuned choices live: $CATCHAT_CACHE/tune or ~/.cache/catchat/tune (as the SPIR-V cache)."""
-    root = os.environ.get("CATCHAT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "catchat")
-    return Path(root) / "tune"
+    """Where tuned choices live: the user cache's tune/ (beside the SPIR-V cache)."""
+    return cache_root() / "tune"
 
 
 def limits(info) -> dict:
