@@ -14,15 +14,7 @@ layout(constant_id = 1) const uint SB = 1;  // streams per subgroup (register ti
 layout(constant_id = 2) const uint H = 1;
 layout(constant_id = 3) const uint B = 1;
 
-#ifdef VEC4
-#define VT vec4
-#define DOT(a, b) dot(a, b)
-const uint W = 4u;
-#else
-#define VT float
-#define DOT(a, b) ((a) * (b))
-const uint W = 1u;
-#endif
+#include "vec4_loads.glsl"
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };
 layout(set = 0, binding = 1) readonly buffer Y { VT ysum[]; };   // [L, B, H]

@@ -28,16 +28,7 @@ layout(constant_id = 1) const uint SB = 1;  // streams per subgroup (register ti
 layout(constant_id = 2) const uint H = 1;   // hidden size: compile-time, so the k loop unrolls
 layout(constant_id = 3) const uint B = 1;   // streams
 
-#ifdef VEC4
-// H % 4 == 0 and every offset a multiple of 4: lanes read 4 consecutive k at once
-#define VT vec4
-#define DOT(a, b) dot(a, b)
-const uint W = 4u;
-#else
-#define VT float
-#define DOT(a, b) ((a) * (b))
-const uint W = 1u;
-#endif
+#include "vec4_loads.glsl"
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };      // flat ParamLayout
 layout(set = 0, binding = 0) readonly buffer P1 { float params1[]; };  // the same, by float

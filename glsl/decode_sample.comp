@@ -41,40 +41,8 @@ const uint STREAM_DECODE = 34u, STREAM_DECODE_LANE = 35u;  // catchat.rng
 
 shared float z[gl_WorkGroupSize.x];
 shared float p[gl_WorkGroupSize.x];
-shared float red[gl_WorkGroupSize.x];
-shared uint ired[gl_WorkGroupSize.x];
 shared uint banned[8];
-shared uint pick_first, pick_last;
-
-float wg_sum(float v) {
-    float s = subgroupAdd(v);
-    if (subgroupElect()) red[gl_SubgroupID] = s;
-    barrier();
-    float t = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; ++i) t += red[i];
-    barrier();
-    return t;
-}
-
-float wg_max(float v) {
-    float s = subgroupMax(v);
-    if (subgroupElect()) red[gl_SubgroupID] = s;
-    barrier();
-    float t = red[0];
-    for (uint i = 1u; i < gl_NumSubgroups; ++i) t = max(t, red[i]);
-    barrier();
-    return t;
-}
-
-uint wg_min_u(uint v) {
-    uint s = subgroupMin(v);
-    if (subgroupElect()) ired[gl_SubgroupID] = s;
-    barrier();
-    uint t = ired[0];
-    for (uint i = 1u; i < gl_NumSubgroups; ++i) t = min(t, ired[i]);
-    barrier();
-    return t;
-}
+#include "wg_reduce.glsl"
 
 bool is_stop(uint v) { return v < 256u && (cfg[DC_STOP + v / 32u] & (1u << (v % 32u))) != 0u; }
 
@@ -147,12 +115,12 @@ void main() {
         }
         // running sum in index order: a subgroup scan plus the totals of the subgroups before
         float c = subgroupInclusiveAdd(pv);
-        if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) red[gl_SubgroupID] = c;
+        if (gl_SubgroupInvocationID == gl_SubgroupSize - 1u) wg_red[gl_SubgroupID] = c;
         barrier();
         float total = 0.0;
         for (uint i = 0u; i < gl_NumSubgroups; ++i) {
-            if (i < gl_SubgroupID) c += red[i];
-            total += red[i];
+            if (i < gl_SubgroupID) c += wg_red[i];
+            total += wg_red[i];
         }
         barrier();
         uint seed_b = rng_u32(cfg[DC_SEED], STREAM_DECODE_LANE, b);

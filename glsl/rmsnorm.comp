@@ -52,18 +52,7 @@ layout(push_constant) uniform Push { uint H; uint n_parts; uint g_off; } pc;
 #endif
 
 #if defined(FORWARD) || defined(BACKWARD)
-shared float red[gl_WorkGroupSize.x];  // one partial per subgroup (at most WG subgroups)
-
-// Sum of v over the workgroup, the same value in every thread; callable in uniform control flow.
-float wg_sum(float v) {
-    float s = subgroupAdd(v);
-    if (subgroupElect()) red[gl_SubgroupID] = s;
-    barrier();
-    float total = 0.0;
-    for (uint i = 0u; i < gl_NumSubgroups; ++i) total += red[i];
-    barrier();  // red is reused by the next call
-    return total;
-}
+#include "wg_reduce.glsl"  // wg_sum: row sums over the workgroup
 
 float hid_scale(uint b, uint j) {
     float p = HPF(hyper, HP_P_HID);
