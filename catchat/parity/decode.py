@@ -21,7 +21,7 @@ from catchat.model import ModelSpec, ParamLayout, head_name, init_params
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 
-ATOL, RTOL = 3e-5, 3e-4  # a few float32 steps through L layers (different summation order than numpy)
+ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
 
 
