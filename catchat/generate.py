@@ -253,10 +253,9 @@ class Generator:
         tokens per stream, chosen on the device. A stream stops at a token in `stop_at` (<eos>
         always; None: no stop token at all, for benchmarks), kept as the last token of its output.
         `on_tokens` sees the tokens as they come, a chunk [k, streams] at a time (<pad> for streams
-        that have stopped). The last token of
-        each output is not fed: the state ends just before it. N-gram blocking covers each
-        stream's output of this call. The draws are keyed by (seed, stream, token number), so the
-        text does not depend on the chunk size."""
+        that have stopped). The last token of each output is not fed: the state ends just before
+        it. N-gram blocking covers each stream's output of this call. The draws are keyed by (seed,
+        stream, token number), so the text does not depend on the chunk size."""
         if length < 1:
             raise ValueError("length must be >= 1")
         forced = np.zeros((0, self.streams), np.uint32)

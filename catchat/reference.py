@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from catchat import vocab
 from catchat.model import ModelSpec, ParamLayout, head_name
 from catchat.rng import (
     STREAM_EMBEDDING,
@@ -465,8 +466,6 @@ def sample_choice(logits, uniforms, allowed, *, inv_temp: float, top_k: int = 0,
     margin: how far (relative to sum p) u and top_p were from a boundary that would change the
     choice; the GPU's float32 exp and sums can differ from this float64 twin only where it is ~1e-6
     (greedy choices are exact: margin inf)."""
-    from catchat import vocab
-
     lg = np.asarray(logits, np.float32)
     B, V = lg.shape
     choice = np.full(B, vocab.EOS, np.int64)

@@ -5,13 +5,13 @@
 //   l > 0:  y = ysum[l-1] (x + h of the layer below);  x = y * rstd(y) * g_{l-1};  gi = W_ih x + b_ih
 //   gh = W_hh h_old[l] + b_hh;  r, z = sigmoid(gi + gh);  n = tanh(gi_n + r * gh_n);  h = (1-z) n + z h_old
 // ysum[l] = x + h (the residual, before the next norm) is written for the layer above and the head;
-// h goes to the other half of the ping-pong
-// state (old = half `parity`, new = the other). A stream whose input token is <bos> starts from a
-// zero state; a stream that has stopped (DS_DONE) keeps its state (h_new = h_old).
+// h goes to the other half of the ping-pong state (old = half `parity`, new = the other). A stream
+// whose input token is <bos> starts from a zero state; a stream that has stopped (DS_DONE) keeps its
+// state (h_new = h_old). Two variants: the subgroup kernel below, and TILED (many streams) at the end.
 // The norm is folded in: gi = (W_ih (y * g)) * rstd(y), with sum(y^2) gathered in the same pass
 // over k as the dot products, so no workgroup waits for another.
 //
-// Work split: a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
+// Work split (not TILED): a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
 // (coalesced weight rows), each lane keeps 6 x SB partial dot products (3 gates x {ih, hh}) in
 // registers, and one subgroupAdd per partial ends it. No shared memory, no barriers.
 // Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs. H and B are
