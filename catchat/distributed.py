@@ -124,13 +124,12 @@ def init(*, force: bool = False) -> Comm | None:
 
 @dataclass
 class Timing:
-    """Seconds of sum_grads since the start: waiting for the slowest rank to arrive (a barrier), and the
+    """Seconds of the last sum_grads: waiting for the slowest rank to arrive (a barrier), and the
     exchange itself once all are there (collectives and the host's sum). The device's download and
-    upload of the gradient are timed by the Program (reduce_s)."""
+    upload of the gradient are timed by the Program (reduce_s, also the last step's)."""
 
     wait_s: float = 0.0
     exchange_s: float = 0.0
-    steps: int = 0
 
 
 class Comm:
@@ -192,12 +191,6 @@ class Comm:
         self._wait(self.world.Ibcast(buf, root=0), what, timeout_s)
         return obj if self.is_root else pickle.loads(buf.tobytes())
 
-    def bcast_array(self, array: np.ndarray | None, shape, dtype, what: str, timeout_s: float | None = None):
-        """Rank 0's array (of known shape and dtype) on every rank."""
-        buf = np.ascontiguousarray(array, dtype=dtype) if self.is_root else np.empty(shape, dtype)
-        self._wait(self.world.Ibcast(buf, root=0), what, timeout_s)
-        return buf
-
     def allgather_obj(self, obj, what: str) -> list:
         """Every rank's picklable `obj`, in rank order."""
         data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
@@ -241,9 +234,7 @@ class Comm:
             np.add(mine, parts[r], out=mine)
         out = np.empty(N * chunk, np.float32)
         self._wait(self.world.Iallgather(mine, out), what, spin=True)
-        self.timing.wait_s += started - arrived
-        self.timing.exchange_s += time.perf_counter() - started
-        self.timing.steps += 1
+        self.timing = Timing(wait_s=started - arrived, exchange_s=time.perf_counter() - started)
         return out[:n]
 
     def gather_lanes(self, local: np.ndarray, shares: list[tuple[int, int]], what: str) -> np.ndarray | None:

@@ -114,7 +114,6 @@ class Trainer(BudgetedRun, RankedRun):
         self.last_eval_step = -1
         self.consecutive_skips = 0
         self._exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, step_s=0.0, steps=0)  # with ranks
-        self._timing_seen = (0.0, 0.0)  # comm.timing's wait_s, exchange_s at the last step
         self.lock = None
         if not self.is_root:  # a rank other than 0 touches no file of the run: it takes rank 0's state
             self._follow()

@@ -47,9 +47,7 @@ class RankedRun:
     def _add_up(self, st: StepStats, seconds: float) -> StepStats:
         """The whole step's stats from every rank's share (added in rank order), and the agreement on
         stopping: a signal any rank got before this point stops every rank after this step."""
-        timing = self.comm.timing
-        wait, exchange = timing.wait_s - self._timing_seen[0], timing.exchange_s - self._timing_seen[1]
-        self._timing_seen = (timing.wait_s, timing.exchange_s)
+        wait, exchange = self.comm.timing.wait_s, self.comm.timing.exchange_s  # this step's exchange
         mine = (st.loss, st.n_valid, st.top1, st.top5, st.clamp_hits, st.tf_model_fed,
                 1.0 if self._stop_signal else 0.0, wait, exchange, self.prog.reduce_s - wait - exchange, seconds)
         tot = self.comm.sum_rows(mine, f"adding up step {self.global_step + 1}")
