@@ -152,9 +152,6 @@ class Budget:
         self.progress = decision.progress
         self.costs.add_step(seconds)
 
-    def remaining_s(self) -> float:
-        return self.budget_s - self.clock.now()
-
     def state(self) -> dict:
         """state.json's "budget" entry (STATE_KEYS) at this moment."""
         now = self.clock.now()
