@@ -22,7 +22,7 @@ def usage_error(text: str, overrides=()) -> UsageError:
     return e
 
 
-@pytest.mark.parametrize("name", ["tiny", "catchat-v3", "catchat-v5"])
+@pytest.mark.parametrize("name", ["tiny", "catchat-v3", "catchat-v5", "speedrun"])
 def test_shipped_configs_load_and_round_trip(name):
     cfg = config.load(CONFIGS / f"{name}.toml")
     text = config.resolved_toml(cfg)
@@ -42,6 +42,16 @@ def test_v3_and_v5_recipes():
     assert (v5.model.hidden, v5.data.batch_lanes) == (2048, 32)
     assert v5.train == config.TrainConfig(**{**config.to_dict(v3)["train"], "seed": v5.train.seed})
     assert v5.schedule == v3.schedule and v5.model.layers == v3.model.layers and v5.data.window == v3.data.window
+
+
+def test_speedrun_recipe_is_v3_budgeted_on_held_out_plays():
+    """configs/speedrun.toml (docs/speedrun.md): v3's model and data shape, 300 s of wall clock, and a
+    final eval over all of the held-out plays, none of which is trained on."""
+    v3, run = config.load(CONFIGS / "catchat-v3.toml"), config.load(CONFIGS / "speedrun.toml")
+    assert run.model == v3.model and (run.data.batch_lanes, run.data.window) == (v3.data.batch_lanes, v3.data.window)
+    assert run.train.time_budget_s == 300 and run.train.total_steps == 0
+    assert run.data.corpus == "shakespeare:hold-out" and run.data.eval_fraction == 0.0
+    assert run.eval.eval_windows == 0 and not run.eval.free_running
 
 
 def test_tiny_is_small():

@@ -7,6 +7,8 @@ import csv
 import json
 import math
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -354,3 +356,25 @@ def test_tiny_with_a_time_budget_stops_in_time_and_resumes_with_what_is_left(tmp
     assert resume["budget"]["elapsed_s"] >= used and resume["schedule"]["time_budget_s"] == budget
     assert json.loads((run / "checkpoints" / ck.step_dir_name(last) / ck.STATE_FILE).read_text())[
         "budget"]["elapsed_s"] <= budget
+
+
+def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path):
+    """tools/speedrun.py on configs/speedrun.toml, shrunk to run on lavapipe (the held-out plays stay):
+    each variant trains in its own process within the budget and gets its row from its own run."""
+    budget = 8.0
+    shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
+              "eval.eval_every_seqs=0", "eval.sample_chars=0"]
+    sets = [arg for s in shrink for arg in ("--set", s)]
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "base", "hot:train.lr=0.02",
+                        "--budget", f"{budget:g}", "--runs-dir", str(tmp_path), *sets],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in r.stdout.splitlines()[2:])}
+    assert set(rows) == {"base", "hot"}, r.stdout
+    for name, lr in (("base", 3e-3), ("hot", 0.02)):
+        _, changes, steps, _, loss, wall = rows[name]
+        assert int(steps.replace(",", "")) > 0 and 0 < float(loss) < math.log(101)
+        assert float(wall) <= budget + 2.5
+        assert cfgmod.load(tmp_path / name / "config.toml").train.lr == lr
+        assert events(tmp_path / name, "eval")[-1]["loss"] == pytest.approx(float(loss), abs=1e-4)
