@@ -18,17 +18,42 @@ class Check:
     fix: str = ""
 
 
-def run_smoke_kernel(dev, n: int = 1000, seed: int = 0) -> float:
-    """Run glsl/axpby.comp once on `dev` and return its max abs error against numpy."""
+def run_smoke_kernel(dev, n: int = 1000, seed: int = 0, half: bool = False) -> float:
+    """Run glsl/axpby.comp once on `dev` (its float16 variant with half) and return its max abs
+    error against numpy."""
     from catchat.reference import axpby_reference
-    from catchat.vk.device import host_view
-    from catchat.vk.kernels import Axpby
+    from catchat.vk.kernels import Axpby, pack_half, run_ops, unpack_half
 
     rng = np.random.default_rng(seed)
     x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
-    tx, ty = dev.tensor(x), dev.tensor(y)
-    dev.recorded([Axpby(dev, tx, ty, n)(1.5, -0.5, 0.25)], [tx, ty], [ty]).eval()
-    return float(np.abs(host_view(ty) - axpby_reference(x, y, 1.5, -0.5, 0.25)).max())
+    if half:
+        x, y = x.astype(np.float16), y.astype(np.float16)
+    tx, ty = (dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)) if half else \
+        (dev.tensor(x), dev.tensor(y))
+    (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=half)(1.5, -0.5, 0.25)], [ty])
+    if half:
+        got = unpack_half(got, n)
+    want = axpby_reference(x, y, 1.5, -0.5, 0.25, dtype=np.float16 if half else np.float32)
+    return float(np.abs(got.astype(np.float64) - want).max())
+
+
+HALF_TOLERANCE = 4e-3  # two float16 roundings at |y| < 8 (a fused multiply-add rounds once)
+
+
+def half_precision_check(dev, label: str) -> Check:
+    """Which half-precision features the device was created with, and the float16 axpby against numpy
+    where it has float16 arithmetic and storage."""
+    names = {"shaderFloat16": "float16 arithmetic", "storageBuffer16BitAccess": "16-bit storage",
+             "shaderInt8": "int8 arithmetic", "cooperativeMatrixNV": "cooperative matrices (NV)"}
+    have = [v for k, v in names.items() if k in dev.features] or ["none"]
+    if not getattr(dev.kp, "catchat_device_features", 0):
+        return Check(f"{label} half precision", True, "not known: kp lacks patch 0005 (run `make setup`)")
+    if not dev.runs_float16:
+        return Check(f"{label} half precision", True, f"offers {', '.join(have)}: no float16 kernels here")
+    err = run_smoke_kernel(dev, half=True)
+    return Check(f"{label} half precision", err <= HALF_TOLERANCE,
+                 f"{', '.join(have)}; float16 axpby max abs error {err:.1e}",
+                 "this device's float16 arithmetic is wrong: update its driver")
 
 
 def host_views_work(dev, n: int = 257) -> bool:
@@ -86,8 +111,7 @@ def checks() -> list[Check]:
         return out + [Check("vulkan loader", False, e.message, e.hint or "")]
     try:
         kp = vkdev.import_kp()
-        markers = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async")
-        patched = all(getattr(kp, m, 0) for m in markers)
+        patched = all(getattr(kp, m, 0) for m in vkdev.KP_PATCH_MARKERS)
         out.append(Check("kp", patched, f"{importlib.metadata.version('kp')}"
                          + (" (catchat's patches applied)" if patched else " (UNPATCHED)"),
                          "run `make setup`: it builds kp with tools/kp-patches/ applied"))
@@ -110,6 +134,7 @@ def checks() -> list[Check]:
             out.append(Check(label, err < 1e-5, f"{info.type}, {info.driver}; axpby max abs error {err:.1e}",
                              "this device computes wrong results: update its driver"))
             out.append(sweep_check(dev, label))
+            out.append(half_precision_check(dev, label))
         except CatchatError as e:
             out.append(Check(label, False, e.message, e.hint or ""))
     return out

@@ -31,14 +31,17 @@ from catchat.rng import (
 # ---------------------------------------------------------------------------------------------
 
 
-def axpby_reference(x: np.ndarray, y: np.ndarray, a: float, b: float, c: float = 0.0) -> np.ndarray:
-    """numpy twin of glsl/axpby.comp (float32 arithmetic; a zero coefficient ignores its operand)."""
-    r = np.zeros_like(y, dtype=np.float32)
+def axpby_reference(x: np.ndarray, y: np.ndarray, a: float, b: float, c: float = 0.0,
+                    dtype=np.float32) -> np.ndarray:
+    """numpy twin of glsl/axpby.comp in `dtype` arithmetic (float32, or float16 for its HALF variant;
+    a zero coefficient ignores its operand)."""
+    t = np.dtype(dtype).type
+    r = np.zeros_like(y, dtype=t)
     if a != 0:
-        r = np.float32(a) * x
+        r = t(a) * x.astype(t)
     if b != 0:
-        r = r + np.float32(b) * y
-    return (r + np.float32(c)).astype(np.float32)
+        r = r + t(b) * y.astype(t)
+    return (r + t(c)).astype(t)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,18 +3,27 @@
 // The smallest real kernel: gradient zeroing (a=b=c=0), scaling, copying, accumulation; `catchat
 // doctor` and the chained-dispatch ordering test run it. As in BLAS, a zero coefficient means its
 // operand is not read: fresh device memory may hold NaN bit patterns, and 0 * NaN is NaN.
+// HALF: x and y are float16 (two to a 32-bit word of the kp tensor) and the arithmetic is float16:
+// the device's half-precision check (shaderFloat16 + storageBuffer16BitAccess, kp patch 0005).
+#ifdef HALF
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+#define REAL float16_t
+#else
+#define REAL float
+#endif
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;
-layout(set = 0, binding = 0) readonly buffer X { float x[]; };
-layout(set = 0, binding = 1) buffer Y { float y[]; };
+layout(set = 0, binding = 0) readonly buffer X { REAL x[]; };
+layout(set = 0, binding = 1) buffer Y { REAL y[]; };
 layout(push_constant) uniform Push { uint n; float a; float b; float c; } pc;
 
 void main() {
     uint i = gl_GlobalInvocationID.x;
     if (i >= pc.n) return;
-    float r = 0.0;
-    if (pc.a != 0.0) r = pc.a * x[i];
-    if (pc.b != 0.0) r += pc.b * y[i];
-    y[i] = r + pc.c;
+    REAL r = REAL(0.0);
+    if (pc.a != 0.0) r = REAL(pc.a) * x[i];
+    if (pc.b != 0.0) r += REAL(pc.b) * y[i];
+    y[i] = r + REAL(pc.c);
 }

@@ -7,7 +7,7 @@ import numpy as np
 from catchat.parity import ParityResult, compare
 from catchat.reference import axpby_reference
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby, run_ops
+from catchat.vk.kernels import Axpby, pack_half, run_ops, unpack_half
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
@@ -25,4 +25,24 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     tx, ty = dev.tensor(x), dev.tensor(y)
     (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.0, 0.0, 0.0)], [ty])
     out.append(compare("axpby zero over NaN/Inf", str(n), got, np.zeros(n), 0.0, 0.0))
+    if dev.runs_float16:
+        out += _half_checks(dev, rng)
+    return out
+
+
+def _half_checks(dev: Device, rng) -> list[ParityResult]:
+    """The float16 variant (HALF) against numpy's float16 arithmetic: odd counts (half a word of
+    padding), and zeroing over float16 NaN/Inf."""
+    out = []
+    for n in (1, 65, 1001):
+        x, y = (rng.standard_normal(n).astype(np.float16) for _ in range(2))
+        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+        (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=True)(0.5, 2.0, -1.0)], [ty])
+        want = axpby_reference(x, y, 0.5, 2.0, -1.0, dtype=np.float16)
+        out.append(compare("axpby float16", str(n), unpack_half(got, n), want, 4e-3, 2e-3))
+    n = 101
+    x, y = np.full(n, np.nan, np.float16), np.full(n, np.inf, np.float16)
+    tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+    (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=True)(0.0, 0.0, 0.0)], [ty])
+    out.append(compare("axpby float16 zero over NaN/Inf", str(n), unpack_half(got, n), np.zeros(n), 0.0, 0.0))
     return out

@@ -21,6 +21,9 @@ ENV_DEVICE = "CATCHAT_DEVICE"
 MEMORY_HINT = ("lower model.hidden, data.batch_lanes or data.window in the config "
                "(for `catchat sample`: --num)")
 _KP_DTYPES = (np.float32, np.uint32, np.int32)
+# module attributes of the kp that `make setup` builds, one per patch in tools/kp-patches/
+KP_PATCH_MARKERS = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async", "catchat_device_features")
+FLOAT16_FEATURES = frozenset({"shaderFloat16", "storageBuffer16BitAccess"})
 
 
 def import_kp():
@@ -80,6 +83,14 @@ class Device:
     manager: object
     kp: object
     allocated_bytes: int = 0  # every tensor made through `tensor` (a run's device-memory footprint)
+    # optional Vulkan features and extensions the device was created with (kp patch 0005; none
+    # with an unpatched kp): 16/8-bit storage, float16/int8 arithmetic, cooperativeMatrixNV, ...
+    features: frozenset[str] = frozenset()
+
+    @property
+    def runs_float16(self) -> bool:
+        """float16 arithmetic and float16 storage buffers are enabled (the half-precision kernels)."""
+        return FLOAT16_FEATURES <= self.features
 
     def tensor(self, data_or_size, dtype=np.float32, kind: str = "device"):
         """A kp tensor holding `data_or_size` (an array, or a size to zero-fill) of float32/uint32/int32.
@@ -177,7 +188,8 @@ def open_device(selector: str | int | None = None) -> Device:
     except RuntimeError as exc:
         raise VulkanUnavailable(f"could not open Vulkan device {info.index} ({info.name}): {exc}",
                                 hint="check the driver with `vulkaninfo --summary`") from None
-    return Device(info=info, manager=manager, kp=kp)
+    features = getattr(manager, "catchat_enabled_features", lambda: [])()
+    return Device(info=info, manager=manager, kp=kp, features=frozenset(features))
 
 
 def format_bytes(n: int) -> str:

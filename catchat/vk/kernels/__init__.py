@@ -11,6 +11,8 @@ Their checks against the numpy twins live in catchat/parity/ (a module per famil
 
 from __future__ import annotations
 
+import numpy as np
+
 from catchat.vk.device import Device, host_view, pack_push
 from catchat.vk.shaders import compile_shader
 
@@ -40,6 +42,18 @@ class Kernel:
         return self.dev.kp.OpAlgoDispatch(self.algo, pack_push(*push))
 
 
+def pack_half(values) -> np.ndarray:
+    """float16 values two to a uint32 word (the kp tensor of a float16 buffer; an odd count is
+    padded with a zero)."""
+    h = np.asarray(values, dtype=np.float16).ravel()
+    return np.concatenate([h, np.zeros(h.size % 2, np.float16)]).view(np.uint32)
+
+
+def unpack_half(words, n: int) -> np.ndarray:
+    """The first n float16 values of uint32 words written by a float16 buffer."""
+    return np.ascontiguousarray(words, dtype=np.uint32).view(np.float16)[:n].copy()
+
+
 def run_ops(dev: Device, upload, ops, download):
     """Upload tensors, record and run ops in one sequence, download tensors; returns host copies."""
     dev.recorded(ops, upload, download).eval()
@@ -47,15 +61,19 @@ def run_ops(dev: Device, upload, ops, download):
 
 
 class Axpby(Kernel):
-    """y = a*x + b*y + c over n floats (glsl/axpby.comp): zeroing, scaling, copying, accumulating."""
+    """y = a*x + b*y + c over n floats (glsl/axpby.comp): zeroing, scaling, copying, accumulating.
+    half: x and y hold n float16 values (`pack_half`) and the arithmetic is float16; only on a
+    device with `Device.runs_float16`."""
 
     shader = "axpby"
     WORKGROUP = 64
 
-    def __init__(self, dev: Device, x, y, n: int):
+    def __init__(self, dev: Device, x, y, n: int, half: bool = False):
         self.n = int(n)
+        if half and not dev.runs_float16:
+            raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
         super().__init__(dev, [x, y], [ceil_div(self.n, self.WORKGROUP)], spec=[self.WORKGROUP],
-                         push=(self.n, 0.0, 0.0, 0.0))
+                         push=(self.n, 0.0, 0.0, 0.0), defines={"HALF": 1} if half else None)
 
     def __call__(self, a: float, b: float, c: float = 0.0):
         return self.op(self.n, float(a), float(b), float(c))
