@@ -17,7 +17,14 @@
 // multiples of 4. Measured on an H200 (tools/bench_gemm.py): vec4 shared reads alone changed
 // nothing; vec4 global loads gave +3-7%; 128 threads of 16x8 outputs instead of 256 of 8x8 gave
 // +10-17% (the compiler caps a 256-thread workgroup at 128 registers, 64 of them accumulators).
+// HALF: A and B are stored as float16 (16-bit storage; offsets and leading dimensions count halves);
+// they are widened on load, so staging, products, sums and C stay float32 (mixed precision's
+// operands with FP32 accumulation, on any device with 16-bit storage).
 #extension GL_EXT_control_flow_attributes : enable
+#ifdef HALF
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;  // (BM/TM) * (BN/TN) threads (SPLITK_REDUCE: any size)
@@ -47,8 +54,22 @@ layout(constant_id = 5) const uint TN = 4;   // cols per thread
 #define BW 1
 #define BT float
 #endif
-layout(set = 0, binding = 0) readonly buffer A_ { AT A[]; };  // op(A) [M,K]
-layout(set = 0, binding = 1) readonly buffer B_ { BT B[]; };  // op(B) [K,N]
+#if defined(HALF) && defined(VEC4_A)  // AS / BS: the operands' element types in memory
+#define AS f16vec4
+#elif defined(HALF)
+#define AS float16_t
+#else
+#define AS AT
+#endif
+#if defined(HALF) && defined(VEC4_B)
+#define BS f16vec4
+#elif defined(HALF)
+#define BS float16_t
+#else
+#define BS BT
+#endif
+layout(set = 0, binding = 0) readonly buffer A_ { AS A[]; };  // op(A) [M,K]
+layout(set = 0, binding = 1) readonly buffer B_ { BS B[]; };  // op(B) [K,N]
 layout(set = 0, binding = 2) buffer C_ { float C[]; };        // [M,N] (split-K: [S,M,N])
 #ifdef HAS_BIAS
 layout(set = 0, binding = 3) readonly buffer Bias_ { float bias[]; };  // [N]
@@ -98,17 +119,17 @@ uvec2 b_at(uint i) {
 AT load_a(uint m, uint k, uint k_end) {
     if (m >= pc.M || k >= k_end) return AT(0.0);
 #ifdef TRANS_A
-    return A[(pc.a_off + k * pc.lda + m) / AW];
+    return AT(A[(pc.a_off + k * pc.lda + m) / AW]);
 #else
-    return A[(pc.a_off + m * pc.lda + k) / AW];
+    return AT(A[(pc.a_off + m * pc.lda + k) / AW]);
 #endif
 }
 BT load_b(uint k, uint n, uint k_end) {
     if (n >= pc.N || k >= k_end) return BT(0.0);
 #ifdef TRANS_B
-    return B[(pc.b_off + n * pc.ldb + k) / BW];
+    return BT(B[(pc.b_off + n * pc.ldb + k) / BW]);
 #else
-    return B[(pc.b_off + k * pc.ldb + n) / BW];
+    return BT(B[(pc.b_off + k * pc.ldb + n) / BW]);
 #endif
 }
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
-from catchat.vk.kernels import ceil_div, run_ops
+from catchat.vk.kernels import ceil_div, pack_half, run_ops
 from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm
 
 
@@ -38,10 +38,11 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
-              alpha=1.0, tiles=None, vec4=False) -> ParityResult:
+              alpha=1.0, tiles=None, vec4=False, half=False) -> ParityResult:
     """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
     ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
-    contiguous extents allow); also checks that nothing outside C's [M,N] window changed."""
+    contiguous extents allow); also checks that nothing outside C's [M,N] window changed.
+    half: A and B in float16 (the twin multiplies the same float16 values exactly)."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
     pad = (lambda n, p: n + p) if not vec4 else (lambda n, p: 4 * ceil_div(n, 4) + 4)  # noqa: E731
@@ -52,22 +53,40 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     bias_buf = np.full(N + 20, 555.0, np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     bias_buf[11:11 + N] = bias
-    ta, tb, tc, tbias = (dev.tensor(x) for x in (a_buf, b_buf, c_buf, bias_buf))
+    if half:
+        a_buf, b_buf, a, b = (x.astype(np.float16) for x in (a_buf, b_buf, a, b))
+        ta, tb = dev.tensor(pack_half(a_buf), np.uint32), dev.tensor(pack_half(b_buf), np.uint32)
+    else:
+        ta, tb = dev.tensor(a_buf), dev.tensor(b_buf)
+    tc, tbias = dev.tensor(c_buf), dev.tensor(bias_buf)
     g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
              alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
-             vec4=vec4)
+             vec4=vec4, half=half)
     (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
     exp_buf = c_buf.astype(np.float64)
     exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
     exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
     scale = float(np.abs(exp).max()) if exp.size else 1.0
-    name = f"gemm{'_tA' if trans_a else ''}{'_tB' if trans_b else ''}{'+bias' if with_bias else ''}"
+    name = "gemm" + "_f16" * half + "_tA" * trans_a + "_tB" * trans_b + "+bias" * with_bias
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
     if tiles is not None:
         shape += f" tiles={tiles.bm}x{tiles.bn}/{tiles.tm}x{tiles.tn}"
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
+
+
+def _half_cases(dev: Device, rng) -> list[ParityResult]:
+    """The float16-operand GEMM (HALF): every transpose at odd sizes and offsets (half-word
+    offsets), vec4 (f16vec4) loads, split-K and the GPU's tiles."""
+    out = []
+    for ta in (False, True):
+        for tb in (False, True):
+            out.append(gemm_case(dev, rng, 65, 33, 129, ta, tb, 1.0, True, half=True))
+            out.append(gemm_case(dev, rng, 68, 36, 132, ta, tb, 0.0, False, vec4=True, half=True))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, half=True))
+    out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, half=True))
+    return out
 
 
 def colsum_case(dev: Device, rng, M, N, row_splits=1) -> ParityResult:
@@ -106,6 +125,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True))
     out.append(gemm_case(dev, rng, 132, 68, 302, True, False, 1.0, True, split_k=3, tiles=GPU_SPLIT_K_TILE,
                          vec4=True))
+    if "storageBuffer16BitAccess" in dev.features:
+        out += _half_cases(dev, rng)
     for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
         out.append(colsum_case(dev, rng, M, N, splits))
     return out

@@ -17,8 +17,28 @@ def test_parity(dev):
     # the cases counted per kernel: a case list that came out empty or short would pass all() alone
     assert Counter(r.kernel for r in results) == {"gemm": 4, "gemm+bias": 6, "gemm_tB": 5, "gemm_tB+bias": 10,
                                                   "gemm_tA": 6, "gemm_tA+bias": 8, "gemm_tA_tB": 4,
-                                                  "gemm_tA_tB+bias": 6, "colsum": 5}
+                                                  "gemm_tA_tB+bias": 6, "colsum": 5,
+                                                  # float16 operands (lavapipe has 16-bit storage)
+                                                  "gemm_f16+bias": 1, "gemm_f16": 1, "gemm_f16_tB+bias": 2,
+                                                  "gemm_f16_tB": 1, "gemm_f16_tA+bias": 1, "gemm_f16_tA": 2,
+                                                  "gemm_f16_tA_tB+bias": 1, "gemm_f16_tA_tB": 1}
     assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_float16_gemm_needs_16_bit_storage_and_counts_halves(dev, rng):
+    """half=True on a device without 16-bit storage is refused; a float16 operand's extent is
+    checked in halves (two per word of the packed tensor)."""
+    from catchat.vk.device import Device
+    from catchat.vk.kernels import pack_half
+
+    words = dev.tensor(pack_half(np.ones(12, np.float16)), np.uint32)  # 12 halves in 6 words
+    c = dev.tensor(np.zeros(16, np.float32))
+    Gemm(dev, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True)  # A [4,3], B [3,4]: 12 halves
+    with pytest.raises(ValueError, match="exceeds its buffer of 12 elements"):
+        Gemm(dev, (words, 0, 4), (words, 0, 4), (c, 0, 4), 4, 4, 4, half=True)
+    plain = Device(info=dev.info, manager=dev.manager, kp=dev.kp, features=frozenset())
+    with pytest.raises(ValueError, match="16-bit storage"):
+        Gemm(plain, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True)
 
 
 def test_model_shapes_in_flat_buffers(dev, rng):

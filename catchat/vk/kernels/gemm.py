@@ -26,13 +26,14 @@ def _is_gpu(dev: Device) -> bool:
     return dev.info.type != "CPU" and dev.info.max_shared_memory_bytes >= 48 * 1024
 
 
-def _check_matrix(tensor, off: int, rows: int, cols: int, ld: int, what: str) -> None:
-    """Refuse a matrix view that reaches past its buffer (kp would not tell)."""
+def _check_matrix(tensor, off: int, rows: int, cols: int, ld: int, what: str, per_word: int = 1) -> None:
+    """Refuse a matrix view that reaches past its buffer (kp would not tell). per_word: elements per
+    32-bit word of the tensor (2 for float16 packed by `pack_half`)."""
     if off < 0 or ld < cols:
         raise ValueError(f"{what}: offset {off} / leading dimension {ld} invalid for {cols} columns")
-    if rows > 0 and cols > 0 and off + (rows - 1) * ld + cols > tensor.size():
+    if rows > 0 and cols > 0 and off + (rows - 1) * ld + cols > per_word * tensor.size():
         raise ValueError(f"{what}: [{rows},{cols}] at offset {off} (ld {ld}) exceeds its buffer "
-                         f"of {tensor.size()} elements")
+                         f"of {per_word * tensor.size()} elements")
 
 
 def _check_vector(tensor, off: int, n: int, what: str) -> None:
@@ -194,6 +195,8 @@ class Gemm(Kernel):
     changes the rounding (not the run-to-run result). `gemm_split_k` suggests S per device.
     vec4: read A and B as vec4s where their offsets, leading dimensions and contiguous extents are
     multiples of 4 (same results; False forces float loads, for tests and benchmarks).
+    half: A and B hold float16 (uint32 tensors of `pack_half`; offsets and leading dimensions in
+    halves), widened on load: float32 products and sums, float32 C. Needs 16-bit storage.
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -201,8 +204,11 @@ class Gemm(Kernel):
 
     def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
-                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True):
+                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True,
+                 half: bool = False):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
+        if half and "storageBuffer16BitAccess" not in dev.features:
+            raise ValueError(f"a float16 GEMM needs 16-bit storage, which {dev.info.name} does not offer")
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
@@ -214,8 +220,9 @@ class Gemm(Kernel):
             raise ValueError(f"bad GEMM tiles {t}")
         if t.shared_bytes > dev.info.max_shared_memory_bytes:
             raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
-        _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A")
-        _check_matrix(b[0], b[1], *((N, K) if trans_b else (K, N)), b[2], "gemm B")
+        per_word = 2 if half else 1
+        _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A", per_word)
+        _check_matrix(b[0], b[1], *((N, K) if trans_b else (K, N)), b[2], "gemm B", per_word)
         _check_matrix(c[0], c[1], M, N, c[2], "gemm C")
         if bias is not None:
             _check_vector(bias[0], bias[1], N, "gemm bias")
@@ -225,7 +232,7 @@ class Gemm(Kernel):
             raise ValueError(f"GEMM grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
         grid = [max(1, g) for g in grid]
 
-        defines = {}
+        defines = {"HALF": 1} if half else {}
         if trans_a:
             defines["TRANS_A"] = 1
         if trans_b:
