@@ -4,18 +4,27 @@
 // whole sweep in one dispatch of co-resident workgroups (PERSISTENT: tiles grid-stride, a grid
 // barrier between steps, include/grid_sync.glsl). Step s:
 //   if s < T (the recurrent matmul of step s):
-//     dh = (dhtot[b,k] * z[s] + sum_r dGh[s,b,r] * W_hh[r,k]) * (1 - reset[s,b])   // into h_{s-1}
+//     dh = (dhz[b,k] + sum_r dGh[s,b,r] * W_hh[r,k]) * (1 - reset[s,b])   // into h_{s-1}
 //     if s >= 1 and c > 0: count |dh| > c into stats[ST_CLAMP_HITS], clamp to [-c, c]
 //     if s == 0: dh0 = dh, done
 //   else (s == T): dh = 0 (truncated at the window edge)
 //   gate backward of step u = s - 1, elementwise on the same (b, k):
-//     dhtot = dh + do[u];  dn = dhtot (1 - z);  dz = dhtot (hprev - n)
+//     hp = hprev[u] * (1 - reset[u,b])   (written back where the reset cut: see below)
+//     dhtot = dh + do[u];  dn = dhtot (1 - z);  dz = dhtot (hp - n);  dhz = dhtot z
 //     dan = dn (1 - n^2);  daz = dz z (1 - z);  dar = dan ghn r (1 - r)
 //     dGi[u] = (dar, daz, dan);  dGh[u] = (dar, daz, dan * r)
+// hprev is the state sequence of the forward sweep: row 0 the state entering the window (after
+// its reset), row u >= 1 the output o[u-1] (before the reset: the caller passes o's buffer one row
+// block earlier, gru_forward.comp). The reset is applied here, and where it cut (reset[u,b] = 1)
+// the row is written back as hp, so after the sweep rows [0, T) are exactly the states entering
+// each step: what the dW_hh GEMM reads. dGh rows are dgh_ld apart: 3H in a buffer of their own,
+// or 4H when dGh is written over save's r, z, n (dgh_off = save_off): each element's gate
+// backward reads its r, z, n, ghn before it writes its dGh there, and nothing reads save[u]
+// after that (z[u] travels on as dhz), so dGh needs no buffer of its own.
 // Thread (b, k) owns element (b, k) in every dispatch: it is the only reader and writer of
-// dhtot[b,k] (the running total gradient on h_u, kept from one dispatch to the next) and of
-// dGi/dGh[u, b, {k, H+k, 2H+k}]. Dispatch s reads dGh[s] (all rows: written by the previous
-// dispatch) and writes dGh[s-1]: no two dispatches in flight touch the same words.
+// dhz[b,k] (kept from one dispatch to the next), of hprev[u, b, k], of save[u, b, {k, H+k,
+// 2H+k, 3H+k}] and of dGi/dGh[u, b, {k, H+k, 2H+k}]. Dispatch s reads dGh[s] (all rows: written
+// by the previous dispatch) and writes dGh[s-1]: no two dispatches in flight touch the same words.
 // Matmul tiling: workgroup owns columns k in [wx*TK, +TK) for lanes [wy*TB, +TB); thread (tx, ty)
 // owns RQ groups of 4 consecutive columns x RB lanes; the 3H rows are walked in chunks of RC
 // staged in shared memory (dGh [RC][TB], W_hh [RC][TK] row-major), the KS slices tz split each
@@ -56,19 +65,20 @@ const uint NACC = 4 * RB * RQ;
 
 layout(set = 0, binding = 0) readonly buffer Do { float dO[]; };        // [T,B,H] at do_off
 layout(set = 0, binding = 1) readonly buffer Save { float save[]; };    // [T,B,4H] at save_off: r, z, n, ghn
-layout(set = 0, binding = 2) readonly buffer Hprev { float hprev[]; };  // [T,B,H] at hprev_off
+layout(set = 0, binding = 2) buffer Hprev { float hprev[]; };           // [T,B,H] at hprev_off (reset rows zeroed)
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
 layout(set = 0, binding = 4) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
-layout(set = 0, binding = 6) buffer Dhtot { float dhtot[]; };           // [B,H] scratch
+layout(set = 0, binding = 6) buffer Dhz { float dhz[]; };               // [B,H] scratch: dhtot * z
 layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
 // SWEEP_COHERENT (common.glsl): dGh[s] comes from other workgroups of a persistent dispatch
-layout(set = 0, binding = 8) SWEEP_COHERENT buffer Dgh { float dgh[]; };  // [T,B,3H] at dgh_off
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer Dgh { float dgh[]; };  // [T,B,3H] rows dgh_ld apart at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
     uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
+    uint dgh_ld;   // words between dGh rows: 3H, or 4H over save
     uint n_steps;  // steps s, s-1, ..., s-n_steps+1
 } pc;
 #define SYNC_BINDING 11
@@ -83,7 +93,7 @@ shared uint hits;
 // Staging element e of the dGh tile / W tile for the chunk at r0 (0 outside the tile or the matrix).
 float g_elem(uint s, uint e, uint r0, uint b0) {
     uint bb = e / RC, b = b0 + bb, r = r0 + e % RC, R3 = 3u * pc.H;
-    return (bb < TB && b < pc.B && r < R3) ? dgh[pc.dgh_off + (s * pc.B + b) * R3 + r] : 0.0;
+    return (bb < TB && b < pc.B && r < R3) ? dgh[pc.dgh_off + (s * pc.B + b) * pc.dgh_ld + r] : 0.0;
 }
 float w_elem(uint e, uint r0, uint k0) {
     uint rr = e / TK, r = r0 + rr, k = k0 + e % TK;
@@ -94,21 +104,25 @@ float w_elem(uint e, uint r0, uint k0) {
 void gate_backward(uint u, uint b, uint k, float dh) {
     uint H = pc.H, row = u * pc.B + b;
     float dht = dh + dO[pc.do_off + row * H + k];
-    dhtot[b * H + k] = dht;
     uint sb = pc.save_off + row * 4u * H;
     float r = save[sb + k], z = save[sb + H + k], n = save[sb + 2u * H + k], ghn = save[sb + 3u * H + k];
+    uint hi = pc.hprev_off + row * H + k;
+    float keep = 1.0 - float(resets[row]);
+    float hp = hprev[hi] * keep;
+    if (keep == 0.0) hprev[hi] = hp;  // the state entering u is 0 here, not o[u-1]
+    dhz[b * H + k] = dht * z;
     float dn = dht * (1.0 - z);
-    float dz = dht * (hprev[pc.hprev_off + row * H + k] - n);
+    float dz = dht * (hp - n);
     float dan = dn * (1.0 - n * n);
     float daz = dz * z * (1.0 - z);
     float dar = dan * ghn * r * (1.0 - r);
-    uint gb = row * 3u * H;
-    dgi[pc.dgi_off + gb + k] = dar;
-    dgi[pc.dgi_off + gb + H + k] = daz;
-    dgi[pc.dgi_off + gb + 2u * H + k] = dan;
-    dgh[pc.dgh_off + gb + k] = dar;
-    dgh[pc.dgh_off + gb + H + k] = daz;
-    dgh[pc.dgh_off + gb + 2u * H + k] = dan * r;
+    uint gb = pc.dgi_off + row * 3u * H, hb = pc.dgh_off + row * pc.dgh_ld;
+    dgi[gb + k] = dar;
+    dgi[gb + H + k] = daz;
+    dgi[gb + 2u * H + k] = dan;
+    dgh[hb + k] = dar;
+    dgh[hb + H + k] = daz;
+    dgh[hb + 2u * H + k] = dan * r;
 }
 
 // Step s on the tile of columns [k0, +TK) x lanes [b0, +TB).
@@ -181,8 +195,7 @@ void step_tile(uint s, uint k0, uint b0) {
                 [[unroll]] for (uint i = 0u; i < 4u; ++i) {
                     uint k = k0 + 4u * (tx + q * NTK) + i;
                     if (k >= H) continue;
-                    float z = save[pc.save_off + (s * B + b) * 4u * H + H + k];
-                    float d = (dhtot[b * H + k] * z + dh[rb][q][i]) * carry;
+                    float d = (dhz[b * H + k] + dh[rb][q][i]) * carry;
                     if (clamping && abs(d) > c) { my_hits += 1u; d = clamp(d, -c, c); }
                     if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
                     dh[rb][q][i] = d;

@@ -4,7 +4,7 @@
 // a partial-sum buffer. A tile is NU units x TB lanes, the forward resident sweep's tile: its
 // workgroup holds the tile's 3*NU rows of W_hh (all H columns) in registers for the whole sweep
 // when every tile has its own workgroup (resident: one PERSISTENT dispatch of n_tiles
-// co-resident workgroups), and with them each element's running gradient dhtot and z[s].
+// co-resident workgroups), and with them each element's running gradient dhz = dhtot * z[s].
 // The recurrent product dGh[s] @ W_hh is split by rows: the tile's rows of dGh[s] are its own
 // (the gate backward of its units made them), so the workgroup multiplies them by its rows of
 // W_hh without reading anything, and writes the partial product for all H columns of its lanes;
@@ -20,7 +20,7 @@
 // 256-thread tiles were slower (docs/benchmarks.md).
 // A step s, element p (lane p / NU, unit p % NU): sum the partials of dGh[s] @ W_hh -> finish dh,
 // gate backward of step s-1 -> dGh[s-1] to memory and to shared -> the product of the tile's
-// rows of dGh[s-1] with W_hh -> partials to memory -> arrive -> dGi, dhtot and the next step's
+// rows of dGh[s-1] with W_hh -> partials to memory -> arrive -> dGi, dhz and the next step's
 // inputs while the others finish -> wait.
 #extension GL_EXT_control_flow_attributes : require
 #include "phase_clock.glsl"
@@ -65,13 +65,13 @@ const uint NT = gl_WorkGroupSize.x;       // >= SL * ceil(H / CPT)
 
 layout(set = 0, binding = 0) readonly buffer Do { float dO[]; };        // [T,B,H] at do_off
 layout(set = 0, binding = 1) readonly buffer Save { float save[]; };    // [T,B,4H] at save_off: r, z, n, ghn
-layout(set = 0, binding = 2) readonly buffer Hprev { float hprev[]; };  // [T,B,H] at hprev_off
+layout(set = 0, binding = 2) buffer Hprev { float hprev[]; };           // [T,B,H] at hprev_off (reset rows zeroed)
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
 layout(set = 0, binding = 4) readonly buffer P { float params[]; };     // W_hh [3H,H] at w_off
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
-layout(set = 0, binding = 6) buffer Dhtot { float dhtot[]; };           // [B,H] scratch
+layout(set = 0, binding = 6) buffer Dhz { float dhz_mem[]; };           // [B,H] scratch: dhtot * z
 layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
-layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] at dgh_off
+layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] rows dgh_ld apart at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
 // part[((s % 2 * n_tu + tu) * B + b) * H + k]: unit tile tu's rows of dGh[s] @ W_hh, column k
@@ -79,6 +79,7 @@ layout(set = 0, binding = 12) SWEEP_COHERENT buffer Part { float part[]; };  // 
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
     uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
+    uint dgh_ld;   // words between dGh rows: 3H, or 4H over save (gru_backward.comp)
     uint n_steps;  // steps s, s-1, ..., s-n_steps+1
 } pc;
 #define SYNC_BINDING 11
@@ -148,42 +149,45 @@ void product_partials(uint s, uint tu, uint b0, uint cg, uint sl) {
 
 // What step s needs from memory for one element, besides the partials: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). Loaded a step
-// ahead when resident, so none of it is on the step's critical path.
+// ahead when resident, so none of it is on the step's critical path. hprev gets its reset here,
+// and a row the reset cut is written back as the state it stands for (gru_backward.comp's header).
 float[7] step_inputs(uint s, uint b, uint k) {
     float[7] v = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     if (s > 0u) {
-        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H;
+        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H, hi = pc.hprev_off + row * H + k;
+        float keep = 1.0 - float(resets[row]);
+        float hp = hprev[hi] * keep;
+        if (keep == 0.0) hprev[hi] = hp;
         v = float[7](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
-                     save[sb + 3u * H + k], hprev[pc.hprev_off + row * H + k], 0.0);
+                     save[sb + 3u * H + k], hp, 0.0);
     }
     if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
     return v;
 }
 
 // Element (b, k) = tile element p of step s, given mm = its row of dGh[s] @ W_hh (s < T), its
-// running gradient dht, z = z[s], in_u = step_inputs(s) and the clamp c (0 = off): finishes dh
-// into h_{s-1} (clamp, dh0) and runs the gate backward of step s-1, writing dGh[s-1] to memory and
-// to dgs. Returns dGi[s-1] (r, z, n) for the caller to write later; updates dht, z.
-vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dht, inout float z, float[7] in_u, float c,
-             inout uint hits) {
+// running gradient dhz = dhtot * z[s], in_u = step_inputs(s) and the clamp c (0 = off): finishes
+// dh into h_{s-1} (clamp, dh0) and runs the gate backward of step s-1, writing dGh[s-1] to memory
+// and to dgs. Returns dGi[s-1] (r, z, n) for the caller to write later; updates dhz.
+vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7] in_u, float c, inout uint hits) {
     uint H = pc.H;
     float d = 0.0;
     if (s < pc.T) {
-        d = (dht * z + mm) * in_u[6];
+        d = (dhz + mm) * in_u[6];
         if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
         if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
     }
     if (s == 0u) return vec3(0.0);
-    float r = in_u[1], n = in_u[3];
-    z = in_u[2];
-    dht = d + in_u[0];
+    float r = in_u[1], z = in_u[2], n = in_u[3];
+    float dht = d + in_u[0];
+    dhz = dht * z;
     float dn = dht * (1.0 - z);
     float dz = dht * (in_u[5] - n);
     float dan = dn * (1.0 - n * n);
     float daz = dz * z * (1.0 - z);
     float dar = dan * in_u[4] * r * (1.0 - r);
     vec3 g = vec3(dar, daz, dan * r);
-    uint gb = pc.dgh_off + ((s - 1u) * pc.B + b) * 3u * H, u = p % NU, bb = p / NU;
+    uint gb = pc.dgh_off + ((s - 1u) * pc.B + b) * pc.dgh_ld, u = p % NU, bb = p / NU;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
         dgh[gb + q * H + k] = g[q];
         dgs[(q * NU + u) * RS + bb / 4u][bb % 4u] = g[q];
@@ -201,23 +205,20 @@ void put_dgi(uint u, uint b, uint k, vec3 v) {
 // Element p of a tile: (lane b0 + p / NU, unit j0 + p % NU), inside the matrices?
 bool live_at(uint j0, uint b0, uint p) { return p < NU * TB && j0 + p % NU < pc.H && b0 + p / NU < pc.B; }
 
-// Element p's running state entering step s from memory (non-resident, or a dispatch's first step).
-void load_state(uint s, uint b, uint k, out float dht, out float z) {
-    bool mid = s < pc.T;
-    dht = mid ? dhtot[b * pc.H + k] : 0.0;
-    z = mid ? save[pc.save_off + (s * pc.B + b) * 4u * pc.H + pc.H + k] : 0.0;
+// Element p's running gradient entering step s from memory (non-resident, or a dispatch's first step).
+float load_state(uint s, uint b, uint k) {
+    return s < pc.T ? dhz_mem[b * pc.H + k] : 0.0;
 }
 
 // Element p of step s with its state read from memory and written back (not resident).
 void element_from_memory(uint s, uint j0, uint b0, uint p, float c, inout uint hits) {
     uint b = b0 + p / NU, k = j0 + p % NU;
-    float dht, z;
-    load_state(s, b, k, dht, z);
+    float dhz = load_state(s, b, k);
     float mm = s < pc.T ? product_row(s, b, k) : 0.0;
-    vec3 g = element(s, p, b, k, mm, dht, z, step_inputs(s, b, k), c, hits);
+    vec3 g = element(s, p, b, k, mm, dhz, step_inputs(s, b, k), c, hits);
     if (s > 0u) {
         put_dgi(s - 1u, b, k, g);
-        dhtot[b * pc.H + k] = dht;
+        dhz_mem[b * pc.H + k] = dhz;
     }
 }
 
@@ -231,7 +232,7 @@ void main() {
     uint b = b0 + tid / NU, k = j0 + tid % NU;  // this thread's element (when live)
     // Rows and lanes outside the matrices stay 0 in dgs (their products must be finite).
     for (uint e = tid; e < NR * RS; e += NT) dgs[e] = vec4(0.0);
-    float dht = 0.0, z = 0.0;
+    float dhz = 0.0;
     float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
@@ -240,7 +241,7 @@ void main() {
         load_w(j0, cg, sl);
         live = live_at(j0, b0, tid);
         if (live) {
-            load_state(pc.s, b, k, dht, z);
+            dhz = load_state(pc.s, b, k);
             in_u = step_inputs(pc.s, b, k);
         }
     }
@@ -257,7 +258,7 @@ void main() {
             }
             PHASE(i, 0u);
             vec3 g = vec3(0.0);
-            if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dht, z, in_u, c, hits);
+            if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dhz, in_u, c, hits);
             for (uint p = resident ? tid + NT : tid; p < NU * TB; p += NT) {  // state from memory
                 if (live_at(j0, b0, p)) {
                     element_from_memory(s, j0, b0, p, c, hits);
@@ -278,7 +279,7 @@ void main() {
             }
             if (resident && live && s > 0u) {
                 put_dgi(s - 1u, b, k, g);
-                dhtot[b * pc.H + k] = dht;
+                dhz_mem[b * pc.H + k] = dhz;
             }
 #ifdef PERSISTENT
             if (!resident || !more) barrier();  // dgs is rewritten by the next tile

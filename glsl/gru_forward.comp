@@ -3,7 +3,10 @@
 //   hp  = (t == 0 ? h0 : o[t-1]) * (1 - reset[t,b])                        // [B,H]
 //   gh  = hp @ W_hh^T + b_hh                                               // [B,3H]
 //   r = sigmoid(gi_r + gh_r);  z = sigmoid(gi_z + gh_z);  n = tanh(gi_n + r * gh_n)
-//   o[t] = (1 - z) * n + z * hp;  hprev[t] = hp;  save[t] = (r, z, n, gh_n);  hT = o[T-1]
+//   o[t] = (1 - z) * n + z * hp;  save[t] = (r, z, n, gh_n);  hT = o[T-1];  hprev[0] = hp (t == 0 only)
+// The state entering step t >= 1 is o[t-1] (before its reset): a caller that passes o's buffer as
+// hprev at hprev_off = o_off - B*H gets the whole state sequence as rows [0, T) of one buffer
+// without a second copy (the backward sweep applies the resets, gru_backward.comp).
 // gi = x @ W_ih^T + b_ih for all t comes from a GEMM beforehand. One dispatch runs the steps
 // [t, t_end) (push constants): per-step mode dispatches one step at a time (t_end = t + 1, one
 // workgroup per tile); PERSISTENT mode runs a whole sweep in one dispatch of co-resident
@@ -56,7 +59,7 @@ layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H]
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B] 1 = state reset before t
 // SWEEP_COHERENT (common.glsl): o[t-1] comes from other workgroups of a persistent dispatch
 layout(set = 0, binding = 4) SWEEP_COHERENT writeonly buffer Out { float o[]; };  // [T,B,H] at o_off (writes o[t])
-layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [T,B,H] at hprev_off
+layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (row 0 of the state sequence)
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off (t == T-1)
 layout(set = 0, binding = 8) SWEEP_COHERENT readonly buffer Prev { float o_in[]; };  // o again (same tensor):
@@ -173,7 +176,7 @@ void step_tile(uint t, uint j0, uint b0) {
             float hp = h_prev(t, b, j);
             float h = (1.0 - z) * n + z * hp;
             o[pc.o_off + row * H + j] = h;
-            hprev[pc.hprev_off + row * H + j] = hp;
+            if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
             uint sb = pc.save_off + row * 4u * H;
             save[sb + j] = r;
             save[sb + H + j] = z;

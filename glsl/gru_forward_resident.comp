@@ -14,8 +14,8 @@
 // Between steps only the workgroups of one lane tile meet (group_arrive/group_wait): lanes are
 // independent. A step: stage h_prev of the tile's lanes (vec4 loads where H and o_off allow,
 // HV4) -> matmul and reduction -> gates, o[t] written -> arrive -> the writes nobody in the sweep
-// reads (hprev, save, hT) and the next step's gi loads, while the other workgroups finish ->
-// wait.
+// reads (save, hT, hprev at t = 0) and the next step's gi loads, while the other workgroups
+// finish -> wait.
 #extension GL_EXT_control_flow_attributes : require
 #include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
@@ -66,7 +66,7 @@ layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // W_hh 
 layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H] at h0_off
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
 layout(set = 0, binding = 4) SWEEP_COHERENT writeonly buffer Out { float o[]; };  // [T,B,H] at o_off
-layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [T,B,H] at hprev_off
+layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (t == 0 only)
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off
 #ifdef HV4  // H and o_off multiples of 4: o[t-1] rows as vec4
@@ -161,10 +161,11 @@ float[6] gate(uint t, uint j0, uint b0, uint p, vec3 gi3, vec3 bias) {
     return float[6](h, r, z, n, gh.z, hp);
 }
 
-// The rest of output p's step t: hprev, save (r, z, n, ghn) and hT at the last step.
+// The rest of output p's step t: save (r, z, n, ghn), hT at the last step, and hprev at the first
+// (the state entering step t >= 1 is o[t-1]: gru_forward.comp's header).
 void put_state(uint t, uint j0, uint b0, uint p, float[6] v) {
     uint j = j0 + p % NU, b = b0 + p / NU, H = pc.H, row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
-    hprev[pc.hprev_off + row * H + j] = v[5];
+    if (t == 0u) hprev[pc.hprev_off + b * H + j] = v[5];
     save[sb + j] = v[1];
     save[sb + H + j] = v[2];
     save[sb + 2u * H + j] = v[3];

@@ -1,7 +1,8 @@
 """GRU recurrent sweeps (glsl/gru_forward*.comp, glsl/gru_backward*.comp) against catchat.reference:
 tiled and register-resident tiles at odd sizes, resets at t = 0 and mid-window, the BPTT clamp off
-and on (hit count exact), one dispatch per step and persistent; the GPU's dG also reproduce the
-reference's dW/db/dx through the post-sweep GEMMs' numpy twin."""
+and on (hit count exact), one dispatch per step and persistent, dGh over save (the program's
+layout) and in a buffer of its own; the GPU's dG also reproduce the reference's dW/db/dx through
+the post-sweep GEMMs' numpy twin (dW_hh from the state buffer's hprev rows, resets applied)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from catchat.vk.kernels.gru import (
     ResidentTiles,
     device_sms,
     resident_backward,
+    state_rows,
 )
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
@@ -49,15 +51,20 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
-                stats0: int = 5, persistent=(0, 0), repeat: int = 1):
-    """Forward sweep then backward sweep on the GPU in one sequence; returns a dict of host arrays.
+                stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True):
+    """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
+    dict of host arrays.
 
-    tiles: (forward tiles, backward tiles), None = default_tiles; persistent: (forward, backward)
-    workgroups of one-dispatch sweeps (0 = a dispatch per step); repeat: both sweeps recorded that
-    many times in the sequence (the grid barrier's words must be ready again each time; returned
-    as `sync`). Every activation buffer carries
-    `pad` leading floats (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers
-    addressed at layer `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate).
+    The state sequence is one buffer of T+1 row blocks (hprev = rows [0, T), o = rows [1, T+1):
+    plan.py); dGh is written over save's r, z, n (dgh_in_save, as the program does) or into a
+    [T,B,3H] buffer of its own. tiles: (forward tiles, backward tiles), None = default_tiles;
+    persistent: (forward, backward) workgroups of one-dispatch sweeps (0 = a dispatch per step);
+    repeat: both sweeps recorded that many times (the grid barrier's words must be ready again
+    each time; returned as `sync`). Every activation buffer carries `pad` leading floats
+    (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers addressed at layer
+    `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate). o, save and hT are
+    read after the last forward sweep, hprev (the resets applied in place) and the gradients after
+    the last backward.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -68,27 +75,32 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tgi = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["gi"].ravel()]))
     tp, th0 = dev.tensor(case["flat"]), dev.tensor(case["h0"])
     tres = dev.tensor(case["resets"], np.uint32)
-    to, thp, tsave, thT = f32(T * B * H), f32(T * B * H), f32(T * B * 4 * H), dev.tensor(2 * B * H)
+    tseq, tsave, thT = f32((T + 1) * B * H), f32(T * B * 4 * H), dev.tensor(2 * B * H)
     tdo = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["do"].ravel()]))
     hyper = dev.tensor(make_hyper(0, gradh_clamp=clamp), np.uint32)
     stats = np.zeros(slots.ST_WORDS, np.uint32)
     stats[slots.ST_CLAMP_HITS] = stats0  # hits accumulate onto what is there
     tstats = dev.tensor(stats, np.uint32)
-    tdgi, tdgh, tdh0 = f32(T * B * 3 * H), f32(T * B * 3 * H), dev.tensor(2 * B * H)
-    fwd = GruForward(dev, tgi, tp, th0, tres, to, thp, tsave, thT, T=T, B=B, H=H, w_off=w_off,
-                     b_off=b_off, gi_off=pad, h0_off=st_off, o_off=pad, hprev_off=pad, save_off=pad,
+    tdgi, tdh0 = f32(T * B * 3 * H), dev.tensor(2 * B * H)
+    tdgh = None if dgh_in_save else f32(T * B * 3 * H)
+    o_off = pad + state_rows(B, H)
+    fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
+                     b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0])
-    bwd = GruBackward(dev, tdo, tsave, thp, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
+    bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1])
-    outs = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, to, thp, tsave, thT, tdgi, tdgh, tdh0],
-                   (fwd.sweep_ops() + bwd.sweep_ops()) * repeat,
-                   [to, thp, tsave, thT, tdgi, tdgh, tdh0, tstats, fwd.sync, bwd.sync])
-    o, hp, save, hT, dgi, dgh, dh0, st, sync_f, sync_b = outs
+    both = fwd.sweep_ops() + bwd.sweep_ops()
+    seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
+                            + ([tdgh] if tdgh else []), both * (repeat - 1) + fwd.sweep_ops(), [tseq, tsave, thT])
+    outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save else tdgh, tdgi, tdh0, tstats,
+                                             fwd.sync, bwd.sync])
+    hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
+    save = save[pad:].reshape(T, B, 4 * H)
+    dgh = dgh[pad:].reshape(T, B, 4 * H)[..., :3 * H] if dgh_in_save else dgh[pad:].reshape(T, B, 3 * H)
     sl = np.s_[st_off:st_off + B * H]
-    return dict(o=o[pad:].reshape(T, B, H), hprev=hp[pad:].reshape(T, B, H),
-                save=save[pad:].reshape(T, B, 4 * H), hT=hT[sl].reshape(B, H),
-                dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh[pad:].reshape(T, B, 3 * H),
+    return dict(o=seq[o_off:].reshape(T, B, H), hprev=hp[pad:pad + T * B * H].reshape(T, B, H),
+                save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
                 dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
                 sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]))
 
@@ -152,12 +164,13 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     reference's dW/db/dx via numpy."""
     out = []
     runs = [(c, 0) for c in CASES] + [(c, n) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
-    for (T, B, H, tiles, clamp), n_wg in runs:
+    for i, ((T, B, H, tiles, clamp), n_wg) in enumerate(runs):
         case = make_case(T, B, H)
-        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg))
+        in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
+        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save)
         exp, cache = expected_gru(case, clamp)
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
-            + (f" persistent={n_wg}" if n_wg else "")
+            + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save else " dGh apart")
         for k in ("o", "hprev", "save", "hT"):
             out.append(compare(f"gru_forward.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
         for k in ("dgi", "dgh", "dh0"):

@@ -7,10 +7,17 @@ db_ih = colsum(dGi), db_hh = colsum(dGh), dx = dGi @ W_ih from the dGi, dGh, hpr
 numpy twins: catchat.reference.gru_layer_forward, gru_sweep_backward, gru_weight_grads.
 
 Forward, per step t = 0..T-1: the recurrent matmul h_prev @ W_hh^T fused with the gates; writes
-o[t], hprev[t], save[t] = (r, z, n, ghn), hT at T-1. Backward, s = T, T-1, ..., 0 (T+1 steps):
-step s finishes dh_{s-1} = (dhtot z + dGh[s] @ W_hh) * carry (clamp, dh0 at s = 0) and then runs
-the gate backward of step s-1 on the same elements, so no dh ping-pong buffer is needed: each
-thread owns its (b, k) element in every step (see the shader header).
+o[t], save[t] = (r, z, n, ghn), hT at T-1, and hprev[0] (the state entering the window, after its
+reset). The state entering step t >= 1 is o[t-1], so the state sequence is not stored twice: with
+`state_rows(B, H)`, o's buffer has T+1 row blocks, row 0 = hprev[0] and row t+1 = o[t], and rows
+[0, T) are hprev (before the resets, which the backward applies: where a reset cut it zeroes the
+row in place, so after the backward sweep they are the states entering each step, for dW_hh).
+Backward, s = T, T-1, ..., 0 (T+1 steps): step s finishes dh_{s-1} = (dhz + dGh[s] @ W_hh) * carry
+(clamp, dh0 at s = 0; dhz = dhtot * z[s] kept from step s's gate backward) and then runs the gate
+backward of step s-1 on the same elements, so no dh ping-pong buffer is needed: each thread owns
+its (b, k) element in every step (see the shader header). dGh may be written over save's r, z, n
+(dgh=None): an element's gate backward reads them before it writes its dGh there, and nothing
+reads them again.
 
 A sweep (`sweep_ops()`) is either one dispatch per step, or, where the device tells how many
 workgroups can be resident at once (`resident_workgroups`: one per SM on NVIDIA) and the sweep's
@@ -194,7 +201,7 @@ def partial_words(B: int, H: int, tiles) -> int:
 
 
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
-    """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhtot,
+    """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
     tiles = plan_sweep(dev, B, H, True).tiles if dev is not None else None
     return B * H + sync_words(B) + partial_words(B, H, tiles)
@@ -482,21 +489,28 @@ class _Sweep(Kernel):
         return self.dev.kp.OpAlgoDispatch(algo, pack_push(*push))
 
 
+def state_rows(B: int, H: int) -> int:
+    """Words of one row block [B,H]: o sits this far after hprev in the one state buffer
+    (hprev_off = o_off - state_rows(B, H))."""
+    return int(B) * int(H)
+
+
 class GruForward(_Sweep):
     """The forward sweep: per timestep the recurrent matmul fused with the gates.
 
     gi: float32 [T,B,3H] at gi_off (x @ W_ih^T + b_ih); params: W_hh [3H,H] at w_off, b_hh [3H]
     at b_off; h0: [B,H] at h0_off (e.g. layer l of an [L,B,H] state); resets: uint32 [T,B]
-    (1 = the state entering t is zero). Written: o [T,B,H] at o_off, hprev [T,B,H] at hprev_off
-    (state entering t, after the reset), save [T,B,4H] at save_off = (r, z, n, ghn) per step,
-    hT [B,H] at hT_off (at t = T-1). Nothing accumulates. hT may share h0's buffer, but not the
-    same words when T == 1 (step 0 reads h0 while writing hT). stats: uint32 [ST_WORDS] (default a
-    private one): stats[ST_SYNC_TIMEOUTS] counts persistent sweeps whose grid barrier gave up.
-    tiles: (threads x, threads y, k-slices, units per thread, lanes per thread, k chunk) or
-    ResidentTiles, default `default_tiles(dev, B, H, False, persistent)`. persistent: workgroups of
-    the one-dispatch sweep (co-resident on the device!), 0 = T dispatches; default
-    `resident_workgroups(dev)`. `step(t)` is always one dispatch (the per-timestep path
-    interleaves other work).
+    (1 = the state entering t is zero). Written: o [T,B,H] at o_off, hprev [B,H] at hprev_off
+    (the state entering step 0, after its reset: row 0 of the state sequence, see the module
+    docstring; the program passes o's buffer with hprev_off = o_off - B*H), save [T,B,4H] at
+    save_off = (r, z, n, ghn) per step, hT [B,H] at hT_off (at t = T-1). Nothing accumulates. hT
+    may share h0's buffer, but not the same words when T == 1 (step 0 reads h0 while writing hT).
+    stats: uint32 [ST_WORDS] (default a private one): stats[ST_SYNC_TIMEOUTS] counts persistent
+    sweeps whose grid barrier gave up. tiles: (threads x, threads y, k-slices, units per thread,
+    lanes per thread, k chunk) or ResidentTiles, default `default_tiles(dev, B, H, False,
+    persistent)`. persistent: workgroups of the one-dispatch sweep (co-resident on the device!),
+    0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always one dispatch (the
+    per-timestep path interleaves other work).
     """
 
     shader = "gru_forward"
@@ -508,10 +522,13 @@ class GruForward(_Sweep):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
+        if hprev is o and hprev_off != o_off - state_rows(B, H):
+            raise ValueError("GruForward: hprev in o's buffer must be the row block just before o "
+                             f"(hprev_off = o_off - {state_rows(B, H)}, got {hprev_off} and {o_off})")
         for t, n, what in ((gi, gi_off + T * B * 3 * H, "gi"),
                            (params, max(w_off + 3 * H * H, b_off + 3 * H), "params"), (h0, h0_off + B * H, "h0"),
                            (resets, T * B, "resets"), (o, o_off + T * B * H, "o"),
-                           (hprev, hprev_off + T * B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
+                           (hprev, hprev_off + B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
@@ -540,13 +557,17 @@ class GruBackward(_Sweep):
     """The backward sweep: per step the gate backward fused with dh @ W_hh.
 
     do: float32 [T,B,H] at do_off (gradient on the layer's outputs, all t); save [T,B,4H] at
-    save_off and hprev [T,B,H] at hprev_off from GruForward; resets uint32 [T,B]; params: W_hh
-    [3H,H] at w_off; hyper: uint32 [HP_WORDS] (HP_GRADH_CLAMP, 0 = off). Written: dGi, dGh
-    [T,B,3H] at dgi_off, dgh_off (every element, every step), dh0 [B,H] at dh0_off (gradient on
-    the carried-in state, unclamped; for checks). Accumulates: stats[ST_CLAMP_HITS] += clamped
-    elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps whose grid barrier gave up. A
-    private scratch dhtot [B,H] carries the running gradient between steps; it needs no zeroing
-    (step s = T writes it before anything reads it). persistent: as GruForward's.
+    save_off from GruForward; hprev [T,B,H] at hprev_off: the state sequence (row 0 GruForward's
+    hprev, row t >= 1 its o[t-1]; the program's one state buffer, see the module docstring) before
+    the resets, which are applied here: where resets[t,b] = 1 row t is zeroed in place; resets
+    uint32 [T,B]; params: W_hh [3H,H] at w_off; hyper: uint32 [HP_WORDS] (HP_GRADH_CLAMP, 0 =
+    off). Written: dGi [T,B,3H] at dgi_off, dGh [T,B,3H] (every element, every step) in `dgh` at
+    dgh_off, or with dgh=None over save's r, z, n (rows 4H apart at save_off: save is used up),
+    dh0 [B,H] at dh0_off (gradient on the carried-in state, unclamped; for checks). Accumulates:
+    stats[ST_CLAMP_HITS] += clamped elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps
+    whose grid barrier gave up. A private scratch dhz [B,H] carries the running gradient times z
+    between steps; it needs no zeroing (step s = T writes it before anything reads it).
+    persistent: as GruForward's.
     """
 
     shader = "gru_backward"
@@ -556,20 +577,25 @@ class GruBackward(_Sweep):
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        self.dgh_in_save = dgh is None
+        if self.dgh_in_save:  # dGh over r, z, n of each save row
+            dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
+        else:
+            self.dgh_ld = 3 * H
         for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
                            (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
                            (params, w_off + 3 * H * H, "params"), (hyper, slots.HP_WORDS, "hyper"),
-                           (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * 3 * H, "dGh"),
+                           (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * self.dgh_ld, "dGh"),
                            (dh0, dh0_off + B * H, "dh0"), (stats, slots.ST_WORDS, "stats")):
             _need(t, n, what)
-        self.dhtot = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u
+        self.dhz = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u, times z_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
         self.sync, _ = self._sync_tensors(dev, stats, B)
-        self._build(dev, [do, save, hprev, resets, params, hyper, self.dhtot, dgi, dgh, dh0, stats, self.sync],
-                    tiles, persistent, (0, T, B, H, *self.offsets, 1))
+        self._build(dev, [do, save, hprev, resets, params, hyper, self.dhz, dgi, dgh, dh0, stats, self.sync],
+                    tiles, persistent, (0, T, B, H, *self.offsets, self.dgh_ld, 1))
 
     def _steps_op(self, s: int, n: int, persistent: bool = False):
-        return self._dispatch((s, self.T, self.B, self.H, *self.offsets, n), persistent)
+        return self._dispatch((s, self.T, self.B, self.H, *self.offsets, self.dgh_ld, n), persistent)
 
     def step(self, s: int):
         """Dispatch s in [0, T]: finishes step s (s < T), then gate backward of step s-1 (s >= 1)."""

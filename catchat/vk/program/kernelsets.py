@@ -18,7 +18,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward
+from catchat.vk.kernels.gru import GruBackward, GruForward, state_rows
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -105,7 +105,7 @@ def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: 
                              rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"])))
         norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
                                            T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
-                                           eps=layout.spec.norm_eps))
+                                           eps=layout.spec.norm_eps, o_off=state_rows(g.B, H)))
     head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[head_name(layout.spec)], H), (b.logits, 0, V), rows, V, H,
                 trans_b=True)
     return RowKernels(emb, proj, norm, head)
@@ -116,9 +116,10 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> 
     rows = build_rows(dev, layout, b, g, g.R)
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True)
-    gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.hprev[l], b.save[l], b.hT, T=T, B=B, H=H,
+    # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
+    gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      hT_off=l * B * H, stats=b.stats) for l in range(g.L)]
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats) for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
     reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
@@ -128,7 +129,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str) -> BackwardKernels:
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
     head = o[head_name(layout.spec)]
-    dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py)
+    dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
     head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V)
@@ -138,21 +139,24 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     for l in range(L):
         p = f"layers.{l}."
 
-        def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K
-            return Gemm(dev, (dg, 0, 3 * H), (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
+        def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K; dg (tensor, off, ld)
+            return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
                         beta=1.0, split_k=g.split_w, workspace=b.ws)
 
         k = BackwardLayer(
             # dout and dx share `dx` (allowed: each row is read before it is written)
             norm=ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do,
-                                         b.grads, T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"]),
-            gru=GruBackward(dev, do, b.save[l], b.hprev[l], b.resets, b.params, b.hyper, dgi, b.dgh, b.dh0,
+                                         b.grads, T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"],
+                                         o_off=state_rows(B, H)),
+            # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l]
+            gru=GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, None, b.dh0,
                             b.stats, T=T, B=B, H=H, w_off=o[p + "gru.weight_hh"], dh0_off=l * B * H),
-            dw_hh=gemm_w(b.dgh, b.hprev[l], "gru.weight_hh"),
+            dw_hh=gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"),
             db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
-            db_hh=ColSum(dev, (b.dgh, 0, 3 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum, b.ws_cs))
+            db_hh=ColSum(dev, (b.save[l], 0, 4 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum,
+                         b.ws_cs))
         if l > 0:  # layer 0's input side goes through table0 (below)
-            k.dw_ih = gemm_w(dgi, b.x[l], "gru.weight_ih")
+            k.dw_ih = gemm_w((dgi, 0, 3 * H), b.x[l], "gru.weight_ih")
             k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,
                         beta=1.0)
         layers.append(k)

@@ -11,10 +11,25 @@ per-timestep forward: scheduled-sampling training and free-running eval; it reus
 buffers one row block at a time and needs none of its own) and "train" (backward and optimizer).
 A forward-only Program (training=False) allocates only what "eval" or "stepwise" need.
 
-Two buffers serve two roles in turn (one name each; the second role is the one named in `doc`):
+Three buffers serve two roles in turn (one name each; the second role is the one named in `doc`):
 `gi` holds the gate gradients dGi in the backward pass (nothing reads the forward's input
-projections after the forward), and `x[L]` holds do, the gradient on a GRU output (its last
-reader, the head's weight gradient, runs before the first norm backward writes do).
+projections after the forward), `x[L]` holds do, the gradient on a GRU output (its last reader,
+the head's weight gradient, runs before the first norm backward writes do), and each layer's
+`save` takes that layer's recurrent gate gradients dGh over its r, z, n (rows stay 4H apart; the
+dW_hh GEMM and the db_hh column sums read them there): in the backward sweep each element's gate
+backward reads its r, z, n, ghn and then writes its dGh on those words, nothing reads save[l]
+after that (z travels on in the sweep's own dhz scratch), and the next forward rewrites it.
+
+One buffer holds two views at once: `o[l]` has T+1 row blocks, row 0 the state entering the
+window (after its reset) and row t+1 the GRU output of step t, so rows [0, T) are the states
+entering each step (hprev, which the backward sweep and the dW_hh GEMM read) and rows [1, T+1)
+the outputs (which the norm reads, at o_off = B*H): the state entering step t >= 1 is o[t-1], so
+it is not stored twice. The one difference, a reset (the state entering t is 0, not o[t-1]), is
+applied by the backward sweep, which also zeroes such a row in place once the norm backward has
+read it, before the dW_hh GEMM. Hidden dropout does not touch o (the norm applies it on the way
+in), so o is the recurrent state itself. The carry stays in h0/hT ([L,B,H]), as checkpoints,
+set_carry and the decoder expect. Nothing in o or save outlives a micro-batch: the forward writes
+every row before anything reads it, so a resumed run computes what an unbroken one does.
 """
 
 from __future__ import annotations
@@ -74,9 +89,10 @@ class Geometry:
 
     def dim(self, name: str) -> int:
         """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
-        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'L+1', or a number."""
-        if name == "L+1":
-            return self.L + 1
+        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'L+1', 'T+1',
+        or a number."""
+        if name in ("L+1", "T+1"):
+            return getattr(self, name[0]) + 1
         if name.isdigit():
             return int(name)
         m = re.fullmatch(r"(\d*)([A-Z]+)", name)
@@ -136,9 +152,10 @@ class Buffers:
     hT: Tensor = buf("L B H", doc="state after the window (copied into h0: the carry)")
     x: list[Tensor] = buf("T B H", per="L+1", doc="the embedding's output, then each norm's; x[L] holds do "
                                                    "(gradient on the last GRU output) in the backward")
-    o: list[Tensor] = buf("T B H", per="L", doc="GRU outputs")
-    hprev: list[Tensor] = buf("T B H", per="L", doc="the state entering each step")
-    save: list[Tensor] = buf("T B 4H", per="L", doc="r, z, n, W_hn h + b_hn per step")
+    o: list[Tensor] = buf("T+1 B H", per="L", doc="the state sequence: row 0 the state entering the window, "
+                                                 "row t+1 the GRU output of step t; rows [0, T) are hprev")
+    save: list[Tensor] = buf("T B 4H", per="L", doc="r, z, n, W_hn h + b_hn per step; dGh over r, z, n "
+                                                    "in the backward (rows 4H apart)")
     rstd: list[Tensor] = buf("T B", per="L", doc="RMSNorm 1/rms")
     gi: Tensor = buf("T B 3H", doc="input projections of the layer being run; dGi of that layer in the backward")
     table0: Tensor = buf("V 3H", kind="storage", doc="layer 0's input projection per token: E @ W_ih0^T")
@@ -153,11 +170,22 @@ class Buffers:
                     doc="spectral-norm power-iteration vectors [L,2,3,H]")
     dh0: Tensor = buf("L B H", programs=TRAINING, doc="gradient on h0 (for checks)")
     dx: Tensor = buf("T B H", programs=TRAINING, doc="gradient on a layer's input (shared by the layers)")
-    dgh: Tensor = buf("T B 3H", programs=TRAINING, doc="recurrent gate gradients of the layer being run")
     dtable0: Tensor = buf("V 3H", kind="storage", programs=TRAINING, doc="dGi0 summed by token")
     ws: Tensor = buf("WS", kind="storage", programs=TRAINING,
                      doc="split-K workspace of the weight gradients (they run one after another)")
     ws_cs: Tensor = buf("WSCS", kind="storage", programs=TRAINING, doc="row-split workspace of the bias gradients")
+
+    # Names of views, not buffers (allocate makes none): tools written against the plan before
+    # hprev and dGh lost their own buffers (tools/sweep_phases.py) still build the sweeps from them.
+    @property
+    def hprev(self) -> list[Tensor]:
+        """Each layer's state sequence: rows [0, T) of o[l] (hprev_off 0, o_off B*H)."""
+        return self.o
+
+    @property
+    def dgh(self) -> None:
+        """dGh has no buffer: GruBackward(dgh=None) writes it over save[l]."""
+        return None
 
     def initialised(self) -> list[Tensor]:
         """The allocated buffers with contents at creation (to upload once)."""
