@@ -2,7 +2,7 @@
 """GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
 
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
-                               [--reps 7] [--repeat 5] [--set k=v]
+                               [--operands f32|f16|coopmat|all] [--reps 7] [--repeat 5] [--set k=v]
 
 The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
 input projection [R,H]x[H,3H] (B stored [3H,H]), input gradient [R,3H]x[3H,H], weight gradient
@@ -11,7 +11,10 @@ program picks (first), then every --tiles (default: a grid of shapes that fit th
 with the weight gradient also at every --split-k. Operands are random; each candidate's output is
 compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
 else, or nothing, is reported, not ranked. Candidates are timed in interleaved rounds (median).
---loads picks vec4 loads where aligned (the program's choice), float loads, or both.
+--loads picks vec4 loads where aligned (the program's choice), float loads, or both. --operands
+picks float32 operands (the program's), float16 ones (gemm.comp's HALF: float32 sums), float16 on
+cooperative matrices (glsl/gemm_coopmat.comp, where the device has them), or all; float16
+candidates are compared with the first float16 one (their inputs are rounded to float16).
 """
 
 from __future__ import annotations
@@ -27,20 +30,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
-from catchat.vk.kernels import gemm, run_ops  # noqa: E402
+from catchat.vk.kernels import gemm, pack_half, run_ops  # noqa: E402
 
 DEFAULT_TILES = ((128, 128, 8, 16, 8), (128, 64, 8, 8, 4), (128, 128, 8, 8, 16), (64, 128, 8, 8, 8),
                  (256, 64, 8, 16, 8), (128, 128, 8, 8, 8), (128, 128, 16, 16, 8), (64, 64, 8, 8, 4),
                  (64, 64, 8, 4, 4), (32, 32, 8, 4, 4))
 
 
-def shapes(cfg, dev) -> dict:
-    """name -> (Gemm keyword arguments without tiles, the output tensor) on random operands."""
+def shapes(cfg, dev, half: bool = False) -> dict:
+    """name -> (Gemm keyword arguments without tiles, the output tensor) on random operands
+    (half: the operands A and B in float16)."""
     H, V, R = cfg.model.hidden, cfgmod.model_spec(cfg).vocab_size, cfg.data.window * cfg.data.batch_lanes
     rng = np.random.default_rng(0)
     t = lambda n: dev.tensor(rng.standard_normal(n).astype(np.float32))  # noqa: E731
-    x, w, dg, out, dx, grads, head, logits = (t(R * H), t(3 * H * H), t(R * 3 * H), t(R * 3 * H), t(R * H),
-                                              t(3 * H * H), t(V * H), t(R * V))
+    o = (lambda n: dev.tensor(pack_half(rng.standard_normal(n).astype(np.float16)), np.uint32)) if half else t
+    x, w, dg, out, dx, grads, head, logits = (o(R * H), o(3 * H * H), o(R * 3 * H), t(R * 3 * H), t(R * H),
+                                              t(3 * H * H), o(V * H), t(R * V))
     dev.upload([x, w, dg, out, dx, grads, head, logits])
     return {
         "input projection": (dict(a=(x, 0, H), b=(w, 0, H), c=(out, 0, 3 * H), M=R, N=3 * H, K=H, trans_b=True), out),
@@ -66,6 +71,30 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
     return [float(np.median(ts)) for ts in times]
 
 
+def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
+    """(Gemm, is the program's choice) per tile, split and load choice for one shape; the program's
+    first; coopmat: its one tile at each split."""
+    splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
+    loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
+    grid = [(COOP, s, False) for s in dict.fromkeys(splits)] if operands == "coopmat" else \
+        [(t, s, v) for t in [None] + tiles for s in dict.fromkeys(splits) for v in loads]
+    cands, seen = [], set()  # no repeats
+    for t, s, vec4 in grid:
+        try:
+            g = gemm.Gemm(dev, tiles=None if t is COOP else t, vec4=vec4, half=operands != "f32",
+                          coopmat=t is COOP, **{**kw, "split_k": s})
+        except ValueError as exc:  # too many threads or too much shared memory here
+            print(f"  {name}: tiles {t} skipped ({exc})")
+            continue
+        if (g.tiles, g.split_k, vec4) not in seen:
+            seen.add((g.tiles, g.split_k, vec4))
+            cands.append((g, not cands))
+    return cands
+
+
+COOP = object()  # the cooperative-matrix GEMM's own tile
+
+
 def parse_tiles(text: str) -> gemm.GemmTiles:
     try:
         return gemm.GemmTiles(*(int(v) for v in text.split(",")))
@@ -81,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")
+    ap.add_argument("--operands", choices=("f32", "f16", "coopmat", "all"), default="f32",
+                    help="float32 operands, float16 (float32 sums), float16 on cooperative matrices, or all")
     ap.add_argument("--reps", type=int, default=7, help="timed runs (median)")
     ap.add_argument("--repeat", type=int, default=5,
                     help="dispatches of each GEMM per run (amortizes the submit's ~0.1-1 ms)")
@@ -90,29 +121,25 @@ def main(argv=None) -> int:
     dev = open_device(args.device)
     tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
-    for name, (kw, out) in shapes(cfg, dev).items():
+    operands = ("f32", "f16", "coopmat") if args.operands == "all" else (args.operands,)
+    if "coopmat" in operands and "cooperativeMatrixNV" not in dev.features:
+        print(f"{dev.info.name} has no cooperative matrices (VK_NV_cooperative_matrix): no coopmat rows")
+        operands = tuple(p for p in operands if p != "coopmat")
+    problems = {half: shapes(cfg, dev, half=half) for half in dict.fromkeys(p != "f32" for p in operands)}
+    for name in problems[next(iter(problems))]:
+        rows, refs = [], {}
+        for p in operands:
+            kw, out = problems[p != "f32"][name]
+            cands = candidates(dev, name, kw, p, tiles, args)
+            secs = interleaved_seconds(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
+            for (g, current), sec in zip(cands, secs):
+                host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
+                got = run_ops(dev, [out], g.ops(), [out])[0]
+                ref = refs.setdefault(p != "f32", got)  # float16 rows against the first float16 one
+                diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+                kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
+                rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, current and p == "f32"))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
-        splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
-        loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
-        cands, seen = [], set()  # the program's tiles, split and loads first; no repeats
-        for t, s, vec4 in ((t, s, v) for t in [None] + tiles for s in dict.fromkeys(splits) for v in loads):
-            try:
-                g = gemm.Gemm(dev, tiles=t, vec4=vec4, **{**kw, "split_k": s})
-            except ValueError as exc:  # too many threads or too much shared memory here
-                print(f"  {name}: tiles {t} skipped ({exc})")
-                continue
-            if (g.tiles, g.split_k, vec4) not in seen:
-                seen.add((g.tiles, g.split_k, vec4))
-                cands.append((g, not cands))
-        secs = interleaved_seconds(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
-        rows, ref = [], None
-        for (g, current), sec in zip(cands, secs):
-            host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
-            got = run_ops(dev, [out], g.ops(), [out])[0]
-            ref = got if ref is None else ref
-            diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
-            kind = "vec4" if g.vec4_a or g.vec4_b else "float"
-            rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, current))
         print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP")
         for sec, t, s, kind, diff, current in sorted(rows, key=lambda r: r[0]):
             rate = flop / sec / 1e12 if sec else 0.0

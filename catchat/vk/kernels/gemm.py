@@ -78,6 +78,32 @@ class GemmTiles:
 GPU_TILE = GemmTiles(*tiles.GEMM_ROWS[0].large)
 GPU_SPLIT_K_TILE = GemmTiles(*tiles.GEMM_ROWS[0].split_k)
 GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
+
+
+@dataclass(frozen=True)
+class CoopTiles:
+    """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups per workgroup, each fm x fn fragments of
+    16 x 16, and a k-slice of bk (a multiple of 16) staged per iteration."""
+
+    wm: int = 2
+    wn: int = 2
+    fm: int = 2
+    fn: int = 2
+    bk: int = 32
+
+    @property
+    def bm(self) -> int:
+        return self.wm * self.fm * 16
+
+    @property
+    def bn(self) -> int:
+        return self.wn * self.fn * 16
+
+    def spec(self, subgroup: int) -> list[int]:
+        return [self.wm * self.wn * subgroup, self.wm, self.wn, self.fm, self.fn, self.bk]
+
+
+COOP_TILE = CoopTiles()  # 64 x 64 on 4 subgroups: the first version, not yet measured
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
@@ -197,6 +223,9 @@ class Gemm(Kernel):
     multiples of 4 (same results; False forces float loads, for tests and benchmarks).
     half: A and B hold float16 (uint32 tensors of `pack_half`; offsets and leading dimensions in
     halves), widened on load: float32 products and sums, float32 C. Needs 16-bit storage.
+    coopmat (with half): the products on cooperative matrices (glsl/gemm_coopmat.comp, tiles
+    `COOP_TILE`): float16 x float16 on tensor cores, float32 sums; where the device has
+    VK_NV_cooperative_matrix (`Device.features`).
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -205,21 +234,28 @@ class Gemm(Kernel):
     def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
                  split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True,
-                 half: bool = False):
+                 half: bool = False, coopmat: bool = False):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         if half and "storageBuffer16BitAccess" not in dev.features:
             raise ValueError(f"a float16 GEMM needs 16-bit storage, which {dev.info.name} does not offer")
+        if coopmat and not (half and "cooperativeMatrixNV" in dev.features):
+            raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True) and "
+                             f"VK_NV_cooperative_matrix, which {dev.info.name} does not offer")
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
-        self.tiles = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
-        t = self.tiles
-        if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
-                or t.threads > dev.info.max_workgroup_invocations):
-            raise ValueError(f"bad GEMM tiles {t}")
-        if t.shared_bytes > dev.info.max_shared_memory_bytes:
-            raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
+        if coopmat:
+            self.tiles = t = COOP_TILE
+            spec, vec4 = t.spec(dev.info.subgroup_size), False
+        else:
+            self.tiles = t = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
+            if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
+                    or t.threads > dev.info.max_workgroup_invocations):
+                raise ValueError(f"bad GEMM tiles {t}")
+            if t.shared_bytes > dev.info.max_shared_memory_bytes:
+                raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
+            spec = t.spec()
         per_word = 2 if half else 1
         _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A", per_word)
         _check_matrix(b[0], b[1], *((N, K) if trans_b else (K, N)), b[2], "gemm B", per_word)
@@ -232,7 +268,7 @@ class Gemm(Kernel):
             raise ValueError(f"GEMM grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
         grid = [max(1, g) for g in grid]
 
-        defines = {"HALF": 1} if half else {}
+        defines = {"HALF": 1} if half and not coopmat else {}
         if trans_a:
             defines["TRANS_A"] = 1
         if trans_b:
@@ -259,7 +295,8 @@ class Gemm(Kernel):
             tensors = [a[0], b[0], self.work]
             self.push = (M, N, K, a[1], a[2], b[1], b[2], 0, N, 0, 1.0, 0.0, k_split, M * N)
             self.reduce = _GemmSplitReduce(dev, self.work, c, M, N, self.split_k, alpha, beta, bias)
-        super().__init__(dev, tensors, grid, spec=t.spec(), push=self.push, defines=defines)
+        super().__init__(dev, tensors, grid, spec=spec, push=self.push, defines=defines,
+                         shader="gemm_coopmat" if coopmat else None)
 
     def op(self):
         """The one dispatch (split_k == 1)."""
