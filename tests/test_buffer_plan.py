@@ -1,12 +1,17 @@
 """The buffer plan's shared storage (catchat/vk/program/plan.py): the state sequence in one buffer per
-layer and dGh over save (the GRU parity cases and the whole-model tests run them; here the sizes
-and what the state buffer holds after each pass)."""
+layer, dGh over save, and the split-K partials in buffers that are dead while the weight gradients
+run. The sizes are the plan's; the sharing is checked by running the whole model against the
+reference with split-K forced on (a CPU device never splits, so nothing else runs those paths here)."""
 
 import numpy as np
+import pytest
 
 from catchat.model import ModelSpec, ParamLayout
+from catchat.parity import model as model_parity
 from catchat.vk.kernels import run_ops
 from catchat.vk.program import Program, StepHyper, plan
+
+MiB = 2**20
 
 
 def _bytes(H, L, B, T, **splits) -> dict[str, int]:
@@ -16,13 +21,41 @@ def _bytes(H, L, B, T, **splits) -> dict[str, int]:
 
 
 def test_the_plan_stores_no_state_twice():
-    """v3 with the H200's splits: no hprev or dGh buffer, o one row block longer; 3.03 GiB planned
-    (3.78 GiB before the sharing)."""
+    """v3 with the H200's splits: no hprev or dGh buffer, o one row block longer, no split-K workspace
+    of its own; 3.00 GiB planned (3.78 GiB before the sharing)."""
     got = _bytes(512, 3, 64, 1024, split_w=11, split_head=64, colsum=8)
     assert "hprev" not in got and "dgh" not in got
-    assert got["o"] == 3 * 1025 * 64 * 512 * 4
-    assert sum(got.values()) < 3.04 * 2**30
-    assert sum(_bytes(2048, 3, 32, 1024).values()) < 7.3 * 2**30
+    assert got["o"] == 3 * 1025 * 64 * 512 * 4 and got["ws"] == 4
+    assert sum(got.values()) < 3.01 * 2**30
+    v5 = _bytes(2048, 3, 32, 1024)  # splits of 1: no workspace at all
+    assert got["ws"] == v5["ws"] == 4 and sum(v5.values()) < 7.3 * 2**30
+
+
+def _force_splits(monkeypatch, split_k: int, colsum: int):
+    monkeypatch.setattr(plan, "gemm_split_k", lambda dev, M, N, K: split_k)
+    monkeypatch.setattr(plan, "colsum_splits", lambda dev, M, N: colsum)
+
+
+HP = StepHyper(lr=3e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidden=0.2, weight_decay=0.1, clip=0.5,
+               run_seed=3)
+
+
+@pytest.mark.parametrize("T, B, borrowed", [(16, 5, True), (7, 3, False)])
+def test_split_k_partials_in_borrowed_buffers_match_the_reference(dev, monkeypatch, T, B, borrowed):
+    """split-K 2 at H=8 (T*B = 80 rows: the layers' partials fit x[L], the head's gi) and at T*B = 21 (they
+    fit neither: `ws` holds them); one training step against the reference either way."""
+    _force_splits(monkeypatch, 2, 2)
+    spec = ModelSpec(vocab_size=101, hidden=8, layers=2)
+    g = plan.Geometry.of(ParamLayout(spec), T, B, dev)
+    assert (g.split_w, g.split_head) == (2, 2) and g.split_in_x == g.split_in_gi == borrowed
+    prog = Program(dev, ParamLayout(spec), T, B)
+    b, k = prog.buffers, prog.bwd
+    assert k.head_dw.work is (b.gi if borrowed else b.ws)
+    assert all(lay.dw_hh.work is (b.x[-1] if borrowed else b.ws) for lay in k.layers)
+    assert b.ws.size() == (1 if borrowed else max(2 * 24 * 8, 2 * 101 * 8))
+    results = model_parity.model_parity(dev, spec, T, B, HP, label="split-K")
+    bad = [str(r) for r in results if not r.ok]
+    assert not bad, "\n".join(bad)
 
 
 def test_backward_leaves_hprev_in_the_state_buffer(dev):

@@ -133,15 +133,17 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
     head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V)
+    # split-K partials in dead buffers where they fit (plan.py): the head's in gi, the layers' in x[L]
+    ws_head, ws_layers = b.gi if g.split_in_gi else b.ws, b.x[L] if g.split_in_x else b.ws
     head_dw = Gemm(dev, (b.logits, 0, V), (b.x[L], 0, H), (b.grads, head, H), V, H, R, trans_a=True, beta=1.0,
-                   split_k=g.split_head, workspace=b.ws)
+                   split_k=g.split_head, workspace=ws_head)
     layers = []
     for l in range(L):
         p = f"layers.{l}."
 
         def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K; dg (tensor, off, ld)
             return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
-                        beta=1.0, split_k=g.split_w, workspace=b.ws)
+                        beta=1.0, split_k=g.split_w, workspace=ws_layers)
 
         k = BackwardLayer(
             # dout and dx share `dx` (allowed: each row is read before it is written)

@@ -11,14 +11,15 @@ per-timestep forward: scheduled-sampling training and free-running eval; it reus
 buffers one row block at a time and needs none of its own) and "train" (backward and optimizer).
 A forward-only Program (training=False) allocates only what "eval" or "stepwise" need.
 
-Three buffers serve two roles in turn (one name each; the second role is the one named in `doc`):
-`gi` holds the gate gradients dGi in the backward pass (nothing reads the forward's input
-projections after the forward), `x[L]` holds do, the gradient on a GRU output (its last reader,
-the head's weight gradient, runs before the first norm backward writes do), and each layer's
-`save` takes that layer's recurrent gate gradients dGh over its r, z, n (rows stay 4H apart; the
-dW_hh GEMM and the db_hh column sums read them there): in the backward sweep each element's gate
-backward reads its r, z, n, ghn and then writes its dGh on those words, nothing reads save[l]
-after that (z travels on in the sweep's own dhz scratch), and the next forward rewrites it.
+Buffers serve more than one role in turn (one name each; `doc` names every role). Three take a
+gradient in the backward pass: `gi` holds the gate gradients dGi (nothing reads the forward's
+input projections after the forward), `x[L]` holds do, the gradient on a GRU output (its last
+reader, the head's weight gradient, runs before the first norm backward writes do), and each
+layer's `save` takes that layer's recurrent gate gradients dGh over its r, z, n (rows stay 4H
+apart; the dW_hh GEMM and the db_hh column sums read them there): in the backward sweep each
+element's gate backward reads its r, z, n, ghn and then writes its dGh on those words, nothing
+reads save[l] after that (z travels on in the sweep's own dhz scratch), and the next forward
+rewrites it.
 
 One buffer holds two views at once: `o[l]` has T+1 row blocks, row 0 the state entering the
 window (after its reset) and row t+1 the GRU output of step t, so rows [0, T) are the states
@@ -30,6 +31,12 @@ read it, before the dW_hh GEMM. Hidden dropout does not touch o (the norm applie
 in), so o is the recurrent state itself. The carry stays in h0/hT ([L,B,H]), as checkpoints,
 set_carry and the decoder expect. Nothing in o or save outlives a micro-batch: the forward writes
 every row before anything reads it, so a resumed run computes what an unbroken one does.
+
+x[L] and gi also lend their words to the split-K partials of the weight gradients: a layer's
+(dW_ih, dW_hh, after its sweep) go to x[L], whose do the sweep has used up and the next norm
+backward rewrites; the head's (dW_head, before the first norm backward) to gi, whose projections
+the forward has used up and whose dGi the first sweep writes. `ws` holds only what does not fit
+there (`Geometry.ws_words`): nothing at v3 or v5.
 """
 
 from __future__ import annotations
@@ -87,6 +94,23 @@ class Geometry:
         """Rows of a window: T*B."""
         return self.T * self.B
 
+    @property
+    def split_in_x(self) -> bool:
+        """The layers' split-K partials [split_w, 3H, H] fit in x[L] [T,B,H] (plan.py's docstring)."""
+        return self.split_w * 3 * self.H * self.H <= self.R * self.H
+
+    @property
+    def split_in_gi(self) -> bool:
+        """The head's split-K partials [split_head, V, H] fit in gi [T,B,3H]."""
+        return self.split_head * self.V * self.H <= self.R * 3 * self.H
+
+    def ws_words(self) -> int:
+        """Words of `ws`: the split-K partials that fit neither x[L] nor gi (1 word when all do, or
+        nothing is split)."""
+        layers = 0 if self.split_w == 1 or self.split_in_x else self.split_w * 3 * self.H * self.H
+        head = 0 if self.split_head == 1 or self.split_in_gi else self.split_head * self.V * self.H
+        return max(layers, head, 1)
+
     def dim(self, name: str) -> int:
         """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
         'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'L+1', 'T+1',
@@ -99,7 +123,7 @@ class Geometry:
         if m is None:
             raise ValueError(f"bad dimension {name!r}")
         named = {"HP": slots.HP_WORDS, "ST": slots.ST_WORDS,
-                 "WS": max(self.split_w * 3 * self.H * self.H, self.split_head * self.V * self.H, 1),
+                 "WS": self.ws_words(),
                  "WSCS": max(self.colsum * 3 * self.H, 1)}
         base = named[m[2]] if m[2] in named else getattr(self, m[2])
         return int(m[1] or 1) * base
@@ -151,13 +175,15 @@ class Buffers:
     h0: Tensor = buf("L B H", doc="carried state in")
     hT: Tensor = buf("L B H", doc="state after the window (copied into h0: the carry)")
     x: list[Tensor] = buf("T B H", per="L+1", doc="the embedding's output, then each norm's; x[L] holds do "
-                                                   "(gradient on the last GRU output) in the backward")
+                                                   "(gradient on a GRU output) in the backward, and a "
+                                                   "layer's split-K partials after its sweep")
     o: list[Tensor] = buf("T+1 B H", per="L", doc="the state sequence: row 0 the state entering the window, "
                                                  "row t+1 the GRU output of step t; rows [0, T) are hprev")
     save: list[Tensor] = buf("T B 4H", per="L", doc="r, z, n, W_hn h + b_hn per step; dGh over r, z, n "
                                                     "in the backward (rows 4H apart)")
     rstd: list[Tensor] = buf("T B", per="L", doc="RMSNorm 1/rms")
-    gi: Tensor = buf("T B 3H", doc="input projections of the layer being run; dGi of that layer in the backward")
+    gi: Tensor = buf("T B 3H", doc="input projections of the layer being run; the head's split-K partials, "
+                                   "then dGi of the layer being run in the backward")
     table0: Tensor = buf("V 3H", kind="storage", doc="layer 0's input projection per token: E @ W_ih0^T")
     logits: Tensor = buf("T B V", doc="dlogits overwrite them in training")
     row_loss: Tensor = buf("T B", doc="per-row loss, reduced into stats")
@@ -172,7 +198,8 @@ class Buffers:
     dx: Tensor = buf("T B H", programs=TRAINING, doc="gradient on a layer's input (shared by the layers)")
     dtable0: Tensor = buf("V 3H", kind="storage", programs=TRAINING, doc="dGi0 summed by token")
     ws: Tensor = buf("WS", kind="storage", programs=TRAINING,
-                     doc="split-K workspace of the weight gradients (they run one after another)")
+                     doc="split-K workspace of the weight gradients (they run one after another) where x[L] "
+                         "and gi are too small (one word when they are not)")
     ws_cs: Tensor = buf("WSCS", kind="storage", programs=TRAINING, doc="row-split workspace of the bias gradients")
 
     # Names of views, not buffers (allocate makes none): tools written against the plan before
