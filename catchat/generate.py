@@ -136,11 +136,10 @@ class Generator:
     samples after it. A `<bos>` token always starts from a zero state (as in training: reset = 1)."""
 
     def __init__(self, dev, layout: ParamLayout, flat_params: np.ndarray, streams: int = 1,
-                 prefill: int = PREFILL_WINDOW, chunk: int | None = None, tiled: bool | None = None):
+                 prefill: int = PREFILL_WINDOW, chunk: int | None = None):
         self.dev, self.layout, self.spec, self.streams = dev, layout, layout.spec, int(streams)
         self.prefill = max(1, int(prefill))
         self.chunk = int(chunk or default_chunk(dev))
-        self.tiled = tiled  # the layer step's kernel: None = catchat.vk.kernels.decode.use_tiled
         if self.chunk < 2 or self.chunk % 2:
             raise UsageError(f"chunk {self.chunk} is out of range", "give an even number of tokens per submit, >= 2")
         self.prog = Program(dev, layout, self.prefill, self.streams, training=False)
@@ -174,7 +173,7 @@ class Generator:
         if self._decoder is None or history > self._decoder.cap:
             cap = 1 if history <= 1 else max(256, 1 << (history - 1).bit_length())
             self._decoder = Decoder(self.prog, self.chunk, history_cap=cap,
-                                    forced_cap=max(self.chunk, self.prefill), tiled=self.tiled)
+                                    forced_cap=max(self.chunk, self.prefill))
         return self._decoder
 
     def _stream_ids(self, ids) -> np.ndarray:

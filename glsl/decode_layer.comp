@@ -7,11 +7,11 @@
 // ysum[l] = x + h (the residual, before the next norm) is written for the layer above and the head;
 // h goes to the other half of the ping-pong state (old = half `parity`, new = the other). A stream
 // whose input token is <bos> starts from a zero state; a stream that has stopped (DS_DONE) keeps its
-// state (h_new = h_old). Two variants: the subgroup kernel below, and TILED (many streams) at the end.
+// state (h_new = h_old).
 // The norm is folded in: gi = (W_ih (y * g)) * rstd(y), with sum(y^2) gathered in the same pass
 // over k as the dot products, so no workgroup waits for another.
 //
-// Work split (not TILED): a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
+// Work split: a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
 // (coalesced weight rows), each lane keeps 6 x SB partial dot products (3 gates x {ih, hh}) in
 // registers, and one subgroupAdd per partial ends it. No shared memory, no barriers.
 // Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs. H and B are
@@ -71,8 +71,6 @@ float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2,
     float n = tanh_safe(ai2 + r * ah2);
     return (1.0 - z) * n + z * hold;
 }
-
-#ifndef TILED
 
 void main() {
     uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
@@ -146,95 +144,3 @@ void main() {
         }
     }
 }
-#endif  // !TILED
-
-#ifdef TILED
-// Many streams (B >= 16): the step as two small GEMMs tiled through shared memory. A workgroup owns
-// UJ units (their 6 weight rows each: r, z, n of W_ih and W_hh) and a tile of BT streams; per chunk
-// of KC columns it stages the weights (W_ih times the norm weight g), the layer input y (x + h of
-// the layer below) and the state entering, and thread (u, t) accumulates unit u's 6 rows for
-// streams t*SB ... t*SB + SB-1. So every input element is loaded once per workgroup, not once per
-// unit as in the subgroup kernel above. sum(y^2) per stream is summed by thread b from the staged
-// tile. WG = UJ * BT / SB threads.
-layout(constant_id = 4) const uint UJ = 4;   // units per workgroup
-layout(constant_id = 5) const uint BT = 64;  // streams per workgroup
-layout(constant_id = 6) const uint KC = 32;  // columns per staged chunk
-const uint BTP = BT + 1u;  // padded row of the input tiles (conflict-free transposed stores)
-
-shared float wt[6u * UJ * KC];   // [u*6 + g][kk]: g = 0..2 ih rows (times g), 3..5 hh rows
-shared float ys[KC * BTP];       // [kk][b]  y = x + h of the layer below
-shared float hs[KC * BTP];       // [kk][b]  the state entering (zero after <bos>)
-shared float rstd_s[BT];
-
-void main() {
-    uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
-    uint u = tid / (BT / SB), t = tid % (BT / SB);
-    uint units_wg = gl_WorkGroupID.x % pc.units_wgs, tile = gl_WorkGroupID.x / pc.units_wgs;
-    uint j = units_wg * UJ + u, b0 = tile * BT;
-    uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
-    bool first = l == 0u;
-    float ai[3][SB], ah[3][SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s)
-        [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
-    float ss = 0.0;  // thread tid < BT: sum(y^2) of stream b0 + tid
-    for (uint k0 = 0u; k0 < H; k0 += KC) {
-        for (uint i = tid; i < 6u * UJ * KC; i += WG) {  // weights, coalesced along k
-            uint row = i / KC, kk = i % KC, uu = row / 6u, g = row % 6u, jj = units_wg * UJ + uu, k = k0 + kk;
-            float w = 0.0;
-            if (jj < H && k < H) {
-                if (g >= 3u) w = params1[pc.w_hh + ((g - 3u) * H + jj) * H + k];
-                else if (!first) w = params1[pc.w_ih + (g * H + jj) * H + k] * params1[pc.g_prev + k];
-            }
-            wt[i] = w;
-        }
-        for (uint i = tid; i < BT * KC; i += WG) {  // inputs, coalesced along k, stored transposed
-            uint bb = i / KC, kk = i % KC, b = b0 + bb, k = k0 + kk;
-            float y = 0.0, h = 0.0;
-            if (b < B && k < H) {
-                if (!first) y = ysum1[((l - 1u) * B + b) * H + k];
-                h = token[b] != pc.bos ? state1[st(oldh, l, b) + k] : 0.0;
-            }
-            ys[kk * BTP + bb] = y;
-            hs[kk * BTP + bb] = h;
-        }
-        barrier();
-        if (!first && tid < BT)
-            for (uint kk = 0u; kk < KC; ++kk) ss += ys[kk * BTP + tid] * ys[kk * BTP + tid];
-        if (u < UJ) {
-            [[unroll]] for (uint kk = 0u; kk < KC; ++kk) {
-                float w0 = wt[(u * 6u) * KC + kk], w1 = wt[(u * 6u + 1u) * KC + kk], w2 = wt[(u * 6u + 2u) * KC + kk];
-                float w3 = wt[(u * 6u + 3u) * KC + kk], w4 = wt[(u * 6u + 4u) * KC + kk], w5 = wt[(u * 6u + 5u) * KC + kk];
-                [[unroll]] for (uint s = 0u; s < SB; ++s) {
-                    float y = ys[kk * BTP + t * SB + s], h = hs[kk * BTP + t * SB + s];
-                    ai[0][s] += w0 * y; ai[1][s] += w1 * y; ai[2][s] += w2 * y;
-                    ah[0][s] += w3 * h; ah[1][s] += w4 * h; ah[2][s] += w5 * h;
-                }
-            }
-        }
-        barrier();  // the tiles are overwritten by the next chunk
-    }
-    if (tid < BT) rstd_s[tid] = 1.0 / sqrt(ss / float(H) + pc.eps);
-    barrier();
-    if (j >= H) return;
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        uint bb = t * SB + s, b = b0 + bb;
-        if (b >= B) break;
-        float gi0, gi1, gi2, x;
-        if (first) {
-            layer0_input(token[b], j, gi0, gi1, gi2, x);
-        } else {
-            float rstd = rstd_s[bb];
-            gi0 = ai[0][s] * rstd; gi1 = ai[1][s] * rstd; gi2 = ai[2][s] * rstd;
-            x = ysum1[((l - 1u) * B + b) * H + j] * rstd * params1[pc.g_prev + j];
-        }
-        float hold = state1[st(oldh, l, b) + j];
-        float keep = token[b] != pc.bos ? 1.0 : 0.0;
-        float h = ctl[b * DS_WORDS + DS_DONE] != 0u ? hold
-                : gru_cell(gi0 + params1[pc.b_ih + j], gi1 + params1[pc.b_ih + H + j], gi2 + params1[pc.b_ih + 2u * H + j],
-                           ah[0][s] + params1[pc.b_hh + j], ah[1][s] + params1[pc.b_hh + H + j],
-                           ah[2][s] + params1[pc.b_hh + 2u * H + j], hold * keep);
-        state1[st(newh, l, b) + j] = h;
-        ysum1[(l * B + b) * H + j] = x + h;
-    }
-}
-#endif  // TILED

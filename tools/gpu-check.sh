@@ -16,6 +16,8 @@ part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
+# float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v5's shapes
+part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 # registers of the resident sweeps, and of tile shapes that measured slower (docs/benchmarks.md)
 part shader-stats-v3 $py tools/shader_stats.py configs/catchat-v3.toml --gemm --forward 16,16,4,2,4,32 --forward 16,16,2,4,4,32 \
     --backward 16,16,4,0,8,4 --backward 16,16,8,0,4,4 --backward 16,16,2,0,16,1

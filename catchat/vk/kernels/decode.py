@@ -11,7 +11,6 @@ the host inside a chunk of steps (catchat/vk/program/decoder.py records those).
 from __future__ import annotations
 
 import math
-import os
 
 from catchat import vocab
 from catchat.model import ParamLayout, head_name
@@ -19,20 +18,11 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
-TILED_MIN_STREAMS = 16
 
 
 def stream_tile(B: int) -> int:
     """Streams per subgroup in the layer kernel: a register tile of 1, 2, 4 or 8 partial sums."""
     return min(8, 1 << max(0, math.ceil(math.log2(max(1, B)))))
-
-
-def use_tiled(dev: Device, B: int) -> bool:
-    """Whether the layer step runs as the shared-memory tiled kernel (TILED): only when asked with
-    CATCHAT_DECODE_TILED=1, and from 16 streams. On lavapipe it is slower (tiny, batch 64: 6,824
-    against 12,485 chars/s; its barriers cost a CPU more than its reuse saves); on a GPU it is not
-    measured yet (docs/benchmarks.md, 'Generation')."""
-    return B >= TILED_MIN_STREAMS and os.environ.get("CATCHAT_DECODE_TILED") == "1"
 
 
 class DecodeLayer(Kernel):
@@ -43,27 +33,19 @@ class DecodeLayer(Kernel):
     shader = "decode_layer"
 
     def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
-                 first: bool, tiled: bool | None = None):
+                 first: bool):
         s = layout.spec
         self.layout, self.B, self.H, self.L, self.first = layout, int(B), s.hidden, s.layers, first
-        self.tiled = use_tiled(dev, self.B) if tiled is None else tiled
-        if self.tiled:  # a shared-memory tile of UJ units x BT streams per workgroup
-            uj, bt, kc, self.tile = 4, 64, 32, 4
-            self.workgroup = uj * bt // self.tile
-            self.units_wgs = ceil_div(self.H, uj)
-            wgs = self.units_wgs * ceil_div(self.B, bt)
-            spec, defines = [self.workgroup, self.tile, self.H, self.B, uj, bt, kc], {"TILED": 1}
-        else:  # a subgroup per unit and stream tile
-            sub = max(1, dev.info.subgroup_size)
-            # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
-            # streams: eight, which share their stream tile's inputs through L1
-            self.workgroup = (2 if self.B == 1 else 8) * sub
-            self.units_wgs = ceil_div(self.H, self.workgroup // sub)
-            self.tile = stream_tile(self.B)
-            wgs = self.units_wgs * ceil_div(self.B, self.tile)
-            spec, defines = [self.workgroup, self.tile, self.H, self.B], ({"VEC4": 1} if self.H % 4 == 0 else None)
-        super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs], spec=spec,
-                         push=self._push(0 if first else 1, 0), defines=defines)
+        sub = max(1, dev.info.subgroup_size)  # a subgroup per unit and stream tile
+        # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
+        # streams: eight, which share their stream tile's inputs through L1
+        self.workgroup = (2 if self.B == 1 else 8) * sub
+        self.units_wgs = ceil_div(self.H, self.workgroup // sub)
+        self.tile = stream_tile(self.B)
+        wgs = self.units_wgs * ceil_div(self.B, self.tile)
+        super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
+                         spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0 if first else 1, 0),
+                         defines={"VEC4": 1} if self.H % 4 == 0 else None)
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."

@@ -39,8 +39,7 @@ def default_chunk(dev) -> int:
 class Decoder:
     """The decode state and sequences for `prog`'s model and streams (prog: a forward-only Program)."""
 
-    def __init__(self, prog, chunk: int = DEFAULT_CHUNK, history_cap: int = 1, forced_cap: int | None = None,
-                 tiled: bool | None = None):
+    def __init__(self, prog, chunk: int = DEFAULT_CHUNK, history_cap: int = 1, forced_cap: int | None = None):
         if chunk < 2 or chunk % 2:
             raise ValueError(f"chunk must be an even number >= 2, got {chunk}")
         dev, b, spec = prog.dev, prog.buffers, prog.spec
@@ -59,8 +58,8 @@ class Decoder:
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
         common = (prog.layout, b.params, b.table0, self.state, self.ysum, self.token, self.ctl)
-        self.layer0 = DecodeLayer(dev, *common, B=B, first=True, tiled=tiled)  # tiled None: decode.use_tiled
-        self.layers = DecodeLayer(dev, *common, B=B, first=False, tiled=tiled) if L > 1 else None
+        self.layer0 = DecodeLayer(dev, *common, B=B, first=True)
+        self.layers = DecodeLayer(dev, *common, B=B, first=False) if L > 1 else None
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, self.logits, self.ctl, B=B)
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
