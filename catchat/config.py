@@ -156,8 +156,8 @@ class EvalConfig:
     eval_every_seqs: int = _key(0, int, "evaluate each time the seqs count crosses a multiple of this (0 = off)", "seqs", lo=0)
     eval_windows: int = _key(16, int, "held-out windows (of B lanes) per eval, from the eval split's start (0 = all)", "windows", lo=0)
     free_running: bool = _key(True, bool, "also evaluate free-running (teacher forcing 0: the model's own argmax fed back)")
-    # hi: a sample is generated one token per GPU round trip, three per eval: 10**6 characters
-    # already add minutes to every eval; more would stall training without any error
+    # hi: three samples per eval, one stream each, decoded at batch 1 (~3-40k chars/s: lavapipe to
+    # an H200, docs/generation.md): 10**6 characters add minutes to every eval, more would stall training
     sample_chars: int = _key(200, int, "characters of each sample saved per eval in samples/ (greedy, T 0.5, T 0.8; 0 = none)", "characters",
                              lo=0, hi=10**6)
 
