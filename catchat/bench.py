@@ -358,21 +358,22 @@ class Measurer:
         B, H, T = shape["B"], shape["H"], self.steps
         t = self._tensor
         b = dict(params=t(3 * H * H + 3 * H, 1 / math.sqrt(H)), gi=t(T * B * 3 * H), do=t(T * B * H, 0.01),
-                 h0=t(B * H), hT=t(B * H), dh0=t(B * H), o=t(T * B * H), hprev=t(T * B * H), save=t(T * B * 4 * H),
-                 dgi=t(T * B * 3 * H), dgh=t(T * B * 3 * H),
+                 h0=t(B * H), hT=t(B * H), dh0=t(B * H), o=t((T + 1) * B * H), save=t(T * B * 4 * H),
+                 dgi=t(T * B * 3 * H),
                  resets=dev.tensor(np.zeros(T * B, np.uint32), np.uint32),
                  hyper=dev.tensor(np.zeros(slots.HP_WORDS, np.uint32), np.uint32),
                  stats=dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32))
         dev.upload(list(b.values()))
         self.bufs = b
-        if shape["backward"]:  # the backward reads the save / hprev of a forward sweep
+        if shape["backward"]:  # the backward reads the save and state sequence of a forward sweep
             run_ops(dev, [], self._forward(shape, None).sweep_ops(), [b["o"]])
 
     def _forward(self, shape, tiles):
         b, H = self.bufs, shape["H"]
-        return gru.GruForward(self.dev, b["gi"], b["params"], b["h0"], b["resets"], b["o"], b["hprev"], b["save"],
-                              b["hT"], T=self.steps, B=shape["B"], H=H, w_off=0, b_off=3 * H * H, tiles=tiles,
-                              persistent=shape["resident"])
+        # the program's layout: o holds the state sequence, rows [0, T) hprev (catchat/vk/program/plan.py)
+        return gru.GruForward(self.dev, b["gi"], b["params"], b["h0"], b["resets"], b["o"], b["o"], b["save"],
+                              b["hT"], T=self.steps, B=shape["B"], H=H, w_off=0, b_off=3 * H * H,
+                              o_off=gru.state_rows(shape["B"], H), tiles=tiles, persistent=shape["resident"])
 
     def _kernel(self, kind: str, shape: dict, tiles):
         """(ops to time, the output tensor)."""
@@ -384,8 +385,8 @@ class Measurer:
             return k.ops(), b["c"]
         if not shape["backward"]:
             return self._forward(shape, tiles).sweep_ops(), b["o"]
-        k = gru.GruBackward(self.dev, b["do"], b["save"], b["hprev"], b["resets"], b["params"], b["hyper"], b["dgi"],
-                            b["dgh"], b["dh0"], b["stats"], T=self.steps, B=shape["B"], H=shape["H"], w_off=0,
+        k = gru.GruBackward(self.dev, b["do"], b["save"], b["o"], b["resets"], b["params"], b["hyper"], b["dgi"],
+                            None, b["dh0"], b["stats"], T=self.steps, B=shape["B"], H=shape["H"], w_off=0,
                             tiles=tiles, persistent=shape["resident"])
         return k.sweep_ops(), b["dgi"]
 

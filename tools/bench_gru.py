@@ -89,21 +89,21 @@ class Case:
         self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
         self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
         self.resets = t(np.zeros(T * B, np.uint32), np.uint32)
-        self.o, self.hprev = t(T * B * H), t(T * B * H)
-        self.save = t(T * B * 4 * H)
-        self.dgi, self.dgh = t(T * B * 3 * H), t(T * B * 3 * H)
+        self.o = t((T + 1) * B * H)  # the program's layout: rows [0, T) hprev, [1, T+1) the outputs
+        self.save = t(T * B * 4 * H)  # dGh is written over it (GruBackward(dgh=None))
+        self.dgi = t(T * B * 3 * H)
         self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
         self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
         run_ops(dev, [self.params, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [self.h0])
 
     def forward(self, tiles):
-        return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.hprev, self.save,
+        return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.o, self.save,
                               self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
-                              tiles=tiles, persistent=self.persistent)
+                              o_off=gru.state_rows(self.B, self.H), tiles=tiles, persistent=self.persistent)
 
     def backward(self, tiles):
-        return gru.GruBackward(self.dev, self.do, self.save, self.hprev, self.resets, self.params, self.hyper,
-                               self.dgi, self.dgh, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
+        return gru.GruBackward(self.dev, self.do, self.save, self.o, self.resets, self.params, self.hyper,
+                               self.dgi, None, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
                                tiles=tiles, persistent=self.persistent)
 
 

@@ -69,14 +69,15 @@ def clocked_twins(prog, layer: int, steps: int):
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
     clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
     gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off = kf.offsets
-    fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.hprev[layer], b.save[layer], b.hT,
+    # o[l] holds the state sequence: rows [0, T) are hprev, rows [1, T+1) the outputs (plan.py)
+    fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.o[layer], b.save[layer], b.hT,
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off, tiles=kf.tiles, stats=b.stats,
                          clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
-    # the backward's do and dGi live in x[L] and gi (catchat/vk/program/plan.py)
-    bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.hprev[layer], b.resets, b.params, b.hyper,
-                          b.gi, b.dgh, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
+    # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
+    bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
+                          b.gi, None, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
                           dh0_off=dh0_off, tiles=kb.tiles, clock=clocks[1])
     return fwd, bwd, clocks

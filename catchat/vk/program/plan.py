@@ -202,18 +202,6 @@ class Buffers:
                          "and gi are too small (one word when they are not)")
     ws_cs: Tensor = buf("WSCS", kind="storage", programs=TRAINING, doc="row-split workspace of the bias gradients")
 
-    # Names of views, not buffers (allocate makes none): tools written against the plan before
-    # hprev and dGh lost their own buffers (tools/sweep_phases.py) still build the sweeps from them.
-    @property
-    def hprev(self) -> list[Tensor]:
-        """Each layer's state sequence: rows [0, T) of o[l] (hprev_off 0, o_off B*H)."""
-        return self.o
-
-    @property
-    def dgh(self) -> None:
-        """dGh has no buffer: GruBackward(dgh=None) writes it over save[l]."""
-        return None
-
     def initialised(self) -> list[Tensor]:
         """The allocated buffers with contents at creation (to upload once)."""
         return [getattr(self, f.name) for f in fields(self)
