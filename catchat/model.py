@@ -78,13 +78,22 @@ class ParamLayout:
             at = _align(at + self.sizes[s.name])
         self.total: int = at  # float count, a multiple of ALIGN
 
+    def decay_runs(self) -> list[tuple[int, int]]:
+        """[begin, end) ranges of the flat buffer where weight decay applies, touching ones merged:
+        at most 2L + 2 (the embedding, each layer's two matrices, the head; fewer where no padding
+        separates them)."""
+        runs: list[tuple[int, int]] = []
+        for s in self.specs:
+            if s.decay:
+                begin, end = self.offsets[s.name], self.offsets[s.name] + self.sizes[s.name]
+                runs[-1:] = [(runs[-1][0], end)] if runs and runs[-1][1] == begin else runs[-1:] + [(begin, end)]
+        return runs
+
     def decay_mask(self) -> np.ndarray:
         """float32 [total]: 1 where weight decay applies, 0 elsewhere (padding included)."""
         mask = np.zeros(self.total, np.float32)  # [total]
-        for s in self.specs:
-            if s.decay:
-                o = self.offsets[s.name]
-                mask[o : o + self.sizes[s.name]] = 1.0
+        for begin, end in self.decay_runs():
+            mask[begin:end] = 1.0
         return mask
 
     def flatten(self, tensors: dict[str, np.ndarray], dtype=None) -> np.ndarray:

@@ -21,10 +21,21 @@ layout(set = 0, binding = 0) buffer Params { float params[]; };               //
 layout(set = 0, binding = 1) readonly buffer Grads { float grads[]; };        // [n]
 layout(set = 0, binding = 2) buffer M { float m[]; };                         // [n] first moment
 layout(set = 0, binding = 3) buffer V { float v[]; };                         // [n] second moment
-layout(set = 0, binding = 4) readonly buffer Decay { float decay_mask[]; };   // [n] 1 = decay, 0 = not
+layout(set = 0, binding = 4) readonly buffer Decay { uint decay[]; };          // [1 + 2 * runs] (below)
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };         // [HP_WORDS]
 layout(set = 0, binding = 6) buffer Stats { uint stats[]; };                  // [ST_WORDS]
 layout(push_constant) uniform Push { uint n; } pc;                            // parameter count
+
+// Weight decay applies on [decay[1 + 2r], decay[2 + 2r]) for r < decay[0]: the few runs of decayed
+// tensors (catchat.model.ParamLayout.decay_runs), not a float per parameter (4 bytes less per element
+// of a memory-bound pass, and no buffer the size of the model).
+float decay_of(uint i) {
+    uint runs = decay[0];
+    for (uint r = 0u; r < runs; ++r) {
+        if (i >= decay[1u + 2u * r] && i < decay[2u + 2u * r]) return 1.0;
+    }
+    return 0.0;
+}
 
 void main() {
     uint gid = gl_GlobalInvocationID.x;
@@ -62,7 +73,7 @@ void main() {
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
     for (uint i = gid; i < pc.n; i += stride) {
         float g = grads[i] * scale;
-        float p = params[i] * (1.0 - lr_wd * decay_mask[i]);  // decoupled weight decay first
+        float p = params[i] * (1.0 - lr_wd * decay_of(i));  // decoupled weight decay first
         float mi = b1 * m[i] + (1.0 - b1) * g;
         float vi = b2 * v[i] + (1.0 - b2) * g * g;
         float denom = sqrt(vi / bias_corr2) + eps;

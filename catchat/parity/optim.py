@@ -13,7 +13,14 @@ from catchat.parity import ParityResult, compare
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.optim import OPTIMIZERS, GradNorm, Optimizer, SpectralProject, optimizer_hyper_words
+from catchat.vk.kernels.optim import (
+    OPTIMIZERS,
+    GradNorm,
+    Optimizer,
+    SpectralProject,
+    decay_words,
+    optimizer_hyper_words,
+)
 
 
 def hyper_buffer(words: dict[int, np.uint32], n_valid: int) -> np.ndarray:
@@ -49,7 +56,7 @@ class StepRig:
         n = layout.total
         self.params, self.grads = dev.tensor(params), dev.tensor(n)
         self.m, self.v = dev.tensor(n), dev.tensor(n)
-        self.mask = dev.tensor(layout.decay_mask())
+        self.mask = dev.tensor(decay_words(layout), np.uint32)
         self.hyper = dev.tensor(slots.HP_WORDS, np.uint32)
         self.stats = dev.tensor(slots.ST_WORDS, np.uint32)
         self.u = dev.tensor(spectral_u_init(layout.spec))

@@ -149,3 +149,23 @@ def test_step_chain_deterministic(dev, kind):
         runs.append({**rig.download(), "stats": stats})
     for name, arr in runs[0].items():
         assert arr.tobytes() == runs[1][name].tobytes(), name
+
+
+@pytest.mark.parametrize("spec", [ModelSpec(hidden=37, layers=3), ModelSpec(hidden=64, layers=2, tie_embeddings=True),
+                                  ModelSpec(hidden=512, layers=3)])
+def test_decay_runs_are_exactly_the_decayed_tensors(spec):
+    """The optimizer's decay buffer (a few [begin, end) runs, not a float per parameter) marks exactly
+    the elements of the tensors param_specs decays: no padding, no bias or norm, at most 2L + 2 runs."""
+    from catchat.model import param_specs
+    from catchat.vk.kernels.optim import decay_word_count, decay_words
+
+    layout = ParamLayout(spec)
+    want = np.zeros(layout.total, np.float32)
+    for s in param_specs(spec):
+        if s.decay:
+            want[layout.offsets[s.name]:layout.offsets[s.name] + layout.sizes[s.name]] = 1
+    runs = layout.decay_runs()
+    assert np.array_equal(layout.decay_mask(), want) and len(runs) <= 2 * spec.layers + 2
+    words = decay_words(layout)
+    assert words.size == decay_word_count(spec.layers) and words[0] == len(runs)
+    assert [tuple(w) for w in words[1:1 + 2 * len(runs)].reshape(-1, 2)] == runs and not words[1 + 2 * len(runs):].any()

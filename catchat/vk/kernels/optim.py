@@ -114,11 +114,26 @@ def optimizer_hyper_words(kind: str, t: int, lr: float, b1: float, b2: float, ep
     }
 
 
+def decay_words(layout) -> np.ndarray:
+    """The optimizer's decay buffer: uint32 [1 + 2 * (2L + 2)], the number of runs, then each
+    [begin, end) of ParamLayout.decay_runs (zero beyond)."""
+    runs = layout.decay_runs()
+    words = np.zeros(decay_word_count(layout.spec.layers), np.uint32)
+    words[0] = len(runs)
+    words[1:1 + 2 * len(runs)] = np.asarray(runs, np.uint32).ravel()
+    return words
+
+
+def decay_word_count(layers: int) -> int:
+    """Words of the decay buffer: the run count, then room for 2L + 2 runs (decay_runs' bound)."""
+    return 1 + 2 * (2 * int(layers) + 2)
+
+
 class Optimizer(Kernel):
     """One AdamW or NAdam step over n flat parameters, in place (glsl/optimizer.comp, one dispatch).
 
-    params, grads, m, v, decay_mask: float32 [total] in ParamLayout order (decay_mask =
-    layout.decay_mask()); hyper [HP_WORDS] uint32 (optimizer_hyper_words + HP_N_VALID);
+    params, grads, m, v: float32 [total] in ParamLayout order; decay: uint32 `decay_words(layout)`
+    (the runs where weight decay applies); hyper [HP_WORDS] uint32 (optimizer_hyper_words + HP_N_VALID);
     stats [ST_WORDS] uint32, read: ST_GRAD_NORM_SQ (GradNorm must run first), written:
     ST_SKIPPED (1 = step not applied, else 0) and ST_CLIP_SCALE (float bits; 1 when skipped).
     Skipped (n_valid == 0 or non-finite norm): params, m, v untouched. Otherwise
@@ -130,14 +145,14 @@ class Optimizer(Kernel):
     WORKGROUP = 256
     MAX_GROUPS = 8192  # grid-stride beyond WORKGROUP * MAX_GROUPS parameters
 
-    def __init__(self, dev: Device, params, grads, m, v, decay_mask, hyper, stats, total: int,
+    def __init__(self, dev: Device, params, grads, m, v, decay, hyper, stats, total: int,
                  kind: str = "adamw", workgroup: int | None = None, max_groups: int | None = None):
         if kind not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {kind!r} (expected one of {OPTIMIZERS})")
         self.kind, self.n = kind, int(total)
         wg = workgroup or self.WORKGROUP
         groups = max(1, min(ceil_div(self.n, wg), max_groups or self.MAX_GROUPS))
-        super().__init__(dev, [params, grads, m, v, decay_mask, hyper, stats], [groups],
+        super().__init__(dev, [params, grads, m, v, decay, hyper, stats], [groups],
                          spec=[wg], push=(self.n,), defines={kind.upper(): 1})
 
     def __call__(self):

@@ -54,7 +54,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
 from catchat.vk.kernels.gru import backward_scratch_words, sync_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
-from catchat.vk.kernels.optim import GradNorm, SpectralProject
+from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
 
 Tensor = Any  # a kp tensor
 F32, U32 = np.float32, np.uint32
@@ -113,8 +113,8 @@ class Geometry:
 
     def dim(self, name: str) -> int:
         """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
-        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'L+1', 'T+1',
-        or a number."""
+        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'DR' (the
+        optimizer's decay runs), 'L+1', 'T+1', or a number."""
         if name in ("L+1", "T+1"):
             return getattr(self, name[0]) + 1
         if name.isdigit():
@@ -124,7 +124,7 @@ class Geometry:
             raise ValueError(f"bad dimension {name!r}")
         named = {"HP": slots.HP_WORDS, "ST": slots.ST_WORDS,
                  "WS": self.ws_words(),
-                 "WSCS": max(self.colsum * 3 * self.H, 1)}
+                 "WSCS": max(self.colsum * 3 * self.H, 1), "DR": decay_word_count(self.L)}
         base = named[m[2]] if m[2] in named else getattr(self, m[2])
         return int(m[1] or 1) * base
 
@@ -191,7 +191,8 @@ class Buffers:
     grads: Tensor = buf("P", programs=TRAINING)
     m: Tensor = buf("P", programs=TRAINING, doc="Adam's first moments")
     v: Tensor = buf("P", programs=TRAINING, doc="Adam's second moments")
-    decay: Tensor = buf("P", programs=TRAINING, init=lambda lay: lay.decay_mask(), doc="1 where weight decay applies")
+    decay: Tensor = buf("DR", U32, programs=TRAINING, init=decay_words,
+                        doc="the runs of the flat buffer where weight decay applies (optim.decay_words)")
     u: Tensor = buf("L 2 3H", programs=TRAINING, init=lambda lay: spectral_u_init(lay.spec),
                     doc="spectral-norm power-iteration vectors [L,2,3,H]")
     dh0: Tensor = buf("L B H", programs=TRAINING, doc="gradient on h0 (for checks)")
