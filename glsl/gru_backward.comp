@@ -30,6 +30,10 @@
 // staged in shared memory (dGh [RC][TB], W_hh [RC][TK] row-major), the KS slices tz split each
 // chunk's rows (tz, tz+KS, ...) and are summed in slice order (deterministic).
 #extension GL_EXT_control_flow_attributes : require
+#ifdef HALF_W
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -81,6 +85,12 @@ layout(push_constant) uniform Push {
     uint dgh_ld;   // words between dGh rows: 3H, or 4H over save
     uint n_steps;  // steps s, s-1, ..., s-n_steps+1
 } pc;
+#ifdef HALF_W  // W_hh from a float16 copy, w_off in halves (as gru_forward.comp's HALF_W)
+layout(set = 0, binding = 12) readonly buffer W16 { float16_t w16[]; };  // W_hh [3H,H] at w_off
+#define W_HH(i) float(w16[i])
+#else
+#define W_HH(i) params[i]
+#endif
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
@@ -97,7 +107,7 @@ float g_elem(uint s, uint e, uint r0, uint b0) {
 }
 float w_elem(uint e, uint r0, uint k0) {
     uint rr = e / TK, r = r0 + rr, k = k0 + e % TK;
-    return (rr < RC && r < 3u * pc.H && k < pc.H) ? params[pc.w_off + r * pc.H + k] : 0.0;
+    return (rr < RC && r < 3u * pc.H && k < pc.H) ? W_HH(pc.w_off + r * pc.H + k) : 0.0;
 }
 
 // Gate backward of step u for lane b, unit k, given dh = the gradient on h_u from step u+1.

@@ -18,7 +18,14 @@
 // slice order at the end (deterministic). K = H is walked in chunks of KC staged in shared memory
 // row-major (hp rows [TB][KC], W rows [3TJ][KC], rows padded by 4 floats so the vec4 reads of a
 // quarter-warp hit distinct banks).
+// HALF_W: W_hh comes from a float16 copy (binding 11, w_off counted in halves; b_hh stays in
+// params at b_off), widened as it is staged: half the bytes of the sweep's largest stream, the same
+// float32 arithmetic (the mixed-precision plan, docs/benchmarks.md).
 #extension GL_EXT_control_flow_attributes : require
+#ifdef HALF_W
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.glsl"
 
 // Register block and k chunk are defines (compile-time) so the loops over them unroll and the
@@ -70,6 +77,12 @@ layout(push_constant) uniform Push {
     uint t_end;  // steps [t, t_end)
 } pc;
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };  // ST_SYNC_TIMEOUTS (+=, PERSISTENT)
+#ifdef HALF_W
+layout(set = 0, binding = 11) readonly buffer W16 { float16_t w16[]; };  // W_hh [3H,H] at w_off
+#define W_HH(i) float(w16[i])
+#else
+#define W_HH(i) params[i]
+#endif
 #define SYNC_BINDING 9
 #include "grid_sync.glsl"
 
@@ -91,7 +104,7 @@ float h_elem(uint t, uint e, uint k0, uint b0) {
 }
 float w_elem(uint e, uint k0, uint j0) {
     uint row = e / KC, g = row / TJ, j = j0 + row % TJ, k = k0 + e % KC;
-    return (row < 3u * TJ && j < pc.H && k < pc.H) ? params[pc.w_off + (g * pc.H + j) * pc.H + k] : 0.0;
+    return (row < 3u * TJ && j < pc.H && k < pc.H) ? W_HH(pc.w_off + (g * pc.H + j) * pc.H + k) : 0.0;
 }
 
 // Step t on the tile of units [j0, +TJ) x lanes [b0, +TB).

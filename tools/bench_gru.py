@@ -2,6 +2,7 @@
 """Tile search for the recurrent step kernels (glsl/gru_forward.comp, glsl/gru_backward.comp).
 
     python tools/bench_gru.py --shape 64x512 --shape 32x2048 [--steps 64] [--reps 5] [--max 60] [--persistent N]
+                              [--half-whh]
 
 For each B x H shape, times a sweep of `--steps` dependent steps per tile candidate (the current
 choice first, then a seeded sample of valid tiles that fill the GPU) and prints the microseconds
@@ -10,6 +11,8 @@ dispatch where the GPU reports its SMs, else a dispatch per step); --persistent 
 candidate's outputs are compared with the default tiles' (a tile that computes something else is
 reported, not ranked). --apply CONFIG then reruns
 `catchat bench`'s training measurement for that config with the fastest tiles patched in.
+--half-whh also times every tiled candidate reading W_hh from a float16 copy (HALF_W: half the
+bytes of the sweep's largest stream, float32 arithmetic), compared with the first such run.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchat import bench  # noqa: E402
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
-from catchat.vk.kernels import gru, run_ops  # noqa: E402
+from catchat.vk.kernels import gru, pack_half, run_ops  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
 
@@ -85,6 +88,7 @@ class Case:
         t = dev.tensor
         w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
         self.params = t(w)
+        self.w16 = t(pack_half(w[:3 * H * H]), np.uint32)  # W_hh as float16, for HALF_W
         self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
         self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
         self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
@@ -94,17 +98,19 @@ class Case:
         self.dgi = t(T * B * 3 * H)
         self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
         self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
-        run_ops(dev, [self.params, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [self.h0])
+        inputs = [self.params, self.w16, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats]
+        run_ops(dev, inputs, [], [self.h0])
 
-    def forward(self, tiles):
+    def forward(self, tiles, half: bool = False):
         return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.o, self.save,
                               self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
-                              o_off=gru.state_rows(self.B, self.H), tiles=tiles, persistent=self.persistent)
+                              o_off=gru.state_rows(self.B, self.H), tiles=tiles, persistent=self.persistent,
+                              w_half=self.w16 if half else None)
 
-    def backward(self, tiles):
+    def backward(self, tiles, half: bool = False):
         return gru.GruBackward(self.dev, self.do, self.save, self.o, self.resets, self.params, self.hyper,
                                self.dgi, None, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
-                               tiles=tiles, persistent=self.persistent)
+                               tiles=tiles, persistent=self.persistent, w_half=self.w16 if half else None)
 
 
 def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
@@ -117,7 +123,7 @@ def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[flo
     return sec / steps * 1e6, got
 
 
-def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) -> dict:
+def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int, half_whh: bool = False) -> dict:
     case = Case(dev, B, H, T, persistent)
     best = {}
     for backward in (False, True):
@@ -125,31 +131,33 @@ def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int) 
         with ThreadPoolExecutor(8) as pool:  # compile every variant up front, in parallel
             list(pool.map(lambda t, b=backward: compile_shader(*gru.sweep_shader(t, B, H, dev.info.subgroup_size, b)),
                           cands))
-        rows, ref_out = [], None
+        rows, refs = [], {}
         if backward:  # the backward reads save/hprev of a forward sweep
             run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])
-        for tiles in cands:
+        runs = [(t, False) for t in cands] + [(t, True) for t in cands
+                                              if half_whh and not isinstance(t, gru.ResidentTiles)]
+        for tiles, half in runs:
             if backward:
-                k = case.backward(tiles)
+                k = case.backward(tiles, half)
                 us, out = time_sweep(case, k, k.sweep_ops(), case.dgi, reps, T + 1)
             else:
-                k = case.forward(tiles)
+                k = case.forward(tiles, half)
                 us, out = time_sweep(case, k, k.sweep_ops(), case.o, reps, T)
-            if ref_out is None:
-                ref_out = out
+            ref_out = refs.setdefault(half, out)  # float16 W_hh against the first float16 run
             err = float(np.abs(out - ref_out).max() / max(np.abs(ref_out).max(), 1e-30))
             err = err if np.isfinite(err) else float("inf")
-            rows.append((us, tiles, gru.tile_count(tiles, B, H, backward), err))
+            rows.append((us, tiles, gru.tile_count(tiles, B, H, backward), err, half))
         rows.sort(key=lambda r: (r[3] > 1e-4, r[0]))
         kind = "backward" if backward else "forward"
         mode = f"persistent sweeps over <= {persistent} workgroups" if persistent else "a dispatch per step"
         print(f"B={B} H={H} {kind} ({mode}): current {cands[0]}")
-        for us, tiles, wgs, err in rows[:12]:
-            print(f"  {us:8.1f} us/step  tiles {tiles}  workgroups {wgs}  rel diff {err:.1e}")
+        for us, tiles, wgs, err, half in rows[:12]:
+            w = "  W_hh float16" if half else ""
+            print(f"  {us:8.1f} us/step  tiles {tiles}  workgroups {wgs}  rel diff {err:.1e}{w}")
         bad = [r for r in rows if r[3] > 1e-4]
         if bad:
             print(f"  {len(bad)} candidates computed something else, e.g. {bad[0][1]} (rel diff {bad[0][3]:.1e})")
-        best[kind] = rows[0][1]
+        best[kind] = next(r[1] for r in rows if not r[4])
     return best
 
 
@@ -164,6 +172,8 @@ def main(argv=None):
                     help="sweeps as one dispatch of N workgroups (0: a dispatch per step; default: as the program "
                          "would run them here, see CATCHAT_PERSISTENT)")
     ap.add_argument("--apply", metavar="CONFIG", help="then bench CONFIG's training step with the fastest tiles")
+    ap.add_argument("--half-whh", action="store_true",
+                    help="also time the tiled candidates with W_hh read from a float16 copy (HALF_W)")
     args = ap.parse_args(argv)
     dev = open_device(args.device)
     print(f"device: {dev.info.name}")
@@ -171,7 +181,7 @@ def main(argv=None):
     persistent = gru.resident_workgroups(dev) if args.persistent is None else args.persistent
     if args.persistent is not None:  # the --apply run builds its program under the same choice
         os.environ["CATCHAT_PERSISTENT"] = str(args.persistent)
-    found = {shape: search(dev, *shape, args.steps, args.reps, args.max, persistent) for shape in shapes}
+    found = {shape: search(dev, *shape, args.steps, args.reps, args.max, persistent, args.half_whh) for shape in shapes}
     if args.apply:
         from catchat import config as cfgmod
 

@@ -18,6 +18,8 @@ part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v5's shapes
 part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8
+# v5's sweeps with W_hh read from a float16 copy (HALF_W) beside float32, on the tiled kernels
+part gru-v5-f16w $py tools/bench_gru.py --shape 32x2048 --steps 32 --reps 3 --max 6 --half-whh
 # registers of the resident sweeps, and of tile shapes that measured slower (docs/benchmarks.md)
 part shader-stats-v3 $py tools/shader_stats.py configs/catchat-v3.toml --gemm --forward 16,16,4,2,4,32 --forward 16,16,2,4,4,32 \
     --backward 16,16,4,0,8,4 --backward 16,16,8,0,4,4 --backward 16,16,2,0,16,1

@@ -13,7 +13,7 @@ from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import run_ops
+from catchat.vk.kernels import pack_half, run_ops
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
     FORWARD_TILES,
@@ -51,7 +51,8 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
-                stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True):
+                stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
+                w_half: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -64,7 +65,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers addressed at layer
     `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate). o, save and hT are
     read after the last forward sweep, hprev (the resets applied in place) and the gradients after
-    the last backward.
+    the last backward. w_half: both sweeps read W_hh from a float16 copy (at an odd offset, 5
+    halves in), as HALF_W; compare with `expected_gru(half_weights(case))`.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -84,15 +86,20 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tdgi, tdh0 = f32(T * B * 3 * H), dev.tensor(2 * B * H)
     tdgh = None if dgh_in_save else f32(T * B * 3 * H)
     o_off = pad + state_rows(B, H)
+    tw16 = None
+    if w_half:  # the layer's W_hh as float16, 5 halves into its own buffer
+        tw16 = dev.tensor(pack_half(np.concatenate([np.zeros(5), case["p"]["weight_hh"].ravel()])), np.uint32)
+        w_off = 5
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
-                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0])
+                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
-                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1])
+                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16)
     both = fwd.sweep_ops() + bwd.sweep_ops()
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
-                            + ([tdgh] if tdgh else []), both * (repeat - 1) + fwd.sweep_ops(), [tseq, tsave, thT])
+                            + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
+                            [tseq, tsave, thT])
     outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save else tdgh, tdgi, tdh0, tstats,
                                              fwd.sync, bwd.sync])
     hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
@@ -103,6 +110,12 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                 save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
                 dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
                 sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]))
+
+
+def half_weights(case):
+    """The case with its W_hh rounded to float16: what a sweep reading the float16 copy multiplies."""
+    p = {**case["p"], "weight_hh": case["p"]["weight_hh"].astype(np.float16).astype(np.float32)}
+    return {**case, "p": p}
 
 
 def expected_gru(case, clamp: float = 0.0):
@@ -151,6 +164,16 @@ PERSISTENT_CASES = [
 ]
 
 
+# W_hh from a float16 copy (HALF_W, the tiled shaders): partial tiles, the big-GPU tiles, AUTO (on a
+# GPU where that would be register-resident, the tiled tables' choice instead), and persistent
+HALF_W_CASES = [
+    ((5, 3, 7, ((2, 2, 2, 3, 2, 8), (1, 2, 2, 2, 2, 8)), 0.05), 0),
+    ((6, 5, 64, (FORWARD_TILES[0][0], BACKWARD_TILES[0][0]), 0.0), 0),
+    ((4, 3, 130, AUTO, 0.0), 0),
+    ((9, 4, 33, ((4, 2, 3, 2, 3, 12), (2, 2, 3, 2, 3, 12)), 0.02), 1),
+]
+
+
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
@@ -163,19 +186,24 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     clamp off and on (hit count exact), per-step and persistent; the GPU dG also reproduce
     reference's dW/db/dx via numpy."""
     out = []
-    runs = [(c, 0) for c in CASES] + [(c, n) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
-    for i, ((T, B, H, tiles, clamp), n_wg) in enumerate(runs):
+    runs = [(c, 0, False) for c in CASES] + [(c, n, False) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
+    if "storageBuffer16BitAccess" in dev.features:
+        runs += [(c, n, True) for c, n in HALF_W_CASES]
+    for i, ((T, B, H, tiles, clamp), n_wg, half) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save)
+        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save, w_half=half)
+        if half:
+            case = half_weights(case)
         exp, cache = expected_gru(case, clamp)
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
             + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save else " dGh apart")
+        fwd, bwd = ("gru_forward_f16w", "gru_backward_f16w") if half else ("gru_forward", "gru_backward")
         for k in ("o", "hprev", "save", "hT"):
-            out.append(compare(f"gru_forward.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
+            out.append(compare(f"{fwd}.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
         for k in ("dgi", "dgh", "dh0"):
-            out.append(compare(f"gru_backward.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
-        out.append(compare("gru_backward.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
+            out.append(compare(f"{bwd}.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
+        out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
         if n_wg:
             out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own
@@ -183,5 +211,5 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         g = ref.gru_weight_grads(got["dgi"], got["dgh"], case["x"], got["hprev"], case["p"]["weight_ih"])
         atol = 4 * BWD_ATOL * np.sqrt(T * B)  # sums over T*B rows
         for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
-            out.append(compare(f"gru_backward.{name}", shape, a, e, atol, BWD_RTOL))
+            out.append(compare(f"{bwd}.{name}", shape, a, e, atol, BWD_RTOL))
     return out

@@ -217,6 +217,12 @@ def table_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
                                              info.max_shared_memory_bytes, backward, info.subgroup_size, tile_row(dev))
         if resident_tiles:
             return resident_tiles
+    return tiled_tiles(dev, B, H, backward, resident)
+
+
+def tiled_tiles(dev: Device, B: int, H: int, backward: bool, resident: int) -> tuple:
+    """The tables' tiles of the tiled (W_hh streamed) sweep shaders, per step or persistent."""
+    info = dev.info
     return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes, tile_row(dev), device_sms(dev),
                             info.max_workgroup_invocations))
 
@@ -438,14 +444,33 @@ class _Sweep(Kernel):
     backward = False
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
+    def _w_source(self, params, w_half, w_off: int) -> int:
+        """Check W_hh's buffer: params (floats) or, with w_half, a float16 copy (uint32 words of
+        `pack_half`, w_off in halves); returns the words params must hold for W_hh (0 with w_half)."""
+        self.w_half = w_half
+        if w_half is None:
+            return w_off + 3 * self.H * self.H
+        if 2 * w_half.size() < w_off + 3 * self.H * self.H:
+            raise ValueError(f"W_hh in float16: [3H,H] at half {w_off} exceeds its buffer of "
+                             f"{2 * w_half.size()} halves")
+        return 0
+
     def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
         """Tiles (given, or picked for this device and sweep mode), then both shader variants. A
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
-        gru_*_resident.comp)."""
+        gru_*_resident.comp). W_hh in float16 (w_half) runs on the tiled shaders (HALF_W)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
         plan = plan_sweep(dev, B, H, backward, persistent, tiles)
+        if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
+            if tiles is not None:
+                raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
+            plan = plan_sweep(dev, B, H, backward, persistent, tiled_tiles(dev, B, H, backward, plan.resident))
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
+        if self.w_half is not None:
+            if "storageBuffer16BitAccess" not in dev.features:
+                raise ValueError(f"W_hh in float16 needs 16-bit storage, which {info.name} does not offer")
+            defines, tensors = {**defines, "HALF_W": 1}, tensors + [self.w_half]
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
@@ -510,7 +535,9 @@ class GruForward(_Sweep):
     lanes per thread, k chunk) or ResidentTiles, default `default_tiles(dev, B, H, False,
     persistent)`. persistent: workgroups of the one-dispatch sweep (co-resident on the device!),
     0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always one dispatch (the
-    per-timestep path interleaves other work).
+    per-timestep path interleaves other work). w_half: W_hh read from this float16 copy instead
+    (uint32 words of `pack_half`, w_off counted in halves; b_hh stays in params), on the tiled
+    shaders (HALF_W: the arithmetic stays float32); needs 16-bit storage.
     """
 
     shader = "gru_forward"
@@ -518,15 +545,16 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None):
+                 persistent: int | None = None, w_half=None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        w_words = self._w_source(params, w_half, w_off)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
         if hprev is o and hprev_off != o_off - state_rows(B, H):
             raise ValueError("GruForward: hprev in o's buffer must be the row block just before o "
                              f"(hprev_off = o_off - {state_rows(B, H)}, got {hprev_off} and {o_off})")
         for t, n, what in ((gi, gi_off + T * B * 3 * H, "gi"),
-                           (params, max(w_off + 3 * H * H, b_off + 3 * H), "params"), (h0, h0_off + B * H, "h0"),
+                           (params, max(w_words, b_off + 3 * H), "params"), (h0, h0_off + B * H, "h0"),
                            (resets, T * B, "resets"), (o, o_off + T * B * H, "o"),
                            (hprev, hprev_off + B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
                            (hT, hT_off + B * H, "hT")):
@@ -567,7 +595,7 @@ class GruBackward(_Sweep):
     stats[ST_CLAMP_HITS] += clamped elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps
     whose grid barrier gave up. A private scratch dhz [B,H] carries the running gradient times z
     between steps; it needs no zeroing (step s = T writes it before anything reads it).
-    persistent: as GruForward's.
+    persistent, w_half: as GruForward's.
     """
 
     shader = "gru_backward"
@@ -575,8 +603,10 @@ class GruBackward(_Sweep):
 
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
-                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None):
+                 dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
+                 w_half=None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        w_words = self._w_source(params, w_half, w_off)
         self.dgh_in_save = dgh is None
         if self.dgh_in_save:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
@@ -584,7 +614,7 @@ class GruBackward(_Sweep):
             self.dgh_ld = 3 * H
         for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
                            (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
-                           (params, w_off + 3 * H * H, "params"), (hyper, slots.HP_WORDS, "hyper"),
+                           (params, w_words, "params"), (hyper, slots.HP_WORDS, "hyper"),
                            (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * self.dgh_ld, "dGh"),
                            (dh0, dh0_off + B * H, "dh0"), (stats, slots.ST_WORDS, "stats")):
             _need(t, n, what)
