@@ -46,6 +46,8 @@ def half_precision_check(dev, label: str) -> Check:
     names = {"shaderFloat16": "float16 arithmetic", "storageBuffer16BitAccess": "16-bit storage",
              "shaderInt8": "int8 arithmetic", "cooperativeMatrixNV": "cooperative matrices (NV)"}
     have = [v for k, v in names.items() if k in dev.features] or ["none"]
+    if dev.coop_shapes:
+        have.append(f"cooperative-matrix shapes {', '.join(dev.coop_shapes)}")
     if not getattr(dev.kp, "catchat_device_features", 0):
         return Check(f"{label} half precision", True, "not known: kp lacks patch 0005 (run `make setup`)")
     if not dev.runs_float16:

@@ -152,4 +152,15 @@ def test_device_is_created_with_the_half_precision_features_it_offers(dev):
     assert getattr(dev.kp, "catchat_device_features", 0) == 1, "run `make setup` to build the patched kp"
     assert dev.runs_float16 and {"shaderInt8", "storageBuffer8BitAccess", "VK_KHR_shader_float16_int8"} <= dev.features
     assert run_smoke_kernel(dev, half=True) <= HALF_TOLERANCE
-    assert "cooperativeMatrixNV" not in dev.features  # not a Mesa 22 feature
+    assert "cooperativeMatrixNV" not in dev.features and dev.coop_shapes == ()  # not in Mesa 22
+
+
+def test_cooperative_matrix_shapes_are_named_from_their_component_types():
+    """kp patch 0005 reports [M, N, K, A, B, C, D] with VkComponentTypeNV values; the GEMM asks for
+    its fragments by name."""
+    from catchat.vk.device import coop_shape_name
+    from catchat.vk.kernels.gemm import COOP_SHAPE
+
+    assert coop_shape_name([16, 16, 16, 0, 0, 1, 1]) == COOP_SHAPE
+    assert coop_shape_name([16, 8, 32, 3, 3, 5, 5]) == "16x8x32 s8*s8+s32->s32"
+    assert coop_shape_name([8, 8, 8, 0, 0, 0, 42]) == "8x8x8 f16*f16+f16->type42"

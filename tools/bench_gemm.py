@@ -122,8 +122,9 @@ def main(argv=None) -> int:
     tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
     operands = ("f32", "f16", "coopmat") if args.operands == "all" else (args.operands,)
-    if "coopmat" in operands and "cooperativeMatrixNV" not in dev.features:
-        print(f"{dev.info.name} has no cooperative matrices (VK_NV_cooperative_matrix): no coopmat rows")
+    if "coopmat" in operands and not gemm.coopmat_runs(dev):
+        print(f"{dev.info.name} has no cooperative matrices of {gemm.COOP_SHAPE} (VK_NV_cooperative_matrix; "
+              f"offered: {', '.join(dev.coop_shapes) or 'none'}): no coopmat rows")
         operands = tuple(p for p in operands if p != "coopmat")
     problems = {half: shapes(cfg, dev, half=half) for half in dict.fromkeys(p != "f32" for p in operands)}
     for name in problems[next(iter(problems))]:

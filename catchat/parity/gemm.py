@@ -8,7 +8,7 @@ import numpy as np
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 from catchat.vk.kernels import ceil_div, pack_half, run_ops
-from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm
+from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm, coopmat_runs
 
 
 def gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias=None) -> np.ndarray:
@@ -89,7 +89,7 @@ def _half_cases(dev: Device, rng) -> list[ParityResult]:
             out.append(gemm_case(dev, rng, 68, 36, 132, ta, tb, 0.0, False, vec4=True, half=True))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, half=True))
     out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, half=True))
-    if "cooperativeMatrixNV" in dev.features:  # tensor cores: sizes around the 64 x 64 tile and 16-deep k
+    if coopmat_runs(dev):  # tensor cores: sizes around the 64 x 64 tile and 16-deep k
         for M, N, K in ((1, 1, 1), (65, 33, 129), (128, 192, 64)):
             for ta in (False, True):
                 for tb in (False, True):

@@ -24,6 +24,15 @@ _KP_DTYPES = (np.float32, np.uint32, np.int32)
 # module attributes of the kp that `make setup` builds, one per patch in tools/kp-patches/
 KP_PATCH_MARKERS = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async", "catchat_device_features")
 FLOAT16_FEATURES = frozenset({"shaderFloat16", "storageBuffer16BitAccess"})
+# VkComponentTypeNV values, as kp patch 0005 reports cooperative-matrix shapes
+COMPONENT_TYPES = ("f16", "f32", "f64", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
+
+
+def coop_shape_name(shape) -> str:
+    """'16x16x16 f16*f16+f32->f32' for a [M, N, K, A, B, C, D] shape of kp patch 0005."""
+    m, n, k, *types = shape
+    a, b, c, d = (COMPONENT_TYPES[t] if t < len(COMPONENT_TYPES) else f"type{t}" for t in types)
+    return f"{m}x{n}x{k} {a}*{b}+{c}->{d}"
 
 
 def import_kp():
@@ -86,6 +95,7 @@ class Device:
     # optional Vulkan features and extensions the device was created with (kp patch 0005; none
     # with an unpatched kp): 16/8-bit storage, float16/int8 arithmetic, cooperativeMatrixNV, ...
     features: frozenset[str] = frozenset()
+    coop_shapes: tuple[str, ...] = ()  # cooperative-matrix shapes offered, as coop_shape_name gives them
 
     @property
     def runs_float16(self) -> bool:
@@ -189,7 +199,9 @@ def open_device(selector: str | int | None = None) -> Device:
         raise VulkanUnavailable(f"could not open Vulkan device {info.index} ({info.name}): {exc}",
                                 hint="check the driver with `vulkaninfo --summary`") from None
     features = getattr(manager, "catchat_enabled_features", lambda: [])()
-    return Device(info=info, manager=manager, kp=kp, features=frozenset(features))
+    shapes = getattr(manager, "catchat_cooperative_matrix_shapes", lambda: [])()
+    return Device(info=info, manager=manager, kp=kp, features=frozenset(features),
+                  coop_shapes=tuple(coop_shape_name(s) for s in shapes))
 
 
 def format_bytes(n: int) -> str:

@@ -104,6 +104,13 @@ class CoopTiles:
 
 
 COOP_TILE = CoopTiles()  # 64 x 64 on 4 subgroups: the first version, not yet measured
+COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
+
+
+def coopmat_runs(dev: Device) -> bool:
+    """Whether glsl/gemm_coopmat.comp can run on dev: VK_NV_cooperative_matrix enabled (kp patch
+    0005) with COOP_SHAPE among its shapes."""
+    return "cooperativeMatrixNV" in dev.features and COOP_SHAPE in dev.coop_shapes
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
@@ -238,9 +245,10 @@ class Gemm(Kernel):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         if half and "storageBuffer16BitAccess" not in dev.features:
             raise ValueError(f"a float16 GEMM needs 16-bit storage, which {dev.info.name} does not offer")
-        if coopmat and not (half and "cooperativeMatrixNV" in dev.features):
+        if coopmat and not (half and coopmat_runs(dev)):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True) and "
-                             f"VK_NV_cooperative_matrix, which {dev.info.name} does not offer")
+                             f"VK_NV_cooperative_matrix with {COOP_SHAPE} fragments; {dev.info.name} offers "
+                             f"{', '.join(dev.coop_shapes) or 'none'}")
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
