@@ -84,9 +84,13 @@ class ParamLayout:
         separates them)."""
         runs: list[tuple[int, int]] = []
         for s in self.specs:
-            if s.decay:
-                begin, end = self.offsets[s.name], self.offsets[s.name] + self.sizes[s.name]
-                runs[-1:] = [(runs[-1][0], end)] if runs and runs[-1][1] == begin else runs[-1:] + [(begin, end)]
+            if not s.decay:
+                continue
+            begin, end = self.offsets[s.name], self.offsets[s.name] + self.sizes[s.name]
+            if runs and runs[-1][1] == begin:
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((begin, end))
         return runs
 
     def decay_mask(self) -> np.ndarray:

@@ -134,7 +134,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True))
     out.append(gemm_case(dev, rng, 132, 68, 302, True, False, 1.0, True, split_k=3, tiles=GPU_SPLIT_K_TILE,
                          vec4=True))
-    if "storageBuffer16BitAccess" in dev.features:
+    if dev.runs_float16:
         out += _half_cases(dev, rng)
     for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
         out.append(colsum_case(dev, rng, M, N, splits))

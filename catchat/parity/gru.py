@@ -187,7 +187,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     reference's dW/db/dx via numpy."""
     out = []
     runs = [(c, 0, False) for c in CASES] + [(c, n, False) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
-    if "storageBuffer16BitAccess" in dev.features:
+    if dev.runs_float16:
         runs += [(c, n, True) for c, n in HALF_W_CASES]
     for i, ((T, B, H, tiles, clamp), n_wg, half) in enumerate(runs):
         case = make_case(T, B, H)

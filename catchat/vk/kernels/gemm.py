@@ -229,7 +229,7 @@ class Gemm(Kernel):
     vec4: read A and B as vec4s where their offsets, leading dimensions and contiguous extents are
     multiples of 4 (same results; False forces float loads, for tests and benchmarks).
     half: A and B hold float16 (uint32 tensors of `pack_half`; offsets and leading dimensions in
-    halves), widened on load: float32 products and sums, float32 C. Needs 16-bit storage.
+    halves), widened on load: float32 products and sums, float32 C. Needs `Device.runs_float16`.
     coopmat (with half): the products on cooperative matrices (glsl/gemm_coopmat.comp, tiles
     `COOP_TILE`): float16 x float16 on tensor cores, float32 sums; where the device has
     VK_NV_cooperative_matrix (`Device.features`).
@@ -243,8 +243,9 @@ class Gemm(Kernel):
                  split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True,
                  half: bool = False, coopmat: bool = False):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
-        if half and "storageBuffer16BitAccess" not in dev.features:
-            raise ValueError(f"a float16 GEMM needs 16-bit storage, which {dev.info.name} does not offer")
+        if half and not dev.runs_float16:
+            raise ValueError(f"a float16 GEMM needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
+                             "does not offer")
         if coopmat and not (half and coopmat_runs(dev)):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True) and "
                              f"VK_NV_cooperative_matrix with {COOP_SHAPE} fragments; {dev.info.name} offers "

@@ -444,10 +444,9 @@ class _Sweep(Kernel):
     backward = False
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
-    def _w_source(self, params, w_half, w_off: int) -> int:
-        """Check W_hh's buffer: params (floats) or, with w_half, a float16 copy (uint32 words of
-        `pack_half`, w_off in halves); returns the words params must hold for W_hh (0 with w_half)."""
-        self.w_half = w_half
+    def _whh_words(self, w_half, w_off: int) -> int:
+        """The words params must hold for W_hh: w_off + 3H*H, or 0 when W_hh comes from the float16
+        copy w_half (uint32 words of `pack_half`, w_off in halves), whose size is checked here."""
         if w_half is None:
             return w_off + 3 * self.H * self.H
         if 2 * w_half.size() < w_off + 3 * self.H * self.H:
@@ -468,8 +467,9 @@ class _Sweep(Kernel):
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
         if self.w_half is not None:
-            if "storageBuffer16BitAccess" not in dev.features:
-                raise ValueError(f"W_hh in float16 needs 16-bit storage, which {info.name} does not offer")
+            if not dev.runs_float16:
+                raise ValueError(f"W_hh in float16 needs float16 arithmetic and 16-bit storage, which "
+                                 f"{info.name} does not offer")
             defines, tensors = {**defines, "HALF_W": 1}, tensors + [self.w_half]
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
@@ -537,7 +537,7 @@ class GruForward(_Sweep):
     0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always one dispatch (the
     per-timestep path interleaves other work). w_half: W_hh read from this float16 copy instead
     (uint32 words of `pack_half`, w_off counted in halves; b_hh stays in params), on the tiled
-    shaders (HALF_W: the arithmetic stays float32); needs 16-bit storage.
+    shaders (HALF_W: the arithmetic stays float32); needs `Device.runs_float16`.
     """
 
     shader = "gru_forward"
@@ -547,7 +547,7 @@ class GruForward(_Sweep):
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
                  persistent: int | None = None, w_half=None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        w_words = self._w_source(params, w_half, w_off)
+        self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
         if hprev is o and hprev_off != o_off - state_rows(B, H):
@@ -606,7 +606,7 @@ class GruBackward(_Sweep):
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
                  w_half=None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        w_words = self._w_source(params, w_half, w_off)
+        self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         self.dgh_in_save = dgh is None
         if self.dgh_in_save:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
