@@ -221,8 +221,7 @@ class Comm:
         g = np.ascontiguousarray(grads, np.float32).ravel()
         n, N = g.size, self.size
         chunk = -(-n // N)
-        send = np.zeros(N * chunk, np.float32)
-        send[:n] = g
+        send = g if n == N * chunk else np.concatenate((g, np.zeros(N * chunk - n, np.float32)))
         recv = np.empty_like(send)
         arrived = time.perf_counter()
         self._wait(self.world.Ibarrier(), what)  # the wait for the slowest rank, not spinning

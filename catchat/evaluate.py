@@ -17,7 +17,6 @@ summation order).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,25 +46,18 @@ def evaluate_lanes(prog: Program, lanes: Lanes, n_windows: int, *, free_running:
     continues unchanged.
     """
     saved = prog.get_carry()
-    total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
-    if comm is None:
-        windows = ((w.tokens, w.targets, w.resets) for w in (lanes.window(0, i) for i in range(total)))
-        res = prog.evaluate_windows(windows, free_running=free_running)
-    else:
-        lo, hi = share
-        prog.set_carry(None)
-        sums = np.zeros(4, np.float64)  # loss sum, valid targets, top-1, top-5
-        for i in range(total):
-            w = lanes.window(0, i)
-            st = prog.eval_window(w.tokens[:, lo:hi], w.targets[:, lo:hi], w.resets[:, lo:hi],
-                                  free_running=free_running)
-            sums += (st.loss * st.n_valid, st.n_valid, st.top1, st.top5)
-        loss_sum, n_valid, top1, top5 = comm.sum_rows(sums, "adding up an evaluation")
-        loss = loss_sum / n_valid if n_valid else float("nan")
-        res = dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
-                   n_valid=int(n_valid), windows=total)
+    lo, hi = share if comm is not None else (0, None)
+    windows = ((w.tokens[:, lo:hi], w.targets[:, lo:hi], w.resets[:, lo:hi])
+               for w in (lanes.window(0, i) for i in range(windows_to_score(lanes, n_windows))))
+    reduce_sums = None if comm is None else (lambda sums: comm.sum_rows(sums, "adding up an evaluation"))
+    res = prog.evaluate_windows(windows, free_running=free_running, reduce_sums=reduce_sums)
     prog.set_carry(saved)
     return res
+
+
+def windows_to_score(lanes: Lanes, n_windows: int) -> int:
+    """The windows an eval of n_windows (0 = all) scores: at most one cycle's."""
+    return lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
 FORMATS = ("auto", "text", "jsonl")
 
 
@@ -179,7 +171,7 @@ def evaluate_set(dev, layout, flat_params: np.ndarray, data: EvalSet, *, max_lan
                   layout_id="eval")
     prog = Program(dev, layout, T, B, training=False)
     prog.set_params(flat_params)
-    total = lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
+    total = windows_to_score(lanes, n_windows)
     characters = 0
 
     def windows():

@@ -12,7 +12,7 @@ import time
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat.budget import Budget, checkpoint_guess
-from catchat.evaluate import evaluate_lanes
+from catchat.evaluate import evaluate_lanes, windows_to_score
 from catchat.schedule import TimedStep, interval_crossed
 
 
@@ -82,8 +82,7 @@ class BudgetedRun:
         forward = _timed_twice(lambda: evaluate_lanes(self.prog, lanes, 1))
         free = (_timed_twice(lambda: evaluate_lanes(self.prog, lanes, 1, free_running=True))
                 if self.cfg.eval.free_running else 0.0)
-        n = self.cfg.eval.eval_windows
-        windows = lanes.windows_per_cycle if n <= 0 else min(n, lanes.windows_per_cycle)
+        windows = windows_to_score(lanes, self.cfg.eval.eval_windows)
         per_char = _timed_twice(lambda: self._sample_texts(self.PROBE_CHARS)) / self.PROBE_CHARS if chars > 0 else 0.0
         costs.eval_probe_s = self.PROBE_SAFETY * (windows * (forward + free) + chars * per_char)
         costs.step_guess_s = 3 * self.cfg.data.micro_batches * forward

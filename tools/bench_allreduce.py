@@ -1,4 +1,4 @@
-"""Time catchat's gradient exchange (catchat.distributed.Comm.sum_grads: Alltoall, float64 sum in rank
+"""Time catchat's gradient exchange (catchat.distributed.Comm.sum_grads: Alltoall, float32 sum in rank
 order, Allgather) on host buffers of the size of each config's gradient, without a GPU:
 
     mpiexec -n 2 .venv/bin/python tools/bench_allreduce.py [CONFIG ...] [--repeat N]

@@ -238,7 +238,8 @@ class Program:
 
         Data parallelism (catchat/distributed.py): `n_valid` is the valid targets of the whole step on
         every rank (the loss's divisor); `reduce_grads(grads) -> grads` turns this program's gradient
-        sum (float32 [P], ParamLayout order) into the sum over ranks, between the micro-batches and the
+        sum (float32 [P], ParamLayout order: a view of the host staging memory, to read and not keep)
+        into a new array of the sum over ranks, between the micro-batches and the
         optimizer, which then applies the same step on every rank. The StepStats' loss, n_valid,
         top-1/5 and counters are then this program's share (the caller adds them up); the grad norm,
         clip scale and skip are the whole step's.
@@ -273,7 +274,7 @@ class Program:
         started = time.perf_counter()
         grads = self.buffers.grads
         self._sync([grads], False)
-        summed = reduce_grads(host_view(grads).copy())
+        summed = reduce_grads(host_view(grads))  # reads the view, returns a new array (no copy of P floats)
         self._put(grads, summed)
         self._sync([grads], True)
         self.reduce_s = time.perf_counter() - started
@@ -306,19 +307,19 @@ class Program:
             self._eval(self.seq_eval, "an evaluation window")
         return self._stats(n_valid)
 
-    def evaluate_windows(self, windows, *, free_running: bool = False) -> dict:
+    def evaluate_windows(self, windows, *, free_running: bool = False, reduce_sums=None) -> dict:
         """Plain cross-entropy over windows [(tokens, targets, resets) time-major [T,B]] in order,
         the state carried from one to the next, starting from zero: loss (nats/char), bpc, top-1 and
-        top-5 rates, valid targets, windows. Leaves the carried state where the windows end."""
+        top-5 rates, valid targets, windows. Leaves the carried state where the windows end.
+        reduce_sums(sums) -> sums: applied to the float64 sums [loss * targets, valid targets,
+        top-1, top-5] before the rates are taken (data parallelism: the sum over the ranks)."""
         self.set_carry(None)
-        loss_sum, n_valid, top1, top5, count = 0.0, 0, 0, 0, 0
+        sums, count = np.zeros(4, np.float64), 0
         for tokens, targets, resets in windows:
             st = self.eval_window(tokens, targets, resets, free_running=free_running)
-            loss_sum += st.loss * st.n_valid
-            n_valid += st.n_valid
-            top1 += st.top1
-            top5 += st.top5
+            sums += (st.loss * st.n_valid, st.n_valid, st.top1, st.top5)
             count += 1
-        loss = loss_sum / n_valid if n_valid else float("nan")
-        return dict(loss=loss, bpc=loss / math.log(2.0), top1=top1 / max(n_valid, 1), top5=top5 / max(n_valid, 1),
-                    n_valid=n_valid, windows=count)
+        loss_sum, n_valid, top1, top5 = sums if reduce_sums is None else reduce_sums(sums)
+        loss = float(loss_sum / n_valid) if n_valid else float("nan")
+        return dict(loss=loss, bpc=loss / math.log(2.0), top1=float(top1 / max(n_valid, 1)),
+                    top5=float(top5 / max(n_valid, 1)), n_valid=int(n_valid), windows=count)
