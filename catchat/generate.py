@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat import reference as ref
-from catchat import rng, vocab
+from catchat import vocab
 from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.vk import slots
@@ -85,22 +85,20 @@ def choose(logits: np.ndarray, s: Sampling, uniforms: np.ndarray, banned: np.nda
 
     <pad> and <bos> are never chosen, nor tokens `banned` [B, V] marks (reference.ngram_banned);
     uniforms [B] are the draws (rng.decode_uniforms for the device's)."""
+    return choose_with_margin(logits, s, uniforms, banned)[0]
+
+
+def choose_with_margin(logits: np.ndarray, s: Sampling, uniforms: np.ndarray,
+                       banned: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`choose` and each draw's distance to the nearest boundary (reference.sample_choice's margin:
+    parity compares choices exactly only where it is decisive)."""
     z = np.asarray(logits, np.float32)
     allowed = np.ones(z.shape, bool)
     allowed[:, [vocab.PAD, vocab.BOS]] = False
     if banned is not None:
         allowed &= ~np.asarray(banned, bool)
     return ref.sample_choice(z, uniforms, allowed, inv_temp=s.inv_temperature, top_k=s.top_k, top_p=s.top_p,
-                             greedy=s.is_greedy)[0]
-
-
-def derive_seed(seed: int, *parts: int) -> int:
-    """A 32-bit seed for one part of a run (a turn of a dialogue, a side of a chat) from the user's
-    seed: the parts hashed in with the project's mix32, so nearby seeds give unrelated draws."""
-    x = int(seed) & 0xFFFFFFFF
-    for part in parts:
-        x = int(rng.mix32(x ^ int(rng.mix32(int(part) & 0xFFFFFFFF))))
-    return x
+                             greedy=s.is_greedy)
 
 
 def stop_tokens(stop_at: Sequence[int] | None) -> list[int]:

@@ -77,7 +77,15 @@ def decode_uniforms(seed: int, streams, position):
     return rng_uniform(lane_seed, STREAM_DECODE, position)
 
 
+def derive_seed(seed: int, *parts: int) -> int:
+    """A 32-bit seed for one part of a run (a micro-batch, a turn of a dialogue, a side of a chat)
+    from a seed: each part hashed in as mix32(x ^ mix32(part)), so nearby seeds give unrelated draws."""
+    x = int(seed) & 0xFFFFFFFF
+    for part in parts:
+        x = int(mix32(x ^ int(mix32(int(part) & 0xFFFFFFFF))))
+    return x
+
+
 def step_seed(run_seed: int, global_step: int, micro_batch: int) -> int:
     """Per-micro-batch dropout seed: mix32(run_seed ^ mix32(global_step * 64 + micro_batch))."""
-    inner = int(mix32((global_step * 64 + micro_batch) & 0xFFFFFFFF))
-    return int(mix32((int(run_seed) & 0xFFFFFFFF) ^ inner))
+    return derive_seed(run_seed, global_step * 64 + micro_batch)

@@ -25,7 +25,8 @@ import numpy as np
 
 from catchat import vocab
 from catchat.errors import UsageError
-from catchat.generate import Generator, Sampling, derive_seed
+from catchat.generate import Generator, Sampling
+from catchat.rng import derive_seed
 
 DEFAULT_CONTEXT = 800  # tokens (= characters) of rolling context
 DEFAULT_TURN_LENGTH = 300  # most characters a model writes in one turn

@@ -23,8 +23,7 @@ call of on_tokens. --chunk (characters per submit) is passed only when given: by
 Generator chooses. Weights are random (init_params) but for a few rows that make <eos>
 unchoosable (`bench_params`): <eos> always ends a stream, the speed does not depend on the
 weights' values, and so every stream generates all `steps` characters (chars/s counts the
-characters actually produced; `short_streams` in --json says if any stream stopped early). Also
-reported: one `feed` of a token per stream (a T = 1 forward and the logits' read-back).
+characters actually produced; `short_streams` in --json says if any stream stopped early).
 
 With --compare-torch (torch importable; --torch-device, default cuda) the same architecture in
 PyTorch, default initialisation, eval mode and no_grad, TF32 off: nn.Embedding scaled by sqrt(H),

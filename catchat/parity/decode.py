@@ -16,7 +16,7 @@ import numpy as np
 from catchat import reference as ref
 from catchat import rng as crng
 from catchat import vocab
-from catchat.generate import Generator, Sampling, derive_seed
+from catchat.generate import Generator, Sampling, choose_with_margin
 from catchat.model import ModelSpec, ParamLayout, head_name, init_params
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
@@ -85,13 +85,9 @@ def _choice_case(dev, B, seed) -> list[ParityResult]:
         logits = (rng.standard_normal((B, spec.vocab_size)) * 3).astype(np.float32)
         logits[:, 7] = logits.max(axis=1)  # a tie at the top: the lower index wins
         gen.logits = logits
-        call_seed = derive_seed(seed, i)
+        call_seed = crng.derive_seed(seed, i)
         got = [o[0] for o in gen.generate(None, 1, s, seed=call_seed)]
-        allowed = np.ones(logits.shape, bool)
-        allowed[:, [vocab.PAD, vocab.BOS]] = False
-        u = crng.decode_uniforms(call_seed, np.arange(B), 0)
-        exp, margin = ref.sample_choice(logits, u, allowed, inv_temp=s.inv_temperature, top_k=s.top_k,
-                                        top_p=s.top_p, greedy=s.is_greedy)
+        exp, margin = choose_with_margin(logits, s, crng.decode_uniforms(call_seed, np.arange(B), 0))
         out.append(choices("decode choice", f"B={B} {s.describe()}", got, exp, margin))
     return out
 
@@ -110,12 +106,8 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
     for b, o in enumerate(outs):
         hb, lgb = h[:, b:b + 1].copy(), lg[b:b + 1]
         for n, tok in enumerate(o):
-            allowed = np.ones((1, spec.vocab_size), bool)
-            allowed[:, [vocab.PAD, vocab.BOS]] = False
-            if s.ngram_block:
-                allowed[0] &= ~ref.ngram_banned(o[:n], s.ngram_block, spec.vocab_size, stops)
-            c, m = ref.sample_choice(lgb, crng.decode_uniforms(seed, [b], n), allowed, inv_temp=s.inv_temperature,
-                                     top_k=s.top_k, top_p=s.top_p, greedy=s.is_greedy)
+            banned = ref.ngram_banned(o[:n], s.ngram_block, spec.vocab_size, stops)[None] if s.ngram_block else None
+            c, m = choose_with_margin(lgb, s, crng.decode_uniforms(seed, [b], n), banned)
             got.append(tok)
             exp.append(c[0])
             margin.append(m[0])

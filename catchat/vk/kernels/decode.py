@@ -28,14 +28,14 @@ def stream_tile(B: int) -> int:
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
-    `step(layer, parity)` for each layer."""
+    `step(layer, parity)` for each layer: one pipeline serves them all (the shader reads which
+    layer, the first one's input included, from the push constants)."""
 
     shader = "decode_layer"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
-                 first: bool):
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int):
         s = layout.spec
-        self.layout, self.B, self.H, self.L, self.first = layout, int(B), s.hidden, s.layers, first
+        self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
         sub = max(1, dev.info.subgroup_size)  # a subgroup per unit and stream tile
         # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
         # streams: eight, which share their stream tile's inputs through L1
@@ -44,7 +44,7 @@ class DecodeLayer(Kernel):
         self.tile = stream_tile(self.B)
         wgs = self.units_wgs * ceil_div(self.B, self.tile)
         super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
-                         spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0 if first else 1, 0),
+                         spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0, 0),
                          defines={"VEC4": 1} if self.H % 4 == 0 else None)
 
     def _push(self, layer: int, parity: int) -> tuple:
@@ -56,10 +56,7 @@ class DecodeLayer(Kernel):
                 float(math.sqrt(self.H)), float(s.norm_eps))
 
     def step(self, layer: int, parity: int):
-        """The dispatch of `layer` (layer 0 needs the kernel built with first=True) reading state half
-        `parity` and writing the other."""
-        if (layer == 0) != self.first:
-            raise ValueError(f"layer {layer} needs the DecodeLayer built with first={layer == 0}")
+        """The dispatch of `layer` reading state half `parity` and writing the other."""
         return self.op(*self._push(layer, parity))
 
 

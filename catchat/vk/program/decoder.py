@@ -58,8 +58,7 @@ class Decoder:
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
         common = (prog.layout, b.params, b.table0, self.state, self.ysum, self.token, self.ctl)
-        self.layer0 = DecodeLayer(dev, *common, B=B, first=True)
-        self.layers = DecodeLayer(dev, *common, B=B, first=False) if L > 1 else None
+        self.layer = DecodeLayer(dev, *common, B=B)
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, self.logits, self.ctl, B=B)
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
@@ -68,7 +67,7 @@ class Decoder:
         from_carry, to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token]
         self.seq_start = sq.record_decode_start(dev, inputs, from_carry, samplers[0], [self.outs[0]])
-        self.seq_chunks = [sq.record_decode_chunk(dev, self.layer0, self.layers, self.head, s, to_carry, self.K,
+        self.seq_chunks = [sq.record_decode_chunk(dev, self.layer, self.head, s, to_carry, self.K,
                                                   [out, self.logits]) for s, out in zip(samplers[1:], self.outs[1:])]
         self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
 
@@ -128,7 +127,7 @@ class Decoder:
         advance (GPU timestamps; each time includes the dispatch's wait for the one before it)."""
         names = [f"layer {l}" for l in range(self.spec.layers)] + ["head", "choice"]
         ops = [op for k in range(2 * max(1, steps // 2))
-               for op in sq.decode_step_ops(self.layer0, self.layers, self.head, self.samplers[1], k)]
+               for op in sq.decode_step_ops(self.layer, self.head, self.samplers[1], k % self.K)]
         cfg = np.zeros(slots.DC_WORDS, np.uint32)  # every stream live and sampling: what a call costs
         cfg[slots.DC_LENGTH] = len(ops)
         cfg[slots.DC_INV_TEMP] = slots.f32_bits(1.0)

@@ -106,21 +106,18 @@ def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels)
 
 
 # ----------------------------------------------------------------------------- decode
-def decode_step_ops(layer0, layers, head, sample, k: int) -> list:
+def decode_step_ops(layer, head, sample, k: int) -> list:
     """Decode step k of a chunk: every layer (state half k % 2 -> the other), the head, and the
     choice of the next token into row k of the chunk's output."""
-    parity = k % 2
-    ops = [layer0.step(0, parity)]
-    ops += [layers.step(l, parity) for l in range(1, layer0.L)]
-    return ops + [head.step(), sample.choose(k)]
+    return [layer.step(l, k % 2) for l in range(layer.L)] + [head.step(), sample.choose(k)]
 
 
-def record_decode_chunk(dev: Device, layer0, layers, head, sample, to_carry, K: int, download: list) -> Sequence:
+def record_decode_chunk(dev: Device, layer, head, sample, to_carry, K: int, download: list) -> Sequence:
     """K decode steps (K even: the state ends in half 0, where the next chunk starts), then the
     state copied to the Program's carry (so a batched prefill continues from it) and `download`."""
     if K < 2 or K % 2:
         raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
-    ops = [op for k in range(K) for op in decode_step_ops(layer0, layers, head, sample, k)]
+    ops = [op for k in range(K) for op in decode_step_ops(layer, head, sample, k)]
     return dev.recorded(ops + [to_carry(1.0, 0.0)], [], download)
 
 
