@@ -37,7 +37,6 @@ def run_smoke_kernel(dev, n: int = 1000, seed: int = 0, half: bool = False) -> f
     return float(np.abs(got.astype(np.float64) - want).max())
 
 
-HALF_TOLERANCE = 4e-3  # two float16 roundings at |y| < 8 (a fused multiply-add rounds once)
 
 
 def half_precision_check(dev, label: str) -> Check:
@@ -53,7 +52,9 @@ def half_precision_check(dev, label: str) -> Check:
     if not dev.runs_float16:
         return Check(f"{label} half precision", True, f"offers {', '.join(have)}: no float16 kernels here")
     err = run_smoke_kernel(dev, half=True)
-    return Check(f"{label} half precision", err <= HALF_TOLERANCE,
+    from catchat.vk.kernels import Axpby
+
+    return Check(f"{label} half precision", err <= Axpby.HALF_ATOL,
                  f"{', '.join(have)}; float16 axpby max abs error {err:.1e}",
                  "this device's float16 arithmetic is wrong: update its driver")
 

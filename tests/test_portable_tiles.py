@@ -30,7 +30,14 @@ def no_user_cache(tmp_path, monkeypatch):
 
 
 def test_the_warps_per_sm_field_changes_no_choice():
+    """Tiles do not read warps per SM; the co-residency check of the sweep plans does: with the
+    H200's reported 64 warps, every v3/v5-like sweep plans as with the field unknown."""
     assert choices(HOPPER) == choices(H200)
+    for B, H in ((64, 512), (32, 2048), (1, 512), (4, 64)):
+        for backward in (False, True):
+            hopper, h200 = (gru.plan_sweep(fake(i), B, H, backward) for i in (HOPPER, H200))
+            assert (hopper.tiles, hopper.resident) == (h200.tiles, h200.resident), (B, H, backward)
+            assert hopper.resident == 132 and hopper.residency.ok, (B, H, backward, hopper.residency)
 
 
 def test_an_unknown_sm_count_falls_back_to_the_measured_devices_counts():

@@ -39,7 +39,7 @@ def _half_checks(dev: Device, rng) -> list[ParityResult]:
         tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
         (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=True)(0.5, 2.0, -1.0)], [ty])
         want = axpby_reference(x, y, 0.5, 2.0, -1.0, dtype=np.float16)
-        out.append(compare("axpby float16", str(n), unpack_half(got, n), want, 4e-3, 2e-3))
+        out.append(compare("axpby float16", str(n), unpack_half(got, n), want, Axpby.HALF_ATOL, 2e-3))
     n = 101
     x, y = np.full(n, np.nan, np.float16), np.full(n, np.inf, np.float16)
     tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)

@@ -21,6 +21,12 @@ def ceil_div(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+def device_sms(dev: Device) -> int:
+    """The GPU's SM count where its driver reports it (VK_NV_shader_sm_builtins), else 0 (and 0
+    on a CPU device, which may run one workgroup at a time)."""
+    return dev.info.compute_units if dev.info.type != "CPU" else 0
+
+
 class Kernel:
     """One compiled shader bound to fixed tensors, workgroup counts and specialization constants."""
 
@@ -67,6 +73,7 @@ class Axpby(Kernel):
 
     shader = "axpby"
     WORKGROUP = 64
+    HALF_ATOL = 4e-3  # float16 results against numpy's: two float16 roundings at |y| < 8 (an FMA rounds once)
 
     def __init__(self, dev: Device, x, y, n: int, half: bool = False):
         self.n = int(n)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from catchat.vk import tiles, tune
 from catchat.vk.device import Device
-from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.kernels import Kernel, ceil_div, device_sms
 
 MAX_GROUPS = 65535  # the smallest maxComputeWorkGroupCount Vulkan allows per dimension
 
@@ -130,17 +130,13 @@ def gemm_candidates(dev: Device) -> list[GemmTiles]:
     return out
 
 
-def _cus(dev: Device) -> int:
-    """The device's SM count (0: unknown, or a CPU device)."""
-    return dev.info.compute_units if dev.info.type != "CPU" else 0
-
 
 def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
     """The tables' choice (tiles.GEMM_ROWS, the device family's row): the large (or split-K) tile
     where the grid of 128x128 tiles reaches the row's fill count, scaled to this device's SMs
     (the measured device's count where the driver does not tell), else the small tile."""
     row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
-    fill = tiles.scaled_workgroups(row.fill_workgroups, _cus(dev), row.measured_cus)
+    fill = tiles.scaled_workgroups(row.fill_workgroups, device_sms(dev), row.measured_cus)
     if row.fill_workgroups and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= fill:
         return GemmTiles(*(row.split_k if split_k > 1 else row.large))
     return GemmTiles(*row.small)
@@ -175,7 +171,7 @@ def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int =
     if not _is_gpu(dev):
         return 1
     row = tiles.gemm_row(dev.info.name, True)
-    target = tiles.scaled_workgroups(row.split_k_workgroups, _cus(dev), row.measured_cus)
+    target = tiles.scaled_workgroups(row.split_k_workgroups, device_sms(dev), row.measured_cus)
     s = ceil_div(target, ceil_div(M, 128) * ceil_div(N, 128))
     return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
 
@@ -344,7 +340,7 @@ def colsum_splits(dev: Device, M: int, N: int) -> int:
     if not _is_gpu(dev):
         return 1
     row = tiles.gemm_row(dev.info.name, True)
-    target = tiles.scaled_workgroups(row.colsum_workgroups, _cus(dev), row.measured_cus)
+    target = tiles.scaled_workgroups(row.colsum_workgroups, device_sms(dev), row.measured_cus)
     cols = ceil_div(N, colsum_geometry(dev)[0])
     return max(1, min(ceil_div(target, cols), M // 512))
 

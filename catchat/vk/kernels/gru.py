@@ -38,7 +38,7 @@ import numpy as np
 from catchat.errors import UsageError
 from catchat.vk import slots, tiles, tune
 from catchat.vk.device import Device, pack_push
-from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.kernels import Kernel, ceil_div, device_sms
 from catchat.vk.occupancy import Residency, co_residency
 from catchat.vk.shaders import compile_shader
 
@@ -310,20 +310,27 @@ def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident
     return co_residency(info, sweep_workgroups(resident, n_tiles), nt, nbytes, regs, tile_row(dev).register_file)
 
 
-def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | None = None, tiles=None) -> SweepPlan:
+def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | None = None, tiles=None,
+               tiled: bool = False) -> SweepPlan:
     """The tiles and mode of a sweep. `persistent` given (a caller's count) or CATCHAT_PERSISTENT set:
     that many workgroups, unchecked (the caller vouches; the barrier's timeout guard still reports a
     failure). Else one per SM, if the persistent dispatch is shown co-resident from the device's
-    limits (`sweep_residency`); where it is not, one dispatch per step, with per-step tiles."""
+    limits (`sweep_residency`); where it is not, one dispatch per step, with per-step tiles.
+    tiled: the tiled shaders' tables only (`tiled_tiles`: W_hh streamed, never register-resident)."""
+    def pick(resident: int):
+        if tiles is not None:
+            return tiles
+        return tiled_tiles(dev, B, H, backward, resident) if tiled else default_tiles(dev, B, H, backward, resident)
+
     forced = persistent is not None or bool(os.environ.get("CATCHAT_PERSISTENT", "").strip())
     resident = resident_workgroups(dev) if persistent is None else int(persistent)
-    chosen = default_tiles(dev, B, H, backward, resident) if tiles is None else tiles
+    chosen = pick(resident)
     if not resident or forced:
         return SweepPlan(chosen, resident, None)
     res = sweep_residency(dev, chosen, B, H, backward, resident)
     if res.ok:
         return SweepPlan(chosen, resident, res)
-    return SweepPlan(default_tiles(dev, B, H, backward, 0) if tiles is None else tiles, 0, res)
+    return SweepPlan(pick(0), 0, res)
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0) -> tuple[str, dict]:
@@ -349,12 +356,6 @@ def resident_workgroups(dev: Device) -> int:
             raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
                              hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
     return device_sms(dev)
-
-
-def device_sms(dev: Device) -> int:
-    """The GPU's SM count where its driver reports it (VK_NV_shader_sm_builtins), else 0 (and 0
-    on a CPU device, which may run one workgroup at a time)."""
-    return dev.info.compute_units if dev.info.type != "CPU" else 0
 
 
 def sweep_workgroups(resident: int, n_tiles: int) -> int:
@@ -459,11 +460,9 @@ class _Sweep(Kernel):
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
         gru_*_resident.comp). W_hh in float16 (w_half) runs on the tiled shaders (HALF_W)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
-        plan = plan_sweep(dev, B, H, backward, persistent, tiles)
+        plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None)
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
-            if tiles is not None:
-                raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
-            plan = plan_sweep(dev, B, H, backward, persistent, tiled_tiles(dev, B, H, backward, plan.resident))
+            raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
         if self.w_half is not None:
@@ -607,8 +606,7 @@ class GruBackward(_Sweep):
                  w_half=None):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
-        self.dgh_in_save = dgh is None
-        if self.dgh_in_save:  # dGh over r, z, n of each save row
+        if dgh is None:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
         else:
             self.dgh_ld = 3 * H
