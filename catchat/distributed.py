@@ -46,22 +46,24 @@ class RankLost(CatchatError):
     exit_code = 1
 
 
-def launched_size(environ=os.environ) -> int:
-    """The number of ranks a launcher (mpiexec, mpirun, srun) started, from its environment; 1 without one."""
-    for var in SIZE_VARS:
-        value = environ.get(var, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 1
-
-
-def local_rank_env(environ=os.environ) -> int | None:
-    """This process's rank on its host as the launcher says it (None: not said)."""
-    for var in LOCAL_RANK_VARS:
+def _env_int(names, environ) -> int | None:
+    """The first of the environment variables `names` that holds a number (None: none does)."""
+    for var in names:
         value = environ.get(var, "").strip()
         if value.isdigit():
             return int(value)
     return None
+
+
+def launched_size(environ=os.environ) -> int:
+    """The number of ranks a launcher (mpiexec, mpirun, srun) started, from its environment; 1 without one."""
+    size = _env_int(SIZE_VARS, environ)
+    return 1 if size is None else size
+
+
+def local_rank_env(environ=os.environ) -> int | None:
+    """This process's rank on its host as the launcher says it (None: not said)."""
+    return _env_int(LOCAL_RANK_VARS, environ)
 
 
 def lane_share(lanes: int, size: int, rank: int) -> tuple[int, int]:

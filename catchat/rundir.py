@@ -143,7 +143,7 @@ def _split(path: Path, step: int) -> tuple[list[bytes], list[bytes]]:
     placed, keep, rest = _placed(path), [], []
     for n, line in enumerate(_lines(path), 1):
         s = placed.get(n)
-        if s == -1 and n == 1 and path.suffix == ".csv":
+        if s == -1 and n == 1:  # the metrics header (_placed puts it at step -1)
             continue
         (rest if step < 0 or (s is not None and s > step) else keep).append(line)
     return keep, rest

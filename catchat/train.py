@@ -169,11 +169,9 @@ class Trainer(BudgetedRun, RankedRun):
         self.spec = cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)
         self.layout = ParamLayout(self.spec)
         B = cfg.data.batch_lanes
-        if self.comm is None:
-            self.shares = [(0, B)]
-        else:
-            self.shares = [distributed.lane_share(B, self.comm.size, r) for r in range(self.comm.size)]
-        self.share = self.shares[0 if self.comm is None else self.comm.rank]
+        size, rank = (1, 0) if self.comm is None else (self.comm.size, self.comm.rank)
+        self.shares = [distributed.lane_share(B, size, r) for r in range(size)]
+        self.share = self.shares[rank]
         lo, hi = self.share
         self.prog = Program(self.dev, self.layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
                             lane_offset=lo, lanes_total=B)
@@ -215,13 +213,17 @@ class Trainer(BudgetedRun, RankedRun):
         """The eval split's lanes: for interval evals, and for the eval a time-budgeted run ends with
         (which therefore needs an eval split); None when neither asks for them."""
         cfg = self.cfg
-        if cfg.train.time_budget_s > 0:
-            if len(self.corpus.split(cfg.data.eval_fraction, cfg.data.max_conversations).eval) == 0:
-                raise UsageError(f"a time-budgeted run ends with an eval, and the eval split of {self.corpus.path} is "
-                                 f"empty (data.eval_fraction = {cfg.data.eval_fraction:g})",
-                                 'set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")')
+        budgeted = cfg.train.time_budget_s > 0
+        if not budgeted and cfg.eval.eval_every_seqs <= 0:
+            return None
+        try:
             return Lanes.from_config(self.corpus, cfg, "eval")
-        return Lanes.from_config(self.corpus, cfg, "eval") if cfg.eval.eval_every_seqs > 0 else None
+        except UsageError as exc:  # Lanes' own refusal of an empty eval split, said for a budgeted run
+            if not budgeted:
+                raise
+            raise UsageError("a time-budgeted run ends with an eval, and " + exc.message,
+                             'set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")'
+                             ) from None
 
     def _fresh(self):
         flat = self.layout.flatten(init_params(self.spec, self.cfg.train.seed))
@@ -564,10 +566,7 @@ class Trainer(BudgetedRun, RankedRun):
         except DeviceLost as exc:  # nothing on the device can be read back: no final checkpoint
             self._failed(f"device lost: {exc.message}")
             raise DeviceLost(exc.message, hint=self._resume_hint()) from None
-        except CheckpointWriteError as exc:
-            self._failed(exc.message)
-            raise
-        except distributed.RankLost as exc:  # another rank died or hangs: this one can only stop
+        except (CheckpointWriteError, distributed.RankLost) as exc:  # RankLost: another rank died or hangs
             self._failed(exc.message)
             raise
         except OSError as exc:  # metrics.csv / events.jsonl: disk full, quota, permissions

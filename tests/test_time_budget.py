@@ -79,6 +79,8 @@ def test_plan_step_progress_never_goes_back_and_stays_below_one():
     assert p.progress == 0.5 and not p.last  # an estimate moved the deadline later: the lr holds
     p = plan_step(PLAN, now_s=97.0, step_s=0.5, after_s=0.0, global_step=5, prev_progress=0.2)
     assert not p.last and p.progress < 1.0
+    p = plan_step(PLAN, now_s=100.0, step_s=None, after_s=0.0, global_step=5)  # at the deadline, no step time
+    assert not p.last and p.progress < 1.0  # the clamp below 1: only the last step gets lr_min
 
 
 def test_plan_step_with_a_step_cap_and_no_step_time():
@@ -158,6 +160,11 @@ def test_process_age_is_plausible():
     age = budgetmod.process_age_s()
     assert 0.0 <= age < 24 * 3600
     assert budgetmod.process_start() <= time.monotonic()
+    # a process that has lived 0.3 s says so (the fallback 0.0 would not: /proc parsed right)
+    code = "import time; time.sleep(0.3); from catchat.budget import process_age_s; print(process_age_s())"
+    aged = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                cwd=ROOT).stdout)
+    assert 0.3 <= aged < 30
 
 
 # ------------------------------------------------------------------------------ config

