@@ -29,7 +29,7 @@ from catchat.model import ParamLayout, init_params
 from catchat.vk import slots
 from catchat.vk import tune as tunecache
 from catchat.vk.device import host_view
-from catchat.vk.kernels import Axpby, gemm, gru, run_ops
+from catchat.vk.kernels import Axpby, gemm, gru, pack_half, run_ops
 
 TORCH_MODES = (("fp32", "FP32 (TF32 off)"), ("tf32", "TF32"), ("amp_fp16", "AMP fp16"), ("amp_bf16", "AMP bf16"))
 
@@ -330,6 +330,41 @@ def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
     return gru.table_tiles(*args), gru.sweep_candidates(*args)
 
 
+class SweepCase:
+    """Buffers of one B x H recurrent sweep of T steps on random weights (no resets), in the program's
+    layout (o holds the state sequence, dGh goes over save), and its sweeps over `persistent`
+    workgroups; `half`: W_hh from a float16 copy (HALF_W). The tuner's and tools/bench_gru.py's."""
+
+    def __init__(self, dev, B: int, H: int, T: int, persistent: int):
+        rng = np.random.default_rng(0)
+        self.dev, self.B, self.H, self.T, self.persistent = dev, B, H, T, persistent
+        t = dev.tensor
+        w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
+        self.params = t(w)
+        self.w16 = t(pack_half(w[:3 * H * H]), np.uint32)
+        self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
+        self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
+        self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
+        self.resets = t(np.zeros(T * B, np.uint32), np.uint32)
+        self.o = t((T + 1) * B * H)  # rows [0, T) hprev, [1, T+1) the outputs (catchat/vk/program/plan.py)
+        self.save = t(T * B * 4 * H)
+        self.dgi = t(T * B * 3 * H)
+        self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
+        self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
+        run_ops(dev, [self.params, self.w16, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [])
+
+    def forward(self, tiles, half: bool = False):
+        return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.o, self.save,
+                              self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
+                              o_off=gru.state_rows(self.B, self.H), tiles=tiles, persistent=self.persistent,
+                              w_half=self.w16 if half else None)
+
+    def backward(self, tiles, half: bool = False):
+        return gru.GruBackward(self.dev, self.do, self.save, self.o, self.resets, self.params, self.hyper,
+                               self.dgi, None, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
+                               tiles=tiles, persistent=self.persistent, w_half=self.w16 if half else None)
+
+
 class Measurer:
     """Times tile candidates on random operands, one buffer set per shape; `__call__(kind, shape,
     tiles)` gives seconds per run (a GEMM recorded `gemm_repeat` times in one sequence, a sweep of
@@ -341,8 +376,8 @@ class Measurer:
         self.rng = np.random.default_rng(0)
         self.shape_key, self.bufs, self.reference = None, None, None
 
-    def _tensor(self, n: int, scale: float = 1.0):
-        return self.dev.tensor((scale * self.rng.standard_normal(max(1, n))).astype(np.float32))
+    def _tensor(self, n: int):
+        return self.dev.tensor(self.rng.standard_normal(max(1, n)).astype(np.float32))
 
     def _setup(self, kind: str, shape: dict):
         key = (kind, tuple(sorted(shape.items())))
@@ -355,25 +390,10 @@ class Measurer:
                              work=dev.tensor(max(1, shape["split_k"] * M * N), kind="storage"))
             dev.upload([self.bufs[n] for n in "abc"])
             return
-        B, H, T = shape["B"], shape["H"], self.steps
-        t = self._tensor
-        b = dict(params=t(3 * H * H + 3 * H, 1 / math.sqrt(H)), gi=t(T * B * 3 * H), do=t(T * B * H, 0.01),
-                 h0=t(B * H), hT=t(B * H), dh0=t(B * H), o=t((T + 1) * B * H), save=t(T * B * 4 * H),
-                 dgi=t(T * B * 3 * H),
-                 resets=dev.tensor(np.zeros(T * B, np.uint32), np.uint32),
-                 hyper=dev.tensor(np.zeros(slots.HP_WORDS, np.uint32), np.uint32),
-                 stats=dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32))
-        dev.upload(list(b.values()))
-        self.bufs = b
+        case = SweepCase(dev, shape["B"], shape["H"], self.steps, shape["resident"])
+        self.bufs = dict(case=case, stats=case.stats)
         if shape["backward"]:  # the backward reads the save and state sequence of a forward sweep
-            run_ops(dev, [], self._forward(shape, None).sweep_ops(), [b["o"]])
-
-    def _forward(self, shape, tiles):
-        b, H = self.bufs, shape["H"]
-        # the program's layout: o holds the state sequence, rows [0, T) hprev (catchat/vk/program/plan.py)
-        return gru.GruForward(self.dev, b["gi"], b["params"], b["h0"], b["resets"], b["o"], b["o"], b["save"],
-                              b["hT"], T=self.steps, B=shape["B"], H=H, w_off=0, b_off=3 * H * H,
-                              o_off=gru.state_rows(shape["B"], H), tiles=tiles, persistent=shape["resident"])
+            run_ops(dev, [], case.forward(None).sweep_ops(), [case.o])
 
     def _kernel(self, kind: str, shape: dict, tiles):
         """(ops to time, the output tensor)."""
@@ -383,12 +403,10 @@ class Measurer:
             k = gemm.Gemm(self.dev, (b["a"], 0, M if ta else K), (b["b"], 0, K if tb else N), (b["c"], 0, N),
                           M, N, K, trans_a=ta, trans_b=tb, split_k=shape["split_k"], tiles=tiles, workspace=b["work"])
             return k.ops(), b["c"]
+        case = b["case"]
         if not shape["backward"]:
-            return self._forward(shape, tiles).sweep_ops(), b["o"]
-        k = gru.GruBackward(self.dev, b["do"], b["save"], b["o"], b["resets"], b["params"], b["hyper"], b["dgi"],
-                            None, b["dh0"], b["stats"], T=self.steps, B=shape["B"], H=shape["H"], w_off=0,
-                            tiles=tiles, persistent=shape["resident"])
-        return k.sweep_ops(), b["dgi"]
+            return case.forward(tiles).sweep_ops(), case.o
+        return case.backward(tiles).sweep_ops(), case.dgi
 
     def __call__(self, kind: str, shape: dict, tiles) -> float | None:
         self._setup(kind, shape)

@@ -30,9 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catchat import bench  # noqa: E402
-from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
-from catchat.vk.kernels import gru, pack_half, run_ops  # noqa: E402
+from catchat.vk.kernels import gru, run_ops  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
 
@@ -79,41 +78,7 @@ def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> l
     return out
 
 
-class Case:
-    """Buffers of one B x H sweep of T steps (random weights, no resets)."""
-
-    def __init__(self, dev, B: int, H: int, T: int, persistent: int):
-        rng = np.random.default_rng(0)
-        self.dev, self.B, self.H, self.T, self.persistent = dev, B, H, T, persistent
-        t = dev.tensor
-        w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
-        self.params = t(w)
-        self.w16 = t(pack_half(w[:3 * H * H]), np.uint32)  # W_hh as float16, for HALF_W
-        self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
-        self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
-        self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
-        self.resets = t(np.zeros(T * B, np.uint32), np.uint32)
-        self.o = t((T + 1) * B * H)  # the program's layout: rows [0, T) hprev, [1, T+1) the outputs
-        self.save = t(T * B * 4 * H)  # dGh is written over it (GruBackward(dgh=None))
-        self.dgi = t(T * B * 3 * H)
-        self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
-        self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
-        inputs = [self.params, self.w16, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats]
-        run_ops(dev, inputs, [], [self.h0])
-
-    def forward(self, tiles, half: bool = False):
-        return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.o, self.save,
-                              self.hT, T=self.T, B=self.B, H=self.H, w_off=0, b_off=3 * self.H * self.H,
-                              o_off=gru.state_rows(self.B, self.H), tiles=tiles, persistent=self.persistent,
-                              w_half=self.w16 if half else None)
-
-    def backward(self, tiles, half: bool = False):
-        return gru.GruBackward(self.dev, self.do, self.save, self.o, self.resets, self.params, self.hyper,
-                               self.dgi, None, self.dh0, self.stats, T=self.T, B=self.B, H=self.H, w_off=0,
-                               tiles=tiles, persistent=self.persistent, w_half=self.w16 if half else None)
-
-
-def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
+def time_sweep(case: bench.SweepCase, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
     """Median microseconds per step of one recorded sweep of `steps` steps, and its output (NaN
     first: a kernel that writes nothing cannot pass as a match)."""
     host_view(out)[:] = np.nan
@@ -124,7 +89,7 @@ def time_sweep(case: Case, kernel, ops, out, reps: int, steps: int) -> tuple[flo
 
 
 def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int, half_whh: bool = False) -> dict:
-    case = Case(dev, B, H, T, persistent)
+    case = bench.SweepCase(dev, B, H, T, persistent)
     best = {}
     for backward in (False, True):
         cands = candidates(dev, B, H, backward, n_max, persistent)
