@@ -133,18 +133,14 @@ def sweep_modes(prog) -> list[dict]:
     kernels = [(f"L{l} forward", k) for l, k in enumerate(prog.fwd.gru)]
     if prog.bwd is not None:
         kernels += [(f"L{l} backward", lay.gru) for l, lay in enumerate(prog.bwd.layers)]
-    import os
-
-    from catchat.vk.occupancy import co_residency
-
-    forced = os.environ.get("CATCHAT_PERSISTENT", "").strip()
+    forced = gru.persistent_override()
     for name, k in kernels:
         res = getattr(k, "residency", None)
         why = res.reason if res else None
-        if why is None and forced:
+        if why is None and forced is not None:
             why = f"CATCHAT_PERSISTENT={forced}"
         elif why is None and not k.sweep_workgroups:
-            why = co_residency(prog.dev.info, 2, 1, 0).reason  # why persistent sweeps are off on this device
+            why = gru.per_step_reason(prog.dev)  # why persistent sweeps are off on this device
         out.append(dict(sweep=name, shader=k.shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
                         residency=why))
     return out

@@ -75,24 +75,20 @@ def host_views_work(dev, n: int = 257) -> bool:
 
 def sweep_check(dev, label: str) -> Check:
     """How recurrent sweeps will run on `dev` (CATCHAT_PERSISTENT, the SM count, co-residency)."""
-    import os
-
-    from catchat.vk.kernels.gru import resident_workgroups
-    from catchat.vk.occupancy import co_residency
+    from catchat.vk.kernels.gru import per_step_reason, persistent_override, resident_workgroups
 
     try:
         n = resident_workgroups(dev)
     except CatchatError as e:
         return Check(f"{label} sweeps", False, e.message, e.hint or "")
     info = dev.info
-    if os.environ.get("CATCHAT_PERSISTENT", "").strip():
+    if persistent_override() is not None:
         how = (f"one persistent dispatch per sweep, up to {n} workgroups (forced by CATCHAT_PERSISTENT: "
                "co-residency not checked; the barrier's timeout guard reports a failure)") if n else \
             "one dispatch per timestep (CATCHAT_PERSISTENT=0)"
         return Check(f"{label} sweeps", True, how)
     if not n:
-        why = co_residency(info, 2, 1, 0).reason  # why two workgroups are not shown co-resident here
-        return Check(f"{label} sweeps", True, f"one dispatch per timestep: {why}")
+        return Check(f"{label} sweeps", True, f"one dispatch per timestep: {per_step_reason(dev)}")
     warps = f"{info.warps_per_cu} warps per SM" if info.warps_per_cu else "warps per SM unknown"
     return Check(f"{label} sweeps", True,
                  f"one persistent dispatch per sweep, up to {n} workgroups (one per SM) where each sweep's dispatch "

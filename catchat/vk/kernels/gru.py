@@ -322,7 +322,7 @@ def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | No
             return tiles
         return tiled_tiles(dev, B, H, backward, resident) if tiled else default_tiles(dev, B, H, backward, resident)
 
-    forced = persistent is not None or bool(os.environ.get("CATCHAT_PERSISTENT", "").strip())
+    forced = persistent is not None or persistent_override() is not None
     resident = resident_workgroups(dev) if persistent is None else int(persistent)
     chosen = pick(resident)
     if not resident or forced:
@@ -348,14 +348,26 @@ def resident_workgroups(dev: Device) -> int:
     CATCHAT_PERSISTENT=0 turns persistent sweeps off, =N forces N workgroups; by default one per
     SM where the driver reports the SM count (VK_NV_shader_sm_builtins), else off.
     """
+    forced = persistent_override()
+    return device_sms(dev) if forced is None else forced
+
+
+def persistent_override() -> int | None:
+    """CATCHAT_PERSISTENT as a workgroup count (0: a dispatch per step), None where it is not set."""
     env = os.environ.get("CATCHAT_PERSISTENT", "").strip()
-    if env:
-        try:
-            return max(0, int(env))
-        except ValueError:
-            raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
-                             hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
-    return device_sms(dev)
+    if not env:
+        return None
+    try:
+        return max(0, int(env))
+    except ValueError:
+        raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
+                         hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
+
+
+def per_step_reason(dev: Device) -> str:
+    """Why this device runs sweeps a dispatch per step when nothing forces it: two workgroups are
+    not shown co-resident from its limits (catchat/vk/occupancy.py)."""
+    return co_residency(dev.info, 2, 1, 0).reason
 
 
 def sweep_workgroups(resident: int, n_tiles: int) -> int:
