@@ -138,11 +138,12 @@ class Dialogue:
 
         def show(rows):  # a chunk [k, 1] of tokens; <pad> once the reply has stopped
             for t in rows[:, 0].tolist():
-                if on_token is not None and t not in stops and t != vocab.PAD:
+                if t not in stops and t != vocab.PAD:
                     on_token(t)
 
         unfed = np.asarray(self._ctx[self._fed:], np.uint32)  # fed by the same call that samples
-        out = self.gen.generate(unfed, length, sampling, seed, stop_at=stops, on_tokens=show)[0]
+        out = self.gen.generate(unfed, length, sampling, seed, stop_at=stops,
+                                on_tokens=show if on_token is not None else None)[0]
         stop = {vocab.TURN: "turn", vocab.EOS: "eos"}.get(out[-1], "length")
         ids = out[:-1] if stop != "length" else out
         turn = Turn(speaker, ids, stop)

@@ -98,8 +98,9 @@ class DecodeSample(Kernel):
         self.B, self.V, self.cap = int(B), s.vocab_size, int(history_cap)
         sub = max(1, dev.info.subgroup_size)
         self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
+        self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS)  # push constants after k
         super().__init__(dev, [logits, token, ctl, cfg, forced, history, out], [self.B], spec=[self.workgroup],
-                         push=(0, self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS))
+                         push=(0, *self._fixed))
 
     def choose(self, k: int):
-        return self.op(k, self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS)
+        return self.op(k, *self._fixed)

@@ -233,6 +233,7 @@ def sweep_candidates(dev: Device, B: int, H: int, backward: bool, resident: int)
     that fit `resident`, then the per-step ones. What `catchat bench --tune` measures, and what a
     cached choice must be one of."""
     info, row, out = dev.info, tile_row(dev), []
+    limits = (info.max_workgroup_invocations, info.max_shared_memory_bytes)
     if resident:
         for cand in (row.resident_backward if backward else row.resident_forward):
             t = resident_candidate(B, H, resident, *cand)
@@ -241,17 +242,17 @@ def sweep_candidates(dev: Device, B: int, H: int, backward: bool, resident: int)
                                                     row.register_file):
                 out.append(t)
         for t in (row.persistent_backward if backward else row.persistent_forward):
-            if n_workgroups(t, B, H, backward) <= resident and _tiles_fit(t, backward, info) and t not in out:
+            if n_workgroups(t, B, H, backward) <= resident and _tiles_fit(t, backward, *limits) and t not in out:
                 out.append(tuple(t))
     for t, _ in (row.backward if backward else row.forward):
-        if _tiles_fit(t, backward, info) and tuple(t) not in out:
+        if _tiles_fit(t, backward, *limits) and tuple(t) not in out:
             out.append(tuple(t))
     return out
 
 
-def _tiles_fit(t, backward: bool, info) -> bool:
-    return t[0] * t[1] * t[2] <= info.max_workgroup_invocations and shared_bytes(t, backward) <= \
-        info.max_shared_memory_bytes
+def _tiles_fit(t, backward: bool, max_threads: int, max_shared: int) -> bool:
+    """Tiled-sweep tiles within a workgroup's threads and shared memory."""
+    return t[0] * t[1] * t[2] <= max_threads and shared_bytes(t, backward) <= max_shared
 
 
 def _from_cache(value):
@@ -402,16 +403,16 @@ def pick_tiles(B: int, H: int, backward: bool = False, resident: int = 0, max_sh
     whose workgroup count for [B, H] outputs reaches its threshold (the row's, measured on a GPU of
     row.measured_cus SMs, scaled to `cus`; 0 = unknown: as measured). Persistent sweeps over
     `resident` workgroups: the persistent candidate with the most tiles that still fit (and within
-    max_shared bytes), else the per-step choice."""
+    max_shared bytes and max_threads), else the per-step choice."""
     if resident > 0:
         fits = [t for t in (row.persistent_backward if backward else row.persistent_forward)
-                if n_workgroups(t, B, H, backward) <= resident and shared_bytes(t, backward) <= max_shared]
+                if n_workgroups(t, B, H, backward) <= resident and _tiles_fit(t, backward, max_threads, max_shared)]
         if fits:
             return max(fits, key=lambda t: n_workgroups(t, B, H, backward))
     cands = row.backward if backward else row.forward
     for cand, min_wg in cands:
-        fits = cand[0] * cand[1] * cand[2] <= max_threads and shared_bytes(cand, backward) <= max_shared
-        if fits and n_workgroups(cand, B, H, backward) >= tiles.scaled_workgroups(min_wg, cus, row.measured_cus):
+        if (_tiles_fit(cand, backward, max_threads, max_shared)
+                and n_workgroups(cand, B, H, backward) >= tiles.scaled_workgroups(min_wg, cus, row.measured_cus)):
             return cand
     return cands[-1][0]
 
