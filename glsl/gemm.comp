@@ -20,6 +20,10 @@
 // HALF: A and B are stored as float16 (16-bit storage; offsets and leading dimensions count halves);
 // they are widened on load, so staging, products, sums and C stay float32 (mixed precision's
 // operands with FP32 accumulation, on any device with 16-bit storage).
+// ROUND_HALF: A and B are float32 in memory and rounded to float16 (to nearest even, by
+// packHalf2x16: no device feature needed) as they are staged; products and sums stay float32.
+// That is train.precision = "fp16" where the device has no tensor cores: the numbers
+// glsl/gemm_coopmat.comp's FLOAT_IN computes, up to the order of the float32 sums.
 #extension GL_EXT_control_flow_attributes : enable
 #ifdef HALF
 #extension GL_EXT_shader_16bit_storage : require
@@ -133,9 +137,19 @@ BT load_b(uint k, uint n, uint k_end) {
 #endif
 }
 
+#ifdef ROUND_HALF
+float round_half(float x) { return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x; }
+vec4 round_half(vec4 v) {
+    return vec4(unpackHalf2x16(packHalf2x16(v.xy)), unpackHalf2x16(packHalf2x16(v.zw)));
+}
+#else
+#define round_half(v) (v)
+#endif
+
 // Shared slices are k-major: As[k][m], Bs[k][n]. A load along m (B: along n) lands as it is; one
 // along k is spread over AW (BW) k-rows.
 void put_a(uint base, uvec2 mk, AT v) {
+    v = round_half(v);
 #if AW == 1
     As[base + mk.y * SA + mk.x / 4][mk.x % 4] = v;
 #elif defined(TRANS_A)
@@ -145,6 +159,7 @@ void put_a(uint base, uvec2 mk, AT v) {
 #endif
 }
 void put_b(uint base, uvec2 kn, BT v) {
+    v = round_half(v);
 #if BW == 1
     Bs[base + kn.x * SB + kn.y / 4][kn.y % 4] = v;
 #elif !defined(TRANS_B)

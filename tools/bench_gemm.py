@@ -2,7 +2,8 @@
 """GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
 
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
-                               [--operands f32|f16|coopmat|all] [--reps 7] [--repeat 5] [--set k=v]
+                               [--operands f32|f16|rf16|coopmat|coopmat-f16|all] [--reps 7] [--repeat 5]
+                               [--set k=v]
 
 The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
 input projection [R,H]x[H,3H] (B stored [3H,H]), input gradient [R,3H]x[3H,H], weight gradient
@@ -12,9 +13,12 @@ with the weight gradient also at every --split-k. Operands are random; each cand
 compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
 else, or nothing, is reported, not ranked. Candidates are timed in interleaved rounds (median).
 --loads picks vec4 loads where aligned (the program's choice), float loads, or both. --operands
-picks float32 operands (the program's), float16 ones (gemm.comp's HALF: float32 sums), float16 on
-cooperative matrices (glsl/gemm_coopmat.comp, where the device has them), or all; float16
-candidates are compared with the first float16 one (their inputs are rounded to float16).
+picks the operands and kernel: f32 (train.precision fp32), rf16 (float32 operands rounded to float16
+as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
+cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of COOP_CANDIDATES), f16 and
+coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), or all. Every kind but
+f32 multiplies the same float16 values (the random operands are drawn alike) and is compared with
+the first of them.
 """
 
 from __future__ import annotations
@@ -71,18 +75,26 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
     return [float(np.median(ts)) for ts in times]
 
 
+# --operands kind -> Gemm keywords
+OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
+            "coopmat": dict(precision="fp16", coopmat=True), "f16": dict(half=True, coopmat=False),
+            "coopmat-f16": dict(half=True, coopmat=True)}
+# glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice): the program's two first
+COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, gemm.CoopTiles(2, 2, 4, 4, 32), gemm.CoopTiles(4, 2, 2, 4, 32),
+                   gemm.CoopTiles(2, 4, 4, 2, 16), gemm.CoopTiles(4, 4, 2, 2, 32), gemm.CoopTiles(2, 4, 2, 2, 32))
+
+
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     """(Gemm, is the program's choice) per tile, split and load choice for one shape; the program's
-    first; coopmat: its one tile at each split."""
+    first (None: its own pick)."""
     splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
     loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
-    grid = [(COOP, s, False) for s in dict.fromkeys(splits)] if operands == "coopmat" else \
-        [(t, s, v) for t in [None] + tiles for s in dict.fromkeys(splits) for v in loads]
+    own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
+    grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]
     cands, seen = [], set()  # no repeats
     for t, s, vec4 in grid:
         try:
-            g = gemm.Gemm(dev, tiles=None if t is COOP else t, vec4=vec4, half=operands != "f32",
-                          coopmat=t is COOP, **{**kw, "split_k": s})
+            g = gemm.Gemm(dev, tiles=t, vec4=vec4, **OPERANDS[operands], **{**kw, "split_k": s})
         except ValueError as exc:  # too many threads or too much shared memory here
             print(f"  {name}: tiles {t} skipped ({exc})")
             continue
@@ -90,9 +102,6 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
             seen.add((g.tiles, g.split_k, vec4))
             cands.append((g, not cands))
     return cands
-
-
-COOP = object()  # the cooperative-matrix GEMM's own tile
 
 
 def parse_tiles(text: str) -> gemm.GemmTiles:
@@ -110,8 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")
-    ap.add_argument("--operands", choices=("f32", "f16", "coopmat", "all"), default="f32",
-                    help="float32 operands, float16 (float32 sums), float16 on cooperative matrices, or all")
+    ap.add_argument("--operands", choices=(*OPERANDS, "all"), default="f32",
+                    help="float32; float32 rounded to float16 on gemm.comp (rf16) or tensor cores (coopmat); "
+                         "float16 storage on either (f16, coopmat-f16); or all")
     ap.add_argument("--reps", type=int, default=7, help="timed runs (median)")
     ap.add_argument("--repeat", type=int, default=5,
                     help="dispatches of each GEMM per run (amortizes the submit's ~0.1-1 ms)")
@@ -121,16 +131,17 @@ def main(argv=None) -> int:
     dev = open_device(args.device)
     tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
-    operands = ("f32", "f16", "coopmat") if args.operands == "all" else (args.operands,)
-    if "coopmat" in operands and not gemm.coopmat_runs(dev):
+    operands = tuple(OPERANDS) if args.operands == "all" else (args.operands,)
+    if any(OPERANDS[p].get("coopmat") for p in operands) and not gemm.coopmat_runs(dev):
         print(f"{dev.info.name} has no cooperative matrices of {gemm.COOP_SHAPE} (VK_NV_cooperative_matrix; "
               f"offered: {', '.join(dev.coop_shapes) or 'none'}): no coopmat rows")
-        operands = tuple(p for p in operands if p != "coopmat")
-    problems = {half: shapes(cfg, dev, half=half) for half in dict.fromkeys(p != "f32" for p in operands)}
+        operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat"))
+    half = {p: bool(OPERANDS[p].get("half")) for p in operands}  # operands stored as float16
+    problems = {h: shapes(cfg, dev, half=h) for h in dict.fromkeys(half.values())}
     for name in problems[next(iter(problems))]:
         rows, refs = [], {}
         for p in operands:
-            kw, out = problems[p != "f32"][name]
+            kw, out = problems[half[p]][name]
             cands = candidates(dev, name, kw, p, tiles, args)
             secs = interleaved_seconds(dev, [g.ops() * max(1, args.repeat) for g, _ in cands], max(1, args.reps))
             for (g, current), sec in zip(cands, secs):
@@ -139,12 +150,13 @@ def main(argv=None) -> int:
                 ref = refs.setdefault(p != "f32", got)  # float16 rows against the first float16 one
                 diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
                 kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
-                rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, current and p == "f32"))
+                program = current and p in ("f32", "coopmat")
+                rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, program))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
         print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP")
         for sec, t, s, kind, diff, current in sorted(rows, key=lambda r: r[0]):
             rate = flop / sec / 1e12 if sec else 0.0
-            flag = "  (program's choice)" if current else ""
+            flag = "  (program's choice)" if current else ""  # at fp32, and at fp16 on tensor cores
             bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
             print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{bad}")
     return 0

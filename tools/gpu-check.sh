@@ -18,7 +18,8 @@ part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
-# float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v5's shapes
+# float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v3's and v5's shapes
+part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 # v5's sweeps with W_hh read from a float16 copy (HALF_W) beside float32, on the tiled kernels
 part gru-v5-f16w $py tools/bench_gru.py --shape 32x2048 --steps 32 --reps 3 --max 6 --half-whh

@@ -1,5 +1,6 @@
 """GEMM and column sums (glsl/gemm.comp, glsl/colsum.comp) against numpy."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -9,19 +10,25 @@ from catchat.model import ModelSpec, ParamLayout, init_params
 from catchat.parity import compare
 from catchat.parity.gemm import gemm_case, parity_checks
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm
+from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm, coopmat_runs
 
 
 def test_parity(dev):
     results = parity_checks(dev)
     # the cases counted per kernel: a case list that came out empty or short would pass all() alone
-    assert Counter(r.kernel for r in results) == {"gemm": 4, "gemm+bias": 6, "gemm_tB": 5, "gemm_tB+bias": 10,
-                                                  "gemm_tA": 6, "gemm_tA+bias": 8, "gemm_tA_tB": 4,
-                                                  "gemm_tA_tB+bias": 6, "colsum": 5,
-                                                  # float16 operands (lavapipe has 16-bit storage)
-                                                  "gemm_f16+bias": 1, "gemm_f16": 1, "gemm_f16_tB+bias": 2,
-                                                  "gemm_f16_tB": 1, "gemm_f16_tA+bias": 1, "gemm_f16_tA": 2,
-                                                  "gemm_f16_tA_tB+bias": 1, "gemm_f16_tA_tB": 1}
+    expected = Counter({"gemm": 4, "gemm+bias": 6, "gemm_tB": 5, "gemm_tB+bias": 10, "gemm_tA": 6, "gemm_tA+bias": 8,
+                        "gemm_tA_tB": 4, "gemm_tA_tB+bias": 6, "colsum": 5,
+                        # float16 operands (lavapipe has 16-bit storage)
+                        "gemm_f16+bias": 1, "gemm_f16": 1, "gemm_f16_tB+bias": 2, "gemm_f16_tB": 1,
+                        "gemm_f16_tA+bias": 1, "gemm_f16_tA": 2, "gemm_f16_tA_tB+bias": 1, "gemm_f16_tA_tB": 1,
+                        # float32 operands rounded to float16 (train.precision fp16), on every device
+                        "gemm_rf16+bias": 1, "gemm_rf16": 1, "gemm_rf16_tB+bias": 1, "gemm_rf16_tB": 1,
+                        "gemm_rf16_tA+bias": 1, "gemm_rf16_tA": 2, "gemm_rf16_tA_tB+bias": 1, "gemm_rf16_tA_tB": 1})
+    if coopmat_runs(dev):  # tensor cores, for stored and for rounded float16 operands
+        for p in ("gemm_f16_coopmat", "gemm_rf16_coopmat"):
+            expected.update({p + "+bias": 3, p + "_tB+bias": 4, p + "_tA+bias": 3, p + "_tA_tB+bias": 3,
+                             p: 1, p + "_tB": 1, p + "_tA": 2, p + "_tA_tB": 1})
+    assert Counter(r.kernel for r in results) == expected
     assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
@@ -39,8 +46,25 @@ def test_float16_gemm_needs_16_bit_storage_and_counts_halves(dev, rng):
     plain = Device(info=dev.info, manager=dev.manager, kp=dev.kp, features=frozenset())
     with pytest.raises(ValueError, match="16-bit storage"):
         Gemm(plain, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True)
-    with pytest.raises(ValueError, match="VK_NV_cooperative_matrix with 16x16x16"):  # Mesa 22 has none
-        Gemm(dev, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True, coopmat=True)
+    no_coop = dataclasses.replace(dev, features=dev.features - {"cooperativeMatrixNV"}, coop_shapes=())
+    with pytest.raises(ValueError, match="VK_NV_cooperative_matrix with 16x16x16"):
+        Gemm(no_coop, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True, coopmat=True)
+
+
+def test_fp16_precision_picks_tensor_cores_only_where_the_device_has_them(dev):
+    """precision "fp16" runs on cooperative matrices where the device offers them and on gemm.comp's
+    rounding loads elsewhere; a device without them refuses coopmat=True; unknown precisions are refused."""
+    from catchat.vk.device import Device
+
+    a, c = dev.tensor(np.ones(16, np.float32)), dev.tensor(np.zeros(16, np.float32))
+    g = Gemm(dev, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16")
+    assert g.precision == "fp16" and g.coopmat == coopmat_runs(dev)
+    plain = Device(info=dev.info, manager=dev.manager, kp=dev.kp, features=frozenset())
+    assert not Gemm(plain, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16").coopmat
+    with pytest.raises(ValueError, match="cooperative-matrix GEMM needs"):
+        Gemm(plain, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16", coopmat=True)
+    with pytest.raises(ValueError, match="GEMM precision 'bf16'"):
+        Gemm(dev, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="bf16")
 
 
 def test_model_shapes_in_flat_buffers(dev, rng):

@@ -82,12 +82,12 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 
 @dataclass(frozen=True)
 class CoopTiles:
-    """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups per workgroup, each fm x fn fragments of
-    16 x 16, and a k-slice of bk (a multiple of 16) staged per iteration."""
+    """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
+    fragments of 16 x 16, and a k-slice of bk (a multiple of 16) staged per iteration."""
 
     wm: int = 2
-    wn: int = 2
-    fm: int = 2
+    wn: int = 4
+    fm: int = 4
     fn: int = 2
     bk: int = 32
 
@@ -99,18 +99,48 @@ class CoopTiles:
     def bn(self) -> int:
         return self.wn * self.fn * 16
 
-    def spec(self, subgroup: int) -> list[int]:
-        return [self.wm * self.wn * subgroup, self.wm, self.wn, self.fm, self.fn, self.bk]
+    @property
+    def threads(self) -> int:
+        return self.wm * self.wn * COOP_SUBGROUP
+
+    @property
+    def shared_bytes(self) -> int:
+        """Double-buffered float16 slices (rows padded by 8 halves; the larger of the two layouts a
+        transpose picks) and a 16 x 20 float epilogue scratch per subgroup."""
+        a = max(self.bm * (self.bk + 8), self.bk * (self.bm + 8))
+        b = max(self.bn * (self.bk + 8), self.bk * (self.bn + 8))
+        return 2 * 2 * (a + b) + 4 * self.wm * self.wn * 16 * 20
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk]
 
 
-COOP_TILE = CoopTiles()  # 64 x 64 on 4 subgroups: the first version, not yet measured
+COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
+# 128 x 128 on 8 subgroups of 64 x 32 each, and 64 x 64 on 4 for grids that would not fill the GPU
+# (tools/bench_gemm.py --operands coopmat measures both at a config's shapes)
+COOP_TILE = CoopTiles()
+COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 32)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
+PRECISIONS = ("fp32", "fp16")
 
 
 def coopmat_runs(dev: Device) -> bool:
     """Whether glsl/gemm_coopmat.comp can run on dev: VK_NV_cooperative_matrix enabled (kp patch
-    0005) with COOP_SHAPE among its shapes."""
-    return "cooperativeMatrixNV" in dev.features and COOP_SHAPE in dev.coop_shapes
+    0005) with COOP_SHAPE among its shapes, on subgroups of 32."""
+    return ("cooperativeMatrixNV" in dev.features and COOP_SHAPE in dev.coop_shapes
+            and dev.info.subgroup_size == COOP_SUBGROUP)
+
+
+def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> CoopTiles:
+    """COOP_TILE where its grid (with the split-K count) fills the GPU as the tables' large GEMM
+    tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; either must fit the device."""
+    for t in ((COOP_TILE, COOP_SMALL_TILE) if _fills(dev, M, N, split_k) else (COOP_SMALL_TILE,)):
+        if t.threads <= dev.info.max_workgroup_invocations and t.shared_bytes <= dev.info.max_shared_memory_bytes:
+            return t
+    raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
+                     "of shared memory")
+
+
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
@@ -136,10 +166,16 @@ def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles
     where the grid of 128x128 tiles reaches the row's fill count, scaled to this device's SMs
     (the measured device's count where the driver does not tell), else the small tile."""
     row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
-    fill = tiles.scaled_workgroups(row.fill_workgroups, device_sms(dev), row.measured_cus)
-    if row.fill_workgroups and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= fill:
+    if _fills(dev, M, N, split_k):
         return GemmTiles(*(row.split_k if split_k > 1 else row.large))
     return GemmTiles(*row.small)
+
+
+def _fills(dev: Device, M: int, N: int, split_k: int) -> bool:
+    """Whether a grid of 128x128 tiles (times the split-K count) reaches the device row's fill count."""
+    row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
+    fill = tiles.scaled_workgroups(row.fill_workgroups, device_sms(dev), row.measured_cus)
+    return bool(row.fill_workgroups) and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= fill
 
 
 def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1, K: int | None = None,
@@ -224,11 +260,16 @@ class Gemm(Kernel):
     changes the rounding (not the run-to-run result). `gemm_split_k` suggests S per device.
     vec4: read A and B as vec4s where their offsets, leading dimensions and contiguous extents are
     multiples of 4 (same results; False forces float loads, for tests and benchmarks).
+    precision "fp16" (train.precision): A and B stay float32 in memory and the products take them
+    rounded to float16 (to nearest even), with float32 sums and C: on tensor cores where the device
+    has them (`coopmat_runs`), else gemm.comp's ROUND_HALF (the same numbers up to the order of the
+    float32 sums, and no faster than "fp32").
     half: A and B hold float16 (uint32 tensors of `pack_half`; offsets and leading dimensions in
     halves), widened on load: float32 products and sums, float32 C. Needs `Device.runs_float16`.
-    coopmat (with half): the products on cooperative matrices (glsl/gemm_coopmat.comp, tiles
-    `COOP_TILE`): float16 x float16 on tensor cores, float32 sums; where the device has
-    VK_NV_cooperative_matrix (`Device.features`).
+    coopmat: the products on cooperative matrices (glsl/gemm_coopmat.comp, tiles `coop_tiles`):
+    float16 x float16 on tensor cores, float32 sums, for float16 operands (half, or precision
+    "fp16"); where the device has VK_NV_cooperative_matrix (`Device.features`). None (default):
+    with precision "fp16" wherever the device can; with half only when asked.
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -236,23 +277,33 @@ class Gemm(Kernel):
 
     def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
-                 split_k: int = 1, tiles: GemmTiles | None = None, workspace=None, vec4: bool = True,
-                 half: bool = False, coopmat: bool = False):
+                 split_k: int = 1, tiles: GemmTiles | CoopTiles | None = None, workspace=None, vec4: bool = True,
+                 half: bool = False, coopmat: bool | None = None, precision: str = "fp32"):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
+        if precision not in PRECISIONS:
+            raise ValueError(f"GEMM precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+        rounded = precision == "fp16" and not half  # float32 operands rounded to float16
         if half and not dev.runs_float16:
             raise ValueError(f"a float16 GEMM needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
                              "does not offer")
-        if coopmat and not (half and coopmat_runs(dev)):
-            raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True) and "
-                             f"VK_NV_cooperative_matrix with {COOP_SHAPE} fragments; {dev.info.name} offers "
-                             f"{', '.join(dev.coop_shapes) or 'none'}")
+        if coopmat is None:
+            coopmat = rounded and coopmat_runs(dev)
+        if coopmat and not ((half or rounded) and coopmat_runs(dev)):
+            raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True or precision fp16) "
+                             f"and VK_NV_cooperative_matrix with {COOP_SHAPE} fragments on subgroups of "
+                             f"{COOP_SUBGROUP}; {dev.info.name} offers {', '.join(dev.coop_shapes) or 'none'}")
+        self.precision, self.coopmat = ("fp16" if half else precision), bool(coopmat)
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
         if coopmat:
-            self.tiles = t = COOP_TILE
-            spec, vec4 = t.spec(dev.info.subgroup_size), False
+            self.tiles = t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k)
+            if t.bk % 16 or t.threads > dev.info.max_workgroup_invocations:
+                raise ValueError(f"bad cooperative-matrix tiles {t}")
+            if t.shared_bytes > dev.info.max_shared_memory_bytes:
+                raise ValueError(f"cooperative-matrix tiles {t} need {t.shared_bytes} B of shared memory")
+            spec = t.spec()
         else:
             self.tiles = t = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
             if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
@@ -273,7 +324,11 @@ class Gemm(Kernel):
             raise ValueError(f"GEMM grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
         grid = [max(1, g) for g in grid]
 
-        defines = {"HALF": 1} if half and not coopmat else {}
+        defines = {}
+        if half and not coopmat:
+            defines["HALF"] = 1
+        if rounded:
+            defines["FLOAT_IN" if coopmat else "ROUND_HALF"] = 1
         if trans_a:
             defines["TRANS_A"] = 1
         if trans_b:
