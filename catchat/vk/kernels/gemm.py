@@ -85,11 +85,11 @@ class CoopTiles:
     """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
     fragments of 16 x 16, and a k-slice of bk (a multiple of 16) staged per iteration."""
 
-    wm: int = 2
-    wn: int = 4
-    fm: int = 4
-    fn: int = 2
-    bk: int = 32
+    wm: int
+    wn: int
+    fm: int
+    fn: int
+    bk: int
 
     @property
     def bm(self) -> int:
@@ -103,12 +103,11 @@ class CoopTiles:
     def threads(self) -> int:
         return self.wm * self.wn * COOP_SUBGROUP
 
-    @property
-    def shared_bytes(self) -> int:
-        """Double-buffered float16 slices (rows padded by 8 halves; the larger of the two layouts a
-        transpose picks) and a 16 x 20 float epilogue scratch per subgroup."""
-        a = max(self.bm * (self.bk + 8), self.bk * (self.bm + 8))
-        b = max(self.bn * (self.bk + 8), self.bk * (self.bn + 8))
+    def shared_bytes(self, trans_a: bool = False, trans_b: bool = False) -> int:
+        """Double-buffered float16 slices, each laid out along its operand's contiguous direction
+        (rows padded by 8 halves), and a 16 x 20 float epilogue scratch per subgroup."""
+        a = self.bk * (self.bm + 8) if trans_a else self.bm * (self.bk + 8)
+        b = self.bn * (self.bk + 8) if trans_b else self.bk * (self.bn + 8)
         return 2 * 2 * (a + b) + 4 * self.wm * self.wn * 16 * 20
 
     def spec(self) -> list[int]:
@@ -116,10 +115,11 @@ class CoopTiles:
 
 
 COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
-# 128 x 128 on 8 subgroups of 64 x 32 each, and 64 x 64 on 4 for grids that would not fill the GPU
-# (tools/bench_gemm.py --operands coopmat measures both at a config's shapes)
-COOP_TILE = CoopTiles()
-COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 32)
+# 128 x 128 on 8 subgroups of 64 x 32 each over 16-deep slices: the fastest of 7 shapes at every
+# GEMM of v3 and v5 on the H200 (49-74 TFLOP/s; 32-deep slices 41-57; tools/bench_gemm.py --operands
+# coopmat, docs/benchmarks.md); 64 x 64 on 4 subgroups for grids that would not fill the GPU.
+COOP_TILE = CoopTiles(2, 4, 4, 2, 16)
+COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
 PRECISIONS = ("fp32", "fp16")
 
@@ -131,11 +131,12 @@ def coopmat_runs(dev: Device) -> bool:
             and dev.info.subgroup_size == COOP_SUBGROUP)
 
 
-def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> CoopTiles:
+def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1, trans: tuple[bool, bool] = (False, False)) -> CoopTiles:
     """COOP_TILE where its grid (with the split-K count) fills the GPU as the tables' large GEMM
     tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; either must fit the device."""
     for t in ((COOP_TILE, COOP_SMALL_TILE) if _fills(dev, M, N, split_k) else (COOP_SMALL_TILE,)):
-        if t.threads <= dev.info.max_workgroup_invocations and t.shared_bytes <= dev.info.max_shared_memory_bytes:
+        if (t.threads <= dev.info.max_workgroup_invocations
+                and t.shared_bytes(*trans) <= dev.info.max_shared_memory_bytes):
             return t
     raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
                      "of shared memory")
@@ -298,11 +299,12 @@ class Gemm(Kernel):
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
         if coopmat:
-            self.tiles = t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k)
+            trans = (self.trans_a, bool(trans_b))
+            self.tiles = t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans)
             if t.bk % 16 or t.threads > dev.info.max_workgroup_invocations:
                 raise ValueError(f"bad cooperative-matrix tiles {t}")
-            if t.shared_bytes > dev.info.max_shared_memory_bytes:
-                raise ValueError(f"cooperative-matrix tiles {t} need {t.shared_bytes} B of shared memory")
+            if t.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
+                raise ValueError(f"cooperative-matrix tiles {t} need {t.shared_bytes(*trans)} B of shared memory")
             spec = t.spec()
         else:
             self.tiles = t = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
