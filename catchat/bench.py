@@ -26,6 +26,7 @@ import numpy as np
 
 from catchat import config as cfgmod
 from catchat.model import ParamLayout, init_params
+from catchat.precision import INIT_SCALE
 from catchat.vk import slots
 from catchat.vk import tune as tunecache
 from catchat.vk.device import host_view
@@ -69,14 +70,14 @@ def ready_program(cfg, dev, tf: float = 1.0):
     spec = cfgmod.model_spec(cfg)
     T, B = cfg.data.window, cfg.data.batch_lanes
     layout = ParamLayout(spec)
-    prog = Program(dev, layout, T, B, optimizer=cfg.train.optimizer)
+    prog = Program(dev, layout, T, B, optimizer=cfg.train.optimizer, precision=cfg.train.precision)
     flat = layout.flatten(init_params(spec, 0))
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     prog.set_carry(None)
     rng = np.random.default_rng(0)
     data = [random_window(rng, spec, T, B, pad_frac=0.0) for _ in range(4)]
-    hp = step_hyper(cfg, cfg.train.lr)
+    hp = step_hyper(cfg, cfg.train.lr, INIT_SCALE if cfg.train.precision == "fp16" else 1.0)  # a run's first S
     state = {"i": 0}
 
     def train_step():
@@ -500,7 +501,8 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
     dev = open_device(device)
     m, say = cfg.model, functools.partial(console.print, highlight=False, soft_wrap=True)
     say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
-               f"optimizer={cfg.train.optimizer} on {dev.info.name} ({dev.info.type}, {dev.info.driver})"))
+               f"optimizer={cfg.train.optimizer} precision={cfg.train.precision} on {dev.info.name} "
+               f"({dev.info.type}, {dev.info.driver})"))
     res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
     with _Steps(err_console) as progress:
         if want_tune:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from catchat.errors import UsageError
+from catchat.precision import PRECISIONS, REFUSED
 
 # ---------------------------------------------------------------------------------------------
 # Key specs: type, range, unit and a one-line description per key (drives validation and docs)
@@ -42,6 +43,7 @@ class Spec:
     lo_open: bool = False  # True: value must be > lo (else >= lo)
     hi_open: bool = False  # True: value must be < hi (else <= hi)
     choices: tuple[str, ...] = ()
+    refused: tuple[tuple[str, str], ...] = ()  # (value, why): known values refused with their reason
 
     def range_text(self) -> str:
         """The accepted range in words, e.g. '> 0', 'in [0, 1)', 'one of "adamw", "nadam"'."""
@@ -141,6 +143,8 @@ class TrainConfig:
                                 "step caps (0 = off)", "seconds", lo=0)
     max_consecutive_skips: int = _key(25, int, "stop the run after this many skipped steps in a row (non-finite gradient or no valid targets)",
                                       "steps", lo=1, hi=10**6)
+    precision: str = _key("fp32", str, "GEMM operands: fp32, or fp16 (rounded to float16, float32 sums, dynamic loss "
+                          "scaling; buffers stay float32)", choices=PRECISIONS, refused=tuple(REFUSED.items()))
 
 
 @dataclass(frozen=True)
@@ -346,6 +350,10 @@ def _check_value(section: str, key: str, value, where: str):
         value = float(value)
         if not math.isfinite(value):
             raise UsageError(f"{where}: {name} must be a finite number, got {value}", f"e.g. {_example(section, key)}")
+    why = dict(spec.refused).get(value)
+    if why:
+        raise UsageError(f"{where}: {name} = {_toml_value(value)} is not supported: {why}",
+                         f"{name}: {spec.range_text()}")
     if not spec.accepts(value):
         hint = f"{name}: {spec.doc}" + (f" ({spec.unit})" if spec.unit else "")
         close = difflib.get_close_matches(value, spec.choices, n=1, cutoff=0.5) if spec.choices else []

@@ -5,6 +5,8 @@
 // operand is not read: fresh device memory may hold NaN bit patterns, and 0 * NaN is NaN.
 // HALF: x and y are float16 (two to a 32-bit word of the kp tensor) and the arithmetic is float16:
 // the device's half-precision check (shaderFloat16 + storageBuffer16BitAccess, kp patch 0005).
+// HYPER_A=slot: a is the float in word `slot` of the hyper buffer (binding 2) instead of the push
+// constant: a factor that changes every step in a sequence recorded once (the fp16 loss scale's 1/S).
 #ifdef HALF
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_shader_16bit_storage : require
@@ -18,12 +20,18 @@ layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer X { REAL x[]; };
 layout(set = 0, binding = 1) buffer Y { REAL y[]; };
 layout(push_constant) uniform Push { uint n; float a; float b; float c; } pc;
+#ifdef HYPER_A
+layout(set = 0, binding = 2) readonly buffer Hyper { uint hyper[]; };
+#define A uintBitsToFloat(hyper[HYPER_A])
+#else
+#define A pc.a
+#endif
 
 void main() {
     uint i = gl_GlobalInvocationID.x;
     if (i >= pc.n) return;
     REAL r = REAL(0.0);
-    if (pc.a != 0.0) r = REAL(pc.a) * x[i];
+    if (A != 0.0) r = REAL(A) * x[i];
     if (pc.b != 0.0) r += REAL(pc.b) * y[i];
     y[i] = r + REAL(pc.c);
 }

@@ -5,8 +5,10 @@
 //   row_loss[i]  = -((1-e) * logp[t] + e/V * sum_v logp[v])   t = targets[i]; 0 when masked
 //   row_flags[i] = bit0 valid (t != 0, pad masked; t >= V also counts as masked),
 //                  bit1 rank < 1, bit2 rank < 5; rank = #(logit > logit[t]) + #(== at index < t)
-//   WANT_GRAD: dlogits[i,v] = (softmax[v] - e/V - (v == t) * (1-e)) * hyper[HP_INV_N_VALID],
+//   WANT_GRAD: dlogits[i,v] = (softmax[v] - e/V - (v == t) * (1-e)) * hyper[HP_INV_N_VALID] * S,
 //              0 on masked rows; written over the logits with IN_PLACE, else to its own buffer.
+//              S = hyper[HP_LOSS_SCALE] (fp16 loss scaling; 0 = 1), a power of two: multiplying by it
+//              is exact, so S = 1 gives the bits of no scaling.
 // Reductions over a row are fixed shared-memory trees: deterministic. loss_reduce.comp then sums
 // the rows into `stats`.
 #include "common.glsl"
@@ -60,7 +62,8 @@ void row_reduce(inout float a, inout float b, inout uint c, bool a_is_max) {
 void main() {
     uint lx = gl_LocalInvocationID.x;
     float e = HPF(hyper, HP_SMOOTHING);
-    float inv_n = HPF(hyper, HP_INV_N_VALID);
+    float scale = HPF(hyper, HP_LOSS_SCALE);
+    float inv_n = HPF(hyper, HP_INV_N_VALID) * (scale == 0.0 ? 1.0 : scale);
     float e_v = e / float(pc.V);
     uint n_blocks = ceil_div(pc.n_rows, R);
     for (uint blk = gl_WorkGroupID.x; blk < n_blocks; blk += gl_NumWorkGroups.x) {  // uniform loop

@@ -67,7 +67,18 @@ def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkey
     res = json.loads(out.read_text())
     assert res["catchat"]["profile"] and len(res["catchat"]["sweeps"]) == 4
     assert res["torch_status"] == "torch is not importable (test)" and "torch" not in res
-    assert "--precision" not in cli("bench", "--help")[1]
+
+
+def test_catchat_bench_precision(cli):
+    """--precision fp16 benches the fp16 program (said in the header line); bf16 and unknown values are
+    the config's one-line refusals."""
+    code, text, err = cli("bench", *SMALL, "--steps", "1", "--warmup", "0", "--precision", "fp16")
+    assert code == 0, err
+    assert "precision=fp16" in text and "train tok/s" in text
+    code, _, err = cli("bench", *SMALL, "--precision", "bf16")
+    assert code == 2 and "bfloat16 cooperative matrices" in err and "use fp16" in err
+    code, _, err = cli("bench", *SMALL, "--precision", "fp8")
+    assert code == 2 and 'train.precision must be one of "fp32", "fp16", got "fp8"' in err
 
 
 def test_catchat_bench_torch_rows(cli, monkeypatch):

@@ -316,3 +316,15 @@ def test_cycles_cannot_plan_more_than_32_bit_steps():
     with pytest.raises(UsageError, match=r"train.cycles = 1e\+09 of 1000 seqs each plans 3.12e\+10 optimizer steps"):
         config.planned_total_steps(cfg, seqs_per_cycle=1000)
     assert config.planned_total_steps(cfg, seqs_per_cycle=4) == 125_000_000  # 1e9 * 4 / 32 lanes
+
+
+def test_precision_key_and_its_refusals():
+    assert config.loads(MINIMAL).train.precision == "fp32"
+    assert config.loads(MINIMAL, overrides=["train.precision=fp16"]).train.precision == "fp16"
+    e = usage_error(MINIMAL, overrides=["train.precision=bf16"])
+    assert 'train.precision = "bf16" is not supported' in e.message and "bfloat16 cooperative matrices" in e.message
+    assert "use fp16" in e.message
+    e = usage_error(MINIMAL, overrides=["train.precision=fp8"])
+    assert 'train.precision must be one of "fp32", "fp16", got "fp8"' in e.message
+    e = usage_error("[train]\ncycles = 1\nprecision = 16\n")
+    assert "train.precision must be a string" in e.message

@@ -23,6 +23,17 @@ err_console = make_console(stderr=True)
 ALLOW_UNVERIFIED_OPTION = click.option(
     "--allow-unverified", is_flag=True,
     help="Load a checkpoint whose state.json records no sha256 of its files (a warning says so).")
+PRECISION_OPTION = click.option(
+    "--precision", default=None, metavar="fp32|fp16",
+    help="Set train.precision: fp16 rounds the GEMMs' operands to float16 (float32 sums, loss scaling), "
+         "tensor cores where the GPU has them; an unknown value is an error.")
+
+
+def with_precision(overrides, precision: str | None) -> tuple:
+    """--set overrides, then --precision's (which wins); the config's checks judge its value."""
+    return tuple(overrides) + (() if precision is None else (f"train.precision={precision}",))
+
+
 DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
                              help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
 

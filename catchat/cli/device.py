@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from catchat.cli import DEVICE_OPTION, cli, console, err_console
+from catchat.cli import DEVICE_OPTION, PRECISION_OPTION, cli, console, err_console, with_precision
 from catchat.console import new_table
 
 
@@ -79,11 +79,13 @@ def parity(summary, device):
 @click.option("--tune", "want_tune", is_flag=True,
               help="First measure the tile candidates at the config's shapes and cache the fastest for this device.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write the results here.")
+@PRECISION_OPTION
 @DEVICE_OPTION
-def bench(config_path, overrides, steps, warmup, tf, compare_torch, want_profile, want_tune, json_path, device):
+def bench(config_path, overrides, steps, warmup, tf, compare_torch, want_profile, want_tune, json_path, precision,
+          device):
     """Training and evaluation throughput of CONFIG on this GPU (docs/benchmarks.md)."""
     from catchat.bench import run_command
 
-    run_command(config_path, overrides, steps=steps, warmup=warmup, tf=tf, compare_torch=compare_torch,
-                want_profile=want_profile, want_tune=want_tune, json_path=json_path, device=device,
-                console=console, err_console=err_console)
+    run_command(config_path, with_precision(overrides, precision), steps=steps, warmup=warmup, tf=tf,
+                compare_torch=compare_torch, want_profile=want_profile, want_tune=want_tune, json_path=json_path,
+                device=device, console=console, err_console=err_console)

@@ -6,7 +6,7 @@ import os
 
 import click
 
-from catchat.cli import ALLOW_UNVERIFIED_OPTION, cli, console
+from catchat.cli import ALLOW_UNVERIFIED_OPTION, PRECISION_OPTION, cli, console, with_precision
 
 
 # ------------------------------------------------------------------------------ train / eval
@@ -22,13 +22,14 @@ from catchat.cli import ALLOW_UNVERIFIED_OPTION, cli, console
                    "time, the last step uses schedule.lr_min, and a checkpoint and an eval end the run within the "
                    "budget. Sets train.time_budget_s and replaces the config's train.total_steps / train.cycles "
                    "(a --set of one of them keeps it as a step cap). A resumed run keeps its remaining budget.")
+@PRECISION_OPTION
 @ALLOW_UNVERIFIED_OPTION
 @click.option("--device", "device", default=None, metavar="INDEX|NAME[,...]",
               help="Vulkan device by index or name substring (env CATCHAT_DEVICE). Under mpiexec: a comma list "
                    "gives rank r's device as entry (local rank mod its length); default: local rank modulo the GPUs.")
 @click.option("--distributed", is_flag=True,
               help="Use MPI even when no launcher is seen in the environment (mpiexec is detected by itself).")
-def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, allow_unverified, device,
+def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, precision, allow_unverified, device,
           distributed):
     """Train a model from a TOML CONFIG on the Vulkan device (on N ranks: `mpiexec -n N catchat train CONFIG`)."""
     from contextlib import nullcontext
@@ -43,7 +44,7 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget
 
     if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
         overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
-    cfg = cfgmod.load(config_path, overrides)
+    cfg = cfgmod.load(config_path, with_precision(overrides, precision))
     name = Path(config_path).stem
     run_dir = Path(run_dir or Path("runs") / name)
     comm = dist.init(force=distributed)  # None for a single process: MPI is not even imported

@@ -6,6 +6,7 @@ import numpy as np
 
 from catchat.parity import ParityResult, compare
 from catchat.reference import axpby_reference
+from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby, pack_half, run_ops, unpack_half
 
@@ -25,6 +26,13 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     tx, ty = dev.tensor(x), dev.tensor(y)
     (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n)(0.0, 0.0, 0.0)], [ty])
     out.append(compare("axpby zero over NaN/Inf", str(n), got, np.zeros(n), 0.0, 0.0))
+    # a from a hyper word, in place (the fp16 program's unscale: y *= 1/S, exact for a power of two)
+    n, hyper = 1000, np.zeros(slots.HP_WORDS, np.uint32)
+    hyper[slots.HP_GRAD_UNSCALE] = slots.f32_bits(2.0**-16)
+    y = rng.standard_normal(n, dtype=np.float32) * 2**16
+    ty, th = dev.tensor(y), dev.tensor(hyper, np.uint32)
+    (got,) = run_ops(dev, [ty, th], [Axpby(dev, ty, ty, n, hyper_a=(th, slots.HP_GRAD_UNSCALE))(0.0, 0.0)], [ty])
+    out.append(compare("axpby a from hyper, in place", str(n), got, y * np.float32(2.0**-16), 0.0, 0.0))
     if dev.runs_float16:
         out += _half_checks(dev, rng)
     return out

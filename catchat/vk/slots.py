@@ -42,6 +42,8 @@ HP_TF = 19  # f32 teacher forcing: probability that a step's input is the data's
 HP_TF_TOPK = 20  # u32 the fed-back token: 0 = the model's argmax, k > 0 = a sample from its top k
 HP_LANE_OFFSET = 21  # u32 global index of the program's lane 0 (data parallelism: a rank's first lane; else 0)
 HP_LANES = 22  # u32 lanes of the whole step on all ranks (the RNG counters' row length; 0 = the program's B)
+HP_LOSS_SCALE = 23  # f32 fp16 loss scale S, a power of two, multiplying dlogits (0 = 1: no scaling)
+HP_GRAD_UNSCALE = 24  # f32 1 / S: the fp16 program's unscale of the weight gradients before the grad norm
 HP_WORDS = 32
 
 # --- stats: GPU -> host, zeroed at the start of every optimizer step ---------------------------

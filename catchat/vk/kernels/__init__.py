@@ -69,18 +69,25 @@ def run_ops(dev: Device, upload, ops, download):
 class Axpby(Kernel):
     """y = a*x + b*y + c over n floats (glsl/axpby.comp): zeroing, scaling, copying, accumulating.
     half: x and y hold n float16 values (`pack_half`) and the arithmetic is float16; only on a
-    device with `Device.runs_float16`."""
+    device with `Device.runs_float16`. hyper_a: (hyper tensor, slot): a is read from that word on
+    the device as the dispatch runs (the fp16 program's unscale by 1/S), the call's `a` is ignored."""
 
     shader = "axpby"
     WORKGROUP = 64
     HALF_ATOL = 4e-3  # float16 results against numpy's: two float16 roundings at |y| < 8 (an FMA rounds once)
 
-    def __init__(self, dev: Device, x, y, n: int, half: bool = False):
+    def __init__(self, dev: Device, x, y, n: int, half: bool = False, hyper_a=None):
         self.n = int(n)
         if half and not dev.runs_float16:
             raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
-        super().__init__(dev, [x, y], [ceil_div(self.n, self.WORKGROUP)], spec=[self.WORKGROUP],
-                         push=(self.n, 0.0, 0.0, 0.0), defines={"HALF": 1} if half else None)
+        if half and hyper_a is not None:
+            raise ValueError("axpby: hyper_a is a float32 variant")
+        tensors, defines = [x, y], {"HALF": 1} if half else {}
+        if hyper_a is not None:
+            tensors.append(hyper_a[0])
+            defines["HYPER_A"] = int(hyper_a[1])
+        super().__init__(dev, tensors, [ceil_div(self.n, self.WORKGROUP)], spec=[self.WORKGROUP],
+                         push=(self.n, 0.0, 0.0, 0.0), defines=defines or None)
 
     def __call__(self, a: float, b: float, c: float = 0.0):
         return self.op(self.n, float(a), float(b), float(c))

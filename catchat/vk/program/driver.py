@@ -54,6 +54,7 @@ class StepHyper:
     spectral_bound: float = 0.0  # 0 = off
     run_seed: int = 0
     tf_top_k: int = 0  # scheduled sampling's fed-back token: 0 = argmax, k = a sample from the top k
+    loss_scale: float = 1.0  # fp16's S (a power of two: catchat.precision.LossScaler); 1 at fp32
 
 
 @dataclass
@@ -79,12 +80,15 @@ class Program:
     recorded sequences (sequences.py)."""
 
     def __init__(self, dev: Device, layout: ParamLayout, T: int, B: int, optimizer: str = "adamw",
-                 training: bool = True, *, lane_offset: int = 0, lanes_total: int | None = None):
+                 training: bool = True, *, lane_offset: int = 0, lanes_total: int | None = None,
+                 precision: str = "fp32"):
         """layout: the caller's parameter layout (built once by the caller). training=False builds
         only the forward pass (evaluation, generation): no gradient, optimizer or backward buffers.
         lane_offset, lanes_total: this program's B lanes are lanes [lane_offset, lane_offset + B) of
         lanes_total (data parallelism, catchat/distributed.py): dropout masks and scheduled sampling's
-        draws are those of the global lane (HP_LANE_OFFSET, HP_LANES). Default: all lanes, offset 0."""
+        draws are those of the global lane (HP_LANE_OFFSET, HP_LANES). Default: all lanes, offset 0.
+        precision: "fp32", or "fp16": every GEMM takes its operands rounded to float16 (kernelsets.py),
+        and a training step's gradients carry StepHyper.loss_scale until they are unscaled."""
         self.layout, self.dev, self.spec, self.T, self.B = layout, dev, layout.spec, int(T), int(B)
         self.lane_offset = int(lane_offset)
         self.lanes_total = self.B if lanes_total is None else int(lanes_total)
@@ -93,6 +97,7 @@ class Program:
                              f"[0, {self.lanes_total})")
         self.reduce_s = 0.0  # seconds of the last step's gradient exchange (download, reduce_grads, upload)
         self.optimizer_kind = optimizer
+        self.precision = precision
         self.training = training
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
@@ -101,8 +106,8 @@ class Program:
         self.buffers = b = allocate(dev, layout, g, training)
         if b.initialised():
             self._sync(b.initialised(), True)  # device tensors hold garbage until synced
-        self.fwd: ForwardKernels = build_forward(dev, layout, b, g)
-        self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer) if training else None
+        self.fwd: ForwardKernels = build_forward(dev, layout, b, g, precision)
+        self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer, precision) if training else None
         self.stepwise: StepwiseKernels | None = None
         fwd = sq.forward_ops(self.fwd)
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
@@ -119,7 +124,7 @@ class Program:
         if self.seq_eval_free is not None:
             return
         dev, b = self.dev, self.buffers
-        self.stepwise = build_stepwise(dev, self.layout, b, self.geometry)
+        self.stepwise = build_stepwise(dev, self.layout, b, self.geometry, self.precision)
         fwd = sq.stepwise_forward_ops(self.fwd, self.stepwise, self.T, self.B)
         self.seq_eval_free = sq.record_eval(dev, b, self.fwd, fwd)
         if self.training:
@@ -212,8 +217,15 @@ class Program:
 
     def hyper_words(self, hp: StepHyper, *, global_step: int, micro_batch: int, n_valid: int,
                     opt_t: int | None = None, tf: float = 1.0) -> dict[int, np.uint32]:
-        """The hyper buffer for one micro-batch of optimizer step global_step + 1."""
+        """The hyper buffer for one micro-batch of optimizer step global_step + 1. The loss scale S
+        multiplies the loss gradient, so the backward sweep's clamp binds at S * gradh_clamp (exact: S is
+        a power of two); the gradients are unscaled by 1/S before anything else reads them."""
         f = slots.f32_bits
+        if hp.loss_scale != 1.0 and self.precision == "fp32":
+            raise ValueError("a loss scale is for precision fp16 (an fp32 program never unscales)")
+        s = float(hp.loss_scale)
+        if not (s >= 1.0 and math.frexp(s)[0] == 0.5):
+            raise ValueError(f"the loss scale must be a power of two >= 1, got {s}")
         t = global_step + 1 if opt_t is None else opt_t
         words = optimizer_hyper_words(hp.optimizer, t, hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay,
                                       hp.clip, hp.spectral_bound)
@@ -221,8 +233,9 @@ class Program:
             slots.HP_SEED: np.uint32(step_seed(hp.run_seed, global_step, micro_batch)),
             slots.HP_N_VALID: np.uint32(n_valid), slots.HP_INV_N_VALID: f(1.0 / n_valid if n_valid else 0.0),
             slots.HP_P_EMB: f(hp.dropout_embedding), slots.HP_P_HID: f(hp.dropout_hidden),
-            slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(hp.gradh_clamp),
+            slots.HP_SMOOTHING: f(hp.label_smoothing), slots.HP_GRADH_CLAMP: f(np.float32(hp.gradh_clamp) * s),
             slots.HP_TF: f(tf), slots.HP_TF_TOPK: np.uint32(hp.tf_top_k),
+            slots.HP_LOSS_SCALE: f(s), slots.HP_GRAD_UNSCALE: f(1.0 / s),
         })
         return words
 

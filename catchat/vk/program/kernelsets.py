@@ -7,6 +7,11 @@ per layer (top-down): norm backward, recurrent sweep backward, then the weight g
 over all timesteps (split-K), bias gradients as column sums, the input gradient as one GEMM.
 Layer 0's input side goes through table0: dtable0 = dGi0 summed by token, then dW_ih0 +=
 dtable0^T E and dE += dtable0 W_ih0 ([V]-sized GEMMs instead of [T*B]-sized ones).
+
+precision "fp16" (train.precision, docs/training.md "Mixed precision"): every GEMM here multiplies
+its operands rounded to float16 (float32 sums; `Gemm(precision=...)`); sweeps, norms, loss and
+optimizer stay float32. The loss gradient then carries the loss scale S (HP_LOSS_SCALE), and
+`BackwardKernels.unscale` multiplies the weight gradients (and dh0) by 1/S before the grad norm.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catchat.model import ParamLayout, head_name
+from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
@@ -80,6 +86,7 @@ class BackwardKernels:
     grad_norm: GradNorm
     optimizer: Optimizer
     spectral: SpectralProject
+    unscale: list[Axpby]  # fp16: grads and dh0 *= hyper[HP_GRAD_UNSCALE] before the grad norm; fp32: none
 
 
 @dataclass
@@ -91,7 +98,8 @@ class StepwiseKernels:
     rows: RowKernels
 
 
-def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: int) -> RowKernels:
+def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: int,
+               precision: str = "fp32") -> RowKernels:
     o, H, V = layout.offsets, g.H, g.V
     emb = EmbeddingForward(dev, (b.tokens, 0), (b.params, o["embedding.weight"]), (b.x[0], 0), b.hyper, rows, V, H)
     proj, norm = [], []
@@ -102,20 +110,22 @@ def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: 
                                          scale_h=H, bias=(b.params, o[p + "gru.bias_ih"])))
         else:
             proj.append(Gemm(dev, (b.x[l], 0, H), (b.params, o[p + "gru.weight_ih"], H), (b.gi, 0, 3 * H),
-                             rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"])))
+                             rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"]),
+                             precision=precision))
         norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
                                            T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
                                            eps=layout.spec.norm_eps, o_off=state_rows(g.B, H)))
     head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[head_name(layout.spec)], H), (b.logits, 0, V), rows, V, H,
-                trans_b=True)
+                trans_b=True, precision=precision)
     return RowKernels(emb, proj, norm, head)
 
 
-def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> ForwardKernels:
+def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, precision: str = "fp32"
+                  ) -> ForwardKernels:
     o, T, B, H, V = layout.offsets, g.T, g.B, g.H, g.V
-    rows = build_rows(dev, layout, b, g, g.R)
+    rows = build_rows(dev, layout, b, g, g.R, precision)
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
-                  (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True)
+                  (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
@@ -126,24 +136,26 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> 
     return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H))
 
 
-def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str) -> BackwardKernels:
+def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,
+                   precision: str = "fp32") -> BackwardKernels:
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
+    pr = precision
     head = o[head_name(layout.spec)]
     dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
-    head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V)
+    head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V, precision=pr)
     # split-K partials in dead buffers where they fit (plan.py): the head's in gi, the layers' in x[L]
     ws_head, ws_layers = b.gi if g.split_in_gi else b.ws, b.x[L] if g.split_in_x else b.ws
     head_dw = Gemm(dev, (b.logits, 0, V), (b.x[L], 0, H), (b.grads, head, H), V, H, R, trans_a=True, beta=1.0,
-                   split_k=g.split_head, workspace=ws_head)
+                   split_k=g.split_head, workspace=ws_head, precision=pr)
     layers = []
     for l in range(L):
         p = f"layers.{l}."
 
         def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K; dg (tensor, off, ld)
             return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
-                        beta=1.0, split_k=g.split_w, workspace=ws_layers)
+                        beta=1.0, split_k=g.split_w, workspace=ws_layers, precision=pr)
 
         k = BackwardLayer(
             # dout and dx share `dx` (allowed: each row is read before it is written)
@@ -160,7 +172,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         if l > 0:  # layer 0's input side goes through table0 (below)
             k.dw_ih = gemm_w((dgi, 0, 3 * H), b.x[l], "gru.weight_ih")
             k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,
-                        beta=1.0)
+                        beta=1.0, precision=pr)
         layers.append(k)
     emb_b = EmbeddingBackward(dev, (b.tokens, 0), (b.dx, 0), (b.grads, o["embedding.weight"]), b.hyper, R, V, H)
     w_ih0, emb = o["layers.0.gru.weight_ih"], o["embedding.weight"]
@@ -168,16 +180,20 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         zero=Axpby(dev, b.dtable0, b.dtable0, V * 3 * H),
         sum=EmbeddingBackward(dev, (b.tokens, 0), (dgi, 0), (b.dtable0, 0), b.hyper, R, V, 3 * H, scale_h=H),
         dw_ih=Gemm(dev, (b.dtable0, 0, 3 * H), (b.params, emb, H), (b.grads, w_ih0, H), 3 * H, H, V, trans_a=True,
-                   beta=1.0),
-        demb=Gemm(dev, (b.dtable0, 0, 3 * H), (b.params, w_ih0, H), (b.grads, emb, H), V, H, 3 * H, beta=1.0))
+                   beta=1.0, precision=pr),
+        demb=Gemm(dev, (b.dtable0, 0, 3 * H), (b.params, w_ih0, H), (b.grads, emb, H), V, H, 3 * H, beta=1.0,
+                  precision=pr))
     P = g.P
+    unscale = [] if pr == "fp32" else [Axpby(dev, t, t, n, hyper_a=(b.hyper, slots.HP_GRAD_UNSCALE))
+                                       for t, n in ((b.grads, P), (b.dh0, L * B * H))]
     return BackwardKernels(
         cross_entropy=ce, head_dx=head_dx, head_dw=head_dw, layers=layers, embedding=emb_b, table0=table0,
         zero_grads=Axpby(dev, b.grads, b.grads, P), grad_norm=GradNorm(dev, b.grads, b.stats, P),
         optimizer=Optimizer(dev, b.params, b.grads, b.m, b.v, b.decay, b.hyper, b.stats, P, kind=optimizer),
-        spectral=SpectralProject(dev, b.params, layout, b.u, b.hyper, b.stats))
+        spectral=SpectralProject(dev, b.params, layout, b.u, b.hyper, b.stats), unscale=unscale)
 
 
-def build_stepwise(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry) -> StepwiseKernels:
+def build_stepwise(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, precision: str = "fp32"
+                   ) -> StepwiseKernels:
     tf = TfSelect(dev, b.tokens, b.logits, b.resets, b.hyper, b.stats, T=g.T, B=g.B, V=g.V)
-    return StepwiseKernels(tf, build_rows(dev, layout, b, g, g.B))
+    return StepwiseKernels(tf, build_rows(dev, layout, b, g, g.B, precision))

@@ -6,7 +6,8 @@ and replayed for every batch (never re-recorded).
     set params             upload params; rebuild table0
     micro-batch (first)    upload hyper/stats/data; zero grads; forward; loss (dlogits in place); backward; carry
     micro-batch (next)     the same without zeroing and the stats upload (gradient accumulation)
-    apply                  grad norm; skip guard + clip + AdamW/NAdam; spectral projection; table0; download stats
+    apply                  (fp16: grads *= 1/S); grad norm; skip guard + clip + AdamW/NAdam; spectral projection;
+                           table0; download stats
     per-timestep           recorded on first use: eval (free-running) and the two micro-batches with the
                            forward one timestep at a time (scheduled sampling); the backward is the same
     decode start           upload the call's settings; carry -> decode state; first choice; download it
@@ -60,8 +61,9 @@ def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) 
 
 
 def optimizer_ops(f: ForwardKernels, k: BackwardKernels) -> list:
-    """Grad norm, the optimizer (skip guard, clip, AdamW/NAdam), spectral projection, table0."""
-    return k.grad_norm() + [k.optimizer()] + k.spectral() + f.table0.ops()
+    """(fp16: the unscale by 1/S), grad norm, the optimizer (skip guard, clip, AdamW/NAdam), spectral
+    projection, table0."""
+    return [u(0.0, 0.0) for u in k.unscale] + k.grad_norm() + [k.optimizer()] + k.spectral() + f.table0.ops()
 
 
 # ----------------------------------------------------------------------------- sequences
