@@ -7,7 +7,8 @@ in it has taken exactly N steps, lesson 3) holding
                            and the carried hidden state `carry.h0` [L,B,H]
     state.json             step, seqs, cycle, data cursor, RNG, schedule, config, vocab fingerprint,
                            and the sha256 of both tensor files (corruption is caught on load); a
-                           time-budgeted run's also its run clock ("budget": catchat/budget.py)
+                           time-budgeted run's also its run clock ("budget": catchat/budget.py), an
+                           fp16 run's loss scale ("loss_scale": catchat/precision.py)
 It is written into a temporary sibling directory, fsynced, then renamed into place; `latest` (a
 one-line text file naming the directory) is replaced last. A crash at any point leaves the
 previous checkpoint and `latest` intact. `checkpoints/` holds only the run's live branch: a resume
@@ -33,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from catchat import budget, tensorfile, vocab
+from catchat import budget, precision, tensorfile, vocab
 from catchat.errors import UsageError
 from catchat.faults import crash_point
 from catchat.fsutil import atomic_write_text, fsync_dir, remove_stale_temporaries
@@ -261,6 +262,8 @@ def state_problems(state: dict, ckpt: Path, *, for_resume: bool) -> list[str]:
     need("cursor", lambda v: isinstance(v, dict), "a table", required=for_resume)
     need("schedule", lambda v: isinstance(v, dict), "a table", required=False)
     _check_budget(state, problems, for_resume)
+    if "loss_scale" in state and (why := precision.valid_state(state["loss_scale"])):
+        problems.append(f"loss_scale: {why}")
     step = state.get("global_step")
     if _is_int(step):
         if _is_int(state.get("applied_steps")) and state["applied_steps"] > step:

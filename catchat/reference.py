@@ -6,6 +6,11 @@ the parameters passed in (float32 to compare with the GPU, float64 for finite di
 
 Sections: dropout masks (from catchat.rng) / layers / loss / model / scheduled sampling /
 optimizers / one training step.
+
+precision "fp16" (train.precision): every product the GPU runs as a GEMM goes through `gemm`,
+which rounds both operands to float16 first, as the GPU's GEMMs do; the recurrent products, norms,
+loss and optimizer stay in the arithmetic dtype. fp16's loss scale is not modelled: multiplying by a
+power of two and dividing again is exact, so the GPU's unscaled gradients match these to tolerance.
 """
 
 from __future__ import annotations
@@ -25,6 +30,21 @@ from catchat.rng import (
     rng_uniform,
     step_seed,
 )
+
+# ---------------------------------------------------------------------------------------------
+# GEMM operands at a precision
+# ---------------------------------------------------------------------------------------------
+
+
+def gemm(a: np.ndarray, b: np.ndarray, precision: str = "fp32") -> np.ndarray:
+    """a @ b as the GPU's GEMMs take it: at "fp16" each operand rounded to float16 (to nearest
+    even), products and sums in the operands' dtype."""
+    if precision == "fp32":
+        return a @ b
+    if precision != "fp16":
+        raise ValueError(f"unknown precision {precision!r}")
+    return a.astype(np.float16).astype(a.dtype) @ b.astype(np.float16).astype(b.dtype)
+
 
 # ---------------------------------------------------------------------------------------------
 # axpby: y = a*x + b*y + c (zeroing, scaling, copying, accumulating buffers)
@@ -98,18 +118,20 @@ def _sigmoid(a: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * a))
 
 
-def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh):
+def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None):
     """One GRU layer over a window.
 
     x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
-    entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H].
+    entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H]; precision: the input projection's
+    (a GEMM); gi [T,B,3H]: the input projection made elsewhere (fp16's layer 0 goes through table0).
     Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
     """
     T, B, _ = x.shape
     H = w_hh.shape[1]
     dt = x.dtype
     carry = 1 - resets.astype(dt)  # [T,B] 0 where the state is reset
-    gi = x @ w_ih.T + b_ih  # [T,B,3H] input projections: no recurrence, all steps at once
+    if gi is None:
+        gi = gemm(x, w_ih.T, precision) + b_ih  # [T,B,3H] input projections: no recurrence, all steps at once
     o = np.empty((T, B, H), dt)  # [T,B,H]
     hprev = np.empty((T, B, H), dt)  # [T,B,H] state entering step t (after the reset)
     r = np.empty((T, B, H), dt)  # [T,B,H]
@@ -127,7 +149,7 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh):
         hprev[t] = h
         h = (1 - z[t]) * n[t] + z[t] * h
         o[t] = h
-    cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh)
+    cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh, precision=precision)
     return o, cache
 
 
@@ -141,6 +163,7 @@ def gru_layer_backward(do, dhT, cache, clamp=None):
     Returns dx [T,B,H], dh0 [B,H], dw_ih [3H,H], dw_hh [3H,H], db_ih [3H], db_hh [3H], hits.
     """
     x, hprev, w_ih, w_hh = cache["x"], cache["hprev"], cache["w_ih"], cache["w_hh"]
+    pr = cache.get("precision", "fp32")
     T, B, H = do.shape
     dx = np.empty_like(x)  # [T,B,H]
     dw_ih = np.zeros_like(w_ih)  # [3H,H]
@@ -151,9 +174,9 @@ def gru_layer_backward(do, dhT, cache, clamp=None):
     hits = 0
     for t in reversed(range(T)):
         dgi, dgh, dh = gru_step_backward(dh + do[t], t, cache)  # [B,3H], [B,3H], [B,H] into h_{t-1}
-        dx[t] = dgi @ w_ih
-        dw_ih += dgi.T @ x[t]
-        dw_hh += dgh.T @ hprev[t]
+        dx[t] = gemm(dgi, w_ih, pr)
+        dw_ih += gemm(dgi.T, x[t], pr)
+        dw_hh += gemm(dgh.T, hprev[t], pr)
         db_ih += dgi.sum(0)
         db_hh += dgh.sum(0)
         dh, h = _bptt_clamp(dh, clamp, t)
@@ -245,16 +268,16 @@ def residual_rmsnorm_backward(dout, cache):
 # ---------------------------------------------------------------------------------------------
 
 
-def head_forward(x, W):
+def head_forward(x, W, precision="fp32"):
     """x [T,B,H], W [V,H] -> logits [T,B,V]."""
-    return x @ W.T
+    return gemm(x, W.T, precision)
 
 
-def head_backward(dlogits, x, W):
+def head_backward(dlogits, x, W, precision="fp32"):
     """dlogits [T,B,V] -> dx [T,B,H], dW [V,H]."""
     V = W.shape[0]
-    dW = dlogits.reshape(-1, V).T @ x.reshape(-1, x.shape[-1])  # [V,H]
-    return dlogits @ W, dW
+    dW = gemm(dlogits.reshape(-1, V).T, x.reshape(-1, x.shape[-1]), precision)  # [V,H]
+    return gemm(dlogits, W, precision), dW
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,12 +343,14 @@ def _dropout_scale(keep: np.ndarray, p: float, dt) -> np.ndarray:
 
 def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
                            *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
-                           need_grads=True) -> Result:
+                           need_grads=True, precision="fp32") -> Result:
     """Forward (and backward) of the whole model over one window; docs/model.md, exactly.
 
     params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
     h0 [L,B,H]; n_valid_step: valid targets of the whole optimizer step; seed: this
-    micro-batch's dropout seed (`catchat.rng.step_seed`).
+    micro-batch's dropout seed (`catchat.rng.step_seed`). precision "fp16": the GEMMs' operands
+    rounded to float16 (`gemm`), layer 0's input side through table0 = E W_ih0^T as the GPU does
+    (whose float16 operands are E and W_ih0, not the scaled rows x0).
     """
     E = params["embedding.weight"]  # [V,H]
     dt = E.dtype
@@ -336,33 +361,48 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
     x = embedding_forward(E, tokens, row_scale)  # [T,B,H]
     xs, gcaches, ncaches = [], [], []
     hT = np.empty((L, B, H), dt)  # [L,B,H]
+    table0 = precision == "fp16"  # layer 0's input projection as a gather from E W_ih0^T
     for l in range(L):
         pre = f"layers.{l}."
         hid_scale = _dropout_scale(hidden_keep_mask(seed, l, B, H, p_hid), p_hid, dt)  # [B,H]
+        gi = None
+        if l == 0 and table0:  # [T,B,3H]
+            gi = embedding_forward(gemm(E, params[pre + "gru.weight_ih"].T, precision), tokens, row_scale)
+            gi += params[pre + "gru.bias_ih"]
         o, gc = gru_layer_forward(x, h0[l], resets, params[pre + "gru.weight_ih"],
                                   params[pre + "gru.weight_hh"], params[pre + "gru.bias_ih"],
-                                  params[pre + "gru.bias_hh"])  # [T,B,H]
+                                  params[pre + "gru.bias_hh"], precision, gi)  # [T,B,H]
         hT[l] = o[-1]
         xs.append(x)
         x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)
         gcaches.append(gc)
         ncaches.append(nc)
     W_head = params[head_name(spec)]  # [V,H]
-    logits = head_forward(x, W_head)  # [T,B,V]
+    logits = head_forward(x, W_head, precision)  # [T,B,V]
     loss, dlogits, top1, top5, nv = cross_entropy_forward_backward(logits, targets, n_valid_step,
                                                                    smoothing)
     if not need_grads:
         return Result(loss, logits, None, None, hT, top1, top5, nv, 0)
 
     grads = {k: np.zeros_like(v) for k, v in params.items()}
-    dx, dW = head_backward(dlogits, x, W_head)  # [T,B,H], [V,H]
+    dx, dW = head_backward(dlogits, x, W_head, precision)  # [T,B,H], [V,H]
     grads[head_name(spec)] += dW  # tied: the head's share lands on the embedding
     dh0 = np.empty((L, B, H), dt)  # [L,B,H]
     hits = 0
     for l in reversed(range(L)):
         pre = f"layers.{l}."
         dx_res, do, dg = residual_rmsnorm_backward(dx, ncaches[l])
-        dx_gru, dh0[l], dwi, dwh, dbi, dbh, h = gru_layer_backward(do, None, gcaches[l], clamp)
+        if l == 0 and table0:  # the input side through table0: dtable0 = dGi0 summed by token, then two GEMMs
+            dgi, dgh, dh0[l], h = gru_sweep_backward(do, gcaches[l], clamp)  # [T,B,3H] x2
+            dwh = gemm(dgh.reshape(-1, 3 * H).T, gcaches[l]["hprev"].reshape(-1, H), precision)
+            dbi, dbh = dgi.sum((0, 1)), dgh.sum((0, 1))
+            dtable0 = np.zeros((V, 3 * H), dt)  # [V,3H]
+            embedding_backward(dtable0, dgi, tokens, row_scale)
+            dwi = gemm(dtable0.T, E, precision)  # [3H,H]
+            grads["embedding.weight"] += gemm(dtable0, params[pre + "gru.weight_ih"], precision)
+            dx_gru = 0.0
+        else:
+            dx_gru, dh0[l], dwi, dwh, dbi, dbh, h = gru_layer_backward(do, None, gcaches[l], clamp)
         grads[pre + "norm.weight"] += dg
         grads[pre + "gru.weight_ih"] += dwi
         grads[pre + "gru.weight_hh"] += dwh

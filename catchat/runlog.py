@@ -56,9 +56,10 @@ INT_COLUMNS = frozenset({"global_step", "seqs", "cycle", "tokens", "clipped", "v
                          "skipped"})  # what the trainer writes as integers; the rest are floats
 # Appended after METRICS_COLUMNS by this trainer (floats): elapsed_s, the run clock when the step ended
 # (a time-budgeted run's budget clock, which a resume continues; otherwise seconds since the process
-# started); progress, the share of the plan done after the step (the schedule's input). A metrics.csv
-# begun by an older catchat has neither, and a resumed run keeps writing its columns.
-LATER_COLUMNS = ("elapsed_s", "progress")
+# started); progress, the share of the plan done after the step (the schedule's input); loss_scale, the
+# loss scale S the step ran with (train.precision = "fp16"; 1 at fp32). A metrics.csv begun by an older
+# catchat lacks some or all of them, and a resumed run keeps writing its columns.
+LATER_COLUMNS = ("elapsed_s", "progress", "loss_scale")
 WRITTEN_COLUMNS = METRICS_COLUMNS + LATER_COLUMNS
 
 MAX_LINE_BYTES = 128 * 1024  # far above any line the trainer writes (an eval event is < 1 KiB)
@@ -291,7 +292,7 @@ EVENT_FIELDS: dict[str, dict] = {
     "eval": {**_SCORES, "tokens": NUM, "seqs": INT, "tf": NUM, "n_valid": INT,
              "free_running": _object(_SCORES, False)},
     "checkpoint": {"path": STR, "reason": STR},
-    "skipped_step": {"reason": STR},
+    "skipped_step": {"reason": STR, "loss_scale": NUM},  # loss_scale: an fp16 overflow, the halved scale
     "end": {"reason": STR, "skipped_steps": INT, "applied_steps": INT},
     # a resume from an older checkpoint of the run: what came after branch_step moved to side_dir
     # ("from" None and branch_step -1: a fresh start over an earlier attempt)

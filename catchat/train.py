@@ -49,6 +49,7 @@ from catchat.fsutil import append_line, atomic_write_text, deferred_signals
 from catchat.lanes import Lanes, prefix_dropout
 from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, init_params, param_specs
+from catchat.precision import GROWTH_INTERVAL, LossScaler
 from catchat.rng import step_seed
 from catchat.rundir import RunFiles, RunLock
 from catchat.runlog import METRICS_COLUMNS
@@ -76,14 +77,15 @@ def memory_mb() -> dict:
     return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
 
 
-def step_hyper(cfg: cfgmod.Config, lr: float) -> StepHyper:
-    """The StepHyper of a config at learning rate lr."""
+def step_hyper(cfg: cfgmod.Config, lr: float, loss_scale: float = 1.0) -> StepHyper:
+    """The StepHyper of a config at learning rate lr (and fp16's loss scale)."""
     t = cfg.train
     return StepHyper(lr=lr, optimizer=t.optimizer, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
                      weight_decay=t.weight_decay, clip=t.clip, label_smoothing=t.label_smoothing,
                      dropout_embedding=t.dropout_embedding, dropout_hidden=t.dropout_hidden,
                      gradh_clamp=t.gradh_clamp, spectral_bound=t.spectral_bound, run_seed=t.seed,
-                     tf_top_k=cfg.teacher_forcing.top_k if cfg.teacher_forcing.choice == "topk" else 0)
+                     tf_top_k=cfg.teacher_forcing.top_k if cfg.teacher_forcing.choice == "topk" else 0,
+                     loss_scale=loss_scale)
 
 
 class Trainer(BudgetedRun, RankedRun):
@@ -113,6 +115,7 @@ class Trainer(BudgetedRun, RankedRun):
         self.last_checkpoint_step = -1
         self.last_eval_step = -1
         self.consecutive_skips = 0
+        self.scaler: LossScaler | None = None  # fp16's loss scale (train.precision); None at fp32
         self._exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, step_s=0.0, steps=0)  # with ranks
         self.lock = None
         if not self.is_root:  # a rank other than 0 touches no file of the run: it takes rank 0's state
@@ -174,7 +177,7 @@ class Trainer(BudgetedRun, RankedRun):
         self.share = self.shares[rank]
         lo, hi = self.share
         self.prog = Program(self.dev, self.layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
-                            lane_offset=lo, lanes_total=B)
+                            lane_offset=lo, lanes_total=B, precision=cfg.train.precision)
         self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
 
     def _set_carry(self, carry: np.ndarray | None) -> None:
@@ -232,6 +235,7 @@ class Trainer(BudgetedRun, RankedRun):
         self._start_carry = None
         self._set_carry(None)
         self.global_step, self.applied_steps = 0, 0
+        self.scaler = LossScaler() if self.cfg.train.precision == "fp16" else None
         self.cursor = self.lanes.start()
 
     def _commit_files(self, ckpt: ck.Checkpoint | None, finished: list[Path]) -> None:
@@ -274,7 +278,7 @@ class Trainer(BudgetedRun, RankedRun):
                                   cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
                                   lr_min=s.lr_min),
                     seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
-                    seqs_per_cycle=self.lanes.seqs_per_cycle, **memory_mb())
+                    seqs_per_cycle=self.lanes.seqs_per_cycle, precision=self.cfg.train.precision, **memory_mb())
         info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
         if self.budget is not None:  # the lr then follows the metrics' progress column (total_steps: a cap, 0 = none)
             info["schedule"]["time_budget_s"] = self.budget.budget_s
@@ -313,10 +317,21 @@ class Trainer(BudgetedRun, RankedRun):
             self.cursor = self.lanes.restore(ckpt.state["cursor"])
             self.global_step = ckpt.global_step
             self.applied_steps = int(ckpt.state["applied_steps"])
+            self._restore_precision(ckpt)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise UsageError(f"{ckpt.path / ck.STATE_FILE} is damaged ({type(exc).__name__}: {exc})",
                              hint="resume from another checkpoint") from None
         self.last_checkpoint_step = self.global_step
+
+    def _restore_precision(self, ckpt: ck.Checkpoint) -> None:
+        """fp16's loss scale from the checkpoint (an fp32 or older one has none: a fresh scale), and a
+        line when the checkpoint was trained at another precision (allowed: the weights are float32)."""
+        saved = ckpt.state.get("config", {}).get("train", {}).get("precision", "fp32")
+        now = self.cfg.train.precision
+        if saved != now:
+            self.report("warning", text=f"{ckpt.path} was trained at precision {saved}; continuing at {now}")
+        if now == "fp16":
+            self.scaler = LossScaler.from_state(ckpt.state.get("loss_scale"))
 
     # ------------------------------------------------------------------ telemetry
     def _record(self, kind: str, **fields) -> dict:
@@ -329,14 +344,16 @@ class Trainer(BudgetedRun, RankedRun):
         append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
 
-    def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float):
+    def _metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float,
+                     loss_scale: float):
         if not self.is_root:
             return
         row = [self.global_step, self.cursor.seqs, self.cursor.cycle, self.global_step * self.tokens_per_step,
                f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
                f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
                f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped)]
-        later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}"}
+        later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}",
+                 "loss_scale": f"{loss_scale:.0f}"}
         row += [later.get(c, "") for c in self._columns[len(METRICS_COLUMNS):]]  # the columns the file has
         append_line(self.files.metrics, ",".join(map(str, row)))
 
@@ -367,6 +384,8 @@ class Trainer(BudgetedRun, RankedRun):
                      config=config, config_name=self.config_name, model=config["model"])
         if self.budget is not None:
             state["budget"] = self.budget.state()
+        if self.scaler is not None:
+            state["loss_scale"] = self.scaler.state()
         try:
             path = ck.save_checkpoint(self.files.checkpoints, self.global_step, params, opt, state,
                                       keep_last=self.cfg.checkpoint.keep_last)
@@ -492,7 +511,8 @@ class Trainer(BudgetedRun, RankedRun):
                 injected.enter_context(faultmod.nan_gradient(self.prog))
             if "device_lost" in hits:
                 injected.enter_context(faultmod.lost_device(self.prog))
-            st = self.prog.train_step(batches, step_hyper(cfg, lr), global_step=self.global_step,
+            scale = 1.0 if self.scaler is None else self.scaler.scale
+            st = self.prog.train_step(batches, step_hyper(cfg, lr, scale), global_step=self.global_step,
                                       opt_t=self.applied_steps + 1, tf=tf, n_valid=valid, reduce_grads=reduce_grads)
         if self.comm is not None:
             st = self._add_up(st, time.perf_counter() - start)
@@ -501,12 +521,22 @@ class Trainer(BudgetedRun, RankedRun):
         self.global_step += 1
         if st.skipped:
             reason = "no valid targets" if st.n_valid == 0 else f"non-finite gradient norm ({st.grad_norm})"
-            self.consecutive_skips += 1
-            self.event("skipped_step", reason=reason, consecutive=self.consecutive_skips)
+            if st.n_valid and self.scaler is not None and self.scaler.overflow():
+                # the scale's own doing: not a streak toward max_consecutive_skips (S halves at most
+                # log2(S) times before an overflow at S = 1 counts, so a diverged run still stops)
+                reason = f"fp16 overflow, loss scale {scale:.0f} -> {self.scaler.scale:.0f}"
+                self.event("skipped_step", reason=reason, consecutive=self.consecutive_skips,
+                           loss_scale=self.scaler.scale)
+            else:
+                self.consecutive_skips += 1
+                self.event("skipped_step", reason=reason, consecutive=self.consecutive_skips)
         else:
             self.applied_steps += 1
             self.consecutive_skips = 0
-        self._metrics_row(st, lr, tf, valid, seconds, progress)
+            if self.scaler is not None and self.scaler.applied() is not None:
+                self.event("loss_scale", reason=f"{GROWTH_INTERVAL} applied steps without overflow",
+                           loss_scale=self.scaler.scale)
+        self._metrics_row(st, lr, tf, valid, seconds, progress, scale)
         self.report("step", stats=st, lr=lr, tf=tf, seconds=seconds, global_step=self.global_step,
                     total_steps=self._steps_expected(decision), tokens_per_s=self.tokens_per_step / seconds)
         if decision is not None:

@@ -20,7 +20,7 @@ class RankedRun:
         m, v, u = self.prog.get_optimizer_state()
         return dict(cfg=self.cfg, global_step=self.global_step, applied_steps=self.applied_steps,
                     cursor=self.cursor.to_dict(), last_checkpoint_step=self.last_checkpoint_step,
-                    params=self.prog.get_params(), m=m, v=v, u=u, carry=self._start_carry)
+                    params=self.prog.get_params(), m=m, v=v, u=u, carry=self._start_carry, scaler=self.scaler)
 
     def _share_start(self, state: dict | None) -> None:
         """Rank 0: send the start state (None: the start was refused) to the other ranks."""
@@ -42,6 +42,7 @@ class RankedRun:
         self.cursor = self.lanes.restore(state["cursor"])
         self.global_step, self.applied_steps = state["global_step"], state["applied_steps"]
         self.last_checkpoint_step = state["last_checkpoint_step"]
+        self.scaler = state["scaler"]  # fp16: every rank scales and unscales by the same S
         self.budget = None
 
     def _add_up(self, st: StepStats, seconds: float) -> StepStats:

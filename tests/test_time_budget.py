@@ -216,7 +216,7 @@ def test_metrics_later_columns_are_optional(tmp_path):
     log = runlog.read_metrics(tmp_path / "old.csv")
     assert not log.bad and len(log.rows) == 1 and "progress" not in runlog.numbers(log.rows[0], log.header)
     new = ",".join(runlog.WRITTEN_COLUMNS)
-    (tmp_path / "new.csv").write_text(f"{new}\n{row},3.25,0.5\n{row},3.5,x\n")
+    (tmp_path / "new.csv").write_text(f"{new}\n{row},3.25,0.5,1\n{row},3.5,x,1\n")
     log = runlog.read_metrics(tmp_path / "new.csv")
     assert len(log.rows) == 1 and runlog.numbers(log.rows[0], log.header)["progress"] == 0.5
     assert log.bad == [(3, "progress is not a number: 'x'")]

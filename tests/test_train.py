@@ -33,8 +33,11 @@ def _final_params(run_dir):
     return ck.load_checkpoint(run_dir).params
 
 
-def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path):
-    cfg = small_config(small_corpus)
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path, precision):
+    """fp16: the loss scale and its good-step count are restored too (a resume would otherwise start
+    again at 2**16 and take other steps)."""
+    cfg = cfgmod.with_changes(small_config(small_corpus), train={"precision": precision})
     straight = Trainer(cfg, tmp_path / "straight", dev)
     assert straight.run() == "done"
     first = Trainer(cfg, tmp_path / "resumed", dev)
@@ -51,6 +54,8 @@ def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path):
     sb = ck.load_checkpoint(tmp_path / "resumed", with_optimizer=True)
     np.testing.assert_array_equal(sa.optimizer["carry.h0"], sb.optimizer["carry.h0"])
     assert sa.state["cursor"] == sb.state["cursor"]
+    assert sa.state.get("loss_scale") == sb.state.get("loss_scale")
+    assert ("loss_scale" in sa.state) == (precision == "fp16")
 
 
 def test_telemetry_and_intervals(dev, small_corpus, tmp_path):

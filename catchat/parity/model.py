@@ -1,8 +1,11 @@
 """The whole model against catchat.reference: one training step on the GPU (logits, loss, counts,
 hT, every parameter gradient, the clamp hits, the parameters after the optimizer step) in two
-configurations, and the per-timestep (scheduled-sampling) path."""
+configurations, each at fp32 and at fp16 (train.precision), and the per-timestep (scheduled-sampling)
+path."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -34,18 +37,29 @@ MODEL_CASES = [  # (name, spec, T, B, StepHyper)
 
 GRAD_ATOL, GRAD_RTOL = 2e-6, 2e-4  # float32 GPU sums vs float64 reference, gradients of O(1e-2)
 PARAM_ATOL = 2e-6  # after one step of lr ~3e-3
+# fp16 gradients against the fp16 twin: within FP16_GRAD * max|expected| of each tensor, FP16_GRAD =
+# u/8 (u = 2**-11, float16's unit roundoff). Both sides round the same operands, so they differ only
+# where an operand sits on a float16 rounding boundary and the GPU's float32 value falls on the other
+# side (one term off by <= 2u of itself), and where the twin's unscaled gradients are float16
+# subnormals (< 2**-14: absolute error 2**-25 each) that the GPU's, scaled by S, are not: measured
+# <= 1.8e-5 * max here. A GEMM rounding other operands, or none, is off by ~u * max (the fp32 twin:
+# 1.4e-4 .. 8e-4 * max), which this catches.
+FP16_GRAD = 2.0**-11 / 8
+FP16_SCALE = 2.0**16  # the loss scale fp16's rows run at (a run's first)
 
 
 def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
-                 label: str = "model") -> list[ParityResult]:
+                 label: str = "model", precision: str = "fp32") -> list[ParityResult]:
     """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
-    gradient, the clamp hit count, and every parameter after the optimizer step."""
+    gradient, the clamp hit count, and every parameter after the optimizer step. precision "fp16":
+    the program's GEMMs and the twin's round their operands to float16, the step runs at the loss
+    scale in hp (the GPU's unscaled gradients against the unscaled twin), at the FP16 tolerances."""
     rng = np.random.default_rng(seed)
     layout = ParamLayout(spec)
     flat = layout.flatten(init_params(spec, seed))
     tokens, targets, resets = random_window(rng, spec, T, B)
     h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
-    prog = Program(dev, layout, T, B, optimizer=hp.optimizer)
+    prog = Program(dev, layout, T, B, optimizer=hp.optimizer, precision=precision)
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     # eval pass (no dropout, plain CE) gives the logits; it also carries h0 -> hT, so reset after
@@ -60,11 +74,11 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     n_valid = int(np.count_nonzero(targets))
     seed0 = step_seed(hp.run_seed, 0, 0)
     plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
-                                       need_grads=False)
+                                       need_grads=False, precision=precision)
     res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
                                      smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
                                      p_hid=hp.dropout_hidden, seed=seed0,
-                                     clamp=hp.gradh_clamp or None)
+                                     clamp=hp.gradh_clamp or None, precision=precision)
     # The update is checked on the GPU's own gradients: Adam's first step is g / (|g| + eps), so
     # float32-vs-float64 differences in gradients near eps would swamp any tolerance.
     exp_flat = flat.astype(np.float64).copy()
@@ -73,7 +87,8 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
                                          lr=hp.lr, optimizer=hp.optimizer, b1=hp.beta1, b2=hp.beta2, eps=hp.eps,
                                          wd=hp.weight_decay, clip=hp.clip, spectral_bound=hp.spectral_bound or None,
                                          spectral_u=spectral_u_init(spec, np.float64))
-    shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}"
+    shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}" + (f" {precision} S={hp.loss_scale:g}"
+                                                                      if precision != "fp32" else "")
     out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
            compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
@@ -82,7 +97,9 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
            compare("hT (carry)", shape, h_next, res.hT.reshape(-1), 1e-5, 1e-4)]
     g = layout.unflatten(grads)
     for name in layout.names:
-        out.append(compare(f"grad {name}", shape, g[name], res.grads[name], GRAD_ATOL, GRAD_RTOL))
+        exp = res.grads[name]
+        atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (FP16_GRAD * np.abs(exp).max(), 0.0)
+        out.append(compare(f"grad {name}", shape, g[name], exp, atol, rtol))
     out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
     out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
     return out
@@ -142,10 +159,12 @@ STEPWISE_CASES = [  # (spec, T, B, StepHyper, tf)
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
-    """The whole model, two configurations, against the reference; the per-timestep path."""
+    """The whole model, two configurations, against the reference (at fp32, and at fp16 against the
+    fp16 twin); the per-timestep path."""
     out = []
     for label, spec, T, B, hp in MODEL_CASES:
         out += model_parity(dev, spec, T, B, hp, label=label)
+        out += model_parity(dev, spec, T, B, replace(hp, loss_scale=FP16_SCALE), label=label, precision="fp16")
     for spec, T, B, hp, tf in STEPWISE_CASES:
         out += stepwise_parity(dev, spec, T, B, hp, tf)
     return out

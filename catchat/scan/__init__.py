@@ -55,7 +55,7 @@ def scan_run(run_dir: Path) -> ScanReport:
     out = [check_metrics_file(mlog), check_events_file(elog, segs)]
     out.append(check_steps(rows, segs, events, branch_cuts))
     out.append(check_counters(rows, segs, cfg))
-    out.append(check_nonfinite(rows))
+    out.append(check_nonfinite(rows, events))
     out.append(check_skipped(rows, events))
     out.append(check_lr(rows, segs, cfg))
     out.append(check_tf(rows, segs, cfg))

@@ -134,16 +134,24 @@ def check_counters(rows: list[Row], segs: list[Segment], cfg) -> Finding:
     return Finding(name, OK, f"{sps} seqs, {tps} tokens per step")
 
 
-def check_nonfinite(rows: list[Row]) -> Finding:
+def check_nonfinite(rows: list[Row], events: list[dict] = ()) -> Finding:
+    """Applied non-finite steps fail; skipped ones warn, except fp16 overflows (a skipped_step event with
+    a loss_scale: the loss scale halving, catchat/precision.py), which are how loss scaling works."""
     name = "non-finite steps"
+    overflows = {int(e["global_step"]) for e in events if e["event"] == "skipped_step" and "loss_scale" in e}
     applied = [r.step for r in rows if not r.skipped and not (math.isfinite(r.loss) and math.isfinite(r.grad_norm))]
     skipped = [r.step for r in rows if r.skipped and r.valid > 0 and not math.isfinite(r.grad_norm)]
+    scaled = [s for s in skipped if s in overflows]
+    skipped = [s for s in skipped if s not in overflows]
     if applied:
         return Finding(name, FAIL, f"{len(applied)} applied step(s) with a non-finite loss or gradient norm "
                        f"({steps_text(applied)}): the skip guard did not hold", applied)
     if skipped:
         return Finding(name, WARN, f"{len(skipped)} step(s) with a non-finite gradient, skipped by the guard "
                        f"({steps_text(skipped)})", skipped)
+    if scaled:
+        return Finding(name, OK, f"{len(scaled)} fp16 overflow step(s), skipped as the loss scale halved "
+                       f"({steps_text(scaled)})", scaled)
     return Finding(name, OK, "every loss and gradient norm finite")
 
 
