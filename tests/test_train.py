@@ -14,6 +14,7 @@ import pytest
 from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat.errors import UsageError
+from catchat.precision import LossScaler
 from catchat.train import Trainer
 
 from support import build_scene_corpus, small_config
@@ -35,13 +36,18 @@ def _final_params(run_dir):
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path, precision):
-    """fp16: the loss scale and its good-step count are restored too (a resume would otherwise start
-    again at 2**16 and take other steps)."""
+    """fp16: the loss scale and its good-step count are restored too. Both runs start at S = 2**24, so
+    their first steps overflow and S at the checkpoint is neither the start's nor a fresh 2**16."""
     cfg = cfgmod.with_changes(small_config(small_corpus), train={"precision": precision})
     straight = Trainer(cfg, tmp_path / "straight", dev)
-    assert straight.run() == "done"
     first = Trainer(cfg, tmp_path / "resumed", dev)
+    if precision == "fp16":
+        straight.scaler = LossScaler(2.0**24)
+        first.scaler = LossScaler(2.0**24)
+    assert straight.run() == "done"
     assert first.run(stop_after_steps=4) == "stop-after-steps"
+    if precision == "fp16":
+        assert 2.0**16 != ck.load_checkpoint(tmp_path / "resumed").state["loss_scale"]["scale"] < 2.0**24
     assert ck.load_checkpoint(tmp_path / "resumed").global_step == 4  # lesson 3: named after steps done
     second = Trainer(cfg, tmp_path / "resumed", dev, resume="")
     assert second.global_step == 4
