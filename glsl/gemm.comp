@@ -20,8 +20,8 @@
 // HALF: A and B are stored as float16 (16-bit storage; offsets and leading dimensions count halves);
 // they are widened on load, so staging, products, sums and C stay float32 (mixed precision's
 // operands with FP32 accumulation, on any device with 16-bit storage).
-// ROUND_HALF: A and B are float32 in memory and rounded to float16 (to nearest even, by
-// packHalf2x16: no device feature needed) as they are staged; products and sums stay float32.
+// ROUND_HALF: A and B are float32 in memory and rounded to float16 (to nearest even, in integer
+// arithmetic: no device feature needed) as they are staged; products and sums stay float32.
 // That is train.precision = "fp16" where the device has no tensor cores: the numbers
 // glsl/gemm_coopmat.comp's FLOAT_IN computes, up to the order of the float32 sums.
 #extension GL_EXT_control_flow_attributes : enable
@@ -138,10 +138,19 @@ BT load_b(uint k, uint n, uint k_end) {
 }
 
 #ifdef ROUND_HALF
-float round_half(float x) { return unpackHalf2x16(packHalf2x16(vec2(x, 0.0))).x; }
-vec4 round_half(vec4 v) {
-    return vec4(unpackHalf2x16(packHalf2x16(v.xy)), unpackHalf2x16(packHalf2x16(v.zw)));
+// Round to the nearest float16 (ties to even) in integer and exact float arithmetic: the NVIDIA
+// compiler folds unpackHalf2x16(packHalf2x16(x)) into x (measured on the H200: the rounded rows
+// matched unrounded products), and nothing may fold this. Normal range: drop 13 mantissa bits
+// (the carry may bump the exponent; past 65504 is inf); below 2^-14: multiples of 2^-24.
+float round_half(float x) {
+    if (abs(x) < 6.103515625e-05) return roundEven(x * 16777216.0) * 5.9604644775390625e-08;
+    uint u = floatBitsToUint(x);
+    if ((u & 0x7F800000u) == 0x7F800000u) return x;  // inf, NaN
+    u = (u + 0xFFFu + ((u >> 13) & 1u)) & 0xFFFFE000u;
+    if ((u & 0x7FFFFFFFu) > 0x477FE000u) u = (u & 0x80000000u) | 0x7F800000u;
+    return uintBitsToFloat(u);
 }
+vec4 round_half(vec4 v) { return vec4(round_half(v.x), round_half(v.y), round_half(v.z), round_half(v.w)); }
 #else
 #define round_half(v) (v)
 #endif
