@@ -14,7 +14,8 @@
 // store them into shared memory in that same direction (A stored [M,K] is staged m-major, [K,M]
 // k-major, and its fragments are loaded row- or column-major to match), zero outside the matrix, so
 // any M, N, K and offset work. Shared slices are double-buffered and the next slice's loads are in
-// flight while the subgroups multiply the current one. The epilogue goes fragment by fragment
+// flight while the subgroups multiply the current one (PREFETCH2: the next two slices', in two
+// register sets, so that each load has two multiplications' time to land). The epilogue goes fragment by fragment
 // through a 16 x 16 scratch per subgroup, bounds-checking each element.
 // The order of the sums inside a 16-deep fragment product is the hardware's: results match the
 // float64 twin (of float16-rounded operands) to float32 accumulation error, not bit for bit.
@@ -106,8 +107,12 @@ const uint NA = BM * BK / AW;  // loads of an A / B slice
 const uint NB = BK * BN / BW;
 const uint LA = (NA + NT - 1) / NT;  // ... per thread
 const uint LB = (NB + NT - 1) / NT;
-AT ra[LA];  // the next slices, in flight from global memory
-BT rb[LB];
+AT ra0[LA];  // a slice in flight from global memory (PREFETCH2: two, in turn)
+BT rb0[LB];
+#ifdef PREFETCH2
+AT ra1[LA];
+BT rb1[LB];
+#endif
 
 // Load i of a slice -> (row m, first k) of op(A) / (first k, col n) of op(B); consecutive threads
 // walk the operand's contiguous direction in global memory.
@@ -171,29 +176,49 @@ void put_b(uint base, uvec2 kn, BT v) {
     [[unroll]] for (uint e = 0; e < BW; ++e) Bs[at + e] = v[e];
 }
 
-void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
-    [[unroll]] for (uint l = 0; l < LA; ++l) {
-        uint i = tid + l * NT;
-        uvec2 mk = a_at(i);
-        ra[l] = i < NA ? load_a(m0 + mk.x, k0 + mk.y, k_end) : AT(0.0);
-    }
-    [[unroll]] for (uint l = 0; l < LB; ++l) {
-        uint i = tid + l * NT;
-        uvec2 kn = b_at(i);
-        rb[l] = i < NB ? load_b(k0 + kn.x, n0 + kn.y, k_end) : BT(0.0);
-    }
-}
+// Global -> the register set (RA, RB): the slice at K0 of the tile (m0, n0).
+#define FETCH(RA, RB, K0) { \
+    [[unroll]] for (uint l = 0; l < LA; ++l) { \
+        uint i = tid + l * NT; \
+        uvec2 mk = a_at(i); \
+        RA[l] = i < NA ? load_a(m0 + mk.x, (K0) + mk.y, k_end) : AT(0.0); \
+    } \
+    [[unroll]] for (uint l = 0; l < LB; ++l) { \
+        uint i = tid + l * NT; \
+        uvec2 kn = b_at(i); \
+        RB[l] = i < NB ? load_b((K0) + kn.x, n0 + kn.y, k_end) : BT(0.0); \
+    } }
 
-void store(uint tid, uint buf) {
-    [[unroll]] for (uint l = 0; l < LA; ++l) {
-        uint i = tid + l * NT;
-        if (i < NA) put_a(buf * A_WORDS, a_at(i), ra[l]);
-    }
-    [[unroll]] for (uint l = 0; l < LB; ++l) {
-        uint i = tid + l * NT;
-        if (i < NB) put_b(buf * B_WORDS, b_at(i), rb[l]);
-    }
-}
+// The register set (RA, RB) -> shared buffer BUF.
+#define STORE(RA, RB, BUF) { \
+    [[unroll]] for (uint l = 0; l < LA; ++l) { \
+        uint i = tid + l * NT; \
+        if (i < NA) put_a((BUF) * A_WORDS, a_at(i), RA[l]); \
+    } \
+    [[unroll]] for (uint l = 0; l < LB; ++l) { \
+        uint i = tid + l * NT; \
+        if (i < NB) put_b((BUF) * B_WORDS, b_at(i), RB[l]); \
+    } }
+
+// acc += the slice in shared buffer BUF, 16 deep at a time.
+#ifdef TRANS_A
+#define LOAD_A(F, AT0, M, KK) coopMatLoadNV(F, As, (AT0) + (KK) * SA + (M), SA, true)
+#else
+#define LOAD_A(F, AT0, M, KK) coopMatLoadNV(F, As, (AT0) + (M) * SA + (KK), SA, false)
+#endif
+#ifdef TRANS_B
+#define LOAD_B(F, BT0, N, KK) coopMatLoadNV(F, Bs, (BT0) + (N) * SB + (KK), SB, true)
+#else
+#define LOAD_B(F, BT0, N, KK) coopMatLoadNV(F, Bs, (BT0) + (KK) * SB + (N), SB, false)
+#endif
+#define MULTIPLY(BUF) { \
+    [[unroll]] for (uint kk = 0; kk < BK; kk += 16) { \
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN]; \
+        [[unroll]] for (uint i = 0; i < FM; ++i) LOAD_A(fa[i], (BUF) * A_WORDS, (wm * FM + i) * 16, kk); \
+        [[unroll]] for (uint j = 0; j < FN; ++j) LOAD_B(fb[j], (BUF) * B_WORDS, (wn * FN + j) * 16, kk); \
+        [[unroll]] for (uint i = 0; i < FM; ++i) \
+            [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]); \
+    } }
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -206,39 +231,39 @@ void main() {
     [[unroll]] for (uint i = 0; i < FM; ++i)
         [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
 
-    fetch(tid, m0, n0, k_begin, k_end);
-    store(tid, 0);
+#ifndef PREFETCH2
+    // one slice in flight: its loads overlap the multiplication of the one before
+    FETCH(ra0, rb0, k_begin);
+    STORE(ra0, rb0, 0);
     barrier();
     uint buf = 0;
     for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
         bool more = k0 + BK < k_end;  // uniform
-        if (more) fetch(tid, m0, n0, k0 + BK, k_end);  // the next slice's loads overlap the math
-        uint a0 = buf * A_WORDS, b0 = buf * B_WORDS;
-        [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
-            fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN];
-            [[unroll]] for (uint i = 0; i < FM; ++i) {
-                uint m = (wm * FM + i) * 16;
-#ifdef TRANS_A
-                coopMatLoadNV(fa[i], As, a0 + kk * SA + m, SA, true);
-#else
-                coopMatLoadNV(fa[i], As, a0 + m * SA + kk, SA, false);
-#endif
-            }
-            [[unroll]] for (uint j = 0; j < FN; ++j) {
-                uint n = (wn * FN + j) * 16;
-#ifdef TRANS_B
-                coopMatLoadNV(fb[j], Bs, b0 + n * SB + kk, SB, true);
-#else
-                coopMatLoadNV(fb[j], Bs, b0 + kk * SB + n, SB, false);
-#endif
-            }
-            [[unroll]] for (uint i = 0; i < FM; ++i)
-                [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
-        }
-        if (more) store(tid, buf ^ 1u);  // its last readers passed the previous barrier
+        if (more) FETCH(ra0, rb0, k0 + BK);
+        MULTIPLY(buf);
+        if (more) STORE(ra0, rb0, buf ^ 1u);  // its last readers passed the previous barrier
         barrier();
         buf ^= 1u;
     }
+#else
+    // two slices in flight, in the register sets 0 and 1 by turns: a slice's loads have two
+    // multiplications to land. Slice j is staged in shared buffer j % 2 from register set j % 2.
+    FETCH(ra0, rb0, k_begin);
+    STORE(ra0, rb0, 0);
+    if (k_begin + BK < k_end) FETCH(ra1, rb1, k_begin + BK);
+    barrier();
+    for (uint k0 = k_begin; k0 < k_end; k0 += 2 * BK) {  // two slices per trip: static register sets
+        if (k0 + 2 * BK < k_end) FETCH(ra0, rb0, k0 + 2 * BK);
+        MULTIPLY(0);
+        if (k0 + BK < k_end) STORE(ra1, rb1, 1);  // buffer 1's last readers passed the previous barrier
+        barrier();
+        if (k0 + BK >= k_end) break;  // uniform
+        if (k0 + 3 * BK < k_end) FETCH(ra1, rb1, k0 + 3 * BK);
+        MULTIPLY(1);
+        if (k0 + 2 * BK < k_end) STORE(ra0, rb0, 0);
+        barrier();
+    }
+#endif
 
     // Epilogue: each subgroup writes its fragments one at a time through its own scratch.
     uint cs = sg * 16 * SC;

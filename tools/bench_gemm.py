@@ -80,8 +80,12 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat": dict(precision="fp16", coopmat=True), "f16": dict(half=True, coopmat=False),
             "coopmat-f16": dict(half=True, coopmat=True)}
 # glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice): the program's two first
-COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, gemm.CoopTiles(2, 2, 4, 4, 16), gemm.CoopTiles(4, 2, 2, 4, 16),
-                   gemm.CoopTiles(2, 4, 4, 2, 32), gemm.CoopTiles(2, 2, 4, 4, 32), gemm.CoopTiles(2, 4, 2, 2, 16))
+# (the last argument: 3 = two slices in flight, glsl/gemm_coopmat.comp's PREFETCH2)
+CT = gemm.CoopTiles
+COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, CT(2, 4, 4, 2, 16, 3), CT(2, 2, 4, 4, 16),
+                   CT(2, 2, 4, 4, 16, 3), CT(4, 2, 2, 4, 16), CT(4, 4, 2, 2, 16), CT(4, 4, 2, 2, 16, 3),
+                   CT(2, 4, 4, 2, 32), CT(2, 4, 4, 2, 32, 3), CT(2, 2, 4, 4, 32), CT(2, 4, 4, 4, 16),
+                   CT(4, 2, 4, 4, 16))
 
 
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:

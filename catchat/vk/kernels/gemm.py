@@ -83,13 +83,15 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 @dataclass(frozen=True)
 class CoopTiles:
     """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
-    fragments of 16 x 16, and a k-slice of bk (a multiple of 16) staged per iteration."""
+    fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, and the slices in
+    flight from global memory while one is multiplied: depth 2 (one) or 3 (two, PREFETCH2)."""
 
     wm: int
     wn: int
     fm: int
     fn: int
     bk: int
+    depth: int = 2
 
     @property
     def bm(self) -> int:
@@ -112,6 +114,9 @@ class CoopTiles:
 
     def spec(self) -> list[int]:
         return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk]
+
+    def defines(self) -> dict:
+        return {"PREFETCH2": 1} if self.depth == 3 else {}
 
 
 COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
@@ -301,7 +306,7 @@ class Gemm(Kernel):
         if coopmat:
             trans = (self.trans_a, bool(trans_b))
             self.tiles = t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans)
-            if t.bk % 16 or t.threads > dev.info.max_workgroup_invocations:
+            if t.bk % 16 or t.depth not in (2, 3) or t.threads > dev.info.max_workgroup_invocations:
                 raise ValueError(f"bad cooperative-matrix tiles {t}")
             if t.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
                 raise ValueError(f"cooperative-matrix tiles {t} need {t.shared_bytes(*trans)} B of shared memory")
@@ -331,6 +336,8 @@ class Gemm(Kernel):
             defines["HALF"] = 1
         if rounded:
             defines["FLOAT_IN" if coopmat else "ROUND_HALF"] = 1
+        if coopmat:
+            defines.update(t.defines())
         if trans_a:
             defines["TRANS_A"] = 1
         if trans_b:
