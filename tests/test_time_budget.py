@@ -385,3 +385,20 @@ def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path)
         assert float(wall) <= budget + 2.5
         assert cfgmod.load(tmp_path / name / "config.toml").train.lr == lr
         assert events(tmp_path / name, "eval")[-1]["loss"] == pytest.approx(float(loss), abs=1e-4)
+
+
+def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
+    """--budget 0: no time budget, each variant runs the config's steps (how fp16 is compared with FP32
+    at a fixed step count)."""
+    shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
+              "eval.eval_every_seqs=0", "eval.sample_chars=0", "train.time_budget_s=0", "train.cycles=0",
+              "train.total_steps=3"]
+    sets = [arg for s in shrink for arg in ("--set", s)]
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp32", "fp16:train.precision=fp16",
+                        "--budget", "0", "--runs-dir", str(tmp_path), *sets],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
+    assert [(row[0], row[2]) for row in rows] == [("fp32", "3"), ("fp16", "3")], r.stdout
+    assert cfgmod.load(tmp_path / "fp16" / "config.toml").train.precision == "fp16"
+    assert "time_budget" not in {e["event"] for e in events(tmp_path / "fp16")}

@@ -3,6 +3,12 @@
     python tools/speedrun.py base "lr2e-3:train.lr=2e-3,train.label_smoothing=0" [--budget 300]
                              [--config configs/speedrun.toml] [--runs-dir runs/speedrun] [--set K=V ...]
 
+--budget 0 runs each variant to the config's own length instead (e.g. fixed steps: fp16 against
+FP32 at 600 steps of v3, docs/benchmarks.md "Mixed precision"):
+
+    python tools/speedrun.py fp32 fp16:train.precision=fp16 --budget 0 --config configs/catchat-v3.toml \
+        --set train.cycles=0 --set train.total_steps=600 --set eval.eval_windows=0 --set data.corpus=DIR
+
 A VARIANT is NAME or NAME:SECTION.KEY=VALUE,SECTION.KEY=VALUE (changes to the config; "base" alone
 runs the config as it is). Each runs `catchat train CONFIG --time-budget BUDGET` as a user would,
 in its own process (so start-up counts), one after another, into RUNS_DIR/NAME (replaced). --set
@@ -33,10 +39,12 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
 
 
 def run_variant(config: str, budget: float, run_dir: Path, changes: list[str]) -> float:
-    """Train one variant; its wall clock in seconds from launch to exit."""
+    """Train one variant (budget 0: to the config's own length); its wall clock in seconds from
+    launch to exit."""
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "catchat", "train", config, "--time-budget", f"{budget:g}",
-           "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "catchat", "train", config, "--run-dir", str(run_dir)]
+    if budget:
+        cmd += ["--time-budget", f"{budget:g}"]
     for c in changes:
         cmd += ["--set", c]
     start = time.perf_counter()
@@ -63,7 +71,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="+", help="NAME or NAME:SECTION.KEY=VALUE,...")
     ap.add_argument("--config", default="configs/speedrun.toml")
-    ap.add_argument("--budget", type=float, default=300.0, help="seconds of wall clock per run")
+    ap.add_argument("--budget", type=float, default=300.0,
+                    help="seconds of wall clock per run (0: the config's own run length)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/speedrun"))
     ap.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = ap.parse_args()
