@@ -188,6 +188,23 @@ def test_ranks_reproduce_one_process(cfg_path, straight, tmp_path, ranks):
 
 
 @needs_mpi
+def test_two_ranks_at_fp16_reproduce_one_process(cfg_path, tmp_path):
+    """train.precision fp16 on 2 ranks against one process: the same losses, and the same loss scale
+    (every rank unscales by the same S, and an overflow skips the step on all of them)."""
+    runs = {n: tmp_path / f"run{n}" for n in (1, 2)}
+    one = subprocess.run(_train_cmd(cfg_path, runs[1], "--precision", "fp16"), capture_output=True, text=True,
+                         env=ENV, timeout=240)
+    assert one.returncode == 0, one.stdout + one.stderr
+    r = _mpi(2, _train_cmd(cfg_path, runs[2], "--precision", "fp16"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows, straight = _rows(runs[2]), _rows(runs[1])
+    assert len(rows) == TOTAL
+    _assert_close_rows(rows, straight)
+    assert [row["loss_scale"] for row in rows] == [row["loss_scale"] for row in straight] == ["65536"] * TOTAL
+    assert ck.load_checkpoint(runs[2]).state["loss_scale"] == ck.load_checkpoint(runs[1]).state["loss_scale"]
+
+
+@needs_mpi
 def test_two_rank_run_resumed_by_one_process(cfg_path, straight, tmp_path):
     """A 2-rank run stopped after 7 steps continues in one process (and the other way round: one process
     stopped after 4, then 2 ranks to 7): the checkpoint holds every lane, so any rank count resumes it."""
