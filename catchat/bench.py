@@ -500,8 +500,9 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
     cfg = cfgmod.load(config_path, list(overrides))
     dev = open_device(device)
     m, say = cfg.model, functools.partial(console.print, highlight=False, soft_wrap=True)
+    precision = gemm.products(dev, cfg.train.precision)
     say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
-               f"optimizer={cfg.train.optimizer} precision={cfg.train.precision} on {dev.info.name} "
+               f"optimizer={cfg.train.optimizer} precision={precision} on {dev.info.name} "
                f"({dev.info.type}, {dev.info.driver})"))
     res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
     with _Steps(err_console) as progress:

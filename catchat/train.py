@@ -57,6 +57,7 @@ from catchat.schedule import TimedStep, interval_crossed, lr_at, lr_at_progress,
 from catchat.train_budget import BudgetedRun
 from catchat.train_ranks import RankedRun
 from catchat.vk.device import format_bytes
+from catchat.vk.kernels.gemm import products
 from catchat.vk.program import Program, StepHyper, StepStats
 
 __all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer"]
@@ -178,6 +179,9 @@ class Trainer(BudgetedRun, RankedRun):
         lo, hi = self.share
         self.prog = Program(self.dev, self.layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
                             lane_offset=lo, lanes_total=B, precision=cfg.train.precision)
+        self.products = products(self.dev, cfg.train.precision)
+        if self.is_root and self.products.startswith("fp16 emulated"):  # the user asked for speed
+            self.report("warning", text=f"precision fp16 on {self.dev.info.name}: {self.products}")
         self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
 
     def _set_carry(self, carry: np.ndarray | None) -> None:
@@ -278,7 +282,8 @@ class Trainer(BudgetedRun, RankedRun):
                                   cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
                                   lr_min=s.lr_min),
                     seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
-                    seqs_per_cycle=self.lanes.seqs_per_cycle, precision=self.cfg.train.precision, **memory_mb())
+                    seqs_per_cycle=self.lanes.seqs_per_cycle, precision=self.cfg.train.precision,
+                    gemm_products=self.products, **memory_mb())
         info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
         if self.budget is not None:  # the lr then follows the metrics' progress column (total_steps: a cap, 0 = none)
             info["schedule"]["time_budget_s"] = self.budget.budget_s

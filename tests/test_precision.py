@@ -20,6 +20,7 @@ from catchat.parity import model as pm
 from catchat.precision import LossScaler
 from catchat.rng import step_seed
 from catchat.train import Trainer
+from catchat.vk.kernels.gemm import coopmat_runs, products
 
 from support import build_scene_corpus, small_config
 
@@ -90,8 +91,14 @@ def test_fp16_training_learns_like_fp32(dev, corpus, tmp_path):
     for p in ("fp32", "fp16"):
         cfg = cfgmod.with_changes(small_config(corpus, total_steps=12), train={"precision": p, "lr": 0.02},
                                   eval={"eval_every_seqs": 0}, checkpoint={"checkpoint_every_seqs": 0})
-        with Trainer(cfg, tmp_path / p, dev) as t:
+        said = []
+        with Trainer(cfg, tmp_path / p, dev, reporter=lambda kind, said=said, **f: said.append((kind, f))) as t:
             assert t.run() == "done"
+        # lavapipe has no tensor cores: an fp16 run says it will be no faster (once), and its start event too
+        warned = [f["text"] for k, f in said if k == "warning" and "no tensor cores" in f["text"]]
+        assert len(warned) == (p == "fp16" and not coopmat_runs(dev))
+        start = events(tmp_path / p, "start")[0]
+        assert start["gemm_products"] == ("fp32" if p == "fp32" else products(dev, "fp16"))
         rows = metrics(tmp_path / p)
         losses[p] = np.array([float(r["loss"]) for r in rows])
         assert all(r["skipped"] == "0" for r in rows)

@@ -136,6 +136,15 @@ def coopmat_runs(dev: Device) -> bool:
             and dev.info.subgroup_size == COOP_SUBGROUP)
 
 
+def products(dev: Device, precision: str) -> str:
+    """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
+    if precision != "fp16":
+        return precision
+    if coopmat_runs(dev):
+        return "fp16 on tensor cores"
+    return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
+
+
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1, trans: tuple[bool, bool] = (False, False)) -> CoopTiles:
     """COOP_TILE where its grid (with the split-K count) fills the GPU as the tables' large GEMM
     tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; either must fit the device."""
