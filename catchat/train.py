@@ -116,6 +116,7 @@ class Trainer(BudgetedRun, RankedRun):
         self.last_checkpoint_step = -1
         self.last_eval_step = -1
         self.consecutive_skips = 0
+        self._next_data = None  # (cursor, global_step, the step's data): made during the step before
         self.scaler: LossScaler | None = None  # fp16's loss scale (train.precision); None at fp32
         self._exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, step_s=0.0, steps=0)  # with ranks
         self.lock = None
@@ -485,17 +486,38 @@ class Trainer(BudgetedRun, RankedRun):
         self._stop_signal = signal.Signals(signum).name
         self.report("stopping", signal=self._stop_signal)
 
+    def _step_data(self, cursor, global_step: int) -> tuple[list, object]:
+        """The micro-batches [(tokens, targets, resets)] of optimizer step global_step + 1 from the
+        lanes at `cursor` (prefix dropout applied), and the cursor after them: a function of its
+        arguments alone."""
+        cfg = self.cfg
+        windows, next_cursor = self.lanes.take(cursor, cfg.data.micro_batches)
+        batches = [(w.tokens, *prefix_dropout(w.targets, w.resets, cfg.data.prefix_dropout,
+                                               cfg.data.prefix_max_fraction, step_seed(cfg.train.seed, global_step, k)))
+                   for k, w in enumerate(windows)]
+        return batches, next_cursor
+
+    def _prepare_next(self, cursor, global_step: int) -> None:
+        """The next step's data, made while this step runs on the GPU (~1-3 ms of host time per step
+        otherwise spent between steps). Keyed by (cursor, step): `step` uses it only if they match,
+        so it cannot change what is trained; should making it fail, `step` makes it again and fails
+        there, where the error belongs."""
+        try:
+            self._next_data = (cursor, global_step, self._step_data(cursor, global_step))
+        except Exception:  # noqa: BLE001 - speculative work: the next step repeats it and reports
+            self._next_data = None
+
     def step(self, decision: TimedStep | None = None) -> StepStats:
         """One optimizer step over the next micro-batches; logs it. `decision`: a budgeted run's
         (catchat.budget.Budget.next_step), whose progress sets the lr; None: the step schedule."""
         cfg = self.cfg
         began = time.perf_counter()
         crash_point("train.step")
-        windows, next_cursor = self.lanes.take(self.cursor, cfg.data.micro_batches)
-        batches = [(w.tokens, *prefix_dropout(w.targets, w.resets, cfg.data.prefix_dropout,
-                                               cfg.data.prefix_max_fraction,
-                                               step_seed(cfg.train.seed, self.global_step, k)))
-                   for k, w in enumerate(windows)]
+        ready, self._next_data = self._next_data, None
+        if ready is not None and ready[:2] == (self.cursor, self.global_step):
+            batches, next_cursor = ready[2]  # prepared while the previous step ran on the GPU
+        else:
+            batches, next_cursor = self._step_data(self.cursor, self.global_step)
         if decision is None:
             lr, progress = lr_at(self.global_step, self.total_steps, cfg), (self.global_step + 1) / self.total_steps
         else:
@@ -518,7 +540,8 @@ class Trainer(BudgetedRun, RankedRun):
                 injected.enter_context(faultmod.lost_device(self.prog))
             scale = 1.0 if self.scaler is None else self.scaler.scale
             st = self.prog.train_step(batches, step_hyper(cfg, lr, scale), global_step=self.global_step,
-                                      opt_t=self.applied_steps + 1, tf=tf, n_valid=valid, reduce_grads=reduce_grads)
+                                      opt_t=self.applied_steps + 1, tf=tf, n_valid=valid, reduce_grads=reduce_grads,
+                                      while_running=lambda: self._prepare_next(next_cursor, self.global_step + 1))
         if self.comm is not None:
             st = self._add_up(st, time.perf_counter() - start)
         seconds = time.perf_counter() - start

@@ -34,6 +34,27 @@ def _final_params(run_dir):
     return ck.load_checkpoint(run_dir).params
 
 
+def test_next_steps_data_is_made_while_the_gpu_runs_and_changes_nothing(dev, small_corpus, tmp_path, monkeypatch):
+    """Each step's data is made once, during the step before (only the first step makes its own), and
+    training is bitwise what it is when every step makes its data itself."""
+    cfg = small_config(small_corpus)
+    made = []
+    step_data = Trainer._step_data
+    monkeypatch.setattr(Trainer, "_step_data", lambda self, c, s: made.append((c, s)) or step_data(self, c, s))
+    t = Trainer(cfg, tmp_path / "ahead", dev)
+    assert t.run() == "done"
+    steps = t.global_step
+    assert [s for _, s in made] == list(range(steps + 1))  # 0 by step 1 itself, k + 1 during step k + 1
+    assert len(set(made)) == len(made)
+
+    monkeypatch.setattr(Trainer, "_prepare_next", lambda self, cursor, global_step: None)
+    assert Trainer(cfg, tmp_path / "own", dev).run() == "done"
+    assert _losses(tmp_path / "ahead") == _losses(tmp_path / "own")
+    a, b = _final_params(tmp_path / "ahead"), _final_params(tmp_path / "own")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_exact_resume_matches_straight_run(dev, small_corpus, tmp_path, precision):
     """fp16: the loss scale and its good-step count are restored too. Both runs start at S = 2**24, so

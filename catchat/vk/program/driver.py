@@ -99,6 +99,7 @@ class Program:
         self.optimizer_kind = optimizer
         self.precision = precision
         self.training = training
+        self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
@@ -241,7 +242,7 @@ class Program:
 
     def train_step(self, micro_batches, hp: StepHyper, *, global_step: int, opt_t: int | None = None,
                    tf: float = 1.0, stepwise: bool | None = None, n_valid: int | None = None,
-                   reduce_grads=None) -> StepStats:
+                   reduce_grads=None, while_running=None) -> StepStats:
         """One optimizer step over micro-batches [(tokens, targets, resets) time-major [T,B]].
 
         The valid-target count is taken from the data on the host (lesson 10); a step with none,
@@ -256,6 +257,10 @@ class Program:
         optimizer, which then applies the same step on every rank. The StepStats' loss, n_valid,
         top-1/5 and counters are then this program's share (the caller adds them up); the grad norm,
         clip scale and skip are the whole step's.
+
+        while_running: host work (no argument, nothing returned) done while the last micro-batch's
+        forward and backward run on the GPU, e.g. the next step's data; it must not touch this
+        program's buffers. Its exceptions propagate once the GPU work has finished.
         """
         if not self.training:
             raise ValueError("this program was built with training=False")
@@ -274,9 +279,17 @@ class Program:
                                               opt_t=opt_t, tf=tf))
             if k == 0:
                 self._zero_stats()
-                self._eval(first, f"training step {global_step + 1} (micro-batch 1)")
+            seq, what = (first, nxt)[k > 0], f"training step {global_step + 1} (micro-batch {k + 1})"
+            if while_running is not None and k == len(micro_batches) - 1 and self._async:
+                self.dev.run(seq.eval_async, what)
+                try:
+                    while_running()
+                finally:
+                    self.dev.run(seq.eval_await, what)
             else:
-                self._eval(nxt, f"training step {global_step + 1} (micro-batch {k + 1})")
+                self._eval(seq, what)
+                if while_running is not None and k == len(micro_batches) - 1:
+                    while_running()  # a kp without eval_async (patch 0004): after the step instead
         if reduce_grads is not None:
             self._exchange_grads(reduce_grads, global_step)
         self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
