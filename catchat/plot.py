@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from catchat.errors import UsageError
-from catchat.runlog import METRICS_COLUMNS, describe_bad, numbers, read_events, read_metrics, read_or_refuse
+from catchat.runlog import WRITTEN_COLUMNS, describe_bad, numbers, read_events, read_metrics, read_or_refuse
 
 LN2 = math.log(2.0)
 INDEX_HTML = "index.html"
@@ -93,13 +93,14 @@ def _read_metrics(path: Path, warnings: list[str]) -> dict[str, np.ndarray]:
         warnings.append(f"warning: {path.name}: {describe_bad(log)} skipped")
     rows: list[dict] = []
     for cells in log.rows:
-        vals = numbers(cells)
+        vals = numbers(cells, log.header)
         while rows and rows[-1]["global_step"] >= vals["global_step"]:  # a rewind (resume): the later wins
             rows.pop()
         rows.append(vals)
     if not rows:
         raise UsageError(f"no metrics in {path} yet" + (f" ({describe_bad(log)})" if log.n_bad else ""), hint=hint)
-    return {c: np.array([v[c] for v in rows], dtype=np.float64) for c in METRICS_COLUMNS}
+    # the appended columns (runlog.LATER_COLUMNS) are nan where the file has none (an older catchat)
+    return {c: np.array([v.get(c, math.nan) for v in rows], dtype=np.float64) for c in WRITTEN_COLUMNS}
 
 
 def _read_events(path: Path, warnings: list[str]) -> list[dict]:
@@ -384,7 +385,16 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = Tr
                     label=f"skipped step ({len(run.skipped_steps)}: loss or grad not finite)")
         marks(ax)
         ax.set_ylabel("global L2 norm of the gradient")
-        legend(ax)
+        handles, labels = ax.get_legend_handles_labels()
+        scale = m["loss_scale"]
+        if np.isfinite(scale).any() and np.nanmax(scale) > 1:  # fp16: the loss scale S the steps ran with
+            ax2 = ax.twinx()
+            ax2.step(steps, scale, where="post", color="tab:purple", linewidth=1.4, label="fp16 loss scale")
+            ax2.set_yscale("log", base=2)
+            ax2.set_ylabel("fp16 loss scale (halved on an overflow step)")
+            h2, l2 = ax2.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        legend(ax, handles, labels)
         save(fig, "grad_norm.png")
 
     # 4. throughput

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from catchat.errors import UsageError
 from catchat.plot import load_run, plot_run, summarise_run
 from catchat.runlog import METRICS_COLUMNS as COLUMNS
+from catchat.runlog import WRITTEN_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOK = 2048
@@ -116,6 +117,37 @@ def test_plot_run_writes_valid_pngs(run_dir):
         assert p.read_bytes()[:8] == PNG_MAGIC
         assert p.stat().st_size > 10_000
     assert not list((run_dir / "plots").glob(".*"))    # no temporary files left behind
+
+
+def test_fp16_loss_scale_is_read_and_drawn_beside_the_grad_norm(run_dir, monkeypatch):
+    """A metrics.csv with the appended columns (an fp16 run's loss_scale halving at its skipped step):
+    load_run reads them (nan where a file has none), and the grad-norm plot draws the scale on a
+    second axis; an fp32 run's scale of 1 draws none."""
+    import matplotlib.figure
+
+    def write(scale_at):
+        rows = [{**row(s, 2), "elapsed_s": f"{s * 0.2:.3f}", "progress": f"{s / 200:.6f}",
+                 "loss_scale": f"{scale_at(s):.0f}"} for s in range(1, 201)]
+        with (run_dir / "metrics.csv").open("w") as f:
+            f.write(",".join(WRITTEN_COLUMNS) + "\n")
+            for r in rows:
+                f.write(",".join(str(r[c]) for c in WRITTEN_COLUMNS) + "\n")
+
+    labels = []
+    real = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: (
+        labels.append([ax.get_ylabel() for ax in fig.axes]), real(fig, *a, **k))[1])
+    write(lambda s: 65536 if s < 150 else 32768)
+    run = load_run(run_dir)
+    assert run.m["loss_scale"][0] == 65536 and run.m["loss_scale"][-1] == 32768
+    plot_run(run_dir)
+    assert any("fp16 loss scale" in " ".join(y) for y in labels)
+    labels.clear()
+    write(lambda s: 1)
+    plot_run(run_dir)
+    assert not any("loss scale" in " ".join(y) for y in labels)
+    write_metrics(run_dir / "metrics.csv", [row(s, 2) for s in range(1, 201)])  # no appended columns
+    assert np.isnan(load_run(run_dir).m["loss_scale"]).all()
 
 
 def test_plot_run_out_dir_and_missing_config(run_dir, tmp_path):
