@@ -65,6 +65,14 @@ def test_fp16_precision_picks_tensor_cores_only_where_the_device_has_them(dev):
         Gemm(plain, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16", coopmat=True)
     with pytest.raises(ValueError, match="GEMM precision 'bf16'"):
         Gemm(dev, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="bf16")
+    # tensor cores but too little shared memory for any tile: fp16 falls back to the rounding loads
+    from catchat.vk.kernels.gemm import COOP_SHAPE
+    small = dataclasses.replace(dev, info=dataclasses.replace(dev.info, max_shared_memory_bytes=8192, subgroup_size=32),
+                                features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(COOP_SHAPE,))
+    assert coopmat_runs(small)
+    assert not Gemm(small, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16").coopmat
+    with pytest.raises(ValueError, match="no cooperative-matrix tile fits"):
+        Gemm(small, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16", coopmat=True)
 
 
 def test_model_shapes_in_flat_buffers(dev, rng):

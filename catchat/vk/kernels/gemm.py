@@ -145,15 +145,16 @@ def products(dev: Device, precision: str) -> str:
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
 
 
-def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1, trans: tuple[bool, bool] = (False, False)) -> CoopTiles:
+def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
+               trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
     """COOP_TILE where its grid (with the split-K count) fills the GPU as the tables' large GEMM
-    tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; either must fit the device."""
+    tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; the first that fits the device's threads
+    and shared memory, or None."""
     for t in ((COOP_TILE, COOP_SMALL_TILE) if _fills(dev, M, N, split_k) else (COOP_SMALL_TILE,)):
         if (t.threads <= dev.info.max_workgroup_invocations
                 and t.shared_bytes(*trans) <= dev.info.max_shared_memory_bytes):
             return t
-    raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
-                     "of shared memory")
+    return None
 
 
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
@@ -301,20 +302,27 @@ class Gemm(Kernel):
         if half and not dev.runs_float16:
             raise ValueError(f"a float16 GEMM needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
                              "does not offer")
-        if coopmat is None:
+        auto = coopmat is None
+        if auto:
             coopmat = rounded and coopmat_runs(dev)
         if coopmat and not ((half or rounded) and coopmat_runs(dev)):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True or precision fp16) "
                              f"and VK_NV_cooperative_matrix with {COOP_SHAPE} fragments on subgroups of "
                              f"{COOP_SUBGROUP}; {dev.info.name} offers {', '.join(dev.coop_shapes) or 'none'}")
-        self.precision, self.coopmat = ("fp16" if half else precision), bool(coopmat)
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
+        trans = (self.trans_a, bool(trans_b))
+        t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans) if coopmat else None
+        if coopmat and t is None:
+            if not auto:
+                raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
+                                 f"{dev.info.max_shared_memory_bytes} B of shared memory")
+            coopmat = False  # precision fp16 on gemm.comp's rounding loads instead
+        self.precision, self.coopmat = ("fp16" if half else precision), bool(coopmat)
         if coopmat:
-            trans = (self.trans_a, bool(trans_b))
-            self.tiles = t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans)
+            self.tiles = t
             if t.bk % 16 or t.depth not in (2, 3) or t.threads > dev.info.max_workgroup_invocations:
                 raise ValueError(f"bad cooperative-matrix tiles {t}")
             if t.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
