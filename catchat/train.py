@@ -609,9 +609,7 @@ class Trainer(BudgetedRun, RankedRun):
                 self.save(reason)
             if self.budget is not None and reason == "done" and self.last_eval_step != self.global_step:
                 self.run_eval()  # the final eval of a budgeted run (unless the last step's interval eval was it)
-            self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
-                       applied_steps=self.applied_steps, **memory_mb(), **self._budget_fields(),
-                       **self._exchange_summary())
+            self.event("end", reason=reason, **self._end_fields())
         except TooManySkips as exc:  # the weights are unchanged since the last applied step, but
             self._end(f"stopped: {exc.count} consecutive skipped steps")  # going on would only skip more
             raise CatchatError(f"stopped at step {self.global_step}: {exc.count} consecutive steps were skipped "
@@ -638,11 +636,15 @@ class Trainer(BudgetedRun, RankedRun):
     def _failed(self, why: str) -> None:
         self._end(f"failed: {why}")
 
+    def _end_fields(self) -> dict:
+        """The end event's account of the run, however it ended: steps, memory, budget, ranks."""
+        return dict(skipped_steps=self.global_step - self.applied_steps, applied_steps=self.applied_steps,
+                    **memory_mb(), **self._budget_fields(), **self._exchange_summary())
+
     def _end(self, reason: str) -> None:
         """Log the end of a run that stops early, if the disk still takes it."""
         try:
-            self.event("end", reason=reason, skipped_steps=self.global_step - self.applied_steps,
-                       applied_steps=self.applied_steps, **memory_mb())
+            self.event("end", reason=reason, **self._end_fields())
         except OSError:
             pass
 

@@ -365,6 +365,23 @@ def test_tiny_with_a_time_budget_stops_in_time_and_resumes_with_what_is_left(tmp
         "budget"]["elapsed_s"] <= budget
 
 
+def test_a_budgeted_run_that_fails_still_accounts_for_its_budget(dev, scenes, tmp_path):
+    """A budgeted run stopped by consecutive skipped steps: its end event carries the budget's account
+    (budget, clock, progress) and the step counts, as a run that ends normally does."""
+    from catchat.errors import CatchatError
+    from catchat.faults import Fault
+
+    run = tmp_path / "run"
+    faults = [Fault("nan_grad", s) for s in range(1, 20)]
+    with Trainer(budgeted(scenes, 20.0, max_consecutive_skips=2), run, dev, faults=faults) as t:
+        with pytest.raises(CatchatError, match="2 consecutive steps were skipped"):
+            t.run()
+    end = events(run, "end")[-1]
+    assert end["reason"] == "stopped: 2 consecutive skipped steps"
+    assert end["time_budget_s"] == 20.0 and 0 < end["elapsed_s"] < 20.0 and 0 < end["progress"] < 1
+    assert end["applied_steps"] == 0 and end["skipped_steps"] == 2 and "peak_rss_mb" in end
+
+
 def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path):
     """tools/speedrun.py on configs/speedrun.toml, shrunk to run on lavapipe (the held-out plays stay):
     each variant trains in its own process within the budget and gets its row from its own run."""
