@@ -142,7 +142,8 @@ def sweep_modes(prog) -> list[dict]:
             why = f"CATCHAT_PERSISTENT={forced}"
         elif why is None and not k.sweep_workgroups:
             why = gru.per_step_reason(prog.dev)  # why persistent sweeps are off on this device
-        out.append(dict(sweep=name, shader=k.shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
+        shader = k.shader + (" (product on tensor cores)" if k.coop else "")
+        out.append(dict(sweep=name, shader=shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
                         residency=why))
     return out
 

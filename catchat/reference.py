@@ -118,12 +118,13 @@ def _sigmoid(a: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * a))
 
 
-def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None):
+def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None, recurrent="fp32"):
     """One GRU layer over a window.
 
     x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
     entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H]; precision: the input projection's
-    (a GEMM); gi [T,B,3H]: the input projection made elsewhere (fp16's layer 0 goes through table0).
+    (a GEMM); gi [T,B,3H]: the input projection made elsewhere (fp16's layer 0 goes through table0);
+    recurrent: the per-step product h @ W_hh^T's (fp16: the tensor-core forward sweep's operands).
     Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
     """
     T, B, _ = x.shape
@@ -141,7 +142,7 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     h = h0.astype(dt)  # [B,H]
     for t in range(T):
         h = h * carry[t][:, None]
-        gh = h @ w_hh.T + b_hh  # [B,3H]
+        gh = gemm(h, w_hh.T, recurrent) + b_hh  # [B,3H]
         r[t] = _sigmoid(gi[t, :, :H] + gh[:, :H])
         z[t] = _sigmoid(gi[t, :, H : 2 * H] + gh[:, H : 2 * H])
         ghn[t] = gh[:, 2 * H :]
@@ -343,14 +344,15 @@ def _dropout_scale(keep: np.ndarray, p: float, dt) -> np.ndarray:
 
 def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
                            *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
-                           need_grads=True, precision="fp32") -> Result:
+                           need_grads=True, precision="fp32", recurrent="fp32") -> Result:
     """Forward (and backward) of the whole model over one window; docs/model.md, exactly.
 
     params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
     h0 [L,B,H]; n_valid_step: valid targets of the whole optimizer step; seed: this
     micro-batch's dropout seed (`catchat.rng.step_seed`). precision "fp16": the GEMMs' operands
     rounded to float16 (`gemm`), layer 0's input side through table0 = E W_ih0^T as the GPU does
-    (whose float16 operands are E and W_ih0, not the scaled rows x0).
+    (whose float16 operands are E and W_ih0, not the scaled rows x0). recurrent "fp16": the forward
+    sweeps' products h @ W_hh^T too (the tensor-core sweep, `GruForward(coop=True)`).
     """
     E = params["embedding.weight"]  # [V,H]
     dt = E.dtype
@@ -371,7 +373,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
             gi += params[pre + "gru.bias_ih"]
         o, gc = gru_layer_forward(x, h0[l], resets, params[pre + "gru.weight_ih"],
                                   params[pre + "gru.weight_hh"], params[pre + "gru.bias_ih"],
-                                  params[pre + "gru.bias_hh"], precision, gi)  # [T,B,H]
+                                  params[pre + "gru.bias_hh"], precision, gi, recurrent)  # [T,B,H]
         hT[l] = o[-1]
         xs.append(x)
         x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)

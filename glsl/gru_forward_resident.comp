@@ -16,7 +16,23 @@
 // HV4) -> matmul and reduction -> gates, o[t] written -> arrive -> the writes nobody in the sweep
 // reads (save, hT, hprev at t = 0) and the next step's gi loads, while the other workgroups
 // finish -> wait.
+// COOP (train.precision fp16, opt-in): the tile's product on cooperative matrices (tensor cores,
+// VK_NV_cooperative_matrix, subgroups of 32) instead of the threads' FMAs. Tiles of NU = 16 units x
+// TB = 16 lanes only: the product [16 lanes x H] x [H x 48] is 3 fragment columns (one per gate) of
+// 16 x 16 float32 accumulators over ceil(H/16) 16-deep k-fragments, split into 4 k-groups: subgroup
+// w < 12 owns gate w % 3 and k-group w / 3, i.e. COOP_KF fragments of W_hh^T held as float16 for
+// the whole sweep, and writes its 16 x 16 partial sums into red as k-group kg (so gate() sums 4 of
+// them, in k-group order: deterministic). h_prev is staged as float16 (rounded to nearest even), so
+// the product takes float16 h_prev and W_hh with float32 sums (the twin rounds the same operands);
+// the gates' own h_prev (z * h_prev) stays float32, read by each output's thread while staging.
 #extension GL_EXT_control_flow_attributes : require
+#ifdef COOP
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
 #include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
 #ifndef NU
@@ -53,7 +69,11 @@
 // reduced by shuffles (a power of two dividing KS, at most the subgroup size), LOG2SL, NTR
 // transposed shuffle levels (<= LOG2SL, 3*RU*LB divisible by 2^NTR).
 const uint NUG = NU / RU;     // unit groups
+#ifdef COOP
+const uint KG = 4u;           // k-groups of fragments, summed through shared memory
+#else
 const uint KG = KS / SL;      // slice groups, summed through shared memory
+#endif
 const uint RS = KS * KV;      // vec4 per staged h row
 const uint NV = 3u * RU * LB; // partial sums per thread per batch: index (g * RU + ru) * LB + lb
 const uint NF = NV >> NTR;    // values a thread holds after the transposed levels
@@ -83,10 +103,18 @@ layout(set = 0, binding = 10) buffer Stats { uint stats[]; };
 #define SYNC_BINDING 9
 #include "grid_sync.glsl"
 
-shared vec4 hs[TB * RS];            // hs[bb * RS + q] = h_prev[b0 + bb, 4q .. 4q+3] (0 past B, H)
 shared float red[KG * 3u * TB * NU];  // red[((kg * 3 + g) * TB + bb) * NU + u]: slice group kg's sums
+#ifdef COOP
+const uint KFT = 4u * COOP_KF;         // k-fragments staged (>= H / 16)
+const uint SH = 16u * KFT + 8u;        // hs16's row stride in halves (16-byte rows, padded)
+// hs16[bb * SH + k] = h_prev[b0 + bb, k] as float16 (0 past B, H); first W_hh's fragments' scratch
+shared float16_t hs16[TB * SH > 3072u ? TB * SH : 3072u];
+float hp_own;                          // the thread's own output's h_prev (float32), for its gate
+#else
+shared vec4 hs[TB * RS];            // hs[bb * RS + q] = h_prev[b0 + bb, 4q .. 4q+3] (0 past B, H)
 
 vec4 w[3][RU][KV];  // w[g][ru][i] = W_hh[g*H + j0 + u*RU + ru, 4(s + KS*i) .. +3] (0 past H)
+#endif
 
 // h_prev[b, 4q .. 4q+3] entering step t, after the reset (b < B, 4q < H; 0 past H).
 vec4 h_prev4(uint t, uint b, uint q) {
@@ -111,6 +139,7 @@ vec4 h_prev4(uint t, uint b, uint q) {
     return v * (1.0 - float(resets[t * pc.B + b]));
 }
 
+#ifndef COOP
 void load_w(uint j0, uint u, uint s) {
     [[unroll]] for (uint g = 0u; g < 3u; ++g) {
         [[unroll]] for (uint ru = 0u; ru < RU; ++ru) {
@@ -126,6 +155,7 @@ void load_w(uint j0, uint u, uint s) {
         }
     }
 }
+#endif
 
 // Gate output p of a tile: unit j0 + p % NU, lane b0 + p / NU.
 bool gate_live(uint j0, uint b0, uint p) { return p < NU * TB && j0 + p % NU < pc.H && b0 + p / NU < pc.B; }
@@ -155,7 +185,11 @@ float[6] gate(uint t, uint j0, uint b0, uint p, vec3 gi3, vec3 bias) {
     float r = sigmoid(gi3.x + gh.x);
     float z = sigmoid(gi3.y + gh.y);
     float n = tanh_safe(gi3.z + r * gh.z);
+#ifdef COOP
+    float hp = hp_own;  // p == the calling thread's index (COOP: NU * TB <= threads)
+#else
     float hp = hs[bb * RS + j / 4u][j % 4u];
+#endif
     float h = (1.0 - z) * n + z * hp;
     o[pc.o_off + (t * pc.B + b) * H + j] = h;
     return float[6](h, r, z, n, gh.z, hp);
@@ -173,8 +207,41 @@ void put_state(uint t, uint j0, uint b0, uint p, float[6] v) {
     if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = v[0];
 }
 
+#ifdef COOP
+// Stage h_prev of the tile's lanes as float16, all k (zero to KFT * 16), into hs16; each output's
+// thread keeps its own h_prev in float32 (hp_own).
+void stage_h(uint t, uint j0, uint b0) {
+    const uint QS = SH / 4u;  // 4-half groups per staged row (the last two are padding)
+    for (uint e = gl_LocalInvocationIndex; e < TB * QS; e += NT) {
+        uint bb = e / QS, q = e % QS, b = b0 + bb;
+        vec4 v = (b < pc.B && 4u * q < pc.H) ? h_prev4(t, b, q) : vec4(0.0);
+        [[unroll]] for (uint c = 0u; c < 4u; ++c) hs16[bb * SH + 4u * q + c] = float16_t(v[c]);
+    }
+    uint p = gl_LocalInvocationIndex;
+    if (gate_live(j0, b0, p)) hp_own = h_prev4(t, b0 + p / NU, (j0 + p % NU) / 4u)[(j0 + p % NU) % 4u];
+}
+
+// The gate's and k-group's W_hh^T fragments of subgroup sg (< 12): element (k, n) of fragment f is
+// W_hh[g*H + j0 + n, 16*(kgroup*COOP_KF + f) + k] as float16, staged one at a time through hs16
+// (before the sweep's first staging of h_prev; barriers around it, the caller's).
+void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[COOP_KF]) {
+    uint g = sg % 3u, kgroup = sg / 3u, lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
+    [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
+        uint k0 = 16u * (kgroup * COOP_KF + f);
+        for (uint e = lane; e < 256u; e += 32u) {
+            uint n = e / 16u, k = e % 16u, j = j0 + n;
+            float v = (j < pc.H && k0 + k < pc.H) ? params[pc.w_off + (g * pc.H + j) * pc.H + k0 + k] : 0.0;
+            hs16[base + e] = float16_t(v);  // column-major (k, n) at n * 16 + k
+        }
+        subgroupMemoryBarrierShared();
+        subgroupBarrier();
+        coopMatLoadNV(wf[f], hs16, base, 16u, true);
+        subgroupBarrier();  // the scratch is rewritten by the next fragment
+    }
+}
+#else
 // Stage h_prev of the tile's lanes, all k, into hs.
-void stage_h(uint t, uint b0) {
+void stage_h(uint t, uint j0, uint b0) {
     const uint n = (TB * RS + NT - 1u) / NT;
     [[unroll]] for (uint i = 0u; i < n; ++i) {
         uint e = gl_LocalInvocationIndex + i * NT, b = b0 + e / RS, q = e % RS;
@@ -182,6 +249,9 @@ void stage_h(uint t, uint b0) {
     }
 }
 
+#endif
+
+#ifndef COOP
 // The tile's matmul: gh partial sums of slice group kg into red.
 void matmul(uint u, uint s, uint sl, uint kg) {
     for (uint bat = 0u; bat < TB / LB; ++bat) {
@@ -208,6 +278,7 @@ void matmul(uint u, uint s, uint sl, uint kg) {
         }
     }
 }
+#endif
 
 void main() {
     uint tid = gl_LocalInvocationIndex;
@@ -221,8 +292,15 @@ void main() {
     uint group = resident ? wg / n_tj : 0u, group_n = resident ? n_tj : n_wg;
     uint j0 = (wg % n_tj) * NU, b0 = (wg / n_tj) * TB;
     vec3 bias = vec3(0.0), gi3 = vec3(0.0);
+#ifdef COOP
+    uint sg = tid / 32u;
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[COOP_KF];
+#define LOAD_W() { if (sg < 12u) load_w_frags(j0, sg, wf); barrier(); }
+#else
+#define LOAD_W() load_w(j0, u, s)
+#endif
     if (resident && wg < n_tiles) {
-        load_w(j0, u, s);
+        LOAD_W();
         bias = gate_bias(j0, b0, tid);
         gi3 = gate_inputs(pc.t, j0, b0, tid);
     }
@@ -231,15 +309,27 @@ void main() {
             if (!resident) {
                 j0 = (tile % n_tj) * NU;
                 b0 = (tile / n_tj) * TB;
-                load_w(j0, u, s);
+                LOAD_W();
                 bias = gate_bias(j0, b0, tid);
                 gi3 = gate_inputs(t, j0, b0, tid);
             }
             PHASE(t, 0u);
-            stage_h(t, b0);
+            stage_h(t, j0, b0);
             barrier();
             PHASE(t, 1u);
+#ifdef COOP
+            if (sg < 12u) {  // gate sg % 3, k-group sg / 3: a 16 x 16 partial of the [16 lanes x 48] product
+                fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+                [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
+                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+                    coopMatLoadNV(a, hs16, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
+                    acc = coopMatMulAddNV(a, wf[f], acc);
+                }
+                coopMatStoreNV(acc, red, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU, false);
+            }
+#else
             matmul(u, s, sl, kg);
+#endif
             barrier();
             bool live = gate_live(j0, b0, tid);
             float v[6] = live ? gate(t, j0, b0, tid, gi3, bias) : float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);

@@ -14,6 +14,7 @@ from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import pack_half, run_ops
+from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
     FORWARD_TILES,
@@ -52,7 +53,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
-                w_half: bool = False):
+                w_half: bool = False, coop: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -66,7 +67,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate). o, save and hT are
     read after the last forward sweep, hprev (the resets applied in place) and the gradients after
     the last backward. w_half: both sweeps read W_hh from a float16 copy (at an odd offset, 5
-    halves in), as HALF_W; compare with `expected_gru(half_weights(case))`.
+    halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: the forward's
+    product on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -92,7 +94,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
         w_off = 5
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
-                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16)
+                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,
+                     coop=coop)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16)
@@ -118,11 +121,12 @@ def half_weights(case):
     return {**case, "p": p}
 
 
-def expected_gru(case, clamp: float = 0.0):
-    """reference forward and backward sweep in float32 for one case."""
+def expected_gru(case, clamp: float = 0.0, recurrent: str = "fp32"):
+    """reference forward and backward sweep in float32 for one case (recurrent "fp16": the forward's
+    products h @ W_hh^T from float16 operands, as the tensor-core sweep)."""
     p, layer = case["p"], case["layer"]
     o, cache = ref.gru_layer_forward(case["x"], case["h0"][layer], case["resets"], p["weight_ih"],
-                                     p["weight_hh"], p["bias_ih"], p["bias_hh"])
+                                     p["weight_hh"], p["bias_ih"], p["bias_hh"], recurrent=recurrent)
     dgi, dgh, dh0, hits = ref.gru_sweep_backward(case["do"], cache, clamp or None)
     save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
     return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
@@ -174,6 +178,18 @@ HALF_W_CASES = [
 ]
 
 
+# The forward's product on tensor cores (COOP; a GPU with cooperative matrices only): 16 x 16 resident
+# tiles at H a multiple of 64 (whole k-groups), H = 72 (a partial k-fragment, k-groups of 2 with one
+# short, a partial unit tile), lanes past B (B = 20: a partial lane tile), v3's H; per-step and persistent
+COOP_CASES = [
+    ((5, 16, 64, (R(16, 16, 2, 2, 4), None), 0.0), 0),
+    ((7, 20, 72, (R(16, 16, 2, 2, 4), None), 0.02), 0),
+    ((6, 16, 512, (R(16, 16, 2, 2, 4), None), 0.0), 0),
+    ((7, 20, 72, (R(16, 16, 2, 2, 4), None), 0.0), 1),
+    ((6, 32, 512, (R(16, 16, 2, 2, 4), None), 0.0), 1),
+]
+
+
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
@@ -186,19 +202,22 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     clamp off and on (hit count exact), per-step and persistent; the GPU dG also reproduce
     reference's dW/db/dx via numpy."""
     out = []
-    runs = [(c, 0, False) for c in CASES] + [(c, n, False) for n in persistent_counts(dev) for c in PERSISTENT_CASES]
+    runs = [(c, 0, "") for c in CASES] + [(c, n, "") for n in persistent_counts(dev) for c in PERSISTENT_CASES]
     if dev.runs_float16:
-        runs += [(c, n, True) for c, n in HALF_W_CASES]
-    for i, ((T, B, H, tiles, clamp), n_wg, half) in enumerate(runs):
+        runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
+    if coopmat_runs(dev):
+        runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES]
+    for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save, w_half=half)
-        if half:
+        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
+                          w_half=variant == "f16w", coop=variant == "coop")
+        if variant == "f16w":
             case = half_weights(case)
-        exp, cache = expected_gru(case, clamp)
+        exp, cache = expected_gru(case, clamp, recurrent="fp16" if variant == "coop" else "fp32")
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
             + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save else " dGh apart")
-        fwd, bwd = ("gru_forward_f16w", "gru_backward_f16w") if half else ("gru_forward", "gru_backward")
+        fwd, bwd = (f"gru_forward_{variant}", f"gru_backward_{variant}") if variant else ("gru_forward", "gru_backward")
         for k in ("o", "hprev", "save", "hT"):
             out.append(compare(f"{fwd}.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
         for k in ("dgi", "dgh", "dh0"):

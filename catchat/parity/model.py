@@ -72,13 +72,14 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
 
     f64 = layout.unflatten(flat.astype(np.float64))
     n_valid = int(np.count_nonzero(targets))
+    recurrent = "fp16" if prog.fwd.gru[0].coop else "fp32"  # the tensor-core sweeps round h and W_hh
     seed0 = step_seed(hp.run_seed, 0, 0)
     plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
-                                       need_grads=False, precision=precision)
+                                       need_grads=False, precision=precision, recurrent=recurrent)
     res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
                                      smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
                                      p_hid=hp.dropout_hidden, seed=seed0,
-                                     clamp=hp.gradh_clamp or None, precision=precision)
+                                     clamp=hp.gradh_clamp or None, precision=precision, recurrent=recurrent)
     # The update is checked on the GPU's own gradients: Adam's first step is g / (|g| + eps), so
     # float32-vs-float64 differences in gradients near eps would swamp any tolerance.
     exp_flat = flat.astype(np.float64).copy()

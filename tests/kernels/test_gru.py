@@ -72,3 +72,30 @@ def test_pick_tiles_scales(dev):
         assert gru.pick_tiles(3, 7, backward) == cands[-1][0]
         for tiles, _ in cands:
             gru._check_tiles(dev, tiles, backward)
+
+
+def test_tensor_core_forward_compiles_and_is_refused_where_it_cannot_run(dev, monkeypatch):
+    """The forward's product on tensor cores (COOP): its shader compiles at v3's tiles and at a
+    partial k-group (H = 72); a device without cooperative matrices refuses GruForward(coop=True) with
+    the reason, and a program uses it only at fp16, opted in, where the device has them."""
+    from catchat.vk.kernels.gemm import coopmat_runs
+    from catchat.vk.shaders import compile_shader
+
+    tiles = gru.ResidentTiles(16, 16, 2, 2, 4)
+    for B, H, kf in ((64, 512, 8), (20, 72, 2)):  # k-fragments per subgroup: ceil(ceil(H / 16) / 4)
+        defines = gru.resident_defines(tiles, B, H, 32, coop=True)
+        assert defines["COOP_KF"] == kf
+        assert compile_shader("gru_forward_resident", {**defines, "PERSISTENT": 1})[:4] == b"\x03\x02\x23\x07"
+    with pytest.raises(ValueError, match="forward of 16 x 16 tiles"):
+        gru.resident_defines(gru.ResidentTiles(8, 16, 2, 2, 4), 64, 512, 32, coop=True)
+    assert gru.coop_shared_bytes(512) <= 48 * 1024
+    case = gru_parity.make_case(3, 16, 64)
+    if not coopmat_runs(dev):
+        with pytest.raises(ValueError, match="tensor-core sweep needs cooperative matrices"):
+            gru_parity.run_gru_gpu(dev, case, tiles=(tiles, None), coop=True)
+    monkeypatch.setenv(gru.COOP_ENV, "1")
+    assert not gru.coop_forward(dev, 16, 64, "fp32")
+    assert gru.coop_forward(dev, 16, 64, "fp16") == (coopmat_runs(dev) and gru.coop_tiles_ok(
+        gru.plan_sweep(dev, 16, 64, False).tiles))
+    monkeypatch.delenv(gru.COOP_ENV)
+    assert not gru.coop_forward(dev, 16, 64, "fp16")  # opt-in until measured on a GPU

@@ -174,11 +174,13 @@ def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_s
 
 
 def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: int = 0,
-                     backward: bool = False) -> dict:
+                     backward: bool = False, coop: bool = False) -> dict:
     """Compile-time defines of gru_{forward,backward}_resident.comp (see their headers). off: the
     element offset of o, read as vec4 rows by the forward shader: vec4 loads need it and H to be
-    multiples of 4."""
+    multiples of 4. coop: the forward's product on tensor cores (COOP; `coop_tiles_ok`)."""
     t = tiles
+    if coop and (backward or not coop_tiles_ok(t)):
+        raise ValueError(f"the tensor-core sweep is a forward of {COOP_UNITS} x {COOP_UNITS} tiles, not {t}")
     if backward:
         if min(t.cols, t.lanes, t.per_thread, t.batch, t.sl) < 1 or t.batch % 4 or t.sl != next_pow2(t.sl):
             raise ValueError(f"bad resident backward tiles {t}: batch must be a multiple of 4, slices a power of two")
@@ -192,7 +194,36 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
     if backward:
         return {**common, "CPT": t.per_thread}
     vec4_rows = {"HV4": 1} if H % 4 == 0 and off % 4 == 0 else {}
-    return {**common, "RU": t.per_thread, "KV": t.kv, "KS": ks, **vec4_rows}
+    coop_defs = {"COOP": 1, "COOP_KF": ceil_div(ceil_div(H, 16), 4)} if coop else {}
+    return {**common, "RU": t.per_thread, "KV": t.kv, "KS": ks, **vec4_rows, **coop_defs}
+
+
+# The forward sweep's product on tensor cores (gru_forward_resident.comp COOP, train.precision fp16):
+# tiles of 16 units x 16 lanes (one 16 x 16 fragment per gate), 16 subgroups of 32 (12 multiply).
+COOP_UNITS, COOP_THREADS = 16, 512
+COOP_ENV = "CATCHAT_SWEEP_COOP"  # =1: use it at fp16 (opt-in until measured on a GPU)
+
+
+def coop_tiles_ok(t) -> bool:
+    """Whether resident tiles suit the tensor-core forward: 16 units x 16 lanes."""
+    return isinstance(t, ResidentTiles) and t.cols == COOP_UNITS and t.lanes == COOP_UNITS
+
+
+def coop_shared_bytes(H: int) -> int:
+    """Shared memory of the tensor-core forward: h_prev as float16 [16][16*4*COOP_KF + 8] (at least
+    the 12 subgroups' 16 x 16 staging of W_hh) and the 4 k-groups' float32 partials [4][3][16][16]."""
+    sh = 16 * 4 * ceil_div(ceil_div(H, 16), 4) + 8
+    return 2 * max(16 * sh, 12 * 256) + 4 * 4 * 3 * 256
+
+
+def coop_forward(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program at `precision` runs its forward sweeps on tensor cores: fp16, opted in
+    (CATCHAT_SWEEP_COOP=1), cooperative matrices on the device, and resident 16 x 16 tiles planned."""
+    from catchat.vk.kernels.gemm import coopmat_runs
+
+    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() != "1" or not coopmat_runs(dev):
+        return False
+    return coop_tiles_ok(plan_sweep(dev, B, H, False).tiles)
 
 
 def partial_words(B: int, H: int, tiles) -> int:
@@ -334,12 +365,13 @@ def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | No
     return SweepPlan(pick(0), 0, res)
 
 
-def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0) -> tuple[str, dict]:
+def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0,
+                 coop: bool = False) -> tuple[str, dict]:
     """The shader and compile-time defines of a sweep at these tiles: gru_*_resident.comp for
-    ResidentTiles (`resident_defines`; off as there), else the tiled gru_*.comp."""
+    ResidentTiles (`resident_defines`; off and coop as there), else the tiled gru_*.comp."""
     name = (GruBackward if backward else GruForward).shader
     if isinstance(tiles, ResidentTiles):
-        return name + "_resident", resident_defines(tiles, B, H, subgroup, off, backward)
+        return name + "_resident", resident_defines(tiles, B, H, subgroup, off, backward, coop)
     return name, shader_defines(tiles, H, backward)
 
 
@@ -457,6 +489,7 @@ class _Sweep(Kernel):
 
     backward = False
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
+    coop = False  # forward: the product on tensor cores (gru_forward_resident.comp COOP)
 
     def _whh_words(self, w_half, w_off: int) -> int:
         """The words params must hold for W_hh: w_off + 3H*H, or 0 when W_hh comes from the float16
@@ -477,7 +510,14 @@ class _Sweep(Kernel):
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
             raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
-        shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset)
+        if self.coop:
+            from catchat.vk.kernels.gemm import coopmat_runs
+
+            if not coopmat_runs(dev) or not coop_tiles_ok(self.tiles):
+                raise ValueError(f"the tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
+                                 f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) and resident tiles of "
+                                 f"{COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
+        shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
         if self.w_half is not None:
             if not dev.runs_float16:
                 raise ValueError(f"W_hh in float16 needs float16 arithmetic and 16-bit storage, which "
@@ -485,6 +525,8 @@ class _Sweep(Kernel):
             defines, tensors = {**defines, "HALF_W": 1}, tensors + [self.w_half]
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
+            if self.coop:
+                nt, self.shared_bytes = COOP_THREADS, coop_shared_bytes(H)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
@@ -549,7 +591,9 @@ class GruForward(_Sweep):
     0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always one dispatch (the
     per-timestep path interleaves other work). w_half: W_hh read from this float16 copy instead
     (uint32 words of `pack_half`, w_off counted in halves; b_hh stays in params), on the tiled
-    shaders (HALF_W: the arithmetic stays float32); needs `Device.runs_float16`.
+    shaders (HALF_W: the arithmetic stays float32); needs `Device.runs_float16`. coop: the
+    per-step product h_prev @ W_hh^T on tensor cores from float16 h_prev and W_hh (float32 sums;
+    resident tiles of 16 x 16 and cooperative matrices, `coop_forward`).
     """
 
     shader = "gru_forward"
@@ -557,8 +601,9 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None, w_half=None):
+                 persistent: int | None = None, w_half=None, coop: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        self.coop = bool(coop)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")

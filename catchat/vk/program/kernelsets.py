@@ -24,7 +24,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, state_rows
+from catchat.vk.kernels.gru import GruBackward, GruForward, coop_forward, state_rows
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -127,9 +127,11 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
+    coop = coop_forward(dev, B, H, precision)  # fp16, opted in: the sweeps' product on tensor cores
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats) for l in range(g.L)]
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop)
+           for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
     reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
