@@ -124,7 +124,8 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
     entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H]; precision: the input projection's
     (a GEMM); gi [T,B,3H]: the input projection made elsewhere (fp16's layer 0 goes through table0);
-    recurrent: the per-step product h @ W_hh^T's (fp16: the tensor-core forward sweep's operands).
+    recurrent: the per-step products' h @ W_hh^T and (backward) dGh @ W_hh (fp16: the tensor-core
+    sweeps' operands, rounded).
     Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
     """
     T, B, _ = x.shape
@@ -150,7 +151,8 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
         hprev[t] = h
         h = (1 - z[t]) * n[t] + z[t] * h
         o[t] = h
-    cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh, precision=precision)
+    cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh, precision=precision,
+                 recurrent=recurrent)
     return o, cache
 
 
@@ -201,7 +203,8 @@ def gru_step_backward(dh, t, cache):
     dar = dan * ghn[t] * r[t] * (1 - r[t])  # pre-sigmoid of r
     dgi = np.concatenate([dar, daz, dan], axis=1)  # [B,3H]
     dgh = np.concatenate([dar, daz, dan * r[t]], axis=1)  # [B,3H]
-    return dgi, dgh, (dh * z[t] + dgh @ cache["w_hh"]) * cache["carry"][t][:, None]
+    dh_prev = dh * z[t] + gemm(dgh, cache["w_hh"], cache.get("recurrent", "fp32"))
+    return dgi, dgh, dh_prev * cache["carry"][t][:, None]
 
 
 def _bptt_clamp(dh, clamp, t: int):
@@ -351,8 +354,8 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
     h0 [L,B,H]; n_valid_step: valid targets of the whole optimizer step; seed: this
     micro-batch's dropout seed (`catchat.rng.step_seed`). precision "fp16": the GEMMs' operands
     rounded to float16 (`gemm`), layer 0's input side through table0 = E W_ih0^T as the GPU does
-    (whose float16 operands are E and W_ih0, not the scaled rows x0). recurrent "fp16": the forward
-    sweeps' products h @ W_hh^T too (the tensor-core sweep, `GruForward(coop=True)`).
+    (whose float16 operands are E and W_ih0, not the scaled rows x0). recurrent "fp16": the sweeps'
+    products h @ W_hh^T and dGh @ W_hh too (the tensor-core sweeps, `coop=True`).
     """
     E = params["embedding.weight"]  # [V,H]
     dt = E.dtype

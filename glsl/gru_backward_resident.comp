@@ -22,7 +22,22 @@
 // gate backward of step s-1 -> dGh[s-1] to memory and to shared -> the product of the tile's
 // rows of dGh[s-1] with W_hh -> partials to memory -> arrive -> dGi, dhz and the next step's
 // inputs while the others finish -> wait.
+// COOP (train.precision fp16, opt-in, with the forward's COOP): the product on cooperative matrices
+// (tensor cores, VK_NV_cooperative_matrix, 16 subgroups of 32). Tiles of NU = 16 units x TB = 16
+// lanes: the partials [16 lanes x H] = dGh rows [16 lanes x 48] x W rows [48 x H] are 3 k-fragments
+// (one per gate) deep; subgroup sg owns COOP_NF 16-column n-fragments (columns 16 * (sg * COOP_NF +
+// i)), their 3 W_hh fragments each held as float16 for the whole sweep. dGh[s-1] is staged as
+// float16 (dgs16), so the product takes float16 dGh (carrying fp16's loss scale) and W_hh with
+// float32 sums; the partials go to `part` as before (directly where the 16 x 16 block is inside B
+// and H, else through a per-subgroup scratch with bounds).
 #extension GL_EXT_control_flow_attributes : require
+#ifdef COOP
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
 #include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
 #ifndef NU
@@ -85,10 +100,23 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
+#ifdef COOP
+const uint SA = NR + 8u;              // dgs16's row stride in halves (16-byte rows)
+shared float16_t dgs16[TB * SA];      // dgs16[bb * SA + r] = dGh[s-1, b0 + bb, row r of the tile] (0 outside)
+shared float16_t wst[16u * 256u];     // per subgroup: a W_hh fragment being loaded (sweep start)
+shared float pst[16u * 256u];         // per subgroup: a partial block bound for `part` past B or H
+
+// Row r (gate r / NU, unit r % NU) of the tile's dGh[s-1] for tile lane bb.
+void put_dgs(uint r, uint bb, float v) { dgs16[bb * SA + r] = float16_t(v); }
+#else
 shared vec4 dgs[NR * RS];  // dgs[r * RS + bb / 4][bb % 4] = dGh[s-1, b0 + bb, row r of the tile] (0 outside)
 
-float w[RG][CPT];  // w[i][c] = W_hh[g*H + j0 + u, cg*CPT + c] for row g*NU + u = sl + SL*i (0 outside)
+void put_dgs(uint r, uint bb, float v) { dgs[r * RS + bb / 4u][bb % 4u] = v; }
 
+float w[RG][CPT];  // w[i][c] = W_hh[g*H + j0 + u, cg*CPT + c] for row g*NU + u = sl + SL*i (0 outside)
+#endif
+
+#ifndef COOP
 void load_w(uint j0, uint cg, uint sl) {
     [[unroll]] for (uint i = 0u; i < RG; ++i) {
         uint r = sl + SL * i, j = j0 + r % NU;
@@ -98,6 +126,7 @@ void load_w(uint j0, uint cg, uint sl) {
         }
     }
 }
+#endif
 
 uint n_unit_tiles() { return ceil_div(pc.H, NU); }
 
@@ -118,6 +147,27 @@ float product_row(uint s, uint b, uint k) {
     return mm;
 }
 
+#ifdef COOP
+// Subgroup sg's W_hh fragments: wf[i * 3 + q] holds rows q * H + j0 .. +15 (gate q's units) by
+// columns 16 * (sg * COOP_NF + i) .. +15, as float16, staged one at a time through wst.
+void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[3u * COOP_NF]) {
+    uint lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
+    [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
+        [[unroll]] for (uint q = 0u; q < 3u; ++q) {
+            uint k0 = 16u * (sg * COOP_NF + i);
+            for (uint e = lane; e < 256u; e += 32u) {
+                uint rr = e / 16u, cc = e % 16u, j = j0 + rr;
+                float v = (j < pc.H && k0 + cc < pc.H) ? params[pc.w_off + (q * pc.H + j) * pc.H + k0 + cc] : 0.0;
+                wst[base + e] = float16_t(v);  // row-major (rr, cc)
+            }
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            coopMatLoadNV(wf[i * 3u + q], wst, base, 16u, false);
+            subgroupBarrier();  // the scratch is rewritten by the next fragment
+        }
+    }
+}
+#else
 // The tile's rows of dGh[s-1] (in dgs) times its rows of W_hh: partials for the tile's lanes and
 // every column, into part (read at step s-1).
 void product_partials(uint s, uint tu, uint b0, uint cg, uint sl) {
@@ -146,6 +196,7 @@ void product_partials(uint s, uint tu, uint b0, uint cg, uint sl) {
         }
     }
 }
+#endif
 
 // What step s needs from memory for one element, besides the partials: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). Loaded a step
@@ -190,7 +241,7 @@ vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7]
     uint gb = pc.dgh_off + ((s - 1u) * pc.B + b) * pc.dgh_ld, u = p % NU, bb = p / NU;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
         dgh[gb + q * H + k] = g[q];
-        dgs[(q * NU + u) * RS + bb / 4u][bb % 4u] = g[q];
+        put_dgs(q * NU + u, bb, g[q]);
     }
     return vec3(dar, daz, dan);
 }
@@ -231,14 +282,22 @@ void main() {
     uint tu = wg % n_tu, j0 = tu * NU, b0 = (wg / n_tu) * TB;
     uint b = b0 + tid / NU, k = j0 + tid % NU;  // this thread's element (when live)
     // Rows and lanes outside the matrices stay 0 in dgs (their products must be finite).
+#ifdef COOP
+    for (uint e = tid; e < TB * SA; e += NT) dgs16[e] = float16_t(0.0);
+    uint sg = tid / 32u, lane = tid % 32u;
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[3u * COOP_NF];
+#define LOAD_W() { load_w_frags(j0, sg, wf); barrier(); }
+#else
     for (uint e = tid; e < NR * RS; e += NT) dgs[e] = vec4(0.0);
+#define LOAD_W() load_w(j0, cg, sl)
+#endif
     float dhz = 0.0;
     float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
     bool live = false;
     if (resident && wg < n_tiles) {
-        load_w(j0, cg, sl);
+        LOAD_W();
         live = live_at(j0, b0, tid);
         if (live) {
             dhz = load_state(pc.s, b, k);
@@ -254,7 +313,7 @@ void main() {
                 tu = tile % n_tu;
                 j0 = tu * NU;
                 b0 = (tile / n_tu) * TB;
-                load_w(j0, cg, sl);
+                LOAD_W();
             }
             PHASE(i, 0u);
             vec3 g = vec3(0.0);
@@ -263,12 +322,40 @@ void main() {
                 if (live_at(j0, b0, p)) {
                     element_from_memory(s, j0, b0, p, c, hits);
                 } else {  // outside: a walked tile may leave a previous tile's value here
-                    [[unroll]] for (uint q = 0u; q < 3u; ++q) dgs[(q * NU + p % NU) * RS + p / NU / 4u][(p / NU) % 4u] = 0.0;
+                    [[unroll]] for (uint q = 0u; q < 3u; ++q) put_dgs(q * NU + p % NU, p / NU, 0.0);
                 }
             }
             PHASE(i, 1u);
             barrier();  // dgs holds the tile's rows of dGh[s-1]
+#ifdef COOP
+            if (s > 0u) {  // uniform: s is. Subgroup sg: columns 16 * (sg * COOP_NF + i) .. +15
+                uint row0 = (((s - 1u) % 2u) * n_tu + tu) * pc.B + b0;  // part's row of lane b0
+                [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
+                    uint k0 = 16u * (sg * COOP_NF + i);
+                    if (k0 >= pc.H) break;  // uniform in the subgroup
+                    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+                    [[unroll]] for (uint q = 0u; q < 3u; ++q) {
+                        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+                        coopMatLoadNV(a, dgs16, 16u * q, SA, false);  // (lane bb, row q * 16 + u)
+                        acc = coopMatMulAddNV(a, wf[i * 3u + q], acc);
+                    }
+                    if (b0 + 16u <= pc.B && k0 + 16u <= pc.H && pc.H % 4u == 0u) {
+                        coopMatStoreNV(acc, part, row0 * pc.H + k0, pc.H, false);
+                    } else {
+                        coopMatStoreNV(acc, pst, sg * 256u, 16u, false);
+                        subgroupMemoryBarrierShared();
+                        subgroupBarrier();
+                        for (uint e = lane; e < 256u; e += 32u) {
+                            uint bb = e / 16u, k = k0 + e % 16u;
+                            if (b0 + bb < pc.B && k < pc.H) part[(row0 + bb) * pc.H + k] = pst[sg * 256u + e];
+                        }
+                        subgroupBarrier();
+                    }
+                }
+            }
+#else
             if (s > 0u) product_partials(s, tu, b0, cg, sl);  // uniform: s is
+#endif
             PHASE(i, 2u);
             if (resident && more) {
 #ifdef PERSISTENT

@@ -67,8 +67,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate). o, save and hT are
     read after the last forward sweep, hprev (the resets applied in place) and the gradients after
     the last backward. w_half: both sweeps read W_hh from a float16 copy (at an odd offset, 5
-    halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: the forward's
-    product on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`.
+    halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: both sweeps'
+    products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -98,7 +98,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                      coop=coop)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
-                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16)
+                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop)
     both = fwd.sweep_ops() + bwd.sweep_ops()
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
                             + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
@@ -178,15 +178,17 @@ HALF_W_CASES = [
 ]
 
 
-# The forward's product on tensor cores (COOP; a GPU with cooperative matrices only): 16 x 16 resident
-# tiles at H a multiple of 64 (whole k-groups), H = 72 (a partial k-fragment, k-groups of 2 with one
-# short, a partial unit tile), lanes past B (B = 20: a partial lane tile), v3's H; per-step and persistent
+# Both sweeps' products on tensor cores (COOP; a GPU with cooperative matrices only): 16 x 16 resident
+# tiles at H a multiple of 64 (whole k-groups), H = 72 (a partial k-fragment and n-fragment, k-groups
+# of 2 with one short, a partial unit tile: the backward's bounded partial stores), lanes past B
+# (B = 20: a partial lane tile), v3's H; per-step and persistent
+COOP_TILES = (R(16, 16, 2, 2, 4), RB(16, 16, 2, 2, 8))
 COOP_CASES = [
-    ((5, 16, 64, (R(16, 16, 2, 2, 4), None), 0.0), 0),
-    ((7, 20, 72, (R(16, 16, 2, 2, 4), None), 0.02), 0),
-    ((6, 16, 512, (R(16, 16, 2, 2, 4), None), 0.0), 0),
-    ((7, 20, 72, (R(16, 16, 2, 2, 4), None), 0.0), 1),
-    ((6, 32, 512, (R(16, 16, 2, 2, 4), None), 0.0), 1),
+    ((5, 16, 64, COOP_TILES, 0.0), 0),
+    ((7, 20, 72, COOP_TILES, 0.02), 0),
+    ((6, 16, 512, COOP_TILES, 0.0), 0),
+    ((7, 20, 72, COOP_TILES, 0.0), 1),
+    ((6, 32, 512, COOP_TILES, 0.0), 1),
 ]
 
 

@@ -74,28 +74,30 @@ def test_pick_tiles_scales(dev):
             gru._check_tiles(dev, tiles, backward)
 
 
-def test_tensor_core_forward_compiles_and_is_refused_where_it_cannot_run(dev, monkeypatch):
-    """The forward's product on tensor cores (COOP): its shader compiles at v3's tiles and at a
-    partial k-group (H = 72); a device without cooperative matrices refuses GruForward(coop=True) with
-    the reason, and a program uses it only at fp16, opted in, where the device has them."""
+def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, monkeypatch):
+    """Both sweeps' products on tensor cores (COOP): the shaders compile at v3's tiles and at partial
+    fragments (H = 72); a device without cooperative matrices refuses coop=True with the reason, and
+    a program uses them only at fp16, opted in, where the device has them."""
     from catchat.vk.kernels.gemm import coopmat_runs
     from catchat.vk.shaders import compile_shader
 
-    tiles = gru.ResidentTiles(16, 16, 2, 2, 4)
-    for B, H, kf in ((64, 512, 8), (20, 72, 2)):  # k-fragments per subgroup: ceil(ceil(H / 16) / 4)
-        defines = gru.resident_defines(tiles, B, H, 32, coop=True)
-        assert defines["COOP_KF"] == kf
-        assert compile_shader("gru_forward_resident", {**defines, "PERSISTENT": 1})[:4] == b"\x03\x02\x23\x07"
-    with pytest.raises(ValueError, match="forward of 16 x 16 tiles"):
+    tiles = (gru.ResidentTiles(16, 16, 2, 2, 4), gru.resident_backward(16, 16, 2, 2, 8))
+    for B, H, kf, nf in ((64, 512, 8, 2), (20, 72, 2, 1)):  # fragments per subgroup
+        fwd = gru.resident_defines(tiles[0], B, H, 32, coop=True)
+        bwd = gru.resident_defines(tiles[1], B, H, 32, backward=True, coop=True)
+        assert (fwd["COOP_KF"], bwd["COOP_NF"]) == (kf, nf)
+        for name, defines in (("gru_forward_resident", fwd), ("gru_backward_resident", bwd)):
+            assert compile_shader(name, {**defines, "PERSISTENT": 1})[:4] == b"\x03\x02\x23\x07"
+    with pytest.raises(ValueError, match="tiles of 16 x 16"):
         gru.resident_defines(gru.ResidentTiles(8, 16, 2, 2, 4), 64, 512, 32, coop=True)
-    assert gru.coop_shared_bytes(512) <= 48 * 1024
+    assert max(gru.coop_shared_bytes(512), gru.coop_shared_bytes(512, backward=True)) <= 48 * 1024
     case = gru_parity.make_case(3, 16, 64)
     if not coopmat_runs(dev):
         with pytest.raises(ValueError, match="tensor-core sweep needs cooperative matrices"):
-            gru_parity.run_gru_gpu(dev, case, tiles=(tiles, None), coop=True)
+            gru_parity.run_gru_gpu(dev, case, tiles=tiles, coop=True)
     monkeypatch.setenv(gru.COOP_ENV, "1")
-    assert not gru.coop_forward(dev, 16, 64, "fp32")
-    assert gru.coop_forward(dev, 16, 64, "fp16") == (coopmat_runs(dev) and gru.coop_tiles_ok(
-        gru.plan_sweep(dev, 16, 64, False).tiles))
+    assert not gru.coop_sweeps(dev, 16, 64, "fp32")
+    planned = all(gru.coop_tiles_ok(gru.plan_sweep(dev, 16, 64, bw).tiles) for bw in (False, True))
+    assert gru.coop_sweeps(dev, 16, 64, "fp16") == (coopmat_runs(dev) and planned)
     monkeypatch.delenv(gru.COOP_ENV)
-    assert not gru.coop_forward(dev, 16, 64, "fp16")  # opt-in until measured on a GPU
+    assert not gru.coop_sweeps(dev, 16, 64, "fp16")  # opt-in until measured on a GPU

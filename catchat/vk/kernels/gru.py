@@ -179,8 +179,8 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
     element offset of o, read as vec4 rows by the forward shader: vec4 loads need it and H to be
     multiples of 4. coop: the forward's product on tensor cores (COOP; `coop_tiles_ok`)."""
     t = tiles
-    if coop and (backward or not coop_tiles_ok(t)):
-        raise ValueError(f"the tensor-core sweep is a forward of {COOP_UNITS} x {COOP_UNITS} tiles, not {t}")
+    if coop and not coop_tiles_ok(t):
+        raise ValueError(f"the tensor-core sweeps take tiles of {COOP_UNITS} x {COOP_UNITS}, not {t}")
     if backward:
         if min(t.cols, t.lanes, t.per_thread, t.batch, t.sl) < 1 or t.batch % 4 or t.sl != next_pow2(t.sl):
             raise ValueError(f"bad resident backward tiles {t}: batch must be a multiple of 4, slices a power of two")
@@ -192,14 +192,15 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
     ntr = min(log2sl, (nv & -nv).bit_length() - 1)  # halvings while the value count stays whole
     common = {"NU": t.cols, "TB": t.lanes, "LB": t.batch, "SL": sl, "LOG2SL": log2sl, "NTR": ntr}
     if backward:
-        return {**common, "CPT": t.per_thread}
+        coop_defs = {"COOP": 1, "COOP_NF": ceil_div(ceil_div(H, 16), COOP_THREADS // 32)} if coop else {}
+        return {**common, "CPT": t.per_thread, **coop_defs}
     vec4_rows = {"HV4": 1} if H % 4 == 0 and off % 4 == 0 else {}
     coop_defs = {"COOP": 1, "COOP_KF": ceil_div(ceil_div(H, 16), 4)} if coop else {}
     return {**common, "RU": t.per_thread, "KV": t.kv, "KS": ks, **vec4_rows, **coop_defs}
 
 
-# The forward sweep's product on tensor cores (gru_forward_resident.comp COOP, train.precision fp16):
-# tiles of 16 units x 16 lanes (one 16 x 16 fragment per gate), 16 subgroups of 32 (12 multiply).
+# The sweeps' products on tensor cores (gru_*_resident.comp COOP, train.precision fp16): tiles of 16
+# units x 16 lanes (one 16 x 16 fragment per gate), 16 subgroups of 32 (the forward's 12 multiply).
 COOP_UNITS, COOP_THREADS = 16, 512
 COOP_ENV = "CATCHAT_SWEEP_COOP"  # =1: use it at fp16 (opt-in until measured on a GPU)
 
@@ -209,21 +210,26 @@ def coop_tiles_ok(t) -> bool:
     return isinstance(t, ResidentTiles) and t.cols == COOP_UNITS and t.lanes == COOP_UNITS
 
 
-def coop_shared_bytes(H: int) -> int:
-    """Shared memory of the tensor-core forward: h_prev as float16 [16][16*4*COOP_KF + 8] (at least
-    the 12 subgroups' 16 x 16 staging of W_hh) and the 4 k-groups' float32 partials [4][3][16][16]."""
+def coop_shared_bytes(H: int, backward: bool = False) -> int:
+    """Shared memory of a tensor-core sweep. Forward: h_prev as float16 [16][16*4*COOP_KF + 8] (at
+    least the 12 subgroups' 16 x 16 staging of W_hh) and the 4 k-groups' float32 partials
+    [4][3][16][16]. Backward: dGh as float16 [16][48 + 8], and per subgroup a float16 and a float32
+    16 x 16 scratch."""
+    if backward:
+        return 2 * 16 * (3 * COOP_UNITS + 8) + 16 * 256 * (2 + 4)
     sh = 16 * 4 * ceil_div(ceil_div(H, 16), 4) + 8
     return 2 * max(16 * sh, 12 * 256) + 4 * 4 * 3 * 256
 
 
-def coop_forward(dev: Device, B: int, H: int, precision: str) -> bool:
-    """Whether a program at `precision` runs its forward sweeps on tensor cores: fp16, opted in
-    (CATCHAT_SWEEP_COOP=1), cooperative matrices on the device, and resident 16 x 16 tiles planned."""
+def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
+    backward alike, as the twin's `recurrent` assumes): fp16, opted in (CATCHAT_SWEEP_COOP=1),
+    cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions."""
     from catchat.vk.kernels.gemm import coopmat_runs
 
     if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() != "1" or not coopmat_runs(dev):
         return False
-    return coop_tiles_ok(plan_sweep(dev, B, H, False).tiles)
+    return all(coop_tiles_ok(plan_sweep(dev, B, H, backward).tiles) for backward in (False, True))
 
 
 def partial_words(B: int, H: int, tiles) -> int:
@@ -514,7 +520,7 @@ class _Sweep(Kernel):
             from catchat.vk.kernels.gemm import coopmat_runs
 
             if not coopmat_runs(dev) or not coop_tiles_ok(self.tiles):
-                raise ValueError(f"the tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
+                raise ValueError(f"a tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
                                  f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) and resident tiles of "
                                  f"{COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
@@ -526,7 +532,7 @@ class _Sweep(Kernel):
         if isinstance(self.tiles, ResidentTiles):
             _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
             if self.coop:
-                nt, self.shared_bytes = COOP_THREADS, coop_shared_bytes(H)
+                nt, self.shared_bytes = COOP_THREADS, coop_shared_bytes(H, backward)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
@@ -593,7 +599,7 @@ class GruForward(_Sweep):
     (uint32 words of `pack_half`, w_off counted in halves; b_hh stays in params), on the tiled
     shaders (HALF_W: the arithmetic stays float32); needs `Device.runs_float16`. coop: the
     per-step product h_prev @ W_hh^T on tensor cores from float16 h_prev and W_hh (float32 sums;
-    resident tiles of 16 x 16 and cooperative matrices, `coop_forward`).
+    resident tiles of 16 x 16 and cooperative matrices, `coop_sweeps`).
     """
 
     shader = "gru_forward"
@@ -652,7 +658,8 @@ class GruBackward(_Sweep):
     stats[ST_CLAMP_HITS] += clamped elements (uint32), stats[ST_SYNC_TIMEOUTS] persistent sweeps
     whose grid barrier gave up. A private scratch dhz [B,H] carries the running gradient times z
     between steps; it needs no zeroing (step s = T writes it before anything reads it).
-    persistent, w_half: as GruForward's.
+    persistent, w_half: as GruForward's. coop: the product dGh @ W_hh on tensor cores from float16
+    dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`).
     """
 
     shader = "gru_backward"
@@ -661,8 +668,9 @@ class GruBackward(_Sweep):
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
-                 w_half=None):
+                 w_half=None, coop: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
+        self.coop = bool(coop)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         if dgh is None:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H

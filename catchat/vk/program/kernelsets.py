@@ -24,7 +24,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, coop_forward, state_rows
+from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -127,7 +127,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
-    coop = coop_forward(dev, B, H, precision)  # fp16, opted in: the sweeps' product on tensor cores
+    coop = coop_sweeps(dev, B, H, precision)  # fp16, opted in: the sweeps' products on tensor cores
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
                       o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop)
@@ -141,6 +141,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,
                    precision: str = "fp32") -> BackwardKernels:
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
+    coop = coop_sweeps(dev, B, H, precision)  # as the forward's (the twin rounds both products)
     pr = precision
     head = o[head_name(layout.spec)]
     dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
@@ -166,7 +167,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
                                          o_off=state_rows(B, H)),
             # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l]
             gru=GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, None, b.dh0,
-                            b.stats, T=T, B=B, H=H, w_off=o[p + "gru.weight_hh"], dh0_off=l * B * H),
+                            b.stats, T=T, B=B, H=H, w_off=o[p + "gru.weight_hh"], dh0_off=l * B * H, coop=coop),
             dw_hh=gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"),
             db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
             db_hh=ColSum(dev, (b.save[l], 0, 4 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum,
