@@ -57,7 +57,7 @@ from catchat.schedule import TimedStep, interval_crossed, lr_at, lr_at_progress,
 from catchat.train_budget import BudgetedRun
 from catchat.train_ranks import RankedRun
 from catchat.vk.device import format_bytes
-from catchat.vk.kernels.gemm import products
+from catchat.vk.kernels.gemm import coopmat_runs, products
 from catchat.vk.program import Program, StepHyper, StepStats
 
 __all__ = ["METRICS_COLUMNS", "RunFiles", "Trainer"]
@@ -181,7 +181,7 @@ class Trainer(BudgetedRun, RankedRun):
         self.prog = Program(self.dev, self.layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
                             lane_offset=lo, lanes_total=B, precision=cfg.train.precision)
         self.products = products(self.dev, cfg.train.precision)
-        if self.is_root and self.products.startswith("fp16 emulated"):  # the user asked for speed
+        if self.is_root and cfg.train.precision == "fp16" and not coopmat_runs(self.dev):  # the user asked for speed
             self.report("warning", text=f"precision fp16 on {self.dev.info.name}: {self.products}")
         self.tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
 
