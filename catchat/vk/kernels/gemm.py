@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from catchat.precision import PRECISIONS
 from catchat.vk import tiles, tune
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div, device_sms
@@ -68,6 +69,15 @@ class GemmTiles:
     def spec(self) -> list[int]:
         return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
 
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm.comp on dev (None: they can)."""
+        if self.bm % self.tm or self.bn % self.tn or self.tm % 4 or self.tn % 4 or self.bk % 4 \
+                or self.threads > dev.info.max_workgroup_invocations:
+            return f"bad GEMM tiles {self}"
+        if self.shared_bytes > dev.info.max_shared_memory_bytes:
+            return f"GEMM tiles {self} need {self.shared_bytes} B of shared memory"
+        return None
+
     def __iter__(self):
         """(BM, BN, BK, TM, TN), the tables' and the tuning cache's form."""
         return iter((self.bm, self.bn, self.bk, self.tm, self.tn))
@@ -115,6 +125,14 @@ class CoopTiles:
     def spec(self) -> list[int]:
         return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk]
 
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
+        if self.bk % 16 or self.depth not in (2, 3) or self.threads > dev.info.max_workgroup_invocations:
+            return f"bad cooperative-matrix tiles {self}"
+        if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
+            return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans)} B of shared memory"
+        return None
+
     def defines(self) -> dict:
         return {"PREFETCH2": 1} if self.depth == 3 else {}
 
@@ -126,7 +144,6 @@ COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
 COOP_TILE = CoopTiles(2, 4, 4, 2, 16)
 COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
-PRECISIONS = ("fp32", "fp16")
 
 
 def coopmat_runs(dev: Device) -> bool:
@@ -151,8 +168,7 @@ def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
     tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; the first that fits the device's threads
     and shared memory, or None."""
     for t in ((COOP_TILE, COOP_SMALL_TILE) if _fills(dev, M, N, split_k) else (COOP_SMALL_TILE,)):
-        if (t.threads <= dev.info.max_workgroup_invocations
-                and t.shared_bytes(*trans) <= dev.info.max_shared_memory_bytes):
+        if t.problem(dev, trans) is None:
             return t
     return None
 
@@ -160,8 +176,6 @@ def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
-def _fits(dev: Device, t: GemmTiles) -> bool:
-    return t.threads <= dev.info.max_workgroup_invocations and t.shared_bytes <= dev.info.max_shared_memory_bytes
 
 
 def gemm_candidates(dev: Device) -> list[GemmTiles]:
@@ -171,7 +185,7 @@ def gemm_candidates(dev: Device) -> list[GemmTiles]:
     for row in tiles.GEMM_ROWS:
         for t in (row.large, row.split_k, row.small):
             g = GemmTiles(*t)
-            if g not in out and _fits(dev, g):
+            if g not in out and g.problem(dev) is None:
                 out.append(g)
     return out
 
@@ -314,28 +328,23 @@ class Gemm(Kernel):
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
         trans = (self.trans_a, bool(trans_b))
-        t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans) if coopmat else None
-        if coopmat and t is None:
-            if not auto:
-                raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
-                                 f"{dev.info.max_shared_memory_bytes} B of shared memory")
-            coopmat = False  # precision fp16 on gemm.comp's rounding loads instead
-        self.precision, self.coopmat = ("fp16" if half else precision), bool(coopmat)
+        t = tiles
         if coopmat:
-            self.tiles = t
-            if t.bk % 16 or t.depth not in (2, 3) or t.threads > dev.info.max_workgroup_invocations:
-                raise ValueError(f"bad cooperative-matrix tiles {t}")
-            if t.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
-                raise ValueError(f"cooperative-matrix tiles {t} need {t.shared_bytes(*trans)} B of shared memory")
-            spec = t.spec()
-        else:
-            self.tiles = t = tiles or gemm_tiles(dev, M, N, self.split_k, K, (self.trans_a, bool(trans_b)))
-            if (t.bm % t.tm or t.bn % t.tn or t.tm % 4 or t.tn % 4 or t.bk % 4
-                    or t.threads > dev.info.max_workgroup_invocations):
-                raise ValueError(f"bad GEMM tiles {t}")
-            if t.shared_bytes > dev.info.max_shared_memory_bytes:
-                raise ValueError(f"GEMM tiles {t} need {t.shared_bytes} B of shared memory")
-            spec = t.spec()
+            t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans)
+            if t is None:
+                if not auto:
+                    raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
+                                     f"{dev.info.max_shared_memory_bytes} B of shared memory")
+                coopmat = False  # precision fp16 on gemm.comp's rounding loads instead
+        if not coopmat:
+            if isinstance(tiles, CoopTiles):
+                raise ValueError(f"cooperative-matrix tiles {tiles} for a GEMM that does not run on them")
+            t = tiles or gemm_tiles(dev, M, N, self.split_k, K, trans)
+        problem = t.problem(dev, trans)
+        if problem:
+            raise ValueError(problem)
+        self.precision, self.coopmat, self.tiles = ("fp16" if half else precision), bool(coopmat), t
+        spec = t.spec()
         per_word = 2 if half else 1
         _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A", per_word)
         _check_matrix(b[0], b[1], *((N, K) if trans_b else (K, N)), b[2], "gemm B", per_word)
