@@ -39,6 +39,7 @@ from catchat.errors import UsageError
 from catchat.vk import slots, tiles, tune
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, ceil_div, device_sms
+from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.occupancy import Residency, co_residency
 from catchat.vk.shaders import compile_shader
 
@@ -225,8 +226,6 @@ def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
     backward alike, as the twin's `recurrent` assumes): fp16, opted in (CATCHAT_SWEEP_COOP=1),
     cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions."""
-    from catchat.vk.kernels.gemm import coopmat_runs
-
     if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() != "1" or not coopmat_runs(dev):
         return False
     return all(coop_tiles_ok(plan_sweep(dev, B, H, backward).tiles) for backward in (False, True))
@@ -517,8 +516,6 @@ class _Sweep(Kernel):
             raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
         if self.coop:
-            from catchat.vk.kernels.gemm import coopmat_runs
-
             if not coopmat_runs(dev) or not coop_tiles_ok(self.tiles):
                 raise ValueError(f"a tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
                                  f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) and resident tiles of "
