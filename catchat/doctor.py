@@ -28,15 +28,14 @@ def run_smoke_kernel(dev, n: int = 1000, seed: int = 0, half: bool = False) -> f
     x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     if half:
         x, y = x.astype(np.float16), y.astype(np.float16)
-    tx, ty = (dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)) if half else \
-        (dev.tensor(x), dev.tensor(y))
+        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+    else:
+        tx, ty = dev.tensor(x), dev.tensor(y)
     (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=half)(1.5, -0.5, 0.25)], [ty])
     if half:
         got = unpack_half(got, n)
-    want = axpby_reference(x, y, 1.5, -0.5, 0.25, dtype=np.float16 if half else np.float32)
+    want = axpby_reference(x, y, 1.5, -0.5, 0.25, dtype=x.dtype)
     return float(np.abs(got.astype(np.float64) - want).max())
-
-
 
 
 def half_precision_check(dev, label: str) -> Check:
@@ -51,9 +50,9 @@ def half_precision_check(dev, label: str) -> Check:
         return Check(f"{label} half precision", True, "not known: kp lacks patch 0005 (run `make setup`)")
     if not dev.runs_float16:
         return Check(f"{label} half precision", True, f"offers {', '.join(have)}: no float16 kernels here")
-    err = run_smoke_kernel(dev, half=True)
     from catchat.vk.kernels import Axpby
 
+    err = run_smoke_kernel(dev, half=True)
     return Check(f"{label} half precision", err <= Axpby.HALF_ATOL,
                  f"{', '.join(have)}; float16 axpby max abs error {err:.1e}",
                  "this device's float16 arithmetic is wrong: update its driver")
