@@ -58,6 +58,8 @@ def evaluate_lanes(prog: Program, lanes: Lanes, n_windows: int, *, free_running:
 def windows_to_score(lanes: Lanes, n_windows: int) -> int:
     """The windows an eval of n_windows (0 = all) scores: at most one cycle's."""
     return lanes.windows_per_cycle if n_windows <= 0 else min(n_windows, lanes.windows_per_cycle)
+
+
 FORMATS = ("auto", "text", "jsonl")
 
 
