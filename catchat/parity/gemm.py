@@ -89,35 +89,22 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
 
 
-def _half_cases(dev: Device, rng) -> list[ParityResult]:
-    """The float16-operand GEMM (HALF): every transpose at odd sizes and offsets (half-word
-    offsets), vec4 (f16vec4) loads, split-K and the GPU's tiles."""
+def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
+    """Float16 operands on gemm.comp: stored as float16 (half: HALF, half-word offsets, f16vec4
+    loads) or float32 rounded as they are staged (train.precision "fp16": ROUND_HALF on every
+    device); every transpose at odd sizes and offsets, float and vec4 loads, split-K (half: also the
+    GPU's tiles); then the same operands on the tensor cores where the device has them."""
+    kw = dict(half=True) if half else dict(coopmat=False, precision="fp16")
     out = []
     for ta in (False, True):
         for tb in (False, True):
-            out.append(gemm_case(dev, rng, 65, 33, 129, ta, tb, 1.0, True, half=True))
-            out.append(gemm_case(dev, rng, 68, 36, 132, ta, tb, 0.0, False, vec4=True, half=True))
-    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, half=True))
-    out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, half=True))
+            out.append(gemm_case(dev, rng, 65, 33, 129, ta, tb, 1.0, True, **kw))
+            out.append(gemm_case(dev, rng, 68, 36, 132, ta, tb, 0.0, False, vec4=True, **kw))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, **kw))
+    if half:
+        out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, **kw))
     if coopmat_runs(dev):
-        out += _coopmat_cases(dev, rng, half=True)
-    return out
-
-
-def _rounded_cases(dev: Device, rng) -> list[ParityResult]:
-    """train.precision "fp16": float32 operands rounded to float16 as they are staged (gemm.comp's
-    ROUND_HALF on every device; the tensor cores' FLOAT_IN where there are any): every transpose,
-    float and vec4 loads, split-K."""
-    out = []
-    for ta in (False, True):
-        for tb in (False, True):
-            out.append(gemm_case(dev, rng, 65, 33, 129, ta, tb, 1.0, True, coopmat=False, precision="fp16"))
-            out.append(gemm_case(dev, rng, 68, 36, 132, ta, tb, 0.0, False, vec4=True, coopmat=False,
-                                 precision="fp16"))
-    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, coopmat=False,
-                         precision="fp16"))
-    if coopmat_runs(dev):
-        out += _coopmat_cases(dev, rng, half=False)
+        out += _coopmat_cases(dev, rng, half=half)
     return out
 
 
@@ -183,8 +170,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out.append(gemm_case(dev, rng, 132, 68, 302, True, False, 1.0, True, split_k=3, tiles=GPU_SPLIT_K_TILE,
                          vec4=True))
     if dev.runs_float16:
-        out += _half_cases(dev, rng)
-    out += _rounded_cases(dev, rng)
+        out += _float16_cases(dev, rng, half=True)
+    out += _float16_cases(dev, rng, half=False)
     for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
         out.append(colsum_case(dev, rng, M, N, splits))
     return out
