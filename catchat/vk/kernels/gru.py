@@ -178,7 +178,7 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
                      backward: bool = False, coop: bool = False) -> dict:
     """Compile-time defines of gru_{forward,backward}_resident.comp (see their headers). off: the
     element offset of o, read as vec4 rows by the forward shader: vec4 loads need it and H to be
-    multiples of 4. coop: the forward's product on tensor cores (COOP; `coop_tiles_ok`)."""
+    multiples of 4. coop: the sweep's product on tensor cores (COOP; `coop_tiles_ok`)."""
     t = tiles
     if coop and not coop_tiles_ok(t):
         raise ValueError(f"the tensor-core sweeps take tiles of {COOP_UNITS} x {COOP_UNITS}, not {t}")
@@ -207,7 +207,7 @@ COOP_ENV = "CATCHAT_SWEEP_COOP"  # =1: use it at fp16 (opt-in until measured on 
 
 
 def coop_tiles_ok(t) -> bool:
-    """Whether resident tiles suit the tensor-core forward: 16 units x 16 lanes."""
+    """Whether resident tiles suit the tensor-core sweeps (forward and backward): 16 units x 16 lanes."""
     return isinstance(t, ResidentTiles) and t.cols == COOP_UNITS and t.lanes == COOP_UNITS
 
 
@@ -494,7 +494,6 @@ class _Sweep(Kernel):
 
     backward = False
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
-    coop = False  # forward: the product on tensor cores (gru_forward_resident.comp COOP)
 
     def _whh_words(self, w_half, w_off: int) -> int:
         """The words params must hold for W_hh: w_off + 3H*H, or 0 when W_hh comes from the float16
