@@ -30,10 +30,10 @@ from catchat.vk.kernels import gru, run_ops  # noqa: E402
 
 # Phase p runs from stamp p to stamp p+1 (the last to the next step's stamp 0); the shaders'
 # PHASE(step, p) calls mark the boundaries.
-FORWARD_PHASES = ("stage h_prev", "matmul, reduction, gates", "arrive", "hprev/save writes, next gi",
+FORWARD_PHASES = ("stage h_prev", "matmul, reduction, gates", "arrive", "save writes (hprev at t = 0), next gi",
                   "wait for the lane tile")
 BACKWARD_PHASES = ("partials, gate backward", "product with W, partial stores", "arrive",
-                   "dGi/dhtot writes, next inputs", "wait for the lane tile")
+                   "dGi/dhz writes, next inputs", "wait for the lane tile")
 
 
 class _Clocked:
@@ -60,8 +60,8 @@ class ClockedBackward(_Clocked, gru.GruBackward):
 
 
 def clocked_twins(prog, layer: int, steps: int):
-    """Layer `layer`'s sweeps rebuilt on the program's buffers with phase clocks, and the clock
-    tensors (uint32 [steps, 8] each)."""
+    """Layer `layer`'s sweeps rebuilt on the program's buffers with phase clocks (the same tiles, and
+    the products on tensor cores where the program's are), and the clock tensors (uint32 [steps, 8] each)."""
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
     kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
     if not (isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
@@ -73,13 +73,13 @@ def clocked_twins(prog, layer: int, steps: int):
     fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.o[layer], b.save[layer], b.hT,
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off, tiles=kf.tiles, stats=b.stats,
-                         clock=clocks[0])
+                         coop=kf.coop, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
     # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
                           b.gi, None, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
-                          dh0_off=dh0_off, tiles=kb.tiles, clock=clocks[1])
+                          dh0_off=dh0_off, tiles=kb.tiles, coop=kb.coop, clock=clocks[1])
     return fwd, bwd, clocks
 
 
