@@ -1,5 +1,7 @@
 """GRU forward/backward sweeps (one dispatch per step) against catchat.reference."""
 
+from collections import Counter
+
 import numpy as np
 import pytest
 
@@ -8,8 +10,16 @@ from catchat.vk.kernels import gru
 
 
 def test_parity(dev):
+    from catchat.vk.kernels.gemm import coopmat_runs
+
     results = gru_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    # the cases counted per variant: a variant whose rows went missing would pass all() alone
+    runs = {"": len(gru_parity.CASES) + len(gru_parity.PERSISTENT_CASES) * len(gru_parity.persistent_counts(dev)),
+            "_f16w": len(gru_parity.HALF_W_CASES) if dev.runs_float16 else 0,
+            "_coop": len(gru_parity.COOP_CASES) if coopmat_runs(dev) else 0}
+    assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
+        f"gru_forward{v}.o": n for v, n in runs.items() if n}
 
 
 def test_deterministic(dev):
