@@ -60,8 +60,7 @@ def summarise(run_dir: Path) -> dict:
     events = runlog.read_events(run_dir / "events.jsonl").events
     evals = [e for e in events if e["event"] == "eval"]
     metrics = runlog.read_metrics(run_dir / "metrics.csv")
-    col = metrics.header.index("tokens_per_s")
-    tokens_per_s = statistics.median(float(r[col]) for r in metrics.rows)
+    tokens_per_s = statistics.median(runlog.numbers(r)["tokens_per_s"] for r in metrics.rows)
     end = next(e for e in reversed(events) if e["event"] == "end")
     return {"steps": end["global_step"], "tokens_per_s": tokens_per_s,
             "loss": evals[-1]["loss"] if evals else float("nan")}
