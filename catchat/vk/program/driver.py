@@ -141,6 +141,19 @@ class Program:
         """seq.eval() (Device.run: a failed submit or wait is DeviceLost naming `what`)."""
         self.dev.run(lambda: seq.eval(*op), what)
 
+    def _eval_while(self, seq, what: str, host_work) -> None:
+        """seq.eval() with host_work() done while it runs (kp patch 0004's eval_async); a kp without
+        it: after it. host_work's exceptions propagate once seq has finished."""
+        if not self._async:
+            self._eval(seq, what)
+            host_work()
+            return
+        self.dev.run(seq.eval_async, what)
+        try:
+            host_work()
+        finally:
+            self.dev.run(seq.eval_await, what)
+
     def _put(self, tensor, array, dtype=np.float32):
         host_view(tensor)[:] = np.asarray(array, dtype=dtype).ravel()
 
@@ -280,16 +293,10 @@ class Program:
             if k == 0:
                 self._zero_stats()
             seq, what = (first, nxt)[k > 0], f"training step {global_step + 1} (micro-batch {k + 1})"
-            if while_running is not None and k == len(micro_batches) - 1 and self._async:
-                self.dev.run(seq.eval_async, what)
-                try:
-                    while_running()
-                finally:
-                    self.dev.run(seq.eval_await, what)
+            if while_running is not None and k == len(micro_batches) - 1:
+                self._eval_while(seq, what, while_running)
             else:
                 self._eval(seq, what)
-                if while_running is not None and k == len(micro_batches) - 1:
-                    while_running()  # a kp without eval_async (patch 0004): after the step instead
         if reduce_grads is not None:
             self._exchange_grads(reduce_grads, global_step)
         self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
