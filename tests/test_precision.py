@@ -5,6 +5,7 @@ test_train.py's test_exact_resume_matches_straight_run[fp16]."""
 
 import csv
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -66,8 +67,7 @@ def test_fp16_model_matches_its_twin(dev):
     gradient (unscaled), the clamp hits, the update. The gradient tolerance tells the precisions apart:
     the fp32 twin's gradients are off by more than it (so a GEMM that did not round would fail)."""
     label, spec, T, B, hp = pm.MODEL_CASES[0]
-    rows = pm.model_parity(dev, spec, T, B, hp.__class__(**{**hp.__dict__, "loss_scale": pm.FP16_SCALE}),
-                           label=label, precision="fp16")
+    rows = pm.model_parity(dev, spec, T, B, replace(hp, loss_scale=pm.FP16_SCALE), label=label, precision="fp16")
     assert all(r.ok for r in rows), "\n".join(str(r) for r in rows if not r.ok)
     assert sum(r.kernel.startswith("grad ") for r in rows) == len(ParamLayout(spec).names) + 1
 
