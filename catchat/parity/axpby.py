@@ -41,16 +41,18 @@ def parity_checks(dev: Device) -> list[ParityResult]:
 def _half_checks(dev: Device, rng) -> list[ParityResult]:
     """The float16 variant (HALF) against numpy's float16 arithmetic: odd counts (half a word of
     padding), and zeroing over float16 NaN/Inf."""
+
+    def run_half(x, y, a, b, c):  # y = a*x + b*y + c on the device, as float16 values
+        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+        (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, x.size, half=True)(a, b, c)], [ty])
+        return unpack_half(got, x.size)
+
     out = []
     for n in (1, 65, 1001):
         x, y = (rng.standard_normal(n).astype(np.float16) for _ in range(2))
-        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
-        (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=True)(0.5, 2.0, -1.0)], [ty])
         want = axpby_reference(x, y, 0.5, 2.0, -1.0, dtype=np.float16)
-        out.append(compare("axpby float16", str(n), unpack_half(got, n), want, Axpby.HALF_ATOL, 2e-3))
+        out.append(compare("axpby float16", str(n), run_half(x, y, 0.5, 2.0, -1.0), want, Axpby.HALF_ATOL, 2e-3))
     n = 101
-    x, y = np.full(n, np.nan, np.float16), np.full(n, np.inf, np.float16)
-    tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
-    (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=True)(0.0, 0.0, 0.0)], [ty])
-    out.append(compare("axpby float16 zero over NaN/Inf", str(n), unpack_half(got, n), np.zeros(n), 0.0, 0.0))
+    got = run_half(np.full(n, np.nan, np.float16), np.full(n, np.inf, np.float16), 0.0, 0.0, 0.0)
+    out.append(compare("axpby float16 zero over NaN/Inf", str(n), got, np.zeros(n), 0.0, 0.0))
     return out
