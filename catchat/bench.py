@@ -30,7 +30,7 @@ from catchat.precision import INIT_SCALE
 from catchat.vk import slots
 from catchat.vk import tune as tunecache
 from catchat.vk.device import host_view
-from catchat.vk.kernels import Axpby, gemm, gru, pack_half, run_ops
+from catchat.vk.kernels import Axpby, gemm, gru, half_tensor, run_ops
 
 TORCH_MODES = (("fp32", "FP32 (TF32 off)"), ("tf32", "TF32"), ("amp_fp16", "AMP fp16"), ("amp_bf16", "AMP bf16"))
 
@@ -339,7 +339,7 @@ class SweepCase:
         t = dev.tensor
         w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
         self.params = t(w)
-        self.w16 = t(pack_half(w[:3 * H * H]), np.uint32)
+        self.w16 = half_tensor(dev, w[:3 * H * H])
         self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
         self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
         self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)

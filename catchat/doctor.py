@@ -22,13 +22,13 @@ def run_smoke_kernel(dev, n: int = 1000, seed: int = 0, half: bool = False) -> f
     """Run glsl/axpby.comp once on `dev` (its float16 variant with half) and return its max abs
     error against numpy."""
     from catchat.reference import axpby_reference
-    from catchat.vk.kernels import Axpby, pack_half, run_ops, unpack_half
+    from catchat.vk.kernels import Axpby, half_tensor, run_ops, unpack_half
 
     rng = np.random.default_rng(seed)
     x, y = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
     if half:
         x, y = x.astype(np.float16), y.astype(np.float16)
-        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+        tx, ty = half_tensor(dev, x), half_tensor(dev, y)
     else:
         tx, ty = dev.tensor(x), dev.tensor(y)
     (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, n, half=half)(1.5, -0.5, 0.25)], [ty])

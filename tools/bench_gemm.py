@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
-from catchat.vk.kernels import gemm, pack_half, run_ops  # noqa: E402
+from catchat.vk.kernels import gemm, half_tensor, run_ops  # noqa: E402
 
 DEFAULT_TILES = ((128, 128, 8, 16, 8), (128, 64, 8, 8, 4), (128, 128, 8, 8, 16), (64, 128, 8, 8, 8),
                  (256, 64, 8, 16, 8), (128, 128, 8, 8, 8), (128, 128, 16, 16, 8), (64, 64, 8, 8, 4),
@@ -47,7 +47,7 @@ def shapes(cfg, dev, half: bool = False) -> dict:
     H, V, R = cfg.model.hidden, cfgmod.model_spec(cfg).vocab_size, cfg.data.window * cfg.data.batch_lanes
     rng = np.random.default_rng(0)
     t = lambda n: dev.tensor(rng.standard_normal(n).astype(np.float32))  # noqa: E731
-    o = (lambda n: dev.tensor(pack_half(rng.standard_normal(n).astype(np.float16)), np.uint32)) if half else t
+    o = (lambda n: half_tensor(dev, rng.standard_normal(n))) if half else t
     x, w, dg, out, dx, grads, head, logits = (o(R * H), o(3 * H * H), o(R * 3 * H), t(R * 3 * H), t(R * H),
                                               t(3 * H * H), o(V * H), t(R * V))
     dev.upload([x, w, dg, out, dx, grads, head, logits])

@@ -8,7 +8,7 @@ from catchat.parity import ParityResult, compare
 from catchat.reference import axpby_reference
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby, pack_half, run_ops, unpack_half
+from catchat.vk.kernels import Axpby, half_tensor, run_ops, unpack_half
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
@@ -43,7 +43,7 @@ def _half_checks(dev: Device, rng) -> list[ParityResult]:
     padding), and zeroing over float16 NaN/Inf."""
 
     def run_half(x, y, a, b, c):  # y = a*x + b*y + c on the device, as float16 values
-        tx, ty = dev.tensor(pack_half(x), np.uint32), dev.tensor(pack_half(y), np.uint32)
+        tx, ty = half_tensor(dev, x), half_tensor(dev, y)
         (got,) = run_ops(dev, [tx, ty], [Axpby(dev, tx, ty, x.size, half=True)(a, b, c)], [ty])
         return unpack_half(got, x.size)
 

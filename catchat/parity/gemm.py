@@ -9,7 +9,7 @@ import numpy as np
 
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
-from catchat.vk.kernels import ceil_div, pack_half, run_ops
+from catchat.vk.kernels import ceil_div, half_tensor, run_ops
 from catchat.vk.kernels import gemm as kg
 from catchat.vk.kernels.gemm import GPU_SMALL_TILE, GPU_SPLIT_K_TILE, GPU_TILE, ColSum, Gemm, coopmat_runs
 
@@ -63,7 +63,7 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     bias_buf[11:11 + N] = bias
     if half:
         a_buf, b_buf, a, b = (x.astype(np.float16) for x in (a_buf, b_buf, a, b))
-        ta, tb = dev.tensor(pack_half(a_buf), np.uint32), dev.tensor(pack_half(b_buf), np.uint32)
+        ta, tb = half_tensor(dev, a_buf), half_tensor(dev, b_buf)
     else:
         ta, tb = dev.tensor(a_buf), dev.tensor(b_buf)
     if precision == "fp16":  # the values the products see

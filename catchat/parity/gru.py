@@ -13,7 +13,7 @@ from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import pack_half, run_ops
+from catchat.vk.kernels import half_tensor, run_ops
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
@@ -90,7 +90,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     o_off = pad + state_rows(B, H)
     tw16 = None
     if w_half:  # the layer's W_hh as float16, 5 halves into its own buffer
-        tw16 = dev.tensor(pack_half(np.concatenate([np.zeros(5), case["p"]["weight_hh"].ravel()])), np.uint32)
+        tw16 = half_tensor(dev, np.concatenate([np.zeros(5), case["p"]["weight_hh"].ravel()]))
         w_off = 5
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,

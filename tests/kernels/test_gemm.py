@@ -36,9 +36,9 @@ def test_float16_gemm_needs_16_bit_storage_and_counts_halves(dev, rng):
     """half=True on a device without 16-bit storage is refused; a float16 operand's extent is
     checked in halves (two per word of the packed tensor)."""
     from catchat.vk.device import Device
-    from catchat.vk.kernels import pack_half
+    from catchat.vk.kernels import half_tensor
 
-    words = dev.tensor(pack_half(np.ones(12, np.float16)), np.uint32)  # 12 halves in 6 words
+    words = half_tensor(dev, np.ones(12))  # 12 halves in 6 words
     c = dev.tensor(np.zeros(16, np.float32))
     Gemm(dev, (words, 0, 3), (words, 0, 4), (c, 0, 4), 4, 4, 3, half=True)  # A [4,3], B [3,4]: 12 halves
     with pytest.raises(ValueError, match="exceeds its buffer of 12 elements"):

@@ -55,6 +55,11 @@ def pack_half(values) -> np.ndarray:
     return np.concatenate([h, np.zeros(h.size % 2, np.float16)]).view(np.uint32)
 
 
+def half_tensor(dev, values, kind: str = "device"):
+    """A kp tensor of float16 values (`pack_half`'s uint32 words): a float16 operand's buffer."""
+    return dev.tensor(pack_half(values), np.uint32, kind=kind)
+
+
 def unpack_half(words, n: int) -> np.ndarray:
     """The first n float16 values of uint32 words written by a float16 buffer."""
     return np.ascontiguousarray(words, dtype=np.uint32).view(np.float16)[:n].copy()
