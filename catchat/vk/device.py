@@ -98,6 +98,11 @@ class Device:
     coop_shapes: tuple[str, ...] = ()  # cooperative-matrix shapes offered, as coop_shape_name gives them
 
     @property
+    def evals_async(self) -> bool:
+        """kp patch 0004: Sequence.eval_async() submits without waiting (eval_await() waits, GIL released)."""
+        return bool(getattr(self.kp, "catchat_eval_async", 0))
+
+    @property
     def runs_float16(self) -> bool:
         """float16 arithmetic and float16 storage buffers are enabled (the half-precision kernels)."""
         return FLOAT16_FEATURES <= self.features

@@ -69,13 +69,12 @@ class Decoder:
         self.seq_start = sq.record_decode_start(dev, inputs, from_carry, samplers[0], [self.outs[0]])
         self.seq_chunks = [sq.record_decode_chunk(dev, self.layer, self.head, s, to_carry, self.K,
                                                   [out, self.logits]) for s, out in zip(samplers[1:], self.outs[1:])]
-        self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
 
     def _submit(self, seq) -> None:
-        self.dev.run(seq.eval_async if self._async else seq.eval, "generation")
+        self.dev.run(seq.eval_async if self.dev.evals_async else seq.eval, "generation")
 
     def _wait(self, seq) -> None:
-        if self._async:
+        if self.dev.evals_async:
             self.dev.run(seq.eval_await, "generation")
 
     def run(self, settings: np.ndarray, forced: np.ndarray | None, logits: np.ndarray | None,

@@ -99,7 +99,6 @@ class Program:
         self.optimizer_kind = optimizer
         self.precision = precision
         self.training = training
-        self._async = bool(getattr(dev.kp, "catchat_eval_async", 0))  # kp patch 0004: eval_async() submits
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
@@ -144,7 +143,7 @@ class Program:
     def _eval_while(self, seq, what: str, host_work) -> None:
         """seq.eval() with host_work() done while it runs (kp patch 0004's eval_async); a kp without
         it: after it. host_work's exceptions propagate once seq has finished."""
-        if not self._async:
+        if not self.dev.evals_async:
             self._eval(seq, what)
             host_work()
             return
