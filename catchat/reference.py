@@ -118,14 +118,18 @@ def _sigmoid(a: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * a))
 
 
-def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None, recurrent="fp32"):
+def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None, recurrent="fp32",
+                      forced_h=None):
     """One GRU layer over a window.
 
     x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
     entering t is zero); w_ih, w_hh [3H,H]; b_ih, b_hh [3H]; precision: the input projection's
     (a GEMM); gi [T,B,3H]: the input projection made elsewhere (fp16's layer 0 goes through table0);
     recurrent: the per-step products' h @ W_hh^T and (backward) dGh @ W_hh (fp16: the tensor-core
-    sweeps' operands, rounded).
+    sweeps' operands, rounded); forced_h [T,B,H] or None: the h entering each step that the
+    product multiplies, in place of the layer's own (parity of the float16 sweeps: the GPU's h, so
+    that a float32 ulp between its sums and the twin's cannot flip a float16 rounding and grow
+    through the recurrence; the gates keep the twin's own h).
     Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
     """
     T, B, _ = x.shape
@@ -143,7 +147,7 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     h = h0.astype(dt)  # [B,H]
     for t in range(T):
         h = h * carry[t][:, None]
-        gh = gemm(h, w_hh.T, recurrent) + b_hh  # [B,3H]
+        gh = gemm(h if forced_h is None else forced_h[t], w_hh.T, recurrent) + b_hh  # [B,3H]
         r[t] = _sigmoid(gi[t, :, :H] + gh[:, :H])
         z[t] = _sigmoid(gi[t, :, H : 2 * H] + gh[:, H : 2 * H])
         ghn[t] = gh[:, 2 * H :]
@@ -193,7 +197,8 @@ def gru_step_backward(dh, t, cache):
     dh [B,H]: the total gradient on h_t. Returns dgi, dgh [B,3H], the gradients on the input and
     recurrent projections' pre-activations (r, z, n; r gates W_hn h + b_hn, so the n part of dgh
     is the n part of dgi times r), and the gradient into h_{t-1} [B,H] (none through a reset),
-    before any clamp.
+    before any clamp. cache["forced_dgh"] [T,B,3H], where set: the dgh the product multiplies in
+    place of the step's own (as `gru_layer_forward`'s forced_h).
     """
     hprev, r, z, n, ghn = (cache[k] for k in ("hprev", "r", "z", "n", "ghn"))
     dn = dh * (1 - z[t])
@@ -203,7 +208,8 @@ def gru_step_backward(dh, t, cache):
     dar = dan * ghn[t] * r[t] * (1 - r[t])  # pre-sigmoid of r
     dgi = np.concatenate([dar, daz, dan], axis=1)  # [B,3H]
     dgh = np.concatenate([dar, daz, dan * r[t]], axis=1)  # [B,3H]
-    dh_prev = dh * z[t] + gemm(dgh, cache["w_hh"], cache.get("recurrent", "fp32"))
+    forced = cache.get("forced_dgh")
+    dh_prev = dh * z[t] + gemm(dgh if forced is None else forced[t], cache["w_hh"], cache.get("recurrent", "fp32"))
     return dgi, dgh, dh_prev * cache["carry"][t][:, None]
 
 

@@ -503,3 +503,35 @@ def test_nadam_coefficients_cost_does_not_grow_with_the_step():
     assert checked == 27
     mu_t, _, prod = ref.nadam_coefficients(2**32 - 1, 0.999)  # the full product: three 32 GiB arrays
     assert prod < ref.MU_PROD_FLOOR and abs(mu_t - 0.999) < 1e-12
+
+
+def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
+    """At recurrent "fp16" a float32 ulp in the products' sums flips float16 roundings of h and dGh,
+    and the flips grow through the recurrence to ~1e-4: sums that differ only in order (as the
+    tensor cores' from numpy's) cannot be compared at float32 tolerances. Forcing the product's
+    operands to the other computation's h and dGh (`forced_h`, cache["forced_dgh"]) leaves each
+    step's arithmetic to compare; forcing a run's own operands changes nothing."""
+    from catchat.parity import gru as pg
+
+    case = pg.make_case(6, 16, 64)
+    exact, _ = pg.expected_gru(case, recurrent="fp16")
+    own, _ = pg.expected_gru(case, recurrent="fp16", forced=(exact["hprev"], exact["dgh"]))
+    for k in ("o", "save", "dgi", "dgh", "dh0"):
+        np.testing.assert_array_equal(own[k], exact[k])
+    # the same sweeps with each product's sums 1 float32 ulp off at random (another summation order)
+    rng = np.random.default_rng(3)
+    gemm = ref.gemm
+
+    def reordered(a, b, precision="fp32"):
+        r = gemm(a, b, precision)
+        return (r * (1 + rng.choice([-2.0**-23, 0.0, 2.0**-23], r.shape))).astype(r.dtype)
+
+    ref.gemm = reordered
+    try:
+        other, _ = pg.expected_gru(case, recurrent="fp16")
+    finally:
+        ref.gemm = gemm
+    forced, _ = pg.expected_gru(case, recurrent="fp16", forced=(other["hprev"], other["dgh"]))
+    worst = lambda a, b: max(float(np.abs(a[k] - b[k]).max()) for k in ("o", "save", "dgi", "dgh", "dh0"))  # noqa: E731
+    assert worst(other, exact) > 5 * pg.BWD_ATOL  # the flips, grown
+    assert worst(other, forced) < pg.BWD_ATOL  # each step's arithmetic alike

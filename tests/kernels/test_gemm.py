@@ -66,9 +66,11 @@ def test_fp16_precision_picks_tensor_cores_only_where_the_device_has_them(dev):
     with pytest.raises(ValueError, match="GEMM precision 'bf16'"):
         Gemm(dev, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="bf16")
     # tensor cores but too little shared memory for any tile: fp16 falls back to the rounding loads
-    from catchat.vk.kernels.gemm import COOP_SHAPE
-    small = dataclasses.replace(dev, info=dataclasses.replace(dev.info, max_shared_memory_bytes=8192, subgroup_size=32),
-                                features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(COOP_SHAPE,))
+    from catchat.vk.kernels.gemm import COOP_SHAPE, COOP_SMALL_TILE
+    shared = COOP_SMALL_TILE.shared_bytes() - 4  # the smallest tensor-core tile does not fit; gemm.comp's do
+    info = dataclasses.replace(dev.info, max_shared_memory_bytes=shared, subgroup_size=32)
+    small = dataclasses.replace(dev, info=info, features=dev.features | {"cooperativeMatrixNV"},
+                                coop_shapes=(COOP_SHAPE,))
     assert coopmat_runs(small)
     assert not Gemm(small, (a, 0, 4), (a, 0, 4), (c, 0, 4), 4, 4, 4, precision="fp16").coopmat
     with pytest.raises(ValueError, match="no cooperative-matrix tile fits"):

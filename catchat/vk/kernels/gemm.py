@@ -138,10 +138,11 @@ class CoopTiles:
 
 
 COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
-# 128 x 128 on 8 subgroups of 64 x 32 each over 16-deep slices: the fastest of 7 shapes at every
-# GEMM of v3 and v5 on the H200 (49-74 TFLOP/s; 32-deep slices 41-57; tools/bench_gemm.py --operands
-# coopmat, docs/benchmarks.md); 64 x 64 on 4 subgroups for grids that would not fill the GPU.
-COOP_TILE = CoopTiles(2, 4, 4, 2, 16)
+# 256 x 128 on 8 subgroups of 64 x 64 each over 16-deep slices: the fastest of 13 candidates at every
+# GEMM of v3 and v5 on the H200 (64-100 TFLOP/s, 1.25-1.6x the 128 x 128 tile; PREFETCH2 and 32-deep
+# slices slower; tools/bench_gemm.py --operands coopmat, docs/benchmarks.md); 64 x 64 on 4 subgroups
+# for grids that would not fill the GPU.
+COOP_TILE = CoopTiles(4, 2, 4, 4, 16)
 COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
 
