@@ -18,8 +18,8 @@ part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/te
     tests/test_buffer_plan.py tests/test_persistent.py tests/kernels
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
-# the sweeps' products on tensor cores (opt-in until measured: CATCHAT_SWEEP_COOP)
-part bench-v3-coop env CATCHAT_SWEEP_COOP=1 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
+# fp16 with the sweeps' products on the threads' FMAs instead of tensor cores (CATCHAT_SWEEP_COOP=0)
+part bench-v3-fp16-simt env CATCHAT_SWEEP_COOP=0 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --profile
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml

@@ -87,7 +87,7 @@ def test_pick_tiles_scales(dev):
 def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, monkeypatch):
     """Both sweeps' products on tensor cores (COOP): the shaders compile at v3's tiles and at partial
     fragments (H = 72); a device without cooperative matrices refuses coop=True with the reason, and
-    a program uses them only at fp16, opted in, where the device has them."""
+    a program uses them at fp16 where the device has them, unless turned off (CATCHAT_SWEEP_COOP=0)."""
     from catchat.vk.kernels.gemm import coopmat_runs
     from catchat.vk.shaders import compile_shader
 
@@ -105,9 +105,9 @@ def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, m
     if not coopmat_runs(dev):
         with pytest.raises(ValueError, match="tensor-core sweep needs cooperative matrices"):
             gru_parity.run_gru_gpu(dev, case, tiles=tiles, coop=True)
-    monkeypatch.setenv(gru.COOP_ENV, "1")
+    monkeypatch.delenv(gru.COOP_ENV, raising=False)
     assert not gru.coop_sweeps(dev, 16, 64, "fp32")
     planned = all(gru.coop_tiles_ok(gru.plan_sweep(dev, 16, 64, bw).tiles) for bw in (False, True))
     assert gru.coop_sweeps(dev, 16, 64, "fp16") == (coopmat_runs(dev) and planned)
-    monkeypatch.delenv(gru.COOP_ENV)
-    assert not gru.coop_sweeps(dev, 16, 64, "fp16")  # opt-in until measured on a GPU
+    monkeypatch.setenv(gru.COOP_ENV, "0")
+    assert not gru.coop_sweeps(dev, 16, 64, "fp16")  # turned off: the threads' FMAs

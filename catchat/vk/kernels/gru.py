@@ -203,7 +203,7 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
 # The sweeps' products on tensor cores (gru_*_resident.comp COOP, train.precision fp16): tiles of 16
 # units x 16 lanes (one 16 x 16 fragment per gate), 16 subgroups of 32 (the forward's 12 multiply).
 COOP_UNITS, COOP_THREADS = 16, 512
-COOP_ENV = "CATCHAT_SWEEP_COOP"  # =1: use it at fp16 (opt-in until measured on a GPU)
+COOP_ENV = "CATCHAT_SWEEP_COOP"  # =0: the threads' FMAs at fp16 too (to compare; tools/gpu-check.sh)
 
 
 def coop_tiles_ok(t) -> bool:
@@ -224,9 +224,9 @@ def coop_shared_bytes(H: int, backward: bool = False) -> int:
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
-    backward alike, as the twin's `recurrent` assumes): fp16, opted in (CATCHAT_SWEEP_COOP=1),
+    backward alike, as the twin's `recurrent` assumes): fp16, not turned off (CATCHAT_SWEEP_COOP=0),
     cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions."""
-    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() != "1" or not coopmat_runs(dev):
+    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
         return False
     return all(coop_tiles_ok(plan_sweep(dev, B, H, backward).tiles) for backward in (False, True))
 

@@ -127,7 +127,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
-    coop = coop_sweeps(dev, B, H, precision)  # fp16, opted in: the sweeps' products on tensor cores
+    coop = coop_sweeps(dev, B, H, precision)  # fp16 on tensor cores: the sweeps' products too
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
                       o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop)
