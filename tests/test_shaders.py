@@ -49,6 +49,24 @@ def test_cache_key_covers_includes_and_defines(glsl_tree):
     assert len(list(shaders.cache_dir().glob("s-*.spv"))) == 3
 
 
+def test_compile_async_compiles_each_variant_once_in_parallel(glsl_tree, monkeypatch):
+    """A program's kernels submit their variants to the compile pool as they are built: each variant
+    compiles once however many kernels ask (the second request shares the first's Future), the
+    bytes are compile_shader's, and a compile error comes out of result()."""
+    (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
+    (glsl_tree / "s.comp").write_text(GOOD)
+    (glsl_tree / "bad.comp").write_text("#version 450\nlayout(local_size_x = 1) in;\nvoid main() { x = 1; }\n")
+    runs = []
+    glslc = shaders.glslc
+    monkeypatch.setattr(shaders, "glslc", lambda *a: (runs.append(a[0].stem), glslc(*a)))
+    futures = [shaders.compile_async("s", {"V": v}) for v in (1, 2, 1, 2, 3)]
+    assert futures[0] is futures[2] and futures[1] is futures[3]
+    assert [f.result() for f in futures[:3]] == [shaders.compile_shader("s", {"V": v}) for v in (1, 2, 1)]
+    assert sorted(runs) == ["s", "s", "s"]  # V = 1, 2, 3: once each; compile_shader then read the cache
+    with pytest.raises(ShaderCompileError, match="bad.comp:3:"):
+        shaders.compile_async("bad").result()
+
+
 def test_compile_error_names_file_and_line(glsl_tree):
     (glsl_tree / "bad.comp").write_text("#version 450\nlayout(local_size_x = 1) in;\n\nvoid main() { x = 1; }\n")
     with pytest.raises(ShaderCompileError) as info:

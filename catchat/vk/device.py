@@ -182,14 +182,21 @@ class Device:
     def algorithm(self, tensors, spirv: bytes, workgroups, spec_consts=(), push_consts=()):
         """A kp algorithm with uint32 specialization and push constants (the dtype recipe that
         kp 0.9.0 needs: push constants take the dtype of spec_consts)."""
-        if len(tensors) > 32:
-            raise ValueError(f"{len(tensors)} bindings: more than 32 give wrong results silently")
-        wg = [int(w) for w in workgroups] + [1] * (3 - len(workgroups))
-        if any(w < 1 for w in wg):
-            raise ValueError(f"workgroup counts must be >= 1, got {wg}")
+        wg = check_dispatch(tensors, workgroups)
         return self.manager.algorithm(list(tensors), spirv, wg,
                                       np.asarray(spec_consts, dtype=np.uint32),
                                       np.asarray(push_consts, dtype=np.uint32))
+
+
+def check_dispatch(tensors, workgroups) -> list[int]:
+    """The three workgroup counts of an algorithm over these bindings; ValueError where kp would
+    misbehave (more than 32 bindings give wrong results silently) or a count is below 1."""
+    if len(tensors) > 32:
+        raise ValueError(f"{len(tensors)} bindings: more than 32 give wrong results silently")
+    wg = [int(w) for w in workgroups] + [1] * (3 - len(workgroups))
+    if any(w < 1 for w in wg):
+        raise ValueError(f"workgroup counts must be >= 1, got {wg}")
+    return wg
 
 
 def open_device(selector: str | int | None = None) -> Device:

@@ -18,6 +18,10 @@ wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
    catchat/vk/slots.py either way). A variant that is not prebuilt needs glslc.
 
 A compile error names the shader file, the line and glslc's message.
+
+`compile_async` runs the same lookup on a thread pool of one thread per core: a program's kernels
+submit their variants as they are built and make their pipelines on first use (`Kernel.algo`), so
+a first run compiles on every core instead of one glslc after another.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from catchat.errors import ShaderCompileError, VulkanUnavailable
@@ -186,6 +191,28 @@ def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes
     glslc(path, defines, tmp)
     os.replace(tmp, out)  # atomic: a concurrent reader never sees half a file
     return out.read_bytes()
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_submitted: dict[tuple[str, str], Future] = {}  # (name, variant key) -> its compile, once per process
+
+
+def compile_async(name: str, defines: dict[str, object] | None = None) -> Future:
+    """`compile_shader` on catchat's compile pool (one thread per core; glslc runs as a process, so
+    the threads compile in parallel): a Future of the SPIR-V bytes, whose result() raises what
+    compile_shader would. A variant asked for again shares the first request's Future (two
+    kernels of one variant would otherwise both miss the cache and both compile)."""
+    global _pool
+    defines = dict(defines or {})
+    path = GLSL_DIR / f"{name}.comp"
+    key = (name, variant_key(path.resolve(), defines) if path.exists() else "")
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="catchat-glslc")
+        if key not in _submitted or (_submitted[key].done() and _submitted[key].exception()):
+            _submitted[key] = _pool.submit(compile_shader, name, defines)
+        return _submitted[key]
 
 
 def glslc(path: Path, defines: dict[str, object], out: Path) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from catchat.vk.device import Device, host_view, pack_push
-from catchat.vk.shaders import compile_shader
+from catchat.vk.device import Device, check_dispatch, host_view, pack_push
+from catchat.vk.shaders import compile_async
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -25,6 +25,25 @@ def device_sms(dev: Device) -> int:
     """The GPU's SM count where its driver reports it (VK_NV_shader_sm_builtins), else 0 (and 0
     on a CPU device, which may run one workgroup at a time)."""
     return dev.info.compute_units if dev.info.type != "CPU" else 0
+
+
+class LazyAlgorithm:
+    """A kp algorithm whose SPIR-V compiles on the compile pool from construction (`compile_async`)
+    and which is made on first use: a program builds its kernels, every core compiles their shaders
+    meanwhile, and the driver makes each pipeline as the program's sequences are recorded. Bad
+    bindings or workgroup counts fail at construction; a compile error at first use."""
+
+    def __init__(self, dev: Device, tensors, shader: str, defines, workgroups, spec, push_words):
+        self._make = (dev, list(tensors), compile_async(shader, defines), check_dispatch(tensors, workgroups),
+                      list(spec), push_words)
+        self._algo = None
+
+    def get(self):
+        if self._algo is None:
+            dev, tensors, spirv, wg, spec, push = self._make
+            self._algo = dev.algorithm(tensors, spirv.result(), wg, spec_consts=spec, push_consts=push)
+            self._make = None
+        return self._algo
 
 
 class Kernel:
@@ -38,8 +57,12 @@ class Kernel:
         self.push_words = len(push)
         # what built the pipeline, for tools that rebuild it (tools/shader_stats.py)
         self.defines, self.spec, self.bindings = dict(defines or {}), list(spec), len(tensors)
-        self.algo = dev.algorithm(tensors, compile_shader(self.shader, defines), workgroups,
-                                  spec_consts=spec, push_consts=pack_push(*push))
+        self._algo = LazyAlgorithm(dev, tensors, self.shader, defines, workgroups, spec, pack_push(*push))
+
+    @property
+    def algo(self):
+        """The kp algorithm (made on first use: `LazyAlgorithm`)."""
+        return self._algo.get()
 
     def op(self, *push):
         """A dispatch op with this dispatch's push constants (same count as at construction)."""

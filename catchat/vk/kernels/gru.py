@@ -38,10 +38,9 @@ import numpy as np
 from catchat.errors import UsageError
 from catchat.vk import slots, tiles, tune
 from catchat.vk.device import Device, pack_push
-from catchat.vk.kernels import Kernel, ceil_div, device_sms
+from catchat.vk.kernels import Kernel, LazyAlgorithm, ceil_div, device_sms
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.occupancy import Residency, co_residency
-from catchat.vk.shaders import compile_shader
 
 # Tiles: (threads x, threads y, k-slices, block x, block y, k chunk).
 #   forward:  x = units (block x = units per thread), y = lanes, k chunk = KC floats of H
@@ -545,10 +544,10 @@ class _Sweep(Kernel):
         n_tiles = tile_count(self.tiles, B, H, backward)
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
-        self.sweep_algo = None
+        self._sweep_algo = None
         if self.sweep_workgroups:
-            self.sweep_algo = dev.algorithm(tensors, compile_shader(self.shader, {**defines, "PERSISTENT": 1}),
-                                            [self.sweep_workgroups], spec_consts=spec, push_consts=pack_push(*push))
+            self._sweep_algo = LazyAlgorithm(dev, tensors, self.shader, {**defines, "PERSISTENT": 1},
+                                             [self.sweep_workgroups], spec, pack_push(*push))
 
     def _resident_extras(self, tensors: list, defines: dict) -> list:
         """The bindings of a resident sweep's shaders (defines updated in place for any added):
@@ -566,7 +565,7 @@ class _Sweep(Kernel):
         return sync, stats
 
     def _dispatch(self, push, persistent: bool = False):
-        algo = self.sweep_algo if persistent else self.algo
+        algo = self._sweep_algo.get() if persistent else self.algo
         return self.dev.kp.OpAlgoDispatch(algo, pack_push(*push))
 
 
