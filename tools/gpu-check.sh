@@ -22,6 +22,13 @@ part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --
 part bench-v3-fp16-simt env CATCHAT_SWEEP_COOP=0 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --profile
 part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
+part phases-v3-fp16 $py tools/sweep_phases.py configs/catchat-v3.toml --set train.precision=fp16
+# the tensor-core sweeps' registers: room for a second workgroup per SM (B = 128 lanes, or H = 768)?
+part shader-stats-coop $py tools/shader_stats.py configs/catchat-v3.toml --coop
+# the speedrun's model at 128 lanes, two resident workgroups per SM forced (unchecked: the barrier's
+# timeout guard reports it if they are not co-resident)
+part bench-speedrun-b128 env CATCHAT_PERSISTENT=256 $py -m catchat.cli bench configs/speedrun.toml --steps 3 \
+    --warmup 1 --profile --set data.batch_lanes=128 --set "data.corpus=$corpus"
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v3's and v5's shapes
 part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all --loads vec4 --tiles 128,128,8,16,8

@@ -2,14 +2,16 @@
 """What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
-                                 [--gemm]
+                                 [--gemm] [--coop]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
 compiles their persistent variants, creates each as a pipeline with statistics capture
 (VK_KHR_pipeline_executable_properties, tools/pipeline_stats.py) and prints every statistic
 the driver reports (NVIDIA: register count, binary, stack, local and shared memory sizes): whether
-a tile shape spills its W_hh slice. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
+a tile shape spills its W_hh slice. --coop builds the sweeps with their products on tensor cores
+(what fp16 runs on a GPU with cooperative matrices): how many registers are left for a second
+workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads. Drivers without the extension
 (lavapipe) still compile and create the pipelines.
 """
@@ -43,9 +45,9 @@ def parse_tiles(text: str) -> gru.ResidentTiles:
         raise SystemExit(f"{text!r}: expected cols,lanes,per_thread,kv,batch,sl, e.g. 16,16,2,2,4,32") from None
 
 
-def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None):
+def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False):
     """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
-    program's choice on this device)."""
+    program's choice on this device; coop: products on tensor cores)."""
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
@@ -54,9 +56,9 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None):
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
-                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats)
+                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop)
     bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
-                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles)
+                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop)
     return fwd, bwd
 
 
@@ -79,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--forward", action="append", type=parse_tiles, default=[], metavar="TILES")
     ap.add_argument("--backward", action="append", type=parse_tiles, default=[], metavar="TILES")
     ap.add_argument("--gemm", action="store_true", help="also the step's GEMMs")
+    ap.add_argument("--coop", action="store_true", help="the sweeps' products on tensor cores (fp16)")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     print(f"{args.config}: B={B} H={H} on {dev.info.name}")
     pairs = [(None, None)] + [(t, None) for t in args.forward] + [(None, t) for t in args.backward]
     for ft, bt in pairs:
-        fwd, bwd = sweep_kernels(dev, B, H, ft, bt)
+        fwd, bwd = sweep_kernels(dev, B, H, ft, bt, args.coop)
         for kernel, given in ((fwd, ft), (bwd, bt)):
             if (ft or bt) and given is None:
                 continue  # a candidate run shows only the sweep it changes
