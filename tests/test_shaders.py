@@ -2,6 +2,7 @@
 prebuilt SPIR-V (a wheel's) is found by the same key without glslc."""
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import pytest
@@ -51,18 +52,23 @@ def test_cache_key_covers_includes_and_defines(glsl_tree):
 
 def test_compile_async_compiles_each_variant_once_in_parallel(glsl_tree, monkeypatch):
     """A program's kernels submit their variants to the compile pool as they are built: each variant
-    compiles once however many kernels ask (the second request shares the first's Future), the
-    bytes are compile_shader's, and a compile error comes out of result()."""
+    compiles once however many kernels ask (a request while it compiles shares its Future; after,
+    the cache has it), the bytes are compile_shader's, and a compile error comes out of result()."""
     (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
     (glsl_tree / "s.comp").write_text(GOOD)
     (glsl_tree / "bad.comp").write_text("#version 450\nlayout(local_size_x = 1) in;\nvoid main() { x = 1; }\n")
     runs = []
     glslc = shaders.glslc
     monkeypatch.setattr(shaders, "glslc", lambda *a: (runs.append(a[0].stem), glslc(*a)))
+    gate = threading.Event()  # hold the pool's compiles until every request is in
+    compile_shader = shaders.compile_shader
+    monkeypatch.setattr(shaders, "compile_shader", lambda *a: (gate.wait(), compile_shader(*a))[1])
     futures = [shaders.compile_async("s", {"V": v}) for v in (1, 2, 1, 2, 3)]
+    gate.set()
     assert futures[0] is futures[2] and futures[1] is futures[3]
     assert [f.result() for f in futures[:3]] == [shaders.compile_shader("s", {"V": v}) for v in (1, 2, 1)]
     assert sorted(runs) == ["s", "s", "s"]  # V = 1, 2, 3: once each; compile_shader then read the cache
+    assert shaders.compile_async("s", {"V": 1}).result() == futures[0].result() and len(runs) == 3
     with pytest.raises(ShaderCompileError, match="bad.comp:3:"):
         shaders.compile_async("bad").result()
 

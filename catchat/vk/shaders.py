@@ -195,14 +195,15 @@ def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_submitted: dict[tuple[str, str], Future] = {}  # (name, variant key) -> its compile, once per process
+_in_flight: dict[tuple[str, str], Future] = {}  # (name, variant key) -> its compile, until done
 
 
 def compile_async(name: str, defines: dict[str, object] | None = None) -> Future:
     """`compile_shader` on catchat's compile pool (one thread per core; glslc runs as a process, so
     the threads compile in parallel): a Future of the SPIR-V bytes, whose result() raises what
-    compile_shader would. A variant asked for again shares the first request's Future (two
-    kernels of one variant would otherwise both miss the cache and both compile)."""
+    compile_shader would. A variant asked for while it compiles shares that Future (two kernels of
+    one variant would otherwise both miss the cache and both compile); once done, it is in the
+    cache."""
     global _pool
     defines = dict(defines or {})
     path = GLSL_DIR / f"{name}.comp"
@@ -210,9 +211,17 @@ def compile_async(name: str, defines: dict[str, object] | None = None) -> Future
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="catchat-glslc")
-        if key not in _submitted or (_submitted[key].done() and _submitted[key].exception()):
-            _submitted[key] = _pool.submit(compile_shader, name, defines)
-        return _submitted[key]
+        future = _in_flight.get(key)
+        if future is None:
+            future = _in_flight[key] = _pool.submit(compile_shader, name, defines)
+            future.add_done_callback(lambda f: _forget(key, f))
+        return future
+
+
+def _forget(key: tuple[str, str], future: Future) -> None:
+    with _pool_lock:
+        if _in_flight.get(key) is future:
+            del _in_flight[key]
 
 
 def glslc(path: Path, defines: dict[str, object], out: Path) -> None:
