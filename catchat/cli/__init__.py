@@ -26,7 +26,8 @@ ALLOW_UNVERIFIED_OPTION = click.option(
 PRECISION_OPTION = click.option(
     "--precision", default=None, metavar="fp32|fp16",
     help="Set train.precision: fp16 rounds the GEMMs' operands to float16 (float32 sums, loss scaling), "
-         "tensor cores where the GPU has them; an unknown value is an error.")
+         "on tensor cores where the GPU has them, and there the recurrent sweeps' products too; an unknown "
+         "value is an error.")
 
 
 def with_precision(overrides, precision: str | None) -> tuple:
