@@ -161,3 +161,21 @@ def test_resident_backward_partials_are_counted():
     tiles = gru.resident_backward(16, 16, 4, 4, 8)
     assert gru.partial_words(64, 512, tiles) == 2 * 32 * 64 * 512
     assert gru.partial_words(64, 512, (4, 16, 8, 1, 1, 128)) == 0  # tiled sweeps have none
+
+
+def test_a_persistent_sweep_never_makes_its_per_step_pipeline(dev):
+    """Pipelines are made on first use (kernels.LazyAlgorithm): a persistent sweep's ops make only
+    its PERSISTENT pipeline, so the per-step variant (compiled, in case) costs the driver nothing."""
+    T, B, H = 3, 2, 8
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    layout = gru_parity.make_case(T, B, H)["layout"]
+    params, seq = f32(layout.total), f32((T + 1) * B * H)
+    fwd = gru.GruForward(dev, f32(T * B * 3 * H), params, f32(B * H), u32(T * B), seq, seq, f32(T * B * 4 * H),
+                         f32(B * H), T=T, B=B, H=H, w_off=layout.offsets["layers.0.gru.weight_hh"],
+                         b_off=layout.offsets["layers.0.gru.bias_hh"], o_off=B * H, persistent=1)
+    assert fwd.sweep_workgroups and fwd._algo._algo is None and fwd._sweep_algo._algo is None
+    fwd.sweep_ops()
+    assert fwd._sweep_algo._algo is not None and fwd._algo._algo is None
+    fwd.step(0)  # asked for, the per-step pipeline is made then
+    assert fwd._algo._algo is not None
