@@ -284,7 +284,7 @@ class Trainer(BudgetedRun, RankedRun):
                                   lr_min=s.lr_min),
                     seqs_per_step=cfgmod.seqs_per_step(self.cfg), tokens_per_step=self.tokens_per_step,
                     seqs_per_cycle=self.lanes.seqs_per_cycle, precision=self.cfg.train.precision,
-                    gemm_products=self.products, **memory_mb())
+                    gemm_products=self.products, sweep_products=self.prog.sweep_products, **memory_mb())
         info["teacher_forcing"] = cfgmod.to_dict(self.cfg)["teacher_forcing"]
         if self.budget is not None:  # the lr then follows the metrics' progress column (total_steps: a cap, 0 = none)
             info["schedule"]["time_budget_s"] = self.budget.budget_s

@@ -119,6 +119,12 @@ class Program:
 
     planned_bytes = staticmethod(planned_bytes)
 
+    @property
+    def sweep_products(self) -> str:
+        """How the recurrent sweeps' per-step products multiply, for logs: "fp16 on tensor cores"
+        (train.precision fp16 where `gru.coop_sweeps` holds), else "fp32"."""
+        return "fp16 on tensor cores" if self.fwd.gru[0].coop else "fp32"
+
     def _stepwise_sequences(self):
         """Scheduled-sampling training and free-running eval sequences (recorded on first use)."""
         if self.seq_eval_free is not None:
