@@ -22,7 +22,7 @@
 // gate backward of step s-1 -> dGh[s-1] to memory and to shared -> the product of the tile's
 // rows of dGh[s-1] with W_hh -> partials to memory -> arrive -> dGi, dhz and the next step's
 // inputs while the others finish -> wait.
-// COOP (train.precision fp16, opt-in, with the forward's COOP): the product on cooperative matrices
+// COOP (train.precision fp16, with the forward's COOP; gru.coop_sweeps): the product on cooperative matrices
 // (tensor cores, VK_NV_cooperative_matrix, 16 subgroups of 32). Tiles of NU = 16 units x TB = 16
 // lanes: the partials [16 lanes x H] = dGh rows [16 lanes x 48] x W rows [48 x H] are 3 k-fragments
 // (one per gate) deep; subgroup sg owns COOP_NF 16-column n-fragments (columns 16 * (sg * COOP_NF +

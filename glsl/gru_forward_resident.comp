@@ -16,7 +16,7 @@
 // HV4) -> matmul and reduction -> gates, o[t] written -> arrive -> the writes nobody in the sweep
 // reads (save, hT, hprev at t = 0) and the next step's gi loads, while the other workgroups
 // finish -> wait.
-// COOP (train.precision fp16, opt-in): the tile's product on cooperative matrices (tensor cores,
+// COOP (train.precision fp16; gru.coop_sweeps): the tile's product on cooperative matrices (tensor cores,
 // VK_NV_cooperative_matrix, subgroups of 32) instead of the threads' FMAs. Tiles of NU = 16 units x
 // TB = 16 lanes only: the product [16 lanes x H] x [H x 48] is 3 fragment columns (one per gate) of
 // 16 x 16 float32 accumulators over ceil(H/16) 16-deep k-fragments, split into 4 k-groups: subgroup

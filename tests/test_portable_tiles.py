@@ -113,6 +113,23 @@ def test_a_sweep_not_shown_co_resident_runs_a_dispatch_per_step(monkeypatch):
     assert gru.plan_sweep(dev, 64, 512, False).resident == 1000
 
 
+def test_tensor_core_sweeps_are_judged_co_resident_by_their_own_resources():
+    """The tensor-core sweeps (coop) run other kernels than the FMA ones their tiles name: 512 threads
+    and their own shared memory (registers not modelled). A device with room for v3's FMA backward
+    sweep (3,840 B a workgroup) but not the tensor-core one's (26,368 B) plans the coop sweep per
+    step, with the reason, and so `coop_sweeps` would not pick it."""
+    tiles = gru.plan_sweep(fake(HOPPER), 64, 512, True).tiles
+    assert gru.coop_tiles_ok(tiles)
+    assert gru.resident_resources(tiles, 64, 512, True, 32, coop=True) == (
+        128, gru.COOP_THREADS, gru.coop_shared_bytes(512, backward=True), 0)
+    fma = gru.resident_resources(tiles, 64, 512, True, 32)
+    assert fma[:3] == (128, 512, 3840) and fma[3] > 0
+    small = fake(dataclasses.replace(HOPPER, max_shared_memory_bytes=20000))
+    plain, coop = (gru.plan_sweep(small, 64, 512, True, coop=c) for c in (False, True))
+    assert plain.resident == 132 and plain.residency.ok and gru.coop_tiles_ok(plain.tiles)
+    assert coop.resident == 0 and not coop.residency.ok and "shared memory 0" in coop.residency.reason
+
+
 def test_the_h200_plans_persistent_sweeps_at_v3_and_v5():
     for B, H in ((64, 512), (32, 2048), (1, 512)):
         for backward in (False, True):

@@ -1,5 +1,6 @@
 """GRU forward/backward sweeps (one dispatch per step) against catchat.reference."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -88,7 +89,7 @@ def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, m
     """Both sweeps' products on tensor cores (COOP): the shaders compile at v3's tiles and at partial
     fragments (H = 72); a device without cooperative matrices refuses coop=True with the reason, and
     a program uses them at fp16 where the device has them, unless turned off (CATCHAT_SWEEP_COOP=0)."""
-    from catchat.vk.kernels.gemm import coopmat_runs
+    from catchat.vk.kernels.gemm import COOP_SHAPE, coopmat_runs
     from catchat.vk.shaders import compile_shader
 
     tiles = (gru.ResidentTiles(16, 16, 2, 2, 4), gru.resident_backward(16, 16, 2, 2, 8))
@@ -106,8 +107,19 @@ def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, m
         with pytest.raises(ValueError, match="tensor-core sweep needs cooperative matrices"):
             gru_parity.run_gru_gpu(dev, case, tiles=tiles, coop=True)
     monkeypatch.delenv(gru.COOP_ENV, raising=False)
-    assert not gru.coop_sweeps(dev, 16, 64, "fp32")
-    planned = all(gru.coop_tiles_ok(gru.plan_sweep(dev, 16, 64, bw).tiles) for bw in (False, True))
+    planned = all(gru.coop_tiles_ok(gru.plan_sweep(dev, 16, 64, bw, coop=True).tiles) for bw in (False, True))
     assert gru.coop_sweeps(dev, 16, 64, "fp16") == (coopmat_runs(dev) and planned)
+    # the rule itself, on a device described as having tensor cores and planning 16 x 16 resident tiles
+    # (judged with the tensor-core kernels' resources: coop=True)
+    tc = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32), coop_shapes=(COOP_SHAPE,),
+                             features=dev.features | {"cooperativeMatrixNV"})
+    asked = []
+    monkeypatch.setattr(gru, "plan_sweep", lambda d, B, H, backward, coop=False: asked.append(coop) or
+                        gru.SweepPlan(tiles[backward], 132, None))
+    assert gru.coop_sweeps(tc, 64, 512, "fp16") and asked == [True, True]
+    assert not gru.coop_sweeps(tc, 64, 512, "fp32") and not gru.coop_sweeps(dev, 64, 512, "fp16")
     monkeypatch.setenv(gru.COOP_ENV, "0")
-    assert not gru.coop_sweeps(dev, 16, 64, "fp16")  # turned off: the threads' FMAs
+    assert not gru.coop_sweeps(tc, 64, 512, "fp16")  # turned off: the threads' FMAs
+    monkeypatch.setattr(gru, "plan_sweep", lambda *a, **k: gru.SweepPlan((8, 8, 4, 1, 1, 64), 0, None))
+    monkeypatch.delenv(gru.COOP_ENV)
+    assert not gru.coop_sweeps(tc, 64, 512, "fp16")  # tiled sweeps: no tensor-core kernel for them

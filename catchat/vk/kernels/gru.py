@@ -224,10 +224,22 @@ def coop_shared_bytes(H: int, backward: bool = False) -> int:
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
     backward alike, as the twin's `recurrent` assumes): fp16, not turned off (CATCHAT_SWEEP_COOP=0),
-    cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions."""
+    cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions with
+    the tensor-core kernels' own threads and shared memory."""
     if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
         return False
-    return all(coop_tiles_ok(plan_sweep(dev, B, H, backward).tiles) for backward in (False, True))
+    return all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True))
+
+
+def resident_resources(tiles: ResidentTiles, B: int, H: int, backward: bool, subgroup: int,
+                       coop: bool = False) -> tuple[int, int, int, int]:
+    """(tiles, threads, shared bytes, registers per thread or 0 where unknown) of a resident sweep's
+    workgroups: the FMA kernels' (`resident_shape`, `resident_registers`), or with coop the
+    tensor-core kernels' (COOP_THREADS, `coop_shared_bytes`; their registers are not modelled)."""
+    _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
+    if coop and coop_tiles_ok(tiles):
+        return n_tiles, COOP_THREADS, coop_shared_bytes(H, backward), 0
+    return n_tiles, nt, nbytes, resident_registers(tiles, backward)
 
 
 def partial_words(B: int, H: int, tiles) -> int:
@@ -333,13 +345,13 @@ class SweepPlan(NamedTuple):
     residency: Residency | None
 
 
-def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident: int) -> Residency:
+def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident: int,
+                    coop: bool = False) -> Residency:
     """Whether the persistent dispatch of a sweep at these tiles over `resident` workgroups is
-    shown co-resident on dev (catchat/vk/occupancy.py)."""
+    shown co-resident on dev (catchat/vk/occupancy.py); coop: of the tensor-core kernels."""
     info = dev.info
     if isinstance(tiles, ResidentTiles):
-        _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, info.subgroup_size)
-        regs = resident_registers(tiles, backward)
+        n_tiles, nt, nbytes, regs = resident_resources(tiles, B, H, backward, info.subgroup_size, coop)
     else:
         n_tiles, nt, nbytes, regs = n_workgroups(tiles, B, H, backward), tiles[0] * tiles[1] * tiles[2], \
             shared_bytes(tiles, backward), 0
@@ -347,12 +359,13 @@ def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident
 
 
 def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | None = None, tiles=None,
-               tiled: bool = False) -> SweepPlan:
+               tiled: bool = False, coop: bool = False) -> SweepPlan:
     """The tiles and mode of a sweep. `persistent` given (a caller's count) or CATCHAT_PERSISTENT set:
     that many workgroups, unchecked (the caller vouches; the barrier's timeout guard still reports a
     failure). Else one per SM, if the persistent dispatch is shown co-resident from the device's
     limits (`sweep_residency`); where it is not, one dispatch per step, with per-step tiles.
-    tiled: the tiled shaders' tables only (`tiled_tiles`: W_hh streamed, never register-resident)."""
+    tiled: the tiled shaders' tables only (`tiled_tiles`: W_hh streamed, never register-resident).
+    coop: co-residency judged for the tensor-core kernels (`resident_resources`)."""
     def pick(resident: int):
         if tiles is not None:
             return tiles
@@ -363,7 +376,7 @@ def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | No
     chosen = pick(resident)
     if not resident or forced:
         return SweepPlan(chosen, resident, None)
-    res = sweep_residency(dev, chosen, B, H, backward, resident)
+    res = sweep_residency(dev, chosen, B, H, backward, resident, coop)
     if res.ok:
         return SweepPlan(chosen, resident, res)
     return SweepPlan(pick(0), 0, res)
@@ -509,7 +522,7 @@ class _Sweep(Kernel):
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
         gru_*_resident.comp). W_hh in float16 (w_half) runs on the tiled shaders (HALF_W)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
-        plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None)
+        plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None, coop=self.coop)
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
             raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
@@ -525,9 +538,8 @@ class _Sweep(Kernel):
                                  f"{info.name} does not offer")
             defines, tensors = {**defines, "HALF_W": 1}, tensors + [self.w_half]
         if isinstance(self.tiles, ResidentTiles):
-            _, _, nt, self.shared_bytes = resident_shape(self.tiles, B, H, backward, info.subgroup_size)
-            if self.coop:
-                nt, self.shared_bytes = COOP_THREADS, coop_shared_bytes(H, backward)
+            _, nt, self.shared_bytes, _ = resident_resources(self.tiles, B, H, backward, info.subgroup_size,
+                                                             self.coop)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "

@@ -139,9 +139,10 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,
-                   precision: str = "fp32") -> BackwardKernels:
+                   precision: str = "fp32", coop: bool = False) -> BackwardKernels:
+    """coop: the sweeps' products on tensor cores, as the forward's (`build_forward`: the twin rounds
+    both directions' products or neither)."""
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
-    coop = coop_sweeps(dev, B, H, precision)  # as the forward's (the twin rounds both products)
     pr = precision
     head = o[head_name(layout.spec)]
     dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
