@@ -331,15 +331,14 @@ def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
 class SweepCase:
     """Buffers of one B x H recurrent sweep of T steps on random weights (no resets), in the program's
     layout (o holds the state sequence, dGh goes over save), and its sweeps over `persistent`
-    workgroups; `half`: W_hh from a float16 copy (HALF_W). The tuner's and tools/bench_gru.py's."""
+    workgroups; `half`: W_hh from a float16 copy (HALF_W, `w16`). The tuner's and tools/bench_gru.py's."""
 
     def __init__(self, dev, B: int, H: int, T: int, persistent: int):
         rng = np.random.default_rng(0)
         self.dev, self.B, self.H, self.T, self.persistent = dev, B, H, T, persistent
         t = dev.tensor
         w = (rng.standard_normal(3 * H * H + 3 * H) / np.sqrt(H)).astype(np.float32)
-        self.params = t(w)
-        self.w16 = half_tensor(dev, w[:3 * H * H])
+        self.params, self._w_hh, self._w16 = t(w), w[:3 * H * H], None
         self.gi = t(rng.standard_normal(T * B * 3 * H).astype(np.float32))
         self.do = t((0.01 * rng.standard_normal(T * B * H)).astype(np.float32))
         self.h0, self.hT, self.dh0 = t(B * H), t(B * H), t(B * H)
@@ -349,7 +348,15 @@ class SweepCase:
         self.dgi = t(T * B * 3 * H)
         self.hyper = t(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)
         self.stats = t(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
-        run_ops(dev, [self.params, self.w16, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [])
+        run_ops(dev, [self.params, self.gi, self.do, self.h0, self.resets, self.hyper, self.stats], [], [])
+
+    @property
+    def w16(self):
+        """W_hh as float16 for HALF_W, made on first use (the tuner never asks: 3H^2 halves saved)."""
+        if self._w16 is None:
+            self._w16 = half_tensor(self.dev, self._w_hh)
+            run_ops(self.dev, [self._w16], [], [])
+        return self._w16
 
     def forward(self, tiles, half: bool = False):
         return gru.GruForward(self.dev, self.gi, self.params, self.h0, self.resets, self.o, self.o, self.save,

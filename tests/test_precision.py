@@ -16,7 +16,7 @@ from catchat import precision
 from catchat import reference as ref
 from catchat.errors import CatchatError
 from catchat.faults import Fault
-from catchat.model import ParamLayout, init_params
+from catchat.model import ParamLayout
 from catchat.parity import model as pm
 from catchat.precision import LossScaler
 from catchat.rng import step_seed
@@ -72,11 +72,9 @@ def test_fp16_model_matches_its_twin(dev):
     assert all(r.ok for r in rows), "\n".join(str(r) for r in rows if not r.ok)
     assert sum(r.kernel.startswith("grad ") for r in rows) == len(ParamLayout(spec).names) + 1
 
-    rng = np.random.default_rng(0)  # model_parity's inputs
     layout = ParamLayout(spec)
-    f64 = layout.unflatten(layout.flatten(init_params(spec, 0)).astype(np.float64))
-    tokens, targets, resets = pm.random_window(rng, spec, T, B)
-    h0 = rng.standard_normal((spec.layers, B, spec.hidden)) * 0.5
+    flat, tokens, targets, resets, h0 = pm.model_inputs(spec, T, B)  # model_parity's step
+    f64, h0 = layout.unflatten(flat.astype(np.float64)), h0.astype(np.float64)
     kw = dict(smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding, p_hid=hp.dropout_hidden,
               seed=step_seed(hp.run_seed, 0, 0))
     twins = [ref.model_forward_backward(f64, spec, tokens, targets, resets, h0, int(np.count_nonzero(targets)),

@@ -28,15 +28,13 @@ PRECISION_OPTION = click.option(
     help="Set train.precision: fp16 rounds the GEMMs' operands to float16 (float32 sums, loss scaling), "
          "on tensor cores where the GPU has them, and there the recurrent sweeps' products too; an unknown "
          "value is an error.")
+DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
+                             help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
 
 
 def with_precision(overrides, precision: str | None) -> tuple:
     """--set overrides, then --precision's (which wins); the config's checks judge its value."""
     return tuple(overrides) + (() if precision is None else (f"train.precision={precision}",))
-
-
-DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
-                             help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -219,11 +219,11 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
+        coop = variant == "coop"
         got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant == "f16w", coop=variant == "coop")
+                          w_half=variant == "f16w", coop=coop)
         if variant == "f16w":
             case = half_weights(case)
-        coop = variant == "coop"
         exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32",
                                   forced=(got["hprev"], got["dgh"]) if coop else None)
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \

@@ -48,17 +48,23 @@ FP16_GRAD = 2.0**-11 / 8
 FP16_SCALE = 2.0**16  # the loss scale fp16's rows run at (a run's first)
 
 
+def model_inputs(spec: ModelSpec, T: int, B: int, seed: int = 0):
+    """`model_parity`'s step: (flat float32 params, tokens, targets, resets [T,B], h0 [L,B,H] float32)."""
+    rng = np.random.default_rng(seed)
+    flat = ParamLayout(spec).flatten(init_params(spec, seed))
+    tokens, targets, resets = random_window(rng, spec, T, B)
+    h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
+    return flat, tokens, targets, resets, h0
+
+
 def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
                  label: str = "model", precision: str = "fp32") -> list[ParityResult]:
     """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
     gradient, the clamp hit count, and every parameter after the optimizer step. precision "fp16":
     the program's GEMMs and the twin's round their operands to float16, the step runs at the loss
     scale in hp (the GPU's unscaled gradients against the unscaled twin), at the FP16 tolerances."""
-    rng = np.random.default_rng(seed)
     layout = ParamLayout(spec)
-    flat = layout.flatten(init_params(spec, seed))
-    tokens, targets, resets = random_window(rng, spec, T, B)
-    h0 = rng.standard_normal((spec.layers, B, spec.hidden)).astype(np.float32) * 0.5
+    flat, tokens, targets, resets, h0 = model_inputs(spec, T, B, seed)
     prog = Program(dev, layout, T, B, optimizer=hp.optimizer, precision=precision)
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
@@ -111,10 +117,8 @@ def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper,
     """The per-timestep (scheduled-sampling) path: at tf = 1 against the batched path (loss and
     every gradient), at tf < 1 against the reference given the same coin flips (the fed inputs
     exactly, then loss and gradients on them)."""
-    rng = np.random.default_rng(seed)
     layout = ParamLayout(spec)
-    flat = layout.flatten(init_params(spec, seed))
-    tokens, targets, resets = random_window(rng, spec, T, B)
+    flat, tokens, targets, resets, _ = model_inputs(spec, T, B, seed)
     resets[0] = 1  # windows start conversations here: h0 = 0, as the reference's per-step forward
     prog = Program(dev, layout, T, B, optimizer=hp.optimizer)
     no_update = StepHyper(**{**hp.__dict__, "lr": 0.0, "weight_decay": 0.0})  # keep the weights for a 2nd run

@@ -177,8 +177,6 @@ def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
 CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
 
 
-
-
 def gemm_candidates(dev: Device) -> list[GemmTiles]:
     """Every tile the tables list (each row's large, split-K and small tile) that fits this device's
     threads and shared memory: what `catchat bench --tune` measures, and what a cached choice must be."""
@@ -189,7 +187,6 @@ def gemm_candidates(dev: Device) -> list[GemmTiles]:
             if g not in out and g.problem(dev) is None:
                 out.append(g)
     return out
-
 
 
 def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
