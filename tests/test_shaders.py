@@ -73,6 +73,30 @@ def test_compile_async_compiles_each_variant_once_in_parallel(glsl_tree, monkeyp
         shaders.compile_async("bad").result()
 
 
+def test_compile_async_of_a_compile_done_at_once_does_not_deadlock(glsl_tree, monkeypatch):
+    """A cached variant can finish before compile_async registers its done-callback, which then runs
+    in the caller's thread: it must not wait for the lock compile_async holds (a hang seen as a
+    `catchat eval` that never returned)."""
+    from concurrent.futures import Future
+
+    (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
+    (glsl_tree / "s.comp").write_text(GOOD)
+
+    class AtOnce:  # a pool whose work is done before submit returns
+        def submit(self, fn, *args):
+            f = Future()
+            f.set_result(fn(*args))
+            return f
+
+    monkeypatch.setattr(shaders, "_pool", AtOnce())
+    done = []
+    t = threading.Thread(target=lambda: done.append(shaders.compile_async("s").result()), daemon=True)
+    t.start()
+    t.join(timeout=30)
+    assert not t.is_alive(), "compile_async deadlocked on its own lock"
+    assert done == [shaders.compile_shader("s")] and not shaders._in_flight
+
+
 def test_compile_error_names_file_and_line(glsl_tree):
     (glsl_tree / "bad.comp").write_text("#version 450\nlayout(local_size_x = 1) in;\n\nvoid main() { x = 1; }\n")
     with pytest.raises(ShaderCompileError) as info:

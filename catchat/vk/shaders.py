@@ -212,10 +212,12 @@ def compile_async(name: str, defines: dict[str, object] | None = None) -> Future
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="catchat-glslc")
         future = _in_flight.get(key)
-        if future is None:
+        submitted = future is None
+        if submitted:
             future = _in_flight[key] = _pool.submit(compile_shader, name, defines)
-            future.add_done_callback(lambda f: _forget(key, f))
-        return future
+    if submitted:  # outside the lock: a future already done runs the callback here, and _forget takes it
+        future.add_done_callback(lambda f: _forget(key, f))
+    return future
 
 
 def _forget(key: tuple[str, str], future: Future) -> None:
