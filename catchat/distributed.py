@@ -17,14 +17,17 @@ A single process (no launcher, or `mpiexec -n 1`) never imports mpi4py: `init()`
 Faults: every collective is non-blocking and waited on with a deadline (CATCHAT_MPI_TIMEOUT
 seconds, default 600; the start-up's exchange waits START_TIMEOUT_S at least): a rank that hangs or
 dies makes the others raise `RankLost`, which the command line prints as one line before exiting
-without MPI_Finalize (that would wait for the lost rank). MPICH's mpiexec ends the other ranks by
-itself as soon as one exits with an error (`-disable-auto-cleanup` leaves that to the deadline).
+without MPI_Finalize (that would wait for the lost rank). A rank that fails with an error of its own
+(its device lost, a disk full) says why in one line and then ends every rank with MPI_Abort
+(`abort_ranks`): the others, waiting in a collective for it, need not wait out their deadline, on
+whichever launcher, however slowly this process would otherwise wind down.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import sys
 import time
 from dataclasses import dataclass
 
@@ -121,7 +124,22 @@ def init(*, force: bool = False) -> Comm | None:
     world = MPI.COMM_WORLD
     if world.Get_size() <= 1 and not force:
         return None
-    return Comm(MPI, world, timeout_from_env())
+    global _started
+    _started = Comm(MPI, world, timeout_from_env())
+    return _started
+
+
+_started: Comm | None = None  # this process's communicator, once init() made one
+
+
+def abort_ranks(exit_code: int) -> None:
+    """After this rank said why it fails: end every rank now (MPI_Abort) rather than leave the others
+    blocked in a collective until their deadline. Nothing for a single process."""
+    if _started is None or _started.size <= 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _started.world.Abort(exit_code)
 
 
 @dataclass

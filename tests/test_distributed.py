@@ -242,15 +242,22 @@ def test_a_rank_that_hangs_stops_the_others_with_one_line(cfg_path, tmp_path):
 @needs_mpi
 @pytest.mark.parametrize("how", ["error", "killed"])
 def test_a_rank_that_dies_ends_the_run(cfg_path, tmp_path, how):
-    """Rank 1 fails at its 5th step: with an error (the device lost) it says why in one line; killed
-    outright (SIGKILL), the launcher ends rank 0 at once and says which rank died. Either way the run
-    ends well inside the timeout and its last checkpoint (step 3) stays loadable. Step 5, not 4: rank 1
-    starts step 5 only after step 4's gradient exchange, which rank 0 joins after writing step 3's
-    checkpoint; at step 4 the launcher could end rank 0 in the middle of that write (no checkpoint)."""
+    """Rank 1 fails at its 5th step: with an error (the device lost) it says why in one line and ends
+    every rank (MPI_Abort), even though its own process would linger at exit (an atexit sleep stands for
+    a slow wind-down: threads, the driver); killed outright (SIGKILL), the launcher ends rank 0 at once.
+    Either way the run ends well inside the timeout and its last checkpoint (step 3) stays loadable.
+    Step 5, not 4: rank 1 starts step 5 only after step 4's gradient exchange, which rank 0 joins after
+    writing step 3's checkpoint; at step 4 rank 0 could be ended in the middle of that write."""
     run = tmp_path / "run"
-    fault = "CATCHAT_FAULT=device_lost@step=5" if how == "error" else "CATCHAT_CRASH_AT=train.step#5"
+    cmd = _train_cmd(cfg_path, run)
+    if how == "error":
+        fault = "CATCHAT_FAULT=device_lost@step=5"
+        lingering = "import atexit, time; atexit.register(time.sleep, 300); from catchat.cli import main; main()"
+        cmd = [sys.executable, "-c", lingering, *cmd[3:]]
+    else:
+        fault = "CATCHAT_CRASH_AT=train.step#5"
     started = time.monotonic()
-    r = _mpi(2, _on_rank(1, fault, _train_cmd(cfg_path, run)), env={"CATCHAT_MPI_TIMEOUT": "60"}, timeout=120)
+    r = _mpi(2, _on_rank(1, fault, cmd), env={"CATCHAT_MPI_TIMEOUT": "60"}, timeout=120)
     assert r.returncode != 0, r.stdout
     assert time.monotonic() - started < 50  # not the 60 s timeout: the launcher saw the rank go
     assert "Traceback" not in r.stdout + r.stderr

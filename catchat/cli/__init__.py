@@ -8,11 +8,12 @@ inspect, scan), imported at the bottom so that each registers itself on `cli`.""
 from __future__ import annotations
 
 import sys
+import traceback
 
 import click
 from rich.markup import escape
 
-from catchat import __version__
+from catchat import __version__, distributed
 from catchat.console import make_console
 from catchat.errors import CatchatError
 
@@ -52,6 +53,7 @@ def _fail(message: str, hint: str | None, exit_code: int):
     err_console.print("[red]error:[/red] " + escape(message), highlight=False, soft_wrap=True)
     if hint:
         err_console.print("  fix: " + escape(hint), highlight=False, soft_wrap=True)
+    distributed.abort_ranks(exit_code)  # one of several ranks: the others stop now, not at their deadline
     sys.exit(exit_code)
 
 
@@ -75,6 +77,10 @@ def main(argv=None):
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
+    except Exception:  # a bug: its traceback; one of several ranks ends the others with it
+        traceback.print_exc()
+        distributed.abort_ranks(1)
+        sys.exit(1)
 
 
 
