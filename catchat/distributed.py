@@ -107,6 +107,9 @@ def timeout_from_env(environ=os.environ) -> float:
     return value
 
 
+_started: Comm | None = None  # this process's communicator, once init() made one
+
+
 def init(*, force: bool = False) -> Comm | None:
     """The world communicator when launched on more than one rank (or `force`), else None; only then
     is mpi4py imported (a single process needs no MPI)."""
@@ -127,9 +130,6 @@ def init(*, force: bool = False) -> Comm | None:
     global _started
     _started = Comm(MPI, world, timeout_from_env())
     return _started
-
-
-_started: Comm | None = None  # this process's communicator, once init() made one
 
 
 def abort_ranks(exit_code: int) -> None:

@@ -108,8 +108,12 @@ def cfg_path(tmp_path_factory):
     return p
 
 
+def _train_args(cfg_path, run, *extra):
+    return ["train", str(cfg_path), "--run-dir", str(run), *map(str, extra)]
+
+
 def _train_cmd(cfg_path, run, *extra):
-    return [sys.executable, "-m", "catchat", "train", str(cfg_path), "--run-dir", str(run), *map(str, extra)]
+    return [sys.executable, "-m", "catchat", *_train_args(cfg_path, run, *extra)]
 
 
 def _mpi(n, cmd, *, env=None, timeout=240):
@@ -249,13 +253,12 @@ def test_a_rank_that_dies_ends_the_run(cfg_path, tmp_path, how):
     Step 5, not 4: rank 1 starts step 5 only after step 4's gradient exchange, which rank 0 joins after
     writing step 3's checkpoint; at step 4 rank 0 could be ended in the middle of that write."""
     run = tmp_path / "run"
-    cmd = _train_cmd(cfg_path, run)
     if how == "error":
         fault = "CATCHAT_FAULT=device_lost@step=5"
         lingering = "import atexit, time; atexit.register(time.sleep, 300); from catchat.cli import main; main()"
-        cmd = [sys.executable, "-c", lingering, *cmd[3:]]
+        cmd = [sys.executable, "-c", lingering, *_train_args(cfg_path, run)]
     else:
-        fault = "CATCHAT_CRASH_AT=train.step#5"
+        fault, cmd = "CATCHAT_CRASH_AT=train.step#5", _train_cmd(cfg_path, run)
     started = time.monotonic()
     r = _mpi(2, _on_rank(1, fault, cmd), env={"CATCHAT_MPI_TIMEOUT": "60"}, timeout=120)
     assert r.returncode != 0, r.stdout

@@ -160,16 +160,17 @@ def parse_variant(line: str) -> tuple[str, dict[str, str]]:
     return name, dict(p.split("=", 1) for p in pairs)
 
 
-def compile_shader(name: str, defines: dict[str, object] | None = None) -> bytes:
+def compile_shader(name: str, defines: dict[str, object] | None = None, key: str | None = None) -> bytes:
     """SPIR-V bytes of `glsl/<name>.comp` with the given defines: prebuilt, cached, or compiled once
-    with glslc into the cache (see the module docstring)."""
+    with glslc into the cache (see the module docstring). `key`: the variant's `variant_key` where
+    the caller has it (compile_async), so the sources are not read and hashed again."""
     defines = dict(defines or {})
     path = (GLSL_DIR / f"{name}.comp").resolve()
     if not path.exists():
         raise ShaderCompileError(f"no shader named {name!r}: {path} does not exist")
     if os.environ.get(ENV_RECORD):
         _record(name, defines)
-    key = variant_key(path, defines)
+    key = key or variant_key(path, defines)
     prebuilt = PREBUILT_DIR / f"{name}-{key}.spv"
     if prebuilt.exists():
         return prebuilt.read_bytes()
@@ -206,15 +207,16 @@ def compile_async(name: str, defines: dict[str, object] | None = None) -> Future
     cache."""
     global _pool
     defines = dict(defines or {})
-    path = GLSL_DIR / f"{name}.comp"
-    key = (name, variant_key(path.resolve(), defines) if path.exists() else "")
+    path = (GLSL_DIR / f"{name}.comp").resolve()
+    variant = variant_key(path, defines) if path.exists() else None  # None: compile_shader says it is missing
+    key = (name, variant or "")
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="catchat-glslc")
         future = _in_flight.get(key)
         submitted = future is None
         if submitted:
-            future = _in_flight[key] = _pool.submit(compile_shader, name, defines)
+            future = _in_flight[key] = _pool.submit(compile_shader, name, defines, variant)
     if submitted:  # outside the lock: a future already done runs the callback here, and _forget takes it
         future.add_done_callback(lambda f: _forget(key, f))
     return future
