@@ -18,9 +18,13 @@ Faults: every collective is non-blocking and waited on with a deadline (CATCHAT_
 seconds, default 600; the start-up's exchange waits START_TIMEOUT_S at least): a rank that hangs or
 dies makes the others raise `RankLost`, which the command line prints as one line before exiting
 without MPI_Finalize (that would wait for the lost rank). A rank that fails with an error of its own
-(its device lost, a disk full) says why in one line and then ends every rank with MPI_Abort
-(`abort_ranks`): the others, waiting in a collective for it, need not wait out their deadline, on
-whichever launcher, however slowly this process would otherwise wind down.
+(its device lost, a disk full) prints its one line, flushes it, and tells the others (`end_ranks`):
+each of them, waiting in a collective, raises `RankFailed` with that line, records it in the run's
+events (rank 0), prints "stopped: rank N failed: ..." and answers; the failing rank waits for the
+answers (at most the deadline), then every rank leaves with os._exit, skipping a slow wind-down.
+Never MPI_Abort: the launcher tears the job down on an abort without draining the ranks' output, and
+the failing rank's line was lost that way (1 run in 40 with MPICH's Hydra). A process that exits,
+however abruptly, has its written output read to the end; Hydra then ends the ranks still running.
 """
 
 from __future__ import annotations
@@ -47,6 +51,17 @@ class RankLost(CatchatError):
     """Another rank stopped answering (died or hangs), or MPI reported it gone."""
 
     exit_code = 1
+
+
+class RankFailed(RankLost):
+    """Another rank failed with an error and said so: its line is in `message`; this rank only stops
+    (the command line prints it as "stopped:", not as a second error)."""
+
+    label = "stopped"
+
+    def __init__(self, rank: int, line: str):
+        super().__init__(f"rank {rank} failed: {line}")
+        self.rank = rank
 
 
 def _env_int(names, environ) -> int | None:
@@ -132,14 +147,19 @@ def init(*, force: bool = False) -> Comm | None:
     return _started
 
 
-def abort_ranks(exit_code: int) -> None:
-    """After this rank said why it fails: end every rank now (MPI_Abort) rather than leave the others
-    blocked in a collective until their deadline. Nothing for a single process."""
-    if _started is None or _started.size <= 1:
+def end_ranks(exit_code: int, line: str) -> None:
+    """After this rank printed why it stops (`line`): make sure that line is out, let the others know
+    (or answer the rank whose failure stops this one), and leave now with os._exit: no MPI_Finalize
+    (a lost rank would never join it) and no slow wind-down. Nothing for a single process."""
+    comm = _started
+    if comm is None or comm.size <= 1:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    _started.world.Abort(exit_code)
+    try:
+        comm.settle_failure(line)
+    finally:
+        os._exit(exit_code)
 
 
 @dataclass
@@ -165,10 +185,49 @@ class Comm:
             local = hosts[:self.rank].count(self.host)
         self.local_rank = local
         self.timing = Timing()
+        self.failed_peer: int | None = None  # the rank whose failure notice stopped this one
+        self.unresponsive = False  # a deadline passed: the others may never answer a notice
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    # ------------------------------------------------------------------ failure notices
+    # Point-to-point messages on the world communicator never match a collective's traffic.
+    NOTICE_TAG, ANSWER_TAG = 0x6361, 0x6362
+
+    def _check_notices(self) -> None:
+        """Raise RankFailed when another rank has sent word of its failure."""
+        status = self.MPI.Status()
+        if self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.NOTICE_TAG, status=status):
+            src = status.Get_source()
+            line = self.world.recv(source=src, tag=self.NOTICE_TAG)
+            self.failed_peer = src
+            raise RankFailed(src, line)
+
+    def settle_failure(self, line: str) -> None:
+        """This rank stops. Stopped by another's failure: answer it (it waits for that before it
+        exits, so that this rank's record of it is written). Failing itself: send `line` to every
+        other rank and wait for their answers, at most the deadline (none when a deadline already
+        passed: the others may be hung); a rank failing at the same moment counts as answered."""
+        if self.failed_peer is not None:
+            self.world.isend(self.rank, dest=self.failed_peer, tag=self.ANSWER_TAG).Wait()
+            return
+        waiting = {r for r in range(self.size) if r != self.rank}
+        sends = [self.world.isend(line, dest=r, tag=self.NOTICE_TAG) for r in sorted(waiting)]
+        deadline = time.monotonic() + (0.0 if self.unresponsive else self.timeout_s)
+        status = self.MPI.Status()
+        while waiting and time.monotonic() < deadline:
+            if self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.ANSWER_TAG, status=status):
+                waiting.discard(self.world.recv(source=status.Get_source(), tag=self.ANSWER_TAG))
+            elif self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.NOTICE_TAG, status=status):
+                src = status.Get_source()  # failing too: it waits for our answer as we wait for its
+                self.world.recv(source=src, tag=self.NOTICE_TAG)
+                self.world.isend(self.rank, dest=src, tag=self.ANSWER_TAG)
+                waiting.discard(src)
+            else:
+                time.sleep(self.MAX_PAUSE_S)
+        del sends  # delivered or not, this process ends next
 
     # ------------------------------------------------------------------ waiting with a deadline
     SPIN_S = 2e-3  # a wait polls without pause this long, then sleeps between polls (up to MAX_PAUSE_S)
@@ -179,7 +238,8 @@ class Comm:
         while a rank is inside an MPI call, so a transfer whose peers are all present is waited for by
         polling without pause (`spin`: MPI's own blocking calls spin the same way); a wait for a rank
         still computing (a barrier) polls SPIN_S, then sleeps between polls, leaving the CPU to the
-        others (lavapipe's threads, on a CPU device). A signal handler runs between polls."""
+        others (lavapipe's threads, on a CPU device). A signal handler runs between polls, and
+        another rank's failure notice is looked for whenever the clock is read."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
         deadline, calm = start + limit, start + self.SPIN_S
@@ -189,8 +249,10 @@ class Comm:
                 polls += 1
                 if spinning and polls % 256:  # the clock is read every 256 polls while spinning
                     continue
+                self._check_notices()
                 now = time.monotonic()
                 if now > deadline:
+                    self.unresponsive = True
                     raise RankLost(f"rank {self.rank} ({self.host}): no answer from the other ranks for {limit:g} s "
                                    f"while {what}: a rank died or hangs; stopping ({ENV_TIMEOUT} sets the wait)")
                 if not spin and now > calm:

@@ -48,12 +48,13 @@ def _warn(message: str) -> None:
     err_console.print(escape(message), highlight=False, soft_wrap=True)
 
 
-def _fail(message: str, hint: str | None, exit_code: int):
-    """One error line (and a fix line): never wrapped, brackets in it printed as they are."""
-    err_console.print("[red]error:[/red] " + escape(message), highlight=False, soft_wrap=True)
+def _fail(message: str, hint: str | None, exit_code: int, label: str = "error"):
+    """One error line (and a fix line): never wrapped, brackets in it printed as they are. One of
+    several ranks then tells the others and ends at once (distributed.end_ranks)."""
+    err_console.print(f"[red]{label}:[/red] " + escape(message), highlight=False, soft_wrap=True)
     if hint:
         err_console.print("  fix: " + escape(hint), highlight=False, soft_wrap=True)
-    distributed.abort_ranks(exit_code)  # one of several ranks: the others stop now, not at their deadline
+    distributed.end_ranks(exit_code, message)
     sys.exit(exit_code)
 
 
@@ -70,16 +71,16 @@ def main(argv=None):
     except click.ClickException as e:
         _fail(e.format_message(), None, e.exit_code)
     except CatchatError as e:
-        _fail(e.message, e.hint, e.exit_code)
+        _fail(e.message, e.hint, e.exit_code, getattr(e, "label", "error"))
     except OSError as e:  # disk full, permissions, a file gone: the system's words, not a traceback
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
               "check free disk space, the path and its permissions", 1)
     except KeyboardInterrupt:
         err_console.print("interrupted")
         sys.exit(130)
-    except Exception:  # a bug: its traceback; one of several ranks ends the others with it
+    except Exception as e:  # a bug: its traceback; one of several ranks ends the others with it
         traceback.print_exc()
-        distributed.abort_ranks(1)
+        distributed.end_ranks(1, f"a bug ({type(e).__name__}: {e})")
         sys.exit(1)
 
 
