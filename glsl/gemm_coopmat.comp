@@ -177,6 +177,14 @@ void put_b(uint base, uvec2 kn, BT v) {
 }
 
 // Global -> the register set (RA, RB): the slice at K0 of the tile (m0, n0).
+// Diagnostics only (tools/bench_gemm.py --probe), to see where the time goes: PROBE_NO_GLOBAL
+// stages made-up values instead of loading the operands; PROBE_MMA_ONLY also skips the stores to
+// shared memory (the fragment loads, products and barriers alone). Their results are meaningless.
+#if defined(PROBE_NO_GLOBAL) || defined(PROBE_MMA_ONLY)
+#define FETCH(RA, RB, K0) { \
+    [[unroll]] for (uint l = 0; l < LA; ++l) RA[l] = AT(float16_t(float(tid + l + (K0)))); \
+    [[unroll]] for (uint l = 0; l < LB; ++l) RB[l] = BT(float16_t(float(m0 + l + (K0)))); }
+#else
 #define FETCH(RA, RB, K0) { \
     [[unroll]] for (uint l = 0; l < LA; ++l) { \
         uint i = tid + l * NT; \
@@ -189,7 +197,12 @@ void put_b(uint base, uvec2 kn, BT v) {
         RB[l] = i < NB ? load_b((K0) + kn.x, n0 + kn.y, k_end) : BT(0.0); \
     } }
 
+#endif
+
 // The register set (RA, RB) -> shared buffer BUF.
+#ifdef PROBE_MMA_ONLY
+#define STORE(RA, RB, BUF) {}
+#else
 #define STORE(RA, RB, BUF) { \
     [[unroll]] for (uint l = 0; l < LA; ++l) { \
         uint i = tid + l * NT; \
@@ -199,6 +212,7 @@ void put_b(uint base, uvec2 kn, BT v) {
         uint i = tid + l * NT; \
         if (i < NB) put_b((BUF) * B_WORDS, b_at(i), RB[l]); \
     } }
+#endif
 
 // acc += the slice in shared buffer BUF, 16 deep at a time.
 #ifdef TRANS_A

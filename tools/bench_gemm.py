@@ -24,6 +24,8 @@ the first of them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -87,12 +89,32 @@ COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, CT(4, 2, 4, 4, 16, 3), 
                    CT(4, 4, 2, 2, 16), CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16))
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeTiles(gemm.CoopTiles):
+    """A tensor-core tile compiled with one of glsl/gemm_coopmat.comp's diagnostic defines
+    (PROBE_NO_GLOBAL: no operand loads; PROBE_MMA_ONLY: nor shared stores): its time against the
+    whole kernel's says where the time goes. Its output is meaningless (not compared)."""
+
+    probe: str = "PROBE_NO_GLOBAL"
+
+    def defines(self) -> dict:
+        return {**super().defines(), self.probe: 1}
+
+
+def probes(own: tuple) -> list:
+    """The program's two tensor-core tiles (the first two of `own`) with each diagnostic define."""
+    return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in own[:2] if type(t) is gemm.CoopTiles
+            for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
+
+
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     """(Gemm, is the program's choice) per tile, split and load choice for one shape; the program's
     first (None: its own pick)."""
     splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
     loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
     own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
+    if args.probe and OPERANDS[operands].get("coopmat"):
+        own = tuple(own) + tuple(probes(own))
     grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]
     cands, seen = [], set()  # no repeats
     for t, s, vec4 in grid:
@@ -105,6 +127,42 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
             seen.add((g.tiles, g.split_k, vec4))
             cands.append((g, not cands))
     return cands
+
+
+def torch_rates(kw: dict, reps: int, repeat: int) -> dict:
+    """TFLOP/s of torch.matmul (cuBLAS) at the same shape and transposes, with float16, bfloat16 and
+    float32 (TF32 off) operands, float32 accumulation; {} without torch and CUDA. Timed with CUDA events,
+    `repeat` products per timing, the median of `reps`."""
+    try:
+        import torch
+    except ImportError:
+        return {}
+    if not torch.cuda.is_available():
+        return {}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    M, N, K = kw["M"], kw["N"], kw["K"]
+    out = {}
+    for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16), ("fp32", torch.float32)):
+        g = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(*((K, M) if kw.get("trans_a") else (M, K)), device="cuda", dtype=dtype, generator=g)
+        b = torch.randn(*((N, K) if kw.get("trans_b") else (K, N)), device="cuda", dtype=dtype, generator=g)
+        a = a.t() if kw.get("trans_a") else a
+        b = b.t() if kw.get("trans_b") else b
+        c = torch.matmul(a, b)
+        times = []
+        for _ in range(reps + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(repeat):
+                torch.matmul(a, b, out=c)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / repeat)
+        out[name] = 2.0 * M * N * K / float(np.median(times[1:])) / 1e12
+        del a, b, c
+    return out
 
 
 def parse_tiles(text: str) -> gemm.GemmTiles:
@@ -129,6 +187,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5,
                     help="dispatches of each GEMM per run (amortizes the submit's ~0.1-1 ms)")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--compare-torch", action="store_true",
+                    help="also time torch.matmul (cuBLAS: float16, bfloat16, float32) at each shape")
+    ap.add_argument("--probe", action="store_true",
+                    help="also time each tensor-core tile without its operand loads (PROBE_NO_GLOBAL) and "
+                         "without its shared stores too (PROBE_MMA_ONLY): where the time goes")
+    ap.add_argument("--json", default=None, metavar="FILE", help="write every row (and torch's) to FILE")
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
     dev = open_device(args.device)
@@ -141,6 +205,9 @@ def main(argv=None) -> int:
         operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat"))
     half = {p: bool(OPERANDS[p].get("half")) for p in operands}  # operands stored as float16
     problems = {h: shapes(cfg, dev, half=h) for h in dict.fromkeys(half.values())}
+    report = dict(tool="tools/bench_gemm.py", argv=list(sys.argv[1:] if argv is None else argv),
+                  date=time.strftime("%Y-%m-%d"), device=dev.info.name, driver=getattr(dev.info, "driver", ""),
+                  config=args.config, hidden=cfg.model.hidden, shapes={})
     for name in problems[next(iter(problems))]:
         rows, refs = [], {}
         for p in operands:
@@ -153,15 +220,28 @@ def main(argv=None) -> int:
                 ref = refs.setdefault(p != "f32", got)  # float16 rows against the first float16 one
                 diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
                 kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
+                if isinstance(g.tiles, ProbeTiles):
+                    diff, kind = 0.0, f"{kind} {g.tiles.probe}"  # not the product: nothing to compare
                 program = current and p in ("f32", "coopmat")
                 rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, program))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
-        print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP")
+        torch_tflops = torch_rates(kw, max(1, args.reps), max(1, args.repeat)) if args.compare_torch else {}
+        print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP"
+              + "".join(f", torch {k} {v:.1f}" for k, v in torch_tflops.items()) + (" TFLOP/s" if torch_tflops else ""))
+        entry = dict(M=kw["M"], N=kw["N"], K=kw["K"], trans_a=bool(kw.get("trans_a")),
+                     trans_b=bool(kw.get("trans_b")), gflop=flop / 1e9, torch_tflops=torch_tflops, rows=[])
         for sec, t, s, kind, diff, current in sorted(rows, key=lambda r: r[0]):
             rate = flop / sec / 1e12 if sec else 0.0
             flag = "  (program's choice)" if current else ""  # at fp32, and at fp16 on tensor cores
             bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
-            print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{bad}")
+            vs = (f"  {rate / torch_tflops['fp16']:.2f}x cuBLAS fp16" if "fp16" in torch_tflops
+                  and not kind.startswith("f32") else "")
+            print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{vs}{bad}")
+            entry["rows"].append(dict(ms=sec * 1e3, tflops=rate, tiles=list(dataclasses.astuple(t)), split_k=s,
+                                      kind=kind, program=bool(current), max_rel_diff=diff, ok=bool(diff <= 1e-4)))
+        report["shapes"][name] = entry
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 

@@ -17,6 +17,10 @@ part parity $py -m catchat.cli parity
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
     tests/test_buffer_plan.py tests/test_persistent.py tests/kernels
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
+part bench-v3-fp16-torch $py -m catchat.cli bench configs/catchat-v3.toml --steps 4 --warmup 1 --precision fp16 \
+    --compare-torch --profile --json "$out/bench-v3-fp16.json"
+part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 \
+    --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
 # fp16 with the sweeps' products on the threads' FMAs instead of tensor cores (CATCHAT_SWEEP_COOP=0)
 part bench-v3-fp16-simt env CATCHAT_SWEEP_COOP=0 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
@@ -35,6 +39,14 @@ part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all 
 # the tensor-core GEMM's tile and depth candidates alone (bench_gemm.COOP_CANDIDATES)
 part gemm-coop-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4
 part gemm-coop-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3
+# the tensor-core GEMM beside cuBLAS on the same shapes, with its diagnostic probes
+# (no operand loads; nor shared stores) and a JSON file of every row
+part gemm-coop-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4 --reps 5 \
+    --repeat 20 --compare-torch --probe --json "$out/gemm-coop-v3.json"
+part gemm-coop-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 5 \
+    --repeat 6 --compare-torch --probe --json "$out/gemm-coop-v5.json"
+part gemm-coopf16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-f16 --loads vec4 --reps 5 \
+    --repeat 6 --json "$out/gemm-coopf16-v5.json"
 part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 # v5's sweeps with W_hh read from a float16 copy (HALF_W) beside float32, on the tiled kernels
 part gru-v5-f16w $py tools/bench_gru.py --shape 32x2048 --steps 32 --reps 3 --max 6 --half-whh
