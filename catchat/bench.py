@@ -64,7 +64,7 @@ def ready_program(cfg, dev, tf: float = 1.0):
     """The training program for cfg with initial parameters, and (train_step, eval_step): one
     training step / one evaluation window each on random data."""
     from catchat.parity.model import random_window
-    from catchat.train import step_hyper
+    from catchat.training.step import step_hyper
     from catchat.vk.program import Program
 
     spec = cfgmod.model_spec(cfg)

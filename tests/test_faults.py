@@ -221,7 +221,7 @@ def test_disk_full_injected_enospc(dev, cfg_path, tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device", str(run / "metrics.csv"))
 
     t = Trainer(cfgmod.load(cfg_path), run, dev, resume="")
-    monkeypatch.setattr(t, "_metrics_row", metrics_full)
+    monkeypatch.setattr(t.telemetry, "metrics_row", metrics_full)
     with pytest.raises(CatchatError) as info:
         t.run()
     assert "could not write" in info.value.message and "metrics.csv: No space left" in info.value.message

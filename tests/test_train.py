@@ -16,6 +16,7 @@ from catchat import config as cfgmod
 from catchat.errors import UsageError
 from catchat.precision import LossScaler
 from catchat.train import Trainer
+from catchat.training.feed import Feed
 
 from support import build_scene_corpus, small_config
 
@@ -39,15 +40,15 @@ def test_next_steps_data_is_made_while_the_gpu_runs_and_changes_nothing(dev, sma
     training is bitwise what it is when every step makes its data itself."""
     cfg = small_config(small_corpus)
     made = []
-    step_data = Trainer._step_data
-    monkeypatch.setattr(Trainer, "_step_data", lambda self, c, s: made.append((c, s)) or step_data(self, c, s))
+    step_data = Feed.step_data
+    monkeypatch.setattr(Feed, "step_data", lambda self, c, s: made.append((c, s)) or step_data(self, c, s))
     t = Trainer(cfg, tmp_path / "ahead", dev)
     assert t.run() == "done"
     steps = t.global_step
     assert [s for _, s in made] == list(range(steps + 1))  # 0 by step 1 itself, k + 1 during step k + 1
     assert len(set(made)) == len(made)
 
-    monkeypatch.setattr(Trainer, "_prepare_next", lambda self, cursor, global_step: None)
+    monkeypatch.setattr(Feed, "prepare_next", lambda self, cursor, global_step: None)
     assert Trainer(cfg, tmp_path / "own", dev).run() == "done"
     assert _losses(tmp_path / "ahead") == _losses(tmp_path / "own")
     a, b = _final_params(tmp_path / "ahead"), _final_params(tmp_path / "own")

@@ -1,0 +1,31 @@
+"""Ctrl-C and SIGTERM while a run trains: the first stops the run after the step in flight (with a
+final checkpoint), a second stops it at once (KeyboardInterrupt: no final checkpoint)."""
+
+from __future__ import annotations
+
+import signal
+from contextlib import contextmanager
+
+
+class StopSignals:
+    """The signal that asked this process to stop (`caught`, None until one came)."""
+
+    def __init__(self, report):
+        self.report = report
+        self.caught: str | None = None
+
+    def handle(self, signum, _frame) -> None:
+        if self.caught is not None:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now
+        self.caught = signal.Signals(signum).name
+        self.report("stopping", signal=self.caught)
+
+    @contextmanager
+    def installed(self):
+        """SIGINT and SIGTERM come here while the block runs; the old handlers are back after it."""
+        old = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)

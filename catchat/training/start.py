@@ -1,0 +1,81 @@
+"""Opening a run on rank 0: which start is allowed, and the run's files for a start that passed
+every check. Nothing in the run directory is written before every check has passed: a refused
+start (bad checkpoint, other model size, Ctrl-C) changes no file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from catchat import checkpoint as ck
+from catchat import config as cfgmod
+from catchat import rundir
+from catchat.errors import UsageError
+from catchat.faults import crash_point
+from catchat.fsutil import atomic_write_text
+from catchat.rundir import RunFiles
+from catchat.training.build import Setup
+from catchat.training.state import RunState
+from catchat.training.telemetry import Telemetry, memory_mb
+
+
+def in_run(files: RunFiles, path: Path) -> bool:
+    """The checkpoint at `path` is one of this run's own."""
+    return Path(path).resolve().parent == files.checkpoints.resolve()
+
+
+def check_source(files: RunFiles, ckpt: ck.Checkpoint) -> None:
+    """A checkpoint of another run may start this one only while this one has no history."""
+    if in_run(files, ckpt.path):
+        return
+    if ck.list_checkpoints(files.checkpoints) or rundir.has_history(files):
+        raise UsageError(f"{ckpt.path} belongs to another run, and {files.root} already holds a run of "
+                         "its own", hint="continue another run's checkpoint in a new --run-dir")
+
+
+def run_info(cfg: cfgmod.Config, setup: Setup, *, pace, faults: tuple, ranks) -> dict:
+    """What `catchat scan` checks a run against: the schedule in force, step sizes, memory, faults."""
+    s = cfg.schedule
+    info = dict(schedule=dict(total_steps=setup.total_steps, lr=cfg.train.lr, warmup_fraction=s.warmup_fraction,
+                              cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
+                              lr_min=s.lr_min),
+                seqs_per_step=cfgmod.seqs_per_step(cfg), tokens_per_step=setup.tokens_per_step,
+                seqs_per_cycle=setup.lanes.seqs_per_cycle, precision=cfg.train.precision,
+                gemm_products=setup.products, sweep_products=setup.prog.sweep_products, **memory_mb())
+    info["teacher_forcing"] = cfgmod.to_dict(cfg)["teacher_forcing"]
+    pace.describe(info)
+    if faults:
+        info["faults"] = [str(f) for f in faults]
+    info.update(ranks.info())
+    return info
+
+
+def commit_files(files: RunFiles, cfg: cfgmod.Config, ckpt: ck.Checkpoint | None, *, finished: list[Path],
+                 info: dict, stale_pid, telemetry: Telemetry, state: RunState, start_fields: dict, report) -> None:
+    """Write the run's files for a start that passed every check: config, a branch if the start
+    abandons anything, the telemetry, the start/resume event (`start_fields`: a fresh start's own)."""
+    files.samples.mkdir(exist_ok=True)
+    atomic_write_text(files.config, cfgmod.resolved_toml(cfg, header=f"resolved config of run {files.root.name}"))
+    crash_point("resume.config")
+    if finished:
+        info["finished_branches"] = [str(p.relative_to(files.root)) for p in finished]
+    if stale_pid:
+        info["stale_lock_pid"] = stale_pid
+    own = ckpt is not None and in_run(files, ckpt.path)
+    if own:
+        branched = rundir.needs_branch(files, ckpt.global_step)
+    else:  # a fresh start over an earlier attempt's telemetry; another run's checkpoint has none (checked)
+        branched = ckpt is None and rundir.has_history(files)
+    if branched:
+        report("branch", **rundir.start_branch(files, ckpt.path if own else None, telemetry.record("branch")))
+    if ckpt is None:
+        if not branched:  # a branch left a metrics header and its own event: the new telemetry
+            rundir.new_telemetry(files)
+        telemetry.event("start", **start_fields, **info)
+        return
+    dropped = rundir.trim_tail(files, state.global_step) if own else 0
+    if not own:
+        rundir.new_telemetry(files)
+    info["foreign"] = not own  # a run continued from another run's checkpoint (scan reports it)
+    crash_point("resume.trimmed")
+    telemetry.event("resume", **{"from": str(ckpt.path)}, seqs=state.cursor.seqs, dropped_rows=dropped, **info)

@@ -1,0 +1,77 @@
+"""A run's telemetry (the last part of the loop): events.jsonl (a line per event: start, eval,
+checkpoint, skipped steps, end, ...), metrics.csv (a row per step), and the reporter that shows them
+(the CLI's progress display). Rank 0 writes them; the other ranks of a data-parallel run are given
+`Quiet` telemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from catchat.budget import Clock
+from catchat.fsutil import append_line
+from catchat.rundir import RunFiles, metrics_header
+from catchat.runlog import METRICS_COLUMNS
+from catchat.training.state import RunState
+from catchat.vk.program import StepStats
+
+
+def memory_mb() -> dict:
+    """This process's resident memory now (`rss_mb`, None where /proc is missing) and at its peak
+    (`peak_rss_mb`, getrusage), in MiB: logged with start, resume, eval, checkpoint and end events."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    rss = None
+    try:
+        with open("/proc/self/statm") as f:
+            rss = round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
+
+
+class Telemetry:
+    """Appends the run's events and metric rows, each stamped with the step the run stands at."""
+
+    def __init__(self, files: RunFiles, state: RunState, clock: Clock, report, tokens_per_step: int):
+        self.files, self.state, self.clock, self.report = files, state, clock, report
+        self.tokens_per_step = tokens_per_step
+        self.columns: list[str] = list(METRICS_COLUMNS)  # metrics.csv's header, read by `open_metrics`
+
+    def open_metrics(self) -> None:
+        """Rows follow the header metrics.csv has (a run from before a column was added lacks it)."""
+        self.columns = metrics_header(self.files.metrics).decode().split(",")
+
+    def record(self, kind: str, **fields) -> dict:
+        return {"event": kind, "global_step": self.state.global_step, "time": round(time.time(), 3), **fields}
+
+    def event(self, kind: str, **fields) -> None:
+        rec = self.record(kind, **fields)
+        append_line(self.files.events, json.dumps(rec))
+        self.report(kind, **rec)
+
+    def metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float,
+                    loss_scale: float) -> None:
+        s = self.state
+        row = [s.global_step, s.cursor.seqs, s.cursor.cycle, s.global_step * self.tokens_per_step,
+               f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
+               f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
+               f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped)]
+        later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}",
+                 "loss_scale": f"{loss_scale:.0f}"}
+        row += [later.get(c, "") for c in self.columns[len(METRICS_COLUMNS):]]  # the columns the file has
+        append_line(self.files.metrics, ",".join(map(str, row)))
+
+
+class Quiet(Telemetry):
+    """A rank other than 0: it touches no file of the run and reports nothing."""
+
+    def event(self, kind: str, **fields) -> None:
+        pass
+
+    def metrics_row(self, *args, **kwargs) -> None:
+        pass
