@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backward", action="append", type=parse_tiles, default=[], metavar="TILES")
     ap.add_argument("--gemm", action="store_true", help="also the step's GEMMs")
     ap.add_argument("--coop", action="store_true", help="the sweeps' products on tensor cores (fp16)")
+    ap.add_argument("--coop-gemm", action="store_true",
+                    help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -106,6 +108,12 @@ def main(argv=None) -> int:
                 g = gemm.Gemm(dev, vec4=vec4, **kw)
                 loads = "vec4" if g.vec4_a or g.vec4_b else "float"
                 print_statistics(dev, g, f"gemm, {name}: {g.tiles}, {g.tiles.threads} threads, {loads} loads", {})
+    if args.coop_gemm and gemm.coopmat_runs(dev):
+        kw, _ = bench_gemm.shapes(cfg, dev)["input projection"]
+        for t in bench_gemm.COOP_CANDIDATES:
+            if t.problem(dev, (False, True)) is None:
+                g = gemm.Gemm(dev, tiles=t, precision="fp16", coopmat=True, **kw)
+                print_statistics(dev, g, f"gemm_coopmat, input projection: {t}, {t.threads} threads", {})
     return 0
 
 
