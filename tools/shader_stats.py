@@ -12,7 +12,9 @@ the driver reports (NVIDIA: register count, binary, stack, local and shared memo
 a tile shape spills its W_hh slice. --coop builds the sweeps with their products on tensor cores
 (what fp16 runs on a GPU with cooperative matrices): how many registers are left for a second
 workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
-shapes) as the program builds them, with vec4 and with float loads. Drivers without the extension
+shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
+GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?). Drivers
+without the extension
 (lavapipe) still compile and create the pipelines.
 """
 
