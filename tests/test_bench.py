@@ -1,4 +1,4 @@
-"""`catchat bench` (catchat/bench.py) runs on lavapipe at a small config, its profile covers the whole
+"""`catchat bench` (catchat/analysis/) runs on lavapipe at a small config, its profile covers the whole
 micro-batch, --tune caches the fastest tiles the pickers then use; and the benchmark tools in tools/."""
 
 import math
@@ -8,8 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-from catchat import bench  # noqa: E402
 from catchat import config as cfgmod  # noqa: E402
+from catchat.analysis import bench, torch_twin, tuner  # noqa: E402
 from catchat.model import ParamLayout  # noqa: E402
 from catchat.vk.program import Program, sequences  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkey
     the JSON file; --compare-torch without torch (or without CUDA) says so in one line."""
     import json
 
-    monkeypatch.setattr(bench, "torch_status", lambda: (False, "torch is not importable (test)"))
+    monkeypatch.setattr(torch_twin, "torch_status", lambda: (False, "torch is not importable (test)"))
     out = tmp_path / "b.json"
     code, text, err = cli("bench", *SMALL, "--profile", "--compare-torch", "--json", out)
     assert code == 0, err
@@ -84,7 +84,7 @@ def test_catchat_bench_precision(cli):
 def test_catchat_bench_torch_rows(cli, monkeypatch):
     """With a usable torch: a row per mode (FP32, TF32, AMP fp16, AMP bf16) and its ratio; a mode
     that fails is a row that says why, and the others still run."""
-    monkeypatch.setattr(bench, "torch_status", lambda: (True, "torch 9 on a GPU"))
+    monkeypatch.setattr(torch_twin, "torch_status", lambda: (True, "torch 9 on a GPU"))
     calls = []
 
     def fake(cfg, steps, warmup, mode):
@@ -93,7 +93,7 @@ def test_catchat_bench_torch_rows(cli, monkeypatch):
             raise RuntimeError("bf16 GRU not supported here")
         return dict(train_tokens_per_s=500.0, step_ms=36.0, eval_tokens_per_s=1000.0, device_bytes=2**30)
 
-    monkeypatch.setattr(bench, "bench_torch", fake)
+    monkeypatch.setattr(torch_twin, "bench_torch", fake)
     code, text, err = cli("bench", *SMALL, "--compare-torch")
     assert code == 0, err
     assert calls == ["fp32", "tf32", "amp_fp16", "amp_bf16"]
@@ -132,7 +132,7 @@ def test_tune_caches_the_fastest_candidate_and_the_pickers_use_it(dev, tmp_path,
         cands = gru.sweep_candidates(dev, shape["B"], shape["H"], shape["backward"], shape["resident"])
         return 1.0 if tiles == cands[-1] else (1.01 if tiles == cands[0] else 3.0)
 
-    rows, path = bench.tune(cfg, dev, measure=measure)
+    rows, path = tuner.tune(cfg, dev, measure=measure)
     assert path.parent == tmp_path / "cache" / "tune" and path.exists()
     data = json.loads(path.read_text())
     assert data["device"] == dev.info.name and data["driver"] == dev.info.driver
@@ -150,7 +150,7 @@ def test_tune_caches_the_fastest_candidate_and_the_pickers_use_it(dev, tmp_path,
     measure2 = lambda kind, shape, tiles: (  # noqa: E731
         2.0 if kind == "gemm" else (1.0 if tiles == gru.sweep_candidates(dev, 3, 12, shape["backward"], 0)[-1]
                                     else 3.0))
-    bench.tune(cfg, dev, measure=measure2)
+    tuner.tune(cfg, dev, measure=measure2)
     last = gru.sweep_candidates(dev, 3, 12, False, 0)[-1]
     assert Program(dev, ParamLayout(spec), 6, 3).fwd.gru[0].tiles == last
     assert {k for k, _ in seen} == {"gemm", "gru"}

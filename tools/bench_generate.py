@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
 from catchat import vocab  # noqa: E402
-from catchat.bench import torch_model  # noqa: E402
+from catchat.analysis.torch_twin import torch_model  # noqa: E402
 from catchat.errors import UsageError  # noqa: E402
 from catchat.generate import Generator, Sampling  # noqa: E402
 from catchat.model import ParamLayout, head_name, init_params  # noqa: E402

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from catchat import bench  # noqa: E402
+from catchat.analysis import bench, timing, tuner  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
@@ -78,18 +78,18 @@ def resident_candidates(dev, B: int, H: int, resident: int, backward: bool) -> l
     return out
 
 
-def time_sweep(case: bench.SweepCase, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
+def time_sweep(case: tuner.SweepCase, kernel, ops, out, reps: int, steps: int) -> tuple[float, np.ndarray]:
     """Median microseconds per step of one recorded sweep of `steps` steps, and its output (NaN
     first: a kernel that writes nothing cannot pass as a match)."""
     host_view(out)[:] = np.nan
     case.dev.upload([out])
-    sec = bench.timed_sequence(case.dev, ops, reps, warmup=3)  # warm-up: clocks ramp up on an idle GPU
+    sec = timing.timed_sequence(case.dev, ops, reps, warmup=3)  # warm-up: clocks ramp up on an idle GPU
     (got,) = run_ops(case.dev, [], [], [out])
     return sec / steps * 1e6, got
 
 
 def search(dev, B: int, H: int, T: int, reps: int, n_max: int, persistent: int, half_whh: bool = False) -> dict:
-    case = bench.SweepCase(dev, B, H, T, persistent)
+    case = tuner.SweepCase(dev, B, H, T, persistent)
     best = {}
     for backward in (False, True):
         cands = candidates(dev, B, H, backward, n_max, persistent)

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from catchat import config as cfgmod  # noqa: E402
-from catchat.bench import ready_program, timed_sequence  # noqa: E402
+from catchat.analysis.bench import ready_program  # noqa: E402
+from catchat.analysis.timing import timed_sequence  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402
 

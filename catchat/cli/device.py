@@ -84,7 +84,7 @@ def parity(summary, device):
 def bench(config_path, overrides, steps, warmup, tf, compare_torch, want_profile, want_tune, json_path, precision,
           device):
     """Training and evaluation throughput of CONFIG on this GPU (docs/benchmarks.md)."""
-    from catchat.bench import run_command
+    from catchat.analysis.bench_command import run_command
 
     run_command(config_path, with_precision(overrides, precision), steps=steps, warmup=warmup, tf=tf,
                 compare_torch=compare_torch, want_profile=want_profile, want_tune=want_tune, json_path=json_path,

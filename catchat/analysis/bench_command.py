@@ -1,0 +1,142 @@
+"""`catchat bench CONFIG`: measures (catchat/analysis/bench.py, torch_twin.py, tuner.py), prints the
+tables on the console (progress on stderr: a transient spinner line at a terminal) and writes the
+JSON (--json)."""
+
+from __future__ import annotations
+
+import functools
+
+from rich.markup import escape
+
+from catchat import config as cfgmod
+from catchat.analysis import torch_twin
+from catchat.analysis.bench import bench_catchat
+from catchat.analysis.tuner import tune
+from catchat.console import new_table
+from catchat.vk.device import format_bytes
+from catchat.vk.kernels import gemm
+
+
+class _Steps:
+    """The long work of `catchat bench` as a transient spinner line (at a terminal only)."""
+
+    def __init__(self, console):
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = console
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                 console=self.console, disable=not self.console.is_terminal, transient=True)
+        self.task, self.escape = None, escape
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def step(self, label: str) -> None:
+        self.progress.update(self.task, description=self.escape(label))
+
+
+def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, compare_torch: bool,
+                want_profile: bool, want_tune: bool, json_path, device, console, err_console) -> None:
+    """`catchat bench`: measure, print (tables on `console`, progress on `err_console`), write JSON."""
+    import json
+
+    from catchat.fsutil import atomic_write_text
+    from catchat.vk.device import open_device
+
+    cfg = cfgmod.load(config_path, list(overrides))
+    dev = open_device(device)
+    m, say = cfg.model, functools.partial(console.print, highlight=False, soft_wrap=True)
+    precision = gemm.products(dev, cfg.train.precision)
+    say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
+               f"optimizer={cfg.train.optimizer} precision={precision} on {dev.info.name} "
+               f"({dev.info.type}, {dev.info.driver})"))
+    res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
+    with _Steps(err_console) as progress:
+        if want_tune:
+            res["tune"] = _run_tune(cfg, dev, progress, console, say)
+        c = bench_catchat(cfg, dev, steps, warmup, tf, want_profile, progress=progress)
+        res["catchat"] = c
+        torch_rows = {}
+        if compare_torch:
+            ok, line = torch_twin.torch_status()
+            res["torch_status"] = line
+            if ok:
+                torch_rows = res["torch"] = _run_torch(cfg, steps, warmup, progress)
+    _print_throughput(console, c, torch_rows, tf)
+    say(f"step: forward {c['forward_ms']:.1f} ms, backward {c['backward_ms']:.1f} ms, optimizer "
+        f"{c['optimizer_ms']:.1f} ms; program built in {c['build_s']:.1f} s")
+    if compare_torch and not torch_rows:
+        say(escape(f"torch comparison skipped: {res['torch_status']}"))
+    for sw in c["sweeps"]:
+        mode = (f"one persistent dispatch of {sw['workgroups']} workgroups" if sw["workgroups"]
+                else "a dispatch per step")
+        why = f" ({sw['residency']})" if sw["residency"] else ""
+        kind = "resident tiles" if sw["tiles"][0] == "ResidentTiles" else "tiles"
+        say(escape(f"sweep {sw['sweep']}: {sw['shader']}, {kind} {tuple(sw['tiles'][1])}, {mode}{why}"))
+    if c["profile"]:
+        print_profile(console, c["profile"], c["step_ms"])
+    if json_path:
+        atomic_write_text(json_path, json.dumps(res, indent=1, default=str) + "\n")
+        say(escape(f"wrote {json_path}"))
+
+
+def _run_tune(cfg, dev, progress, console, say) -> dict:
+    """--tune: measure and cache, print a row per shape; the JSON's "tune"."""
+    rows, path = tune(cfg, dev, progress=progress)
+    table = new_table("kind", "shape", "tables' choice", "fastest", "us (tables')", "us (fastest)",
+                      title=f"tuned on {dev.info.name}")
+    for r in rows:
+        fmt = lambda us: "-" if us is None else f"{us:.1f}"  # noqa: E731
+        table.add_row(r.kind, r.key, escape(str(tuple(r.table))),
+                      escape(str(tuple(r.winner))) if r.winner is not None else "(one candidate)",
+                      fmt(r.micros(r.table)), fmt(r.micros(r.winner)))
+    console.print(table)
+    say(escape(f"cached {sum(r.winner is not None for r in rows)} choices in {path}"))
+    return {"cache": str(path), "rows": [
+        dict(kind=r.kind, key=r.key, table=list(r.table), winner=None if r.winner is None else list(r.winner),
+             candidates=[list(c) for c in r.candidates], seconds=r.seconds) for r in rows]}
+
+
+def _run_torch(cfg, steps: int, warmup: int, progress) -> dict:
+    """--compare-torch: the PyTorch twin's figures in every mode of TORCH_MODES (a failed mode: its error)."""
+    torch_rows = {}
+    for mode, label in torch_twin.TORCH_MODES:
+        progress.step(f"torch {label}")
+        try:
+            torch_rows[label] = torch_twin.bench_torch(cfg, steps, warmup, mode)
+        except Exception as e:  # noqa: BLE001 (a mode this torch or GPU lacks: say so, run the rest)
+            torch_rows[label] = {"error": f"{e.__class__.__name__}: {e}".splitlines()[0]}
+    return torch_rows
+
+
+def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
+    """The table of catchat's row and the PyTorch rows beside it."""
+    path_note = f" (per-timestep path, tf={tf:g})" if tf < 1 else ""
+    table = new_table("run", "train tok/s", "step ms", "eval tok/s", "memory", "train vs catchat")
+    table.add_row(f"catchat{path_note}", f"{c['train_tokens_per_s']:,.0f}", f"{c['step_ms']:.1f}",
+                  f"{c['eval_tokens_per_s']:,.0f}", format_bytes(c["device_bytes"]), "1.00x")
+    for label, t in torch_rows.items():
+        if "error" in t:
+            table.add_row(f"torch {label}", "failed", "-", "-", "-", escape(t["error"]))
+        else:
+            table.add_row(f"torch {label}", f"{t['train_tokens_per_s']:,.0f}", f"{t['step_ms']:.1f}",
+                          f"{t['eval_tokens_per_s']:,.0f}", f"{format_bytes(t['device_bytes'])} (peak)",
+                          f"{c['train_tokens_per_s'] / t['train_tokens_per_s']:.2f}x")
+    console.print(table)
+
+
+def print_profile(console, profile: list, step_ms: float) -> None:
+    """--profile's table: each group of the micro-batch (catchat.analysis.bench.profile), the totals
+    by kind, the sum beside the step's time."""
+    table = new_table("group", "ms", "kind", title="where a micro-batch goes (each group timed alone)")
+    for kind, name, ms in profile:
+        table.add_row(name, f"{ms:.2f}", kind)
+    for kind in ("sweep", "gemm", "other"):
+        table.add_row(f"{kind} total", f"{sum(ms for k, _, ms in profile if k == kind):.2f}", "")
+    table.add_row("sum of groups", f"{sum(ms for _, _, ms in profile):.2f}", f"step {step_ms:.1f}")
+    console.print(table)
