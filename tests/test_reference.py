@@ -512,6 +512,7 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
     operands to the other computation's h and dGh (`forced_h`, cache["forced_dgh"]) leaves each
     step's arithmetic to compare; forcing a run's own operands changes nothing."""
     from catchat.parity import gru as pg
+    from catchat.reference import gru as ref_gru
 
     case = pg.make_case(6, 16, 64)
     exact, _ = pg.expected_gru(case, recurrent="fp16")
@@ -520,17 +521,17 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
         np.testing.assert_array_equal(own[k], exact[k])
     # the same sweeps with each product's sums 1 float32 ulp off at random (another summation order)
     rng = np.random.default_rng(3)
-    gemm = ref.gemm
+    gemm = ref_gru.gemm  # the products of the GRU twin (catchat/reference/gru.py)
 
     def reordered(a, b, precision="fp32"):
         r = gemm(a, b, precision)
         return (r * (1 + rng.choice([-2.0**-23, 0.0, 2.0**-23], r.shape))).astype(r.dtype)
 
-    ref.gemm = reordered
+    ref_gru.gemm = reordered
     try:
         other, _ = pg.expected_gru(case, recurrent="fp16")
     finally:
-        ref.gemm = gemm
+        ref_gru.gemm = gemm
     forced, _ = pg.expected_gru(case, recurrent="fp16", forced=(other["hprev"], other["dgh"]))
     worst = lambda a, b: max(float(np.abs(a[k] - b[k]).max()) for k in ("o", "save", "dgi", "dgh", "dh0"))  # noqa: E731
     assert worst(other, exact) > 5 * pg.BWD_ATOL  # the flips, grown
