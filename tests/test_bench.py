@@ -27,7 +27,7 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     res = bench.bench_catchat(cfg, dev, steps=1, warmup=1, want_profile=True)
     timings = ("train_tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms", "eval_tokens_per_s",
                "build_s")
-    assert set(res) == {*timings, "device_bytes", "profile", "sweeps"}
+    assert set(res) == {*timings, "device_bytes", "profile", "sweeps", "gemm_flop"}
     assert [k for k in timings if not math.isfinite(res[k])] == []
     # the footprint holds at least the four model-sized float32 buffers: params, grads, AdamW's m and v
     spec = cfgmod.model_spec(cfg)
@@ -37,6 +37,10 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     assert [(kind, name) for kind, name, _ in res["profile"]] == [(kind, name) for kind, name, _ in groups]
     # each group is timed less an empty submit's time: the sweeps (dozens of dispatches) still cost more
     assert sum(ms for kind, _, ms in res["profile"] if kind == "sweep") > 0
+    # the GEMM groups' operations (their TFLOP/s in the table): each product's 2 M N K
+    assert set(res["gemm_flop"]) == {name for kind, name, _ in groups if kind == "gemm"}
+    R, H, V = cfg.data.window * cfg.data.batch_lanes, cfg.model.hidden, spec.vocab_size
+    assert res["gemm_flop"]["head"] == 2.0 * R * H * V and res["gemm_flop"]["head backward"] == 4.0 * R * H * V
 
 
 def test_profile_groups_are_the_micro_batch(dev):

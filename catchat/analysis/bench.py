@@ -87,7 +87,8 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profi
     return dict(train_tokens_per_s=tokens / step_s, step_ms=step_s * 1e3, forward_ms=fwd_s * 1e3,
                 backward_ms=(micro_s - fwd_s) * 1e3, optimizer_ms=apply_s * 1e3,
                 eval_tokens_per_s=tokens / eval_s, device_bytes=train_bytes, build_s=build_s,
-                sweeps=sweep_modes(prog), profile=profile(prog, steps) if want_profile else None)
+                sweeps=sweep_modes(prog), profile=profile(prog, steps) if want_profile else None,
+                gemm_flop=gemm_flops(prog) if want_profile else None)
 
 
 def sweep_modes(prog) -> list[dict]:
@@ -111,28 +112,43 @@ def sweep_modes(prog) -> list[dict]:
     return out
 
 
-def profile_groups(prog) -> list[tuple[str, str, list]]:
+def profile_groups(prog, flop: dict | None = None) -> list[tuple[str, str, list]]:
     """The training micro-batch's dispatches in (kind, name, ops) groups, in recorded order:
-    kind is "sweep" (the serial per-timestep dispatches), "gemm" or "other"."""
+    kind is "sweep" (the serial per-timestep dispatches), "gemm" or "other". `flop`, if given,
+    receives each GEMM group's floating-point operations (2 M N K per product) by name."""
     f, k = prog.fwd, prog.bwd
+
+    def gemms(name: str, *kernels) -> tuple[str, str, list]:
+        ks = [g for g in kernels if g is not None]
+        if flop is not None:
+            flop[name] = sum(2.0 * g.M * g.N * g.K for g in ks)
+        return ("gemm", name, [op for g in ks for op in g.ops()])
+
     groups = [("other", "embedding", [f.rows.embedding.op()])]
     for l, (proj, sweep, norm) in enumerate(zip(f.rows.proj, f.gru, f.rows.norm)):
-        groups += [("other" if l == 0 else "gemm", f"L{l} input projection", proj.ops()),
+        groups += [("other", "L0 input projection", proj.ops()) if l == 0 else gemms(f"L{l} input projection", proj),
                    ("sweep", f"L{l} forward sweep", sweep.sweep_ops()), ("other", f"L{l} norm", norm.ops())]
-    groups += [("gemm", "head", f.rows.head.ops()),
+    groups += [gemms("head", f.rows.head),
                ("other", "loss", [k.cross_entropy.op(), f.loss_reduce.op()]),
-               ("gemm", "head backward", k.head_dx.ops() + k.head_dw.ops())]
+               gemms("head backward", k.head_dx, k.head_dw)]
     for l, lay in reversed(list(enumerate(k.layers))):
         groups += [("other", f"L{l} norm backward", lay.norm.ops()),
                    ("sweep", f"L{l} backward sweep", lay.gru.sweep_ops()),
-                   ("gemm", f"L{l} weight gradients", (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()),
+                   gemms(f"L{l} weight gradients", lay.dw_ih, lay.dw_hh),
                    ("other", f"L{l} bias gradients", lay.db_ih.ops() + lay.db_hh.ops())]
         if lay.dx:
-            groups.append(("gemm", f"L{l} input gradient", lay.dx.ops()))
+            groups.append(gemms(f"L{l} input gradient", lay.dx))
     t0 = k.table0
     groups += [("other", "embedding + table0 token sums", [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]),
-               ("gemm", "table0 backward GEMMs", t0.dw_ih.ops() + t0.demb.ops())]
+               gemms("table0 backward GEMMs", t0.dw_ih, t0.demb)]
     return groups
+
+
+def gemm_flops(prog) -> dict:
+    """Each GEMM group's floating-point operations per micro-batch (profile_groups' names)."""
+    flop: dict = {}
+    profile_groups(prog, flop)
+    return flop
 
 
 def profile(prog, reps: int) -> list[tuple[str, str, float]]:

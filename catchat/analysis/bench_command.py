@@ -79,7 +79,7 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
         kind = "resident tiles" if sw["tiles"][0] == "ResidentTiles" else "tiles"
         say(escape(f"sweep {sw['sweep']}: {sw['shader']}, {kind} {tuple(sw['tiles'][1])}, {mode}{why}"))
     if c["profile"]:
-        print_profile(console, c["profile"], c["step_ms"])
+        print_profile(console, c["profile"], c["step_ms"], c.get("gemm_flop") or {})
     if json_path:
         atomic_write_text(json_path, json.dumps(res, indent=1, default=str) + "\n")
         say(escape(f"wrote {json_path}"))
@@ -130,13 +130,22 @@ def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
     console.print(table)
 
 
-def print_profile(console, profile: list, step_ms: float) -> None:
-    """--profile's table: each group of the micro-batch (catchat.analysis.bench.profile), the totals
-    by kind, the sum beside the step's time."""
-    table = new_table("group", "ms", "kind", title="where a micro-batch goes (each group timed alone)")
+def print_profile(console, profile: list, step_ms: float, gemm_flop: dict) -> None:
+    """--profile's table: each group of the micro-batch (catchat.analysis.bench.profile), with the
+    GEMM groups' TFLOP/s, the totals by kind, the sum beside the step's time."""
+    table = new_table("group", "ms", "kind", "TFLOP/s", title="where a micro-batch goes (each group timed alone)")
+
+    def rate(flop: float, ms: float) -> str:
+        if not (flop and ms > 0):
+            return ""
+        tflops = flop / ms / 1e9
+        return f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}"
+
     for kind, name, ms in profile:
-        table.add_row(name, f"{ms:.2f}", kind)
+        table.add_row(name, f"{ms:.2f}", kind, rate(gemm_flop.get(name, 0.0), ms))
     for kind in ("sweep", "gemm", "other"):
-        table.add_row(f"{kind} total", f"{sum(ms for k, _, ms in profile if k == kind):.2f}", "")
-    table.add_row("sum of groups", f"{sum(ms for _, _, ms in profile):.2f}", f"step {step_ms:.1f}")
+        total = sum(ms for k, _, ms in profile if k == kind)
+        flop = sum(gemm_flop.values()) if kind == "gemm" else 0.0
+        table.add_row(f"{kind} total", f"{total:.2f}", "", rate(flop, total))
+    table.add_row("sum of groups", f"{sum(ms for _, _, ms in profile):.2f}", f"step {step_ms:.1f}", "")
     console.print(table)
