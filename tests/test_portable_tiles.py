@@ -11,6 +11,7 @@ from test_tiles import H200, LAVAPIPE, choices
 
 from catchat.vk import tiles, tune
 from catchat.vk.kernels import gemm, gru
+from catchat.vk.kernels.gru import plan as gru_plan  # where plan_sweep counts workgroups
 from catchat.vk.occupancy import co_residency
 
 HOPPER = dataclasses.replace(H200, warps_per_cu=64)  # what the driver reports on an H200
@@ -104,7 +105,7 @@ def test_a_sweep_not_shown_co_resident_runs_a_dispatch_per_step(monkeypatch):
     dev = fake(dataclasses.replace(HOPPER, compute_units=4))
     plan = gru.plan_sweep(dev, 64, 512, False)
     assert plan.resident == 4 and plan.residency.ok and "co-resident" in plan.residency.reason
-    monkeypatch.setattr(gru, "resident_workgroups", lambda dev: 1000)  # a budget beyond the device
+    monkeypatch.setattr(gru_plan, "resident_workgroups", lambda dev: 1000)  # a budget beyond the device
     plan = gru.plan_sweep(dev, 64, 512, False)
     assert plan.resident == 0 and not plan.residency.ok and "exceed" in plan.residency.reason
     assert plan.tiles == gru.table_tiles(dev, 64, 512, False, 0)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from catchat.analysis import bench, timing, tuner  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gru, run_ops  # noqa: E402
+from catchat.vk.kernels.gru import plan as gru_plan  # noqa: E402
 from catchat.vk.shaders import compile_shader  # noqa: E402
 
 
@@ -153,8 +154,8 @@ def main(argv=None):
         cfg = cfgmod.load(args.apply)
         shape = (cfg.data.batch_lanes, cfg.model.hidden)
         best = found.get(shape) or search(dev, *shape, args.steps, args.reps, args.max, persistent)
-        orig = gru.default_tiles  # the one place sweeps (and the memory plan) take their tiles from
-        gru.default_tiles = lambda dev, B, H, backward, resident: (
+        orig = gru_plan.default_tiles  # the one place sweeps (and the memory plan) take their tiles from
+        gru_plan.default_tiles = lambda dev, B, H, backward, resident: (
             best["backward" if backward else "forward"] if (B, H) == shape else orig(dev, B, H, backward, resident))
         c = bench.bench_catchat(cfg, dev, 3, 1)
         print(f"{args.apply} with tiles {best}: train {c['train_tokens_per_s']:,.0f} tok/s, step {c['step_ms']:.1f} ms "

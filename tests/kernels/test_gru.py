@@ -8,6 +8,7 @@ import pytest
 
 from catchat.parity import gru as gru_parity
 from catchat.vk.kernels import gru
+from catchat.vk.kernels.gru import plan as gru_plan  # where coop_sweeps plans
 
 
 def test_parity(dev):
@@ -114,12 +115,12 @@ def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, m
     tc = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32), coop_shapes=(COOP_SHAPE,),
                              features=dev.features | {"cooperativeMatrixNV"})
     asked = []
-    monkeypatch.setattr(gru, "plan_sweep", lambda d, B, H, backward, coop=False: asked.append(coop) or
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda d, B, H, backward, coop=False: asked.append(coop) or
                         gru.SweepPlan(tiles[backward], 132, None))
     assert gru.coop_sweeps(tc, 64, 512, "fp16") and asked == [True, True]
     assert not gru.coop_sweeps(tc, 64, 512, "fp32") and not gru.coop_sweeps(dev, 64, 512, "fp16")
     monkeypatch.setenv(gru.COOP_ENV, "0")
     assert not gru.coop_sweeps(tc, 64, 512, "fp16")  # turned off: the threads' FMAs
-    monkeypatch.setattr(gru, "plan_sweep", lambda *a, **k: gru.SweepPlan((8, 8, 4, 1, 1, 64), 0, None))
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan((8, 8, 4, 1, 1, 64), 0, None))
     monkeypatch.delenv(gru.COOP_ENV)
     assert not gru.coop_sweeps(tc, 64, 512, "fp16")  # tiled sweeps: no tensor-core kernel for them

@@ -1,0 +1,83 @@
+"""GRU recurrent sweeps: the kernels and how they are planned, one module per family.
+
+    sweeps.py    GruForward, GruBackward: the sweep kernels (one dispatch per step, or one persistent
+                 dispatch), the state-row layout, the shader a sweep runs
+    tiled.py     tiles of the tiled shaders (W_hh streamed): defines, extent, shared memory, picker
+    resident.py  tiles of the register-resident shaders (W_hh in registers), the tensor-core variant
+    plan.py      a sweep's plan: tuned or table tiles, persistent or per step (co-residency), coop
+
+Every name is importable from `catchat.vk.kernels.gru`, as the program, parity, tests and tools use it.
+"""
+
+from catchat.vk.kernels import ceil_div, device_sms
+from catchat.vk.kernels.gru.plan import (
+    COOP_ENV,
+    SweepPlan,
+    backward_scratch_words,
+    coop_sweeps,
+    default_tiles,
+    per_step_reason,
+    persistent_override,
+    plan_sweep,
+    resident_workgroups,
+    sweep_candidates,
+    sweep_residency,
+    sweep_workgroups,
+    sync_words,
+    table_tiles,
+    tile_count,
+    tile_row,
+    tiled_tiles,
+    to_cache,
+)
+from catchat.vk.kernels.gru.resident import (
+    COOP_THREADS,
+    COOP_UNITS,
+    REGISTER_FILE,
+    RESIDENT_BACKWARD_TILES,
+    RESIDENT_FORWARD_TILES,
+    ResidentTiles,
+    coop_shared_bytes,
+    coop_tiles_ok,
+    next_pow2,
+    partial_words,
+    pick_resident_tiles,
+    resident_backward,
+    resident_candidate,
+    resident_defines,
+    resident_fits,
+    resident_registers,
+    resident_resources,
+    resident_shape,
+    shuffle_slices,
+)
+from catchat.vk.kernels.gru.sweeps import (
+    GruBackward,
+    GruForward,
+    state_rows,
+    sweep_shader,
+)
+from catchat.vk.kernels.gru.tiled import (
+    BACKWARD_TILES,
+    FORWARD_TILES,
+    PERSISTENT_BACKWARD_TILES,
+    PERSISTENT_FORWARD_TILES,
+    _check_tiles,
+    n_workgroups,
+    pick_tiles,
+    shader_defines,
+    shared_bytes,
+    tile_extent,
+)
+
+__all__ = [
+    "BACKWARD_TILES", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "FORWARD_TILES", "GruBackward", "GruForward",
+    "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES", "REGISTER_FILE", "RESIDENT_BACKWARD_TILES",
+    "RESIDENT_FORWARD_TILES", "ResidentTiles", "SweepPlan", "_check_tiles", "backward_scratch_words", "ceil_div",
+    "coop_shared_bytes", "coop_sweeps", "coop_tiles_ok", "default_tiles", "device_sms", "n_workgroups", "next_pow2",
+    "partial_words", "per_step_reason", "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep",
+    "resident_backward", "resident_candidate", "resident_defines", "resident_fits", "resident_registers",
+    "resident_resources", "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices",
+    "state_rows", "sweep_candidates", "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
+    "table_tiles", "tile_count", "tile_extent", "tile_row", "tiled_tiles", "to_cache",
+]

@@ -1,0 +1,225 @@
+"""Planning a sweep: which tiles it takes on this device (tuned, or the tables': register-resident
+where W_hh fits, else tiled), whether it runs as one persistent dispatch (co-residency shown from
+the device's limits, catchat/vk/occupancy.py; CATCHAT_PERSISTENT) or a dispatch per step, and
+whether its products run on tensor cores.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from catchat.errors import UsageError
+from catchat.vk import tiles, tune
+from catchat.vk.device import Device
+from catchat.vk.kernels import ceil_div, device_sms
+from catchat.vk.kernels.gemm import coopmat_runs
+from catchat.vk.kernels.gru.resident import (
+    ResidentTiles,
+    coop_tiles_ok,
+    partial_words,
+    pick_resident_tiles,
+    resident_candidate,
+    resident_fits,
+    resident_resources,
+    resident_shape,
+)
+from catchat.vk.kernels.gru.tiled import _tiles_fit, n_workgroups, pick_tiles, shared_bytes
+from catchat.vk.occupancy import Residency, co_residency
+
+
+def tile_row(dev: Device) -> tiles.GruRow:
+    """The device family's row of sweep tile candidates (tiles.GRU_ROWS)."""
+    return tiles.gru_row(dev.info.name, dev.info.type != "CPU")
+
+
+COOP_ENV = "CATCHAT_SWEEP_COOP"  # =0: the threads' FMAs at fp16 too (to compare; tools/gpu-check.sh)
+
+
+def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
+    backward alike, as the twin's `recurrent` assumes): fp16, not turned off (CATCHAT_SWEEP_COOP=0),
+    cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions with
+    the tensor-core kernels' own threads and shared memory."""
+    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
+        return False
+    return all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True))
+
+
+def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
+    """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
+    the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
+    tiles = plan_sweep(dev, B, H, True).tiles if dev is not None else None
+    return B * H + sync_words(B) + partial_words(B, H, tiles)
+
+
+def table_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
+    """The tables' tiles for a sweep at [B, H] on dev over `resident` persistent workgroups (0: a
+    dispatch per step): register-resident where W_hh fits (`pick_resident_tiles`), else tiled
+    (`pick_tiles`, its workgroup minimums scaled to the device's SM count)."""
+    info = dev.info
+    if resident:
+        resident_tiles = pick_resident_tiles(B, H, resident, info.max_workgroup_invocations,
+                                             info.max_shared_memory_bytes, backward, info.subgroup_size, tile_row(dev))
+        if resident_tiles:
+            return resident_tiles
+    return tiled_tiles(dev, B, H, backward, resident)
+
+
+def tiled_tiles(dev: Device, B: int, H: int, backward: bool, resident: int) -> tuple:
+    """The tables' tiles of the tiled (W_hh streamed) sweep shaders, per step or persistent."""
+    info = dev.info
+    return tuple(pick_tiles(B, H, backward, resident, info.max_shared_memory_bytes, tile_row(dev), device_sms(dev),
+                            info.max_workgroup_invocations))
+
+
+def sweep_candidates(dev: Device, B: int, H: int, backward: bool, resident: int) -> list:
+    """Every tile the tables list for a sweep at [B, H] over `resident` workgroups that fits this
+    device: the register-resident candidates (persistent sweeps only), the persistent tiled ones
+    that fit `resident`, then the per-step ones. What `catchat bench --tune` measures, and what a
+    cached choice must be one of."""
+    info, row, out = dev.info, tile_row(dev), []
+    limits = (info.max_workgroup_invocations, info.max_shared_memory_bytes)
+    if resident:
+        for cand in (row.resident_backward if backward else row.resident_forward):
+            t = resident_candidate(B, H, resident, *cand)
+            if t and t not in out and resident_fits(t, B, H, backward, resident, info.max_workgroup_invocations,
+                                                    info.max_shared_memory_bytes, info.subgroup_size,
+                                                    row.register_file):
+                out.append(t)
+        for t in (row.persistent_backward if backward else row.persistent_forward):
+            if n_workgroups(t, B, H, backward) <= resident and _tiles_fit(t, backward, *limits) and t not in out:
+                out.append(tuple(t))
+    for t, _ in (row.backward if backward else row.forward):
+        if _tiles_fit(t, backward, *limits) and tuple(t) not in out:
+            out.append(tuple(t))
+    return out
+
+
+def _from_cache(value):
+    """A cached sweep choice ["ResidentTiles" | "tuple", [...]] as tiles (None: not that shape)."""
+    try:
+        kind, vals = value
+        vals = [int(v) for v in vals]
+        if kind == "ResidentTiles" and len(vals) == len(ResidentTiles._fields):
+            return ResidentTiles(*vals)
+        if kind == "tuple" and len(vals) == 6:
+            return tuple(vals)
+    except (TypeError, ValueError):
+        pass
+    return None
+
+
+def to_cache(tiles) -> list:
+    """Tiles as the tuning cache stores them."""
+    return [type(tiles).__name__ if isinstance(tiles, ResidentTiles) else "tuple", [int(v) for v in tiles]]
+
+
+def default_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
+    """The tiles a sweep at [B, H] uses on dev over `resident` persistent workgroups (0: a dispatch
+    per step): the choice `catchat bench --tune` cached for this device and shape where it is still
+    a candidate (`sweep_candidates`), else the tables' (`table_tiles`)."""
+    key = tune.gru_key(B, H, backward, resident)
+    cached = tune.lookup(dev.info, "gru", key, dict(B=B, H=H, backward=backward, resident=resident))
+    if cached is not None:
+        t = _from_cache(cached)
+        if t is not None and t in sweep_candidates(dev, B, H, backward, resident):
+            return t
+        tune.note(f"ignoring the tuned sweep tiles {cached} for {key}: not a candidate on this device "
+                  f"(`catchat bench CONFIG --tune` measures again)")
+    return table_tiles(dev, B, H, backward, resident)
+
+
+class SweepPlan(NamedTuple):
+    """How a sweep at [B, H] runs: its tiles, the persistent workgroups it may use (0: a dispatch
+    per step) and why (the co-residency shown, or why it was not)."""
+
+    tiles: object
+    resident: int
+    residency: Residency | None
+
+
+def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident: int,
+                    coop: bool = False) -> Residency:
+    """Whether the persistent dispatch of a sweep at these tiles over `resident` workgroups is
+    shown co-resident on dev (catchat/vk/occupancy.py); coop: of the tensor-core kernels."""
+    info = dev.info
+    if isinstance(tiles, ResidentTiles):
+        n_tiles, nt, nbytes, regs = resident_resources(tiles, B, H, backward, info.subgroup_size, coop)
+    else:
+        n_tiles, nt, nbytes, regs = n_workgroups(tiles, B, H, backward), tiles[0] * tiles[1] * tiles[2], \
+            shared_bytes(tiles, backward), 0
+    return co_residency(info, sweep_workgroups(resident, n_tiles), nt, nbytes, regs, tile_row(dev).register_file)
+
+
+def plan_sweep(dev: Device, B: int, H: int, backward: bool, persistent: int | None = None, tiles=None,
+               tiled: bool = False, coop: bool = False) -> SweepPlan:
+    """The tiles and mode of a sweep. `persistent` given (a caller's count) or CATCHAT_PERSISTENT set:
+    that many workgroups, unchecked (the caller vouches; the barrier's timeout guard still reports a
+    failure). Else one per SM, if the persistent dispatch is shown co-resident from the device's
+    limits (`sweep_residency`); where it is not, one dispatch per step, with per-step tiles.
+    tiled: the tiled shaders' tables only (`tiled_tiles`: W_hh streamed, never register-resident).
+    coop: co-residency judged for the tensor-core kernels (`resident_resources`)."""
+    def pick(resident: int):
+        if tiles is not None:
+            return tiles
+        return tiled_tiles(dev, B, H, backward, resident) if tiled else default_tiles(dev, B, H, backward, resident)
+
+    forced = persistent is not None or persistent_override() is not None
+    resident = resident_workgroups(dev) if persistent is None else int(persistent)
+    chosen = pick(resident)
+    if not resident or forced:
+        return SweepPlan(chosen, resident, None)
+    res = sweep_residency(dev, chosen, B, H, backward, resident, coop)
+    if res.ok:
+        return SweepPlan(chosen, resident, res)
+    return SweepPlan(pick(0), 0, res)
+
+
+def resident_workgroups(dev: Device) -> int:
+    """How many workgroups a persistent sweep may launch, all co-resident; 0 = one dispatch per step.
+
+    CATCHAT_PERSISTENT=0 turns persistent sweeps off, =N forces N workgroups; by default one per
+    SM where the driver reports the SM count (VK_NV_shader_sm_builtins), else off.
+    """
+    forced = persistent_override()
+    return device_sms(dev) if forced is None else forced
+
+
+def persistent_override() -> int | None:
+    """CATCHAT_PERSISTENT as a workgroup count (0: a dispatch per step), None where it is not set."""
+    env = os.environ.get("CATCHAT_PERSISTENT", "").strip()
+    if not env:
+        return None
+    try:
+        return max(0, int(env))
+    except ValueError:
+        raise UsageError(f"CATCHAT_PERSISTENT={env!r} is not a number",
+                         hint="unset it, or set 0 (a dispatch per timestep) or a workgroup count") from None
+
+
+def per_step_reason(dev: Device) -> str:
+    """Why this device runs sweeps a dispatch per step when nothing forces it: two workgroups are
+    not shown co-resident from its limits (catchat/vk/occupancy.py)."""
+    return co_residency(dev.info, 2, 1, 0).reason
+
+
+def sweep_workgroups(resident: int, n_tiles: int) -> int:
+    """Workgroups of a persistent sweep over n_tiles tiles per step: the fewest that keep the
+    tiles per workgroup at ceil(n_tiles / resident) (balanced), 0 when resident is 0."""
+    if resident <= 0:
+        return 0
+    return ceil_div(n_tiles, ceil_div(n_tiles, resident))
+
+
+def tile_count(tiles, B: int, H: int, backward: bool) -> int:
+    """Tiles (workgroups of a per-step dispatch) of a sweep over [B, H] outputs, resident or tiled."""
+    if isinstance(tiles, ResidentTiles):
+        return resident_shape(tiles, B, H, backward)[1]
+    return n_workgroups(tiles, B, H, backward)
+
+
+def sync_words(B: int) -> int:
+    """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group
+    per lane (glsl/include/grid_sync.glsl)."""
+    return 2 + int(B)
