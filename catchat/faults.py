@@ -20,8 +20,8 @@ A run with faults says so in its start/resume event (`faults`) and on the consol
 
 `CATCHAT_CRASH_AT=POINT[#K][:SIGNAL]` sends the process SIGKILL (or SIGNAL: INT, TERM) the K-th
 time (default 1) it reaches the named crash point (`crash_point(POINT)` in checkpoint.py,
-rundir.py, train.py): the kill-anywhere tests use it to stop a run at exact moments of a save, a
-prune, a resume start-up and a branch.
+rundir.py, training/loop.py and training/start.py): the kill-anywhere tests use it to stop a run
+at exact moments of a save, a prune, a resume start-up and a branch.
 """
 
 from __future__ import annotations
