@@ -24,7 +24,7 @@ previous row's drops every kept row from that step on (so the last row for a ste
     load_run(run_dir) -> Run                    the parsed files (used by both)
     write_html(run_dir, out_dir, pngs) -> Path  the page alone (plot_run calls it)
 
-matplotlib is an optional extra (`pip install 'catchat[plot]'`): imported inside plot_run only,
+matplotlib is an optional extra (`pip install 'catchat[plot]'`): imported when plot_run is called,
 drawn with the Agg canvas directly (no pyplot, no global backend switch).
 """
 
@@ -37,6 +37,7 @@ import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -254,10 +255,8 @@ def _window(n: int) -> int:
     return max(1, n // 100, min(10, n // 10))
 
 
-def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = True) -> list[Path]:
-    """Write loss.png, lr.png, grad_norm.png, throughput.png and accuracy.png (each only when it has
-    data) into out_dir (default run_dir/plots); return the PNG paths written. With html_page (the
-    default) also write out_dir/index.html showing them all (see write_html)."""
+def _matplotlib() -> SimpleNamespace:
+    """The few matplotlib names the plots use (Agg canvas, no pyplot); a UsageError without it."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -265,33 +264,51 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = Tr
         from matplotlib.transforms import blended_transform_factory
     except ImportError:
         raise UsageError("matplotlib is not installed", hint="pip install 'catchat[plot]'") from None
+    return SimpleNamespace(FigureCanvasAgg=FigureCanvasAgg, Figure=Figure, EngFormatter=EngFormatter,
+                           FuncFormatter=FuncFormatter, PercentFormatter=PercentFormatter,
+                           blended_transform_factory=blended_transform_factory)
 
-    run = load_run(run_dir)
-    out_dir = Path(out_dir) if out_dir is not None else run.path / "plots"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    m, steps, name = run.m, run.steps, run.path.name
-    w = _window(len(steps))
-    written: list[Path] = []
 
-    def new(title: str, xlabel: str):
-        fig = Figure(figsize=(10, 5.2), dpi=110, layout="constrained")
-        FigureCanvasAgg(fig)
+class _Plots:
+    """What every plot shares: the run, its x axis (tokens, else steps), the evals' x and free-running
+    results, the smoothing window, and the figure, marks, legend and save helpers."""
+
+    def __init__(self, run: Run, out_dir: Path, mpl: SimpleNamespace):
+        self.run, self.out_dir, self.mpl = run, out_dir, mpl
+        self.m, self.steps, self.name = run.m, run.steps, run.path.name
+        self.w = _window(len(self.steps))
+        self.written: list[Path] = []
+        if run.has_tokens:
+            self.x_train, self.x_label, self.to_x = self.m["tokens"], "tokens seen", run.tokens_at
+        else:                                           # no tokens column: fall back to steps
+            self.x_train, self.x_label = self.steps, "global step (optimizer steps completed)"
+            self.to_x = lambda s: s
+        self.ex = np.array([e["tokens"] if isinstance(e.get("tokens"), (int, float))
+                            else self.to_x(e["global_step"]) for e in run.evals], dtype=np.float64)
+        self.fr = [e.get("free_running") for e in run.evals]
+        self.fr_i = [i for i, f in enumerate(self.fr)
+                     if isinstance(f, dict) and isinstance(f.get("loss"), (int, float))]
+
+    def new(self, title: str, xlabel: str):
+        fig = self.mpl.Figure(figsize=(10, 5.2), dpi=110, layout="constrained")
+        self.mpl.FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        ax.set_title(f"{name}: {title}")
+        ax.set_title(f"{self.name}: {title}")
         ax.set_xlabel(xlabel)
         ax.grid(True, which="major", alpha=0.35)
         return fig, ax
 
-    def marks(ax, to_x=lambda s: s):
+    def marks(self, ax, to_x=lambda s: s):
         """Resume points (dotted) and the cooldown start (dash-dot), in the axis' x units."""
-        for i, s in enumerate(run.resumes):
+        for i, s in enumerate(self.run.resumes):
             ax.axvline(to_x(s), color="0.35", linestyle=":", linewidth=1.3,
                        label="resume" if i == 0 else None)
-        c = run.cooldown_start
-        if c is not None and c <= steps[-1]:
+        c = self.run.cooldown_start
+        if c is not None and c <= self.steps[-1]:
             ax.axvline(to_x(c), color="tab:purple", linestyle="-.", linewidth=1.1, alpha=0.8,
                        label=f"cooldown starts (step {c:,})")
 
+    @staticmethod
     def legend(ax, handles=None, labels=None):
         """Below the axes, so it never hides a curve or a marker."""
         if handles is None:
@@ -299,140 +316,164 @@ def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = Tr
         ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3,
                   frameon=False, fontsize="small")
 
-    def smooth(y):
-        return _smooth_segments(y, w, steps, run.resumes)
+    def smooth(self, y):
+        return _smooth_segments(y, self.w, self.steps, self.run.resumes)
 
-    def save(fig, filename: str):
-        path = out_dir / filename
-        tmp = out_dir / f".{filename}.tmp"
+    def save(self, fig, filename: str):
+        path = self.out_dir / filename
+        tmp = self.out_dir / f".{filename}.tmp"
         fig.savefig(tmp, format="png")
         os.replace(tmp, path)                           # a watcher never sees half a PNG
-        written.append(path)
+        self.written.append(path)
 
-    if run.has_tokens:
-        x_train, x_label, to_x = m["tokens"], "tokens seen", run.tokens_at
-    else:                                               # no tokens column: fall back to steps
-        x_train, x_label, to_x = steps, "global step (optimizer steps completed)", lambda s: s
-    ex = np.array([e["tokens"] if isinstance(e.get("tokens"), (int, float)) else to_x(e["global_step"])
-                   for e in run.evals], dtype=np.float64)
 
-    # 1. loss against tokens, bits per char on the right
-    loss = m["loss"]
-    fr = [e.get("free_running") for e in run.evals]
-    fr_i = [i for i, f in enumerate(fr) if isinstance(f, dict) and isinstance(f.get("loss"), (int, float))]
-    if np.isfinite(loss).any() or run.evals:
-        fig, ax = new("loss", x_label)
-        tl = "train loss" + (f" (label smoothing {run.label_smoothing:g})" if run.label_smoothing else "")
-        ax.plot(x_train, loss, color="tab:blue", alpha=0.25, linewidth=0.8, label=f"{tl}, per step")
-        ax.plot(x_train, smooth(loss), color="tab:blue", linewidth=1.8, label=f"{tl}, mean of {w} steps")
-        if run.evals:
-            ax.plot(ex, [e["loss"] for e in run.evals], "o-", color="tab:orange", markersize=5,
-                    linewidth=1.2, label="eval loss (teacher-forced)")
-        if fr_i:
-            ax.plot(ex[fr_i], [fr[i]["loss"] for i in fr_i], "s--", color="tab:red", markersize=5,
-                    linewidth=1.2, label="eval loss (free-running)")
-        marks(ax, to_x)
-        ax.set_ylabel("loss (nats per char)")
-        ax.secondary_yaxis("right", functions=(lambda v: v / LN2, lambda b: b * LN2)) \
-            .set_ylabel("bits per char")
-        ax.xaxis.set_major_formatter(EngFormatter())
-        legend(ax)
-        save(fig, "loss.png")
+def _plot_loss(p: _Plots) -> None:
+    """loss.png: loss against tokens, bits per char on the right."""
+    run, loss, ex, fr, fr_i = p.run, p.m["loss"], p.ex, p.fr, p.fr_i
+    if not (np.isfinite(loss).any() or run.evals):
+        return
+    fig, ax = p.new("loss", p.x_label)
+    tl = "train loss" + (f" (label smoothing {run.label_smoothing:g})" if run.label_smoothing else "")
+    ax.plot(p.x_train, loss, color="tab:blue", alpha=0.25, linewidth=0.8, label=f"{tl}, per step")
+    ax.plot(p.x_train, p.smooth(loss), color="tab:blue", linewidth=1.8, label=f"{tl}, mean of {p.w} steps")
+    if run.evals:
+        ax.plot(ex, [e["loss"] for e in run.evals], "o-", color="tab:orange", markersize=5,
+                linewidth=1.2, label="eval loss (teacher-forced)")
+    if fr_i:
+        ax.plot(ex[fr_i], [fr[i]["loss"] for i in fr_i], "s--", color="tab:red", markersize=5,
+                linewidth=1.2, label="eval loss (free-running)")
+    p.marks(ax, p.to_x)
+    ax.set_ylabel("loss (nats per char)")
+    ax.secondary_yaxis("right", functions=(lambda v: v / LN2, lambda b: b * LN2)) \
+        .set_ylabel("bits per char")
+    ax.xaxis.set_major_formatter(p.mpl.EngFormatter())
+    p.legend(ax)
+    p.save(fig, "loss.png")
 
-    # 2. learning rate (and teacher forcing) against steps
-    if np.isfinite(m["lr"]).any():
-        fig, ax = new("learning rate", "global step (optimizer steps completed)")
-        ax.plot(steps, m["lr"], color="tab:green", linewidth=1.6, label="learning rate")
-        ax.set_ylabel("learning rate")
-        ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-        ax.set_ylim(bottom=0)
-        marks(ax)
-        handles, labels = ax.get_legend_handles_labels()
-        tf = m["tf"]
-        if np.isfinite(tf).any() and not np.all(tf[np.isfinite(tf)] == 1.0):
-            ax2 = ax.twinx()
-            ax2.plot(steps, tf, color="tab:brown", linewidth=1.4, linestyle="--", label="teacher forcing")
-            ax2.set_ylabel("teacher forcing (probability of the true previous char)")
-            ax2.set_ylim(0, 1.05)
-            h2, l2 = ax2.get_legend_handles_labels()
-            handles, labels = handles + h2, labels + l2
-        legend(ax, handles, labels)
-        save(fig, "lr.png")
 
-    # 3. gradient norm, log scale, with the clip line and skipped steps
+def _plot_lr(p: _Plots) -> None:
+    """lr.png: learning rate (and teacher forcing) against steps."""
+    m, steps = p.m, p.steps
+    if not np.isfinite(m["lr"]).any():
+        return
+    fig, ax = p.new("learning rate", "global step (optimizer steps completed)")
+    ax.plot(steps, m["lr"], color="tab:green", linewidth=1.6, label="learning rate")
+    ax.set_ylabel("learning rate")
+    ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+    ax.set_ylim(bottom=0)
+    p.marks(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    tf = m["tf"]
+    if np.isfinite(tf).any() and not np.all(tf[np.isfinite(tf)] == 1.0):
+        ax2 = ax.twinx()
+        ax2.plot(steps, tf, color="tab:brown", linewidth=1.4, linestyle="--", label="teacher forcing")
+        ax2.set_ylabel("teacher forcing (probability of the true previous char)")
+        ax2.set_ylim(0, 1.05)
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    p.legend(ax, handles, labels)
+    p.save(fig, "lr.png")
+
+
+def _plot_grad_norm(p: _Plots) -> None:
+    """grad_norm.png: gradient norm, log scale, with the clip line, skipped steps and fp16's loss scale."""
+    run, m, steps = p.run, p.m, p.steps
     g = m["grad_norm"]
     gpos = np.where(np.isfinite(g) & (g > 0), g, np.nan)
-    if np.isfinite(gpos).any() or run.skipped_steps:
-        fig, ax = new("gradient norm (before clipping)", "global step (optimizer steps completed)")
-        ax.plot(steps, gpos, color="tab:blue", alpha=0.3, linewidth=0.8, label="grad norm, per step")
-        sm = np.exp(smooth(np.log(gpos)))
-        ax.plot(steps, sm, color="tab:blue", linewidth=1.8, label=f"geometric mean of {w} steps")
-        ax.set_yscale("log")
-        plain = FuncFormatter(lambda v, _: f"{v:g}")
-        ax.yaxis.set_major_formatter(plain)
-        lo, hi = np.nanmin(gpos, initial=np.inf), np.nanmax(gpos, initial=-np.inf)
-        if np.isfinite(lo) and hi / lo < 30:              # under ~1.5 decades: label minor ticks too
-            ax.yaxis.set_minor_formatter(plain)
-        if run.clip is not None:
-            n_clip = int(np.nansum(m["clipped"] == 1))
-            ax.axhline(run.clip, color="tab:red", linestyle="--", linewidth=1.2,
-                       label=f"clip = {run.clip:g} ({n_clip} steps clipped, "
-                             f"{100.0 * n_clip / len(steps):.1f}%)")
-        if run.skipped_steps:
-            top = blended_transform_factory(ax.transData, ax.transAxes)
-            ax.plot(run.skipped_steps, [0.95] * len(run.skipped_steps), "x", color="tab:red",
-                    markersize=9, markeredgewidth=2, transform=top,
-                    label=f"skipped step ({len(run.skipped_steps)}: loss or grad not finite)")
-        marks(ax)
-        ax.set_ylabel("global L2 norm of the gradient")
-        handles, labels = ax.get_legend_handles_labels()
-        scale = m["loss_scale"]
-        if np.isfinite(scale).any() and np.nanmax(scale) > 1:  # fp16: the loss scale S the steps ran with
-            ax2 = ax.twinx()
-            ax2.step(steps, scale, where="post", color="tab:purple", linewidth=1.4, label="fp16 loss scale")
-            ax2.set_yscale("log", base=2)
-            ax2.set_ylabel("fp16 loss scale (halved on an overflow step)")
-            h2, l2 = ax2.get_legend_handles_labels()
-            handles, labels = handles + h2, labels + l2
-        legend(ax, handles, labels)
-        save(fig, "grad_norm.png")
+    if not (np.isfinite(gpos).any() or run.skipped_steps):
+        return
+    fig, ax = p.new("gradient norm (before clipping)", "global step (optimizer steps completed)")
+    ax.plot(steps, gpos, color="tab:blue", alpha=0.3, linewidth=0.8, label="grad norm, per step")
+    sm = np.exp(p.smooth(np.log(gpos)))
+    ax.plot(steps, sm, color="tab:blue", linewidth=1.8, label=f"geometric mean of {p.w} steps")
+    ax.set_yscale("log")
+    plain = p.mpl.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    lo, hi = np.nanmin(gpos, initial=np.inf), np.nanmax(gpos, initial=-np.inf)
+    if np.isfinite(lo) and hi / lo < 30:              # under ~1.5 decades: label minor ticks too
+        ax.yaxis.set_minor_formatter(plain)
+    if run.clip is not None:
+        n_clip = int(np.nansum(m["clipped"] == 1))
+        ax.axhline(run.clip, color="tab:red", linestyle="--", linewidth=1.2,
+                   label=f"clip = {run.clip:g} ({n_clip} steps clipped, "
+                         f"{100.0 * n_clip / len(steps):.1f}%)")
+    if run.skipped_steps:
+        top = p.mpl.blended_transform_factory(ax.transData, ax.transAxes)
+        ax.plot(run.skipped_steps, [0.95] * len(run.skipped_steps), "x", color="tab:red",
+                markersize=9, markeredgewidth=2, transform=top,
+                label=f"skipped step ({len(run.skipped_steps)}: loss or grad not finite)")
+    p.marks(ax)
+    ax.set_ylabel("global L2 norm of the gradient")
+    handles, labels = ax.get_legend_handles_labels()
+    scale = m["loss_scale"]
+    if np.isfinite(scale).any() and np.nanmax(scale) > 1:  # fp16: the loss scale S the steps ran with
+        ax2 = ax.twinx()
+        ax2.step(steps, scale, where="post", color="tab:purple", linewidth=1.4, label="fp16 loss scale")
+        ax2.set_yscale("log", base=2)
+        ax2.set_ylabel("fp16 loss scale (halved on an overflow step)")
+        h2, l2 = ax2.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    p.legend(ax, handles, labels)
+    p.save(fig, "grad_norm.png")
 
-    # 4. throughput
-    tps = m["tokens_per_s"]
-    if np.isfinite(tps).any():
-        fig, ax = new("throughput", "global step (optimizer steps completed)")
-        ax.plot(steps, tps, color="tab:cyan", alpha=0.35, linewidth=0.8, label="per step")
-        ax.plot(steps, smooth(tps), color="tab:blue", linewidth=1.8, label=f"mean of {w} steps")
-        marks(ax)
-        ax.set_ylabel("tokens per second")
-        ax.yaxis.set_major_formatter(EngFormatter())
-        ax.set_ylim(bottom=0)
-        legend(ax)
-        save(fig, "throughput.png")
 
-    # 5. eval accuracy
+def _plot_throughput(p: _Plots) -> None:
+    """throughput.png: training tokens per second against steps."""
+    tps, steps = p.m["tokens_per_s"], p.steps
+    if not np.isfinite(tps).any():
+        return
+    fig, ax = p.new("throughput", "global step (optimizer steps completed)")
+    ax.plot(steps, tps, color="tab:cyan", alpha=0.35, linewidth=0.8, label="per step")
+    ax.plot(steps, p.smooth(tps), color="tab:blue", linewidth=1.8, label=f"mean of {p.w} steps")
+    p.marks(ax)
+    ax.set_ylabel("tokens per second")
+    ax.yaxis.set_major_formatter(p.mpl.EngFormatter())
+    ax.set_ylim(bottom=0)
+    p.legend(ax)
+    p.save(fig, "throughput.png")
+
+
+def _plot_accuracy(p: _Plots) -> None:
+    """accuracy.png: eval top-1 and top-5 accuracy, teacher-forced and free-running."""
+    run, ex, fr, fr_i = p.run, p.ex, p.fr, p.fr_i
     acc = [(k, lab) for k, lab in (("top1", "top-1"), ("top5", "top-5"))
            if any(isinstance(e.get(k), (int, float)) for e in run.evals)]
-    if acc:
-        fig, ax = new("eval next-char accuracy", x_label)
-        for (k, lab), color in zip(acc, ("tab:orange", "tab:green")):
-            ax.plot(ex, [e.get(k, np.nan) for e in run.evals], "o-", color=color, markersize=5,
-                    label=f"{lab} (teacher-forced)")
-            fx = [i for i in fr_i if isinstance(fr[i].get(k), (int, float))]
-            if fx:
-                ax.plot(ex[fx], [fr[i][k] for i in fx], "s--", color=color, markersize=5, alpha=0.7,
-                        label=f"{lab} (free-running)")
-        marks(ax, to_x)
-        ax.set_ylabel("accuracy (true next char ranked first / in the top 5)")
-        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        ax.set_ylim(0, 1)
-        ax.xaxis.set_major_formatter(EngFormatter())
-        legend(ax)
-        save(fig, "accuracy.png")
+    if not acc:
+        return
+    fig, ax = p.new("eval next-char accuracy", p.x_label)
+    for (k, lab), color in zip(acc, ("tab:orange", "tab:green")):
+        ax.plot(ex, [e.get(k, np.nan) for e in run.evals], "o-", color=color, markersize=5,
+                label=f"{lab} (teacher-forced)")
+        fx = [i for i in fr_i if isinstance(fr[i].get(k), (int, float))]
+        if fx:
+            ax.plot(ex[fx], [fr[i][k] for i in fx], "s--", color=color, markersize=5, alpha=0.7,
+                    label=f"{lab} (free-running)")
+    p.marks(ax, p.to_x)
+    ax.set_ylabel("accuracy (true next char ranked first / in the top 5)")
+    ax.yaxis.set_major_formatter(p.mpl.PercentFormatter(1.0))
+    ax.set_ylim(0, 1)
+    ax.xaxis.set_major_formatter(p.mpl.EngFormatter())
+    p.legend(ax)
+    p.save(fig, "accuracy.png")
 
+
+_PLOTS = (_plot_loss, _plot_lr, _plot_grad_norm, _plot_throughput, _plot_accuracy)   # in this order
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None, *, html_page: bool = True) -> list[Path]:
+    """Write loss.png, lr.png, grad_norm.png, throughput.png and accuracy.png (each only when it has
+    data) into out_dir (default run_dir/plots); return the PNG paths written. With html_page (the
+    default) also write out_dir/index.html showing them all (see write_html)."""
+    mpl = _matplotlib()
+    run = load_run(run_dir)
+    out_dir = Path(out_dir) if out_dir is not None else run.path / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = _Plots(run, out_dir, mpl)
+    for draw in _PLOTS:
+        draw(plots)
     if html_page:
-        write_html(run.path, out_dir, written, run=run)
-    return written
+        write_html(run.path, out_dir, plots.written, run=run)
+    return plots.written
 
 
 # ----------------------------------------------------------------------------------------------
