@@ -81,12 +81,14 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
 OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat": dict(precision="fp16", coopmat=True), "f16": dict(half=True, coopmat=False),
             "coopmat-f16": dict(half=True, coopmat=True)}
-# glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice): the program's two first
-# (the last argument: 3 = two slices in flight, glsl/gemm_coopmat.comp's PREFETCH2)
+# glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice, shared buffers): the
+# program's, the 128 x 128 one on 4 subgroups (with it, the first two get --probe rows), the program's
+# narrow-output and small tiles, then 256 x 128, 128 x 256 and 128 x 128 tiles at 16-, 32- and 64-deep
+# slices in one or two shared buffers (each within 48 KiB at every transpose)
 CT = gemm.CoopTiles
-COOP_CANDIDATES = (gemm.COOP_TILE, gemm.COOP_SMALL_TILE, CT(4, 2, 4, 4, 16, 3), CT(2, 4, 4, 2, 16),
-                   CT(2, 4, 4, 2, 16, 3), CT(2, 2, 4, 4, 16), CT(4, 2, 2, 4, 16),
-                   CT(4, 4, 2, 2, 16), CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16))
+COOP_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE,
+                   CT(4, 2, 4, 4, 16, 1), CT(2, 2, 4, 4, 16), CT(2, 2, 4, 4, 32), CT(2, 2, 4, 4, 64, 1),
+                   CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16), CT(4, 2, 4, 4, 16))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +104,8 @@ class ProbeTiles(gemm.CoopTiles):
 
 
 def probes(own: tuple) -> list:
-    """The program's two tensor-core tiles (the first two of `own`) with each diagnostic define."""
+    """The first two tensor-core tiles of `own` (the program's and the 128 x 128 one) with each
+    diagnostic define."""
     return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in own[:2] if type(t) is gemm.CoopTiles
             for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
 

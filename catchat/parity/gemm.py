@@ -3,8 +3,6 @@ transpose variant, odd sizes and offsets, split-K, the GPU's tiles, vec4 loads, 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from catchat.parity import ParityResult, compare
@@ -83,7 +81,7 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
     if tiles is not None:
         shape += f" tiles={tiles.bm}x{tiles.bn}" + (f"/{tiles.tm}x{tiles.tn}" if hasattr(tiles, "tm") else
-                                                    f" depth {tiles.depth}")
+                                                    f" bk {tiles.bk} stages {tiles.stages}")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
@@ -122,14 +120,15 @@ def _coopmat_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
             out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=kg.COOP_TILE, **kw))
     out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=kg.COOP_SMALL_TILE, **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, **kw))
-    # two slices in flight (PREFETCH2): odd and even slice counts (K = 41: 3 slices, 68: 5, 96: 6)
-    deep = dataclasses.replace(kg.COOP_TILE, depth=3)
-    for ta in (False, True):
-        for tb in (False, True):
-            out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=deep, **kw))
-    out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=deep, **kw))
-    out.append(gemm_case(dev, rng, 65, 33, 96, False, False, 1.0, True, tiles=deep, **kw))
-    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, tiles=deep, **kw))
+    # the narrow-output tile and a 64-deep slice (one shared buffer, two barriers per slice): odd and
+    # even slice counts, a k tail inside a slice (K = 41, 68, 96, 302 with split-K)
+    for single in (kg.COOP_NARROW_TILE, kg.CoopTiles(2, 2, 4, 4, 64, 1)):
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=single, **kw))
+        out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=single, **kw))
+        out.append(gemm_case(dev, rng, 65, 33, 96, False, False, 1.0, True, tiles=single, **kw))
+        out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, tiles=single, **kw))
     return out
 
 

@@ -192,3 +192,21 @@ def test_split_kernels_share_one_workspace(dev, rng):
         assert np.abs(g - e.ravel()).max() <= 1e-5 * np.abs(e).max()
     with pytest.raises(ValueError, match="workspace"):
         Gemm(dev, (ta, 0, 6), (tb, 0, 4), (c1, 0, 4), 6, 4, K, trans_a=True, split_k=8, workspace=work)
+
+
+def test_tensor_core_tiles_by_output_shape(dev):
+    """On a described H200 (132 SMs, 48 KiB of shared memory, tensor cores): the big GEMMs take
+    COOP_TILE, an output of at most 128 columns with rows enough (the head) the narrow tile, a grid
+    that would not fill the GPU the small one; every tile fits 48 KiB at every transpose."""
+    from catchat.vk.kernels.gemm import COOP_NARROW_TILE, COOP_SHAPE, COOP_SMALL_TILE, COOP_TILE, coop_tiles
+
+    info = dataclasses.replace(dev.info, name="NVIDIA H200", type="discrete GPU", compute_units=132,
+                               max_shared_memory_bytes=48 * 1024, max_workgroup_invocations=1024, subgroup_size=32)
+    h200 = dataclasses.replace(dev, info=info, features=dev.features | {"cooperativeMatrixNV"},
+                               coop_shapes=(COOP_SHAPE,))
+    assert coop_tiles(h200, 32768, 6144) == coop_tiles(h200, 65536, 512) == COOP_TILE  # v5, v3 projections
+    assert coop_tiles(h200, 6144, 2048, split_k=1, trans=(True, False)) == COOP_TILE  # v5 weight gradient
+    assert coop_tiles(h200, 32768, 101) == coop_tiles(h200, 65536, 101) == COOP_NARROW_TILE  # the heads
+    assert coop_tiles(h200, 64, 101) == coop_tiles(h200, 101, 1536) == COOP_SMALL_TILE  # a decode head, table0
+    for t in (COOP_TILE, COOP_NARROW_TILE, COOP_SMALL_TILE):
+        assert all(t.shared_bytes(a, b) <= 48 * 1024 for a in (False, True) for b in (False, True)), t

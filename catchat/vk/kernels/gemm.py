@@ -93,15 +93,15 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 @dataclass(frozen=True)
 class CoopTiles:
     """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
-    fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, and the slices in
-    flight from global memory while one is multiplied: depth 2 (one) or 3 (two, PREFETCH2)."""
+    fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, in `stages` shared
+    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice)."""
 
     wm: int
     wn: int
     fm: int
     fn: int
     bk: int
-    depth: int = 2
+    stages: int = 2
 
     @property
     def bm(self) -> int:
@@ -116,33 +116,37 @@ class CoopTiles:
         return self.wm * self.wn * COOP_SUBGROUP
 
     def shared_bytes(self, trans_a: bool = False, trans_b: bool = False) -> int:
-        """Double-buffered float16 slices, each laid out along its operand's contiguous direction
-        (rows padded by 8 halves), and a 16 x 20 float epilogue scratch per subgroup."""
-        a = self.bk * (self.bm + 8) if trans_a else self.bm * (self.bk + 8)
-        b = self.bn * (self.bk + 8) if trans_b else self.bk * (self.bn + 8)
-        return 2 * 2 * (a + b) + 4 * self.wm * self.wn * 16 * 20
+        """The shader's one array of 8-byte words: `stages` float16 slices, each laid out along its
+        operand's contiguous direction in rows padded by two words, or the epilogue's scratch (a
+        16 x 20 float fragment per subgroup) where that is larger."""
+        a = self.bk * (self.bm // 4 + 2) if trans_a else self.bm * (self.bk // 4 + 2)
+        b = self.bn * (self.bk // 4 + 2) if trans_b else self.bk * (self.bn // 4 + 2)
+        scratch = self.wm * self.wn * 16 * 10
+        return 8 * max(self.stages * (a + b), scratch)
 
     def spec(self) -> list[int]:
-        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk]
+        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk, self.stages]
 
     def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
         """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
-        if self.bk % 16 or self.depth not in (2, 3) or self.threads > dev.info.max_workgroup_invocations:
+        if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations:
             return f"bad cooperative-matrix tiles {self}"
         if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
             return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans)} B of shared memory"
         return None
 
     def defines(self) -> dict:
-        return {"PREFETCH2": 1} if self.depth == 3 else {}
+        return {}
 
 
 COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
-# 256 x 128 on 8 subgroups of 64 x 64 each over 16-deep slices: the fastest of 13 candidates at every
-# GEMM of v3 and v5 on the H200 (64-100 TFLOP/s, 1.25-1.6x the 128 x 128 tile; PREFETCH2 and 32-deep
-# slices slower; tools/bench_gemm.py --operands coopmat, docs/benchmarks.md); 64 x 64 on 4 subgroups
-# for grids that would not fill the GPU.
-COOP_TILE = CoopTiles(4, 2, 4, 4, 16)
+# 128 x 256 on 8 subgroups of 64 x 64 over 32-deep slices in one shared buffer: the fastest of 11
+# tiles at v5's three big GEMMs on the H200 (165-187 TFLOP/s; the 256 x 128 of the 16-byte staging
+# before, 87-104) and at v3's (125-172); 256 x 128 (the same, transposed) for outputs of at most 128
+# columns (the head: 56 against 42 TFLOP/s at v5); 64 x 64 on 4 subgroups for grids that would not fill
+# the GPU (tools/bench_gemm.py --operands coopmat, docs/benchmarks.md "Tensor-core GEMMs").
+COOP_TILE = CoopTiles(2, 4, 4, 4, 32, 1)
+COOP_NARROW_TILE = CoopTiles(4, 2, 4, 4, 32, 1)
 COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
 
@@ -165,10 +169,17 @@ def products(dev: Device, precision: str) -> str:
 
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
                trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
-    """COOP_TILE where its grid (with the split-K count) fills the GPU as the tables' large GEMM
-    tile must (`table_gemm_tiles`), else COOP_SMALL_TILE; the first that fits the device's threads
-    and shared memory, or None."""
-    for t in ((COOP_TILE, COOP_SMALL_TILE) if _fills(dev, M, N, split_k) else (COOP_SMALL_TILE,)):
+    """The tile for an [M, N] output: COOP_NARROW_TILE for at most 128 columns where its grid (with the
+    split-K count) gives at least one workgroup per two SMs, else COOP_TILE where a grid of 128 x 128
+    tiles fills the GPU as the tables' large GEMM tile must (`table_gemm_tiles`), else COOP_SMALL_TILE;
+    the first that fits the device's threads and shared memory, or None."""
+    if N <= COOP_NARROW_TILE.bn and 2 * ceil_div(M, COOP_NARROW_TILE.bm) * split_k >= device_sms(dev):
+        order = (COOP_NARROW_TILE, COOP_SMALL_TILE)
+    elif _fills(dev, M, N, split_k):
+        order = (COOP_TILE, COOP_SMALL_TILE)
+    else:
+        order = (COOP_SMALL_TILE,)
+    for t in order:
         if t.problem(dev, trans) is None:
             return t
     return None
