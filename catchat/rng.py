@@ -7,13 +7,13 @@ bit for bit. docs/model.md states it; glsl/include/common.glsl implements mix32 
 rng_uniform for the shaders (glsl/include/dropout.glsl, glsl/tf_select.comp and
 glsl/decode_sample.comp use them with the streams below). The two must agree bit for bit.
 `catchat parity` checks it on every device:
-catchat/parity/dropout.py compares the keep masks the GLSL draws with catchat.reference's bit for
+catchat/parity/dropout.py compares the keep masks the GLSL draws with catchat.model.reference's bit for
 bit, catchat/parity/sampling.py scheduled sampling's choices (its coins and top-k draws) exactly,
 catchat/parity/decode.py generation's choices against reference.sample_choice with decode_uniforms;
 tests/test_rng.py pins values of the hash against an independent pure-int version.
 
 The host side: `step_seed` gives each micro-batch its dropout seed (the trainer and the GPU
-program put it in HP_SEED; catchat.reference draws the same masks from it).
+program put it in HP_SEED; catchat.model.reference draws the same masks from it).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ STREAM_HIDDEN = 16  # + layer: hidden-unit dropout of that layer; counter = b * 
 STREAM_TF_COIN, STREAM_TF_SAMPLE = 32, 33
 STREAM_DECODE, STREAM_DECODE_LANE = 34, 35  # generation: the draw (counter = the stream's token number), the
 # stream's own seed (counter = stream b): u = rng_uniform(rng_u32(seed, STREAM_DECODE_LANE, b), STREAM_DECODE, n)
-# 48, 49: prefix dropout's hit and length (catchat.lanes.STREAM_PREFIX_HIT, STREAM_PREFIX_LEN; host only)
+# 48, 49: prefix dropout's hit and length (catchat.data.lanes.STREAM_PREFIX_HIT, STREAM_PREFIX_LEN; host only)
 
 
 def _u32(x) -> np.ndarray:

@@ -3,8 +3,8 @@ live in catchat/training/ (loop.py: the loop; one module per part)."""
 
 from __future__ import annotations
 
-from catchat.rundir import RunFiles
-from catchat.runlog import METRICS_COLUMNS
+from catchat.run.rundir import RunFiles
+from catchat.run.runlog import METRICS_COLUMNS
 from catchat.training.loop import TooManySkips, Trainer
 from catchat.training.step import step_hyper
 from catchat.training.telemetry import memory_mb

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
+from catchat.data import corpus as corpus_mod
+from catchat.run import checkpoint as ck
 from catchat.train import Trainer
 
 SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then let it sleep.\n"

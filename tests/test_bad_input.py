@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat.corpus import Corpus
-from catchat.corpus import jsonl as corpus_jsonl
+from catchat.data import corpus as corpus_mod
+from catchat.data.corpus import Corpus
+from catchat.data.corpus import jsonl as corpus_jsonl
 from catchat.errors import UsageError
 from catchat.train import Trainer
 
@@ -145,7 +145,7 @@ def test_missing_checksums_need_the_users_word(run, trained):
 
 
 def test_non_finite_weights_are_refused_at_load(run, trained):
-    from catchat import tensorfile
+    from catchat.run import tensorfile
 
     rdir, c = run
     tensors, meta = tensorfile.read(c / "model.safetensors")

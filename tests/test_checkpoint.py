@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat.errors import UsageError
 from catchat.model import init_params
+from catchat.run import checkpoint as ck
 
 CONFIG = cfgmod.from_dict({"model": {"hidden": 4, "layers": 1}, "data": {"corpus": "x"}, "train": {"total_steps": 9}})
 

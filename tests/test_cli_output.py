@@ -66,7 +66,7 @@ def test_devices_rows_whole_through_a_pipe():
 
 def test_scan_rows_whole_through_a_pipe(dev, tmp_path):
     """A real run with damaged telemetry, so the detail cells are long."""
-    from catchat.scan import scan_run, table_rows
+    from catchat.analysis.scan import scan_run, table_rows
 
     run = make_tiny_run(tmp_path, dev)
     lines = (run / "metrics.csv").read_text().splitlines(keepends=True)
@@ -79,7 +79,7 @@ def test_scan_rows_whole_through_a_pipe(dev, tmp_path):
     _assert_whole(r.stdout, rows)
     expected = table_rows(scan_run(run))
     assert [(row[0], row[2], row[3]) for row in rows] == [(c, n, d) for c, _, n, d in expected]
-    from catchat.runlog import WRITTEN_COLUMNS
+    from catchat.run.runlog import WRITTEN_COLUMNS
 
     assert "2 step(s) missing: 2..3" in r.stdout
     assert f"(line 5: 3 cells, the header has {len(WRITTEN_COLUMNS)})" in r.stdout
@@ -138,7 +138,7 @@ def test_terminal_output_fits_the_terminal(tmp_path):
 
 def test_eval_lines_say_what_free_running_measures():
     """The first free-running eval line is followed by the note on what it measures (once per run)."""
-    from catchat.progress import TrainReporter
+    from catchat.training.progress import TrainReporter
 
     con = make_console(file=io.StringIO())
     rep = TrainReporter(con)

@@ -7,10 +7,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from catchat import corpus, vocab
-from catchat.corpus import Corpus, build
-from catchat.corpus import text as corpus_text
-from catchat.corpus import writer as corpus_writer
+from catchat.data import corpus, vocab
+from catchat.data.corpus import Corpus, build
+from catchat.data.corpus import text as corpus_text
+from catchat.data.corpus import writer as corpus_writer
 from catchat.errors import UsageError
 
 B, E, TN = "<bos>", "<eos>", "<turn>"

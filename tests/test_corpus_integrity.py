@@ -22,10 +22,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from catchat import corpus as corpus_mod
-from catchat import vocab
-from catchat.corpus import Corpus
-from catchat.corpus import store as corpus_store
+from catchat.data import corpus as corpus_mod
+from catchat.data import vocab
+from catchat.data.corpus import Corpus
+from catchat.data.corpus import store as corpus_store
 from catchat.errors import UsageError
 
 from support import assert_clean_error, catchat
@@ -139,7 +139,7 @@ def test_an_empty_directory_is_built_in_place(tmp_path):
 # A `catchat corpus build` killed (SIGKILL: no cleanup runs) at a chosen point of the replacement.
 _KILLED_BUILD = """
 import os, signal, sys
-from catchat.corpus import commit as corpus
+from catchat.data.corpus import commit as corpus
 point = sys.argv[1]
 die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
 if point == "before-commit":      # the new corpus is built in DIR/.catchat-build-<pid>, not committed

@@ -147,7 +147,7 @@ def test_device_is_created_with_the_half_precision_features_it_offers(dev):
     """kp patch 0005: lavapipe (like the H200) offers float16/int8 arithmetic and 16/8-bit storage, so the device is
     created with them (and their extensions: the instance asks for Vulkan 1.1), and only with features
     it offers: the float16 axpby matches numpy's float16 arithmetic."""
-    from catchat.doctor import run_smoke_kernel
+    from catchat.cli.doctor import run_smoke_kernel
     from catchat.vk.kernels import Axpby
 
     assert getattr(dev.kp, "catchat_device_features", 0) == 1, "run `make setup` to build the patched kp"

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import distributed
 from catchat.errors import UsageError
+from catchat.run import checkpoint as ck
 
 RTOL = 1e-5  # the bound on the relative loss difference, N ranks against one process
 

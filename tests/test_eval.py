@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat import vocab
-from catchat.lanes import Lanes, longest_lane, packed_layout
-from catchat.reference import model_forward_backward
+from catchat.data import corpus as corpus_mod
+from catchat.data import vocab
+from catchat.data.lanes import Lanes, longest_lane, packed_layout
+from catchat.model.reference import model_forward_backward
+from catchat.run import checkpoint as ck
 
 from support import make_tiny_run
 
@@ -157,9 +157,9 @@ def test_splits(cli, run):
 
 
 def test_corpus_eval_matches_trainer_eval(cli, run, dev):
-    """The packed layout scores the eval split as the trainer's evals do (catchat.evaluate.evaluate_lanes over the
-    run's own B = 4, T = 16 lanes)."""
-    from catchat.evaluate import evaluate_lanes as evaluate
+    """The packed layout scores the eval split as the trainer's evals do
+    (catchat.inference.evaluate.evaluate_lanes over the run's own B = 4, T = 16 lanes)."""
+    from catchat.inference.evaluate import evaluate_lanes as evaluate
     from catchat.model import ParamLayout
     from catchat.vk.program import Program
 
@@ -291,7 +291,7 @@ def test_packed_layout():
 def test_fit_layout_shrinks_to_the_device():
     """A v3-size model (H=512) on a device with 128 MiB buffers (lavapipe): fewer lanes, then a
     shorter window, until the largest buffer fits; the note says so."""
-    from catchat.evaluate import _largest_buffer_bytes, fit_layout
+    from catchat.inference.evaluate import _largest_buffer_bytes, fit_layout
     from catchat.model import ModelSpec, ParamLayout
 
     spec = ModelSpec(vocab_size=101, hidden=512, layers=3)

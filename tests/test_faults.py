@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat import faults
+from catchat.data import corpus as corpus_mod
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError, VulkanUnavailable
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity.model import random_window
+from catchat.run import checkpoint as ck
+from catchat.run import faults
 from catchat.train import Trainer
 from catchat.vk.device import Device, format_bytes
 from catchat.vk.kernels import gru
@@ -103,7 +103,7 @@ def test_sigkill_mid_run_then_resume_is_bitwise_identical(cfg_path, straight, tm
 SAVER = textwrap.dedent("""
     import sys
     import numpy as np
-    from catchat import checkpoint as ck
+    from catchat.run import checkpoint as ck
     from support import saveable_model
     root = sys.argv[1]
     done = ck.list_checkpoints(root)

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat import vocab
-from catchat.corpus import Corpus
-from catchat.corpus import text as corpus_text
+from catchat.data import corpus as corpus_mod
+from catchat.data import vocab
+from catchat.data.corpus import Corpus
+from catchat.data.corpus import text as corpus_text
 from catchat.errors import UsageError
+from catchat.run import checkpoint as ck
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True, database=None)  # the same examples every run: CI stays reproducible

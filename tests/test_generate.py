@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
-from catchat import reference as ref
-from catchat import vocab
+from catchat.data import vocab
 from catchat.errors import UsageError
-from catchat.generate import Generator, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
+from catchat.inference.generate import Generator, Sampling, check_speaker, checkpoint_spec, choose, prompt_ids
+from catchat.model import reference as ref
+from catchat.run import checkpoint as ck
 
 from support import make_tiny_run
 

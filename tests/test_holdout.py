@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from catchat import corpus
-from catchat.corpus import Corpus, build, holdout
+from catchat.data import corpus
+from catchat.data.corpus import Corpus, build, holdout
+from catchat.data.lanes import Lanes
 from catchat.errors import UsageError
-from catchat.evaluate import corpus_set
-from catchat.lanes import Lanes
+from catchat.inference.evaluate import corpus_set
 
 from support import assert_clean_error, catchat, make_tiny_run
 

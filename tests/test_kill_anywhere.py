@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import rundir
+from catchat.run import checkpoint as ck
+from catchat.run import rundir
 from catchat.train import Trainer
 
 from support import TOTAL, assert_same_as_straight, catchat, losses, snapshot

@@ -1,4 +1,4 @@
-"""catchat.landscape: filter normalisation, seeded directions, GPU vs numpy surfaces, the command's files.
+"""catchat.analysis.landscape: filter normalisation, seeded directions, GPU vs numpy surfaces, the command's files.
 
 Two small checkpoints of one run (H=12, L=2, B=4, T=16): after 2 and after 6 steps.
 """
@@ -10,14 +10,14 @@ import sys
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat import landscape as land
-from catchat import vocab
+from catchat.analysis import landscape as land
+from catchat.data import corpus as corpus_mod
+from catchat.data import vocab
 from catchat.errors import UsageError
-from catchat.evaluate import evaluate_lanes as evaluate
+from catchat.inference.evaluate import evaluate_lanes as evaluate
 from catchat.model import ParamLayout
+from catchat.run import checkpoint as ck
 from catchat.train import Trainer
 
 from support import build_scene_corpus
@@ -149,7 +149,7 @@ def test_gpu_and_numpy_surfaces_agree_and_reproduce(dev, trained):
     other = land.layer_surface(gpu, layout, flat, **{**kw, "seed": 12})
     assert not np.allclose(other.loss, s_gpu.loss)
     # the centre is the plain held-out loss `catchat eval` reports on the same windows
-    from catchat.lanes import Lanes
+    from catchat.data.lanes import Lanes
     from catchat.vk.program import Program
 
     prog = Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, training=False)
@@ -160,7 +160,7 @@ def test_gpu_and_numpy_surfaces_agree_and_reproduce(dev, trained):
 
 def test_heldout_slice_sizes(trained):
     cfg, corpus, _, _ = trained
-    from catchat.lanes import Lanes
+    from catchat.data.lanes import Lanes
 
     w0 = Lanes.from_config(corpus, cfg, "eval").window(0, 0)
     half = land.heldout_slice(corpus, cfg, tokens=32)          # less than a window (4 x 16): 2 lanes

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from catchat import config, corpus, vocab
+from catchat import config
+from catchat.data import corpus, vocab
+from catchat.data.lanes import DataCursor, Lanes, balanced_cuts, n_valid
 from catchat.errors import UsageError
-from catchat.lanes import DataCursor, Lanes, balanced_cuts, n_valid
 
 PAD, BOS, EOS = vocab.PAD, vocab.BOS, vocab.EOS
 

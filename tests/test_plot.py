@@ -1,4 +1,4 @@
-"""catchat.plot on a synthesized run directory: PNGs written, summary numbers, resume handling, errors.
+"""catchat.analysis.plot on a synthesized run directory: PNGs written, summary numbers, resume handling, errors.
 
 The run: 200 planned steps of 2,048 tokens. A first attempt logged steps 1..120 (and an eval at 110)
 then died; it resumed from the checkpoint at step 100 and logged 101..200 again with other values.
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from catchat.analysis.plot import load_run, plot_run, summarise_run
 from catchat.errors import UsageError
-from catchat.plot import load_run, plot_run, summarise_run
-from catchat.runlog import METRICS_COLUMNS as COLUMNS
-from catchat.runlog import WRITTEN_COLUMNS
+from catchat.run.runlog import METRICS_COLUMNS as COLUMNS
+from catchat.run.runlog import WRITTEN_COLUMNS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TOK = 2048
@@ -305,7 +305,7 @@ def test_missing_matplotlib(run_dir, monkeypatch):
 
 
 def test_smoothing_restarts_at_resumes():
-    from catchat.plot import _smooth_segments
+    from catchat.analysis.plot import _smooth_segments
 
     steps = np.arange(1, 201, dtype=np.float64)
     y = np.where(steps <= 197, 1.0, 5.0)                # a 3-step stretch after a resume at 197

@@ -10,16 +10,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat import precision
-from catchat import reference as ref
 from catchat.errors import CatchatError
-from catchat.faults import Fault
 from catchat.model import ParamLayout
+from catchat.model import reference as ref
 from catchat.parity import model as pm
 from catchat.precision import LossScaler
 from catchat.rng import step_seed
+from catchat.run import checkpoint as ck
+from catchat.run.faults import Fault
 from catchat.train import Trainer
 from catchat.vk.kernels import gru
 from catchat.vk.kernels.gemm import coopmat_runs, products

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout, init_params
+from catchat.model import reference as ref
 from catchat.parity import model as model_parity
 from catchat.parity.model import random_window
 from catchat.vk.program import Program, StepHyper

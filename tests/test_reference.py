@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from catchat import reference as ref
 from catchat.model import ALIGN, ModelSpec, ParamLayout, init_params, param_specs, spectral_u_init
+from catchat.model import reference as ref
 from catchat.rng import STREAM_HIDDEN, rng_uniform, step_seed
 
 # ---------------------------------------------------------------------------------------------
@@ -511,8 +511,8 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
     tensor cores' from numpy's) cannot be compared at float32 tolerances. Forcing the product's
     operands to the other computation's h and dGh (`forced_h`, cache["forced_dgh"]) leaves each
     step's arithmetic to compare; forcing a run's own operands changes nothing."""
+    from catchat.model.reference import gru as ref_gru
     from catchat.parity import gru as pg
-    from catchat.reference import gru as ref_gru
 
     case = pg.make_case(6, 16, 64)
     exact, _ = pg.expected_gru(case, recurrent="fp16")
@@ -521,7 +521,7 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
         np.testing.assert_array_equal(own[k], exact[k])
     # the same sweeps with each product's sums 1 float32 ulp off at random (another summation order)
     rng = np.random.default_rng(3)
-    gemm = ref_gru.gemm  # the products of the GRU twin (catchat/reference/gru.py)
+    gemm = ref_gru.gemm  # the products of the GRU twin (catchat/model/reference/gru.py)
 
     def reordered(a, b, precision="fp32"):
         r = gemm(a, b, precision)

@@ -9,9 +9,9 @@ import signal
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import faults
+from catchat.run import checkpoint as ck
+from catchat.run import faults
 from catchat.train import Trainer
 
 from support import (
@@ -268,7 +268,7 @@ def test_resume_over_damaged_telemetry_keeps_what_it_cannot_read(dev, cfg_path, 
     assert r.returncode == 0, r.stdout + r.stderr
     data = (run / "metrics.csv").read_bytes()
     assert all(d in data for d in damaged)
-    from catchat import runlog
+    from catchat.run import runlog
 
     log = runlog.read_metrics(run / "metrics.csv")
     assert [int(row[0]) for row in log.rows] == list(range(1, TOTAL + 1)) and len(log.bad) == 2

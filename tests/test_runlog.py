@@ -1,4 +1,4 @@
-"""catchat.runlog, the one reader of metrics.csv and events.jsonl: every kind of bad line is reported
+"""catchat.run.runlog, the one reader of metrics.csv and events.jsonl: every kind of bad line is reported
 with its line number and skipped, nothing in a file makes it raise, and a hostile file costs bounded
 time and memory (hypothesis: arbitrary bytes and mutated valid files)."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catchat.runlog import (
+from catchat.run.runlog import (
     MAX_BAD,
     MAX_LINE_BYTES,
     METRICS_COLUMNS,

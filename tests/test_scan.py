@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from catchat import config as cfgmod
-from catchat.runlog import EVENT_FIELDS
-from catchat.runlog import METRICS_COLUMNS as COLUMNS
-from catchat.scan import FAIL, OK, WARN, scan_run
-from catchat.schedule import lr_at
+from catchat.analysis.scan import FAIL, OK, WARN, scan_run
+from catchat.run.runlog import EVENT_FIELDS
+from catchat.run.runlog import METRICS_COLUMNS as COLUMNS
+from catchat.run.schedule import lr_at
 
 SPS, T = 8, 16  # seqs per step, window
 SPC = 200  # seqs per cycle
@@ -271,7 +271,7 @@ def test_cli_table_and_exit_codes(tmp_path):
 def test_real_run_with_a_resume_scans_clean(dev, tmp_path):
     """A trainer run stopped and resumed (with a changed lr: allowed on resume) scans without defects:
     the lr check follows the schedule each process logged, memory is measured from the events."""
-    from catchat import corpus as corpus_mod
+    from catchat.data import corpus as corpus_mod
     from catchat.train import Trainer
 
     src = tmp_path / "src"

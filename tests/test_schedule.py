@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from catchat import config, schedule
-from catchat.schedule import WSD, interval_crossed, lr_at
+from catchat import config
+from catchat.run import schedule
+from catchat.run.schedule import WSD, interval_crossed, lr_at
 
 COS = WSD(lr=1.0, warmup_fraction=0.1, cooldown_fraction=0.2, cooldown_shape="cosine", lr_min=0.1)
 LIN = WSD(lr=1.0, warmup_fraction=0.1, cooldown_fraction=0.2, cooldown_shape="linear", lr_min=0.1)

@@ -7,14 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import reference as ref
-from catchat.lanes import prefix_dropout
+from catchat.data.lanes import prefix_dropout
 from catchat.model import ModelSpec, init_params
+from catchat.model import reference as ref
 from catchat.parity import model as model_parity
 from catchat.parity import sampling
-from catchat.schedule import tf_at
+from catchat.run import checkpoint as ck
+from catchat.run.schedule import tf_at
 from catchat.train import Trainer
 
 from support import build_scene_corpus, small_config

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import corpus as corpus_mod
-from catchat import talk as talk_mod
-from catchat import vocab
+from catchat.data import corpus as corpus_mod
+from catchat.data import vocab
 from catchat.errors import UsageError
-from catchat.generate import Generator, Sampling
+from catchat.inference import talk as talk_mod
+from catchat.inference.generate import Generator, Sampling
+from catchat.run import checkpoint as ck
 
 from support import make_tiny_run
 

@@ -1,4 +1,4 @@
-"""catchat.tensorfile: canonical safetensors bytes, interoperability with the `safetensors`
+"""catchat.run.tensorfile: canonical safetensors bytes, interoperability with the `safetensors`
 package both ways, and a reader that refuses every corrupt file with one clear UsageError."""
 
 import hashlib
@@ -13,8 +13,8 @@ import safetensors.numpy as st_np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catchat import tensorfile as tf
 from catchat.errors import UsageError
+from catchat.run import tensorfile as tf
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow],
                 derandomize=True, database=None)  # the same examples every run; a few seconds each

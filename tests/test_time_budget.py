@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from catchat import budget as budgetmod
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import runlog
 from catchat.errors import UsageError
-from catchat.schedule import WSD, TimePlan, lr_at, lr_at_progress, plan_step
+from catchat.run import budget as budgetmod
+from catchat.run import checkpoint as ck
+from catchat.run import runlog
+from catchat.run.schedule import WSD, TimePlan, lr_at, lr_at_progress, plan_step
 from catchat.train import Trainer
 
 from support import build_scene_corpus, catchat, small_config
@@ -161,7 +161,7 @@ def test_process_age_is_plausible():
     assert 0.0 <= age < 24 * 3600
     assert budgetmod.process_start() <= time.monotonic()
     # a process that has lived 0.3 s says so (the fallback 0.0 would not: /proc parsed right)
-    code = "import time; time.sleep(0.3); from catchat.budget import process_age_s; print(process_age_s())"
+    code = "import time; time.sleep(0.3); from catchat.run.budget import process_age_s; print(process_age_s())"
     aged = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                 cwd=ROOT).stdout)
     assert 0.3 <= aged < 30
@@ -272,7 +272,7 @@ def test_budgeted_run_ends_in_time_at_lr_min_with_checkpoint_and_eval(dev, scene
     assert end["reason"] == "done" and end["time_budget_s"] == 6.0 and end["elapsed_s"] <= 6.0 + slack
     plan = events(run, "time_budget")[0]
     assert plan["eval_estimate_s"] > 0 and plan["training_s"] > 0
-    from catchat.scan import scan_run
+    from catchat.analysis.scan import scan_run
 
     report = scan_run(run)
     assert not report.defects and not report.warnings, [f.detail for f in report.defects + report.warnings]
@@ -347,16 +347,26 @@ def test_tiny_with_a_time_budget_stops_in_time_and_resumes_with_what_is_left(tmp
     stopped after 4 steps and resumed with a plain --resume: the two processes together stay within the
     budget, the resumed one only gets what was left, the last step uses lr_min, and the run ends with a
     checkpoint and an eval at its last step."""
-    budget = 40.0  # the first 4 steps take ~7.5 s alone (5x), ~19 s on a loaded 2-core machine
-    run, config = tmp_path / "tiny", ROOT / "configs" / "tiny.toml"
-    first = catchat("train", config, "--run-dir", run, "--time-budget", budget, "--stop-after-steps", 4, *TINY_FAST)
-    assert first.returncode == 0, first.stdout + first.stderr
-    assert "training for 40 s of wall-clock time" in first.stdout
-    used = ck.load_checkpoint(run, with_optimizer=True).state["budget"]["elapsed_s"]
+    config = ROOT / "configs" / "tiny.toml"
+
+    def first_part(budget: float):
+        run = tmp_path / f"tiny-{budget:g}"
+        first = catchat("train", config, "--run-dir", run, "--time-budget", budget, "--stop-after-steps", 4,
+                        *TINY_FAST)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert f"training for {budget:g} s of wall-clock time" in first.stdout
+        return run, ck.load_checkpoint(run, with_optimizer=True).state["budget"]["elapsed_s"]
+
+    budget = 40.0  # the first 4 steps take ~7.5 s alone (5x)
+    run, used = first_part(budget)
+    assert 0 < used
+    if used > budget / 2:  # a loaded machine (~19 s at load 3.5, ~35 s at 5 on 2 cores): a budget 4x what
+        budget = float(math.ceil(4 * used))  # its first part took, so that the resumed part has room to train
+        run, used = first_part(budget)
     assert 0 < used < budget
     second = catchat("train", config, "--run-dir", run, "--resume", *TINY_FAST)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "time budget of 40 s is kept" in second.stdout
+    assert f"time budget of {budget:g} s is kept" in second.stdout
     # the run clock goes on from `used` (the resumed process got what was left, not a new budget) and
     # the run ends within its budget: the clock counts each process from its start, start-up included
     resumed, end = events(run, "resume")[-1], events(run, "end")[-1]
@@ -377,7 +387,7 @@ def test_a_budgeted_run_that_fails_still_accounts_for_its_budget(dev, scenes, tm
     """A budgeted run stopped by consecutive skipped steps: its end event carries the budget's account
     (budget, clock, progress) and the step counts, as a run that ends normally does."""
     from catchat.errors import CatchatError
-    from catchat.faults import Fault
+    from catchat.run.faults import Fault
 
     run = tmp_path / "run"
     faults = [Fault("nan_grad", s) for s in range(1, 20)]

@@ -11,10 +11,10 @@ import time
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
 from catchat.errors import UsageError
 from catchat.precision import LossScaler
+from catchat.run import checkpoint as ck
 from catchat.train import Trainer
 from catchat.training.feed import Feed
 
@@ -112,7 +112,7 @@ def test_schedule_is_a_function_of_global_step(dev, small_corpus, tmp_path):
     Trainer(cfg, tmp_path / "r", dev, resume="").run()
     with open(tmp_path / "r" / "metrics.csv") as f:
         lrs = [float(r["lr"]) for r in csv.DictReader(f)]
-    from catchat.schedule import lr_at
+    from catchat.run.schedule import lr_at
 
     assert lrs == pytest.approx([lr_at(s, 8, cfg) for s in range(8)], rel=1e-5)
     assert lrs[5] >= lrs[4] * 0.5  # not back to warmup

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from catchat import vocab
+from catchat.data import vocab
 
 # Pinned: if this changes, every checkpoint and corpus ever written becomes unreadable (lesson 1).
 CC101_FINGERPRINT = "f0c3c48f8f3c0d52400262ad589aa9d267e580eb4f0022fc44e89bb2341dbc26"

@@ -1,4 +1,4 @@
-"""catchat.weights / `catchat inspect`: statistics of a known checkpoint against numpy, the change table,
+"""catchat.analysis.weights / `catchat inspect`: statistics of a known checkpoint against numpy, the change table,
 and no Vulkan import."""
 
 import json
@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import weights
+from catchat.analysis import weights
 from catchat.model import init_params, param_specs
+from catchat.run import checkpoint as ck
 
 H = 6
 

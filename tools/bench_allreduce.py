@@ -20,7 +20,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
-from catchat import distributed, vocab  # noqa: E402
+from catchat import distributed  # noqa: E402
+from catchat.data import vocab
 from catchat.model import ParamLayout  # noqa: E402
 
 

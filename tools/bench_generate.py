@@ -55,10 +55,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
-from catchat import vocab  # noqa: E402
 from catchat.analysis.torch_twin import torch_model  # noqa: E402
+from catchat.data import vocab  # noqa: E402
 from catchat.errors import UsageError  # noqa: E402
-from catchat.generate import Generator, Sampling  # noqa: E402
+from catchat.inference.generate import Generator, Sampling  # noqa: E402
 from catchat.model import ParamLayout, head_name, init_params  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 
@@ -107,7 +107,7 @@ def bench_params(spec) -> dict[str, np.ndarray]:
 def bench_talk_reply(spec, dev, repeats: int = 3) -> dict:
     """A `talk` turn: the user's line (80 characters) and the model's prefix fed, then the reply
     sampled (the first 64 characters of it); the time to its first character is what a user waits."""
-    from catchat.talk import Dialogue
+    from catchat.inference.talk import Dialogue
 
     layout = ParamLayout(spec)
     gen = Generator(dev, layout, layout.flatten(bench_params(spec), np.float32))

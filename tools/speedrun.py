@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catchat import runlog  # noqa: E402
+from catchat.run import runlog  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

@@ -1,5 +1,13 @@
-"""Measuring catchat, apart from the product: nothing here is imported by the trainer.
+"""Analysis: reading runs and models, and measuring catchat, apart from the product: nothing here is
+imported by the trainer.
 
+Runs and models:
+    plot.py        a run's summary, PNG plots and HTML page (`catchat plot`)
+    scan/          the anomaly scan of a run's telemetry (`catchat scan`)
+    landscape/     loss landscapes of a checkpoint, GPU or numpy (`catchat landscape`)
+    weights.py     a checkpoint's weight statistics, numpy only (`catchat inspect`)
+
+Measuring catchat (`catchat bench`):
     timing.py      medians of timed calls and of recorded sequences
     bench.py       catchat's own figures: a step's throughput, its split, memory, how the sweeps
                    run, the --profile of the micro-batch's dispatch groups

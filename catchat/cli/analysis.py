@@ -34,9 +34,9 @@ def eval_cmd(checkpoint, text_file, fmt, max_unk_rate, corpus_path, split, windo
     """Loss (nats/char), bits/char, top-1/top-5 of a checkpoint on a corpus split or a text file (docs/eval.md)."""
     import json
 
-    from catchat import checkpoint as ck
     from catchat.errors import UsageError
-    from catchat.evaluate import evaluate_checkpoint, summary_lines
+    from catchat.inference.evaluate import evaluate_checkpoint, summary_lines
+    from catchat.run import checkpoint as ck
     from catchat.vk.device import open_device
 
     if text_file is not None and (corpus_path is not None or split is not None):
@@ -61,7 +61,7 @@ def plot(run_dir, out):
     """Summarise a run and write PNG plots of loss, lr, grad norm, throughput and accuracy, and an HTML page of them."""
     from pathlib import Path
 
-    from catchat.plot import INDEX_HTML, plot_run, summarise_run
+    from catchat.analysis.plot import INDEX_HTML, plot_run, summarise_run
 
     for line in summarise_run(Path(run_dir)):
         console.print(line, highlight=False, markup=False)
@@ -103,7 +103,7 @@ def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tok
     """Loss landscape around a checkpoint: filter-normalised random directions (Li et al. 2018), per layer."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from catchat import landscape as land
+    from catchat.analysis import landscape as land
 
     job = land.prepare(checkpoint, compare_ckpt, layers=layers, group=group, grid_n=grid_n, radius=radius, seed=seed,
                        tokens=tokens, text_file=text_file, corpus_path=corpus_path, reference=reference, device=device)
@@ -129,7 +129,7 @@ def inspect_cmd(checkpoint, compare_ckpt, as_json):
     import json
     import math
 
-    from catchat.weights import Table, inspect_sections, report
+    from catchat.analysis.weights import Table, inspect_sections, report
 
     rep = report(checkpoint, compare_ckpt)
     if as_json:
@@ -153,7 +153,7 @@ def scan(run_dir, strict):
     growth, lr/tf against their formulas, resume signatures. A table; exit 1 on defects (docs/reliability.md)."""
     from pathlib import Path
 
-    from catchat.scan import FAIL, WARN, scan_run, table_rows
+    from catchat.analysis.scan import FAIL, WARN, scan_run, table_rows
 
     report = scan_run(Path(run_dir))
     table = new_table("check", "status", "steps", "detail", title=f"scan of {run_dir} ({report.rows} steps)")

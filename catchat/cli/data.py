@@ -28,7 +28,7 @@ def corpus():
                    "every scene of them is eval, none train. `catchat corpus plays` lists the titles.")
 def corpus_build(sources, out, eval_fraction, max_unk_rate, delimiter, no_delimiter, fmt, force, hold_out):
     """Encode SOURCES (files, JSONL, or `shakespeare`) into a corpus directory."""
-    from catchat import corpus as corpus_mod
+    from catchat.data import corpus as corpus_mod
 
     summary = corpus_mod.build(sources, out, eval_fraction=eval_fraction, max_unk_rate=max_unk_rate,
                                delimiter=None if no_delimiter else delimiter, fmt=fmt, force=force,
@@ -39,7 +39,7 @@ def corpus_build(sources, out, eval_fraction, max_unk_rate, delimiter, no_delimi
 @corpus.command("plays")
 def corpus_plays():
     """List the plays of the built-in corpus (the titles --hold-out and "shakespeare:hold-out=..." take)."""
-    from catchat import corpus as corpus_mod
+    from catchat.data import corpus as corpus_mod
 
     default = set(corpus_mod.DEFAULT_HOLD_OUT)
     table = new_table("title", "genre", "file", "held out by shakespeare:hold-out")
@@ -51,7 +51,7 @@ def corpus_plays():
 @click.argument("path")
 def corpus_info(path):
     """Summarise a corpus directory (or `shakespeare`)."""
-    from catchat import corpus as corpus_mod
+    from catchat.data import corpus as corpus_mod
 
     for line in corpus_mod.info(path):
         console.print(line, markup=False, highlight=False)

@@ -23,7 +23,7 @@ def devices():
 @cli.command()
 def doctor():
     """Check numpy, the Vulkan loader, kp, glslc, and run a shader on every device against numpy."""
-    from catchat.doctor import checks
+    from catchat.cli.doctor import checks
 
     failed = False
     for c in checks():

@@ -34,7 +34,7 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
     def deco(f):
         @functools.wraps(f)
         def command(**kwargs):
-            from catchat.generate import Sampling
+            from catchat.inference.generate import Sampling
 
             kwargs[d(f"sampling{suffix}")] = Sampling(**{k: kwargs.pop(f"{k}{d(suffix)}") for k in fields})
             return f(**kwargs)
@@ -60,9 +60,9 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
 @DEVICE_OPTION
 def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, allow_unverified, device):
     """Generate text from a checkpoint, streaming it as it comes (docs/generation.md)."""
-    from catchat import checkpoint as ck
-    from catchat import vocab
-    from catchat.generate import Generator, check_speaker, prompt_ids
+    from catchat.data import vocab
+    from catchat.inference.generate import Generator, check_speaker, prompt_ids
+    from catchat.run import checkpoint as ck
     from catchat.vk.device import open_device
 
     speaker = check_speaker(speaker) if speaker is not None else None
@@ -140,10 +140,10 @@ def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device)
 
     Interactive at a terminal (/help lists the commands); with stdin from a pipe, each input line is
     one turn and each answer one output line."""
-    from catchat import checkpoint as ck
-    from catchat import talk as talk_mod
     from catchat.errors import UsageError
-    from catchat.generate import Generator, check_speaker, checkpoint_config
+    from catchat.inference import talk as talk_mod
+    from catchat.inference.generate import Generator, check_speaker, checkpoint_config
+    from catchat.run import checkpoint as ck
     from catchat.vk.device import open_device
 
     user, speaker = check_speaker(user, "--user"), check_speaker(speaker)
@@ -189,11 +189,11 @@ def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_
     """Two checkpoints, both resident on one GPU, talk to each other; each turn is logged as JSONL."""
     from pathlib import Path
 
-    from catchat import checkpoint as ck
-    from catchat import talk as talk_mod
-    from catchat import vocab
+    from catchat.data import vocab
     from catchat.errors import UsageError
-    from catchat.generate import Generator, check_speaker, checkpoint_config
+    from catchat.inference import talk as talk_mod
+    from catchat.inference.generate import Generator, check_speaker, checkpoint_config
+    from catchat.run import checkpoint as ck
     from catchat.vk.device import open_device
 
     samplings = [sampling_a, sampling_b]

@@ -37,9 +37,9 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget
 
     from catchat import config as cfgmod
     from catchat import distributed as dist
-    from catchat.budget import process_start
-    from catchat.progress import TrainReporter
+    from catchat.run.budget import process_start
     from catchat.train import Trainer
+    from catchat.training.progress import TrainReporter
     from catchat.vk.device import ENV_DEVICE, open_device
 
     if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins

@@ -3,7 +3,7 @@
 One module per kernel family, named as its kernel module in catchat/vk/kernels/ (`axpby`: the
 kernel in catchat/vk/kernels/__init__.py), plus `ordering` (the 2,000-dispatch dependent chain)
 and `model` (a whole training step and the per-timestep path). Each has `parity_checks(dev) ->
-list[ParityResult]`: its kernels against their numpy twins (catchat.reference) at small, odd
+list[ParityResult]`: its kernels against their numpy twins (catchat.model.reference) at small, odd
 sizes. The test suite asserts them, and `catchat parity` runs them on the user's own GPU in
 seconds and prints a table (kernel, shape, max abs error, max rel error, pass/fail).
 """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from catchat.model.reference import axpby_reference
 from catchat.parity import ParityResult, compare
-from catchat.reference import axpby_reference
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby, half_tensor, run_ops, unpack_half

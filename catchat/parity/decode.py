@@ -1,5 +1,5 @@
 """Generation's decode step and on-device sampling (glsl/decode_layer.comp, both variants;
-glsl/decode_head.comp; glsl/decode_sample.comp) against catchat.reference: the state and logits
+glsl/decode_head.comp; glsl/decode_sample.comp) against catchat.model.reference: the state and logits
 after feeding tokens (odd H, partial stream tiles, one to three layers, tied head, a <bos> reset
 inside), the choice from given logits under every
 sampling rule (reference.sample_choice, the same uniforms), and whole generations replayed through
@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference as ref
 from catchat import rng as crng
-from catchat import vocab
-from catchat.generate import Generator, Sampling, choose_with_margin
+from catchat.data import vocab
+from catchat.inference.generate import Generator, Sampling, choose_with_margin
 from catchat.model import ModelSpec, ParamLayout, head_name, init_params
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 

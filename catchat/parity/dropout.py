@@ -1,4 +1,4 @@
-"""Dropout masks (glsl/dropout_mask.comp): the GLSL RNG bit-identical to catchat.reference's.
+"""Dropout masks (glsl/dropout_mask.comp): the GLSL RNG bit-identical to catchat.model.reference's.
 
 The keep pattern is compared bit-for-bit. The scale of a kept element is float32 arithmetic on
 float32(p) (1 / (1 - p): reference forms it in float64 then casts), so kept values are checked
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference as ref
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, exact, make_hyper
 from catchat.rng import step_seed
 from catchat.vk.device import Device

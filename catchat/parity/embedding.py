@@ -1,5 +1,5 @@
 """Embedding lookup with row dropout, forward and backward (glsl/embedding.comp), and the layer-0
-table gather/sum, against catchat.reference (only the row scale is assembled here)."""
+table gather/sum, against catchat.model.reference (only the row scale is assembled here)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from catchat import reference
+from catchat.model import reference
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops
@@ -57,7 +57,7 @@ def run_embedding(dev: Device, tokens, E, dx, dE0, seed: int, p_emb: float, offs
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
-    """Forward and backward against catchat.reference at sizes around the workgroup size,
+    """Forward and backward against catchat.model.reference at sizes around the workgroup size,
     with dropout off and on (p 0.3 drops some of the V rows)."""
     rng = np.random.default_rng(0)
     out = []

@@ -1,4 +1,4 @@
-"""GRU recurrent sweeps (glsl/gru_forward*.comp, glsl/gru_backward*.comp) against catchat.reference:
+"""GRU recurrent sweeps (glsl/gru_forward*.comp, glsl/gru_backward*.comp) against catchat.model.reference:
 tiled and register-resident tiles at odd sizes, resets at t = 0 and mid-window, the BPTT clamp off
 and on (hit count exact), one dispatch per step and persistent, dGh over save (the program's
 layout) and in a buffer of its own; the GPU's dG also reproduce the reference's dW/db/dx through
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device

@@ -1,11 +1,11 @@
 """Fused softmax cross-entropy and its reduction (glsl/cross_entropy.comp, glsl/loss_reduce.comp)
-against catchat.reference.cross_entropy_forward_backward."""
+against catchat.model.reference.cross_entropy_forward_backward."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference
+from catchat.model import reference
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops

@@ -1,4 +1,4 @@
-"""The whole model against catchat.reference: one training step on the GPU (logits, loss, counts,
+"""The whole model against catchat.model.reference: one training step on the GPU (logits, loss, counts,
 hT, every parameter gradient, the clamp hits, the parameters after the optimizer step) in two
 configurations, each at fp32 and at fp16 (train.precision), and the per-timestep (scheduled-sampling)
 path."""
@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from catchat import reference as ref
 from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device

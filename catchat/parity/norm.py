@@ -1,11 +1,11 @@
 """Residual + variational dropout + RMSNorm, forward and backward (glsl/rmsnorm.comp), against
-catchat.reference: odd sizes, partial workgroups, dropout on and off, dg accumulated in place."""
+catchat.model.reference: odd sizes, partial workgroups, dropout on and off, dg accumulated in place."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference as ref
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops

@@ -1,5 +1,5 @@
 """The optimizer step (glsl/grad_norm.comp, glsl/optimizer.comp, glsl/spectral.comp) against
-catchat.reference: grad norm, AdamW/NAdam steps with clipping and decay, spectral projection."""
+catchat.model.reference: grad norm, AdamW/NAdam steps with clipping and decay, spectral projection."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 
-from catchat import reference
-from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
+from catchat.model import ModelSpec, ParamLayout, init_params, reference, spectral_u_init
 from catchat.parity import ParityResult, compare
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -185,5 +184,5 @@ def _spectral_checks(dev: Device) -> list[ParityResult]:
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
-    """Grad norm, AdamW/NAdam steps with clipping and decay, spectral projection vs catchat.reference."""
+    """Grad norm, AdamW/NAdam steps with clipping and decay, spectral projection vs catchat.model.reference."""
     return _grad_norm_checks(dev) + _optimizer_checks(dev) + _spectral_checks(dev)

@@ -1,11 +1,11 @@
 """Scheduled sampling's choice of the next input token (glsl/tf_select.comp) against
-catchat.reference.tf_select: argmax and top-k choices, exact."""
+catchat.model.reference.tf_select: argmax and top-k choices, exact."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference as ref
+from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.vk import slots
 from catchat.vk.device import Device

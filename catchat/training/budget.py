@@ -5,7 +5,7 @@ two parts and asks it the same questions either way.
 a pure function of the absolute global step (lesson 2), so a resume lands exactly where the run stopped.
 
 `TimeBudget` (train.time_budget_s, --time-budget): the schedule runs on the run clock instead
-(catchat/budget.py holds the clock, the measured costs and the plan). Before each step it asks the
+(catchat/run/budget.py holds the clock, the measured costs and the plan). Before each step it asks the
 plan for the step's progress (so its lr) and whether it is the last; before the first step it probes
 the eval's cost and logs the plan; the run ends with a checkpoint and an eval inside the budget, and a
 resumed run keeps what is left of it. Such a run is timing-dependent; unbudgeted runs are untouched.
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import time
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat.budget import Budget, Clock, checkpoint_guess
-from catchat.evaluate import evaluate_lanes, windows_to_score
+from catchat.inference.evaluate import evaluate_lanes, windows_to_score
 from catchat.model import ParamLayout
-from catchat.schedule import TimedStep, interval_crossed, lr_at
+from catchat.run import checkpoint as ck
+from catchat.run.budget import Budget, Clock, checkpoint_guess
+from catchat.run.schedule import TimedStep, interval_crossed, lr_at
 from catchat.training.state import RunState
 
 
@@ -78,7 +78,7 @@ class StepSchedule:
 
 
 class TimeBudget(StepSchedule):
-    """A time-budgeted run: `budget` (catchat.budget.Budget) plans each step; `total_steps` is a
+    """A time-budgeted run: `budget` (catchat.run.budget.Budget) plans each step; `total_steps` is a
     step cap (0: none)."""
 
     PROBE_CHARS = 8  # characters per sample timed by the eval probe

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat import config as cfgmod
-from catchat import vocab
-from catchat.corpus import open_corpus
-from catchat.lanes import Lanes
+from catchat.data import vocab
+from catchat.data.corpus import open_corpus
+from catchat.data.lanes import Lanes
 from catchat.model import ParamLayout, init_params
 from catchat.precision import LossScaler
 from catchat.training.evals import eval_lanes
@@ -23,7 +23,7 @@ from catchat.vk.program import Program
 
 @dataclass
 class Setup:
-    corpus: object  # catchat.corpus's store of the corpus
+    corpus: object  # catchat.data.corpus's store of the corpus
     lanes: Lanes  # the train split's lanes (all of them, on every rank)
     eval_lanes: Lanes | None  # the eval split's, where evals need them
     total_steps: int  # planned (a budgeted run: a step cap, 0 = none)

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
+from catchat.data.lanes import Lanes
 from catchat.errors import CheckpointWriteError, UsageError
-from catchat.lanes import Lanes
 from catchat.model import ParamLayout, param_specs
 from catchat.precision import LossScaler
-from catchat.rundir import RunFiles
+from catchat.run import checkpoint as ck
+from catchat.run.rundir import RunFiles
 from catchat.training.ranks import OneProcess
 from catchat.training.state import RunState
 from catchat.training.telemetry import memory_mb

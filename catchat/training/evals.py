@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from catchat import config as cfgmod
-from catchat import vocab
+from catchat.data import vocab
+from catchat.data.lanes import Lanes
 from catchat.errors import UsageError
-from catchat.evaluate import evaluate_lanes
-from catchat.lanes import Lanes
+from catchat.inference.evaluate import evaluate_lanes
 from catchat.model import ParamLayout
 from catchat.training.ranks import OneProcess
 from catchat.training.state import RunState
@@ -80,7 +80,7 @@ class Evals:
 
     def sample_texts(self, chars: int) -> list[str]:
         """The SAMPLE_SETTINGS samples of `chars` characters each from <bos>, as the samples file has them."""
-        from catchat.generate import Generator, Sampling
+        from catchat.inference.generate import Generator, Sampling
 
         flat = self.prog.get_params()
         if self._sampler is None:

@@ -8,9 +8,9 @@ dropout is seeded by the step), so a resumed run is fed exactly what a straight 
 from __future__ import annotations
 
 from catchat import config as cfgmod
-from catchat.lanes import DataCursor, Lanes, prefix_dropout
+from catchat.data.lanes import DataCursor, Lanes, prefix_dropout
 from catchat.rng import step_seed
-from catchat.schedule import tf_at
+from catchat.run.schedule import tf_at
 
 
 class Feed:

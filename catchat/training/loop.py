@@ -19,16 +19,17 @@ import shutil
 import time
 from pathlib import Path
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import distributed, rundir
-from catchat import faults as faultmod
-from catchat.budget import Clock
+from catchat import distributed
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
-from catchat.faults import crash_point
 from catchat.fsutil import deferred_signals
-from catchat.rundir import RunFiles, RunLock
-from catchat.schedule import TimedStep, interval_crossed
+from catchat.run import checkpoint as ck
+from catchat.run import faults as faultmod
+from catchat.run import rundir
+from catchat.run.budget import Clock
+from catchat.run.faults import crash_point
+from catchat.run.rundir import RunFiles, RunLock
+from catchat.run.schedule import TimedStep, interval_crossed
 from catchat.training import start
 from catchat.training.budget import StepSchedule, keep_budget, make_pace
 from catchat.training.build import Setup, build, fresh
@@ -65,7 +66,7 @@ class Trainer:
     def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
                  resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False,
                  clock_origin: float | None = None, comm: distributed.Comm | None = None):
-        """faults: injected faults (catchat.faults); None reads $CATCHAT_FAULT. clock_origin: the
+        """faults: injected faults (catchat.run.faults); None reads $CATCHAT_FAULT. clock_origin: the
         time.monotonic() from which this process's time counts (the CLI: the process's start, so a
         time budget includes start-up); None: now. comm: this process is one rank of a data-parallel
         run (catchat.distributed); None: the only process."""
@@ -134,7 +135,7 @@ class Trainer:
         self.setup, self.state, self.pace = setup, state, pace
         self.prog, self.lanes, self.eval_lanes = setup.prog, setup.lanes, setup.eval_lanes
         self.layout, self.total_steps, self.tokens_per_step = setup.layout, setup.total_steps, setup.tokens_per_step
-        self.budget = pace.budget  # catchat.budget.Budget of a time-budgeted run, else None
+        self.budget = pace.budget  # catchat.run.budget.Budget of a time-budgeted run, else None
         self.feed = Feed(setup.lanes, cfg)
         self.device_step = DeviceStep(setup.prog, cfg, ranks, self.faults)
         tel = Telemetry if self.is_root else Quiet
@@ -186,7 +187,7 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
     def step(self, decision: TimedStep | None = None) -> StepStats:
         """One optimizer step over the next micro-batches; logs it. `decision`: a budgeted run's
-        (catchat.budget.Budget.next_step), whose progress sets the lr; None: the step schedule."""
+        (catchat.run.budget.Budget.next_step), whose progress sets the lr; None: the step schedule."""
         state = self.state
         began = time.perf_counter()
         crash_point("train.step")

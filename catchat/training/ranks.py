@@ -17,8 +17,8 @@ import numpy as np
 
 from catchat import config as cfgmod
 from catchat import distributed
+from catchat.data.lanes import Lanes
 from catchat.errors import UsageError
-from catchat.lanes import Lanes
 from catchat.training.state import RunState
 from catchat.vk.program import Program, StepStats
 

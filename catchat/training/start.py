@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from catchat import checkpoint as ck
 from catchat import config as cfgmod
-from catchat import rundir
 from catchat.errors import UsageError
-from catchat.faults import crash_point
 from catchat.fsutil import atomic_write_text
-from catchat.rundir import RunFiles
+from catchat.run import checkpoint as ck
+from catchat.run import rundir
+from catchat.run.faults import crash_point
+from catchat.run.rundir import RunFiles
 from catchat.training.build import Setup
 from catchat.training.state import RunState
 from catchat.training.telemetry import Telemetry, memory_mb

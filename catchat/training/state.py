@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from catchat.lanes import DataCursor
+from catchat.data.lanes import DataCursor
 from catchat.precision import LossScaler
 
 

@@ -4,7 +4,7 @@ its outcome does to the run's counters.
 The step's valid-target count comes from the data on the host, for the whole step on every rank
 (lesson 10): a step with none, or with a gradient that is not finite, is skipped by the GPU's guard
 and logged. At fp16 an overflow halves the loss scale and is not a step toward
-train.max_consecutive_skips. Faults injected for tests (catchat/faults.py: zero_valid, nan_grad,
+train.max_consecutive_skips. Faults injected for tests (catchat/run/faults.py: zero_valid, nan_grad,
 device_lost) enter here.
 """
 
@@ -14,10 +14,10 @@ import time
 from contextlib import ExitStack
 
 from catchat import config as cfgmod
-from catchat import faults as faultmod
-from catchat.lanes import n_valid as count_valid
+from catchat.data.lanes import n_valid as count_valid
 from catchat.precision import GROWTH_INTERVAL
-from catchat.schedule import TimedStep, lr_at, lr_at_progress
+from catchat.run import faults as faultmod
+from catchat.run.schedule import TimedStep, lr_at, lr_at_progress
 from catchat.training.ranks import OneProcess
 from catchat.training.state import RunState
 from catchat.vk.program import Program, StepHyper, StepStats

@@ -11,10 +11,10 @@ import os
 import sys
 import time
 
-from catchat.budget import Clock
 from catchat.fsutil import append_line
-from catchat.rundir import RunFiles, metrics_header
-from catchat.runlog import METRICS_COLUMNS
+from catchat.run.budget import Clock
+from catchat.run.rundir import RunFiles, metrics_header
+from catchat.run.runlog import METRICS_COLUMNS
 from catchat.training.state import RunState
 from catchat.vk.program import StepStats
 

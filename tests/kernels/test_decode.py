@@ -1,12 +1,12 @@
-"""Generation's decode step and on-device choice against catchat.reference (catchat/parity/decode.py),
+"""Generation's decode step and on-device choice against catchat.model.reference (catchat/parity/decode.py),
 plus the edges a parity table does not show."""
 
 import numpy as np
 
-from catchat import reference as ref
-from catchat import vocab
-from catchat.generate import Sampling
+from catchat.data import vocab
+from catchat.inference.generate import Sampling
 from catchat.model import ModelSpec
+from catchat.model import reference as ref
 from catchat.parity import decode as decode_parity
 
 

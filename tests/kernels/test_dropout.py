@@ -1,8 +1,8 @@
-"""Dropout masks: the GLSL RNG is bit-identical to catchat.rng's (through catchat.reference's masks)."""
+"""Dropout masks: the GLSL RNG is bit-identical to catchat.rng's (through catchat.model.reference's masks)."""
 
 import numpy as np
 
-from catchat import reference as ref
+from catchat.model import reference as ref
 from catchat.parity import dropout, make_hyper
 from catchat.rng import step_seed
 from catchat.vk.kernels import run_ops

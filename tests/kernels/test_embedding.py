@@ -1,10 +1,10 @@
-"""Embedding forward/backward with row dropout (glsl/embedding.comp) against catchat.reference."""
+"""Embedding forward/backward with row dropout (glsl/embedding.comp) against catchat.model.reference."""
 
 from collections import Counter
 
 import numpy as np
 
-from catchat import reference
+from catchat.model import reference
 from catchat.parity.embedding import hyper_words, parity_checks, row_scale, run_embedding
 from catchat.vk.device import host_view
 from catchat.vk.kernels import run_ops

@@ -1,4 +1,4 @@
-"""GRU forward/backward sweeps (one dispatch per step) against catchat.reference."""
+"""GRU forward/backward sweeps (one dispatch per step) against catchat.model.reference."""
 
 import dataclasses
 from collections import Counter

@@ -4,7 +4,7 @@ from collections import Counter
 
 import numpy as np
 
-from catchat import reference
+from catchat.model import reference
 from catchat.parity.loss import hyper_words, loss_case, parity_checks, run_loss, stats_words
 from catchat.vk.kernels import run_ops
 from catchat.vk.kernels.loss import FLAG_TOP1, FLAG_TOP5, FLAG_VALID, CrossEntropy, LossReduce

@@ -1,4 +1,4 @@
-"""Residual + variational dropout + RMSNorm forward/backward against catchat.reference."""
+"""Residual + variational dropout + RMSNorm forward/backward against catchat.model.reference."""
 
 import numpy as np
 

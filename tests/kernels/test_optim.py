@@ -5,8 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from catchat import reference
-from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
+from catchat.model import ModelSpec, ParamLayout, init_params, reference, spectral_u_init
 from catchat.parity import optim as optim_parity
 from catchat.parity.optim import DEFAULT_GEOMETRY, SMALL_GEOMETRY, StepRig, hyper_buffer
 from catchat.vk import slots

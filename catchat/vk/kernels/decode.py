@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from catchat import vocab
+from catchat.data import vocab
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div

@@ -3,7 +3,7 @@
 The training kernels never read a mask buffer: the embedding and residual/RMSNorm shaders
 recompute `dropout_scale(seed, stream, counter, p)` where they need it. This kernel writes the
 masks out so parity checks (catchat/parity/dropout.py) can prove the GLSL RNG bit-identical to
-catchat.reference.
+catchat.model.reference.
 """
 
 from __future__ import annotations

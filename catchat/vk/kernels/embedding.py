@@ -4,7 +4,7 @@
     dE[v,:]  += sum over (t,b) with tok[t,b] == v of dx0[t,b,:] * scale(v)   (token order)
 
 keep(v) = rng_uniform(seed, 1, v) >= p_emb with seed = hyper[HP_SEED], p_emb = hyper[HP_P_EMB]
-(catchat.reference.embedding_keep_mask): the mask changes every micro-batch without re-recording.
+(catchat.model.reference.embedding_keep_mask): the mask changes every micro-batch without re-recording.
 Tokens are a uint32 buffer [T*B] in time-major order; rows x0 / dx0 are [T*B, H] contiguous.
 """
 

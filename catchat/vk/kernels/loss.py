@@ -1,5 +1,5 @@
 """Fused softmax cross-entropy and its deterministic reduction (glsl/cross_entropy.comp,
-glsl/loss_reduce.comp); maths in docs/model.md "Loss", twin catchat.reference.cross_entropy_forward_backward.
+glsl/loss_reduce.comp); maths in docs/model.md "Loss", twin catchat.model.reference.cross_entropy_forward_backward.
 
 Per micro-batch, in order:
     CrossEntropy   logits[T*B,V], targets[T*B] -> row_loss[T*B] f32, row_flags[T*B] u32

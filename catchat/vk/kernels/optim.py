@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from catchat import reference
-from catchat.model import ParamLayout
+from catchat.model import ParamLayout, reference
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from catchat.data.lanes import n_valid as count_valid
 from catchat.errors import DeviceLost
-from catchat.lanes import n_valid as count_valid
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.rng import step_seed
 from catchat.vk import slots

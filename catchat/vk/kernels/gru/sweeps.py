@@ -4,7 +4,7 @@ the register-resident glsl/gru_forward_resident.comp, glsl/gru_backward_resident
 Only the serial path lives here. Before the forward sweep a GEMM computes gi = x @ W_ih^T + b_ih
 [T,B,3H] for all steps; after the backward sweep GEMMs compute dW_ih = dGi^T x, dW_hh = dGh^T hprev,
 db_ih = colsum(dGi), db_hh = colsum(dGh), dx = dGi @ W_ih from the dGi, dGh, hprev written here.
-numpy twins: catchat.reference.gru_layer_forward, gru_sweep_backward, gru_weight_grads.
+numpy twins: catchat.model.reference.gru_layer_forward, gru_sweep_backward, gru_weight_grads.
 
 Forward, per step t = 0..T-1: the recurrent matmul h_prev @ W_hh^T fused with the gates; writes
 o[t], save[t] = (r, z, n, ghn), hT at T-1, and hprev[0] (the state entering the window, after its
