@@ -3,7 +3,7 @@
 A config has six sections: model, data, train, schedule, eval, checkpoint (docs/config.md lists
 every key with its unit, default and range). Every key has a default; unknown sections and keys,
 wrong types and out-of-range values are `UsageError`s that name the key (and the closest valid
-key, design.md lesson 9). Keys carry their unit in the name: `*_seqs` (windows of one lane),
+key, docs/lessons.md, lesson 9). Keys carry their unit in the name: `*_seqs` (windows of one lane),
 `*_steps` (optimizer steps), `cycles` (passes over the train split), `*_fraction` (of the planned
 total steps, or of the corpus; with train.time_budget_s, of the budget's training time), `*_s` (seconds).
 
@@ -381,7 +381,7 @@ def _check_cross(cfg: Config, source: str, origins: dict) -> None:
         raise UsageError(
             f"{where('data.shuffle_block_windows', 'data.carry_state')}: data.shuffle_block_windows = "
             f"{d.shuffle_block_windows} with data.carry_state = true: stateful truncated BPTT needs contiguous "
-            "windows; shuffling would feed one conversation's hidden state into another (design.md lesson 5)",
+            "windows; shuffling would feed one conversation's hidden state into another (docs/lessons.md, lesson 5)",
             "set data.shuffle_block_windows = 0, or data.carry_state = false to train stateless")
     if t.total_steps > 0 and t.cycles > 0 or t.total_steps == 0 and t.cycles == 0 and t.time_budget_s == 0:
         both = t.total_steps > 0

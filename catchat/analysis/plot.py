@@ -1,4 +1,4 @@
-"""Plots and a text summary of a run directory (`runs/<name>/`, design.md "Files a run writes").
+"""Plots and a text summary of a run directory (`runs/<name>/`, docs/training.md "Files").
 
 Reads three files, all written by the trainer while it runs (so any of them may be mid-write):
     metrics.csv   a header, then one row per optimizer step:

@@ -1,6 +1,6 @@
 """Order-preserving stateful truncated BPTT: lanes, windows, reset masks and the data cursor.
 
-design.md "Data" and docs/data.md describe the contract; in short:
+docs/data.md describes the contract; in short:
 - B lanes. The conversations of a split, in corpus order, are cut into B contiguous runs
   (lane b holds conversations [cut_b, cut_{b+1})) so that the longest lane is as short as
   possible (`balanced_cuts`): every lane is a contiguous stream of whole conversations, and no
@@ -37,7 +37,7 @@ from catchat.errors import UsageError
 
 STATEFUL_SHUFFLE_REASON = (
     "stateful truncated BPTT needs contiguous windows: shuffling while carrying the hidden state "
-    "would feed one conversation's state into another (design.md lesson 5)")
+    "would feed one conversation's state into another (docs/lessons.md, lesson 5)")
 
 
 @dataclass

@@ -359,7 +359,7 @@ def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unv
 
 
 def check_fingerprint(found: str | None, where: str) -> None:
-    """Refuse data made with another vocabulary (design.md lesson 1)."""
+    """Refuse data made with another vocabulary (docs/lessons.md, lesson 1)."""
     if found != vocab.FINGERPRINT:
         raise UsageError(f"{where} was made with another vocabulary (fingerprint {str(found)[:12]}..., "
                          f"this catchat uses {vocab.NAME} {vocab.FINGERPRINT[:12]}...)",

@@ -12,7 +12,7 @@ Items are separated by commas; each is KIND@step=N, N being the optimizer step t
                  are untouched, parameters are never poisoned). The optimizer's guard must skip the
                  step (metrics skipped=1, a skipped_step event) and the run goes on.
     zero_valid   every target of the step's windows is <pad>: a batch with no valid tokens. The
-                 step must be skipped the same way (design.md lesson 10).
+                 step must be skipped the same way (docs/lessons.md, lesson 10).
     device_lost  the step's optimizer sequence fails as kp fails on VK_ERROR_DEVICE_LOST: the run
                  stops with a one-line error saying the last checkpoint is intact and how to resume.
 

@@ -39,7 +39,7 @@ PENDING, BRANCH_INFO = "PENDING", "branch.json"
 
 
 class RunFiles:
-    """Where a run keeps its files (design.md "Files a run writes")."""
+    """Where a run keeps its files (docs/training.md "Files")."""
 
     def __init__(self, root: Path):
         self.root = Path(root)

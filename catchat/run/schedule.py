@@ -1,7 +1,7 @@
 """Learning-rate schedule and interval checks: pure functions of the absolute step / seqs count
 (or, with a time budget, of the plan's progress).
 
-Nothing here keeps state (design.md lessons 2 and 4): a resumed run asks `lr_at` for the same
+Nothing here keeps state (docs/lessons.md, lessons 2 and 4): a resumed run asks `lr_at` for the same
 global step it would have reached without the interruption and gets the same value, so a resume
 past the warmup never warms up again.
 
@@ -193,7 +193,7 @@ def phase_at(global_step: int, total_steps: int, cfg) -> str:
 
 
 def interval_crossed(prev_seqs: int, new_seqs: int, every: int) -> bool:
-    """True when a multiple of `every` lies in (prev_seqs, new_seqs] (design.md lesson 4).
+    """True when a multiple of `every` lies in (prev_seqs, new_seqs] (docs/lessons.md, lesson 4).
 
     Intervals fire by crossing a boundary, so a step that consumes more seqs than one interval,
     or a step size that does not divide `every`, still fires (once). every <= 0 means off."""

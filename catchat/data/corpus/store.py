@@ -39,7 +39,7 @@ class Corpus:
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> Corpus:
-        """Open a corpus directory, refusing a vocabulary fingerprint mismatch (design.md lesson 1)."""
+        """Open a corpus directory, refusing a vocabulary fingerprint mismatch (docs/lessons.md, lesson 1)."""
         path = Path(path)
         build_hint = f"build one: catchat corpus build SRC... -o {path}"
         if not path.exists():
