@@ -196,38 +196,43 @@ class Comm:
     # Point-to-point messages on the world communicator never match a collective's traffic.
     NOTICE_TAG, ANSWER_TAG = 0x6361, 0x6362
 
+    def _take(self, tag: int):
+        """(source, message) of a waiting message with `tag` from any rank, or None."""
+        status = self.MPI.Status()
+        if not self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=tag, status=status):
+            return None
+        src = status.Get_source()
+        return src, self.world.recv(source=src, tag=tag)
+
     def _check_notices(self) -> None:
         """Raise RankFailed when another rank has sent word of its failure."""
-        status = self.MPI.Status()
-        if self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.NOTICE_TAG, status=status):
-            src = status.Get_source()
-            line = self.world.recv(source=src, tag=self.NOTICE_TAG)
-            self.failed_peer = src
-            raise RankFailed(src, line)
+        notice = self._take(self.NOTICE_TAG)
+        if notice is not None:
+            self.failed_peer = notice[0]
+            raise RankFailed(*notice)
 
     def settle_failure(self, line: str) -> None:
         """This rank stops. Stopped by another's failure: answer it (it waits for that before it
-        exits, so that this rank's record of it is written). Failing itself: send `line` to every
-        other rank and wait for their answers, at most the deadline (none when a deadline already
-        passed: the others may be hung); a rank failing at the same moment counts as answered."""
+        exits, so that this rank's record of it is written), within the deadline. Failing itself:
+        send `line` to every other rank and wait for their answers, at most the deadline (none when
+        a deadline already passed: the others may be hung); a rank failing at the same moment counts
+        as answered, and is answered."""
         if self.failed_peer is not None:
-            self.world.isend(self.rank, dest=self.failed_peer, tag=self.ANSWER_TAG).Wait()
+            self._wait(self.world.isend(self.rank, dest=self.failed_peer, tag=self.ANSWER_TAG),
+                       f"answering rank {self.failed_peer}")
             return
         waiting = {r for r in range(self.size) if r != self.rank}
+        # every request is kept until this process ends: its pickled message must outlive the send
         sends = [self.world.isend(line, dest=r, tag=self.NOTICE_TAG) for r in sorted(waiting)]
         deadline = time.monotonic() + (0.0 if self.unresponsive else self.timeout_s)
-        status = self.MPI.Status()
         while waiting and time.monotonic() < deadline:
-            if self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.ANSWER_TAG, status=status):
-                waiting.discard(self.world.recv(source=status.Get_source(), tag=self.ANSWER_TAG))
-            elif self.world.Iprobe(source=self.MPI.ANY_SOURCE, tag=self.NOTICE_TAG, status=status):
-                src = status.Get_source()  # failing too: it waits for our answer as we wait for its
-                self.world.recv(source=src, tag=self.NOTICE_TAG)
-                self.world.isend(self.rank, dest=src, tag=self.ANSWER_TAG)
+            answer, notice = self._take(self.ANSWER_TAG), self._take(self.NOTICE_TAG)
+            for src, _ in filter(None, (answer, notice)):
                 waiting.discard(src)
-            else:
+            if notice is not None:  # failing too: it waits for our answer as we wait for its
+                sends.append(self.world.isend(self.rank, dest=notice[0], tag=self.ANSWER_TAG))
+            if answer is None and notice is None:
                 time.sleep(self.MAX_PAUSE_S)
-        del sends  # delivered or not, this process ends next
 
     # ------------------------------------------------------------------ waiting with a deadline
     SPIN_S = 2e-3  # a wait polls without pause this long, then sleeps between polls (up to MAX_PAUSE_S)

@@ -9,6 +9,7 @@ class CatchatError(Exception):
     """
 
     exit_code = 1
+    label = "error"  # the word the command line prints before the message
 
     def __init__(self, message: str, hint: str | None = None, exit_code: int | None = None):
         super().__init__(message)

@@ -35,6 +35,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
+from catchat.analysis.timing import timed  # noqa: E402
+from catchat.analysis.torch_twin import torch_status  # noqa: E402
 from catchat.vk.device import host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gemm, half_tensor, run_ops  # noqa: E402
 
@@ -134,14 +136,10 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
 
 def torch_rates(kw: dict, reps: int, repeat: int) -> dict:
     """TFLOP/s of torch.matmul (cuBLAS) at the same shape and transposes, with float16, bfloat16 and
-    float32 (TF32 off) operands, float32 accumulation; {} without torch and CUDA. Timed with CUDA events,
-    `repeat` products per timing, the median of `reps`."""
-    try:
-        import torch
-    except ImportError:
-        return {}
-    if not torch.cuda.is_available():
-        return {}
+    float32 (TF32 off) operands, float32 accumulation (torch_twin.torch_status says whether it can
+    run): `repeat` products and a synchronize per timing, the median of `reps` after a warm-up."""
+    import torch
+
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
@@ -154,17 +152,14 @@ def torch_rates(kw: dict, reps: int, repeat: int) -> dict:
         a = a.t() if kw.get("trans_a") else a
         b = b.t() if kw.get("trans_b") else b
         c = torch.matmul(a, b)
-        times = []
-        for _ in range(reps + 1):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+
+        def products(a=a, b=b, c=c):
             for _ in range(repeat):
                 torch.matmul(a, b, out=c)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3 / repeat)
-        out[name] = 2.0 * M * N * K / float(np.median(times[1:])) / 1e12
-        del a, b, c
+            torch.cuda.synchronize()
+
+        products()  # warm-up: cuBLAS picks its kernel
+        out[name] = 2.0 * M * N * K / (timed(products, reps) / repeat) / 1e12
     return out
 
 
@@ -208,6 +203,10 @@ def main(argv=None) -> int:
         operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat"))
     half = {p: bool(OPERANDS[p].get("half")) for p in operands}  # operands stored as float16
     problems = {h: shapes(cfg, dev, half=h) for h in dict.fromkeys(half.values())}
+    use_torch = False
+    if args.compare_torch:
+        use_torch, status = torch_status()
+        print(status)
     report = dict(tool="tools/bench_gemm.py", argv=list(sys.argv[1:] if argv is None else argv),
                   date=time.strftime("%Y-%m-%d"), device=dev.info.name, driver=getattr(dev.info, "driver", ""),
                   config=args.config, hidden=cfg.model.hidden, shapes={})
@@ -228,7 +227,7 @@ def main(argv=None) -> int:
                 program = current and p in ("f32", "coopmat")
                 rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, program))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
-        torch_tflops = torch_rates(kw, max(1, args.reps), max(1, args.repeat)) if args.compare_torch else {}
+        torch_tflops = torch_rates(kw, max(1, args.reps), max(1, args.repeat)) if use_torch else {}
         print(f"{name}: [{kw['M']},{kw['K']}] x [{kw['K']},{kw['N']}], {flop / 1e9:.1f} GFLOP"
               + "".join(f", torch {k} {v:.1f}" for k, v in torch_tflops.items()) + (" TFLOP/s" if torch_tflops else ""))
         entry = dict(M=kw["M"], N=kw["N"], K=kw["K"], trans_a=bool(kw.get("trans_a")),

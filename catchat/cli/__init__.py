@@ -71,7 +71,7 @@ def main(argv=None):
     except click.ClickException as e:
         _fail(e.format_message(), None, e.exit_code)
     except CatchatError as e:
-        _fail(e.message, e.hint, e.exit_code, getattr(e, "label", "error"))
+        _fail(e.message, e.hint, e.exit_code, e.label)
     except OSError as e:  # disk full, permissions, a file gone: the system's words, not a traceback
         _fail(f"{e.strerror or e}" + (f": {e.filename}" if e.filename else ""),
               "check free disk space, the path and its permissions", 1)
