@@ -70,9 +70,10 @@ def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, nu
     gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num)
     text = (f"{speaker}: " if speaker else "") + prompt
     ids = prompt_ids(text)
-    unk = int((ids == vocab.UNK).sum())
+    unk = vocab.unknown_characters(text)
     if unk:
-        click.echo(f"note: {unk} prompt characters are outside {vocab.NAME} and read as <unk>", err=True)
+        click.echo(f"note: {unk.total()} prompt characters are outside {vocab.NAME} and read as <unk>: "
+                   + vocab.describe_unknown(unk), err=True)
     stops = (vocab.EOS, vocab.TURN) if stop_at_turn else (vocab.EOS,)
     shown = vocab.decode(ids)
     if num == 1:

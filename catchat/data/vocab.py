@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +75,31 @@ def encode(text: str, *, normalise_text: bool = True) -> Encoded:
     ascii_mask = raw < 128
     ids[ascii_mask] = _ASCII_TO_ID[raw[ascii_mask]]
     return Encoded(ids=ids, unk_count=int(np.count_nonzero(ids == UNK)), char_count=int(raw.size))
+
+
+def tally_unknown(codes: np.ndarray) -> Counter[str]:
+    """Code points (uint32) of characters already known to be outside the vocabulary -> how often
+    each occurs (what `describe_unknown` names)."""
+    values, counts = np.unique(np.asarray(codes, np.uint32), return_counts=True)
+    return Counter({chr(int(v)): int(n) for v, n in zip(values, counts)})
+
+
+def unknown_characters(text: str) -> Counter[str]:
+    """The characters of `text` (after normalisation) that encode as <unk>, with their counts."""
+    raw = np.frombuffer(normalise(text).encode("utf-32-le"), dtype=np.uint32)
+    unk = raw[(raw >= 128) | (_ASCII_TO_ID[raw & 0xFF] == UNK)]
+    return tally_unknown(unk)
+
+
+def describe_unknown(counts: Counter[str] | dict[str, int], top: int = 5) -> str:
+    """'æ U+00E6 x12, é U+00E9 x3 and 4 more': the most frequent characters outside the vocabulary,
+    each with its code point (the glyph alone is no help for an invisible or look-alike character,
+    which then shows as its code point only)."""
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = [(f"{c} " if c.isprintable() and not c.isspace() else "") + f"U+{ord(c):04X} x{n:,}"
+             for c, n in ranked[:top]]
+    rest = len(ranked) - len(shown)
+    return ", ".join(shown) + (f" and {rest:,} more" if rest > 0 else "")
 
 
 def encode_ids(text: str) -> np.ndarray:

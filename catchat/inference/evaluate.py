@@ -123,7 +123,8 @@ def text_set(path: str | Path, fmt: str = "auto", max_unk_rate: float | None = N
     if skipped:
         notes.append(f"skipped {_plural(skipped, 'empty record')}")
     if convs.unk:
-        notes.append(f"{convs.unk:,} of {convs.characters:,} characters are outside {vocab.NAME} (scored as <unk>)")
+        notes.append(f"{convs.unk:,} of {convs.characters:,} characters are outside {vocab.NAME} (scored as <unk>): "
+                     + vocab.describe_unknown(convs.unk_chars))
     return EvalSet(tokens=convs.tokens, starts=convs.starts, lengths=convs.lengths, source="text", path=str(path),
                    notes=notes)
 

@@ -6,7 +6,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ from catchat.data.corpus.writer import SourceStats, Writer
 from catchat.errors import UsageError
 
 DEFAULT_EVAL_FRACTION = 0.05
+UNK_CHARS_KEPT = 20  # the manifest's "unk_chars": this many of the most frequent <unk> characters
 
 
 @dataclass
@@ -41,6 +42,7 @@ class BuildSummary:
     skipped_empty: int = 0
     seconds: float = 0.0
     hold_out: dict | None = None  # the manifest's "hold_out" entry (held-out works), None without one
+    unk_chars: dict[str, int] = field(default_factory=dict)  # the manifest's "unk_chars"
 
     @property
     def unk_rate(self) -> float:
@@ -49,7 +51,7 @@ class BuildSummary:
     def lines(self) -> list[str]:
         out = [f"corpus {self.out_dir}: {self.conversations:,} conversations, {self.turns:,} turns, "
                f"{self.characters:,} characters, {self.tokens:,} tokens",
-               f"unk rate {self.unk_rate:.4%} ({self.unk:,} characters outside {vocab.NAME})",
+               unk_line(self.unk_rate, self.unk, self.unk_chars),
                f"split: {self.train_conversations:,} train / {self.eval_conversations:,} eval conversations "
                f"(eval_fraction {self.eval_fraction:g}, by content hash)",
                f"sources: {len(self.sources)}; built in {self.seconds:.1f} s"]
@@ -138,6 +140,7 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
         "characters": w.characters,
         "unk": w.unk,
         "unk_rate": w.unk / w.characters if w.characters else 0.0,
+        "unk_chars": dict(w.unk_chars.most_common(UNK_CHARS_KEPT)),
         "tokens_sha256": w.tokens_sha.hexdigest(),
         "layout": "<bos> TURN (<turn> TURN)* <eos>; TURN = 'SPEAKER: text' or 'text'",
         "split": {
@@ -164,7 +167,7 @@ def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction:
     return BuildSummary(out_dir=tmp, conversations=n, turns=w.turns, tokens=w.pos, characters=w.characters,
                         unk=w.unk, sources=all_stats, train_conversations=n - n_eval, eval_conversations=n_eval,
                         eval_fraction=eval_fraction, skipped_empty=sum(s.skipped_empty for s in all_stats),
-                        hold_out=held)
+                        hold_out=held, unk_chars=manifest["unk_chars"])
 
 
 def hold_out_line(entry: dict) -> str:
@@ -172,3 +175,9 @@ def hold_out_line(entry: dict) -> str:
     titles = ", ".join(w["title"] for w in entry["works"])
     return (f"held out whole: {titles} ({entry['conversations']:,} conversations, {entry['tokens']:,} tokens; "
             "all eval, none train)")
+
+
+def unk_line(unk_rate: float, unk: int, unk_chars: dict[str, int]) -> str:
+    """'unk rate 0.0100% (12 characters outside cc101: æ U+00E6 x12)' (the build summary, corpus info)."""
+    which = f": {vocab.describe_unknown(unk_chars)}" if unk_chars else ""
+    return f"unk rate {unk_rate:.4%} ({unk:,} characters outside {vocab.NAME}{which})"

@@ -4,6 +4,7 @@ by its reader into one Writer (`read_sources`), and the same path into memory (`
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from catchat.data import vocab
+from catchat.data.corpus.detect import check_format
 from catchat.data.corpus.jsonl import JSONL_SUFFIXES, read_jsonl
 from catchat.data.corpus.shakespeare import SHAKESPEARE, read_shakespeare
 from catchat.data.corpus.text import read_text
@@ -22,7 +24,9 @@ DEFAULT_MAX_UNK_RATE = 0.05  # refuse a source with more <unk> characters than t
 
 
 def expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tuple[str, Path | None]]:
-    """(kind, path) per input file, in the order given (directories: sorted, recursive, no dot files)."""
+    """(kind, path) per input file, in the order given (directories: sorted, recursive, no dot files).
+    A file whose content is another format than its reader's (a JSON array, CSV...) is refused here,
+    before anything is read or written (`detect.check_format`)."""
     if not sources:
         raise UsageError("no sources given", "e.g. catchat corpus build shakespeare chats.jsonl -o corpora/mine")
     out: list[tuple[str, Path | None]] = []
@@ -50,6 +54,8 @@ def expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tuple
                              f"check the path (the built-in corpus is spelled '{SHAKESPEARE}')")
         for f in files:
             kind = fmt if fmt != "auto" else ("jsonl" if f.suffix.lower() in JSONL_SUFFIXES else "text")
+            if fmt == "auto" or kind == "jsonl":  # --format text reads any file as text, as asked
+                check_format(f, kind)
             out.append((kind, f))
     return out
 
@@ -73,7 +79,8 @@ def read_sources(w: Writer, inputs: list[tuple[str, Path | None]], max_unk_rate:
         if s is not None and s.characters and s.unk_rate > max_unk_rate:
             raise UsageError(
                 f"{s.path}: {s.unk_rate:.1%} of its characters are outside the {vocab.NAME} vocabulary "
-                f"(at most {max_unk_rate:.1%} allowed): binary data or a non-English script?",
+                f"(at most {max_unk_rate:.1%} allowed), most often {vocab.describe_unknown(s.unk_chars)}: "
+                "binary data or a non-English script?",
                 "leave the file out, convert it, or raise the limit with --max-unk-rate")
 
     for kind, path in inputs:
@@ -113,6 +120,7 @@ class Conversations:
     turns: int
     characters: int  # text and speaker characters (not the specials), as a corpus manifest counts them
     unk: int
+    unk_chars: Counter[str]  # which characters were <unk>, how often
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -133,4 +141,4 @@ def read_conversations(source: str | os.PathLike, *, fmt: str = "auto", delimite
     finally:
         w.close()
     return Conversations(tokens=tokens, starts=index[:, 0].copy(), lengths=index[:, 1].copy(), sources=stats,
-                         turns=w.turns, characters=w.characters, unk=w.unk)
+                         turns=w.turns, characters=w.characters, unk=w.unk, unk_chars=w.unk_chars)

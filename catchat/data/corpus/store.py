@@ -13,7 +13,7 @@ import numpy as np
 
 from catchat.data import vocab
 from catchat.data.corpus import holdout
-from catchat.data.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build, hold_out_line
+from catchat.data.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build, hold_out_line, unk_line
 from catchat.data.corpus.commit import corpus_file, finish_replacement, is_corpus_dir
 from catchat.data.corpus.layout import FORMAT, FORMAT_VERSION, INDEX_FILE, MANIFEST_FILE, TOKENS_FILE
 from catchat.data.corpus.shakespeare import (
@@ -155,7 +155,8 @@ def summary_lines(manifest: dict, path: str | os.PathLike = "") -> list[str]:
     return [
         f"corpus {path}: {m['conversations']:,} conversations, {m.get('turns', 0):,} turns, "
         f"{m['characters']:,} characters, {m['tokens']:,} tokens",
-        f"vocab {v.get('name')} {str(v.get('fingerprint', ''))[:16]}...; unk rate {m.get('unk_rate', 0):.4%}",
+        f"vocab {v.get('name')} {str(v.get('fingerprint', ''))[:16]}...; "
+        + unk_line(m.get("unk_rate", 0), m.get("unk", 0), m.get("unk_chars", {})),
         f"split (eval_fraction {sp.get('eval_fraction', 0):g}): {sp.get('train_conversations', 0):,} train / "
         f"{sp.get('eval_conversations', 0):,} eval conversations, {sp.get('train_tokens', 0):,} / "
         f"{sp.get('eval_tokens', 0):,} tokens" + (" (the held-out works included)" if held else ""),

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ class SourceStats:
     unk: int = 0
     skipped_empty: int = 0
     synthetic: dict | None = None  # a `catchat chat` log: the checkpoints that wrote it
+    unk_chars: Counter[str] = field(default_factory=Counter)  # which characters were <unk>, how often
 
     @property
     def unk_rate(self) -> float:
@@ -60,6 +62,7 @@ class Writer:
         self.turns = 0
         self.characters = 0
         self.unk = 0
+        self.unk_chars: Counter[str] = Counter()  # every source's <unk> characters (the reports name them)
         self.stats: SourceStats | None = None
         self._buf: list[str] = []
         self._buf_chars = 0
@@ -127,6 +130,7 @@ class Writer:
         ids[special] = (code[special] - 0xE000).astype(np.uint8)  # placeholders -> <bos> <eos> <turn>
         n_special = int(np.count_nonzero(special))
         chars, unk = enc.char_count - n_special, enc.unk_count - n_special
+        unk_chars = vocab.tally_unknown(code[ids == vocab.UNK]) if unk else Counter()
         data = ids.tobytes()
         self._tokens.write(data)
         self.tokens_sha.update(data)
@@ -146,9 +150,11 @@ class Writer:
         self.pos += len(data)
         self.characters += chars
         self.unk += unk
+        self.unk_chars.update(unk_chars)
         if self.stats is not None:
             self.stats.characters += chars
             self.stats.unk += unk
+            self.stats.unk_chars.update(unk_chars)
 
     def close(self) -> None:
         self._tokens.close()
