@@ -1,6 +1,6 @@
 """Run configuration: TOML -> frozen dataclasses, validation, `--set` overrides, resolved TOML.
 
-A config has six sections: model, data, train, schedule, eval, checkpoint (docs/config.md lists
+A config has eight sections: model, data, train, schedule, teacher_forcing, eval, checkpoint, log (docs/config.md lists
 every key with its unit, default and range). Every key has a default; unknown sections and keys,
 wrong types and out-of-range values are `UsageError`s that name the key (and the closest valid
 key, docs/lessons.md, lesson 9). Keys carry their unit in the name: `*_seqs` (windows of one lane),
@@ -173,6 +173,12 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class LogConfig:
+    tensorboard: bool = _key(True, bool, "also write TensorBoard event files to RUN/tensorboard/ (needs tensorboardX: pip install 'catchat[live]'; "
+                             "without it the run says so once and trains on)")
+
+
+@dataclass(frozen=True)
 class TeacherForcingConfig:
     start: float = _key(1.0, float, "teacher forcing at the start: probability that an input is the data's token", "probability", lo=0, hi=1)
     floor: float = _key(0.7, float, "teacher forcing never decays below this", "probability", lo=0, hi=1)
@@ -193,6 +199,7 @@ class Config:
     teacher_forcing: TeacherForcingConfig = field(default_factory=TeacherForcingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
@@ -265,6 +272,29 @@ def parse_override(item: str) -> tuple[str, str, Any]:
 def from_dict(data: dict, *, source: str = "<dict>", origins: dict | None = None) -> Config:
     """Validate a parsed TOML document (section -> key -> value) and build the Config."""
     origins = origins or {}
+    cfg = Config(**_sections(data, source, origins))
+    _check_cross(cfg, source, origins)
+    return cfg
+
+
+def load_values(path: str | Path) -> dict[str, dict[str, Any]]:
+    """section -> key -> value of a config file (every key: defaults where the file sets none), each
+    key checked on its own but not the rules across keys: --set may complete a file. A resume compares
+    it with the file as the run last read it (catchat/training/plan.py)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as e:
+        raise UsageError(f"cannot read config file {path}: {e.strerror}", "check the path and its permissions") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path} is not valid TOML: {e}", "fix the syntax at the line it names") from None
+    return to_dict(Config(**_sections(data, str(path), {})))
+
+
+def _sections(data: dict, source: str, origins: dict) -> dict[str, Any]:
+    """section name -> its validated dataclass, for the sections `data` has (each key checked alone)."""
     sections = {}
     for section, body in data.items():
         if section not in SECTIONS:
@@ -281,9 +311,7 @@ def from_dict(data: dict, *, source: str = "<dict>", origins: dict | None = None
             _check_name(section, key, where)
             values[key] = _check_value(section, key, value, where)
         sections[section] = SECTIONS[section](**values)
-    cfg = Config(**sections)
-    _check_cross(cfg, source, origins)
-    return cfg
+    return sections
 
 
 def _check_name(section: str, key: str, where: str) -> None:

@@ -15,7 +15,11 @@ from catchat.cli import ALLOW_UNVERIFIED_OPTION, PRECISION_OPTION, cli, console,
 @click.option("--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config key.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Where the run lives (default runs/<config name>).")
 @click.option("--resume", "resume", is_flag=False, flag_value="", default=None, metavar="[CKPT]",
-              help="Continue the run in --run-dir (or from the checkpoint given).")
+              help="Continue the run in --run-dir (or from the checkpoint given) with the config it recorded; "
+                   "--set on the resume changes keys (each change is printed and logged).")
+@click.option("--use-config-file", is_flag=True,
+              help="On --resume: adopt the keys edited in CONFIG since the run last read it (without it an "
+                   "edited CONFIG is refused).")
 @click.option("--stop-after-steps", type=click.IntRange(min=1), help="Stop after N steps (the schedule is unchanged).")
 @click.option("--time-budget", "time_budget", type=click.FloatRange(min=0.0, min_open=True), metavar="SECONDS",
               help="Train for this wall-clock time, start-up included: warmup, stable and cooldown run on elapsed "
@@ -29,22 +33,23 @@ from catchat.cli import ALLOW_UNVERIFIED_OPTION, PRECISION_OPTION, cli, console,
                    "gives rank r's device as entry (local rank mod its length); default: local rank modulo the GPUs.")
 @click.option("--distributed", is_flag=True,
               help="Use MPI even when no launcher is seen in the environment (mpiexec is detected by itself).")
-def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget, precision, allow_unverified, device,
-          distributed):
+def train(config_path, overrides, run_dir, resume, use_config_file, stop_after_steps, time_budget, precision,
+          allow_unverified, device, distributed):
     """Train a model from a TOML CONFIG on the Vulkan device (on N ranks: `mpiexec -n N catchat train CONFIG`)."""
     from contextlib import nullcontext
     from pathlib import Path
 
-    from catchat import config as cfgmod
     from catchat import distributed as dist
     from catchat.run.budget import process_start
     from catchat.train import Trainer
+    from catchat.training.plan import ConfigSource
     from catchat.training.progress import TrainReporter
     from catchat.vk.device import ENV_DEVICE, open_device
 
     if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
         overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
-    cfg = cfgmod.load(config_path, with_precision(overrides, precision))
+    source = ConfigSource.read(config_path, with_precision(overrides, precision), use_config_file)
+    cfg = source.fresh() if resume is None else None  # a resume starts from the run's recorded config
     name = Path(config_path).stem
     run_dir = Path(run_dir or Path("runs") / name)
     comm = dist.init(force=distributed)  # None for a single process: MPI is not even imported
@@ -64,7 +69,7 @@ def train(config_path, overrides, run_dir, resume, stop_after_steps, time_budget
     reporting = TrainReporter(console) if comm is None or comm.is_root else nullcontext(None)
     with reporting as reporter, Trainer(cfg, run_dir, dev, config_name=name, resume=resume, reporter=reporter,
                                         allow_unverified=allow_unverified, clock_origin=process_start(),
-                                        comm=comm) as trainer:
+                                        comm=comm, source=source) as trainer:
         reason = trainer.run(stop_after_steps)
     if comm is not None:
         comm.finish()

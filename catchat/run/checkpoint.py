@@ -5,8 +5,10 @@ in it has taken exactly N steps, lesson 3) holding
     model.safetensors      parameters under PyTorch names (loads with safetensors.torch.load_file)
     optimizer.safetensors  Adam moments `exp_avg.<name>`, `exp_avg_sq.<name>`, spectral-norm vectors,
                            and the carried hidden state `carry.h0` [L,B,H]
-    state.json             step, seqs, cycle, data cursor, RNG, schedule, config, vocab fingerprint,
-                           and the sha256 of both tensor files (corruption is caught on load); a
+    state.json             step, seqs, cycle, data cursor, RNG, schedule, config (the run's plan), the
+                           config file's own values ("config_file", how a resume tells an edited
+                           file: catchat/training/plan.py), vocab fingerprint, and the sha256 of
+                           both tensor files (corruption is caught on load); a
                            time-budgeted run's also its run clock ("budget": catchat/run/budget.py), an
                            fp16 run's loss scale ("loss_scale": catchat/precision.py)
 It is written into a temporary sibling directory, fsynced, then renamed into place; `latest` (a
@@ -263,6 +265,8 @@ def state_problems(state: dict, ckpt: Path, *, for_resume: bool) -> list[str]:
         need(key, lambda v: _is_int(v) and 0 <= v, "a whole number >= 0", required=for_resume and key != "tokens_seen")
     need("cursor", lambda v: isinstance(v, dict), "a table", required=for_resume)
     need("schedule", lambda v: isinstance(v, dict), "a table", required=False)
+    need("config_file", lambda v: isinstance(v, dict) and all(isinstance(t, dict) for t in v.values()),
+         "a table of sections", required=False)
     _check_budget(state, problems, for_resume)
     if "loss_scale" in state and (why := precision.valid_state(state["loss_scale"])):
         problems.append(f"loss_scale: {why}")

@@ -226,6 +226,42 @@ def _read_row(log: MetricsLog, lineno: int, text: str) -> None:
         log.line_nos.append(lineno)
 
 
+def recent_losses(path: Path, n: int) -> list[float]:
+    """The losses of the last `n` applied steps with a finite loss in metrics.csv, oldest first (rows
+    that read_metrics would not use, skipped steps and a last line cut short are left out; [] when
+    the file cannot be read). Read from the end: a resume of a long run does not read all of it."""
+    try:
+        with os.fdopen(_open_regular(Path(path)), "rb") as f:
+            header = _cells(f.readline(MAX_LINE_BYTES).decode("utf-8", "replace").rstrip("\r\n"))
+            if not header or tuple(header[:len(METRICS_COLUMNS)]) != METRICS_COLUMNS:
+                return []
+            body, end = f.tell(), f.seek(0, os.SEEK_END)
+            span = CHUNK
+            while True:
+                lo = max(body, end - span)
+                f.seek(lo)
+                lines = f.read(end - lo).split(b"\n")[:-1]  # the last piece: empty, or a line cut short
+                losses = [x for line in lines[1 if lo > body else 0:]  # a read from mid-file starts mid-line
+                          if (x := _applied_loss(line, header)) is not None]
+                if len(losses) >= n or lo == body:
+                    return losses[-n:] if n > 0 else []
+                span *= 4
+    except OSError:
+        return []
+
+
+def _applied_loss(line: bytes, header: list[str]) -> float | None:
+    """The loss of a whole, well-formed metrics row of an applied step with a finite loss, else None."""
+    try:
+        cells = _cells(line.decode("utf-8"))
+        if cells is None or len(cells) != len(header):
+            return None
+        v = numbers(cells, header)
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    return float(v["loss"]) if v["skipped"] == 0 and math.isfinite(v["loss"]) else None
+
+
 # ---------------------------------------------------------------------------------------------
 # events.jsonl
 # ---------------------------------------------------------------------------------------------
@@ -264,6 +300,20 @@ def _list_of(check, what: str):
     return _kind(lambda v: isinstance(v, list) and all(check(x) is None for x in v), what)
 
 
+def _map_of(check):
+    """A dict of string keys whose every value passes `check`."""
+    def each(v):
+        if not isinstance(v, dict):
+            return f"is {_short(v)}, not an object"
+        for k, x in v.items():
+            if not _is_str(k):
+                return f"has the key {_short(k)}, not a string"
+            if (why := check(x)) is not None:
+                return f".{k}{why}" if why.startswith(".") else f".{k} {why}"
+        return None
+    return each
+
+
 def _object(fields: dict, required: bool, optional: dict | None = None):
     """A dict whose known fields have their types (every one of `fields` present when `required`;
     `optional` ones checked when present)."""
@@ -294,11 +344,15 @@ EVENT_FIELDS: dict[str, dict] = {
     "checkpoint": {"path": STR, "reason": STR},
     "skipped_step": {"reason": STR, "loss_scale": NUM},  # loss_scale: an fp16 overflow, the halved scale
     "end": {"reason": STR, "skipped_steps": INT, "applied_steps": INT},
+    # a resume that changed the run's plan (catchat/training/plan.py): key -> {old, new, by}; the
+    # schedule's total_steps / lr_next -> {old, new} where they moved
+    "plan_change": {"changes": _map_of(_object({"by": STR}, True)), "schedule": _map_of(_object({}, False))},
     # a resume from an older checkpoint of the run: what came after branch_step moved to side_dir
     # ("from" None and branch_step -1: a fresh start over an earlier attempt)
     "branch": {"from": _or_none(STR), "branch_step": INT, "abandoned_step": INT, "side_dir": STR},
 }
-REQUIRED = {"eval": ("loss",), "resume": ("from",), "branch": ("branch_step", "abandoned_step")}
+REQUIRED = {"eval": ("loss",), "resume": ("from",), "branch": ("branch_step", "abandoned_step"),
+            "plan_change": ("changes",)}
 
 
 def _bad_field(obj: dict, fields: dict, required) -> str | None:

@@ -42,9 +42,12 @@ class Checkpoints:
     time goes to `pace` (a budgeted run's estimates), whose state (the run clock) it keeps too."""
 
     def __init__(self, files: RunFiles, prog: Program, layout: ParamLayout, cfg: cfgmod.Config, *, config_name: str,
-                 tokens_per_step: int, ranks: OneProcess, pace, telemetry):
+                 tokens_per_step: int, ranks: OneProcess, pace, telemetry, config_file: dict | None = None):
+        """config_file: the config file's values without overrides (catchat/training/plan.py), kept so that
+        a resume tells an edited file from the overrides the run was started with."""
         self.files, self.prog, self.layout, self.cfg, self.config_name = files, prog, layout, cfg, config_name
         self.tokens_per_step, self.ranks, self.pace, self.telemetry = tokens_per_step, ranks, pace, telemetry
+        self.config_file = config_file
 
     def save(self, state: RunState, reason: str) -> Path:
         """Write a checkpoint of the run at state.global_step; with ranks, every lane's carried state."""
@@ -63,6 +66,8 @@ class Checkpoints:
                   tokens_seen=state.global_step * self.tokens_per_step,
                   config=config, config_name=self.config_name, model=config["model"])
         st.update(self.pace.checkpoint_state())
+        if self.config_file is not None:
+            st["config_file"] = self.config_file
         if state.scaler is not None:
             st["loss_scale"] = state.scaler.state()
         try:

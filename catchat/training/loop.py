@@ -31,11 +31,12 @@ from catchat.run.faults import crash_point
 from catchat.run.rundir import RunFiles, RunLock
 from catchat.run.schedule import TimedStep, interval_crossed
 from catchat.training import start
-from catchat.training.budget import StepSchedule, keep_budget, make_pace
+from catchat.training.budget import StepSchedule, make_pace
 from catchat.training.build import Setup, build, fresh
 from catchat.training.checkpoints import CarryToRoot, Checkpoints, restore, resume_hint
 from catchat.training.evals import Evals
 from catchat.training.feed import Feed
+from catchat.training.plan import ConfigSource, Plan, fresh_plan, resume_plan
 from catchat.training.ranks import OneProcess, Ranks, take_start_state
 from catchat.training.signals import StopSignals
 from catchat.training.state import RunState
@@ -63,15 +64,20 @@ class Trainer:
     cursor = _state_field("cursor")
     scaler = _state_field("scaler")  # the test hook: set the run's loss scale before its first step
 
-    def __init__(self, cfg: cfgmod.Config, run_dir: Path, dev, *, config_name: str = "run",
+    def __init__(self, cfg: cfgmod.Config | None, run_dir: Path, dev, *, config_name: str = "run",
                  resume: str | Path | None = None, reporter=None, faults=None, allow_unverified: bool = False,
-                 clock_origin: float | None = None, comm: distributed.Comm | None = None):
-        """faults: injected faults (catchat.run.faults); None reads $CATCHAT_FAULT. clock_origin: the
-        time.monotonic() from which this process's time counts (the CLI: the process's start, so a
-        time budget includes start-up); None: now. comm: this process is one rank of a data-parallel
-        run (catchat.distributed); None: the only process."""
+                 clock_origin: float | None = None, comm: distributed.Comm | None = None,
+                 source: ConfigSource | None = None):
+        """cfg: the run's config; on resume the whole plan (every difference from the checkpoint's
+        recorded config is a change). source: the command line's CONFIG and overrides instead (the CLI):
+        a fresh start reads them, a resume applies the overrides to the recorded config
+        (catchat/training/plan.py); cfg may then be None. faults: injected faults (catchat.run.faults);
+        None reads $CATCHAT_FAULT. clock_origin: the time.monotonic() from which this process's time
+        counts (the CLI: the process's start, so a time budget includes start-up); None: now. comm:
+        this process is one rank of a data-parallel run (catchat.distributed); None: the only process."""
         clock = Clock(0.0, clock_origin)
-        self.cfg, self.dev, self.config_name = cfg, dev, config_name
+        self.cfg, self.dev, self.config_name, self.source = cfg, dev, config_name, source
+        self.file_values = None  # the config file's values a checkpoint records (plan.py)
         self.comm = comm
         self.files = RunFiles(Path(run_dir))
         self.report = reporter or (lambda *_a, **_k: None)
@@ -111,8 +117,13 @@ class Trainer:
             ckpt = ck.load_checkpoint(files.checkpoints if resume == "" else resume, with_optimizer=True,
                                       allow_unverified=allow_unverified, warn=lambda m: self.report("warning", text=m))
             start.check_source(files, ckpt)
-            self.cfg = keep_budget(self.cfg, ckpt, self.report)
-        cfg = self.cfg
+            plan = resume_plan(self.source, self.cfg, ckpt, self.report)
+        else:
+            plan = fresh_plan(self.source, self.cfg)
+        for note in plan.notes:
+            self.report("warning", text=note)
+        cfg = self.cfg = plan.cfg
+        self.file_values = plan.file_values
         self.ranks.refuse_budget(cfg)
         setup = build(cfg, self.dev, self.ranks, self.report)
         if ckpt is not None:
@@ -120,14 +131,24 @@ class Trainer:
         else:
             state, carry = fresh(setup, cfg, self.ranks), None
         self._assemble(setup, state, make_pace(cfg, setup.total_steps, ckpt, clock, setup.layout))
+        changed = self._plan_change(plan, ckpt, state)
         with deferred_signals():  # the run's files change only here, and whole: a Ctrl-C waits for it
             start.commit_files(files, cfg, ckpt, finished=finished, stale_pid=self.lock.stale_pid,
                                info=start.run_info(cfg, setup, pace=self.pace, faults=self.faults, ranks=self.ranks),
                                telemetry=self.telemetry, state=state, report=self.report,
                                start_fields=dict(config=self.config_name, total_steps=setup.total_steps,
-                                                 model=cfgmod.to_dict(cfg)["model"], lanes=setup.lanes.describe()))
+                                                 model=cfgmod.to_dict(cfg)["model"], lanes=setup.lanes.describe()),
+                               plan_change=changed)
         self.telemetry.open_metrics()
+        if ckpt is not None:  # the console's running loss goes on from the rows the run has (progress.py)
+            self.report("history", metrics=files.metrics)
         self.ranks.send_start(cfg, setup.prog, state, carry)
+
+    def _plan_change(self, plan: Plan, ckpt: ck.Checkpoint | None, state: RunState) -> dict | None:
+        """The plan_change event's fields of a resume that changes the plan (None otherwise)."""
+        if ckpt is None:
+            return None
+        return plan.event(ckpt.state.get("schedule"), self.pace.schedule_state(state.global_step))
 
     def _assemble(self, setup: Setup, state: RunState, pace: StepSchedule) -> None:
         """The parts the loop is given: rank 0 writes the run's files, the other ranks only take part."""
@@ -145,7 +166,7 @@ class Trainer:
                            telemetry=self.telemetry, tokens_per_step=setup.tokens_per_step)
         self.checkpoints = (Checkpoints(self.files, setup.prog, setup.layout, cfg, config_name=self.config_name,
                                         tokens_per_step=setup.tokens_per_step, ranks=ranks, pace=pace,
-                                        telemetry=self.telemetry)
+                                        telemetry=self.telemetry, config_file=self.file_values)
                             if self.is_root else CarryToRoot(setup.prog, ranks))
 
     def close(self) -> None:

@@ -1,16 +1,27 @@
 """What a person sees while training: a rich progress bar (loss, tokens/s, lr, ETA) and event lines.
 
-Without a terminal (CI, a pipe) the bar is replaced by a plain line about every 5% of the run.
+The loss shown is the step's own, then the mean of the last AVERAGE_STEPS applied steps, labelled
+with how many it holds (`loss 3.137 (avg100 3.200)`); a resume seeds that mean from the rows
+metrics.csv already has, so it goes on where the run was rather than starting again.
+Without a terminal (CI, a pipe, a log file) the bar is replaced by a plain line at the first and last
+step, at every 5% of the run and at least every PLAIN_EVERY_S seconds: step/total, loss, tokens/s, lr,
+the time this process has trained and the ETA at its pace.
 Each eval prints a teacher-forced line and (eval.free_running) a free-running line; the first
 free-running line is followed by FREE_RUNNING_NOTE, what it measures and why it can rise early.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+AVERAGE_STEPS = 100  # applied steps in the running mean of the loss
+PLAIN_EVERY_S = 30.0  # a piped log gets a line at least this often (a days-long run: ~3k lines a day)
+PLAIN_SHARE = 20  # ... and one every 1/PLAIN_SHARE of the run
 
 # Printed under the first free-running eval line; what Program.eval_window(free_running=True) does.
 FREE_RUNNING_NOTE = (
@@ -31,8 +42,9 @@ class TrainReporter:
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=console,
             disable=not self.live)
         self.task = None
-        self.loss_ema = None
+        self.losses: deque[float] = deque(maxlen=AVERAGE_STEPS)  # the last applied steps' losses
         self.last_plain = 0.0
+        self.first_step: tuple[int, float] | None = None  # (step before this process's first, when it began)
         self.free_running_explained = False
 
     def __enter__(self):
@@ -75,6 +87,26 @@ class TrainReporter:
         for side in f.get("finished_branches", ()):
             self._print(f"finished a branch a stopped process had begun: {side}")
 
+    def on_plan_change(self, global_step, changes, schedule=None, **_):
+        """A resume that changes the run's plan: each key old -> new, then where the schedule moved."""
+        from catchat.training.plan import BY_CONFIG_FILE, shown
+
+        for key, c in changes.items():
+            by = " (from the edited config file)" if c.get("by") == BY_CONFIG_FILE else ""
+            self._print(f"[yellow]changed:[/yellow] {key} {shown(c.get('old'))} -> {shown(c.get('new'))}{by}")
+        total, lr = (schedule or {}).get("total_steps"), (schedule or {}).get("lr_next")
+        words = []
+        if total:
+            words.append(f"{total['new']} planned steps (were {total['old']})")
+        if lr and isinstance(lr.get("new"), float):
+            words.append(f"the next step's lr {lr['new']:.2e}" + (f" (was {lr['old']:.2e})"
+                                                                  if isinstance(lr.get("old"), float) else ""))
+        if words:
+            self._print(f"schedule from step {global_step}: " + "; ".join(words)
+                        + " (docs/training.md, changing the plan)")
+        if total and isinstance(total.get("new"), int) and 0 < total["new"] <= global_step:
+            self._print(f"[yellow]the run has taken its {total['new']} planned steps: it ends without another[/yellow]")
+
     def on_branch(self, branch_step, abandoned_step, side_dir, abandoned_checkpoints=(), **_):
         what = f"{len(abandoned_checkpoints)} newer checkpoints and the rows up to step {abandoned_step}"
         self._print(f"[yellow]branch[/yellow] at step {branch_step}: {what} moved to {side_dir}"
@@ -84,19 +116,44 @@ class TrainReporter:
     def on_warning(self, text, **_):
         self.console.print(text, markup=False, highlight=False)
 
-    def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, tf=1.0, **_):
-        if not stats.skipped:
-            self.loss_ema = stats.loss if self.loss_ema is None else 0.9 * self.loss_ema + 0.1 * stats.loss
-        info = f"loss {self.loss_ema or float('nan'):.3f}  {tokens_per_s:,.0f} tok/s  lr {lr:.2e}"
+    def on_history(self, metrics, **_):
+        """A resume: the running mean goes on from the losses the run's metrics.csv already holds."""
+        from catchat.run.runlog import recent_losses
+
+        self.losses.extend(recent_losses(metrics, AVERAGE_STEPS))
+
+    def on_step(self, stats, lr, global_step, total_steps, tokens_per_s, tf=1.0, seconds=0.0, **_):
+        now = time.monotonic()
+        if self.first_step is None:
+            self.first_step = (global_step - 1, now - seconds)
+        if not stats.skipped and math.isfinite(stats.loss):
+            self.losses.append(stats.loss)
+        info = f"{self._loss_text(stats)}  {tokens_per_s:,.0f} tok/s  lr {lr:.2e}"
         if tf < 1.0:
             info += f"  tf {tf:.2f}"
         if self.task is None:
             self.task = self.progress.add_task("train", total=total_steps, completed=global_step - 1, info=info)
         self.progress.update(self.task, total=total_steps, completed=global_step, info=info)  # a budget's total moves
-        if not self.live and (global_step == total_steps or time.monotonic() - self.last_plain > 10
-                              or global_step % max(1, total_steps // 20) == 0):
-            self.last_plain = time.monotonic()
-            self._print(f"step {global_step}/{total_steps}  {info}")
+        if not self.live and (global_step in (self.first_step[0] + 1, total_steps)
+                              or now - self.last_plain >= PLAIN_EVERY_S
+                              or global_step % max(1, total_steps // PLAIN_SHARE) == 0):
+            self.last_plain = now
+            self._print(f"step {global_step}/{total_steps}  {info}  {self._times(global_step, total_steps, now)}")
+
+    def _loss_text(self, stats) -> str:
+        """'loss 3.137 (avg100 3.200)': the step's loss, then the running mean and how many steps it holds."""
+        own = "skipped" if stats.skipped else f"{stats.loss:.3f}"
+        if not self.losses:
+            return f"loss {own}"
+        return f"loss {own} (avg{len(self.losses)} {sum(self.losses) / len(self.losses):.3f})"
+
+    def _times(self, global_step: int, total_steps: int, now: float) -> str:
+        """'elapsed 0:01:05  eta 0:02:10': this process's training time, and the rest of the run at its pace."""
+        before, began = self.first_step
+        elapsed = now - began
+        done, left = global_step - before, max(0, total_steps - global_step)
+        eta = _clock(elapsed / done * left) if done > 0 and elapsed > 0 else "?"
+        return f"elapsed {_clock(elapsed)}  eta {eta}"
 
     def on_eval(self, global_step, loss, bpc, top1, top5, free_running=None, **_):
         self._print(f"[cyan]eval[/cyan] step {global_step}: teacher-forced loss {loss:.4f} nats/char, "
@@ -126,3 +183,9 @@ class TrainReporter:
     def on_end(self, global_step, reason, time_budget_s=None, elapsed_s=None, **_):
         spent = f" after {elapsed_s:.1f} s of the {time_budget_s:g} s budget" if time_budget_s and elapsed_s else ""
         self._print(f"run ended at step {global_step}: {reason}{spent}")
+
+
+def _clock(seconds: float) -> str:
+    """H:MM:SS."""
+    whole = int(round(max(seconds, 0.0)))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"

@@ -51,9 +51,11 @@ def run_info(cfg: cfgmod.Config, setup: Setup, *, pace, faults: tuple, ranks) ->
 
 
 def commit_files(files: RunFiles, cfg: cfgmod.Config, ckpt: ck.Checkpoint | None, *, finished: list[Path],
-                 info: dict, stale_pid, telemetry: Telemetry, state: RunState, start_fields: dict, report) -> None:
+                 info: dict, stale_pid, telemetry: Telemetry, state: RunState, start_fields: dict, report,
+                 plan_change: dict | None = None) -> None:
     """Write the run's files for a start that passed every check: config, a branch if the start
-    abandons anything, the telemetry, the start/resume event (`start_fields`: a fresh start's own)."""
+    abandons anything, the telemetry, the start/resume event (`start_fields`: a fresh start's own) and
+    a resume's plan_change event (catchat/training/plan.py), right after its resume event."""
     files.samples.mkdir(exist_ok=True)
     atomic_write_text(files.config, cfgmod.resolved_toml(cfg, header=f"resolved config of run {files.root.name}"))
     crash_point("resume.config")
@@ -79,3 +81,5 @@ def commit_files(files: RunFiles, cfg: cfgmod.Config, ckpt: ck.Checkpoint | None
     info["foreign"] = not own  # a run continued from another run's checkpoint (scan reports it)
     crash_point("resume.trimmed")
     telemetry.event("resume", **{"from": str(ckpt.path)}, seqs=state.cursor.seqs, dropped_rows=dropped, **info)
+    if plan_change:
+        telemetry.event("plan_change", **plan_change)

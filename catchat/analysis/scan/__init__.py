@@ -10,7 +10,7 @@ when any check fails (`--strict`: also on a warning). docs/reliability.md lists 
 The package: report (statuses, Finding, ScanReport, table_rows), timeline (reading the rows of
 the live branch and the processes), and the checks in groups, each with its thresholds: records
 (the telemetry files, steps, counters, non-finite and skipped steps), schedules (lr and tf against
-their formulas), health (loss, grad norm, throughput, memory), processes (resumes, the run's end).
+their formulas), health (loss, grad norm, throughput, memory), processes (resumes, plan changes, the run's end).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from catchat.analysis.scan.health import check_grad_spikes, check_memory, check_running_loss, check_throughput
-from catchat.analysis.scan.processes import check_end, check_resumes
+from catchat.analysis.scan.processes import check_end, check_plan_changes, check_resumes
 from catchat.analysis.scan.records import (
     check_counters,
     check_events_file,
@@ -64,5 +64,6 @@ def scan_run(run_dir: Path) -> ScanReport:
     out.append(check_throughput(rows, segs))
     out.append(check_memory(segs))
     out.append(check_resumes(rows, segs, events, run_dir))
+    out.append(check_plan_changes(segs))
     out.append(check_end(segs))
     return ScanReport(run_dir, len(rows), out)

@@ -81,3 +81,78 @@ def check_end(segs: list[Segment]) -> Finding:
     if "no final checkpoint" in reason:
         return Finding(name, WARN, detail + " (the steps after the last checkpoint are logged again on resume)")
     return Finding(name, OK, detail)
+
+
+# config key -> its field in a start/resume event's schedule (the teacher_forcing keys are the
+# event's teacher_forcing fields of the same name)
+SCHEDULE_FIELDS = {"train.lr": "lr", "schedule.warmup_fraction": "warmup_fraction",
+                   "schedule.cooldown_fraction": "cooldown_fraction", "schedule.cooldown_shape": "cooldown_shape",
+                   "schedule.lr_min": "lr_min", "train.time_budget_s": "time_budget_s"}
+
+
+def check_plan_changes(segs: list[Segment]) -> Finding:
+    """A resume that changed the plan (catchat/training/plan.py) logs a plan_change event: worth a look,
+    not a defect. A resume whose schedule or teacher forcing differs from the process before it
+    without one is a warning too (a catchat before plan_change events changed plans silently); an event
+    that does not match the schedules the two processes logged is a defect."""
+    name = "plan changes"
+    said, silent, wrong = [], [], []
+    for i, seg in enumerate(segs):
+        step = seg.from_step
+        # the process whose checkpoint this one continued: the last before it that began before that
+        # step (a process that died before its first checkpoint left nothing to continue)
+        prev = next((p for p in reversed(segs[:i]) if p.from_step < step), None)
+        if seg.kind != "resume" or prev is None:
+            continue
+        moved = _moved(prev, seg)
+        events = [e for e in seg.events if e["event"] == "plan_change"]
+        if not events:
+            if moved:
+                silent.append((step, f"step {step}: {_pairs(moved)} with no plan_change event"))
+            continue
+        changes = {k: c for e in events for k, c in e["changes"].items()}
+        said.append((step, f"step {step}: " + _pairs({k: (c.get("old"), c.get("new")) for k, c in changes.items()})))
+        # the schedule's own account (planned steps, next lr) beside the config keys
+        logged = {**changes, **{f"schedule.{k}": c for e in events for k, c in e.get("schedule", {}).items()}}
+        off = [k for k, (old, new) in moved.items()
+               if (c := logged.get(_key_of(k))) is None or c.get("old") != old or c.get("new") != new]
+        if off:
+            wrong.append((step, f"step {step}: the processes logged {_pairs({k: moved[k] for k in off})}, "
+                                "which its plan_change event does not say"))
+    found = wrong or silent or said
+    detail = "; ".join(text for _, text in found[:MAX_LISTED]) + (
+        f"; (+{len(found) - MAX_LISTED} more)" if len(found) > MAX_LISTED else "")
+    if wrong:
+        return Finding(name, FAIL, detail, [s for s, _ in wrong])
+    if silent:
+        return Finding(name, WARN, detail + " (the lr check follows each process's own schedule)",
+                       [s for s, _ in silent])
+    if said:
+        return Finding(name, WARN, "changed on resume: " + detail, [s for s, _ in said])
+    return Finding(name, OK, "none: every resume continued the run's plan")
+
+
+_FIELD_OF = {f"schedule.{f}": k for k, f in SCHEDULE_FIELDS.items()}  # the event's name for a schedule field
+
+
+def _key_of(name: str) -> str:
+    """The plan_change key that records a moved schedule field: its config key, or schedule.total_steps."""
+    return _FIELD_OF.get(name, name)
+
+
+def _moved(prev: Segment, seg: Segment) -> dict:
+    """'schedule.F' and 'teacher_forcing.F' -> (before, after) for the fields two processes logged differently."""
+    out = {}
+    for section, a, b in (("schedule", prev.schedule, seg.schedule),
+                          ("teacher_forcing", prev.teacher_forcing, seg.teacher_forcing)):
+        if not isinstance(a, dict) or not isinstance(b, dict):
+            continue  # an older catchat's event without it: nothing to compare
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                out[f"{section}.{k}"] = (a.get(k), b.get(k))
+    return out
+
+
+def _pairs(changes: dict) -> str:
+    shown = [f"{cell_text(k, 40)} {cell_text(old, 20)} -> {cell_text(new, 20)}" for k, (old, new) in changes.items()]
+    return ", ".join(shown[:MAX_LISTED]) + (", ..." if len(shown) > MAX_LISTED else "")
