@@ -2,7 +2,8 @@
 """GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
 
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
-                               [--operands f32|f16|rf16|coopmat|coopmat-f16|all] [--reps 7] [--repeat 5]
+                               [--operands f32|f16|rf16|coopmat|coopmat-f16|coopmat2|coopmat2-f16|all]
+                               [--reps 7] [--repeat 5]
                                [--set k=v]
 
 The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
@@ -16,7 +17,9 @@ else, or nothing, is reported, not ranked. Candidates are timed in interleaved r
 picks the operands and kernel: f32 (train.precision fp32), rf16 (float32 operands rounded to float16
 as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
 cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of COOP_CANDIDATES), f16 and
-coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), or all. Every kind but
+coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat2 and coopmat2-f16
+(the same two on workgroup-scope matrices fed by the driver, glsl/gemm_coopmat2.comp, each of
+COOP2_CANDIDATES), or all. Every kind but
 f32 multiplies the same float16 values (the random operands are drawn alike) and is compared with
 the first of them.
 """
@@ -81,8 +84,10 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
 
 # --operands kind -> Gemm keywords
 OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
-            "coopmat": dict(precision="fp16", coopmat=True), "f16": dict(half=True, coopmat=False),
-            "coopmat-f16": dict(half=True, coopmat=True)}
+            "coopmat": dict(precision="fp16", coopmat=True, coopmat2=False), "f16": dict(half=True, coopmat=False),
+            "coopmat-f16": dict(half=True, coopmat=True, coopmat2=False),
+            "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
+            "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
 # glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice, shared buffers): the
 # program's, the 128 x 128 one on 4 subgroups (with it, the first two get --probe rows), the program's
 # narrow-output and small tiles, then 256 x 128, 128 x 256 and 128 x 128 tiles at 16-, 32- and 64-deep
@@ -91,6 +96,14 @@ CT = gemm.CoopTiles
 COOP_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE,
                    CT(4, 2, 4, 4, 16, 1), CT(2, 2, 4, 4, 16), CT(2, 2, 4, 4, 32), CT(2, 2, 4, 4, 64, 1),
                    CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16), CT(4, 2, 4, 4, 16))
+
+
+# glsl/gemm_coopmat2.comp tiles (BM, BN, BK, threads): the program's two, then other accumulator shapes,
+# slice depths and workgroup sizes (those the device's workgroup-scope dimensions do not list are skipped)
+C2 = gemm.Coop2Tiles
+COOP2_CANDIDATES = (gemm.COOP2_TILE, gemm.COOP2_NARROW_TILE, C2(256, 128, 32), C2(128, 256, 64), C2(256, 128, 64),
+                    C2(128, 128, 64), C2(128, 256, 16), C2(128, 128, 32, 128), C2(64, 128, 32, 128),
+                    C2(128, 64, 64, 128), C2(64, 64, 64, 128), C2(256, 256, 32, 512))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +130,11 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     first (None: its own pick)."""
     splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
     loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
-    own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
-    if args.probe and OPERANDS[operands].get("coopmat"):
+    if OPERANDS[operands].get("coopmat2"):
+        own = COOP2_CANDIDATES
+    else:
+        own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
+    if args.probe and OPERANDS[operands].get("coopmat") and not OPERANDS[operands].get("coopmat2"):
         own = tuple(own) + tuple(probes(own))
     grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]
     cands, seen = [], set()  # no repeats
@@ -197,10 +213,18 @@ def main(argv=None) -> int:
     tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
     operands = tuple(OPERANDS) if args.operands == "all" else (args.operands,)
-    if any(OPERANDS[p].get("coopmat") for p in operands) and not gemm.coopmat_runs(dev):
+    if dev.coop2_limits:
+        print(f"cooperative matrix 2: at most {dev.coop2_limits[0]} threads, dimensions up to {dev.coop2_limits[1]}, "
+              f"{dev.coop2_limits[2]} B of shared memory reserved; {', '.join(dev.coop2_dimensions)}")
+    if any(OPERANDS[p].get("coopmat") and not OPERANDS[p].get("coopmat2") for p in operands) \
+            and not gemm.coopmat_runs(dev):
         print(f"{dev.info.name} has no cooperative matrices of {gemm.COOP_SHAPE} (VK_NV_cooperative_matrix; "
               f"offered: {', '.join(dev.coop_shapes) or 'none'}): no coopmat rows")
-        operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat"))
+        operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat") or OPERANDS[p].get("coopmat2"))
+    if any(OPERANDS[p].get("coopmat2") for p in operands) and not gemm.coopmat2_runs(dev):
+        print(f"{dev.info.name} does not run cooperative-matrix-2 GEMMs (VK_NV_cooperative_matrix2 and the newer "
+              f"glslc; features: {', '.join(sorted(dev.features)) or 'none'}): no coopmat2 rows")
+        operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat2"))
     half = {p: bool(OPERANDS[p].get("half")) for p in operands}  # operands stored as float16
     problems = {h: shapes(cfg, dev, half=h) for h in dict.fromkeys(half.values())}
     use_torch = False
@@ -224,7 +248,7 @@ def main(argv=None) -> int:
                 kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
                 if isinstance(g.tiles, ProbeTiles):
                     diff, kind = 0.0, f"{kind} {g.tiles.probe}"  # not the product: nothing to compare
-                program = current and p in ("f32", "coopmat")
+                program = current and p in ("f32", "coopmat2" if gemm.coopmat2_runs(dev) else "coopmat")
                 rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, program))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
         torch_tflops = torch_rates(kw, max(1, args.reps), max(1, args.repeat)) if use_torch else {}

@@ -45,6 +45,17 @@ part gemm-coop-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operan
     --repeat 20 --compare-torch --probe --json "$out/gemm-coop-v3.json"
 part gemm-coop-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 5 \
     --repeat 6 --compare-torch --probe --json "$out/gemm-coop-v5.json"
+# the workgroup-scope GEMM (VK_NV_cooperative_matrix2, glsl/gemm_coopmat2.comp) beside cuBLAS: every
+# candidate of bench_gemm.COOP2_CANDIDATES, float32 operands rounded (the program's) and float16 ones
+part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
+    --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
+part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \
+    --repeat 6 --json "$out/gemm-coop2f16-v5.json"
+part gemm-coop2-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat2 --reps 5 \
+    --repeat 20 --compare-torch --json "$out/gemm-coop2-v3.json"
+# the subgroup-fragment GEMM in the step (CATCHAT_COOPMAT2=0), to set beside the default's
+part bench-v5-fp16-coop1 env CATCHAT_COOPMAT2=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
+    --precision fp16 --profile
 part gemm-coopf16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-f16 --loads vec4 --reps 5 \
     --repeat 6 --json "$out/gemm-coopf16-v5.json"
 part gemm-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands all --loads vec4 --tiles 128,128,8,16,8

@@ -6,6 +6,7 @@
 #      tools/kp-patches/ applied; the built wheel is cached, so a second setup takes seconds
 #   3. a virtualenv .venv with catchat installed editable plus its dev extras
 #   4. mpi4py and MPICH (wheels, mpiexec in .venv/bin) for data-parallel training; optional
+#   5. Debian 13's glslc (tools/fetch-newer-glslc.sh) for the cooperative-matrix-2 GEMM; optional
 # Re-running it does only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +70,7 @@ fi
 # reinstall when the wheel (version + patches) changed or the installed kp lacks a patch's marker
 kp_stamp="$VENV/.kp-wheel"
 if [ "$(cat "$kp_stamp" 2>/dev/null)" != "$(basename "$wheel_dir")" ] \
-   || ! "$PY" -c 'import kp, sys; sys.exit(not (getattr(kp, "catchat_dispatch_barrier", 0) and getattr(kp, "catchat_host_view", 0) and getattr(kp, "catchat_eval_async", 0) and getattr(kp, "catchat_device_features", 0)))' 2>/dev/null; then
+   || ! "$PY" -c 'import kp, sys; sys.exit(not (getattr(kp, "catchat_dispatch_barrier", 0) and getattr(kp, "catchat_host_view", 0) and getattr(kp, "catchat_eval_async", 0) and getattr(kp, "catchat_device_features", 0) and getattr(kp, "catchat_coopmat2", 0)))' 2>/dev/null; then
     say "installing kp from $wheel_dir"
     "${PIP[@]}" install --force-reinstall --no-deps "$wheel_dir"/kp-*.whl
     basename "$wheel_dir" > "$kp_stamp"
@@ -91,5 +92,10 @@ if ! "$PY" -c 'import mpi4py' 2>/dev/null || [ ! -x "$VENV/bin/mpiexec" ]; then
     "${PIP[@]}" install 'mpi4py>=4' 'mpich>=4' \
         || say "warning: mpi4py / MPICH did not install: training on several ranks needs them (docs/distributed.md)"
 fi
+
+# --- 6. the newer glslc for the cooperative-matrix-2 GEMM (tensor cores fed by the driver) ---------
+# Debian 13's glslc on its own runtime, in the user cache; optional: without it that GEMM is not used.
+bash tools/fetch-newer-glslc.sh \
+    || say "warning: the newer glslc did not install: the cooperative-matrix-2 GEMM will not be used (docs/benchmarks.md)"
 
 say "ready: $("$PY" -c 'import kp, catchat; import numpy; print(f"catchat {catchat.__version__}, kp {kp.__version__} (patched), numpy {numpy.__version__}")')"

@@ -46,6 +46,9 @@ def half_precision_check(dev, label: str) -> Check:
     have = [v for k, v in names.items() if k in dev.features] or ["none"]
     if dev.coop_shapes:
         have.append(f"cooperative-matrix shapes {', '.join(dev.coop_shapes)}")
+    if "cooperativeMatrixWorkgroupScope" in dev.features:
+        dims = ", ".join(dev.coop2_dimensions) or "no dimensions"
+        have.append(f"workgroup-scope cooperative matrices (NV 2: {dims})")
     if not getattr(dev.kp, "catchat_device_features", 0):
         return Check(f"{label} half precision", True, "not known: kp lacks patch 0005 (run `make setup`)")
     if not dev.runs_float16:

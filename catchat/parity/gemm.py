@@ -42,13 +42,15 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
-              alpha=1.0, tiles=None, vec4=False, half=False, coopmat=False, precision="fp32") -> ParityResult:
+              alpha=1.0, tiles=None, vec4=False, half=False, coopmat=False, precision="fp32",
+              coopmat2=None) -> ParityResult:
     """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
     ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
     contiguous extents allow); also checks that nothing outside C's [M,N] window changed.
     half: A and B in float16 (the twin multiplies the same float16 values exactly); precision
     "fp16": float32 A and B that the kernel rounds to float16 (the twin rounds them the same way,
-    to nearest even); coopmat: on cooperative matrices (glsl/gemm_coopmat.comp)."""
+    to nearest even); coopmat: on cooperative matrices (coopmat2 False: glsl/gemm_coopmat.comp's
+    subgroup fragments; True: glsl/gemm_coopmat2.comp's workgroup-scope matrices)."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
     pad = (lambda n, p: n + p) if not vec4 else (lambda n, p: 4 * ceil_div(n, 4) + 4)  # noqa: E731
@@ -69,19 +71,20 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     tc, tbias = dev.tensor(c_buf), dev.tensor(bias_buf)
     g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
              alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
-             vec4=vec4, half=half, coopmat=coopmat, precision=precision)
+             vec4=vec4, half=half, coopmat=coopmat, precision=precision, coopmat2=coopmat2)
     (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
     exp_buf = c_buf.astype(np.float64)
     exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
     exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
     scale = float(np.abs(exp).max()) if exp.size else 1.0
     rounded = precision == "fp16" and not half
-    name = ("gemm" + "_f16" * half + "_rf16" * rounded + "_coopmat" * coopmat + "_tA" * trans_a + "_tB" * trans_b
-            + "+bias" * with_bias)
+    name = ("gemm" + "_f16" * half + "_rf16" * rounded + "_coopmat" * g.coopmat + "2" * g.coopmat2
+            + "_tA" * trans_a + "_tB" * trans_b + "+bias" * with_bias)
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
-    if tiles is not None:
-        shape += f" tiles={tiles.bm}x{tiles.bn}" + (f"/{tiles.tm}x{tiles.tn}" if hasattr(tiles, "tm") else
-                                                    f" bk {tiles.bk} stages {tiles.stages}")
+    if tiles is not None or g.coopmat2:
+        t = g.tiles
+        shape += f" tiles={t.bm}x{t.bn}" + (f"/{t.tm}x{t.tn}" if hasattr(t, "tm") else f" bk {t.bk}") + (
+            f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
@@ -103,13 +106,34 @@ def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, **kw))
     if coopmat_runs(dev):
         out += _coopmat_cases(dev, rng, half=half)
+    if kg.coopmat2_runs(dev):
+        out += _coopmat2_cases(dev, rng, half=half)
+    return out
+
+
+def _coopmat2_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
+    """Workgroup-scope matrices (glsl/gemm_coopmat2.comp): sizes around the tiles and k-slices, every
+    transpose with odd offsets and leading dimensions, alpha and beta, bias, both tiles, split-K."""
+    kw = dict(coopmat=True, coopmat2=True, half=half, precision="fp16")
+    out = []
+    for M, N, K in ((1, 1, 1), (65, 33, 129), (130, 260, 70)):
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, M, N, K, ta, tb, 1.0, True, **kw))
+    for t in (kg.COOP2_TILE, kg.COOP2_NARROW_TILE):
+        if t.problem(dev) is None:
+            for ta in (False, True):
+                out.append(gemm_case(dev, rng, 300, 270, 100, ta, not ta, 0.0, False, tiles=t, **kw))
+            out.append(gemm_case(dev, rng, 129, 101, 64, False, True, 1.0, True, alpha=-0.5, tiles=t, **kw))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, **kw))
+    out.append(gemm_case(dev, rng, 140, 260, 1000, True, False, 0.0, False, split_k=3, **kw))
     return out
 
 
 def _coopmat_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
     """Tensor cores (float16 operands, or float32 ones rounded): sizes around both tiles and 16-deep
     k, every transpose with float and vec4 loads, both tiles forced, split-K."""
-    kw = dict(coopmat=True, half=half, precision="fp16")
+    kw = dict(coopmat=True, coopmat2=False, half=half, precision="fp16")
     out = []
     for M, N, K in ((1, 1, 1), (65, 33, 129), (128, 192, 64)):
         for ta in (False, True):

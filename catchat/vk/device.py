@@ -22,7 +22,8 @@ MEMORY_HINT = ("lower model.hidden, data.batch_lanes or data.window in the confi
                "(for `catchat sample`: --num)")
 _KP_DTYPES = (np.float32, np.uint32, np.int32)
 # module attributes of the kp that `make setup` builds, one per patch in tools/kp-patches/
-KP_PATCH_MARKERS = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async", "catchat_device_features")
+KP_PATCH_MARKERS = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async", "catchat_device_features",
+                    "catchat_coopmat2")
 FLOAT16_FEATURES = frozenset({"shaderFloat16", "storageBuffer16BitAccess"})
 # VkComponentTypeNV values, as kp patch 0005 reports cooperative-matrix shapes
 COMPONENT_TYPES = ("f16", "f32", "f64", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
@@ -33,6 +34,17 @@ def coop_shape_name(shape) -> str:
     m, n, k, *types = shape
     a, b, c, d = (COMPONENT_TYPES[t] if t < len(COMPONENT_TYPES) else f"type{t}" for t in types)
     return f"{m}x{n}x{k} {a}*{b}+{c}->{d}"
+
+
+SCOPES = {1: "device", 2: "workgroup", 3: "subgroup", 5: "queue family"}  # VkScopeKHR values
+
+
+def coop2_dimension_name(dim) -> str:
+    """'16x16x16 f16*f16+f32->f32 workgroup 256' for a flexible dimension of kp patch 0006: M, N, K
+    granularity, A, B, C, result types, saturating, scope, workgroup invocations."""
+    m, n, k, a, b, c, d, _saturating, scope, invocations = dim
+    name = coop_shape_name([m, n, k, a, b, c, d])
+    return f"{name} {SCOPES.get(scope, f'scope{scope}')} {invocations}"
 
 
 def import_kp():
@@ -96,6 +108,10 @@ class Device:
     # with an unpatched kp): 16/8-bit storage, float16/int8 arithmetic, cooperativeMatrixNV, ...
     features: frozenset[str] = frozenset()
     coop_shapes: tuple[str, ...] = ()  # cooperative-matrix shapes offered, as coop_shape_name gives them
+    # VK_NV_cooperative_matrix2 (kp patch 0006): (max workgroup size, max flexible dimension, shared
+    # bytes the driver reserves) and the flexible dimensions, as coop2_dimension_name gives them
+    coop2_limits: tuple[int, ...] = ()
+    coop2_dimensions: tuple[str, ...] = ()
 
     @property
     def evals_async(self) -> bool:
@@ -212,8 +228,12 @@ def open_device(selector: str | int | None = None) -> Device:
                                 hint="check the driver with `vulkaninfo --summary`") from None
     features = getattr(manager, "catchat_enabled_features", lambda: [])()
     shapes = getattr(manager, "catchat_cooperative_matrix_shapes", lambda: [])()
+    limits2 = getattr(manager, "catchat_cooperative_matrix2_limits", lambda: [])()
+    dims2 = getattr(manager, "catchat_cooperative_matrix2_dimensions", lambda: [])()
     return Device(info=info, manager=manager, kp=kp, features=frozenset(features),
-                  coop_shapes=tuple(coop_shape_name(s) for s in shapes))
+                  coop_shapes=tuple(coop_shape_name(s) for s in shapes),
+                  coop2_limits=tuple(int(v) for v in limits2),
+                  coop2_dimensions=tuple(coop2_dimension_name(d) for d in dims2))
 
 
 def format_bytes(n: int) -> str:

@@ -17,7 +17,9 @@ wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
    `glsl/` it carries as `catchat/glsl/` (the generated includes come from the installed
    catchat/vk/slots.py either way). A variant that is not prebuilt needs glslc.
 
-A compile error names the shader file, the line and glslc's message.
+A compile error names the shader file, the line and glslc's message. NEWER_SHADERS (GL_NV_cooperative_matrix2,
+SPIR-V 1.6) compile with a newer glslc than Debian 12's: $CATCHAT_GLSLC_NEWER, else the one `make setup`
+fetched (tools/fetch-newer-glslc.sh) into the cache; where it is missing their kernels are not used.
 
 `compile_async` runs the same lookup on a thread pool of one thread per core: a program's kernels
 submit their variants as they are built and make their pipelines on first use (`Kernel.algo`), so
@@ -47,6 +49,13 @@ INCLUDE_DIR = GLSL_DIR / "include"
 PREBUILT_DIR = PACKAGE_DIR / "spirv"  # only in a wheel
 TARGET_ENV = "vulkan1.1"  # subgroup operations; every Vulkan 1.1+ driver (lavapipe, NVIDIA, AMD, Intel)
 FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror")
+# Shaders that need SPIR-V 1.6 and a glslang newer than Debian 12's (GL_NV_cooperative_matrix2):
+# compiled by NEWER_GLSLC for Vulkan 1.3, and run only where the device has what they use.
+NEWER_SHADERS = frozenset({"gemm_coopmat2"})
+NEWER_FLAGS = ("-fshader-stage=compute", "--target-env=vulkan1.3", "-O", "-Werror")
+# The newer compiler: $CATCHAT_GLSLC_NEWER, else what `make setup` fetched (Debian 13's glslc with its
+# own C runtime, tools/fetch-newer-glslc.sh) into the user cache.
+ENV_NEWER_GLSLC = "CATCHAT_GLSLC_NEWER"
 ENV_RECORD = "CATCHAT_SPIRV_RECORD"  # a file: every variant asked for is appended (tools/build_spirv.py)
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _ERROR_RE = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$", re.MULTILINE)
@@ -65,9 +74,21 @@ def cache_dir() -> Path:
     return cache_root() / "spirv"
 
 
+def newer_glslc_default() -> Path:
+    """Where `make setup` puts the newer compiler (a script running Debian 13's glslc)."""
+    return cache_root() / "toolchains" / "glslc-newer" / "glslc"
+
+
 @functools.cache
-def glslc_path() -> str:
-    """The glslc executable, or a one-line error naming the Debian package."""
+def glslc_path(newer: bool = False) -> str:
+    """The glslc executable (newer: the one for NEWER_SHADERS), or a one-line error saying how to get it."""
+    if newer:
+        path = os.environ.get(ENV_NEWER_GLSLC) or str(newer_glslc_default())
+        if not os.access(path, os.X_OK):
+            raise VulkanUnavailable(f"the compiler for the cooperative-matrix-2 shaders ({path}) is missing",
+                                    hint="run `make setup` (or bash tools/fetch-newer-glslc.sh), or set "
+                                         f"{ENV_NEWER_GLSLC} to a glslc from shaderc 2024.3 or newer")
+        return path
     path = shutil.which("glslc")
     if path is None:
         raise VulkanUnavailable("glslc (the GLSL -> SPIR-V compiler) is not on PATH",
@@ -76,10 +97,14 @@ def glslc_path() -> str:
 
 
 @functools.cache
-def glslc_version() -> str:
+def glslc_version(newer: bool = False) -> str:
     """First line of `glslc --version`: part of every cache key."""
-    out = subprocess.run([glslc_path(), "--version"], capture_output=True, text=True, check=True)
+    out = subprocess.run([glslc_path(newer), "--version"], capture_output=True, text=True, check=True)
     return out.stdout.splitlines()[0].strip()
+
+
+def _flags(name: str) -> tuple[str, ...]:
+    return NEWER_FLAGS if name in NEWER_SHADERS else FLAGS
 
 
 def shader_names() -> list[str]:
@@ -145,7 +170,7 @@ def variant_key(path: Path, defines: dict[str, object]) -> str:
         h.update(name.encode() + b"\0" + data + b"\0")
     for k in sorted(defines):
         h.update(f"-D{k}={defines[k]}\0".encode())
-    h.update(("\0".join(FLAGS)).encode())
+    h.update(("\0".join(_flags(path.stem))).encode())
     return h.hexdigest()[:32]
 
 
@@ -175,7 +200,7 @@ def compile_shader(name: str, defines: dict[str, object] | None = None, key: str
     if prebuilt.exists():
         return prebuilt.read_bytes()
     try:
-        version = glslc_version()
+        version = glslc_version(name in NEWER_SHADERS)
     except VulkanUnavailable as exc:
         if PREBUILT_DIR.is_dir():  # a wheel: say which variant it lacks
             raise VulkanUnavailable(
@@ -234,7 +259,7 @@ def glslc(path: Path, defines: dict[str, object], out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="catchat-glsl-") as generated:
         for name, text in GENERATED_INCLUDES.items():
             Path(generated, name).write_text(text())
-        cmd = [glslc_path(), *FLAGS, "-I", str(INCLUDE_DIR), "-I", generated,
+        cmd = [glslc_path(path.stem in NEWER_SHADERS), *_flags(path.stem), "-I", str(INCLUDE_DIR), "-I", generated,
                *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:

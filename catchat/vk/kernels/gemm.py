@@ -13,10 +13,12 @@ Both kernels are deterministic: fixed summation orders, no float atomics.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from catchat.errors import VulkanUnavailable
 from catchat.precision import PRECISIONS
-from catchat.vk import tiles, tune
+from catchat.vk import shaders, tiles, tune
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div, device_sms
 
@@ -162,6 +164,8 @@ def products(dev: Device, precision: str) -> str:
     """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
     if precision != "fp16":
         return precision
+    if coopmat2_runs(dev):
+        return "fp16 on tensor cores (cooperative matrix 2)"
     if coopmat_runs(dev):
         return "fp16 on tensor cores"
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
@@ -181,6 +185,76 @@ def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
         order = (COOP_SMALL_TILE,)
     for t in order:
         if t.problem(dev, trans) is None:
+            return t
+    return None
+
+
+@dataclass(frozen=True)
+class Coop2Tiles:
+    """Tiles of glsl/gemm_coopmat2.comp: one bm x bn float32 accumulator per workgroup of `threads`
+    (a workgroup-scope cooperative matrix: the driver spreads it over the subgroups), products over
+    k-slices of bk."""
+
+    bm: int
+    bn: int
+    bk: int
+    threads: int = 256
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.bm, self.bn, self.bk]
+
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm_coopmat2.comp on dev (None: they can): the device's
+        flexible dimensions for float16 products with float32 sums at workgroup scope for this many
+        threads, its largest dimension and workgroup, and at most 128 accumulators per thread."""
+        if not coopmat2_runs(dev):
+            return f"{dev.info.name} does not run cooperative-matrix-2 GEMMs"
+        max_threads, max_dim = (dev.coop2_limits + (0, 0))[:2]
+        grains = [tuple(int(g) for g in d.split()[0].split("x")) for d in dev.coop2_dimensions
+                  if d.endswith(f"{COOP2_TYPES} workgroup {self.threads}")]
+        fits = any(self.bm % gm == 0 and self.bn % gn == 0 and self.bk % gk == 0 for gm, gn, gk in grains)
+        if self.threads > max_threads or max(self.bm, self.bn, self.bk) > max_dim or not fits:
+            return (f"cooperative-matrix-2 tiles {self} are not among {dev.info.name}'s workgroup-scope "
+                    f"dimensions ({', '.join(dev.coop2_dimensions) or 'none'}; largest {max_dim}, "
+                    f"at most {max_threads} threads)")
+        if self.bm * self.bn > 128 * self.threads:
+            return f"cooperative-matrix-2 tiles {self} need {self.bm * self.bn // self.threads} accumulators per thread"
+        return None
+
+    def defines(self) -> dict:
+        return {}
+
+
+COOP2_TYPES = "f16*f16+f32->f32"
+COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupScope",
+                            "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
+                            "cooperativeMatrixPerElementOperations"})
+ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "0": the subgroup-fragment GEMM even where cooperative matrix 2 runs
+# 128 x 256 accumulators on 256 threads over 32-deep slices; 128 x 128 for outputs of at most 128 columns
+# or grids that would not fill the GPU (first choices, before the H200's measurement)
+COOP2_TILE = Coop2Tiles(128, 256, 32)
+COOP2_NARROW_TILE = Coop2Tiles(128, 128, 32)
+
+
+def coopmat2_runs(dev: Device) -> bool:
+    """Whether glsl/gemm_coopmat2.comp can run on dev: VK_KHR_cooperative_matrix and
+    VK_NV_cooperative_matrix2's workgroup scope, flexible dimensions, tensor addressing and per-element
+    operations enabled (kp patch 0006), its compiler at hand, and not turned off by CATCHAT_COOPMAT2=0."""
+    if os.environ.get(ENV_COOPMAT2, "1") == "0" or not COOP2_FEATURES <= dev.features:
+        return False
+    try:
+        shaders.glslc_path(newer=True)
+    except VulkanUnavailable:
+        return False
+    return True
+
+
+def coop2_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> Coop2Tiles | None:
+    """COOP2_TILE where its grid fills the GPU and the output is wider than 128 columns, else
+    COOP2_NARROW_TILE; the first that the device offers, or None."""
+    wide = N > COOP2_NARROW_TILE.bn and _fills(dev, M, N, split_k)
+    for t in ((COOP2_TILE, COOP2_NARROW_TILE) if wide else (COOP2_NARROW_TILE,)):
+        if t.problem(dev) is None:
             return t
     return None
 
@@ -305,10 +379,12 @@ class Gemm(Kernel):
     float32 sums, and no faster than "fp32").
     half: A and B hold float16 (uint32 tensors of `pack_half`; offsets and leading dimensions in
     halves), widened on load: float32 products and sums, float32 C. Needs `Device.runs_float16`.
-    coopmat: the products on cooperative matrices (glsl/gemm_coopmat.comp, tiles `coop_tiles`):
-    float16 x float16 on tensor cores, float32 sums, for float16 operands (half, or precision
-    "fp16"); where the device has VK_NV_cooperative_matrix (`Device.features`). None (default):
-    with precision "fp16" wherever the device can; with half only when asked.
+    coopmat: the products on cooperative matrices: float16 x float16 on tensor cores, float32 sums,
+    for float16 operands (half, or precision "fp16"): on workgroup-scope matrices fed by the driver
+    (glsl/gemm_coopmat2.comp, tiles `coop2_tiles`) where the device has VK_NV_cooperative_matrix2
+    (`coopmat2_runs`; coopmat2=False: never, True: only), else on subgroup fragments
+    (glsl/gemm_coopmat.comp, tiles `coop_tiles`) where it has VK_NV_cooperative_matrix. None
+    (default): with precision "fp16" wherever the device can; with half only when asked.
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -317,7 +393,8 @@ class Gemm(Kernel):
     def __init__(self, dev: Device, a, b, c, M: int, N: int, K: int, trans_a: bool = False,
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
                  split_k: int = 1, tiles: GemmTiles | CoopTiles | None = None, workspace=None, vec4: bool = True,
-                 half: bool = False, coopmat: bool | None = None, precision: str = "fp32"):
+                 half: bool = False, coopmat: bool | None = None, precision: str = "fp32",
+                 coopmat2: bool | None = None):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         if precision not in PRECISIONS:
             raise ValueError(f"GEMM precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -326,12 +403,14 @@ class Gemm(Kernel):
             raise ValueError(f"a float16 GEMM needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
                              "does not offer")
         auto = coopmat is None
+        tensor_cores = coopmat_runs(dev) or coopmat2_runs(dev)
         if auto:
-            coopmat = rounded and coopmat_runs(dev)
-        if coopmat and not ((half or rounded) and coopmat_runs(dev)):
+            coopmat = rounded and tensor_cores
+        if coopmat and not ((half or rounded) and tensor_cores):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True or precision fp16) "
-                             f"and VK_NV_cooperative_matrix with {COOP_SHAPE} fragments on subgroups of "
-                             f"{COOP_SUBGROUP}; {dev.info.name} offers {', '.join(dev.coop_shapes) or 'none'}")
+                             f"and VK_NV_cooperative_matrix2, or VK_NV_cooperative_matrix with {COOP_SHAPE} "
+                             f"fragments on subgroups of {COOP_SUBGROUP}; {dev.info.name} offers "
+                             f"{', '.join(dev.coop_shapes) or 'none'}")
         self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
@@ -339,20 +418,23 @@ class Gemm(Kernel):
         trans = (self.trans_a, bool(trans_b))
         t = tiles
         if coopmat:
-            t = tiles if isinstance(tiles, CoopTiles) else coop_tiles(dev, M, N, self.split_k, trans)
+            t = tiles if isinstance(tiles, CoopTiles | Coop2Tiles) else self._coop_tiles(dev, M, N, trans, coopmat2)
+            if coopmat2 and not isinstance(t, Coop2Tiles):
+                raise ValueError(f"no cooperative-matrix-2 tile runs on {dev.info.name}")
             if t is None:
                 if not auto:
                     raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
                                      f"{dev.info.max_shared_memory_bytes} B of shared memory")
                 coopmat = False  # precision fp16 on gemm.comp's rounding loads instead
         if not coopmat:
-            if isinstance(tiles, CoopTiles):
+            if isinstance(tiles, CoopTiles | Coop2Tiles):
                 raise ValueError(f"cooperative-matrix tiles {tiles} for a GEMM that does not run on them")
             t = tiles or gemm_tiles(dev, M, N, self.split_k, K, trans)
         problem = t.problem(dev, trans)
         if problem:
             raise ValueError(problem)
         self.precision, self.coopmat, self.tiles = ("fp16" if half else precision), bool(coopmat), t
+        self.coopmat2 = isinstance(t, Coop2Tiles)
         spec = t.spec()
         per_word = 2 if half else 1
         _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A", per_word)
@@ -378,6 +460,7 @@ class Gemm(Kernel):
         if trans_b:
             defines["TRANS_B"] = 1
         # vec4 loads where the operand's contiguous direction allows (k: also every split's start)
+        vec4 = vec4 and not self.coopmat2  # its loads are the driver's
         self.vec4_a = vec4 and _vec4_ok(a, M if trans_a else K, not trans_a, k_split)
         self.vec4_b = vec4 and _vec4_ok(b, K if trans_b else N, trans_b, k_split)
         if self.vec4_a:
@@ -400,7 +483,15 @@ class Gemm(Kernel):
             self.push = (M, N, K, a[1], a[2], b[1], b[2], 0, N, 0, 1.0, 0.0, k_split, M * N)
             self.reduce = _GemmSplitReduce(dev, self.work, c, M, N, self.split_k, alpha, beta, bias)
         super().__init__(dev, tensors, grid, spec=spec, push=self.push, defines=defines,
-                         shader="gemm_coopmat" if coopmat else None)
+                         shader=("gemm_coopmat2" if self.coopmat2 else "gemm_coopmat") if coopmat else None)
+
+    def _coop_tiles(self, dev: Device, M: int, N: int, trans, coopmat2: bool | None) -> CoopTiles | Coop2Tiles | None:
+        """The cooperative-matrix-2 tile where the device runs it (unless coopmat2 is False), else the
+        subgroup fragments' tile (unless coopmat2 is True)."""
+        t = coop2_tiles(dev, M, N, self.split_k) if coopmat2 is not False and coopmat2_runs(dev) else None
+        if t is None and not coopmat2 and coopmat_runs(dev):
+            t = coop_tiles(dev, M, N, self.split_k, trans)
+        return t
 
     def op(self):
         """The one dispatch (split_k == 1)."""

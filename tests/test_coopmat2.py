@@ -1,0 +1,106 @@
+"""The workgroup-scope GEMM (glsl/gemm_coopmat2.comp, VK_NV_cooperative_matrix2): which tiles a device
+can run and which the program picks, from what kp patch 0006 reports; how its shader compiles. Its
+numbers are checked against numpy by `catchat parity` on a GPU that has the extension (lavapipe has no
+cooperative matrices: here the GEMM must be refused, never run)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pytest
+
+from catchat.vk import shaders
+from catchat.vk.device import coop2_dimension_name
+from catchat.vk.kernels import gemm
+from catchat.vk.probe import DeviceInfo
+
+H200_INFO = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor="NVIDIA", driver="580",
+                       api_version="1.4", max_storage_buffer_bytes=1 << 32, max_shared_memory_bytes=49152,
+                       max_push_constant_bytes=256, max_workgroup_invocations=1024, subgroup_size=32,
+                       compute_units=132)
+# what a driver offering workgroup-scope float16 products on 128 and 256 threads reports
+DIMENSIONS = (coop2_dimension_name([16, 16, 16, 0, 0, 1, 1, 0, 2, 256]),
+              coop2_dimension_name([16, 16, 16, 0, 0, 1, 1, 0, 2, 128]),
+              coop2_dimension_name([16, 8, 16, 0, 0, 0, 0, 0, 3, 32]))
+
+
+@dataclass
+class FakeDevice:
+    """The fields the tile rules read: no Vulkan behind it."""
+
+    info: DeviceInfo = H200_INFO
+    features: frozenset = field(default_factory=lambda: frozenset(gemm.COOP2_FEATURES))
+    coop2_limits: tuple = (256, 256, 1024)
+    coop2_dimensions: tuple = DIMENSIONS
+
+
+@pytest.fixture
+def newer_glslc(monkeypatch, tmp_path):
+    """A stand-in for the newer compiler, so that coopmat2_runs depends on the device alone."""
+    exe = tmp_path / "glslc"
+    exe.write_text("#!/bin/sh\necho shaderc-test\n")
+    exe.chmod(0o755)
+    monkeypatch.setenv(shaders.ENV_NEWER_GLSLC, str(exe))
+    shaders.glslc_path.cache_clear()
+    yield exe
+    shaders.glslc_path.cache_clear()
+
+
+def test_dimension_names_read_like_the_shapes():
+    assert DIMENSIONS[0] == "16x16x16 f16*f16+f32->f32 workgroup 256"
+    assert DIMENSIONS[2] == "16x8x16 f16*f16+f16->f16 subgroup 32"
+
+
+def test_the_tiles_a_device_offers(newer_glslc):
+    dev = FakeDevice()
+    assert gemm.coopmat2_runs(dev)
+    assert gemm.COOP2_TILE.problem(dev) is None
+    assert gemm.COOP2_NARROW_TILE.problem(dev) is None
+    assert gemm.Coop2Tiles(64, 128, 32, 128).problem(dev) is None
+    # more threads than the workgroup scope allows, a dimension past the largest, an off-grain slice
+    assert "workgroup-scope dimensions" in gemm.Coop2Tiles(128, 128, 32, 512).problem(dev)
+    assert "workgroup-scope dimensions" in gemm.Coop2Tiles(512, 64, 32).problem(dev)
+    assert "workgroup-scope dimensions" in gemm.Coop2Tiles(128, 128, 24).problem(dev)
+    # 256 x 256 float32 accumulators on 256 threads: 256 registers each, more than a thread has
+    assert "256 accumulators per thread" in gemm.Coop2Tiles(256, 256, 32).problem(
+        replace(dev, coop2_limits=(256, 512, 1024)))
+    # a workgroup size the driver does not list
+    assert gemm.Coop2Tiles(128, 128, 32, 64).problem(dev) is not None
+
+
+def test_the_program_picks_wide_tiles_for_wide_outputs(newer_glslc):
+    dev = FakeDevice()
+    assert gemm.coop2_tiles(dev, 32768, 6144) == gemm.COOP2_TILE  # v5's input projection
+    assert gemm.coop2_tiles(dev, 32768, 101) == gemm.COOP2_NARROW_TILE  # the head
+    assert gemm.coop2_tiles(dev, 256, 512) == gemm.COOP2_NARROW_TILE  # a grid that would not fill the GPU
+    # a driver that lists only 128 threads: no tile of 256 runs, none is picked
+    assert gemm.coop2_tiles(replace(dev, coop2_dimensions=DIMENSIONS[1:]), 32768, 6144) is None
+
+
+def test_without_the_extension_or_the_compiler_or_when_turned_off(newer_glslc, monkeypatch):
+    assert not gemm.coopmat2_runs(FakeDevice(features=frozenset({"cooperativeMatrixNV"})))
+    assert "does not run" in gemm.COOP2_TILE.problem(FakeDevice(features=frozenset()))
+    monkeypatch.setenv(gemm.ENV_COOPMAT2, "0")
+    assert not gemm.coopmat2_runs(FakeDevice())
+    monkeypatch.delenv(gemm.ENV_COOPMAT2)
+    monkeypatch.setenv(shaders.ENV_NEWER_GLSLC, str(newer_glslc.parent / "missing"))
+    shaders.glslc_path.cache_clear()
+    assert not gemm.coopmat2_runs(FakeDevice())
+
+
+def test_every_variant_compiles_with_the_newer_compiler():
+    """The shader's defines (operand types, transposes, bias) compile to valid SPIR-V 1.6 with the
+    compiler `make setup` fetches; Debian 12's glslc refuses GL_NV_cooperative_matrix2."""
+    for defines in ({}, {"FLOAT_IN": 1}, {"TRANS_A": 1, "HAS_BIAS": 1}, {"TRANS_B": 1, "FLOAT_IN": 1, "HAS_BIAS": 1},
+                    {"TRANS_A": 1, "TRANS_B": 1, "FLOAT_IN": 1}):
+        spirv = shaders.compile_shader("gemm_coopmat2", defines)
+        words = np.frombuffer(spirv[:8], np.uint32)
+        assert words[0] == 0x07230203 and words[1] >> 16 == 1 and (words[1] >> 8) & 0xFF == 6  # SPIR-V 1.6
+
+
+def test_a_device_without_it_refuses_the_gemm(dev):
+    assert not gemm.coopmat2_runs(dev)
+    a = dev.tensor(np.zeros(64, np.float32))
+    with pytest.raises(ValueError, match="cooperative"):
+        gemm.Gemm(dev, (a, 0, 8), (a, 0, 8), (a, 0, 8), 8, 8, 8, precision="fp16", coopmat=True, coopmat2=True)
