@@ -248,12 +248,14 @@ def test_non_ascii_text_is_normalised_and_the_unk_rate_reported(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert m["unk"] == 40 and 0.03 < m["unk_rate"] < 0.05  # only the two accented letters per line
-    assert f"unk rate {m['unk_rate']:.4%} (40 characters outside cc101)" in r.stdout, r.stdout
+    assert (f"unk rate {m['unk_rate']:.4%} (40 characters outside cc101: \u00e9 U+00E9 x20, \u00ef U+00EF x20)"
+            in r.stdout), r.stdout  # the characters named, most frequent first, with their code points
     c = Corpus.open(tmp_path / "out")
     line = '"Caf\ufffd" -- it\'s na\ufffdve... and the rest is plain. Tab.\n'  # <unk> decodes as U+FFFD
     assert c.text(0, show_specials=False) == (line * 20).rstrip("\n")
     r = catchat("corpus", "build", tmp_path / "n.txt", "-o", tmp_path / "strict", "--max-unk-rate", "0.01")
-    assert_clean_error(r, 2, f"{m['unk_rate']:.1%} of its characters are outside", "at most 1.0% allowed")
+    assert_clean_error(r, 2, f"{m['unk_rate']:.1%} of its characters are outside", "at most 1.0% allowed",
+                       "most often \u00e9 U+00E9 x20, \u00ef U+00EF x20")
 
 
 def test_crlf_line_ends_are_the_same_text(tmp_path):

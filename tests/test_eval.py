@@ -131,9 +131,9 @@ def test_text_jsonl_is_encoded_like_corpus_build(cli, run, dialogue, tmp_path):
 
 
 def test_text_format_flag(cli, run, tmp_path):
-    p = tmp_path / "chat.txt"  # JSONL under a .txt name
+    p = tmp_path / "chat.txt"  # JSONL under a .txt name: refused as text unless --format says (test_formats.py)
     p.write_text(json.dumps({"speaker": "A", "text": "hello there"}) + "\n")
-    as_text = eval_json(cli, run, "--text", p)
+    as_text = eval_json(cli, run, "--text", p, "--format", "text")
     as_jsonl = eval_json(cli, run, "--text", p, "--format", "jsonl")
     assert as_jsonl["characters"] == len("A: hello there")
     assert as_text["characters"] == len(p.read_text().strip())

@@ -1,4 +1,4 @@
-"""Looking at runs and checkpoints: `eval`, `plot`, `landscape`, `inspect`, `scan`."""
+"""Looking at runs and checkpoints: `eval`, `plot`, `landscape`, `inspect`, `scan`, `watch`."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def eval_cmd(checkpoint, text_file, fmt, max_unk_rate, corpus_path, split, windo
 
     from catchat.errors import UsageError
     from catchat.inference.evaluate import evaluate_checkpoint, summary_lines
+    from catchat.progress import Progress
     from catchat.run import checkpoint as ck
     from catchat.vk.device import open_device
 
@@ -45,9 +46,10 @@ def eval_cmd(checkpoint, text_file, fmt, max_unk_rate, corpus_path, split, windo
     if text_file is None and (fmt != "auto" or max_unk_rate is not None):
         raise UsageError("--format and --max-unk-rate say how to read --text", "pass --text FILE, or drop them")
     ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
-    res = evaluate_checkpoint(ckpt, open_device(device), text=text_file, fmt=fmt, corpus_path=corpus_path,
-                              split=split or "eval", n_windows=windows, max_lanes=max_lanes,
-                              max_unk_rate=max_unk_rate)
+    with Progress(err_console, "eval", "windows") as progress:  # stderr: stdout keeps the result (--json)
+        res = evaluate_checkpoint(ckpt, open_device(device), text=text_file, fmt=fmt, corpus_path=corpus_path,
+                                  split=split or "eval", n_windows=windows, max_lanes=max_lanes,
+                                  max_unk_rate=max_unk_rate, progress=progress)
     if as_json:
         click.echo(json.dumps(res, indent=1))
     else:
@@ -92,29 +94,32 @@ def plot(run_dir, out):
               help="Size of the fixed evaluation slice: next-character positions (held-out: whole lanes of T).")
 @click.option("--text", "text_file", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Evaluate on this text file (one conversation) instead of the held-out split.")
+@click.option("--format", "fmt", type=click.Choice(["auto", "text"]), default="auto", show_default=True,
+              help="auto: refuse a --text file that is JSON or CSV (as corpus build does); text: read it anyway.")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus whose held-out split is used (default: the run's).")
 @click.option("--reference", is_flag=True, help="Evaluate with the numpy model (float64) instead of the GPU.")
 @click.option("--out", type=click.Path(file_okay=False),
               help="Output directory (default runs/<run>/landscape/step-N, or CKPT/landscape).")
 @click.option("--no-3d", "no_3d", is_flag=True, help="Skip the 3-D surface PNGs.")
 @DEVICE_OPTION
-def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tokens, text_file, corpus_path,
+def landscape(checkpoint, compare_ckpt, layers, group, grid_n, radius, seed, tokens, text_file, fmt, corpus_path,
               reference, out, no_3d, device):
     """Loss landscape around a checkpoint: filter-normalised random directions (Li et al. 2018), per layer."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from catchat.analysis import landscape as land
+    from catchat.errors import UsageError
+    from catchat.progress import Progress
 
+    if fmt != "auto" and text_file is None:
+        raise UsageError("--format says how to read --text", "pass --text FILE, or drop --format")
     job = land.prepare(checkpoint, compare_ckpt, layers=layers, group=group, grid_n=grid_n, radius=radius, seed=seed,
-                       tokens=tokens, text_file=text_file, corpus_path=corpus_path, reference=reference, device=device)
+                       tokens=tokens, text_file=text_file, fmt=fmt, corpus_path=corpus_path, reference=reference,
+                       device=device)
     say = functools.partial(console.print, highlight=False, markup=False, soft_wrap=True)
     for line in job.plan_lines():
         say(line)
-    progress = Progress(TextColumn("[bold]landscape"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=console, disable=not console.is_terminal, transient=True)
-    with progress:
-        task = progress.add_task("landscape", total=job.total)
-        result = job.run(on_point=lambda: progress.advance(task), on_surface=say)
+    with Progress(err_console, "landscape", "evaluations") as progress:  # stderr, as eval's and corpus build's
+        progress.start(job.total)
+        result = job.run(on_point=progress.advance, on_surface=say)
     out_dir, paths = job.write(result, out, surface_3d=not no_3d,
                                warn=lambda m: err_console.print(m, highlight=False, markup=False, soft_wrap=True))
     say(f"wrote {out_dir}: " + " ".join(p.name for p in paths))
@@ -165,3 +170,23 @@ def scan(run_dir, strict):
     console.print(f"{n_fail} defect(s), {n_warn} warning(s)", highlight=False)
     if n_fail or (strict and n_warn):
         raise SystemExit(1)
+
+
+# ------------------------------------------------------------------------------ live
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--interval", "interval_s", default=2.0, show_default=True, type=click.FloatRange(min=0.05),
+              metavar="SECONDS", help="How often to look for new rows and events.")
+@click.option("--timeout", "timeout_s", default=None, type=click.FloatRange(min=0.0, min_open=True),
+              metavar="SECONDS", help="Give up after this long if the run has not ended (exit 124).")
+@click.option("--once", is_flag=True, help="Print the view as it is now and exit 0 (for scripts).")
+def watch(run_dir, interval_s, timeout_s, once):
+    """Follow a run live from its files: loss curve, latest evals, step/total, tokens/s, ETA, anomalies from
+    scan. Exits with the run: 0 at its end event, 1 if it failed or its process is gone (docs/live.md)."""
+    from pathlib import Path
+
+    from catchat.analysis.watch import follow
+
+    code = follow(Path(run_dir), console, interval_s=interval_s, timeout_s=timeout_s, once=once)
+    if code:
+        raise SystemExit(code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from catchat.cli import cli, console
+from catchat.cli import cli, console, err_console
 from catchat.console import new_table
 
 
@@ -21,7 +21,9 @@ def corpus():
 @click.option("--delimiter", default="<|endoftext|>", show_default=True,
               help="A line that splits a plain-text file into conversations.")
 @click.option("--no-delimiter", is_flag=True, help="One plain-text file is one conversation.")
-@click.option("--format", "fmt", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True,
+              help="auto: .jsonl/.ndjson are JSONL, other files text, and a file that is JSON or CSV is refused "
+                   "with how to convert it; text or jsonl: read every file so.")
 @click.option("--force", is_flag=True, help="Overwrite an existing corpus directory.")
 @click.option("--hold-out", "hold_out", multiple=True, metavar="PLAYS",
               help="Hold out whole plays of `shakespeare` (comma-separated titles, case-insensitive; repeatable): "
@@ -29,10 +31,12 @@ def corpus():
 def corpus_build(sources, out, eval_fraction, max_unk_rate, delimiter, no_delimiter, fmt, force, hold_out):
     """Encode SOURCES (files, JSONL, or `shakespeare`) into a corpus directory."""
     from catchat.data import corpus as corpus_mod
+    from catchat.progress import Progress
 
-    summary = corpus_mod.build(sources, out, eval_fraction=eval_fraction, max_unk_rate=max_unk_rate,
-                               delimiter=None if no_delimiter else delimiter, fmt=fmt, force=force,
-                               hold_out=list(hold_out) or None)
+    with Progress(err_console, "corpus build", "bytes") as progress:  # stderr: stdout has the summary
+        summary = corpus_mod.build(sources, out, eval_fraction=eval_fraction, max_unk_rate=max_unk_rate,
+                                   delimiter=None if no_delimiter else delimiter, fmt=fmt, force=force,
+                                   hold_out=list(hold_out) or None, progress=progress)
     for line in summary.lines():
         console.print(line, markup=False, highlight=False)
 

@@ -30,6 +30,7 @@ from catchat.errors import UsageError
 
 if TYPE_CHECKING:
     from catchat.distributed import Comm
+    from catchat.progress import Progress
     from catchat.vk.program import Program
 
 SPLITS = ("eval", "train", "all")
@@ -160,9 +161,10 @@ def fit_layout(dev, layout, lengths, max_lanes: int, window: int, carry_state: b
 
 
 def evaluate_set(dev, layout, flat_params: np.ndarray, data: EvalSet, *, max_lanes: int, window: int,
-                 carry_state: bool = True, n_windows: int = 0) -> dict:
+                 carry_state: bool = True, n_windows: int = 0, progress: Progress | None = None) -> dict:
     """Score `data` with the model (its ParamLayout, flat float32 params) on `dev`: a forward-only program of
-    the `fit_layout` shape. n_windows > 0 scores only the first that many windows of that layout.
+    the `fit_layout` shape. n_windows > 0 scores only the first that many windows of that layout;
+    `progress` counts them as they are scored (a window is the unit: its steps depend on each other).
     Returns loss (nats per target), bpc, top1, top5 (rates), n_valid (targets scored), characters
     (of them, the text's characters: not <turn>/<eos>), conversations, lanes, window, windows,
     seconds (building the program and scoring)."""
@@ -184,7 +186,9 @@ def evaluate_set(dev, layout, flat_params: np.ndarray, data: EvalSet, *, max_lan
             characters += int(np.count_nonzero(w.targets >= vocab.UNK))  # not <pad>, <eos>, <turn>
             yield w.tokens, w.targets, w.resets
 
-    res = prog.evaluate_windows(windows())
+    if progress is not None:
+        progress.start(total)
+    res = prog.evaluate_windows(windows() if progress is None else progress.track(windows()))
     notes = list(data.notes) + ([note] if note else [])
     if n_windows > 0 and total < lanes.windows_per_cycle:
         notes.append(f"--windows {n_windows}: scored the first {total} of {lanes.windows_per_cycle} windows")
@@ -194,11 +198,11 @@ def evaluate_set(dev, layout, flat_params: np.ndarray, data: EvalSet, *, max_lan
 
 def evaluate_checkpoint(ckpt, dev, *, text: str | None = None, fmt: str = "auto", corpus_path: str | None = None,
                         split: str = "eval", n_windows: int = 0, max_lanes: int = 0,
-                        max_unk_rate: float | None = None) -> dict:
+                        max_unk_rate: float | None = None, progress: Progress | None = None) -> dict:
     """`catchat eval`: a loaded checkpoint (catchat.run.checkpoint.load_checkpoint) on `text` (a file)
     or on one split of `corpus_path` (default: the run's corpus). max_lanes > 0 caps the lanes
-    (default: the checkpoint's data.batch_lanes). Returns the result dict of `evaluate_set` plus
-    checkpoint, global_step, source, path and split (corpus only)."""
+    (default: the checkpoint's data.batch_lanes); `progress` shows the windows scored. Returns the
+    result dict of `evaluate_set` plus checkpoint, global_step, source, path and split (corpus only)."""
     from catchat import config as cfgmod
     from catchat.model import ParamLayout
     from catchat.run import checkpoint as ck
@@ -214,7 +218,7 @@ def evaluate_checkpoint(ckpt, dev, *, text: str | None = None, fmt: str = "auto"
     layout = ParamLayout(cfgmod.model_spec(cfg))
     flat = layout.flatten(ckpt.params, np.float32)
     res = evaluate_set(dev, layout, flat, data, max_lanes=max_lanes or cfg.data.batch_lanes, window=cfg.data.window,
-                       carry_state=cfg.data.carry_state, n_windows=n_windows)
+                       carry_state=cfg.data.carry_state, n_windows=n_windows, progress=progress)
     head = {"checkpoint": str(ckpt.path), "global_step": ckpt.global_step, "source": data.source, "path": data.path}
     if data.split is not None:
         head["split"] = data.split

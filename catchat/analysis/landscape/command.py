@@ -94,11 +94,11 @@ class Job:
 
 def prepare(checkpoint: str | Path, compare: str | Path | None = None, *, layers: Sequence[int] = (),
             group: str = DEFAULT_GROUP, grid_n: int = surface.DEFAULT_GRID, radius: float = surface.DEFAULT_RADIUS,
-            seed: int = 0, tokens: int = DEFAULT_TOKENS, text_file: str | Path | None = None,
+            seed: int = 0, tokens: int = DEFAULT_TOKENS, text_file: str | Path | None = None, fmt: str = "auto",
             corpus_path: str | None = None, reference: bool = False, device=None) -> Job:
     """Load the checkpoint (and `compare`) and check its tensors against its config, check `layers`,
-    cut the slice (`text_file`, else the held-out split of `corpus_path` or the run's corpus) and choose
-    the evaluator (the numpy reference with `reference`, else a forward-only program on `device`)."""
+    cut the slice (`text_file`, read as `fmt`, else the held-out split of `corpus_path` or the run's
+    corpus) and choose the evaluator (the numpy reference with `reference`, else a forward-only program on `device`)."""
     from catchat import config as cfgmod
     from catchat.model import param_specs
     from catchat.run import checkpoint as ck
@@ -117,7 +117,7 @@ def prepare(checkpoint: str | Path, compare: str | Path | None = None, *, layers
         if layer >= max_layers:
             raise UsageError(f"--layer {layer}: the model has {max_layers} layers (0..{max_layers - 1})",
                              hint="choose a layer that exists in every checkpoint")
-    data = choose_slice(cfgs[0], tokens, text_file, corpus_path)
+    data = choose_slice(cfgs[0], tokens, text_file, corpus_path, fmt)
     make, where = choose_evaluator(data, reference, device)
     return Job([c.path for c in ckpts], entries, data, make, where, list(layers),
                len(set(layers)) if layers else max_layers, grp, seed, grid_n, radius)

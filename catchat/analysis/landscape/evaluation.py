@@ -130,10 +130,15 @@ class ReferenceEvaluator:
 
 
 def choose_slice(cfg, tokens: int = DEFAULT_TOKENS, text_file: str | Path | None = None,
-                 corpus_path: str | None = None) -> EvalSlice:
+                 corpus_path: str | None = None, fmt: str = "auto") -> EvalSlice:
     """The slice of `catchat landscape`: `text_file` (one conversation), else the held-out split of
-    `corpus_path` (default: the run's corpus), in the run's window and lanes."""
+    `corpus_path` (default: the run's corpus), in the run's window and lanes. With fmt "auto" a text
+    file that is JSON or CSV is refused as `corpus build` refuses it (fmt "text": read it anyway)."""
     if text_file:
+        if fmt == "auto":
+            from catchat.data.corpus.detect import check_format
+
+            check_format(Path(text_file), "text")
         try:
             text = Path(text_file).read_text(encoding="utf-8")
         except UnicodeDecodeError as e:

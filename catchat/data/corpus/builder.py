@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from catchat.data.corpus.sources import DEFAULT_DELIMITER, DEFAULT_MAX_UNK_RATE,
 from catchat.data.corpus.split import split_mask
 from catchat.data.corpus.writer import SourceStats, Writer
 from catchat.errors import UsageError
+
+if TYPE_CHECKING:
+    from catchat.progress import Progress
 
 DEFAULT_EVAL_FRACTION = 0.05
 UNK_CHARS_KEPT = 20  # the manifest's "unk_chars": this many of the most frequent <unk> characters
@@ -66,8 +70,10 @@ class BuildSummary:
 def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
           eval_fraction: float = DEFAULT_EVAL_FRACTION, max_unk_rate: float = DEFAULT_MAX_UNK_RATE,
           delimiter: str | None = DEFAULT_DELIMITER, fmt: str = "auto", force: bool = False,
-          hold_out: str | Sequence[str] | None = None) -> BuildSummary:
+          hold_out: str | Sequence[str] | None = None, progress: Progress | None = None) -> BuildSummary:
     """Build a corpus directory from `sources` (files, directories, or "shakespeare").
+
+    progress: shown the bytes read (catchat.progress.Progress; the encoding keeps pace with reading).
 
     hold_out: plays of the built-in corpus held out whole (names, or one string of them: see
     catchat.data.corpus.holdout); their conversations are all eval, none train.
@@ -99,7 +105,7 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
                          f"add the source {SHAKESPEARE}, e.g. catchat corpus build {SHAKESPEARE} --hold-out ... -o DIR")
 
     def build_into(d: Path) -> BuildSummary:
-        return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter, chosen)
+        return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter, chosen, progress)
 
     summary = replace_in_place(out, build_into) if in_place else build_fresh(out, build_into)
     summary.out_dir = out
@@ -108,10 +114,11 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
 
 
 def _build_into(tmp: Path, inputs: list[tuple[str, Path | None]], eval_fraction: float,
-                max_unk_rate: float, delimiter: str | None, chosen: list[Play]) -> BuildSummary:
+                max_unk_rate: float, delimiter: str | None, chosen: list[Play],
+                progress: Progress | None) -> BuildSummary:
     w = Writer(tmp)
     try:
-        all_stats = read_sources(w, inputs, max_unk_rate, delimiter)
+        all_stats = read_sources(w, inputs, max_unk_rate, delimiter, progress)
     finally:
         w.close()
 

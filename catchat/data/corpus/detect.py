@@ -16,9 +16,10 @@ commas on every line, is still text. What counts as each format:
 - pretty-printed JSON: an object that opens with `{` and a `"key":` and does not end on its line;
 - CSV/TSV: a .csv/.tsv/.tab name, or the first CSV_SAMPLE_LINES lines (at least CSV_MIN_LINES, no
   blank line among them) all split into the same number (2 or more) of fields by `,`, tab or `;`,
-  with something in every column (a tab-indented poem has nothing before its tabs); a shorter file
-  also needs a header line of column names and no empty cell (five lines of verse with a comma each are not CSV).
-  No 20-line stretch of the built-in Shakespeare, markdown or text, passes.
+  with something in every column (a tab-indented poem has nothing before its tabs) and, for `,` and
+  `;`, most cells not starting with a space (prose puts one after its commas; a CSV writer does
+  not). A shorter file also needs a header line of column names and no empty cell. No stretch of 5,
+  8 or 20 lines of the built-in Shakespeare's markdown passes.
 """
 
 from __future__ import annotations
@@ -206,6 +207,9 @@ def _csv_columns(lines: list[str], delimiter: str) -> int | None:
         return None
     if any(not any(row[c].strip() for row in rows) for c in range(width)):
         return None
+    later = [f for row in rows for f in row[1:]]
+    if delimiter != "\t" and sum(f[:1].isspace() for f in later) * 2 > len(later):
+        return None  # ", " after most commas: prose (a CSV writer puts nothing between a comma and the cell)
     if len(rows) < CSV_SAMPLE_LINES and not (all(_header_like(f) for f in rows[0])
                                              and all(f.strip() for row in rows for f in row)):
         return None  # a few lines of verse with a comma each: a short file needs a header and no empty cell

@@ -6,9 +6,10 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from catchat.data.corpus.writer import SourceStats, Writer
+from catchat.data.corpus.writer import SourceFile, SourceStats, Writer
 from catchat.errors import UsageError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -117,7 +118,7 @@ def _only(value, kind: type):
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
-def read_jsonl(path: Path, w: Writer, stats: SourceStats) -> None:
+def read_jsonl(path: Path, w: Writer, stats: SourceStats, on_bytes: Callable[[int], None] | None = None) -> None:
     """One record per line is one conversation, except that consecutive records with the same
     "conversation" value are the turns of one conversation (how `catchat chat` logs are written)."""
     sha = hashlib.sha256()
@@ -137,7 +138,7 @@ def read_jsonl(path: Path, w: Writer, stats: SourceStats) -> None:
                 stats.synthetic["conversations"] += 1
         group.clear()
 
-    with open(path, "rb") as f:
+    with SourceFile(path, on_bytes) as f:
         for lineno, raw in enumerate(iter(lambda: f.readline(MAX_JSONL_LINE_BYTES + 1), b""), 1):
             if len(raw) > MAX_JSONL_LINE_BYTES:  # a record is held in memory whole: refuse a giant one
                 raise UsageError(f"{path} line {lineno} is longer than {MAX_JSONL_LINE_BYTES >> 20} MiB",

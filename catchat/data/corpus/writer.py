@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -159,3 +159,30 @@ class Writer:
     def close(self) -> None:
         self._tokens.close()
         self._index.close()
+
+
+class SourceFile:
+    """A source opened for reading (binary) whose readline() reports the bytes read to `on_bytes`
+    (a build's progress), at most once per REPORT_BYTES: a call per line would cost more than the line."""
+
+    REPORT_BYTES = 1 << 20
+
+    def __init__(self, path: Path, on_bytes: Callable[[int], None] | None = None):
+        self._f = open(path, "rb")
+        self._on_bytes = on_bytes
+        self._unreported = 0
+
+    def readline(self, size: int = -1) -> bytes:
+        raw = self._f.readline(size)
+        if self._on_bytes is not None:
+            self._unreported += len(raw)
+            if self._unreported >= self.REPORT_BYTES or not raw:
+                self._on_bytes(self._unreported)
+                self._unreported = 0
+        return raw
+
+    def __enter__(self) -> SourceFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._f.close()
