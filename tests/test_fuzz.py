@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from catchat import config as cfgmod
 from catchat.data import corpus as corpus_mod
 from catchat.data import vocab
-from catchat.data.corpus import Corpus
+from catchat.data.corpus import Corpus, detect
 from catchat.data.corpus import text as corpus_text
 from catchat.errors import UsageError
 from catchat.run import checkpoint as ck
@@ -104,6 +104,40 @@ def test_jsonl_reader_arbitrary_lines(lines):
         except UsageError as e:
             clear(e)
             assert "line " in e.message or "x.jsonl" in e.message
+
+
+# --------------------------------------------------------------------------------- format detection
+
+FORMATISH = st.lists(st.sampled_from(["[", "]", "{", "}", '"', ",", ":", "\t", ";", "\n", " ", "\r\n", "text",
+                                      '"text": ', "A", "1", "-", "null", "\\", "\ufeff", "\u00e6", "[Aside]"]),
+                     max_size=200).map("".join)
+DOCUMENTS = st.one_of(
+    st.binary(max_size=2000),
+    FORMATISH.map(str.encode),
+    st.tuples(st.lists(RECORDS, max_size=5), st.sampled_from([None, 0, 2])).map(
+        lambda v: json.dumps(v[0], indent=v[1]).encode()),  # arrays, pretty or not
+    st.lists(RECORDS, max_size=5).map(lambda rs: "".join(json.dumps(r, indent=1) + "\n" for r in rs).encode()),
+    st.lists(st.lists(st.text(string.ascii_letters + " ,\"", max_size=8), min_size=1, max_size=4),
+             max_size=25).map(lambda rows: "".join(",".join(r) + "\n" for r in rows).encode()),  # CSV-ish
+)
+NAMES = st.sampled_from(["x.txt", "x.json", "x.csv", "x.tsv", "x.jsonl", "x", "x.md"])
+
+
+@FAST
+@given(DOCUMENTS, NAMES, st.sampled_from(["text", "jsonl"]), st.booleans(), st.integers(0, 2000))
+def test_format_detection_any_head(data, name, kind, complete, cut):
+    """Any bytes, whole or cut anywhere (a file's head): an answer, never an exception, and a
+    finding is one line of what the file looks like and one line of what to do."""
+    head = data if complete else data[:cut]
+    f = detect.detect(head, name, kind, complete)
+    assert f is None or (f.looks_like and f.hint and "\n" not in f.looks_like + f.hint)
+
+
+@FAST
+@given(DOCUMENTS, NAMES)
+def test_format_refusals_write_nothing(data, name):
+    """Through a build: a corpus, or one clear UsageError and no output (build_or_refuse checks both)."""
+    build_or_refuse(data, name, max_unk_rate=1.0)
 
 
 # ----------------------------------------------------------------------------------------- config
