@@ -39,7 +39,9 @@ WRONG = [
     ("chats.tsv", "speaker\ttext\n" + "".join(f"{s}\t{t}\n" for s, t in ROWS),
      ["looks like TSV (named .tsv)", "delimiter='\\t'"]),
     ("export.txt", "speaker,text\n" + "".join(f'{s},"{t}"\n' for s, t in ROWS),
-     ["looks like CSV (2 comma-separated columns"]),
+     ["looks like CSV (2 comma-separated columns on each of its first lines, under column names)"]),
+    ("table.txt", "id\tspeaker\ttext\n" + "".join(f"{i}\t{s}\t{t}\n" for i, (s, t) in enumerate(ROWS * 3)),
+     ["looks like TSV (3 tab-separated columns", "delimiter='\\t'"]),
 ]
 
 # Prose that must still be text: brackets, braces, commas on every line, a JSON-looking word.
@@ -54,6 +56,8 @@ PROSE = {
     "list.txt": '["Hello," she said, "and welcome."]\nHe nodded.\n',
     "brackets.txt": "[not json at all, just words]\n",
     "indented.txt": "".join(f"\tline {i}, indented\n" for i in range(25)),
+    "tabbed.txt": "And the rest is plain.\tTab.\n" * 25,
+    "headless.txt": "".join(f"{s},{t}\n" for s, t in ROWS) * 3,  # a table without column names: text
 }
 
 

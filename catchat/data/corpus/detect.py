@@ -16,10 +16,11 @@ commas on every line, is still text. What counts as each format:
 - pretty-printed JSON: an object that opens with `{` and a `"key":` and does not end on its line;
 - CSV/TSV: a .csv/.tsv/.tab name, or the first CSV_SAMPLE_LINES lines (at least CSV_MIN_LINES, no
   blank line among them) all split into the same number (2 or more) of fields by `,`, tab or `;`,
-  with something in every column (a tab-indented poem has nothing before its tabs) and, for `,` and
-  `;`, most cells not starting with a space (prose puts one after its commas; a CSV writer does
-  not). A shorter file also needs a header line of column names and no empty cell. No stretch of 5,
-  8 or 20 lines of the built-in Shakespeare's markdown passes.
+  with something in every column (a tab-indented poem has nothing before its tabs), for `,` and
+  `;` most cells not starting with a space (prose puts one after its commas; a CSV writer does
+  not), and a first line of column names (a few short words each: prose opens with a sentence). A
+  file shorter than CSV_SAMPLE_LINES also needs no empty cell. No stretch of 5, 8 or 20 lines of
+  the built-in Shakespeare's markdown passes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ CSV_SUFFIXES = {".csv": ",", ".tsv": "\t", ".tab": "\t"}
 CSV_DELIMITERS = {",": "comma", "\t": "tab", ";": "semicolon"}
 CSV_SAMPLE_LINES = 20  # lines of a file (without a CSV name) whose fields are counted
 CSV_MIN_LINES = 5  # fewer lines than this are never CSV by content: too little to tell from prose
-CSV_HEADER_WORDS = 3  # a file of fewer than CSV_SAMPLE_LINES lines is CSV only under column names this short
+CSV_HEADER_WORDS = 3  # column names are at most this many words (and 32 characters)
 JSON_SUFFIXES = (".json",)
 
 # `{` then a quoted key and a colon: how a JSON object opens (prose in braces does not); used when
@@ -182,8 +183,9 @@ def _csv_finding(text: str, suffix: str, name: str, complete: bool) -> Finding |
         if delimiter is None:
             return None
     word = CSV_DELIMITERS[delimiter]
-    looks = (f"{'TSV' if delimiter == chr(9) else 'CSV'} (named {suffix})" if columns is None else
-             f"CSV ({columns} {word}-separated columns on each of its first lines)")
+    table = "TSV" if delimiter == "\t" else "CSV"
+    looks = (f"{table} (named {suffix})" if columns is None else
+             f"{table} ({columns} {word}-separated columns on each of its first lines, under column names)")
     reader = "csv.DictReader(sys.stdin" + ("" if delimiter == "," else f", delimiter={delimiter!r}") + ")"
     recipe = (f"python -c \"import csv,json,sys; [print(json.dumps({{'speaker': r['speaker'], 'text': r['text']}})) "
               f"for r in {reader}]\" < {_q(name)} > {_q(_jsonl_name(name))}")
@@ -210,9 +212,10 @@ def _csv_columns(lines: list[str], delimiter: str) -> int | None:
     later = [f for row in rows for f in row[1:]]
     if delimiter != "\t" and sum(f[:1].isspace() for f in later) * 2 > len(later):
         return None  # ", " after most commas: prose (a CSV writer puts nothing between a comma and the cell)
-    if len(rows) < CSV_SAMPLE_LINES and not (all(_header_like(f) for f in rows[0])
-                                             and all(f.strip() for row in rows for f in row)):
-        return None  # a few lines of verse with a comma each: a short file needs a header and no empty cell
+    if not all(_header_like(f) for f in rows[0]):
+        return None  # a table of text starts with its column names; prose starts with a sentence
+    if len(rows) < CSV_SAMPLE_LINES and not all(f.strip() for row in rows for f in row):
+        return None  # a few lines of verse: a short file needs no empty cell too
     return width
 
 
