@@ -3,7 +3,7 @@
 This module holds the command group, the options several commands share, the error handling of
 `main`; the commands live by stage in device.py (devices, doctor, parity, bench), data.py (corpus),
 training.py (train), generation.py (sample, talk, chat) and analysis.py (eval, plot, landscape,
-inspect, scan), imported at the bottom so that each registers itself on `cli`."""
+inspect, scan, watch), imported at the bottom so that each registers itself on `cli`."""
 
 from __future__ import annotations
 

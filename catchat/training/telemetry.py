@@ -1,7 +1,7 @@
 """A run's telemetry (the last part of the loop): events.jsonl (a line per event: start, eval,
 checkpoint, skipped steps, end, ...), metrics.csv (a row per step), and the reporter that shows them
-(the CLI's progress display). Rank 0 writes them; the other ranks of a data-parallel run are given
-`Quiet` telemetry.
+(the CLI's progress display), and TensorBoard's event files of them (catchat/run/tensorboard.py).
+Rank 0 writes them; the other ranks of a data-parallel run are given `Quiet` telemetry.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from catchat.fsutil import append_line
 from catchat.run.budget import Clock
 from catchat.run.rundir import RunFiles, metrics_header
 from catchat.run.runlog import METRICS_COLUMNS
+from catchat.run.tensorboard import RunBoard
 from catchat.training.state import RunState
 from catchat.vk.program import StepStats
 
@@ -41,6 +42,7 @@ class Telemetry:
         self.files, self.state, self.clock, self.report = files, state, clock, report
         self.tokens_per_step = tokens_per_step
         self.columns: list[str] = list(METRICS_COLUMNS)  # metrics.csv's header, read by `open_metrics`
+        self.board = RunBoard(files.root, lambda text: report("warning", text=text))  # never raises
 
     def open_metrics(self) -> None:
         """Rows follow the header metrics.csv has (a run from before a column was added lacks it)."""
@@ -53,6 +55,7 @@ class Telemetry:
         rec = self.record(kind, **fields)
         append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
+        self.board.event(rec)
 
     def metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float,
                     loss_scale: float) -> None:
@@ -65,6 +68,7 @@ class Telemetry:
                  "loss_scale": f"{loss_scale:.0f}"}
         row += [later.get(c, "") for c in self.columns[len(METRICS_COLUMNS):]]  # the columns the file has
         append_line(self.files.metrics, ",".join(map(str, row)))
+        self.board.row(dict(zip(self.columns, map(str, row))))
 
 
 class Quiet(Telemetry):
