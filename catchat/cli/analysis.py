@@ -16,7 +16,8 @@ from catchat.console import new_table
 @click.option("--text", "text_file", default=None, type=click.Path(exists=True),
               help="Score this plain-text or JSONL file (read like `corpus build` reads it) instead of a corpus.")
 @click.option("--format", "fmt", type=click.Choice(["auto", "text", "jsonl"]), default="auto", show_default=True,
-              help="How to read --text (auto: .jsonl/.ndjson are JSONL).")
+              help="How to read --text (auto: .jsonl/.ndjson are JSONL, other files text; a file that is JSON or "
+                   "CSV is refused with how to convert it).")
 @click.option("--max-unk-rate", default=None, type=click.FloatRange(0.0, 1.0),
               help="With --text: refuse a text with more <unk> than this (default as corpus build: 0.05).")
 @click.option("--corpus", "corpus_path", default=None, help="Corpus to evaluate on (default: the run's).")
