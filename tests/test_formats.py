@@ -165,6 +165,15 @@ def test_unknown_characters_are_named(cli, dev, tmp_path_factory, tmp_path):
                              "\u0403 U+0403 x17, \u0404 U+0404 x16 and 3 more")
 
 
+def test_unknown_characters_of_a_prompt():
+    """What `catchat sample` names for its prompt: characters left after normalisation (curly quotes,
+    tabs and dashes are not <unk>), an invisible one by its code point alone."""
+    unk = vocab.unknown_characters("\u201cS\u00f8ren\u201d\t\u2014 \u00f8\u200d!")
+    assert unk == {"\u00f8": 2, "\u200d": 1}
+    assert vocab.describe_unknown(unk) == "\u00f8 U+00F8 x2, U+200D x1"
+    assert vocab.describe_unknown(unk, top=1) == "\u00f8 U+00F8 x2 and 1 more"
+
+
 # ------------------------------------------------------------------------------------ progress
 class Clock:
     def __init__(self):
