@@ -144,8 +144,8 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
         except ValueError as exc:  # too many threads or too much shared memory here
             print(f"  {name}: tiles {t} skipped ({exc})")
             continue
-        if (g.tiles, g.split_k, vec4) not in seen:
-            seen.add((g.tiles, g.split_k, vec4))
+        if (g.tiles, g.split_k, g.vec4_a, g.vec4_b) not in seen:
+            seen.add((g.tiles, g.split_k, g.vec4_a, g.vec4_b))
             cands.append((g, not cands))
     return cands
 
