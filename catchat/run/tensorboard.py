@@ -94,9 +94,8 @@ class EventFile:
 
     def histograms(self, step: int, tensors: dict[str, np.ndarray]) -> None:
         for name, values in sorted(tensors.items()):
-            finite = values[np.isfinite(values)].astype(np.float64)
-            if finite.size:
-                self.add(step, self.summary.histogram(f"weights/{name}", finite, bins=HISTOGRAM_BINS))
+            if (proto := histogram_of(values)) is not None:
+                self.add(step, self.summary.histogram_raw(f"weights/{name}", **proto))
 
     def flush(self) -> None:
         self.writer.flush()
@@ -218,6 +217,23 @@ class RunBoard:
         tensors, _ = tensorfile.read(Path(rec["path"]) / ck.MODEL_FILE)
         self.file.histograms(step, tensors)
         self.file.flush()
+
+
+def histogram_of(values: np.ndarray) -> dict | None:
+    """histogram_raw's fields for the finite values (None when there are none), computed in the
+    tensor's own float32: tensorboardX's `histogram` copies to float64 first, which made a 76 M
+    parameter checkpoint cost ~8 s on the training thread instead of ~2 s. The layout is its
+    make_histogram's: an empty bucket first, then HISTOGRAM_BINS buckets whose right edges are the
+    limits (TensorBoard reads each bucket as ending at its limit)."""
+    flat = values.reshape(-1)
+    if not np.isfinite(flat).all():
+        flat = flat[np.isfinite(flat)]
+    if flat.size == 0:
+        return None
+    counts, limits = np.histogram(flat, bins=HISTOGRAM_BINS)
+    return dict(min=float(flat.min()), max=float(flat.max()), num=int(flat.size),
+                sum=float(np.sum(flat, dtype=np.float64)), sum_squares=float(np.dot(flat, flat)),
+                bucket_limits=limits.tolist(), bucket_counts=[0, *counts.tolist()])
 
 
 def _number(value) -> float:
