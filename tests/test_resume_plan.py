@@ -116,6 +116,17 @@ def test_resume_keeps_the_recorded_plan_and_a_change_is_shown_logged_and_scanned
     assert again.returncode == 0 and "changed:" not in again.stdout, again.stdout + again.stderr
     assert cfgmod.load(run / "config.toml").train.lr == 0.002 and len(events(run, "plan_change")) == 2
 
+    # a plan shortened to the step reached: no step is left, and the new plan is recorded all the same
+    short = catchat("train", config, "--run-dir", run, "--resume", "--set", "train.total_steps=9")
+    assert short.returncode == 0, short.stdout + short.stderr
+    assert "the run has taken its 9 planned steps: it ends without another" in short.stdout
+    assert ck.load_checkpoint(run).state["schedule"]["total_steps"] == 9
+    after = catchat("train", config, "--run-dir", run, "--resume")
+    assert after.returncode == 0 and "changed:" not in after.stdout, after.stdout + after.stderr
+    assert int(rows(run)[-1]["global_step"]) == 9
+    f = scan_run(run).finding("plan changes")
+    assert f.status == WARN and f.steps == [5, 7, 9] and "step 9: train.total_steps 60 -> 9" in f.detail
+
 
 # ------------------------------------------------------------------------------ the plan without a GPU
 def _checkpoint(tmp_path, config: dict, config_file: dict | None):

@@ -291,6 +291,7 @@ def test_real_run_with_a_resume_scans_clean(dev, tmp_path):
     st = statuses(report)
     assert st["lr vs schedule"] == OK and st["resume signatures"] in (OK, WARN) and st["step sequence"] == OK
     assert "no growth" in report.finding("memory growth").detail
+    assert st["plan changes"] == WARN and "step 10: train.lr 0.01 -> 0.005" in report.finding("plan changes").detail
 
 
 # ---------------------------------------------------------------------------------------------

@@ -132,6 +132,8 @@ class Trainer:
             state, carry = fresh(setup, cfg, self.ranks), None
         self._assemble(setup, state, make_pace(cfg, setup.total_steps, ckpt, clock, setup.layout))
         changed = self._plan_change(plan, ckpt, state)
+        if changed:  # the checkpoint resumed from holds the old plan: the final save records the new one,
+            state.last_checkpoint_step = -1  # even when no step is taken (a plan shortened to the step reached)
         with deferred_signals():  # the run's files change only here, and whole: a Ctrl-C waits for it
             start.commit_files(files, cfg, ckpt, finished=finished, stale_pid=self.lock.stale_pid,
                                info=start.run_info(cfg, setup, pace=self.pace, faults=self.faults, ranks=self.ranks),

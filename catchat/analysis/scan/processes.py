@@ -99,9 +99,7 @@ def check_plan_changes(segs: list[Segment]) -> Finding:
     said, silent, wrong = [], [], []
     for i, seg in enumerate(segs):
         step = seg.from_step
-        # the process whose checkpoint this one continued: the last before it that began before that
-        # step (a process that died before its first checkpoint left nothing to continue)
-        prev = next((p for p in reversed(segs[:i]) if p.from_step < step), None)
+        prev = next((p for p in reversed(segs[:i]) if _continued(p, step)), None)
         if seg.kind != "resume" or prev is None:
             continue
         moved = _moved(prev, seg)
@@ -130,6 +128,13 @@ def check_plan_changes(segs: list[Segment]) -> Finding:
     if said:
         return Finding(name, WARN, "changed on resume: " + detail, [s for s, _ in said])
     return Finding(name, OK, "none: every resume continued the run's plan")
+
+
+def _continued(seg: Segment, step: int) -> bool:
+    """Whether a process can have written the checkpoint a later resume at `step` continued: it began
+    before that step, or at it and saved there (a resume whose new plan took no step). One that
+    resumed at the step and died before saving left nothing to continue."""
+    return seg.from_step < step or any(e["event"] == "checkpoint" and e["global_step"] == step for e in seg.events)
 
 
 _FIELD_OF = {f"schedule.{f}": k for k, f in SCHEDULE_FIELDS.items()}  # the event's name for a schedule field
