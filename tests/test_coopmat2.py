@@ -19,10 +19,10 @@ H200_INFO = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor=
                        api_version="1.4", max_storage_buffer_bytes=1 << 32, max_shared_memory_bytes=49152,
                        max_push_constant_bytes=256, max_workgroup_invocations=1024, subgroup_size=32,
                        compute_units=132)
-# what a driver offering workgroup-scope float16 products on 128 and 256 threads reports
-DIMENSIONS = (coop2_dimension_name([16, 16, 16, 0, 0, 1, 1, 0, 2, 256]),
-              coop2_dimension_name([16, 16, 16, 0, 0, 1, 1, 0, 2, 128]),
-              coop2_dimension_name([16, 8, 16, 0, 0, 0, 0, 0, 3, 32]))
+# what the H200's driver (580.159.04) reports for float16 products with float32 sums, among others
+DIMENSIONS = (coop2_dimension_name([32, 32, 16, 0, 0, 1, 1, 0, 2, 256]),
+              coop2_dimension_name([32, 16, 16, 0, 0, 1, 1, 0, 2, 128]),
+              coop2_dimension_name([16, 16, 16, 0, 0, 0, 0, 0, 3, 0]))
 
 
 @dataclass
@@ -30,7 +30,8 @@ class FakeDevice:
     """The fields the tile rules read: no Vulkan behind it."""
 
     info: DeviceInfo = H200_INFO
-    features: frozenset = field(default_factory=lambda: frozenset(gemm.COOP2_FEATURES))
+    features: frozenset = field(default_factory=lambda: frozenset(gemm.COOP2_FEATURES | {"cooperativeMatrixNV"}))
+    coop_shapes: tuple = (gemm.COOP_SHAPE,)
     coop2_limits: tuple = (256, 256, 1024)
     coop2_dimensions: tuple = DIMENSIONS
 
@@ -48,8 +49,8 @@ def newer_glslc(monkeypatch, tmp_path):
 
 
 def test_dimension_names_read_like_the_shapes():
-    assert DIMENSIONS[0] == "16x16x16 f16*f16+f32->f32 workgroup 256"
-    assert DIMENSIONS[2] == "16x8x16 f16*f16+f16->f16 subgroup 32"
+    assert DIMENSIONS[0] == "32x32x16 f16*f16+f32->f32 workgroup 256"
+    assert DIMENSIONS[2] == "16x16x16 f16*f16+f16->f16 subgroup 0"
 
 
 def test_the_tiles_a_device_offers(newer_glslc):
@@ -58,10 +59,11 @@ def test_the_tiles_a_device_offers(newer_glslc):
     assert gemm.COOP2_TILE.problem(dev) is None
     assert gemm.COOP2_NARROW_TILE.problem(dev) is None
     assert gemm.Coop2Tiles(64, 128, 32, 128).problem(dev) is None
-    # more threads than the workgroup scope allows, a dimension past the largest, an off-grain slice
+    # more threads than the workgroup scope allows, a dimension past the largest, off-grain rows or slice
     assert "workgroup-scope dimensions" in gemm.Coop2Tiles(128, 128, 32, 512).problem(dev)
     assert "workgroup-scope dimensions" in gemm.Coop2Tiles(512, 64, 32).problem(dev)
     assert "workgroup-scope dimensions" in gemm.Coop2Tiles(128, 128, 24).problem(dev)
+    assert "workgroup-scope dimensions" in gemm.Coop2Tiles(128, 80, 32).problem(dev)  # 80: not 32-column grains
     # 256 x 256 float32 accumulators on 256 threads: 256 registers each, more than a thread has
     assert "256 accumulators per thread" in gemm.Coop2Tiles(256, 256, 32).problem(
         replace(dev, coop2_limits=(256, 512, 1024)))
@@ -74,8 +76,23 @@ def test_the_program_picks_wide_tiles_for_wide_outputs(newer_glslc):
     assert gemm.coop2_tiles(dev, 32768, 6144) == gemm.COOP2_TILE  # v5's input projection
     assert gemm.coop2_tiles(dev, 32768, 101) == gemm.COOP2_NARROW_TILE  # the head
     assert gemm.coop2_tiles(dev, 256, 512) == gemm.COOP2_NARROW_TILE  # a grid that would not fill the GPU
-    # a driver that lists only 128 threads: no tile of 256 runs, none is picked
-    assert gemm.coop2_tiles(replace(dev, coop2_dimensions=DIMENSIONS[1:]), 32768, 6144) is None
+    # a driver that lists only 128 threads: the 128-thread tile for every shape; none at all: nothing
+    assert gemm.coop2_tiles(replace(dev, coop2_dimensions=DIMENSIONS[1:]), 32768, 6144) == gemm.COOP2_NARROW_TILE
+    assert gemm.coop2_tiles(replace(dev, coop2_dimensions=DIMENSIONS[2:]), 32768, 6144) is None
+
+
+def test_subgroup_fragments_first_unless_asked(newer_glslc, monkeypatch):
+    """The subgroup-fragment GEMM measured faster on the H200 (docs/benchmarks.md): it is the default
+    where it runs; CATCHAT_COOPMAT2=1 or coopmat2=True asks for workgroup scope; a device with only
+    the workgroup scope gets it."""
+    dev = FakeDevice()
+    assert isinstance(gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True)), gemm.CoopTiles)
+    assert gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True), coopmat2=True) == gemm.COOP2_TILE
+    only2 = replace(dev, features=frozenset(gemm.COOP2_FEATURES), coop_shapes=())
+    assert gemm.pick_coop_tiles(only2, 32768, 6144, 1, (False, True)) == gemm.COOP2_TILE
+    assert gemm.pick_coop_tiles(only2, 32768, 6144, 1, (False, True), coopmat2=False) is None
+    monkeypatch.setenv(gemm.ENV_COOPMAT2, "1")
+    assert gemm.pick_coop_tiles(dev, 32768, 101, 1, (False, True)) == gemm.COOP2_NARROW_TILE
 
 
 def test_without_the_extension_or_the_compiler_or_when_turned_off(newer_glslc, monkeypatch):

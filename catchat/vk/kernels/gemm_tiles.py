@@ -1,0 +1,314 @@
+"""GEMM tile shapes and the choice among them: glsl/gemm.comp's (GemmTiles: the device family's row of
+catchat/vk/tiles.py, or what `catchat bench --tune` cached), glsl/gemm_coopmat.comp's subgroup fragments
+(CoopTiles) and glsl/gemm_coopmat2.comp's workgroup-scope matrices (Coop2Tiles), with what each device
+can run; split-K counts. catchat.vk.kernels.gemm's kernels take them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from catchat.errors import VulkanUnavailable
+from catchat.vk import shaders, tiles, tune
+from catchat.vk.device import Device
+from catchat.vk.kernels import ceil_div, device_sms
+
+
+def _is_gpu(dev: Device) -> bool:
+    return dev.info.type != "CPU" and dev.info.max_shared_memory_bytes >= 48 * 1024
+
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMM
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """Workgroup tile BM x BN over k-slices of BK; each thread computes TM x TN outputs, in 4 x 4
+    blocks (TM and TN multiples of 4: the shader reads its operands as vec4s)."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * 2 * self.bk * (self.bm + 4 + self.bn + 4)  # double-buffered A and B slices
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
+
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm.comp on dev (None: they can)."""
+        if self.bm % self.tm or self.bn % self.tn or self.tm % 4 or self.tn % 4 or self.bk % 4 \
+                or self.threads > dev.info.max_workgroup_invocations:
+            return f"bad GEMM tiles {self}"
+        if self.shared_bytes > dev.info.max_shared_memory_bytes:
+            return f"GEMM tiles {self} need {self.shared_bytes} B of shared memory"
+        return None
+
+    def __iter__(self):
+        """(BM, BN, BK, TM, TN), the tables' and the tuning cache's form."""
+        return iter((self.bm, self.bn, self.bk, self.tm, self.tn))
+
+
+# The measured tiles live in catchat/vk/tiles.py (a row per device family, with the measurement).
+# The H200's and the CPU row's, by name, for tests and benchmarks that force a tile shape:
+GPU_TILE = GemmTiles(*tiles.GEMM_ROWS[0].large)
+GPU_SPLIT_K_TILE = GemmTiles(*tiles.GEMM_ROWS[0].split_k)
+GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
+
+
+@dataclass(frozen=True)
+class CoopTiles:
+    """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
+    fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, in `stages` shared
+    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice)."""
+
+    wm: int
+    wn: int
+    fm: int
+    fn: int
+    bk: int
+    stages: int = 2
+
+    @property
+    def bm(self) -> int:
+        return self.wm * self.fm * 16
+
+    @property
+    def bn(self) -> int:
+        return self.wn * self.fn * 16
+
+    @property
+    def threads(self) -> int:
+        return self.wm * self.wn * COOP_SUBGROUP
+
+    def shared_bytes(self, trans_a: bool = False, trans_b: bool = False) -> int:
+        """The shader's one array of 8-byte words: `stages` float16 slices, each laid out along its
+        operand's contiguous direction in rows padded by two words, or the epilogue's scratch (a
+        16 x 20 float fragment per subgroup) where that is larger."""
+        a = self.bk * (self.bm // 4 + 2) if trans_a else self.bm * (self.bk // 4 + 2)
+        b = self.bn * (self.bk // 4 + 2) if trans_b else self.bk * (self.bn // 4 + 2)
+        scratch = self.wm * self.wn * 16 * 10
+        return 8 * max(self.stages * (a + b), scratch)
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk, self.stages]
+
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
+        if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations:
+            return f"bad cooperative-matrix tiles {self}"
+        if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
+            return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans)} B of shared memory"
+        return None
+
+    def defines(self) -> dict:
+        return {}
+
+
+COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
+# 128 x 256 on 8 subgroups of 64 x 64 over 32-deep slices in one shared buffer: the fastest of 11
+# tiles at v5's three big GEMMs on the H200 (165-187 TFLOP/s; the 256 x 128 of the 16-byte staging
+# before, 87-104) and at v3's (125-172); 256 x 128 (the same, transposed) for outputs of at most 128
+# columns (the head: 56 against 42 TFLOP/s at v5); 64 x 64 on 4 subgroups for grids that would not fill
+# the GPU (tools/bench_gemm.py --operands coopmat, docs/benchmarks.md "Tensor-core GEMMs").
+COOP_TILE = CoopTiles(2, 4, 4, 4, 32, 1)
+COOP_NARROW_TILE = CoopTiles(4, 2, 4, 4, 32, 1)
+COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
+COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
+
+
+def coopmat_runs(dev: Device) -> bool:
+    """Whether glsl/gemm_coopmat.comp can run on dev: VK_NV_cooperative_matrix enabled (kp patch
+    0005) with COOP_SHAPE among its shapes, on subgroups of 32."""
+    return ("cooperativeMatrixNV" in dev.features and COOP_SHAPE in dev.coop_shapes
+            and dev.info.subgroup_size == COOP_SUBGROUP)
+
+
+def products(dev: Device, precision: str) -> str:
+    """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
+    if precision != "fp16":
+        return precision
+    if coopmat_runs(dev) or coopmat2_runs(dev):
+        return "fp16 on tensor cores"
+    return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
+
+
+def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
+               trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
+    """The tile for an [M, N] output: COOP_NARROW_TILE for at most 128 columns where its grid (with the
+    split-K count) gives at least one workgroup per two SMs, else COOP_TILE where a grid of 128 x 128
+    tiles fills the GPU as the tables' large GEMM tile must (`table_gemm_tiles`), else COOP_SMALL_TILE;
+    the first that fits the device's threads and shared memory, or None."""
+    if N <= COOP_NARROW_TILE.bn and 2 * ceil_div(M, COOP_NARROW_TILE.bm) * split_k >= device_sms(dev):
+        order = (COOP_NARROW_TILE, COOP_SMALL_TILE)
+    elif _fills(dev, M, N, split_k):
+        order = (COOP_TILE, COOP_SMALL_TILE)
+    else:
+        order = (COOP_SMALL_TILE,)
+    for t in order:
+        if t.problem(dev, trans) is None:
+            return t
+    return None
+
+
+@dataclass(frozen=True)
+class Coop2Tiles:
+    """Tiles of glsl/gemm_coopmat2.comp: one bm x bn float32 accumulator per workgroup of `threads`
+    (a workgroup-scope cooperative matrix: the driver spreads it over the subgroups), products over
+    k-slices of bk."""
+
+    bm: int
+    bn: int
+    bk: int
+    threads: int = 256
+
+    def spec(self) -> list[int]:
+        return [self.threads, self.bm, self.bn, self.bk]
+
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
+        """Why these tiles cannot run glsl/gemm_coopmat2.comp on dev (None: they can): the device's
+        flexible dimensions for float16 products with float32 sums at workgroup scope for this many
+        threads, its largest dimension and workgroup, and at most 128 accumulators per thread."""
+        if not coopmat2_runs(dev):
+            return f"{dev.info.name} does not run cooperative-matrix-2 GEMMs"
+        max_threads, max_dim = (dev.coop2_limits + (0, 0))[:2]
+        grains = [tuple(int(g) for g in d.split()[0].split("x")) for d in dev.coop2_dimensions
+                  if d.endswith(f"{COOP2_TYPES} workgroup {self.threads}")]
+        fits = any(self.bm % gm == 0 and self.bn % gn == 0 and self.bk % gk == 0 for gm, gn, gk in grains)
+        if self.threads > max_threads or max(self.bm, self.bn, self.bk) > max_dim or not fits:
+            return (f"cooperative-matrix-2 tiles {self} are not among {dev.info.name}'s workgroup-scope "
+                    f"dimensions ({', '.join(dev.coop2_dimensions) or 'none'}; largest {max_dim}, "
+                    f"at most {max_threads} threads)")
+        if self.bm * self.bn > 128 * self.threads:
+            return f"cooperative-matrix-2 tiles {self} need {self.bm * self.bn // self.threads} accumulators per thread"
+        return None
+
+    def defines(self) -> dict:
+        return {}
+
+
+COOP2_TYPES = "f16*f16+f32->f32"
+COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupScope",
+                            "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
+                            "cooperativeMatrixPerElementOperations"})
+ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
+# H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
+# threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on
+# 128 threads with float16 ones (134-168); both below the subgroup fragments' 165-203, hence not the default
+COOP2_TILE = Coop2Tiles(128, 256, 32)
+COOP2_NARROW_TILE = Coop2Tiles(128, 128, 32, 128)
+
+
+def coopmat2_runs(dev: Device) -> bool:
+    """Whether glsl/gemm_coopmat2.comp can run on dev: VK_KHR_cooperative_matrix and
+    VK_NV_cooperative_matrix2's workgroup scope, flexible dimensions, tensor addressing and per-element
+    operations enabled (kp patch 0006), its compiler at hand, and not turned off by CATCHAT_COOPMAT2=0."""
+    if os.environ.get(ENV_COOPMAT2, "1") == "0" or not COOP2_FEATURES <= dev.features:
+        return False
+    try:
+        shaders.glslc_path(newer=True)
+    except VulkanUnavailable:
+        return False
+    return True
+
+
+def coop2_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> Coop2Tiles | None:
+    """COOP2_TILE where its grid fills the GPU and the output is wider than 128 columns, else
+    COOP2_NARROW_TILE; the first that the device offers, or None."""
+    wide = N > COOP2_NARROW_TILE.bn and _fills(dev, M, N, split_k)
+    for t in ((COOP2_TILE, COOP2_NARROW_TILE) if wide else (COOP2_NARROW_TILE,)):
+        if t.problem(dev) is None:
+            return t
+    return None
+
+
+CPU_TILE = GemmTiles(*tiles.gemm_row("", gpu=False).large)
+
+
+def gemm_candidates(dev: Device) -> list[GemmTiles]:
+    """Every tile the tables list (each row's large, split-K and small tile) that fits this device's
+    threads and shared memory: what `catchat bench --tune` measures, and what a cached choice must be."""
+    out = []
+    for row in tiles.GEMM_ROWS:
+        for t in (row.large, row.split_k, row.small):
+            g = GemmTiles(*t)
+            if g not in out and g.problem(dev) is None:
+                out.append(g)
+    return out
+
+
+def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles:
+    """The tables' choice (tiles.GEMM_ROWS, the device family's row): the large (or split-K) tile
+    where the grid of 128x128 tiles reaches the row's fill count, scaled to this device's SMs
+    (the measured device's count where the driver does not tell), else the small tile."""
+    row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
+    if _fills(dev, M, N, split_k):
+        return GemmTiles(*(row.split_k if split_k > 1 else row.large))
+    return GemmTiles(*row.small)
+
+
+def _fills(dev: Device, M: int, N: int, split_k: int) -> bool:
+    """Whether a grid of 128x128 tiles (times the split-K count) reaches the device row's fill count."""
+    row = tiles.gemm_row(dev.info.name, _is_gpu(dev))
+    fill = tiles.scaled_workgroups(row.fill_workgroups, device_sms(dev), row.measured_cus)
+    return bool(row.fill_workgroups) and ceil_div(M, 128) * ceil_div(N, 128) * split_k >= fill
+
+
+def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1, K: int | None = None,
+               trans: tuple[bool, bool] = (False, False)) -> GemmTiles:
+    """Tile sizes for this device and output shape: the choice `catchat bench --tune` cached for
+    this device and (M, N, K, split_k, transposes) where there is one and it is still a candidate
+    (`gemm_candidates`), else the tables' (`table_gemm_tiles`). Without K the cache is not asked."""
+    if K is not None:
+        key = tune.gemm_key(M, N, K, split_k, *trans)
+        cached = tune.lookup(dev.info, "gemm", key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
+                                                         trans_b=trans[1]))
+        if cached is not None:
+            try:
+                t = GemmTiles(*(int(v) for v in cached))
+            except (TypeError, ValueError):
+                t = None
+            if t is not None and t in gemm_candidates(dev):
+                return t
+            tune.note(f"ignoring the tuned GEMM tiles {cached} for {key}: not a candidate on this device "
+                      f"(`catchat bench CONFIG --tune` measures again)")
+    return table_gemm_tiles(dev, M, N, split_k)
+
+
+def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
+    """A split-K count for a long-K GEMM with few output tiles (weight gradients, K = T*B):
+    the row's workgroups in all (~512 on an H200, ~4 per SM), k-ranges of >= 1024, a workspace of at
+    most max_workspace_bytes; 1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms
+    unsplit -> 3.2 ms at 16.)"""
+    if not _is_gpu(dev):
+        return 1
+    row = tiles.gemm_row(dev.info.name, True)
+    target = tiles.scaled_workgroups(row.split_k_workgroups, device_sms(dev), row.measured_cus)
+    s = ceil_div(target, ceil_div(M, 128) * ceil_div(N, 128))
+    return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
+
+
+def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool, bool],
+                    coopmat2: bool | None = None) -> CoopTiles | Coop2Tiles | None:
+    """A cooperative-matrix GEMM's tile. coopmat2 True: the workgroup-scope tile; False: the subgroup
+    fragments' tile; None: the subgroup fragments' where the device runs them (measured faster on the
+    H200: docs/benchmarks.md), unless CATCHAT_COOPMAT2=1 asks for workgroup scope first. None where
+    nothing fits."""
+    if coopmat2 is None:
+        coopmat2 = True if os.environ.get(ENV_COOPMAT2) == "1" else None
+    first = coopmat2 is True or (coopmat2 is None and not coopmat_runs(dev))
+    t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
+    if t is None and not coopmat2 and coopmat_runs(dev):
+        t = coop_tiles(dev, M, N, split_k, trans)
+    return t
