@@ -4,7 +4,8 @@
 #   2. the Kompute Python package `kp==0.9.0`, built from its source distribution against
 #      those system headers (no network fetches inside CMake), with catchat's patches from
 #      tools/kp-patches/ applied; the built wheel is cached, so a second setup takes seconds
-#   3. a virtualenv .venv with catchat installed editable plus its dev extras
+#   3. a virtualenv .venv with catchat installed editable plus its dev extras, and a launcher that puts
+#      `catchat` on PATH (/usr/local/bin as root, else ~/.local/bin: tools/install-launcher.sh)
 #   4. mpi4py and MPICH (wheels, mpiexec in .venv/bin) for data-parallel training; optional
 #   5. Debian 13's glslc (tools/fetch-newer-glslc.sh) for the cooperative-matrix-2 GEMM; optional
 # Re-running it does only what is missing.
@@ -84,6 +85,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "${PIP[@]}" install -e '.[dev]'
     echo "$want" > "$stamp"
 fi
+# `catchat` on PATH for this checkout (a launcher; not in CI, whose clone must not take over the machine's)
+if [ "${CI:-}" != true ]; then
+    bash tools/install-launcher.sh || say "warning: no launcher installed: run $PWD/.venv/bin/catchat"
+fi
+
 # --- 5. MPI for data-parallel training (`mpiexec -n N catchat train`, docs/distributed.md) -------
 # mpi4py and MPICH as wheels (MPICH's mpiexec lands in .venv/bin): no system MPI, nothing to build.
 # Optional: a single process never imports MPI, so a machine without these wheels still trains.
