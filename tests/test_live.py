@@ -7,6 +7,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from catchat import config as cfgmod
 from catchat.analysis.termchart import braille_chart
-from catchat.analysis.watch import RunWatch, plain_status
+from catchat.analysis.watch import RunWatch, plain_status, render
 from catchat.run import checkpoint as ck
 from catchat.run import tensorboard as tb
 from catchat.run.rundir import HEADER
@@ -220,7 +221,7 @@ def test_watch_exits_1_when_the_training_process_is_gone(tmp_path):
     _fake_run(run)
     dead = subprocess.Popen(["true"])
     dead.wait()
-    (run / ".lock").write_text(f"{dead.pid} {os.uname().nodename} 2026-12-03T00:00:00\n")
+    (run / ".lock").write_text(f"{dead.pid} {socket.gethostname()} 2026-12-03T00:00:00\n")
     r = catchat("watch", run, "--interval", "0.05", timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"pid {dead.pid}) is gone without an end event" in r.stdout and "Traceback" not in r.stdout + r.stderr
@@ -280,3 +281,22 @@ def test_braille_chart_draws_any_series():
     flat = braille_chart([(steps, np.full(300, 2.0), "cyan")], 20, 4)
     assert len(flat) == 5
     assert braille_chart([(steps, np.full(300, np.nan), "cyan")], 20, 4)[0].plain == "(no finite values yet)"
+
+
+def test_the_terminal_view_shows_status_curve_evals_anomalies_and_end(tmp_path):
+    from rich.console import Console
+
+    run = tmp_path / "run"
+    _fake_run(run, rows=5, end={"event": "end", "global_step": 5, "time": 2.0, "reason": "done"})
+    with open(run / "events.jsonl", "a") as f:
+        f.write(json.dumps({"event": "eval", "global_step": 4, "loss": 3.5, "bpc": 5.05, "top1": 0.2, "top5": 0.5,
+                            "tokens": 256, "free_running": {"loss": 4.1, "bpc": 5.9, "top1": 0.1, "top5": 0.3}}) + "\n")
+    w = RunWatch(run)
+    w.poll()
+    w.scan(0.0)
+    console = Console(record=True, width=90, force_terminal=True, color_system=None)
+    console.print(render(w, 90))
+    text = console.export_text()
+    assert "step 5/10 (50%)" in text and "┤" in text and "└1" in text
+    assert "3.5000" in text and "4.1000" in text and "20.0%" in text  # the eval row, both halves
+    assert "anomalies" in text and "run ended at step 5: done" in text
