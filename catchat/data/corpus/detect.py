@@ -88,7 +88,11 @@ def detect(head: bytes, name: str, kind: str, complete: bool) -> Finding | None:
                            f"{recipe}, then read the .jsonl{force_text}")
     if body.startswith("{"):
         first_line, _, rest = body.partition("\n")
-        if _json_object(first_line.strip()) or (not rest and not complete and _JSON_OBJECT_START.match(body)):
+        first_line = first_line.strip()
+        # a first line that opens and closes like one object is a JSON line even where json cannot read
+        # it (nested past the parser's depth, a bad value): the JSONL reader says what is wrong with it
+        one_line = _JSON_OBJECT_START.match(first_line) is not None and first_line.endswith("}")
+        if _json_object(first_line) or one_line or (not rest and not complete and _JSON_OBJECT_START.match(body)):
             if kind == "jsonl":
                 return None
             return Finding("JSON lines (its first line is a JSON object)",
