@@ -12,7 +12,7 @@ import pytest
 
 from catchat.vk import shaders
 from catchat.vk.device import coop2_dimension_name
-from catchat.vk.kernels import gemm
+from catchat.vk.kernels import gemm, gemm_tiles
 from catchat.vk.probe import DeviceInfo
 
 H200_INFO = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor="NVIDIA", driver="580",
@@ -121,3 +121,27 @@ def test_a_device_without_it_refuses_the_gemm(dev):
     a = dev.tensor(np.zeros(64, np.float32))
     with pytest.raises(ValueError, match="cooperative"):
         gemm.Gemm(dev, (a, 0, 8), (a, 0, 8), (a, 0, 8), 8, 8, 8, precision="fp16", coopmat=True, coopmat2=True)
+
+
+def test_the_subgroup_kernel_on_the_khr_extension(newer_glslc, monkeypatch):
+    """glsl/gemm_coopmat_khr.comp (gemm_coopmat.comp's source on VK_KHR_cooperative_matrix) where the
+    device has both extensions and the newer compiler: only when asked (CATCHAT_COOP_API=khr)."""
+    dev = FakeDevice()
+    nv = gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True))
+    assert nv.api == "nv" and nv.shader == "gemm_coopmat"
+    monkeypatch.setenv(gemm_tiles.ENV_COOP_API, "khr")
+    khr = gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True))
+    assert khr == replace(nv, api="khr") and khr.shader == "gemm_coopmat_khr" and khr.problem(dev) is None
+    no_khr = replace(dev, features=dev.features - {"cooperativeMatrixKHR"})
+    assert gemm.pick_coop_tiles(no_khr, 32768, 6144, 1, (False, True)).api == "nv"
+    assert "VK_KHR_cooperative_matrix" in khr.problem(no_khr)
+
+
+def test_both_extensions_compile_from_one_source():
+    """gemm_coopmat.comp (Debian 12's glslc, SPIR-V 1.3) and gemm_coopmat_khr.comp (the newer one, 1.6)
+    are glsl/include/gemm_coopmat.glsl, probes included."""
+    for name, minor in (("gemm_coopmat", 3), ("gemm_coopmat_khr", 6)):
+        for defines in ({"FLOAT_IN": 1, "VEC4_A": 1, "VEC4_B": 1, "TRANS_B": 1}, {"TRANS_A": 1, "HAS_BIAS": 1},
+                        {"FLOAT_IN": 1, "PROBE_MMA_ONLY": 1}):
+            words = np.frombuffer(shaders.compile_shader(name, defines)[:8], np.uint32)
+            assert words[0] == 0x07230203 and (words[1] >> 8) & 0xFF == minor

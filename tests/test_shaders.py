@@ -205,7 +205,7 @@ def test_concurrent_compiles_of_one_variant(glsl_tree):
 
 
 def _no_glslc(monkeypatch):
-    def missing():
+    def missing(newer=False):
         raise VulkanUnavailable("glslc (the GLSL -> SPIR-V compiler) is not on PATH", hint="apt-get install glslc")
     monkeypatch.setattr(shaders, "glslc_version", missing)
     monkeypatch.setattr(shaders, "glslc_path", missing)

@@ -2,7 +2,7 @@
 """GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
 
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
-                               [--operands f32|f16|rf16|coopmat|coopmat-f16|coopmat2|coopmat2-f16|all]
+                               [--operands f32|f16|rf16|coopmat|coopmat-f16|coopmat-khr|coopmat2|coopmat2-f16|all]
                                [--reps 7] [--repeat 5]
                                [--set k=v]
 
@@ -17,7 +17,9 @@ else, or nothing, is reported, not ranked. Candidates are timed in interleaved r
 picks the operands and kernel: f32 (train.precision fp32), rf16 (float32 operands rounded to float16
 as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
 cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of COOP_CANDIDATES), f16 and
-coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat2 and coopmat2-f16
+coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat-khr (coopmat's first
+four tiles on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix: glsl/gemm_coopmat_khr.comp, the
+same source through the newer glslc), coopmat2 and coopmat2-f16
 (the same two on workgroup-scope matrices fed by the driver, glsl/gemm_coopmat2.comp, each of
 COOP2_CANDIDATES), or all. Every kind but
 f32 multiplies the same float16 values (the random operands are drawn alike) and is compared with
@@ -86,6 +88,7 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
 OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat": dict(precision="fp16", coopmat=True, coopmat2=False), "f16": dict(half=True, coopmat=False),
             "coopmat-f16": dict(half=True, coopmat=True, coopmat2=False),
+            "coopmat-khr": dict(precision="fp16", coopmat=True, coopmat2=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
             "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
 # glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice, shared buffers): the
@@ -122,7 +125,7 @@ def probes(own: tuple) -> list:
     """The first two tensor-core tiles of `own` (the program's and the 128 x 128 one) with each
     diagnostic define."""
     return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in own[:2] if type(t) is gemm.CoopTiles
-            for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
+            for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]  # with the tile's api (nv or khr)
 
 
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
@@ -132,6 +135,8 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
     if OPERANDS[operands].get("coopmat2"):
         own = COOP2_CANDIDATES
+    elif operands == "coopmat-khr":  # the subgroup-fragment kernel's best tiles on either extension
+        own = tuple(dataclasses.replace(t, api=api) for t in COOP_CANDIDATES[:4] for api in ("khr", "nv"))
     else:
         own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
     if args.probe and OPERANDS[operands].get("coopmat") and not OPERANDS[operands].get("coopmat2"):
@@ -221,6 +226,9 @@ def main(argv=None) -> int:
         print(f"{dev.info.name} has no cooperative matrices of {gemm.COOP_SHAPE} (VK_NV_cooperative_matrix; "
               f"offered: {', '.join(dev.coop_shapes) or 'none'}): no coopmat rows")
         operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat") or OPERANDS[p].get("coopmat2"))
+    if "coopmat-khr" in operands and not gemm.coopmat_khr_runs(dev):
+        print(f"{dev.info.name} does not run VK_KHR_cooperative_matrix GEMMs: no coopmat-khr rows")
+        operands = tuple(p for p in operands if p != "coopmat-khr")
     if any(OPERANDS[p].get("coopmat2") for p in operands) and not gemm.coopmat2_runs(dev):
         print(f"{dev.info.name} does not run cooperative-matrix-2 GEMMs (VK_NV_cooperative_matrix2 and the newer "
               f"glslc; features: {', '.join(sorted(dev.features)) or 'none'}): no coopmat2 rows")

@@ -47,6 +47,11 @@ part gemm-coop-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operan
     --repeat 6 --compare-torch --probe --json "$out/gemm-coop-v5.json"
 # the workgroup-scope GEMM (VK_NV_cooperative_matrix2, glsl/gemm_coopmat2.comp) beside cuBLAS: every
 # candidate of bench_gemm.COOP2_CANDIDATES, float32 operands rounded (the program's) and float16 ones
+# the subgroup-fragment kernel on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix, with probes
+part gemm-khr-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-khr --reps 5 --repeat 6 --probe \
+    --json "$out/gemm-khr-v5.json"
+part bench-v5-fp16-khr env CATCHAT_COOP_API=khr $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
+    --precision fp16 --profile --json "$out/bench-v5-fp16-khr.json"
 part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
     --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
 part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \

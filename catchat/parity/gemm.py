@@ -3,6 +3,8 @@ transpose variant, odd sizes and offsets, split-K, the GPU's tiles, vec4 loads, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from catchat.parity import ParityResult, compare
@@ -78,7 +80,8 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
     scale = float(np.abs(exp).max()) if exp.size else 1.0
     rounded = precision == "fp16" and not half
-    name = ("gemm" + "_f16" * half + "_rf16" * rounded + "_coopmat" * g.coopmat + "2" * g.coopmat2
+    khr = getattr(g.tiles, "api", "nv") == "khr"
+    name = ("gemm" + "_f16" * half + "_rf16" * rounded + "_coopmat" * g.coopmat + "2" * g.coopmat2 + "_khr" * khr
             + "_tA" * trans_a + "_tB" * trans_b + "+bias" * with_bias)
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
     if tiles is not None or g.coopmat2:
@@ -106,8 +109,26 @@ def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, **kw))
     if coopmat_runs(dev):
         out += _coopmat_cases(dev, rng, half=half)
+    if kg.coopmat_khr_runs(dev):
+        out += _coopmat_khr_cases(dev, rng, half=half)
     if kg.coopmat2_runs(dev):
         out += _coopmat2_cases(dev, rng, half=half)
+    return out
+
+
+def _coopmat_khr_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
+    """The subgroup-fragment kernel on VK_KHR_cooperative_matrix (glsl/gemm_coopmat_khr.comp, the same
+    source as gemm_coopmat.comp): every transpose at odd sizes, vec4 loads, one and two shared
+    buffers, bias, beta, split-K."""
+    kw = dict(coopmat=True, coopmat2=False, half=half, precision="fp16")
+    khr = [replace(t, api="khr") for t in (kg.COOP_TILE, kg.COOP_SMALL_TILE, kg.CoopTiles(2, 2, 4, 4, 32))]
+    out = []
+    for ta in (False, True):
+        for tb in (False, True):
+            out.append(gemm_case(dev, rng, 65, 33, 129, ta, tb, 1.0, True, tiles=khr[1], **kw))
+            out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=khr[0], **kw))
+    out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=khr[2], **kw))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, tiles=khr[0], **kw))
     return out
 
 

@@ -49,9 +49,10 @@ INCLUDE_DIR = GLSL_DIR / "include"
 PREBUILT_DIR = PACKAGE_DIR / "spirv"  # only in a wheel
 TARGET_ENV = "vulkan1.1"  # subgroup operations; every Vulkan 1.1+ driver (lavapipe, NVIDIA, AMD, Intel)
 FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror")
-# Shaders that need SPIR-V 1.6 and a glslang newer than Debian 12's (GL_NV_cooperative_matrix2):
+# Shaders that need SPIR-V 1.6 and a glslang newer than Debian 12's (GL_NV_cooperative_matrix2,
+# GL_KHR_cooperative_matrix):
 # compiled by NEWER_GLSLC for Vulkan 1.3, and run only where the device has what they use.
-NEWER_SHADERS = frozenset({"gemm_coopmat2"})
+NEWER_SHADERS = frozenset({"gemm_coopmat2", "gemm_coopmat_khr"})
 NEWER_FLAGS = ("-fshader-stage=compute", "--target-env=vulkan1.3", "-O", "-Werror")
 # The newer compiler: $CATCHAT_GLSLC_NEWER, else what `make setup` fetched (Debian 13's glslc with its
 # own C runtime, tools/fetch-newer-glslc.sh) into the user cache.

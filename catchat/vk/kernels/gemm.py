@@ -39,6 +39,7 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     coop2_tiles,
     coop_tiles,
     coopmat2_runs,
+    coopmat_khr_runs,
     coopmat_runs,
     gemm_candidates,
     gemm_split_k,
@@ -226,7 +227,7 @@ class Gemm(Kernel):
             self.push = (M, N, K, a[1], a[2], b[1], b[2], 0, N, 0, 1.0, 0.0, k_split, M * N)
             self.reduce = _GemmSplitReduce(dev, self.work, c, M, N, self.split_k, alpha, beta, bias)
         super().__init__(dev, tensors, grid, spec=spec, push=self.push, defines=defines,
-                         shader=("gemm_coopmat2" if self.coopmat2 else "gemm_coopmat") if coopmat else None)
+                         shader=("gemm_coopmat2" if self.coopmat2 else t.shader) if coopmat else None)
 
     def op(self):
         """The one dispatch (split_k == 1)."""

@@ -6,7 +6,7 @@ can run; split-K counts. catchat.vk.kernels.gemm's kernels take them."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from catchat.errors import VulkanUnavailable
 from catchat.vk import shaders, tiles, tune
@@ -79,6 +79,7 @@ class CoopTiles:
     fn: int
     bk: int
     stages: int = 2
+    api: str = "nv"  # "khr": the same kernel on VK_KHR_cooperative_matrix (glsl/gemm_coopmat_khr.comp)
 
     @property
     def bm(self) -> int:
@@ -106,14 +107,21 @@ class CoopTiles:
 
     def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
         """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
-        if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations:
+        if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations \
+                or self.api not in ("nv", "khr"):
             return f"bad cooperative-matrix tiles {self}"
+        if self.api == "khr" and not coopmat_khr_runs(dev):
+            return f"{dev.info.name} does not run VK_KHR_cooperative_matrix GEMMs (or the newer glslc is missing)"
         if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
             return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans)} B of shared memory"
         return None
 
     def defines(self) -> dict:
         return {}
+
+    @property
+    def shader(self) -> str:
+        return "gemm_coopmat_khr" if self.api == "khr" else "gemm_coopmat"
 
 
 COOP_SUBGROUP = 32  # glsl/gemm_coopmat.comp assumes NVIDIA's subgroup size
@@ -133,6 +141,18 @@ def coopmat_runs(dev: Device) -> bool:
     0005) with COOP_SHAPE among its shapes, on subgroups of 32."""
     return ("cooperativeMatrixNV" in dev.features and COOP_SHAPE in dev.coop_shapes
             and dev.info.subgroup_size == COOP_SUBGROUP)
+
+
+def coopmat_khr_runs(dev: Device) -> bool:
+    """Whether glsl/gemm_coopmat_khr.comp can run on dev: what `coopmat_runs` asks, plus
+    VK_KHR_cooperative_matrix enabled (kp patch 0006) and the newer glslc at hand."""
+    if not coopmat_runs(dev) or "cooperativeMatrixKHR" not in dev.features:
+        return False
+    try:
+        shaders.glslc_path(newer=True)
+    except VulkanUnavailable:
+        return False
+    return True
 
 
 def products(dev: Device, precision: str) -> str:
@@ -202,6 +222,7 @@ COOP2_TYPES = "f16*f16+f32->f32"
 COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupScope",
                             "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
                             "cooperativeMatrixPerElementOperations"})
+ENV_COOP_API = "CATCHAT_COOP_API"  # "khr": the subgroup-fragment GEMM on VK_KHR_cooperative_matrix
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on
@@ -311,4 +332,6 @@ def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool
     t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
     if t is None and not coopmat2 and coopmat_runs(dev):
         t = coop_tiles(dev, M, N, split_k, trans)
+        if t is not None and os.environ.get(ENV_COOP_API) == "khr" and coopmat_khr_runs(dev):
+            t = replace(t, api="khr")
     return t
