@@ -50,8 +50,10 @@ part gemm-coop-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operan
 # the subgroup-fragment kernel on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix, with probes
 part gemm-khr-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-khr --reps 5 --repeat 6 --probe \
     --json "$out/gemm-khr-v5.json"
-part bench-v5-fp16-khr env CATCHAT_COOP_API=khr $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
-    --precision fp16 --profile --json "$out/bench-v5-fp16-khr.json"
+part bench-v5-fp16-nv env CATCHAT_COOP_API=nv $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
+    --precision fp16 --profile --json "$out/bench-v5-fp16-nv.json"
+part gemm-khr-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat-khr --reps 5 --repeat 20 \
+    --compare-torch --json "$out/gemm-khr-v3.json"
 part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
     --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
 part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \

@@ -222,7 +222,11 @@ COOP2_TYPES = "f16*f16+f32->f32"
 COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupScope",
                             "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
                             "cooperativeMatrixPerElementOperations"})
-ENV_COOP_API = "CATCHAT_COOP_API"  # "khr": the subgroup-fragment GEMM on VK_KHR_cooperative_matrix
+# The subgroup-fragment GEMM on VK_KHR_cooperative_matrix where it runs (the newer glslc): on the H200 its
+# code runs v5's GEMMs at 190-250 TFLOP/s against VK_NV_cooperative_matrix's 169-187, same source, same tiles
+# (tools/bench_gemm.py --operands coopmat-khr --probe; the products alone: 344-393 against 235-254).
+# CATCHAT_COOP_API=nv keeps the NV extension.
+ENV_COOP_API = "CATCHAT_COOP_API"
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on
@@ -324,14 +328,14 @@ def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool
                     coopmat2: bool | None = None) -> CoopTiles | Coop2Tiles | None:
     """A cooperative-matrix GEMM's tile. coopmat2 True: the workgroup-scope tile; False: the subgroup
     fragments' tile; None: the subgroup fragments' where the device runs them (measured faster on the
-    H200: docs/benchmarks.md), unless CATCHAT_COOPMAT2=1 asks for workgroup scope first. None where
-    nothing fits."""
+    H200: docs/benchmarks.md), unless CATCHAT_COOPMAT2=1 asks for workgroup scope first. The subgroup
+    fragments' on VK_KHR_cooperative_matrix where that runs (ENV_COOP_API). None where nothing fits."""
     if coopmat2 is None:
         coopmat2 = True if os.environ.get(ENV_COOPMAT2) == "1" else None
     first = coopmat2 is True or (coopmat2 is None and not coopmat_runs(dev))
     t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
     if t is None and not coopmat2 and coopmat_runs(dev):
         t = coop_tiles(dev, M, N, split_k, trans)
-        if t is not None and os.environ.get(ENV_COOP_API) == "khr" and coopmat_khr_runs(dev):
+        if t is not None and os.environ.get(ENV_COOP_API) != "nv" and coopmat_khr_runs(dev):
             t = replace(t, api="khr")
     return t
