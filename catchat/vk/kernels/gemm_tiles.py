@@ -146,8 +146,11 @@ def coopmat_runs(dev: Device) -> bool:
 def coopmat_khr_runs(dev: Device) -> bool:
     """Whether glsl/gemm_coopmat_khr.comp can run on dev: what `coopmat_runs` asks, plus
     VK_KHR_cooperative_matrix enabled (kp patch 0006) and the newer glslc at hand."""
-    if not coopmat_runs(dev) or "cooperativeMatrixKHR" not in dev.features:
-        return False
+    return coopmat_runs(dev) and "cooperativeMatrixKHR" in dev.features and newer_glslc_present()
+
+
+def newer_glslc_present() -> bool:
+    """Whether the compiler of shaders.NEWER_SHADERS is at hand."""
     try:
         shaders.glslc_path(newer=True)
     except VulkanUnavailable:
@@ -239,13 +242,7 @@ def coopmat2_runs(dev: Device) -> bool:
     """Whether glsl/gemm_coopmat2.comp can run on dev: VK_KHR_cooperative_matrix and
     VK_NV_cooperative_matrix2's workgroup scope, flexible dimensions, tensor addressing and per-element
     operations enabled (kp patch 0006), its compiler at hand, and not turned off by CATCHAT_COOPMAT2=0."""
-    if os.environ.get(ENV_COOPMAT2, "1") == "0" or not COOP2_FEATURES <= dev.features:
-        return False
-    try:
-        shaders.glslc_path(newer=True)
-    except VulkanUnavailable:
-        return False
-    return True
+    return os.environ.get(ENV_COOPMAT2, "1") != "0" and COOP2_FEATURES <= dev.features and newer_glslc_present()
 
 
 def coop2_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> Coop2Tiles | None:
