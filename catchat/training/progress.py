@@ -27,8 +27,9 @@ PLAIN_SHARE = 20  # ... and one every 1/PLAIN_SHARE of the run
 FREE_RUNNING_NOTE = (
     "[dim]free-running = the model fed its own argmax predictions as inputs instead of the true text (the text "
     "only at each window's first character and at conversation starts), scored against the text: its mistakes "
-    "compound, so this loss can rise early, even above ln 101 = 4.62 (a uniform guess), before it falls while "
-    "the model learns to stay on track; the teacher-forced loss is the one that should fall from the start.[/dim]")
+    "compound, so this loss can rise early, even above ln 101 = 4.62 (a uniform guess), and falls only once "
+    "the model stays on track over many characters (not within a run as short as the demo); the teacher-forced "
+    "loss is the one that should fall from the start.[/dim]")
 
 
 class TrainReporter:
