@@ -11,6 +11,8 @@ in it has taken exactly N steps, lesson 3) holding
                            both tensor files (corruption is caught on load); a
                            time-budgeted run's also its run clock ("budget": catchat/run/budget.py), an
                            fp16 run's loss scale ("loss_scale": catchat/precision.py)
+model.safetensors's header metadata also holds a copy of state.json (all but `sha256`), so an edited
+state.json is refused naming the field (catchat/run/statecopy.py).
 It is written into a temporary sibling directory, fsynced, then renamed into place; `latest` (a
 one-line text file naming the directory) is replaced last. A crash at any point leaves the
 previous checkpoint and `latest` intact. `checkpoints/` holds only the run's live branch: a resume
@@ -19,7 +21,8 @@ prunes only the live lineage.
 
 Loading trusts nothing in state.json: every field is checked (types, ranges, the step against the
 directory name), the sha256 of both tensor files is required (`allow_unverified` skips the check,
-for a user who says so) and non-finite weights are refused.
+for a user who says so), state.json must equal the copy in the model file, and non-finite weights are
+refused.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from catchat import precision
 from catchat.data import vocab
 from catchat.errors import UsageError
 from catchat.fsutil import atomic_write_text, fsync_dir, remove_stale_temporaries
-from catchat.run import budget, tensorfile
+from catchat.run import budget, statecopy, tensorfile
 from catchat.run.faults import crash_point
 
 FORMAT = "catchat-checkpoint"
@@ -104,12 +107,13 @@ def save_checkpoint(ckpt_root: Path, global_step: int, params: dict[str, np.ndar
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=ckpt_root))
     try:
         meta = {"format": FORMAT, "global_step": str(global_step), "vocab_fingerprint": vocab.FINGERPRINT}
-        hashes = {MODEL_FILE: _write_tensors(tmp / MODEL_FILE, params,
-                                             {**meta, "model": json.dumps(state.get("model", {}))}),
-                  OPTIMIZER_FILE: _write_tensors(tmp / OPTIMIZER_FILE, optimizer, meta)}
         full_state = {"format": FORMAT, "format_version": FORMAT_VERSION, **state,
-                      "global_step": int(global_step), "vocab": vocab.NAME, "vocab_fingerprint": vocab.FINGERPRINT,
-                      "sha256": hashes}
+                      "global_step": int(global_step), "vocab": vocab.NAME, "vocab_fingerprint": vocab.FINGERPRINT}
+        model_meta = {**meta, "model": json.dumps(state.get("model", {})),
+                      statecopy.METADATA_KEY: statecopy.saved_copy(full_state)}  # covered by the model's sha256
+        hashes = {MODEL_FILE: _write_tensors(tmp / MODEL_FILE, params, model_meta),
+                  OPTIMIZER_FILE: _write_tensors(tmp / OPTIMIZER_FILE, optimizer, meta)}
+        full_state["sha256"] = hashes
         atomic_write_text(tmp / STATE_FILE, json.dumps(full_state, indent=1, sort_keys=True))
         fsync_dir(tmp)
         crash_point("save.written")
@@ -319,6 +323,26 @@ def _verify_hashes(state: dict, ckpt: Path, files: tuple[str, ...], allow_unveri
                              hint="resume from an earlier checkpoint")
 
 
+def _check_state_copy(state: dict, model_meta: dict[str, str], state_path: Path) -> None:
+    """Refuse a state.json that differs from the copy saved in the model file's metadata, naming the
+    fields (catchat/run/statecopy.py). Checked after the tensor files' hashes, so the copy is the one
+    that was saved (or, with --allow-unverified, as trusted as the tensors). A checkpoint written
+    before the copy existed has none: it loads as before. A difference is refused even with
+    --allow-unverified: that flag takes the user's word for a file nothing can check, not for one
+    a check found edited."""
+    copy = model_meta.get(statecopy.METADATA_KEY)
+    if copy is None:
+        return
+    try:
+        diffs = statecopy.differences(state, copy)
+    except RecursionError:
+        diffs = ["nested too deeply to compare"]
+    if diffs:
+        raise UsageError(f"{state_path} was changed after it was saved: " + "; ".join(diffs),
+                         hint=f"restore it (the saved values are in {MODEL_FILE}'s metadata "
+                              f"{statecopy.METADATA_KEY!r}), or use another checkpoint of the run (checkpoints/step-*)")
+
+
 def _check_finite(tensors: dict[str, np.ndarray], path: Path) -> None:
     """Refuse NaN or infinite values: a model saved that way cannot train or generate."""
     bad = [k for k, v in tensors.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
@@ -331,8 +355,9 @@ def _check_finite(tensors: dict[str, np.ndarray], path: Path) -> None:
 def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unverified: bool = False,
                     warn=None) -> Checkpoint:
     """Load and verify a checkpoint: format, every state field, vocabulary fingerprint (lesson 1),
-    file hashes, shapes against its own config, finite values. The optimizer file is read (and
-    required) only `with_optimizer` (a resume); eval and generation need only the model."""
+    file hashes, state.json against its saved copy, shapes against its own config, finite values.
+    The optimizer file is read (and required) only `with_optimizer` (a resume); eval and generation
+    need only the model."""
     ckpt = resolve(path)
     state_path = ckpt / STATE_FILE
     state = _read_state(state_path)
@@ -345,7 +370,8 @@ def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unv
     check_fingerprint(state.get("vocab_fingerprint"), str(ckpt))
     files = (MODEL_FILE, OPTIMIZER_FILE) if with_optimizer else (MODEL_FILE,)
     _verify_hashes(state, ckpt, files, allow_unverified, warn or (lambda m: print(m, file=sys.stderr)))
-    params = _read_tensors(ckpt / MODEL_FILE)
+    params, model_meta = tensorfile.read(ckpt / MODEL_FILE)
+    _check_state_copy(dict(state), model_meta, state_path)
     from catchat import config as cfgmod
     from catchat.model import param_specs
 
