@@ -164,7 +164,15 @@ def test_checkpoint_of_another_vocabulary_is_refused(run):
 
 
 def test_tensors_that_do_not_fit_their_own_state_are_refused(run):
+    """A checkpoint of a catchat before state.json's copy in model.safetensors (which names such an
+    edit first: test_state_edits.py): the shapes are still checked against the recorded model."""
+    from catchat.run import statecopy, tensorfile
+
     rdir, c = run
+    tensors, meta = tensorfile.read(c / "model.safetensors")
+    del meta[statecopy.METADATA_KEY]
+    tensorfile.write(c / "model.safetensors", tensors, meta)
+    _edit_state(c, lambda s: s["sha256"].update({"model.safetensors": sha256_of(c / "model.safetensors")}))
     _edit_state(c, lambda s: s["config"]["model"].update(hidden=16))
     err = assert_clean_error(catchat("eval", rdir), 2, "model.safetensors does not match the model in its state.json")
     assert "embedding.weight: (101, 12) vs config (101, 16)" in err
