@@ -7,15 +7,43 @@ inspect, scan, watch), imported at the bottom so that each registers itself on `
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-import traceback
 
-import click
-from rich.markup import escape
 
-from catchat import __version__, distributed
-from catchat.console import make_console
-from catchat.errors import CatchatError
+def _interrupted_while_starting(_signum, _frame) -> None:
+    """Ctrl-C while this module's imports run (the first ~0.15 s of every command): nothing has
+    been done yet, so the process ends at once with the one line and the code any interrupted
+    command gives (130), not the traceback of whichever import the KeyboardInterrupt cut short."""
+    try:
+        os.write(2, b"interrupted\n")
+    except OSError:  # stderr gone: the exit code says it
+        pass
+    os._exit(130)
+
+
+def _catch_early_sigint():
+    """Install the start-up handler where Ctrl-C would raise KeyboardInterrupt (not where the
+    process was started with SIGINT ignored, e.g. `cmd &` in a script); returns what to put back."""
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            return signal.signal(signal.SIGINT, _interrupted_while_starting)
+    except ValueError:  # imported from a thread other than the main one: signals are not ours
+        pass
+    return None
+
+
+_SIGINT_BEFORE = _catch_early_sigint()  # before the heavy imports below (click, rich, the commands)
+
+import traceback  # noqa: E402
+
+import click  # noqa: E402
+from rich.markup import escape  # noqa: E402
+
+from catchat import __version__, distributed  # noqa: E402
+from catchat.console import flush_or_silence, make_console  # noqa: E402
+from catchat.errors import CatchatError  # noqa: E402
 
 # At a terminal: its width. Through a pipe or in CI: every line and table row whole (catchat/console.py).
 console = make_console()
@@ -59,11 +87,38 @@ def _fail(message: str, hint: str | None, exit_code: int, label: str = "error"):
 
 
 def main(argv=None):
-    """Console-script entry point: run the CLI, turning CatchatError into a short message + exit code."""
+    """Console-script entry point: run the CLI, turning CatchatError into a short message + exit code.
+
+    argv None: the process's own command line (the `catchat` script, `python -m catchat`), whose end
+    is this function's: once the command is over (its final checkpoint written), a Ctrl-C is
+    ignored, so that one pressed while the interpreter shuts down (joining threads in
+    threading._shutdown) prints no traceback. A list: a caller's (tests), whose signals stay as they
+    are."""
+    own_process = argv is None
+    try:
+        _run(argv)
+    except KeyboardInterrupt:  # a Ctrl-C while an error was being reported: that report stands
+        _ignore_sigint(own_process)
+        sys.exit(130)
+    finally:
+        _ignore_sigint(own_process)
+        flush_or_silence()  # a reader that went away (`| head`): no "Exception ignored" at exit
+
+
+def _ignore_sigint(own_process: bool) -> None:
+    if own_process:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread: its signals are not ours to change
+            pass
+
+
+def _run(argv) -> None:
+    """The command, each way it can fail turned into its message and exit code."""
     try:
         cli.main(args=argv, prog_name="catchat", standalone_mode=False)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
+    except click.exceptions.Abort as e:  # click's word for a Ctrl-C inside a command (after an empty line)
+        err_console.print("interrupted" if isinstance(e.__cause__, KeyboardInterrupt) else "aborted")
         sys.exit(130)
     except click.UsageError as e:  # an unknown flag or command, a bad option value: one line, exit 2
         _fail(e.format_message(), f"`{e.ctx.command_path if e.ctx else 'catchat'} --help` lists what it takes",
@@ -86,3 +141,8 @@ def main(argv=None):
 
 
 from catchat.cli import analysis, data, device, generation, training  # noqa: E402, F401 (they register the commands)
+
+# From here a Ctrl-C raises KeyboardInterrupt again, which main() turns into "interrupted", exit 130
+# (the commands' own imports, numpy and the Vulkan bindings, run inside it).
+if _SIGINT_BEFORE is not None and signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE)

@@ -9,14 +9,16 @@ plain one: its pace (`StepSchedule`, or `TimeBudget` for train.time_budget_s) an
 
 Units (lesson 4; catchat/training/state.py): `global_step` counts optimizer steps taken, `seqs`
 lane-windows consumed, cycles passes over the train split. Intervals fire when the seqs count crosses
-a multiple of `*_every_seqs`. Every way a run ends (done, --stop-after-steps, Ctrl-C/SIGTERM) writes
-a final checkpoint (lesson 8: all state, carry too).
+a multiple of `*_every_seqs`. Every way a run ends (done, --stop-after-steps, Ctrl-C/SIGTERM/SIGHUP)
+writes a final checkpoint (lesson 8: all state, carry too).
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from catchat import config as cfgmod
@@ -239,7 +241,7 @@ class Trainer:
             self.report("faults", faults=[str(f) for f in self.faults])
         taken, reason = 0, "done"
         # the handlers stay until the final checkpoint is written: a Ctrl-C then cannot cut it short
-        with self.signals.installed():
+        with self.signals.installed(), hangup_stops(self.signals):
             try:
                 if not pace.finished(state.global_step) and not pace.start(self.evals, self.telemetry):
                     reason = "time budget spent before training"
@@ -296,6 +298,26 @@ class Trainer:
             self.event("end", reason=reason, **self._end_fields())
         except OSError:
             pass
+
+
+@contextmanager
+def hangup_stops(signals: StopSignals):
+    """SIGHUP (the SSH session or terminal closed) stops the run as Ctrl-C does: after the step in
+    flight, with a final checkpoint, rather than killing it with the steps since the last one.
+    Not where SIGHUP is ignored (started under nohup): that run was asked to outlive its terminal."""
+    try:
+        before = signal.getsignal(signal.SIGHUP)
+    except (AttributeError, ValueError):  # no SIGHUP on this system
+        yield
+        return
+    if before is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGHUP, signals.handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 class TooManySkips(Exception):
