@@ -3,6 +3,7 @@ SIGHUP (a closed SSH session), Ctrl-C while the imports run or while the process
 docs/reliability.md has the table."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -75,6 +76,35 @@ def test_sighup_stops_like_ctrl_c_then_resume_is_bitwise_identical(cfg_path, str
     assert end["event"] == "end" and end["reason"] == "interrupted (SIGHUP)"
     resume_cli(cfg_path, run)
     assert_same_as_straight(run, straight)
+
+
+def test_a_terminal_that_hangs_up(cfg_path, tmp_path):
+    """The real SSH case: the run's controlling terminal (a pty, the progress bar live on it) is
+    closed: the kernel sends SIGHUP and every later write fails with EIO. The run stops after the
+    step in flight with its checkpoint and `end` event, exit 130, as for SIGHUP alone."""
+    import fcntl
+    import pty
+    import termios
+
+    run = tmp_path / "run"
+    master, slave = pty.openpty()
+
+    def own_terminal():  # a session of its own whose controlling terminal is the pty, as an SSH login's
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen([sys.executable, "-m", "catchat.cli", "train", str(cfg_path), "--run-dir", str(run)],
+                            stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    os.close(slave)
+    shown = b""
+    while b"tok/s" not in shown:  # the progress bar is up: training
+        shown += os.read(master, 4096)
+    os.close(master)  # the terminal hangs up
+    assert proc.wait(timeout=HANG_GUARD) == 130
+    end = _last_event(run)
+    assert end["event"] == "end" and end["reason"] == "interrupted (SIGHUP)"
+    assert ck.load_checkpoint(run).global_step == end["global_step"] == rows_logged(run)
 
 
 def test_under_nohup_sighup_is_left_ignored(cfg_path, tmp_path):
