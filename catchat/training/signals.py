@@ -1,5 +1,7 @@
 """Ctrl-C and SIGTERM while a run trains: the first stops the run after the step in flight (with a
-final checkpoint), a second stops it at once (KeyboardInterrupt: no final checkpoint)."""
+final checkpoint), a second stops it at once (KeyboardInterrupt: no final checkpoint). SIGHUP (a closed
+terminal or SSH session) is routed to the same handler by catchat/training/loop.py while the run
+trains, unless the run was started with it ignored (nohup)."""
 
 from __future__ import annotations
 
