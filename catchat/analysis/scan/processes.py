@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
 
@@ -12,24 +13,38 @@ RESUME_LOSS_JUMP, RESUME_LOSS_STEPS = 1.5, 3  # mean loss of 3 steps after a res
 
 
 def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_dir: Path) -> Finding:
-    """A resume continues from a checkpoint this run logged, at its seqs, without a loss jump (lesson 8);
-    one from another run's checkpoint is a warning (the run's history before it is not here)."""
+    """A resume continues from a checkpoint this run logged, at its seqs, with every row up to it still in
+    metrics.csv, without a loss jump (lesson 8); one from another run's checkpoint is a warning (the
+    run's history before it is not here). A checkpoint whose event a kill cut off (after the save's
+    rename, before the event) is no warning: a note in the ok detail."""
     name = "resume signatures"
     resumes = [s for s in segs if s.kind == "resume"]
     if not resumes:
         return Finding(name, OK, "no resumes")
     by_step = {r.step: r for r in rows}
     ckpt_steps = {e["global_step"] for e in events if e["event"] == "checkpoint"}
-    fails, warns, notes = [], [], []
+    steps = sorted(by_step)
+    prev_of = {id(s): segs[i - 1] for i, s in enumerate(segs) if i}  # the process each one followed
+    fails, warns, notes, infos = [], [], [], []
     for seg in resumes:
         n = seg.from_step
         row = by_step.get(n)
         if _foreign(seg, run_dir):
             warns.append(n)
             notes.append(f"step {n}: resumed from another run's checkpoint {cell_text(seg.resume_from)}")
-        elif n > 0 and n not in ckpt_steps:
-            warns.append(n)
-            notes.append(f"step {n}: resumed from a checkpoint this run did not log ({cell_text(seg.resume_from)})")
+        else:
+            if n > 0 and n not in ckpt_steps:
+                if _saved_then_killed(n, prev_of.get(id(seg)), by_step, run_dir):
+                    infos.append(f"step {n}: its checkpoint has no checkpoint event: the process before was "
+                                 "killed right after saving it (no end event), as a kill may leave it")
+                else:
+                    warns.append(n)
+                    notes.append(f"step {n}: resumed from a checkpoint this run did not log "
+                                 f"({cell_text(seg.resume_from)})")
+            lost = _rows_missing_before(steps, segs, n)
+            if lost:
+                fails.append(n)
+                notes.append(lost)
         if row is not None and seg.resume_seqs is not None and seg.resume_seqs != row.seqs:
             fails.append(n)
             notes.append(f"step {n}: resumed at {seg.resume_seqs} seqs, the run was at {row.seqs}")
@@ -41,14 +56,48 @@ def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_
             warns.append(n)
             notes.append(f"step {n}: loss jumped {sum(before) / len(before):.3f} -> {sum(after) / len(after):.3f} "
                          "after the resume (optimizer state or carry not restored?)")
+    notes += infos  # after the defects and warnings: the first listed are the ones that need a look
     detail = "; ".join(notes[:MAX_LISTED]) + (f"; (+{len(notes) - MAX_LISTED} more)" if len(notes) > MAX_LISTED else "")
     if fails:
-        return Finding(name, FAIL, detail, fails)
+        return Finding(name, FAIL, detail, sorted(set(fails)))
     if warns:
         return Finding(name, WARN, detail, warns)
     shown = ", ".join(str(s.from_step) for s in resumes[:MAX_LISTED]) + (", ..." if len(resumes) > MAX_LISTED else "")
     return Finding(name, OK, f"{len(resumes)} resume(s) at steps {shown}: "
-                   "continuous seqs, lr and loss")
+                   "continuous seqs, lr and loss" + "".join(f"; {t}" for t in infos[:MAX_LISTED]))
+
+
+def _saved_then_killed(n: int, prev: Segment | None, by_step: dict[int, Row], run_dir: Path) -> bool:
+    """Whether a resume at step n lacks its checkpoint's `checkpoint` event only because a kill came
+    between the save's rename and the event's write: the process before the resume (`prev`) began
+    before step n, reached it (its row, or the checkpoint on disk), and logged no `end` (a process
+    that ends has logged every save it made)."""
+    if prev is None or prev.from_step >= n or any(e["event"] == "end" for e in prev.events):
+        return False
+    return n in by_step or (run_dir / "checkpoints" / f"step-{n:07d}").is_dir()
+
+
+def _rows_missing_before(steps: list[int], segs: list[Segment], n: int) -> str | None:
+    """A resume at step n continues a run that logged one row per step up to n: fewer rows at or before n
+    (the file cut after some step < n, or rows gone from its middle) were there once and are lost,
+    most likely metrics.csv truncated from outside. `steps`: the rows' distinct steps, sorted. The
+    detail, or None when every row is there."""
+    # a run whose first process resumed another run's checkpoint logs rows only after it (as check_steps)
+    first = segs[0].from_step + 1 if segs[0].kind == "resume" and steps and steps[0] > segs[0].from_step else 1
+    if n < first:
+        return None
+    lo, hi = bisect.bisect_left(steps, first), bisect.bisect_right(steps, n)
+    missing = (n - first + 1) - (hi - lo)
+    if missing <= 0:
+        return None
+    # the first missing step: steps[lo + k] == first + k holds for a prefix of k (distinct sorted steps)
+    a, b = 0, hi - lo
+    while a < b:
+        m = (a + b) // 2
+        a, b = (m + 1, b) if steps[lo + m] == first + m else (a, m)
+    return (f"step {n}: resumed from a checkpoint at step {n}, but metrics.csv holds {hi - lo} of the "
+            f"{n - first + 1} rows logged up to it (missing from step {first + a}): rows lost, metrics.csv "
+            "truncated or edited from outside?")
 
 
 def _foreign(seg: Segment, run_dir: Path) -> bool:
