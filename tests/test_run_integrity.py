@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from catchat import config as cfgmod
+from catchat.errors import UsageError
 from catchat.run import checkpoint as ck
-from catchat.run import faults
+from catchat.run import faults, rundir
 from catchat.train import Trainer
 
 from support import (
@@ -230,6 +231,39 @@ def test_a_second_process_on_a_run_is_refused_naming_the_pid(corpus_dir, tmp_pat
     r = catchat("train", long_cfg, "--run-dir", tmp_path / "run2", "--resume", "--stop-after-steps", 1)
     assert r.returncode == 0, r.stdout + r.stderr  # the kernel dropped the dead holder's lock
     assert events(tmp_path / "run2", "resume")[-1]["stale_lock_pid"] == killer.pid
+
+
+def test_a_deleted_lock_file_does_not_let_a_second_process_in(corpus_dir, tmp_path):
+    """Issue 39 item 4: with `.lock` deleted under a running run, a second `train` is still refused
+    (the directory's own flock), naming the pid or saying the .lock is gone; it moves and writes
+    nothing; the branch and prune code refuse to touch the live writer's checkpoints; the first run
+    then finishes with each step logged once."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text(corpus_dir, total_steps=300, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
+    run = tmp_path / "run"
+    proc = start_training(cfg, run)
+    try:
+        wait_for_rows(proc, run, 3)
+        proc.send_signal(signal.SIGSTOP)  # held still, so the snapshot below is the run's files as they stay
+        assert live_checkpoints(run)
+        r = catchat("train", cfg, "--run-dir", run, "--resume")
+        assert_clean_error(r, 2, f"pid {proc.pid}")  # with .lock there: named from it
+        (run / ".lock").unlink()
+        before = snapshot(run)
+        for args in (("--resume",), ("--resume", run / "checkpoints" / live_checkpoints(run)[0]), ()):
+            r = catchat("train", cfg, "--run-dir", run, *args)
+            assert_clean_error(r, 2, f"{run} is in use by another catchat process", ".lock file", "kill -INT")
+        with pytest.raises(UsageError, match="in use by another catchat process"):
+            ck.prune(run / "checkpoints", 1)
+        with pytest.raises(UsageError, match="in use by another catchat process"):
+            rundir.recover(rundir.RunFiles(run))
+        assert snapshot(run) == before and not (run / ".lock").exists()
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert steps_of(run) == list(range(1, 301))
+    assert live_checkpoints(run) == ["step-0000300"]
 
 
 # ------------------------------------------------------------------------------ identical saves (item 8)

@@ -45,6 +45,7 @@ from catchat.errors import UsageError
 from catchat.fsutil import atomic_write_text, fsync_dir, remove_stale_temporaries
 from catchat.run import budget, statecopy, tensorfile
 from catchat.run.faults import crash_point
+from catchat.run.runlock import check_no_other_writer
 
 FORMAT = "catchat-checkpoint"
 FORMAT_VERSION = 1
@@ -156,6 +157,7 @@ def dir_step(path: Path) -> int | None:
 def _retire(ckpt_root: Path, ckpt: Path) -> None:
     """Take a checkpoint out of service atomically: point `latest` away from it (at the newest other
     complete one) if it names it, then rename it to a hidden `.step-*` name, removed later."""
+    check_no_other_writer(ckpt_root.parent)  # never another live process's checkpoint
     if latest_name(ckpt_root) == ckpt.name:
         others = [p for p in list_checkpoints(ckpt_root) if p != ckpt]
         if others:
@@ -193,6 +195,7 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
 def remove_stale(ckpt_root: Path) -> None:
     """Remove what a killed writer left: temporary or retired `.step-*` directories and the
     temporaries of atomic writes (`.latest.PID.tmp`; one writer per run directory is assumed)."""
+    check_no_other_writer(Path(ckpt_root).parent)  # a live writer's `.step-*` is a save in progress
     for stale in Path(ckpt_root).glob(".step-*"):
         shutil.rmtree(stale, ignore_errors=True)
     remove_stale_temporaries(ckpt_root)

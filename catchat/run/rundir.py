@@ -1,7 +1,8 @@
 """The run directory: its files, the lock that keeps one process on it, and branch-aware resume.
 
     runs/<name>/
-        .lock            held (fcntl) by the one process training the run; pid, host, start time
+        .lock            the pid, host and start time of the one process training the run, which
+                         holds flock on the directory itself and on .lock (catchat/run/runlock.py)
         config.toml      the resolved config of the live run (replaced atomically)
         metrics.csv      one row per step of the live branch (appended; replaced atomically)
         events.jsonl     events of the live branch (appended; replaced atomically)
@@ -24,16 +25,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import time
 from pathlib import Path
 
-from catchat.errors import UsageError
 from catchat.fsutil import atomic_write_bytes, atomic_write_text, fsync_dir, remove_stale_temporaries
 from catchat.run import checkpoint as ck
 from catchat.run import runlog
 from catchat.run.faults import crash_point
+from catchat.run.runlock import RunLock, check_no_other_writer
 from catchat.run.runlog import METRICS_COLUMNS, WRITTEN_COLUMNS
+
+__all__ = ["RunFiles", "RunLock", "recover", "start_branch", "finish_branch", "trim_tail", "new_telemetry"]
 
 PENDING, BRANCH_INFO = "PENDING", "branch.json"
 
@@ -50,53 +51,6 @@ class RunFiles:
         self.samples = self.root / "samples"
         self.branches = self.root / "branches"
         self.lock = self.root / ".lock"
-
-
-# ------------------------------------------------------------------------------ the lock
-_held: dict[str, list] = {}  # lock path -> [fd, count]: one process may reopen its own run
-
-
-class RunLock:
-    """An exclusive fcntl lock on RUN/.lock for as long as a process trains the run.
-
-    The kernel drops it when the process dies, so a lock left by a killed process is never in the
-    way (`stale_pid` says whose it was); a live holder is named in the refusal."""
-
-    def __init__(self, path: Path):
-        import fcntl
-
-        self.path, self.key, self.stale_pid = path, str(path.resolve()), None
-        if self.key in _held:
-            _held[self.key][1] += 1
-            return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
-            os.close(fd)
-            pid = holder[0] if holder else "?"
-            since = f", since {holder[2]}" if len(holder) > 2 else ""
-            raise UsageError(f"{path.parent} is in use by another catchat process (pid {pid}"
-                             f"{' on ' + holder[1] if len(holder) > 1 else ''}{since})",
-                             hint=f"wait for it to end, or stop it (kill -INT {pid}); one process trains a run "
-                                  "at a time") from None
-        old = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
-        if old and old[0].isdigit() and int(old[0]) != os.getpid():
-            self.stale_pid = int(old[0])
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {stamp}\n".encode(), 0)
-        _held[self.key] = [fd, 1]
-
-    def release(self) -> None:
-        entry = _held.get(self.key)
-        if entry is None:
-            return
-        entry[1] -= 1
-        if entry[1] == 0:
-            del _held[self.key]
-            os.close(entry[0])  # closing the last descriptor drops the flock
 
 
 # ------------------------------------------------------------------------------ telemetry lines
@@ -200,6 +154,7 @@ def start_branch(files: RunFiles, source: Path | None, event: dict) -> dict:
     start of the `branch` event appended to the live events.jsonl; the branch's fields (`from`,
     `branch_step` (-1 for a fresh start), `abandoned_step`, `side_dir`, `abandoned_checkpoints`,
     `abandoned_rows`) are added here. Returns the whole event."""
+    check_no_other_writer(files.root)
     step = ck.dir_step(source) if source else -1
     abandoned = [p.name for p in ck.list_checkpoints(files.checkpoints) if ck.dir_step(p) > step]
     _, rows = _split(files.metrics, step)
@@ -231,6 +186,7 @@ def start_branch(files: RunFiles, source: Path | None, event: dict) -> dict:
 
 def finish_branch(files: RunFiles, side: Path) -> None:
     """Complete a committed branch (idempotent: every step checks what is already done)."""
+    check_no_other_writer(files.root)
     info = json.loads((side / BRANCH_INFO).read_text())
     step = int(info["branch_step"])
     if info.get("from"):
@@ -262,6 +218,7 @@ def recover(files: RunFiles) -> list[Path]:
     """What a killed process left, put right before anything else touches the run: half-written
     checkpoint and side directories and temporary files removed, committed branches finished.
     Returns the branches finished."""
+    check_no_other_writer(files.root)  # what looks half-written may be a live writer's work in progress
     if files.checkpoints.exists():
         ck.remove_stale(files.checkpoints)
     remove_stale_temporaries(files.root)
