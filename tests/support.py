@@ -155,7 +155,7 @@ def config_text(corpus_dir, total_steps=TOTAL, **sections) -> str:
         "checkpoint": {"checkpoint_every_seqs": 24, "keep_last": 2},
     }
     for sec, keys in sections.items():
-        body[sec].update(keys)
+        body.setdefault(sec, {}).update(keys)  # a section the base leaves at its defaults (teacher_forcing)
     return cfgmod.resolved_toml(cfgmod.from_dict(body))
 
 
