@@ -8,10 +8,15 @@ A group of changes that must happen whole runs under `deferred_signals`.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from contextlib import contextmanager
 from pathlib import Path
+
+from catchat.errors import UsageError
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, `ulimit -f`
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -33,8 +38,10 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's error names no file: name it
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
         raise
     fsync_dir(path.parent)
 
@@ -54,6 +61,17 @@ def append_line(path: str | os.PathLike, line: str) -> None:
             raise OSError(28, os.strerror(28), str(path))
     finally:
         os.close(fd)
+
+
+def disk_full_error(exc: OSError, where: str | os.PathLike) -> UsageError:
+    """The one-line refusal for a write that failed for want of space (`exc.errno` in DISK_FULL), naming
+    the file (or `where`, when the error does not) and where to make room: a start-up or a corpus
+    build that cannot write has done nothing yet worth keeping, so it is bad input (exit 2)."""
+    target = Path(exc.filename or where)
+    room = target if target.is_dir() else target.parent
+    return UsageError(f"could not write {target}: {exc.strerror or os.strerror(exc.errno)}",
+                      hint=f"make room in {room} (free disk space, a quota, ulimit -f), or use a directory on "
+                           "another disk; then run the command again")
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> None:

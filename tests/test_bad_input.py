@@ -379,3 +379,56 @@ def test_bad_command_line(tmp_path):
     assert_clean_error(catchat("trian"), 2, "No such command 'trian'", "Did you mean 'train'?")
     assert_clean_error(catchat("corpus", "build", "x.txt"), 2, "Missing option '-o'")
     assert_clean_error(catchat("sample", tmp_path, "--top-p", "0"), 2, "--top-p")
+
+
+# ---------------------------------------------------------------------------------------- issue 39 item 7
+def _small_files():
+    """A real kernel write failure (RLIMIT_FSIZE: EFBIG past 1 KiB), as a full disk fails with ENOSPC."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 10, 1 << 10))
+
+
+def test_disk_full_at_start_up_and_in_corpus_build_names_the_path(trained, tmp_path):
+    run = tmp_path / "run"
+    r = catchat("train", trained / "cfg.toml", "--run-dir", run, preexec_fn=_small_files)
+    assert_clean_error(r, 2, f"could not write {run}", "File too large", "make room in", "ulimit -f")
+    assert not run.exists()
+    (tmp_path / "big.txt").write_text("ANNA: Is it raining?\nBO: Not yet.\n" * 1000)
+    r = catchat("corpus", "build", tmp_path / "big.txt", "-o", tmp_path / "out", preexec_fn=_small_files)
+    assert_clean_error(r, 2, f"could not write {tmp_path / 'out'}: File too large", f"make room in {tmp_path}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt"]
+
+
+def test_run_dir_under_a_regular_file(trained, tmp_path):
+    (tmp_path / "notes").write_text("mine")
+    r = catchat("train", trained / "cfg.toml", "--run-dir", tmp_path / "notes" / "run")
+    assert_clean_error(r, 2, f"{tmp_path / 'notes'} is a file, not a directory", "--run-dir")
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
+def test_resume_before_the_first_checkpoint_says_start_without_it(trained, tmp_path):
+    from catchat.run import faults
+
+    run = tmp_path / "run"
+    r = catchat("train", trained / "cfg.toml", "--run-dir", run, env={faults.CRASH_ENV: "save.written#1"})
+    assert r.returncode == -9, r.stdout + r.stderr
+    before = snapshot(run)
+    r = catchat("train", trained / "cfg.toml", "--run-dir", run, "--resume")
+    assert_clean_error(r, 2, "stopped before its first checkpoint", f"start it without --resume (catchat train "
+                       f"CONFIG --run-dir {run})")
+    assert "give a run directory" not in r.stderr and snapshot(run) == before
+    r = catchat("train", trained / "cfg.toml", "--run-dir", tmp_path / "new", "--resume")
+    assert_clean_error(r, 2, "nothing was trained there yet", "start it without --resume")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_one_conversation_corpus_says_why_its_eval_split_is_empty(trained, tmp_path):
+    (tmp_path / "one.txt").write_text("ANNA: Is it raining?\nBO: Not yet.\n")
+    assert build_cli(tmp_path, tmp_path / "one.txt").returncode == 0
+    for extra in (("--set", "eval.eval_every_seqs=8"), ("--time-budget", "5", "--set", "eval.eval_every_seqs=0")):
+        r = catchat("train", trained / "cfg.toml", "--run-dir", tmp_path / "run", "--set",
+                    f"data.corpus={tmp_path / 'out'}", "--set", "data.batch_lanes=1", *extra)
+        assert_clean_error(r, 2, "data.eval_fraction = 0.05 of its 1 conversation leaves none for eval",
+                           "at least 2 conversations")
+        assert "set data.eval_fraction > 0" not in r.stderr

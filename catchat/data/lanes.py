@@ -226,11 +226,15 @@ class Lanes:
         sp = corpus.split(eval_fraction, max_conversations)
         ids = sp.train if split == "train" else sp.eval
         if len(ids) == 0:
-            if split == "eval":
+            if split == "eval" and eval_fraction <= 0:
                 raise UsageError(f"the eval split of {corpus.path} is empty (data.eval_fraction = {eval_fraction:g})",
                                  "set data.eval_fraction > 0, or turn evaluation off (eval.eval_every_seqs = 0)")
-            raise UsageError(f"the train split of {corpus.path} is empty",
-                             "use a larger corpus or data.max_conversations = 0")
+            # a fraction > 0 of too few conversations: the split keeps one on each side only from two up
+            n = f"{sp.considered} conversation{'s' if sp.considered != 1 else ''}"
+            raise UsageError(f"the {split} split of {corpus.path} is empty: data.eval_fraction = {eval_fraction:g} "
+                             f"of its {n} leaves none for {split}",
+                             "use a corpus with at least 2 conversations (data.max_conversations = 0 reads all)"
+                             + (", or turn evaluation off (eval.eval_every_seqs = 0)" if split == "eval" else ""))
         if split == "eval":
             shuffle_block_windows = 0
         ident = hashlib.sha256(

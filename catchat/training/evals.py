@@ -32,9 +32,10 @@ def eval_lanes(corpus, cfg: cfgmod.Config) -> Lanes | None:
     except UsageError as exc:  # Lanes' own refusal of an empty eval split, said for a budgeted run
         if not budgeted:
             raise
-        raise UsageError("a time-budgeted run ends with an eval, and " + exc.message,
-                         'set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")'
-                         ) from None
+        hint = ('set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")'
+                if cfg.data.eval_fraction <= 0 else "use a corpus with at least 2 conversations "
+                "(data.max_conversations = 0 reads all)")  # a fraction > 0 of one conversation holds none out
+        raise UsageError("a time-budgeted run ends with an eval, and " + exc.message, hint) from None
 
 
 class Evals:

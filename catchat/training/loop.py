@@ -24,7 +24,7 @@ from pathlib import Path
 from catchat import config as cfgmod
 from catchat import distributed
 from catchat.errors import CatchatError, CheckpointWriteError, DeviceLost, UsageError
-from catchat.fsutil import deferred_signals
+from catchat.fsutil import DISK_FULL, deferred_signals, disk_full_error
 from catchat.run import checkpoint as ck
 from catchat.run import faults as faultmod
 from catchat.run import rundir
@@ -96,20 +96,24 @@ class Trainer:
                            StepSchedule(self.cfg, setup.total_steps, clock))
             return
         created = not self.files.root.exists()
-        self.files.root.mkdir(parents=True, exist_ok=True)
         try:
+            start.make_run_dir(self.files.root)
             self.lock = RunLock(self.files.lock)
             self._open(resume, allow_unverified, clock)
-        except BaseException:
+        except BaseException as exc:
             self.ranks.refused()  # the other ranks stop too (quietly: this rank says why)
             self.close()
             if created:  # a refused start leaves nothing behind
                 shutil.rmtree(self.files.root, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno in DISK_FULL:  # nothing trained yet: bad input, exit 2
+                raise disk_full_error(exc, self.files.root) from None
             raise
 
     def _open(self, resume, allow_unverified: bool, clock: Clock) -> None:
         """Rank 0 (or the only process): check and load the start, then write the run's files."""
         files = self.files
+        if resume == "":  # before recover(): a refused start changes no file
+            start.check_resumable(files)
         finished = rundir.recover(files)
         if resume is None and ck.list_checkpoints(files.checkpoints):
             raise UsageError(f"{files.root} already holds a run with checkpoints",

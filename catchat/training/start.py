@@ -24,6 +24,30 @@ def in_run(files: RunFiles, path: Path) -> bool:
     return Path(path).resolve().parent == files.checkpoints.resolve()
 
 
+def make_run_dir(root: Path) -> None:
+    """Create the run directory (and its parents), or refuse a path that cannot be one (exit 2)."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):
+        blocker = next((p for p in [root, *root.parents] if p.exists() and not p.is_dir()), root)
+        raise UsageError(f"--run-dir {root}: {blocker} is a file, not a directory",
+                         hint="choose a --run-dir whose path is made of directories") from None
+    except PermissionError as exc:
+        raise UsageError(f"cannot create --run-dir {root}: {exc.strerror} ({exc.filename})",
+                         hint="choose a --run-dir where you may write") from None
+
+
+def check_resumable(files: RunFiles) -> None:
+    """A plain --resume needs a checkpoint; a run killed before its first one has none, and the way
+    on is a fresh start (which keeps the earlier attempt's rows aside in branches/)."""
+    if ck.list_checkpoints(files.checkpoints) or (files.checkpoints / ck.LATEST).exists():
+        return  # a damaged `latest` is load_checkpoint's to report
+    what = ("its first attempt stopped before its first checkpoint" if rundir.has_history(files)
+            else "nothing was trained there yet")
+    raise UsageError(f"no checkpoint at {files.root} to resume from: {what}",
+                     hint=f"start it without --resume (catchat train CONFIG --run-dir {files.root})")
+
+
 def check_source(files: RunFiles, ckpt: ck.Checkpoint) -> None:
     """A checkpoint of another run may start this one only while this one has no history."""
     if in_run(files, ckpt.path):

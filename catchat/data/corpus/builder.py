@@ -21,6 +21,7 @@ from catchat.data.corpus.sources import DEFAULT_DELIMITER, DEFAULT_MAX_UNK_RATE,
 from catchat.data.corpus.split import split_mask
 from catchat.data.corpus.writer import SourceStats, Writer
 from catchat.errors import UsageError
+from catchat.fsutil import DISK_FULL, disk_full_error
 
 if TYPE_CHECKING:
     from catchat.progress import Progress
@@ -107,7 +108,12 @@ def build(sources: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
     def build_into(d: Path) -> BuildSummary:
         return _build_into(d, inputs, eval_fraction, max_unk_rate, delimiter, chosen, progress)
 
-    summary = replace_in_place(out, build_into) if in_place else build_fresh(out, build_into)
+    try:
+        summary = replace_in_place(out, build_into) if in_place else build_fresh(out, build_into)
+    except OSError as exc:  # tokens.bin's buffered writes raise without a file name; a temporary one is no help
+        if exc.errno in DISK_FULL:
+            raise disk_full_error(OSError(exc.errno, exc.strerror), out) from None
+        raise
     summary.out_dir = out
     summary.seconds = time.monotonic() - t0
     return summary
