@@ -1,6 +1,7 @@
 """Checkpoints: round trip, atomicity, `latest`, pruning, and clear refusals of bad files."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,3 +114,85 @@ def test_latest_naming_a_partial_checkpoint_is_refused(tmp_path):
     (root / "latest").write_text("step-0000009\n")
     with pytest.raises(UsageError, match="not a complete checkpoint"):
         ck.resolve(root)
+
+
+# ---------------------------------------------------------------------------------------- readers (issue 39)
+@pytest.mark.parametrize("moment", ["after latest was read", "while the files are read"])
+def test_a_checkpoint_rotated_away_under_a_reader_is_retried_once(tmp_path, monkeypatch, moment):
+    """The race `catchat inspect RUN` lost during training with keep_last 1, made to happen every time:
+    a newer save prunes the checkpoint the reader chose before it reads it. The reader loads the newer
+    one; a step-N directory the user named is never swapped for another."""
+    _save(tmp_path, 1, keep_last=1)
+    hook = "_load_resolved" if moment == "while the files are read" else "resolve"
+    real, calls = getattr(ck, hook), []
+
+    def rotate_first(path, **kw):
+        calls.append(path)
+        if len(calls) == 1:
+            chosen = real(path, **kw) if hook == "resolve" else path
+            _save(tmp_path, ck.dir_step(ck.list_checkpoints(tmp_path)[-1]) + 1, keep_last=1)  # the older one retired
+            if hook == "resolve":  # resolve's own check, made after the retire, as the race had it
+                return real(Path(chosen), **kw)
+            return real(path, **kw)
+        return real(path, **kw)
+
+    monkeypatch.setattr(ck, hook, rotate_first)
+    assert ck.load_checkpoint(tmp_path).global_step == 2
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-0000002"]
+    calls.clear()
+    step2 = tmp_path / "step-0000002"
+    with pytest.raises((UsageError, OSError)):  # the named checkpoint went: its error, no stand-in
+        ck.load_checkpoint(step2)
+
+
+def test_reads_in_a_loop_while_a_writer_rotates_checkpoints(tmp_path):
+    """A writer saving every step with keep_last 1 in one thread, reads of the run in a loop in
+    another: every read loads a complete checkpoint (no timing is asserted: the loop runs as long
+    as the writer does)."""
+    import threading
+
+    done, errors = threading.Event(), []
+
+    def writer():
+        try:
+            for step in range(1, 301):
+                _save(tmp_path, step, keep_last=1)
+        except BaseException as e:  # noqa: BLE001 (reported by the main thread)
+            errors.append(e)
+        finally:
+            done.set()
+
+    _save(tmp_path, 0, keep_last=1)
+    t = threading.Thread(target=writer)
+    t.start()
+    steps = []
+    while not done.is_set():
+        steps.append(ck.load_checkpoint(tmp_path).global_step)
+    t.join()
+    assert not errors and steps == sorted(steps) and len(steps) > 0
+
+
+def test_inspect_in_a_loop_during_training_with_keep_last_1(corpus_dir, tmp_path):
+    """The reported case through the real trainer: a checkpoint every step, keep_last 1; the run is
+    read in a loop (load_checkpoint, and `catchat inspect RUN` now and then) until training ends."""
+    from support import catchat, config_text, start_training, wait_for_rows
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text(corpus_dir, total_steps=200, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
+    run = tmp_path / "run"
+    proc = start_training(cfg, run)
+    try:
+        wait_for_rows(proc, run, 2)
+        steps, n = [], 0
+        while proc.poll() is None:
+            steps.append(ck.load_checkpoint(run).global_step)
+            n += 1
+            if n % 50 == 0:
+                r = catchat("inspect", run)
+                assert r.returncode == 0, r.stdout + r.stderr
+        assert steps == sorted(steps) and len(steps) > 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait() == 0, proc.communicate()[0]
+    assert ck.load_checkpoint(run).global_step == 200

@@ -360,8 +360,31 @@ def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unv
     """Load and verify a checkpoint: format, every state field, vocabulary fingerprint (lesson 1),
     file hashes, state.json against its saved copy, shapes against its own config, finite values.
     The optimizer file is read (and required) only `with_optimizer` (a resume); eval and generation
-    need only the model."""
-    ckpt = resolve(path)
+    need only the model.
+
+    A reader given a run (not one step-N directory) while it trains can lose a race with keep_last:
+    the checkpoint `latest` named is retired between reading `latest` and reading its files (inspect
+    failed so about once in 245 calls with keep_last 1). Such a failure is retried once, with the
+    checkpoint the run names then; a second failure is the error."""
+    kwargs = dict(with_optimizer=with_optimizer, allow_unverified=allow_unverified, warn=warn)
+    if _is_step_dir(path):  # the user chose this checkpoint: no other one may stand in for it
+        return _load_resolved(resolve(path), **kwargs)
+    chosen = None
+    try:
+        chosen = resolve(path)
+        return _load_resolved(chosen, **kwargs)
+    except (UsageError, OSError):
+        if chosen is not None and (chosen / STATE_FILE).exists():
+            raise  # still there: not rotated away, so the error is the checkpoint's own
+    return _load_resolved(resolve(path), **kwargs)
+
+
+def _is_step_dir(path: str | Path) -> bool:
+    return dir_step(Path(path)) is not None or (Path(path) / STATE_FILE).exists()
+
+
+def _load_resolved(ckpt: Path, *, with_optimizer: bool, allow_unverified: bool, warn) -> Checkpoint:
+    """load_checkpoint of the checkpoint directory `ckpt` itself."""
     state_path = ckpt / STATE_FILE
     state = _read_state(state_path)
     problems = state_problems(state, ckpt, for_resume=with_optimizer)
