@@ -62,16 +62,19 @@ class RunLock:
         except BlockingIOError:
             os.close(dir_fd)
             raise _refuse(self.root, self.path) from None
+        except OSError:  # a file system that cannot lock a directory (NFS emulates flock with write
+            os.close(dir_fd)  # locks: EBADF on a read-only descriptor): .lock alone, as before
+            dir_fd = None
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except BaseException:
-            os.close(dir_fd)
+            _close(dir_fd)
             raise
         try:  # a catchat from before the directory lock locks only .lock
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            os.close(dir_fd)
+            _close(dir_fd)
             raise _refuse(self.root, self.path) from None
         old = os.pread(fd, 512, 0).decode("utf-8", "replace").split()
         if old and old[0].isdigit() and int(old[0]) != os.getpid():
@@ -89,7 +92,12 @@ class RunLock:
         if entry[2] == 0:
             del _held[self.key]
             os.close(entry[1])
-            os.close(entry[0])  # closing the last descriptors drops the flocks
+            _close(entry[0])  # closing the last descriptors drops the flocks
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
 
 
 def check_no_other_writer(root: Path) -> None:
@@ -112,5 +120,7 @@ def check_no_other_writer(root: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise _refuse(root, root / ".lock") from None
+    except OSError:  # a directory that cannot be locked here (RunLock fell back to .lock): cannot tell
+        pass
     finally:
         os.close(fd)  # closing drops the probe's lock
