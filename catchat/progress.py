@@ -42,11 +42,11 @@ def done_of(done: float, total: float | None, unit: str) -> str:
     return f"{int(done):,}/" + (f"{int(total):,}" if total is not None else "?") + f" {unit}"
 
 
-def clock(seconds: float) -> str:
-    """'0:45', '12:03', '1:02:03'."""
+def clock(seconds: float, hours: bool = False) -> str:
+    """'0:45', '12:03', '1:02:03' (hours: always H:MM:SS, '0:00:45', as training's lines print it)."""
     s = int(max(0.0, seconds))
     h, m = divmod(s // 60, 60)
-    return f"{h}:{m:02d}:{s % 60:02d}" if h else f"{m}:{s % 60:02d}"
+    return f"{h}:{m:02d}:{s % 60:02d}" if h or hours else f"{m}:{s % 60:02d}"
 
 
 class _DoneOf(ProgressColumn):

@@ -19,6 +19,8 @@ from collections import deque
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from catchat.progress import clock
+
 AVERAGE_STEPS = 100  # applied steps in the running mean of the loss
 PLAIN_EVERY_S = 30.0  # a piped log gets a line at least this often (a days-long run: ~3k lines a day)
 PLAIN_SHARE = 20  # ... and one every 1/PLAIN_SHARE of the run
@@ -153,8 +155,8 @@ class TrainReporter:
         before, began = self.first_step
         elapsed = now - began
         done, left = global_step - before, max(0, total_steps - global_step)
-        eta = _clock(elapsed / done * left) if done > 0 and elapsed > 0 else "?"
-        return f"elapsed {_clock(elapsed)}  eta {eta}"
+        eta = clock(elapsed / done * left, hours=True) if done > 0 and elapsed > 0 else "?"
+        return f"elapsed {clock(elapsed, hours=True)}  eta {eta}"
 
     def on_eval(self, global_step, loss, bpc, top1, top5, free_running=None, **_):
         self._print(f"[cyan]eval[/cyan] step {global_step}: teacher-forced loss {loss:.4f} nats/char, "
@@ -185,8 +187,3 @@ class TrainReporter:
         spent = f" after {elapsed_s:.1f} s of the {time_budget_s:g} s budget" if time_budget_s and elapsed_s else ""
         self._print(f"run ended at step {global_step}: {reason}{spent}")
 
-
-def _clock(seconds: float) -> str:
-    """H:MM:SS."""
-    whole = int(round(max(seconds, 0.0)))
-    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
