@@ -20,9 +20,9 @@ H200_INFO = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor=
                        max_push_constant_bytes=256, max_workgroup_invocations=1024, subgroup_size=32,
                        compute_units=132)
 # what the H200's driver (580.159.04) reports for float16 products with float32 sums, among others
-DIMENSIONS = (coop2_dimension_name([32, 32, 16, 0, 0, 1, 1, 0, 2, 256]),
-              coop2_dimension_name([32, 16, 16, 0, 0, 1, 1, 0, 2, 128]),
-              coop2_dimension_name([16, 16, 16, 0, 0, 0, 0, 0, 3, 0]))
+DIMENSIONS = ((32, 32, 16, 0, 0, 1, 1, 0, 2, 256),
+              (32, 16, 16, 0, 0, 1, 1, 0, 2, 128),
+              (16, 16, 16, 0, 0, 0, 0, 0, 3, 0))
 
 
 @dataclass
@@ -49,8 +49,8 @@ def newer_glslc(monkeypatch, tmp_path):
 
 
 def test_dimension_names_read_like_the_shapes():
-    assert DIMENSIONS[0] == "32x32x16 f16*f16+f32->f32 workgroup 256"
-    assert DIMENSIONS[2] == "16x16x16 f16*f16+f16->f16 subgroup 0"
+    assert coop2_dimension_name(DIMENSIONS[0]) == "32x32x16 f16*f16+f32->f32 workgroup 256"
+    assert coop2_dimension_name(DIMENSIONS[2]) == "16x16x16 f16*f16+f16->f16 subgroup 0"
 
 
 def test_the_tiles_a_device_offers(newer_glslc):

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from catchat import config as cfgmod  # noqa: E402
 from catchat.analysis.timing import timed  # noqa: E402
 from catchat.analysis.torch_twin import torch_status  # noqa: E402
-from catchat.vk.device import host_view, open_device  # noqa: E402
+from catchat.vk.device import coop2_dimension_name, host_view, open_device  # noqa: E402
 from catchat.vk.kernels import gemm, half_tensor, run_ops  # noqa: E402
 
 DEFAULT_TILES = ((128, 128, 8, 16, 8), (128, 64, 8, 8, 4), (128, 128, 8, 8, 16), (64, 128, 8, 8, 8),
@@ -219,8 +219,9 @@ def main(argv=None) -> int:
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
     operands = tuple(OPERANDS) if args.operands == "all" else (args.operands,)
     if dev.coop2_limits:
+        dims = ", ".join(coop2_dimension_name(d) for d in dev.coop2_dimensions)
         print(f"cooperative matrix 2: at most {dev.coop2_limits[0]} threads, dimensions up to {dev.coop2_limits[1]}, "
-              f"{dev.coop2_limits[2]} B of shared memory reserved; {', '.join(dev.coop2_dimensions)}")
+              f"{dev.coop2_limits[2]} B of shared memory reserved; {dims}")
     if any(OPERANDS[p].get("coopmat") and not OPERANDS[p].get("coopmat2") for p in operands) \
             and not gemm.coopmat_runs(dev):
         print(f"{dev.info.name} has no cooperative matrices of {gemm.COOP_SHAPE} (VK_NV_cooperative_matrix; "

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat.errors import CatchatError
+from catchat.vk.device import coop2_dimension_name
 
 
 @dataclass
@@ -47,7 +48,7 @@ def half_precision_check(dev, label: str) -> Check:
     if dev.coop_shapes:
         have.append(f"cooperative-matrix shapes {', '.join(dev.coop_shapes)}")
     if "cooperativeMatrixWorkgroupScope" in dev.features:
-        dims = ", ".join(dev.coop2_dimensions) or "no dimensions"
+        dims = ", ".join(coop2_dimension_name(d) for d in dev.coop2_dimensions) or "no dimensions"
         have.append(f"workgroup-scope cooperative matrices (NV 2: {dims})")
     if not getattr(dev.kp, "catchat_device_features", 0):
         return Check(f"{label} half precision", True, "not known: kp lacks patch 0005 (run `make setup`)")

@@ -109,9 +109,10 @@ class Device:
     features: frozenset[str] = frozenset()
     coop_shapes: tuple[str, ...] = ()  # cooperative-matrix shapes offered, as coop_shape_name gives them
     # VK_NV_cooperative_matrix2 (kp patch 0006): (max workgroup size, max flexible dimension, shared
-    # bytes the driver reserves) and the flexible dimensions, as coop2_dimension_name gives them
+    # bytes the driver reserves) and the flexible dimensions as the patch reports them (M, N, K
+    # granularity, A, B, C, result types, saturating, scope, invocations; coop2_dimension_name names one)
     coop2_limits: tuple[int, ...] = ()
-    coop2_dimensions: tuple[str, ...] = ()
+    coop2_dimensions: tuple[tuple[int, ...], ...] = ()
 
     @property
     def evals_async(self) -> bool:
@@ -233,7 +234,7 @@ def open_device(selector: str | int | None = None) -> Device:
     return Device(info=info, manager=manager, kp=kp, features=frozenset(features),
                   coop_shapes=tuple(coop_shape_name(s) for s in shapes),
                   coop2_limits=tuple(int(v) for v in limits2),
-                  coop2_dimensions=tuple(coop2_dimension_name(d) for d in dims2))
+                  coop2_dimensions=tuple(tuple(int(v) for v in d) for d in dims2))
 
 
 def format_bytes(n: int) -> str:

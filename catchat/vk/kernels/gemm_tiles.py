@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from catchat.errors import VulkanUnavailable
 from catchat.vk import shaders, tiles, tune
-from catchat.vk.device import Device
+from catchat.vk.device import Device, coop2_dimension_name
 from catchat.vk.kernels import ceil_div, device_sms
 
 
@@ -206,13 +206,14 @@ class Coop2Tiles:
         if not coopmat2_runs(dev):
             return f"{dev.info.name} does not run cooperative-matrix-2 GEMMs"
         max_threads, max_dim = (dev.coop2_limits + (0, 0))[:2]
-        grains = [tuple(int(g) for g in d.split()[0].split("x")) for d in dev.coop2_dimensions
-                  if d.endswith(f"{COOP2_TYPES} workgroup {self.threads}")]
-        fits = any(self.bm % gm == 0 and self.bn % gn == 0 and self.bk % gk == 0 for gm, gn, gk in grains)
+        # M, N, K granularity, A, B, C, result types, saturating, scope, invocations (kp patch 0006)
+        fits = any(tuple(d[3:7]) == COOP2_COMPONENTS and d[8] == SCOPE_WORKGROUP and d[9] == self.threads
+                   and self.bm % d[0] == 0 and self.bn % d[1] == 0 and self.bk % d[2] == 0
+                   for d in dev.coop2_dimensions)
         if self.threads > max_threads or max(self.bm, self.bn, self.bk) > max_dim or not fits:
+            offered = ", ".join(coop2_dimension_name(d) for d in dev.coop2_dimensions) or "none"
             return (f"cooperative-matrix-2 tiles {self} are not among {dev.info.name}'s workgroup-scope "
-                    f"dimensions ({', '.join(dev.coop2_dimensions) or 'none'}; largest {max_dim}, "
-                    f"at most {max_threads} threads)")
+                    f"dimensions ({offered}; largest {max_dim}, at most {max_threads} threads)")
         if self.bm * self.bn > 128 * self.threads:
             return f"cooperative-matrix-2 tiles {self} need {self.bm * self.bn // self.threads} accumulators per thread"
         return None
@@ -222,6 +223,8 @@ class Coop2Tiles:
 
 
 COOP2_TYPES = "f16*f16+f32->f32"
+COOP2_COMPONENTS = (0, 0, 1, 1)  # VkComponentTypeKHR of A, B, C, result: float16, float16, float32, float32
+SCOPE_WORKGROUP = 2  # VkScopeKHR
 COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupScope",
                             "cooperativeMatrixFlexibleDimensions", "cooperativeMatrixTensorAddressing",
                             "cooperativeMatrixPerElementOperations"})
