@@ -60,8 +60,8 @@ part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands
     --repeat 6 --json "$out/gemm-coop2f16-v5.json"
 part gemm-coop2-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat2 --reps 5 \
     --repeat 20 --compare-torch --json "$out/gemm-coop2-v3.json"
-# the subgroup-fragment GEMM in the step (CATCHAT_COOPMAT2=0), to set beside the default's
-part bench-v5-fp16-coop1 env CATCHAT_COOPMAT2=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
+# the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's
+part bench-v5-fp16-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
     --precision fp16 --profile
 part gemm-coopf16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-f16 --loads vec4 --reps 5 \
     --repeat 6 --json "$out/gemm-coopf16-v5.json"
