@@ -16,7 +16,7 @@ else, or nothing, is reported, not ranked. Candidates are timed in interleaved r
 --loads picks vec4 loads where aligned (the program's choice), float loads, or both. --operands
 picks the operands and kernel: f32 (train.precision fp32), rf16 (float32 operands rounded to float16
 as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
-cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of COOP_CANDIDATES), f16 and
+cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of gemm.coop_candidates), f16 and
 coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat-khr (coopmat's first
 four tiles on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix: glsl/gemm_coopmat_khr.comp, the
 same source through the newer glslc), coopmat2 and coopmat2-f16
@@ -91,14 +91,12 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat-khr": dict(precision="fp16", coopmat=True, coopmat2=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
             "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
-# glsl/gemm_coopmat.comp tiles (subgroups wm x wn, fragments fm x fn, k-slice, shared buffers): the
-# program's, the 128 x 128 one on 4 subgroups (with it, the first two get --probe rows), the program's
-# narrow-output and small tiles, then 256 x 128, 128 x 256 and 128 x 128 tiles at 16-, 32- and 64-deep
-# slices in one or two shared buffers (each within 48 KiB at every transpose)
+# glsl/gemm_coopmat.comp tiles: gemm.coop_candidates(dev, transposes), the program's three first, then
+# the grid (subgroups x fragments, slice depth, shared buffers, load parts, fragment order) that fits;
+# with --probe the program's tile and the first two-buffer one get probe rows. coopmat-khr: the
+# program's three and the 128 x 128 one on 4 subgroups, on either extension.
 CT = gemm.CoopTiles
-COOP_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE,
-                   CT(4, 2, 4, 4, 16, 1), CT(2, 2, 4, 4, 16), CT(2, 2, 4, 4, 32), CT(2, 2, 4, 4, 64, 1),
-                   CT(2, 4, 4, 2, 32), CT(2, 4, 4, 4, 16), CT(4, 2, 4, 4, 16))
+COOP_KHR_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
 
 
 # glsl/gemm_coopmat2.comp tiles (BM, BN, BK, threads): the program's two, then other accumulator shapes,
@@ -122,10 +120,11 @@ class ProbeTiles(gemm.CoopTiles):
 
 
 def probes(own: tuple) -> list:
-    """The first two tensor-core tiles of `own` (the program's and the 128 x 128 one) with each
-    diagnostic define."""
-    return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in own[:2] if type(t) is gemm.CoopTiles
-            for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]  # with the tile's api (nv or khr)
+    """The first tensor-core tile of `own` (the program's) and its first two-buffer one, with each
+    diagnostic define (and the tile's api, nv or khr)."""
+    tiles = [t for t in own if type(t) is gemm.CoopTiles]
+    picked = tiles[:1] + [t for t in tiles if t.stages == 2][:1]
+    return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in picked for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
 
 
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
@@ -136,9 +135,11 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     if OPERANDS[operands].get("coopmat2"):
         own = COOP2_CANDIDATES
     elif operands == "coopmat-khr":  # the subgroup-fragment kernel's best tiles on either extension
-        own = tuple(dataclasses.replace(t, api=api) for t in COOP_CANDIDATES[:4] for api in ("khr", "nv"))
+        own = tuple(dataclasses.replace(t, api=api) for t in COOP_KHR_CANDIDATES for api in ("khr", "nv"))
+    elif OPERANDS[operands].get("coopmat"):
+        own = tuple(gemm.coop_candidates(dev, (bool(kw.get("trans_a")), bool(kw.get("trans_b")))))
     else:
-        own = COOP_CANDIDATES if OPERANDS[operands].get("coopmat") else tiles
+        own = tiles
     if args.probe and OPERANDS[operands].get("coopmat") and not OPERANDS[operands].get("coopmat2"):
         own = tuple(own) + tuple(probes(own))
     grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]

@@ -36,7 +36,7 @@ part bench-speedrun-b128 env CATCHAT_PERSISTENT=256 $py -m catchat.cli bench con
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v3's and v5's shapes
 part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all --loads vec4 --tiles 128,128,8,16,8
-# the tensor-core GEMM's tile and depth candidates alone (bench_gemm.COOP_CANDIDATES)
+# the tensor-core GEMM's tile and depth candidates alone (gemm.coop_candidates)
 part gemm-coop-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4
 part gemm-coop-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3
 # the tensor-core GEMM beside cuBLAS on the same shapes, with its diagnostic probes

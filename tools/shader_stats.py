@@ -112,10 +112,9 @@ def main(argv=None) -> int:
                 print_statistics(dev, g, f"gemm, {name}: {g.tiles}, {g.tiles.threads} threads, {loads} loads", {})
     if args.coop_gemm and gemm.coopmat_runs(dev):
         kw, _ = bench_gemm.shapes(cfg, dev)["input projection"]
-        for t in bench_gemm.COOP_CANDIDATES:
-            if t.problem(dev, (False, True)) is None:
-                g = gemm.Gemm(dev, tiles=t, precision="fp16", coopmat=True, **kw)
-                print_statistics(dev, g, f"gemm_coopmat, input projection: {t}, {t.threads} threads", {})
+        for t in gemm.coop_candidates(dev, (False, True)):
+            g = gemm.Gemm(dev, tiles=t, precision="fp16", coopmat=True, **kw)
+            print_statistics(dev, g, f"{t.shader}, input projection: {t}, {t.threads} threads", {})
     return 0
 
 

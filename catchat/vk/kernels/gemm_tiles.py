@@ -71,7 +71,9 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 class CoopTiles:
     """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
     fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, in `stages` shared
-    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice)."""
+    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice); with two,
+    the next slice's loads in `parts` (2: half in flight at a time, for slices of >= 32); `order` of
+    the fragment loads (0: a step's A and B fragments, then its products; 1: B streamed)."""
 
     wm: int
     wn: int
@@ -80,6 +82,8 @@ class CoopTiles:
     bk: int
     stages: int = 2
     api: str = "nv"  # "khr": the same kernel on VK_KHR_cooperative_matrix (glsl/gemm_coopmat_khr.comp)
+    parts: int = 1
+    order: int = 0
 
     @property
     def bm(self) -> int:
@@ -103,12 +107,13 @@ class CoopTiles:
         return 8 * max(self.stages * (a + b), scratch)
 
     def spec(self) -> list[int]:
-        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk, self.stages]
+        return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk, self.stages, self.parts, self.order]
 
     def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
         """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
         if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations \
-                or self.api not in ("nv", "khr"):
+                or self.api not in ("nv", "khr") or self.order not in (0, 1) or self.parts not in (1, 2) \
+                or (self.parts == 2 and (self.stages != 2 or self.bk < 32)):
             return f"bad cooperative-matrix tiles {self}"
         if self.api == "khr" and not coopmat_khr_runs(dev):
             return f"{dev.info.name} does not run VK_KHR_cooperative_matrix GEMMs (or the newer glslc is missing)"
@@ -134,6 +139,10 @@ COOP_TILE = CoopTiles(2, 4, 4, 4, 32, 1)
 COOP_NARROW_TILE = CoopTiles(4, 2, 4, 4, 32, 1)
 COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
+# The tuner's and tools/bench_gemm.py's grid: subgroups x fragments (128 x 256, 256 x 128, 128 x 128 on
+# 4 or 8 subgroups, 64 x 64), then slice depth, shared buffers, load parts and fragment order
+COOP_GRID_WARPS = ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 4, 4), (2, 4, 4, 2), (4, 2, 2, 4), (2, 2, 2, 2))
+COOP_GRID_PIPES = ((16, 1, 1), (16, 2, 1), (32, 1, 1), (32, 2, 1), (32, 2, 2))  # (bk, stages, parts)
 
 
 def coopmat_runs(dev: Device) -> bool:
@@ -147,6 +156,30 @@ def coopmat_khr_runs(dev: Device) -> bool:
     """Whether glsl/gemm_coopmat_khr.comp can run on dev: what `coopmat_runs` asks, plus
     VK_KHR_cooperative_matrix enabled (kp patch 0006) and the newer glslc at hand."""
     return coopmat_runs(dev) and "cooperativeMatrixKHR" in dev.features and newer_glslc_present()
+
+
+def coop_api(dev: Device) -> str:
+    """The extension the subgroup-fragment GEMM uses on dev: "khr" where VK_KHR_cooperative_matrix runs
+    it (faster on the H200), unless CATCHAT_COOP_API=nv; else "nv"."""
+    return "khr" if os.environ.get(ENV_COOP_API) != "nv" and coopmat_khr_runs(dev) else "nv"
+
+
+def coop_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> list[CoopTiles]:
+    """Every tile of the grid (COOP_GRID_WARPS x COOP_GRID_PIPES x both fragment orders) that runs on dev
+    at these transposes, on its extension (`coop_api`), the program's three first: what `catchat bench
+    --tune` measures and tools/bench_gemm.py sweeps, and what a cached choice must be."""
+    if not coopmat_runs(dev):
+        return []
+    api = coop_api(dev)
+    grid = [COOP_TILE, COOP_NARROW_TILE, COOP_SMALL_TILE] + [
+        CoopTiles(*w, bk, stages, "nv", parts, order)
+        for w in COOP_GRID_WARPS for bk, stages, parts in COOP_GRID_PIPES for order in (0, 1)]
+    out = []
+    for t in grid:
+        t = replace(t, api=api)
+        if t not in out and t.problem(dev, trans) is None:
+            out.append(t)
+    return out
 
 
 def newer_glslc_present() -> bool:
@@ -336,6 +369,6 @@ def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool
     t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
     if t is None and not coopmat2 and coopmat_runs(dev):
         t = coop_tiles(dev, M, N, split_k, trans)
-        if t is not None and os.environ.get(ENV_COOP_API) != "nv" and coopmat_khr_runs(dev):
-            t = replace(t, api="khr")
+        if t is not None:
+            t = replace(t, api=coop_api(dev))
     return t
