@@ -60,6 +60,17 @@ part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands
     --repeat 6 --json "$out/gemm-coop2f16-v5.json"
 part gemm-coop2-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat2 --reps 5 \
     --repeat 20 --compare-torch --json "$out/gemm-coop2-v3.json"
+# the tensor-core GEMM's whole grid (gemm.coop_candidates: tiles, slice depths, shared buffers, load parts,
+# fragment order) at v5 beside cuBLAS with probes, at v3, and at v5 with float16 operands; registers per
+# tile; then the short table of all three (tools/gemm_table.py)
+part gemm-grid-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3 \
+    --probe --compare-torch --json "$out/gemm-grid-v5.json"
+part gemm-grid-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4 --reps 3 --repeat 10 \
+    --json "$out/gemm-grid-v3.json"
+part stats-coop-gemm $py tools/shader_stats.py configs/catchat-v5.toml --coop-gemm
+part gemm-grid-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-f16 --loads vec4 --reps 3 \
+    --repeat 3 --json "$out/gemm-grid-v5-f16.json"
+part gemm-table $py tools/gemm_table.py "$out/gemm-grid-v5.json" "$out/gemm-grid-v3.json" "$out/gemm-grid-v5-f16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's
 part bench-v5-fp16-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
     --precision fp16 --profile

@@ -87,7 +87,8 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     if tiles is not None or g.coopmat2:
         t = g.tiles
         shape += f" tiles={t.bm}x{t.bn}" + (f"/{t.tm}x{t.tn}" if hasattr(t, "tm") else f" bk {t.bk}") + (
-            f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "")
+            f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "") + (
+            f" parts {t.parts}" if getattr(t, "parts", 1) > 1 else "") + (" B streamed" if getattr(t, "order", 0) else "")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
@@ -108,7 +109,7 @@ def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
     if half:
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, **kw))
     if coopmat_runs(dev):
-        out += _coopmat_cases(dev, rng, half=half)
+        out += _coopmat_cases(dev, rng, half=half) + _coop_pipeline_cases(dev, rng, half=half)
     if kg.coopmat_khr_runs(dev):
         out += _coopmat_khr_cases(dev, rng, half=half)
     if kg.coopmat2_runs(dev):
@@ -129,6 +130,29 @@ def _coopmat_khr_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
             out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=khr[0], **kw))
     out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=khr[2], **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True, tiles=khr[0], **kw))
+    return out
+
+
+def _coop_pipeline_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
+    """The tensor-core kernel's pipelines on the device's extension: two buffers (a loop of two slices
+    an iteration) with the next slice's loads in two parts, B fragments streamed, 16-deep slices; odd
+    and even slice counts, a k tail inside a slice, every transpose, bias, beta, split-K."""
+    kw = dict(coopmat=True, coopmat2=False, half=half, precision="fp16")
+    api = kg.coop_api(dev)
+    tiles = [replace(t, api=api) for t in (kg.CoopTiles(2, 2, 4, 4, 32, 2, parts=2, order=1),
+                                           kg.CoopTiles(2, 4, 4, 4, 16, 2, order=1),
+                                           kg.CoopTiles(4, 2, 2, 4, 32, 2, parts=2))]
+    out = []
+    for t in tiles:
+        if t.problem(dev, (False, False)) is not None:
+            continue
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=t, **kw))
+        out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=t, **kw))
+        out.append(gemm_case(dev, rng, 65, 33, 96, False, False, 1.0, True, tiles=t, **kw))
+        out.append(gemm_case(dev, rng, 70, 140, 128, True, True, 1.0, False, alpha=-0.5, vec4=True, tiles=t, **kw))
+        out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, tiles=t, **kw))
     return out
 
 
