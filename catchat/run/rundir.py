@@ -34,7 +34,8 @@ from catchat.run.faults import crash_point
 from catchat.run.runlock import RunLock, check_no_other_writer
 from catchat.run.runlog import METRICS_COLUMNS, WRITTEN_COLUMNS
 
-__all__ = ["RunFiles", "RunLock", "recover", "start_branch", "finish_branch", "trim_tail", "new_telemetry"]
+__all__ = ["RunFiles", "RunLock", "recover", "start_branch", "finish_branch", "trim_tail", "new_telemetry",
+           "metrics_gap"]
 
 PENDING, BRANCH_INFO = "PENDING", "branch.json"
 
@@ -135,6 +136,38 @@ def trim_tail(files: RunFiles, step: int) -> int:
     if ev_rest or not _is_whole(files.events):
         atomic_write_bytes(files.events, b"".join(ev_keep))
     return len(rest)
+
+
+def metrics_gap(files: RunFiles, step: int) -> dict | None:
+    """The fields of a `metrics_gap` event when metrics.csv lacks rows of steps up to checkpoint `step`
+    that the run logged once (the file cut or edited outside catchat while the run was stopped), not
+    counting gaps an earlier resume recorded; None when none is missing. Nothing is written here: the
+    rows cannot be made again (the run's history is not replayed), so the resume goes on and the
+    event lets `catchat scan` tell a known gap from an unexplained one."""
+    events = runlog.read_events(files.events).events if files.events.exists() else []
+    first = 1
+    opening = next((e for e in events if e["event"] in ("start", "resume")), None)
+    if opening is not None and opening["event"] == "resume" and opening.get("foreign"):
+        first = opening["global_step"] + 1  # begun from another run's checkpoint: no rows up to it
+    have = sorted({s for s in _placed(files.metrics).values() if first <= s <= step})
+    missing, want = [], first
+    for s in [*have, step + 1]:
+        if s > want:
+            missing.append((want, s - 1))
+        want = s + 1
+    known = [(r[0], r[1]) for e in events if e["event"] == "metrics_gap" and e["global_step"] <= step
+             for r in e["missing"]]
+    missing = [r for gap in missing for r in runlog.subtract_ranges(gap, known)]
+    if not missing:
+        return None
+    n = sum(hi - lo + 1 for lo, hi in missing)
+    shown = ", ".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in missing[:5])
+    more = f" and {len(missing) - 5} more ranges" if len(missing) > 5 else ""
+    done = (f"the {step} steps the checkpoint has done" if first == 1
+            else f"the {step - first + 1} steps {first}-{step} this run took up to the checkpoint")
+    note = (f"{files.metrics} lacks steps {shown}{more} ({n} of {done}: truncated or edited outside catchat); "
+            "training goes on, the gap stays in the file")
+    return {"missing": [[lo, hi] for lo, hi in missing], "note": note}
 
 
 # ------------------------------------------------------------------------------ branches

@@ -325,6 +325,8 @@ def _object(fields: dict, required: bool, optional: dict | None = None):
     return check
 
 
+_STEP_RANGE = _kind(lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(x) for x in v)
+                    and 0 <= v[0] <= v[1], "a [first, last] step range")
 _SCHEDULE = {"total_steps": INT, "lr": NUM, "warmup_fraction": NUM, "cooldown_fraction": NUM,
              "cooldown_shape": STR, "lr_min": NUM}
 _SCHEDULE_LATER = {"time_budget_s": NUM}  # a time-budgeted run's schedule (absent from older events)
@@ -350,9 +352,12 @@ EVENT_FIELDS: dict[str, dict] = {
     # a resume from an older checkpoint of the run: what came after branch_step moved to side_dir
     # ("from" None and branch_step -1: a fresh start over an earlier attempt)
     "branch": {"from": _or_none(STR), "branch_step": INT, "abandoned_step": INT, "side_dir": STR},
+    # a resume that found rows of steps up to its checkpoint missing from metrics.csv (cut or edited
+    # outside catchat): the missing [first, last] step ranges, and what the trainer said about them
+    "metrics_gap": {"missing": _list_of(_STEP_RANGE, "a list of [first, last] step ranges"), "note": STR},
 }
 REQUIRED = {"eval": ("loss",), "resume": ("from",), "branch": ("branch_step", "abandoned_step"),
-            "plan_change": ("changes",)}
+            "plan_change": ("changes",), "metrics_gap": ("missing", "note")}
 
 
 def _bad_field(obj: dict, fields: dict, required) -> str | None:
@@ -415,6 +420,14 @@ def read_events(path: Path) -> EventsLog:
             log.events.append(e)
             log.line_nos.append(lineno)
     return log
+
+
+def subtract_ranges(gap: tuple[int, int], known: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the step range `gap` (first, last) that no range of `known` covers."""
+    parts = [gap]
+    for klo, khi in known:
+        parts = [p for lo, hi in parts for p in ((lo, min(hi, klo - 1)), (max(lo, khi + 1), hi)) if p[0] <= p[1]]
+    return parts
 
 
 def read_or_refuse(path: Path, reader):

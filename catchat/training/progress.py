@@ -116,6 +116,13 @@ class TrainReporter:
                     if branch_step >= 0
                     else f"[yellow]fresh start[/yellow]: an earlier attempt's rows moved to {side_dir}")
 
+    def on_metrics_gap(self, note, **_):
+        """Rows cut from metrics.csv outside catchat: on stderr, where a person or a log watcher looks for
+        what went wrong, not between the progress lines."""
+        from catchat.console import make_console
+
+        make_console(stderr=True).print(f"warning: {note}", markup=False, highlight=False, soft_wrap=True)
+
     def on_warning(self, text, **_):
         self.console.print(text, markup=False, highlight=False)
 

@@ -79,7 +79,8 @@ def commit_files(files: RunFiles, cfg: cfgmod.Config, ckpt: ck.Checkpoint | None
                  plan_change: dict | None = None) -> None:
     """Write the run's files for a start that passed every check: config, a branch if the start
     abandons anything, the telemetry, the start/resume event (`start_fields`: a fresh start's own) and
-    a resume's plan_change event (catchat/training/plan.py), right after its resume event."""
+    a resume's metrics_gap event (rows up to its checkpoint missing from metrics.csv) and plan_change event
+    (catchat/training/plan.py), right after its resume event."""
     files.samples.mkdir(exist_ok=True)
     atomic_write_text(files.config, cfgmod.resolved_toml(cfg, header=f"resolved config of run {files.root.name}"))
     crash_point("resume.config")
@@ -104,6 +105,9 @@ def commit_files(files: RunFiles, cfg: cfgmod.Config, ckpt: ck.Checkpoint | None
         rundir.new_telemetry(files)
     info["foreign"] = not own  # a run continued from another run's checkpoint (scan reports it)
     crash_point("resume.trimmed")
+    gap = rundir.metrics_gap(files, state.global_step) if own else None  # another run's: new telemetry
     telemetry.event("resume", **{"from": str(ckpt.path)}, seqs=state.cursor.seqs, dropped_rows=dropped, **info)
+    if gap:  # rows cut from outside cannot be made again: said once, recorded, and the run goes on
+        telemetry.event("metrics_gap", **gap)
     if plan_change:
         telemetry.event("plan_change", **plan_change)

@@ -6,8 +6,10 @@ import bisect
 import math
 from pathlib import Path
 
+from catchat.analysis.scan.records import known_ranges
 from catchat.analysis.scan.report import FAIL, MAX_LISTED, OK, WARN, Finding, cell_text
 from catchat.analysis.scan.timeline import Row, Segment
+from catchat.run.runlog import subtract_ranges
 
 RESUME_LOSS_JUMP, RESUME_LOSS_STEPS = 1.5, 3  # mean loss of 3 steps after a resume vs 3 before
 
@@ -25,6 +27,7 @@ def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_
     ckpt_steps = {e["global_step"] for e in events if e["event"] == "checkpoint"}
     steps = sorted(by_step)
     prev_of = {id(s): segs[i - 1] for i, s in enumerate(segs) if i}  # the process each one followed
+    known = known_ranges(events)
     fails, warns, notes, infos = [], [], [], []
     for seg in resumes:
         n = seg.from_step
@@ -41,7 +44,7 @@ def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_
                     warns.append(n)
                     notes.append(f"step {n}: resumed from a checkpoint this run did not log "
                                  f"({cell_text(seg.resume_from)})")
-            lost = _rows_missing_before(steps, segs, n)
+            lost = _rows_missing_before(steps, segs, n, known)
             if lost:
                 fails.append(n)
                 notes.append(lost)
@@ -77,26 +80,29 @@ def _saved_then_killed(n: int, prev: Segment | None, by_step: dict[int, Row], ru
     return n in by_step or (run_dir / "checkpoints" / f"step-{n:07d}").is_dir()
 
 
-def _rows_missing_before(steps: list[int], segs: list[Segment], n: int) -> str | None:
+def _rows_missing_before(steps: list[int], segs: list[Segment], n: int, known: list[tuple[int, int]]) -> str | None:
     """A resume at step n continues a run that logged one row per step up to n: fewer rows at or before n
     (the file cut after some step < n, or rows gone from its middle) were there once and are lost,
-    most likely metrics.csv truncated from outside. `steps`: the rows' distinct steps, sorted. The
-    detail, or None when every row is there."""
+    most likely metrics.csv truncated from outside. `steps`: the rows' distinct steps, sorted; `known`:
+    the ranges a resume found missing and recorded (metrics_gap events: the step check warns of them).
+    The detail, or None when every row is there or recorded missing."""
     # a run whose first process resumed another run's checkpoint logs rows only after it (as check_steps)
     first = segs[0].from_step + 1 if segs[0].kind == "resume" and steps and steps[0] > segs[0].from_step else 1
     if n < first:
         return None
     lo, hi = bisect.bisect_left(steps, first), bisect.bisect_right(steps, n)
-    missing = (n - first + 1) - (hi - lo)
-    if missing <= 0:
+    if (n - first + 1) - (hi - lo) <= 0:
         return None
-    # the first missing step: steps[lo + k] == first + k holds for a prefix of k (distinct sorted steps)
-    a, b = 0, hi - lo
-    while a < b:
-        m = (a + b) // 2
-        a, b = (m + 1, b) if steps[lo + m] == first + m else (a, m)
+    gaps, want = [], first
+    for s in [*steps[lo:hi], n + 1]:
+        if s > want:
+            gaps.append((want, s - 1))
+        want = s + 1
+    unknown = [p for g in gaps for p in subtract_ranges(g, known)]
+    if not unknown:
+        return None
     return (f"step {n}: resumed from a checkpoint at step {n}, but metrics.csv holds {hi - lo} of the "
-            f"{n - first + 1} rows logged up to it (missing from step {first + a}): rows lost, metrics.csv "
+            f"{n - first + 1} rows logged up to it (missing from step {unknown[0][0]}): rows lost, metrics.csv "
             "truncated or edited from outside?")
 
 

@@ -3,12 +3,13 @@ and skipped steps."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
 from catchat.analysis.scan.report import FAIL, MAX_LISTED, MAX_STEPS, OK, WARN, Finding, cell_text, steps_text
 from catchat.analysis.scan.timeline import Row, Segment
-from catchat.run.runlog import EventsLog, MetricsLog, describe_bad
+from catchat.run.runlog import EventsLog, MetricsLog, describe_bad, subtract_ranges
 
 CUT_SHORT = "the last line is cut short (a crash while writing it, or a write in flight): not used"
 
@@ -73,7 +74,7 @@ def check_steps(rows: list[Row], segs: list[Segment], events: list[dict], branch
         return Finding(name, WARN, "no steps logged")
     first = _first_step(segs, rows)
     steps = [r.step for r in rows]
-    gaps = _gaps(steps, first)
+    gaps, known = _known_gaps(_gaps(steps, first), events)
     n_missing = sum(hi - lo + 1 for lo, hi in gaps)
     repeated = sorted(s for s, n in Counter(steps).items() if n > 1)
     back = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
@@ -94,9 +95,31 @@ def check_steps(rows: list[Row], segs: list[Segment], events: list[dict], branch
     branched = _branch_notes(events, branch_cuts)
     if problems:
         listed = sorted({*repeated, *(steps[i] for i in back), *early, *_missing(gaps)})[:MAX_STEPS]
-        return Finding(name, FAIL, "; ".join(problems + branched), listed,
+        return Finding(name, FAIL, "; ".join(problems + [t for _, t in known] + branched), listed,
                        total=n_missing + len(set(repeated) | {steps[i] for i in back} | set(early)))
+    if known:
+        return Finding(name, WARN, "; ".join([t for _, t in known] + branched), [s for s, _ in known])
     return Finding(name, OK, "; ".join([f"steps {first}..{steps[-1]}, none missing or repeated"] + branched))
+
+
+def known_ranges(events: list[dict]) -> list[tuple[int, int]]:
+    """The step ranges a resume found missing from metrics.csv and recorded (`metrics_gap` events)."""
+    return [(lo, hi) for e in events if e["event"] == "metrics_gap" for lo, hi in e["missing"]]
+
+
+def _known_gaps(gaps: list[tuple[int, int]], events: list[dict]) -> tuple[list[tuple[int, int]], list[tuple[int, str]]]:
+    """(the gaps no `metrics_gap` event recorded, (first step, note) for each recorded one): a gap the
+    trainer found at a resume and logged is known (rows cut outside catchat, which it cannot make
+    again): a warning with the event's note, not an unexplained defect."""
+
+    known = known_ranges(events)
+    if not known:
+        return gaps, []
+    notes = ((max(lo, klo), f"steps {max(lo, klo)}..{min(hi, khi)} missing, recorded at the resume at step "
+              f"{e['global_step']}: {cell_text(e['note'], 300)}")
+             for e in events if e["event"] == "metrics_gap" for klo, khi in e["missing"]
+             for lo, hi in gaps if lo <= khi and klo <= hi)
+    return [p for g in gaps for p in subtract_ranges(g, known)], list(itertools.islice(notes, MAX_LISTED))
 
 
 def _branch_notes(events: list[dict], cuts: list[int]) -> list[str]:
