@@ -90,16 +90,16 @@ def _run_tune(cfg, dev, progress, console, say) -> dict:
     rows, path = tune(cfg, dev, progress=progress)
     table = new_table("kind", "shape", "tables' choice", "fastest", "us (tables')", "us (fastest)",
                       title=f"tuned on {dev.info.name}")
-    for r in rows:
+    for r in rows:  # kinds gemm (glsl/gemm.comp), coop (the tensor-core GEMM, fp16), gru (the sweeps)
         fmt = lambda us: "-" if us is None else f"{us:.1f}"  # noqa: E731
-        table.add_row(r.kind, r.key, escape(str(tuple(r.table))),
-                      escape(str(tuple(r.winner))) if r.winner is not None else "(one candidate)",
+        table.add_row(r.kind, r.key, escape(str(tuple(r.fields(r.table)))) if r.table is not None else "(none fits)",
+                      escape(str(tuple(r.fields(r.winner)))) if r.winner is not None else "(one candidate)",
                       fmt(r.micros(r.table)), fmt(r.micros(r.winner)))
     console.print(table)
     say(escape(f"cached {sum(r.winner is not None for r in rows)} choices in {path}"))
     return {"cache": str(path), "rows": [
-        dict(kind=r.kind, key=r.key, table=list(r.table), winner=None if r.winner is None else list(r.winner),
-             candidates=[list(c) for c in r.candidates], seconds=r.seconds) for r in rows]}
+        dict(kind=r.kind, key=r.key, table=r.fields(r.table), winner=r.fields(r.winner),
+             candidates=[r.fields(c) for c in r.candidates], seconds=r.seconds) for r in rows]}
 
 
 def _run_torch(cfg, steps: int, warmup: int, progress) -> dict:

@@ -1,13 +1,14 @@
 """Tile tuning for this GPU (`catchat bench --tune`): for every shape a program of the config asks
 tile pickers about (catchat/vk/tune.py's `recording`), time each candidate the tables list that fits
-this device (GEMM tiles; sweep tiles: register-resident, persistent and per-step), check it computes
+this device (GEMM tiles; the tensor-core GEMM's grid where train.precision is "fp16" on a GPU with
+cooperative matrices; sweep tiles: register-resident, persistent and per-step), check it computes
 what the tables' choice does, and cache the fastest per device, driver and shape; the pickers use it
 from then on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
 import numpy as np
 
@@ -32,29 +33,55 @@ class TuneRow:
     seconds: list = field(default_factory=list)
     winner: object = None
 
+    def form(self, tiles) -> list | None:
+        """`tiles` as the cache holds them (`cache_form`)."""
+        return None if tiles is None else cache_form(self.kind, tiles)
+
+    def fields(self, tiles) -> list | None:
+        """`tiles`' fields, for printing and JSON: a CoopTiles' `dataclasses.astuple`, else the numbers."""
+        return None if tiles is None else list(astuple(tiles) if self.kind == "coop" else tiles)
+
     def micros(self, tiles) -> float | None:
         """Microseconds measured for `tiles` (None: not measured, failed, or no such candidate)."""
         for c, s in zip(self.candidates, self.seconds):
-            if tiles is not None and tuple(c) == tuple(tiles) and s is not None:
+            if tiles is not None and self.form(c) == self.form(tiles) and s is not None:
                 return s * 1e6
         return None
 
 
+def cache_form(kind: str, tiles) -> list:
+    """A candidate as catchat/vk/tune.py stores it: GEMM tiles' five numbers, a CoopTiles' fields
+    (`dataclasses.astuple`: the numbers and its extension), a sweep's `gru.to_cache`."""
+    if kind == "coop":
+        return list(astuple(tiles))
+    return [int(v) for v in tiles] if kind == "gemm" else gru.to_cache(tiles)
+
+
 def tune_shapes(cfg, dev) -> dict:
     """(kind, key) -> shape for every tile choice the config's training and evaluation programs make
-    on dev (built once under catchat/vk/tune.py's `recording`, then dropped)."""
+    on dev at the config's train.precision (built once under catchat/vk/tune.py's `recording`, with
+    the per-timestep rows of scheduled sampling and free-running evaluation, then dropped): with
+    "fp16" on a GPU with cooperative matrices every GEMM asks `gemm.pick_coop_tiles` (kind "coop")."""
     from catchat.vk.program import Program
+    from catchat.vk.program.kernelsets import build_stepwise
 
     layout = ParamLayout(cfgmod.model_spec(cfg))
     with tunecache.recording() as asked:
-        Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, optimizer=cfg.train.optimizer)
+        prog = Program(dev, layout, cfg.data.window, cfg.data.batch_lanes, optimizer=cfg.train.optimizer,
+                       precision=cfg.train.precision)
+        build_stepwise(dev, layout, prog.buffers, prog.geometry, prog.precision)  # kernels made on first use
     return dict(asked)
 
 
 def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
-    """(the tables' choice, every candidate the tables list that fits dev) for one shape."""
+    """(the tables' choice, every candidate the tables list that fits dev) for one shape; for "coop"
+    the program's choice without the cache and the tensor-core grid (`gemm.coop_candidates`)."""
     if kind == "gemm":
         return gemm.table_gemm_tiles(dev, shape["M"], shape["N"], shape["split_k"]), gemm.gemm_candidates(dev)
+    if kind == "coop":
+        trans = (shape["trans_a"], shape["trans_b"])
+        return (gemm.pick_coop_tiles(dev, shape["M"], shape["N"], shape["split_k"], trans, coopmat2=False),
+                gemm.coop_candidates(dev, trans))
     args = (dev, shape["B"], shape["H"], shape["backward"], shape["resident"])
     return gru.table_tiles(*args), gru.sweep_candidates(*args)
 
@@ -105,10 +132,13 @@ class Measurer:
     """Times tile candidates on random operands, one buffer set per shape; `__call__(kind, shape,
     tiles)` gives seconds per run (a GEMM recorded `gemm_repeat` times in one sequence, a sweep of
     `steps` steps), or None when the candidate failed or computed something other than the first
-    candidate of its shape (the tables' choice)."""
+    candidate of its shape (the tables' choice). `precision`: the program's; glsl/gemm.comp's tiles
+    ("gemm") are timed with its loads ("fp16": rounded to float16), the tensor-core GEMM's ("coop")
+    always take float16 operands."""
 
-    def __init__(self, dev, reps: int = 5, steps: int = 32, gemm_repeat: int = 8):
+    def __init__(self, dev, reps: int = 5, steps: int = 32, gemm_repeat: int = 8, precision: str = "fp32"):
         self.dev, self.reps, self.steps, self.gemm_repeat = dev, reps, steps, gemm_repeat
+        self.precision = precision
         self.rng = np.random.default_rng(0)
         self.shape_key, self.bufs, self.reference = None, None, None
 
@@ -120,7 +150,7 @@ class Measurer:
         if key == self.shape_key:
             return
         self.shape_key, self.reference, dev = key, None, self.dev
-        if kind == "gemm":
+        if kind in ("gemm", "coop"):
             M, N, K = shape["M"], shape["N"], shape["K"]
             self.bufs = dict(a=self._tensor(M * K), b=self._tensor(K * N), c=self._tensor(M * N),
                              work=dev.tensor(max(1, shape["split_k"] * M * N), kind="storage"))
@@ -134,10 +164,13 @@ class Measurer:
     def _kernel(self, kind: str, shape: dict, tiles):
         """(ops to time, the output tensor)."""
         b = self.bufs
-        if kind == "gemm":
+        if kind in ("gemm", "coop"):
             M, N, K, ta, tb = shape["M"], shape["N"], shape["K"], shape["trans_a"], shape["trans_b"]
+            how = (dict(precision="fp16", coopmat=True, coopmat2=False) if kind == "coop"
+                   else dict(precision=self.precision, coopmat=False))
             k = gemm.Gemm(self.dev, (b["a"], 0, M if ta else K), (b["b"], 0, K if tb else N), (b["c"], 0, N),
-                          M, N, K, trans_a=ta, trans_b=tb, split_k=shape["split_k"], tiles=tiles, workspace=b["work"])
+                          M, N, K, trans_a=ta, trans_b=tb, split_k=shape["split_k"], tiles=tiles, workspace=b["work"],
+                          **how)
             return k.ops(), b["c"]
         case = b["case"]
         if not shape["backward"]:
@@ -152,7 +185,7 @@ class Measurer:
             return None
         host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
         self.dev.upload([out])
-        n = self.gemm_repeat if kind == "gemm" else 1  # a GEMM recorded n times: the submit's cost spread
+        n = self.gemm_repeat if kind in ("gemm", "coop") else 1  # a GEMM recorded n times: the submit's cost spread
         sec = timed_sequence(self.dev, ops * n, self.reps) / n
         stats = self.bufs.get("stats")
         got, *st = run_ops(self.dev, [], [], [out] + ([stats] if stats is not None else []))  # one download
@@ -178,23 +211,23 @@ def tune(cfg, dev, measure=None, progress=None) -> tuple[list[TuneRow], object]:
     progress = progress or NoProgress()
     progress.step("collecting the config's tile choices")
     shapes = tune_shapes(cfg, dev)
-    measure = measure or Measurer(dev, steps=min(cfg.data.window, 128))
-    rows, chosen, measured = [], {"gemm": {}, "gru": {}}, {}
+    measure = measure or Measurer(dev, steps=min(cfg.data.window, 128), precision=cfg.train.precision)
+    rows, chosen, measured = [], {k: {} for k in tunecache.KINDS}, {}
     for (kind, key), shape in sorted(shapes.items()):
         table, cands = candidates_of(dev, kind, shape)
         cands = [table] + [c for c in cands if c != table] if table in cands else cands
         row = TuneRow(kind, key, table, cands)
         for c in cands:
-            progress.step(f"{kind} {key}: {tuple(c)}")
+            progress.step(f"{kind} {key}: {tuple(row.fields(c))}")
             row.seconds.append(measure(kind, shape, c) if len(cands) > 1 else None)
         timed = [(s, i) for i, s in enumerate(row.seconds) if s is not None]
         if timed:
             best, i = min(timed)
             base = row.seconds[0] if cands[0] == table else None
             row.winner = table if base is not None and best > base * (1 - MARGIN) else cands[i]
-            chosen[kind][key] = [int(v) for v in row.winner] if kind == "gemm" else gru.to_cache(row.winner)
-            measured[f"{kind}/{key}"] = [[gru.to_cache(c) if kind == "gru" else [int(v) for v in c],
-                                          None if s is None else round(s * 1e6, 2)] for c, s in zip(cands, row.seconds)]
+            chosen[kind][key] = row.form(row.winner)
+            measured[f"{kind}/{key}"] = [[row.form(c), None if s is None else round(s * 1e6, 2)]
+                                         for c, s in zip(cands, row.seconds)]
         rows.append(row)
     path = tunecache.store(dev.info, chosen, measured)
     return rows, path

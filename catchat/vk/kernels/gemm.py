@@ -165,7 +165,7 @@ class Gemm(Kernel):
         t = tiles
         if coopmat:
             t = (tiles if isinstance(tiles, CoopTiles | Coop2Tiles)
-                 else pick_coop_tiles(dev, M, N, self.split_k, trans, coopmat2))
+                 else pick_coop_tiles(dev, M, N, self.split_k, trans, coopmat2, K))
             if coopmat2 and not isinstance(t, Coop2Tiles):
                 raise ValueError(f"no cooperative-matrix-2 tile runs on {dev.info.name}")
             if t is None:

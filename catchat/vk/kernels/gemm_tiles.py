@@ -357,18 +357,44 @@ def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int =
     return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
 
 
+def tuned_coop_tiles(dev: Device, M: int, N: int, K: int, split_k: int,
+                     trans: tuple[bool, bool]) -> CoopTiles | None:
+    """The subgroup-fragment tile `catchat bench --tune` cached for this device and (M, N, K, split_k,
+    transposes) (kind "coop": `dataclasses.astuple` of a CoopTiles), where it is still one of
+    `coop_candidates` (else a note and None); while `tune.recording()` the shape is collected."""
+    key = tune.gemm_key(M, N, K, split_k, *trans)
+    cached = tune.lookup(dev.info, "coop", key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
+                                                     trans_b=trans[1]))
+    if cached is None:
+        return None
+    try:
+        t = CoopTiles(*cached)
+    except TypeError:
+        t = None
+    grid = coop_candidates(dev, trans)
+    if t is not None and t in grid:
+        return grid[grid.index(t)]
+    tune.note(f"ignoring the tuned cooperative-matrix tiles {cached} for {key}: not a candidate on this device "
+              f"(`catchat bench CONFIG --tune --precision fp16` measures again)")
+    return None
+
+
 def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool, bool],
-                    coopmat2: bool | None = None) -> CoopTiles | Coop2Tiles | None:
+                    coopmat2: bool | None = None, K: int | None = None) -> CoopTiles | Coop2Tiles | None:
     """A cooperative-matrix GEMM's tile. coopmat2 True: the workgroup-scope tile; False: the subgroup
     fragments' tile; None: the subgroup fragments' where the device runs them (measured faster on the
     H200: docs/benchmarks.md), unless CATCHAT_COOPMAT2=1 asks for workgroup scope first. The subgroup
-    fragments' on VK_KHR_cooperative_matrix where that runs (ENV_COOP_API). None where nothing fits."""
+    fragments' on VK_KHR_cooperative_matrix where that runs (ENV_COOP_API): the one `catchat bench --tune`
+    cached for the shape where there is one (`tuned_coop_tiles`; without K the cache is not asked), else
+    `coop_tiles`. None where nothing fits."""
     if coopmat2 is None:
         coopmat2 = True if os.environ.get(ENV_COOPMAT2) == "1" else None
     first = coopmat2 is True or (coopmat2 is None and not coopmat_runs(dev))
     t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
     if t is None and not coopmat2 and coopmat_runs(dev):
-        t = coop_tiles(dev, M, N, split_k, trans)
-        if t is not None:
-            t = replace(t, api=coop_api(dev))
+        t = tuned_coop_tiles(dev, M, N, K, split_k, trans) if K is not None else None
+        if t is None:
+            t = coop_tiles(dev, M, N, split_k, trans)
+            if t is not None:
+                t = replace(t, api=coop_api(dev))
     return t
