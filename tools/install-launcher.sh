@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Put `catchat` on PATH for this checkout: a two-line launcher in BIN_DIR (default /usr/local/bin as
+# Put `catchat` on PATH for this checkout: a small bash launcher in BIN_DIR (default /usr/local/bin as
 # root, else ~/.local/bin) that runs this checkout's .venv/bin/catchat, so the README's commands work
 # in any shell without activating the venv. `make setup` runs it (not under CI=true: CI's clone must
 # not take over the machine's `catchat`). A launcher of another checkout is replaced (the last
@@ -20,7 +20,24 @@ if [ -e "$target" ] && ! grep -qF "$marker" "$target" 2>/dev/null; then
 fi
 previous=$(sed -n 's/^exec "\(.*\)\/.venv\/bin\/catchat".*/\1/p' "$target" 2>/dev/null || true)
 tmp="$target.tmp.$$"
-printf '#!/bin/sh\n%s\nexec "%s/.venv/bin/catchat" "$@"\n' "$marker" "$root" > "$tmp"
+# The launcher holds Ctrl-C while the interpreter starts (~30 ms before any catchat line, where Python
+# would print a KeyboardInterrupt traceback): GNU env blocks SIGINT across the exec, so one that comes
+# then stays pending, and catchat's first line (catchat/__init__.py, told by CATCHAT_LAUNCHER_HELD_SIGINT)
+# installs its handler and unblocks it: "interrupted", exit 130, nothing lost. Without an env that can
+# block (not GNU coreutils >= 8.31) SIGINT is ignored instead (a Ctrl-C in that window is lost, never
+# a traceback). A SIGINT ignored already (`nohup`, `cmd &` in a script) is left so: bash's `trap -p INT`
+# shows it.
+if env --block-signal=INT true 2>/dev/null; then
+    hold='export CATCHAT_LAUNCHER_HELD_SIGINT=blocked; exec env --block-signal=INT'
+else
+    hold="trap '' INT; export CATCHAT_LAUNCHER_HELD_SIGINT=ignored; exec"
+fi
+{
+    printf '#!/usr/bin/env bash\n%s\n' "$marker"
+    printf '# Ctrl-C is held while Python starts, until catchat takes it (docs/reliability.md, Ctrl-C while a command starts)\n'
+    printf 'if [ -z "$(trap -p INT)" ]; then %s "%s/.venv/bin/catchat" "$@"; fi\n' "$hold" "$root"
+    printf 'exec "%s/.venv/bin/catchat" "$@"\n' "$root"
+} > "$tmp"
 chmod 755 "$tmp" && mv "$tmp" "$target"
 if [ -n "$previous" ] && [ "$previous" != "$root" ]; then
     echo "launcher: $target now runs $root (it ran $previous)"

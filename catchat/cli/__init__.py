@@ -7,34 +7,16 @@ inspect, scan, watch), imported at the bottom so that each registers itself on `
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
+import catchat
 
-def _interrupted_while_starting(_signum, _frame) -> None:
-    """Ctrl-C while this module's imports run (the first ~0.15 s of every command): nothing has
-    been done yet, so the process ends at once with the one line and the code any interrupted
-    command gives (130), not the traceback of whichever import the KeyboardInterrupt cut short."""
-    try:
-        os.write(2, b"interrupted\n")
-    except OSError:  # stderr gone: the exit code says it
-        pass
-    os._exit(130)
-
-
-def _catch_early_sigint():
-    """Install the start-up handler where Ctrl-C would raise KeyboardInterrupt (not where the
-    process was started with SIGINT ignored, e.g. `cmd &` in a script); returns what to put back."""
-    try:
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            return signal.signal(signal.SIGINT, _interrupted_while_starting)
-    except ValueError:  # imported from a thread other than the main one: signals are not ours
-        pass
-    return None
-
-
-_SIGINT_BEFORE = _catch_early_sigint()  # before the heavy imports below (click, rich, the commands)
+# Ctrl-C during the imports below (the first ~0.15 s of every command) ends the process with one line,
+# "interrupted", exit 130 (catchat/__init__.py). The command's own process is guarded from the package's
+# first line until main() takes over; any other importer (a test running main()) from here to the end of
+# this module, which then puts its Ctrl-C back.
+_HELD_HERE = catchat.hold_sigint()
 
 import traceback  # noqa: E402
 
@@ -95,7 +77,11 @@ def main(argv=None):
     threading._shutdown) prints no traceback. A list: a caller's (tests), whose signals stay as they
     are."""
     own_process = argv is None
+    if own_process:
+        sys.unraisablehook = _interrupt_again
     try:
+        catchat.crash_point("start.main")
+        catchat.release_sigint()  # the command's process: start-up's handler gives way inside this try
         _run(argv)
     except KeyboardInterrupt:  # a Ctrl-C while an error was being reported: that report stands
         _ignore_sigint(own_process)
@@ -103,6 +89,35 @@ def main(argv=None):
     finally:
         _ignore_sigint(own_process)
         flush_or_silence()  # a reader that went away (`| head`): no "Exception ignored" at exit
+
+
+def _interrupt_again(unraisable) -> None:
+    """A Ctrl-C that lands in a finalizer or a weakref callback cannot be raised there: Python would
+    print "Exception ignored in ..." with a traceback and go on, the Ctrl-C lost; a hook cannot raise
+    either. So the process ends here as a Ctrl-C during start-up ends it: "interrupted", exit 130.
+    What catchat writes is written aside and renamed, so an exit here loses no more than a kill would
+    (in training only a second Ctrl-C raises: the run stops at once either way)."""
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    catchat.exit_interrupted()
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether a Ctrl-C is behind an exception: Python wraps a KeyboardInterrupt raised in some places
+    (3.11: RuntimeError "Error calling __set_name__" when it lands while a class body is made)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def _ignore_sigint(own_process: bool) -> None:
@@ -134,6 +149,9 @@ def _run(argv) -> None:
         err_console.print("interrupted")
         sys.exit(130)
     except Exception as e:  # a bug: its traceback; one of several ranks ends the others with it
+        if _interrupted(e):  # not a bug: a Ctrl-C that Python wrapped
+            err_console.print("interrupted")
+            sys.exit(130)
         traceback.print_exc()
         distributed.end_ranks(1, f"a bug ({type(e).__name__}: {e})")
         sys.exit(1)
@@ -144,5 +162,6 @@ from catchat.cli import analysis, data, device, generation, training  # noqa: E4
 
 # From here a Ctrl-C raises KeyboardInterrupt again, which main() turns into "interrupted", exit 130
 # (the commands' own imports, numpy and the Vulkan bindings, run inside it).
-if _SIGINT_BEFORE is not None and signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
-    signal.signal(signal.SIGINT, _SIGINT_BEFORE)
+catchat.crash_point("start.imported")
+if _HELD_HERE:
+    catchat.release_sigint()

@@ -20,8 +20,9 @@ A run with faults says so in its start/resume event (`faults`) and on the consol
 
 `CATCHAT_CRASH_AT=POINT[#K][:SIGNAL]` sends the process SIGKILL (or SIGNAL: INT, TERM) the K-th
 time (default 1) it reaches the named crash point (`crash_point(POINT)` in run/checkpoint.py,
-run/rundir.py, training/loop.py and training/start.py): the kill-anywhere tests use it to stop a run
-at exact moments of a save, a prune, a resume start-up and a branch.
+run/rundir.py, training/loop.py, training/start.py; start-up's in catchat/__init__.py and catchat/cli):
+the kill-anywhere tests use it to stop a run at exact moments of a save, a prune, a resume start-up and
+a branch, and the signal tests to interrupt a command's start-up.
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# crash_point lives with the package's first lines (catchat/__init__.py): start-up has points too, before any import
+from catchat import CRASH_ENV, crash_point  # noqa: F401
 from catchat.errors import UsageError
 
 ENV = "CATCHAT_FAULT"
-CRASH_ENV = "CATCHAT_CRASH_AT"
 KINDS = ("nan_grad", "zero_valid", "device_lost")
 _ITEM = re.compile(r"^\s*([a-z_]+)\s*@\s*step\s*=\s*(\d+)\s*$")
 _HINT = ("e.g. CATCHAT_FAULT=nan_grad@step=3,zero_valid@step=5 (kinds: " + ", ".join(KINDS)
@@ -122,20 +124,3 @@ def lost_device(prog):
         prog.seq_apply = real
 
 
-_crash_hits: dict[str, int] = {}
-
-
-def crash_point(name: str) -> None:
-    """SIGKILL this process here if $CATCHAT_CRASH_AT names this point (and this is the K-th hit)."""
-    want = os.environ.get(CRASH_ENV)
-    if not want:
-        return
-    want, _, sig = want.partition(":")
-    point, _, k = want.partition("#")
-    if point != name:
-        return
-    _crash_hits[name] = _crash_hits.get(name, 0) + 1
-    if _crash_hits[name] == int(k or 1):
-        import signal
-
-        os.kill(os.getpid(), getattr(signal, f"SIG{sig or 'KILL'}"))
