@@ -4,6 +4,7 @@ is drawn from a seeded generator). After every kill an invariant checker looks a
 user left it and as the next catchat sees it; then the run is continued and must end bitwise equal
 to a run never stopped."""
 
+import csv
 import json
 
 import numpy as np
@@ -47,6 +48,11 @@ VARIANTS = {
                     "data": {"prefix_dropout": 0.3},
                     "teacher_forcing": {"start": 0.9, "floor": 0.7, "schedule": "linear", "decay_cycles": 1.0}},
 }
+# fp16 with the loss scale moved before the checkpoints: two injected NaN gradients skip steps 2 and 5,
+# each halving S (65536 -> 32768 -> 16384), so checkpoint 6 holds S = 16384 with 1 good step, where the
+# "fp16" variant's S stays 65536 and a resume that lost it would not show.
+VARIANTS["fp16-moved-scale"] = VARIANTS["fp16"]
+MOVED_SCALE_FAULTS = "nan_grad@step=2,nan_grad@step=5"
 VARIANT_SCENARIOS = [
     ("fp16", "fresh", f"save.renamed#{K(1, 9)}"), ("fp16", "fresh", f"train.step#{K(2, 29)}"),
     ("fp16", "tail", "resume.trimmed"), ("fp16", "branch", "branch.moved"),
@@ -152,3 +158,47 @@ def kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point):
     assert_same_as_straight(run, straight)
     assert len(losses(run)) == TOTAL
     assert snapshot(run / "user") == foreign
+
+
+def _loss_scales(run) -> list[str]:
+    with open(run / "metrics.csv") as f:
+        return [r["loss_scale"] for r in csv.DictReader(f)]
+
+
+@pytest.mark.parametrize("point", ["train.step#9", "save.renamed#2"])
+def test_fp16_loss_scale_moved_before_the_kill_is_restored(dev, variant_run, tmp_path, monkeypatch, point):
+    """The loss scale changed before the checkpoint a kill leaves (S = 16384, not the start's 65536):
+    the resumed run equals the uninterrupted one bitwise, its loss_scale column and final scale too.
+    train.step#9: killed at step 9's start (latest step 6); save.renamed#2: inside step 6's save."""
+    monkeypatch.setenv("CATCHAT_FAULT", MOVED_SCALE_FAULTS)  # the straight run, the CLI and the continuation
+    cfg_path, straight = variant_run("fp16-moved-scale")
+    scales = _loss_scales(straight)
+    assert scales[:6] == ["65536", "65536", "32768", "32768", "32768", "16384"], scales
+    run = tmp_path / "run"
+    r = train_cli(cfg_path, run, crash=point)
+    assert r.returncode == -9, r.stdout + r.stderr
+    resumed_from = ck.load_checkpoint(run / "checkpoints" / "step-0000006")  # what the next trainer takes
+    assert resumed_from.state["loss_scale"] == {"scale": 16384.0, "good_steps": 1}
+    with Trainer(cfgmod.load(cfg_path), run, dev, resume="") as t:
+        assert t.run() == "done"
+    assert_same_as_straight(run, straight)
+    assert _loss_scales(run) == scales
+    assert ck.load_checkpoint(run).state["loss_scale"] == ck.load_checkpoint(straight).state["loss_scale"]
+
+
+def test_a_resume_that_lost_the_loss_scale_would_show(dev, variant_run, tmp_path, monkeypatch):
+    """The check above has teeth: the same resume with the checkpoint's scale dropped (a fresh 65536)
+    differs from the uninterrupted run."""
+    from catchat.precision import LossScaler
+    from catchat.training import checkpoints
+
+    monkeypatch.setenv("CATCHAT_FAULT", MOVED_SCALE_FAULTS)
+    cfg_path, straight = variant_run("fp16-moved-scale")
+    run = tmp_path / "run"
+    with Trainer(cfgmod.load(cfg_path), run, dev) as t:
+        t.run(stop_after_steps=6)
+    monkeypatch.setattr(checkpoints, "_restore_precision", lambda *a: LossScaler())
+    with Trainer(cfgmod.load(cfg_path), run, dev, resume="") as t:
+        assert t.run() == "done"
+    assert _loss_scales(run)[6] == "65536" != _loss_scales(straight)[6]
+    assert ck.load_checkpoint(run).state["loss_scale"] != ck.load_checkpoint(straight).state["loss_scale"]
