@@ -174,7 +174,7 @@ def test_a_cache_written_before_coop_existed_still_loads(coop_dev, cache):
     key = tunecache.gemm_key(18, 101, 12, 1, False, True)
     tunecache.store(info, {"coop": {key: list(dataclasses.astuple(gemm.COOP_SMALL_TILE))}})
     data = json.loads(path.read_text())
-    assert data["gemm"] == {gkey: [64, 64, 8, 4, 4]} and data["coop"] == {key: [2, 2, 2, 2, 16, 2, "nv", 1, 0]}
+    assert data["gemm"] == {gkey: [64, 64, 8, 4, 4]} and data["coop"] == {key: [2, 2, 2, 2, 16, 2, "nv", False]}
 
 
 def test_bench_tune_prints_the_coop_rows(coop_dev, cache, monkeypatch):

@@ -18,3 +18,12 @@ def test_summarise_counts_failures():
     s = parity.summarise(rows)
     assert [(g["group"], g["checks"], g["failed"]) for g in s] == [("gemm", 2, 1), ("gru", 1, 0)]
     assert s[0]["max_abs"] == 1.0
+
+
+def test_only_runs_the_named_groups_and_refuses_unknown_ones(cli):
+    code, out, _ = cli("parity", "--summary", "--only", "gemm", "--only", "norm")
+    assert code == 0, out
+    assert "gemm" in out and "norm" in out and "0 failed" in out
+    assert "ordering" not in out and "model" not in out
+    code, _, err = cli("parity", "--only", "gem")
+    assert code == 2 and "gem is not a parity group" in err and "Traceback" not in err

@@ -91,10 +91,10 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat-khr": dict(precision="fp16", coopmat=True, coopmat2=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
             "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
-# glsl/gemm_coopmat.comp tiles: gemm.coop_candidates(dev, transposes), the program's three first, then
-# the grid (subgroups x fragments, slice depth, shared buffers, load parts, fragment order) that fits;
-# with --probe the program's tile and the first two-buffer one get probe rows. coopmat-khr: the
-# program's three and the 128 x 128 one on 4 subgroups, on either extension.
+# glsl/gemm_coopmat.comp tiles: each --coop, else gemm.coop_candidates(dev, transposes): the program's
+# three first, then the grid (subgroups x fragments, slice depth, shared buffers, shared word type)
+# that fits; with --probe the first two get probe rows. coopmat-khr: the program's three and the
+# 128 x 128 one on 4 subgroups, on either extension.
 CT = gemm.CoopTiles
 COOP_KHR_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
 
@@ -120,11 +120,9 @@ class ProbeTiles(gemm.CoopTiles):
 
 
 def probes(own: tuple) -> list:
-    """The first tensor-core tile of `own` (the program's) and its first two-buffer one, with each
-    diagnostic define (and the tile's api, nv or khr)."""
-    tiles = [t for t in own if type(t) is gemm.CoopTiles]
-    picked = tiles[:1] + [t for t in tiles if t.stages == 2][:1]
-    return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in picked for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
+    """The first two tensor-core tiles of `own` with each diagnostic define (and the tile's api)."""
+    return [ProbeTiles(*dataclasses.astuple(t), probe=p) for t in own[:2] if type(t) is gemm.CoopTiles
+            for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
 
 
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
@@ -137,7 +135,8 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     elif operands == "coopmat-khr":  # the subgroup-fragment kernel's best tiles on either extension
         own = tuple(dataclasses.replace(t, api=api) for t in COOP_KHR_CANDIDATES for api in ("khr", "nv"))
     elif OPERANDS[operands].get("coopmat"):
-        own = tuple(gemm.coop_candidates(dev, (bool(kw.get("trans_a")), bool(kw.get("trans_b")))))
+        own = tuple(dataclasses.replace(t, api=gemm.coop_api(dev)) for t in args.coop) or tuple(
+            gemm.coop_candidates(dev, (bool(kw.get("trans_a")), bool(kw.get("trans_b")))))
     else:
         own = tiles
     if args.probe and OPERANDS[operands].get("coopmat") and not OPERANDS[operands].get("coopmat2"):
@@ -185,6 +184,18 @@ def torch_rates(kw: dict, reps: int, repeat: int) -> dict:
     return out
 
 
+def parse_coop(text: str) -> gemm.CoopTiles:
+    """WM,WN,FM,FN,BK,STAGES[,h] (h: float16 shared words) -> CoopTiles (api set per device later)."""
+    parts = text.split(",")
+    try:
+        nums = [int(v) for v in parts[:6]]
+    except ValueError:
+        nums = []
+    if len(nums) != 6 or parts[6:] not in ([], ["h"]):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WM,WN,FM,FN,BK,STAGES[,h]")
+    return gemm.CoopTiles(*nums, smem_half=parts[6:] == ["h"])
+
+
 def parse_tiles(text: str) -> gemm.GemmTiles:
     try:
         return gemm.GemmTiles(*(int(v) for v in text.split(",")))
@@ -197,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("config")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
+    ap.add_argument("--coop", action="append", type=parse_coop, default=[], metavar="WM,WN,FM,FN,BK,STAGES[,h]",
+                    help="tensor-core tiles to time instead of the grid (h: float16 shared words)")
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")
@@ -235,6 +248,9 @@ def main(argv=None) -> int:
         print(f"{dev.info.name} does not run cooperative-matrix-2 GEMMs (VK_NV_cooperative_matrix2 and the newer "
               f"glslc; features: {', '.join(sorted(dev.features)) or 'none'}): no coopmat2 rows")
         operands = tuple(p for p in operands if not OPERANDS[p].get("coopmat2"))
+    if not operands:
+        print(f"nothing to measure on {dev.info.name}", file=sys.stderr)
+        return 2
     half = {p: bool(OPERANDS[p].get("half")) for p in operands}  # operands stored as float16
     problems = {h: shapes(cfg, dev, half=h) for h in dict.fromkeys(half.values())}
     use_torch = False

@@ -39,15 +39,21 @@ def doctor():
 
 @cli.command()
 @click.option("--summary", is_flag=True, help="One row per kernel family (worst errors) instead of every check.")
+@click.option("--only", multiple=True, metavar="GROUP",
+              help="Run only this group's checks (repeatable), e.g. --only gemm after a GEMM shader change.")
 @DEVICE_OPTION
-def parity(summary, device):
+def parity(summary, only, device):
     """Run every kernel and the whole model against numpy on a device; exit 1 on any mismatch."""
-    from catchat.parity import summarise, timed_run
+    from catchat.parity import GROUPS, summarise, timed_run
     from catchat.vk.device import open_device
 
+    unknown = [g for g in only if g not in GROUPS]
+    if unknown:
+        raise click.BadParameter(f"{', '.join(unknown)} is not a parity group; the groups: {', '.join(GROUPS)}",
+                                 param_hint="--only")
     dev = open_device(device)
     console.print(f"device: {dev.info.name} ({dev.info.type}, {dev.info.driver})")
-    results, seconds = timed_run(dev)
+    results, seconds = timed_run(dev, tuple(only))
     if summary:
         table = new_table("group", "checks", "worst max abs err", "worst max rel err", "result")
         for g in summarise(results):

@@ -72,17 +72,21 @@ def make_hyper(seed: int = 0, **floats) -> np.ndarray:
     return h
 
 
-def check_groups(dev) -> Iterator[tuple[str, Callable[[], list[ParityResult]]]]:
-    """(group name, thunk) for every parity group: kernel families, ordering, the whole model."""
+def check_groups(dev, only: tuple[str, ...] = ()) -> Iterator[tuple[str, Callable[[], list[ParityResult]]]]:
+    """(group name, thunk) for every parity group (or those in `only`): kernel families, ordering, the
+    whole model."""
     for name in GROUPS:
+        if only and name not in only:
+            continue
         module = importlib.import_module(f"catchat.parity.{name}")
         yield name, (lambda m=module: m.parity_checks(dev))
 
 
-def run_all(dev, on_result: Callable[[str, ParityResult], None] | None = None) -> list[tuple[str, ParityResult]]:
-    """Run every group; returns (group, result) pairs in order."""
+def run_all(dev, on_result: Callable[[str, ParityResult], None] | None = None,
+            only: tuple[str, ...] = ()) -> list[tuple[str, ParityResult]]:
+    """Run every group (or those in `only`); returns (group, result) pairs in order."""
     out = []
-    for group, thunk in check_groups(dev):
+    for group, thunk in check_groups(dev, only):
         for r in thunk():
             out.append((group, r))
             if on_result:
@@ -90,10 +94,10 @@ def run_all(dev, on_result: Callable[[str, ParityResult], None] | None = None) -
     return out
 
 
-def timed_run(dev):
-    """Run all checks and return (results, seconds)."""
+def timed_run(dev, only: tuple[str, ...] = ()):
+    """Run all checks (or the groups in `only`) and return (results, seconds)."""
     start = time.perf_counter()
-    results = run_all(dev)
+    results = run_all(dev, only=only)
     return results, time.perf_counter() - start
 
 

@@ -19,13 +19,10 @@
 // STAGES = 2: two shared slices, one barrier per slice (the next slice is stored while the current
 // one is multiplied from the other buffer; the loop is unrolled by two so that each buffer's offsets
 // are constants); STAGES = 1: one shared slice (room for deeper or wider slices), two barriers per
-// slice. Either way the next slice's global loads are in flight during the multiplication. With
-// STAGES = 2, PARTS = 2 splits those loads in two halves, each issued before half of the slice's
-// 16-deep steps and stored after them: half the registers in flight (room for the fragments of
-// the next step), half the multiplication to hide each load behind. ORDER = 1 loads a step's B
-// fragments one at a time, each used by the subgroup's FM products at once (fewer fragment
-// registers live than ORDER = 0's all-then-multiply). Outside the matrix (any M, N, K, offset) the
-// operands read as zero.
+// slice. Either way the next slice's global loads are in flight during the multiplication.
+// SMEM_HALF: the slices are an array of f16vec4 instead of uvec2 (the same 8-byte words and offsets;
+// the fragment loads read the matrices' own component type) and the epilogue has a scratch of its
+// own. Outside the matrix (any M, N, K, offset) the operands read as zero.
 // The order of the sums inside a 16-deep fragment product is the hardware's: results match the
 // float64 twin (of float16-rounded operands) to float32 accumulation error, not bit for bit.
 #extension GL_EXT_control_flow_attributes : enable
@@ -66,8 +63,6 @@ layout(constant_id = 3) const uint FM = 4;  // 16-row fragments per subgroup
 layout(constant_id = 4) const uint FN = 4;  // 16-column fragments per subgroup
 layout(constant_id = 5) const uint BK = 32; // k-slice staged per iteration (a multiple of 16)
 layout(constant_id = 6) const uint STAGES = 2;  // shared slices: 1 or 2
-layout(constant_id = 7) const uint PARTS = 1;   // STAGES = 2: the next slice's loads in 1 or 2 parts
-layout(constant_id = 8) const uint ORDER = 0;   // fragment order: 0 all A and B, then products; 1 B streamed
 
 // A raw quad in registers: 4 elements along the operand's contiguous direction, as loaded.
 #ifdef FLOAT_IN
@@ -139,7 +134,15 @@ const uint STAGE_WORDS = A_WORDS + B_WORDS;
 const uint PC = 16 / 2 + 2;                // epilogue scratch: a 16 x 16 float fragment, rows of 8 words + 2
 const uint SCRATCH_WORDS = WM * WN * 16 * PC;
 const uint SLICE_WORDS = STAGES * STAGE_WORDS;
+#ifdef SMEM_HALF
+shared f16vec4 smem[SLICE_WORDS];
+shared uvec2 cscratch[SCRATCH_WORDS];  // float bits must not pass through half-typed words
+#define SWORD f16vec4
+#else
 shared uvec2 smem[SLICE_WORDS > SCRATCH_WORDS ? SLICE_WORDS : SCRATCH_WORDS];
+#define cscratch smem
+#define SWORD uvec2
+#endif
 
 const uint NA = BM * BK / 4;  // quads of an A / B slice
 const uint NB = BK * BN / 4;
@@ -221,10 +224,14 @@ RAW load_b(uvec2 rw, uint n0, uint k0, uint k_end) {
 }
 
 // A raw quad as one shared word of 4 halves (rounded to nearest even where it was float32).
-uvec2 pack_quad(RAW r) {
-#ifdef FLOAT_IN
+SWORD pack_quad(RAW r) {
+#if defined(FLOAT_IN) && defined(SMEM_HALF)
+    return f16vec4(r);
+#elif defined(FLOAT_IN)
     f16vec4 h = f16vec4(r);
     return uvec2(packFloat2x16(h.xy), packFloat2x16(h.zw));
+#elif defined(SMEM_HALF)
+    return f16vec4(unpackFloat2x16(r.x), unpackFloat2x16(r.y));
 #else
     return r;
 #endif
@@ -233,43 +240,39 @@ uvec2 pack_quad(RAW r) {
 // Diagnostics only (tools/bench_gemm.py --probe), to see where the time goes: PROBE_NO_GLOBAL
 // stages made-up values instead of loading the operands; PROBE_MMA_ONLY also skips the stores to
 // shared memory (the fragment loads, products and barriers alone).
-// The quads of part p (of `parts`) of a thread's share of a slice: its loads l in [lo, hi) of each
-// operand. fetch_part loads them from global memory into ra / rb, stage_part stores them to buffer buf.
-uint part_lo(uint n, uint p, uint parts) { return p * n / parts; }
-
 #if defined(PROBE_NO_GLOBAL) || defined(PROBE_MMA_ONLY)
-void fetch_part(uint tid, uint m0, uint n0, uint k0, uint k_end, uint p, uint parts) {
-    [[unroll]] for (uint l = part_lo(LA, p, parts); l < part_lo(LA, p + 1, parts); ++l) {
+void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
+    [[unroll]] for (uint l = 0; l < LA; ++l) {
 #ifdef FLOAT_IN
         ra[l] = vec4(float(tid + l + k0), float(m0 + l), 1.0, 2.0);
 #else
         ra[l] = uvec2(tid + l + k0, m0 + l);
 #endif
     }
-    [[unroll]] for (uint l = part_lo(LB, p, parts); l < part_lo(LB, p + 1, parts); ++l) rb[l] = ra[l % LA];
+    [[unroll]] for (uint l = 0; l < LB; ++l) rb[l] = ra[l % LA];
 }
 #else
-void fetch_part(uint tid, uint m0, uint n0, uint k0, uint k_end, uint p, uint parts) {
-    [[unroll]] for (uint l = part_lo(LA, p, parts); l < part_lo(LA, p + 1, parts); ++l) {
+void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
+    [[unroll]] for (uint l = 0; l < LA; ++l) {
         uint i = tid + l * NT;
         if (i < NA) ra[l] = load_a(a_at(i), m0, k0, k_end);
     }
-    [[unroll]] for (uint l = part_lo(LB, p, parts); l < part_lo(LB, p + 1, parts); ++l) {
+    [[unroll]] for (uint l = 0; l < LB; ++l) {
         uint i = tid + l * NT;
         if (i < NB) rb[l] = load_b(b_at(i), n0, k0, k_end);
     }
 }
 #endif
 
-void stage_part(uint tid, uint buf, uint p, uint parts) {
+void stage(uint tid, uint buf) {
 #ifndef PROBE_MMA_ONLY
     uint base = buf * STAGE_WORDS;
-    [[unroll]] for (uint l = part_lo(LA, p, parts); l < part_lo(LA, p + 1, parts); ++l) {
+    [[unroll]] for (uint l = 0; l < LA; ++l) {
         uint i = tid + l * NT;
         if (i < NA) { uvec2 rw = a_at(i); smem[base + rw.x * PA + rw.y] = pack_quad(ra[l]); }
     }
     base += A_WORDS;
-    [[unroll]] for (uint l = part_lo(LB, p, parts); l < part_lo(LB, p + 1, parts); ++l) {
+    [[unroll]] for (uint l = 0; l < LB; ++l) {
         uint i = tid + l * NT;
         if (i < NB) { uvec2 rw = b_at(i); smem[base + rw.x * PB + rw.y] = pack_quad(rb[l]); }
     }
@@ -278,13 +281,13 @@ void stage_part(uint tid, uint buf, uint p, uint parts) {
 
 ACC_T acc[FM][FN];
 
-// acc += 16-deep steps [s_lo, s_hi) of the slice in shared buffer `buf`. Word offsets: a fragment's
-// rows (or columns) start on whole words (16-element steps are 4 words).
-void multiply_steps(uint buf, uint wm, uint wn, uint s_lo, uint s_hi) {
+// acc += the slice in shared buffer `buf`, 16 deep at a time. Word offsets: a fragment's rows (or
+// columns) start on whole words (16-element steps are 4 words).
+void multiply(uint buf, uint wm, uint wn) {
     uint a0 = buf * STAGE_WORDS, b0 = a0 + A_WORDS;
-    [[unroll]] for (uint s = s_lo; s < s_hi; ++s) {
-        uint kk = 16 * s;
+    [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
         FRAG_A fa[FM];
+        FRAG_B fb[FN];
         [[unroll]] for (uint i = 0; i < FM; ++i) {
             uint m = (wm * FM + i) * 16;
 #ifdef TRANS_A
@@ -293,44 +296,26 @@ void multiply_steps(uint buf, uint wm, uint wn, uint s_lo, uint s_hi) {
             MAT_LOAD(fa[i], smem, a0 + m * PA + kk / 4, PA, false);
 #endif
         }
-        if (ORDER == 0) {
-            FRAG_B fb[FN];
-            [[unroll]] for (uint j = 0; j < FN; ++j) {
-                uint n = (wn * FN + j) * 16;
+        [[unroll]] for (uint j = 0; j < FN; ++j) {
+            uint n = (wn * FN + j) * 16;
 #ifdef TRANS_B
-                MAT_LOAD(fb[j], smem, b0 + n * PB + kk / 4, PB, true);
+            MAT_LOAD(fb[j], smem, b0 + n * PB + kk / 4, PB, true);
 #else
-                MAT_LOAD(fb[j], smem, b0 + kk * PB + n / 4, PB, false);
+            MAT_LOAD(fb[j], smem, b0 + kk * PB + n / 4, PB, false);
 #endif
-            }
-            [[unroll]] for (uint i = 0; i < FM; ++i)
-                [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = MAT_MULADD(fa[i], fb[j], acc[i][j]);
-        } else {
-            [[unroll]] for (uint j = 0; j < FN; ++j) {
-                FRAG_B fb;
-                uint n = (wn * FN + j) * 16;
-#ifdef TRANS_B
-                MAT_LOAD(fb, smem, b0 + n * PB + kk / 4, PB, true);
-#else
-                MAT_LOAD(fb, smem, b0 + kk * PB + n / 4, PB, false);
-#endif
-                [[unroll]] for (uint i = 0; i < FM; ++i) acc[i][j] = MAT_MULADD(fa[i], fb, acc[i][j]);
-            }
         }
+        [[unroll]] for (uint i = 0; i < FM; ++i)
+            [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = MAT_MULADD(fa[i], fb[j], acc[i][j]);
     }
 }
 
-const uint KSTEPS = BK / 16;
-
 // STAGES = 2: multiply the slice in `buf` while the slice at k_next (if any) goes to the other buffer,
-// part by part; then the one barrier. buf is a literal at each call (constant shared offsets).
+// then the one barrier. buf is a literal at each call (constant shared offsets).
 void slice2(uint tid, uint wm, uint wn, uint m0, uint n0, uint buf, uint k_next, uint k_end) {
     bool more = k_next < k_end;  // uniform
-    [[unroll]] for (uint p = 0; p < PARTS; ++p) {
-        if (more) fetch_part(tid, m0, n0, k_next, k_end, p, PARTS);
-        multiply_steps(buf, wm, wn, part_lo(KSTEPS, p, PARTS), part_lo(KSTEPS, p + 1, PARTS));
-        if (more) stage_part(tid, buf ^ 1u, p, PARTS);  // its last readers passed the previous barrier
-    }
+    if (more) fetch(tid, m0, n0, k_next, k_end);
+    multiply(buf, wm, wn);
+    if (more) stage(tid, buf ^ 1u);  // its last readers passed the previous barrier
     barrier();
 }
 
@@ -344,9 +329,9 @@ void main() {
     [[unroll]] for (uint i = 0; i < FM; ++i)
         [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = ACC_T(0.0);
 
-    fetch_part(tid, m0, n0, k_begin, k_end, 0, 1);
+    fetch(tid, m0, n0, k_begin, k_end);
     if (STAGES == 2) {
-        stage_part(tid, 0, 0, 1);
+        stage(tid, 0);
         barrier();
         for (uint k0 = k_begin; k0 < k_end; k0 += 2 * BK) {  // two slices an iteration: buffer 0, then 1
             slice2(tid, wm, wn, m0, n0, 0u, k0 + BK, k_end);
@@ -355,26 +340,26 @@ void main() {
         }
     } else {
         for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-            stage_part(tid, 0, 0, 1);
+            stage(tid, 0);
             barrier();
-            if (k0 + BK < k_end) fetch_part(tid, m0, n0, k0 + BK, k_end, 0, 1);
-            multiply_steps(0, wm, wn, 0, KSTEPS);
+            if (k0 + BK < k_end) fetch(tid, m0, n0, k0 + BK, k_end);
+            multiply(0, wm, wn);
             barrier();  // every subgroup has read the slice before it is overwritten
         }
     }
 
     // Epilogue: each subgroup writes its fragments one at a time through its own scratch, which
-    // reuses the slices' words (every subgroup passed the loop's last barrier).
+    // reuses the slices' words without SMEM_HALF (every subgroup passed the loop's last barrier).
     uint cs = sg * 16 * PC;
     [[unroll]] for (uint i = 0; i < FM; ++i) {
         [[unroll]] for (uint j = 0; j < FN; ++j) {
-            MAT_STORE(acc[i][j], smem, cs, PC, false);
+            MAT_STORE(acc[i][j], cscratch, cs, PC, false);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             uint mf = m0 + (wm * FM + i) * 16, nf = n0 + (wn * FN + j) * 16;
             [[unroll]] for (uint w = lane; w < 128; w += SG) {  // 128 words of 2 floats: row w / 8
                 uint r = w / 8, c = 2 * (w % 8);
-                vec2 v = uintBitsToFloat(smem[cs + r * PC + c / 2]);
+                vec2 v = uintBitsToFloat(cscratch[cs + r * PC + c / 2]);
                 uint m = mf + r;
                 [[unroll]] for (uint e = 0; e < 2; ++e) {
                     uint n = nf + c + e;
