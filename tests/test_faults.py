@@ -35,6 +35,7 @@ from support import (
     assert_clean_error,
     assert_same_as_straight,
     catchat,
+    losses,
     resume_cli,
     rows_logged,
     saveable_model,
@@ -226,6 +227,110 @@ def test_disk_full_injected_enospc(dev, cfg_path, tmp_path, monkeypatch):
         t.run()
     assert "could not write" in info.value.message and "metrics.csv: No space left" in info.value.message
     assert "step-0000003 is intact" in info.value.hint
+
+
+# A real ENOSPC (errno 28) from the kernel, not EFBIG (RLIMIT_FSIZE) or an injected OSError: write(2) fails
+# with no file name, so catchat must name the file itself. The run stops itself (SIGSTOP at a crash point:
+# no timing) at step 5's start, after its checkpoint at step 3; the disk fills; it goes on.
+def _stopped_at_step_5(cmd: list, run, env=None):
+    """`catchat train ... --run-dir RUN` (cmd: how to start Python) stopped at step 5's start."""
+    proc = subprocess.Popen([*cmd, "-m", "catchat.cli", "train", *run], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {}), faults.CRASH_ENV: "train.step#5:STOP"})
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), status
+    return proc
+
+
+def _check_nothing_lost(dev, cfg_path, straight, run, failed_file, rows: int):
+    """The rows logged (steps 1..rows, each the straight run's) and checkpoint 3 are intact, no temporary
+    is left, an end event says why; continuing ends bitwise equal to the straight run."""
+    assert losses(run) == losses(straight)[:rows]
+    assert ck.load_checkpoint(run, with_optimizer=True).global_step == 3
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    end = json.loads((run / "events.jsonl").read_text().splitlines()[-1])
+    assert end["event"] == "end" and end["reason"].startswith(f"failed: could not write {failed_file}")
+    Trainer(cfgmod.load(cfg_path), run, dev, resume="").run()
+    assert_same_as_straight(run, straight)
+
+
+def test_a_real_enospc_on_the_metrics_file(dev, cfg_path, straight, tmp_path):
+    """metrics.csv is pointed at /dev/full while the run is stopped: the next row's write(2) fails with
+    ENOSPC from the kernel (as on a full disk). One error naming the file, the resume hint, exit 1."""
+    run = tmp_path / "run"
+    proc = _stopped_at_step_5([sys.executable], [str(cfg_path), "--run-dir", str(run)])
+    rows = run / "metrics.csv"
+    rows.rename(tmp_path / "kept.csv")
+    rows.symlink_to("/dev/full")
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=180)
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    assert_clean_error(r, 1, f"error: could not write {rows}: No space left on device",
+                       f"catchat train CONFIG --run-dir {run} --resume")
+    rows.unlink()
+    (tmp_path / "kept.csv").rename(rows)
+    _check_nothing_lost(dev, cfg_path, straight, run, rows, 4)  # step 5's row is the one that failed
+
+
+# Inside a mount namespace of its own (unshare): mount a 4 MiB tmpfs at MNT, train on it until step 5's
+# start, fill the file system but 16 KiB (the rows of steps 5 and 6 fit, step 6's checkpoint does not),
+# go on, copy the run out to OUT, print the process's exit code and output.
+_ON_A_FULL_TMPFS = textwrap.dedent("""
+    import json, os, shutil, signal, subprocess, sys
+    sys.path.insert(0, sys.argv[4])
+    from test_faults import _stopped_at_step_5
+    mnt, out, cfg = sys.argv[1:4]
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", mnt], check=True)
+    proc = _stopped_at_step_5([sys.executable], [cfg, "--run-dir", os.path.join(mnt, "run")])
+    fd = os.open(os.path.join(mnt, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, bytes(4096))
+    except OSError as e:
+        assert e.errno == 28, e
+    os.ftruncate(fd, os.fstat(fd).st_size - (16 << 10))
+    os.close(fd)
+    proc.send_signal(signal.SIGCONT)
+    stdout, stderr = proc.communicate(timeout=180)
+    shutil.copytree(os.path.join(mnt, "run"), os.path.join(out, "run"), symlinks=True)
+    print(json.dumps({"rc": proc.returncode, "stdout": stdout, "stderr": stderr, "mnt": mnt}))
+""")
+
+
+def _own_mount_namespace(probe_dir) -> list[str] | None:
+    """How to run a command where it may mount a tmpfs: a user and mount namespace (unprivileged, where
+    the kernel allows it), or a mount namespace (root); None where neither can mount one."""
+    for cmd in (["unshare", "-Urm"], ["unshare", "-m"]):
+        try:
+            r = subprocess.run([*cmd, "mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(probe_dir)],
+                               capture_output=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if r.returncode == 0:
+            return cmd
+    return None
+
+
+def test_a_real_enospc_while_checkpointing_on_a_full_file_system(dev, cfg_path, straight, tmp_path):
+    """A real full file system (a small tmpfs, in a mount namespace of the test's own): step 6's
+    checkpoint fails with ENOSPC; one error naming the checkpoint and its directory, the room it needs,
+    the intact checkpoint and the resume, exit 1; nothing lost. Skipped only where no tmpfs can be
+    mounted (no user namespaces and not root): test_a_real_enospc_on_the_metrics_file always runs."""
+    (tmp_path / "mnt").mkdir()
+    ns = _own_mount_namespace(tmp_path / "mnt")
+    if ns is None:
+        pytest.skip("cannot mount a tmpfs here (no unprivileged user namespaces, not root)")
+    r = subprocess.run([*ns, sys.executable, "-c", _ON_A_FULL_TMPFS, str(tmp_path / "mnt"), str(tmp_path),
+                        str(cfg_path), os.path.dirname(__file__)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    where = Path(got["mnt"]) / "run" / "checkpoints"
+    assert_clean_error(subprocess.CompletedProcess([], got["rc"], got["stdout"], got["stderr"]), 1,
+                       f"error: could not write checkpoint step-0000006 in {where}: No space left on device",
+                       "a checkpoint needs 116 KiB there", f"make room for 116 KiB in {where}",
+                       "step-0000003 is intact", "--resume")
+    run = tmp_path / "run"
+    _check_nothing_lost(dev, cfg_path, straight, run, "checkpoint step-0000006", 6)  # rows 5, 6 fitted
 
 
 # ------------------------------------------------------------------------ NaN and empty batches

@@ -286,8 +286,9 @@ class Trainer:
                 self._end(f"failed: {exc.message}")
                 raise
             except OSError as exc:  # metrics.csv / events.jsonl: disk full, quota, permissions
-                raise CatchatError(f"could not write {exc.filename or 'a run file'}: {exc.strerror or exc}",
-                                   hint="free disk space; " + resume_hint(self.files)) from None
+                message = f"could not write {exc.filename or 'a run file'}: {exc.strerror or exc}"
+                self._end(f"failed: {message}")  # where the other file still takes it
+                raise CatchatError(message, hint="free disk space; " + resume_hint(self.files)) from None
         return reason
 
     def _end_fields(self) -> dict:
