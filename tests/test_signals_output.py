@@ -59,21 +59,23 @@ def test_closed_stdout_and_stderr_together(cfg_path, tmp_path):
     assert _last_event(run)["reason"] == "done" and ck.load_checkpoint(run).global_step == 12
 
 
-# --------------------------------------------------------------------------- SIGHUP
-def test_sighup_stops_like_ctrl_c_then_resume_is_bitwise_identical(cfg_path, straight, tmp_path):
-    """A closed SSH session: the step in flight finishes, a checkpoint of every step logged, an `end`
-    event naming SIGHUP, exit 130 (as Ctrl-C); --resume ends bitwise equal to a straight run."""
+# --------------------------------------------------------------------------- SIGHUP, SIGTERM
+@pytest.mark.parametrize("stop", [signal.SIGHUP, signal.SIGTERM], ids=["SIGHUP", "SIGTERM"])
+def test_sighup_stops_like_ctrl_c_then_resume_is_bitwise_identical(cfg_path, straight, tmp_path, stop):
+    """A closed SSH session (SIGHUP), or `kill` (SIGTERM): the step in flight finishes, a checkpoint of
+    every step logged, an `end` event naming the signal, exit 130 (as Ctrl-C); --resume ends bitwise
+    equal to a straight run."""
     run = tmp_path / "run"
     proc = _popen(["train", cfg_path, "--run-dir", run])
     wait_for_rows(proc, run, 9)
-    proc.send_signal(signal.SIGHUP)
+    proc.send_signal(stop)
     out, _ = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 130, out
-    assert "Traceback" not in out and "interrupted (SIGHUP)" in out
+    assert "Traceback" not in out and f"interrupted ({stop.name})" in out
     ckpt = ck.load_checkpoint(run)
     assert 0 < ckpt.global_step < TOTAL and ckpt.global_step == rows_logged(run)
     end = _last_event(run)
-    assert end["event"] == "end" and end["reason"] == "interrupted (SIGHUP)"
+    assert end["event"] == "end" and end["reason"] == f"interrupted ({stop.name})"
     resume_cli(cfg_path, run)
     assert_same_as_straight(run, straight)
 
@@ -103,7 +105,7 @@ def test_a_terminal_that_hangs_up(cfg_path, tmp_path):
     os.close(master)  # the terminal hangs up
     assert proc.wait(timeout=HANG_GUARD) == 130
     end = _last_event(run)
-    assert end["event"] == "end" and end["reason"] == "interrupted (SIGHUP)"
+    assert end["event"] == "end" and end["reason"] == f"interrupted ({stop.name})"
     assert ck.load_checkpoint(run).global_step == end["global_step"] == rows_logged(run)
 
 
