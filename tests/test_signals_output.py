@@ -105,7 +105,7 @@ def test_a_terminal_that_hangs_up(cfg_path, tmp_path):
     os.close(master)  # the terminal hangs up
     assert proc.wait(timeout=HANG_GUARD) == 130
     end = _last_event(run)
-    assert end["event"] == "end" and end["reason"] == f"interrupted ({stop.name})"
+    assert end["event"] == "end" and end["reason"] == "interrupted (SIGHUP)"
     assert ck.load_checkpoint(run).global_step == end["global_step"] == rows_logged(run)
 
 
