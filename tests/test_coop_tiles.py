@@ -44,10 +44,6 @@ def test_pipeline_fields_are_checked():
     # 128 x 256 over 32-deep slices in two buffers: 54 KiB, more than 48
     assert "shared memory" in gemm.CoopTiles(2, 4, 4, 4, 32, 2).problem(dev)
     assert gemm.CoopTiles(2, 4, 4, 4, 32, 1).spec() == [256, 2, 4, 4, 4, 32, 1]
-    # float16 shared words: the same slices, the epilogue's scratch (8 x 16 x 10 words) beside them
-    plain, half = gemm.CoopTiles(2, 4, 4, 4, 32, 1), gemm.CoopTiles(2, 4, 4, 4, 32, 1, smem_half=True)
-    assert half.shared_bytes(False, True) == plain.shared_bytes(False, True) + 8 * 8 * 16 * 10
-    assert half.defines() == {"SMEM_HALF": 1} and plain.defines() == {}
 
 
 def test_the_grid_holds_only_what_runs_with_the_programs_tiles_first(no_newer_glslc):
@@ -57,7 +53,7 @@ def test_the_grid_holds_only_what_runs_with_the_programs_tiles_first(no_newer_gl
         assert grid[:3] == [gemm.COOP_TILE, gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE]
         assert len(grid) == len(set(grid)) > 20
         assert all(t.problem(dev, trans) is None and t.api == "nv" for t in grid)
-        assert not any(t.smem_half for t in grid) and {t.stages for t in grid} == {1, 2}  # NV: uvec2 words
+        assert {t.stages for t in grid} == {1, 2} and {t.bk for t in grid} == {16, 32}
     small = replace(dev, info=replace(H200, max_shared_memory_bytes=16384))
     assert all(t.shared_bytes(False, True) <= 16384 for t in gemm.coop_candidates(small, (False, True)))
     assert gemm.coop_candidates(replace(dev, coop_shapes=())) == []  # no tensor cores: nothing to measure
@@ -73,8 +69,6 @@ def test_the_extension_follows_the_compiler_and_the_environment(monkeypatch, tmp
     shaders.glslc_path.cache_clear()
     assert gemm.coop_api(dev) == "khr"
     assert {t.api for t in gemm.coop_candidates(dev)} == {"khr"}
-    assert {t.smem_half for t in gemm.coop_candidates(dev)} == {False, True}
-    assert "need VK_KHR" in gemm.CoopTiles(2, 4, 4, 4, 32, 1, smem_half=True).problem(dev)
     assert gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True), False).api == "khr"
     monkeypatch.setenv(gemm.ENV_COOP_API, "nv")
     assert gemm.coop_api(dev) == "nv"

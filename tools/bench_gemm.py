@@ -92,8 +92,7 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
             "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
 # glsl/gemm_coopmat.comp tiles: each --coop, else gemm.coop_candidates(dev, transposes): the program's
-# three first, then the grid (subgroups x fragments, slice depth, shared buffers, shared word type)
-# that fits; with --probe the first two get probe rows. coopmat-khr: the program's three and the
+# three first, then the grid (subgroups x fragments, slice depth, shared buffers) that fits; with --probe the first two get probe rows. coopmat-khr: the program's three and the
 # 128 x 128 one on 4 subgroups, on either extension.
 CT = gemm.CoopTiles
 COOP_KHR_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
@@ -185,15 +184,14 @@ def torch_rates(kw: dict, reps: int, repeat: int) -> dict:
 
 
 def parse_coop(text: str) -> gemm.CoopTiles:
-    """WM,WN,FM,FN,BK,STAGES[,h] (h: float16 shared words) -> CoopTiles (api set per device later)."""
-    parts = text.split(",")
+    """WM,WN,FM,FN,BK,STAGES -> CoopTiles (its api set per device later)."""
     try:
-        nums = [int(v) for v in parts[:6]]
+        nums = [int(v) for v in text.split(",")]
     except ValueError:
         nums = []
-    if len(nums) != 6 or parts[6:] not in ([], ["h"]):
-        raise argparse.ArgumentTypeError(f"{text!r}: expected WM,WN,FM,FN,BK,STAGES[,h]")
-    return gemm.CoopTiles(*nums, smem_half=parts[6:] == ["h"])
+    if len(nums) != 6:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WM,WN,FM,FN,BK,STAGES")
+    return gemm.CoopTiles(*nums)
 
 
 def parse_tiles(text: str) -> gemm.GemmTiles:
@@ -208,8 +206,8 @@ def main(argv=None) -> int:
     ap.add_argument("config")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
-    ap.add_argument("--coop", action="append", type=parse_coop, default=[], metavar="WM,WN,FM,FN,BK,STAGES[,h]",
-                    help="tensor-core tiles to time instead of the grid (h: float16 shared words)")
+    ap.add_argument("--coop", action="append", type=parse_coop, default=[], metavar="WM,WN,FM,FN,BK,STAGES",
+                    help="tensor-core tiles to time instead of the grid")
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")

@@ -71,17 +71,13 @@ part stats-coop-gemm $py tools/shader_stats.py configs/catchat-v5.toml --coop-ge
 part gemm-grid-v5-f16 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat-f16 --loads vec4 --reps 3 \
     --repeat 3 --json "$out/gemm-grid-v5-f16.json"
 part gemm-table $py tools/gemm_table.py "$out/gemm-grid-v5.json" "$out/gemm-grid-v3.json" "$out/gemm-grid-v5-f16.json"
-# float16 shared words (SMEM_HALF, KHR) beside uvec2 ones on the best tiles, with probes, at v5 and v3
-# beside cuBLAS; the GEMM parity group alone (quick, after a GEMM shader change); the tuner at v3 fp16
+# the GEMM parity group alone (quick, after a GEMM shader change); v3 fp16 untuned, then tuned (`--tune`:
+# SIMT, tensor-core and sweep tiles measured and cached) beside PyTorch
 part parity-gemm $py -m catchat.cli parity --only gemm --summary
-part gemm-half-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3 \
-    --probe --compare-torch --coop 2,4,4,4,32,1 --coop 2,4,4,4,32,1,h --coop 4,2,4,4,32,1 --coop 4,2,4,4,32,1,h \
-    --coop 2,2,4,4,32,1,h --coop 2,4,4,4,16,2,h --coop 2,2,4,4,32,2,h --json "$out/gemm-half-v5.json"
-part gemm-half-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat --loads vec4 --reps 3 --repeat 10 \
-    --compare-torch --coop 2,4,4,4,32,1 --coop 2,4,4,4,32,1,h --coop 4,2,4,4,32,1 --coop 4,2,4,4,32,1,h \
-    --coop 2,2,4,4,32,1,h --coop 2,4,4,4,16,2,h --json "$out/gemm-half-v3.json"
-part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 2 --warmup 1 \
-    --json "$out/tune-v3-fp16.json"
+part bench-v3-fp16-untuned env CATCHAT_TUNE=0 $py -m catchat.cli bench configs/catchat-v3.toml --precision fp16 \
+    --steps 4 --warmup 1 --json "$out/bench-v3-fp16-untuned.json"
+part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
+    --compare-torch --json "$out/tune-v3-fp16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's
 part bench-v5-fp16-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
     --precision fp16 --profile

@@ -220,6 +220,11 @@ def tune(cfg, dev, measure=None, progress=None) -> tuple[list[TuneRow], object]:
         for c in cands:
             progress.step(f"{kind} {key}: {tuple(row.fields(c))}")
             row.seconds.append(measure(kind, shape, c) if len(cands) > 1 else None)
+        if len(cands) > 1 and row.seconds[0] is not None:
+            # the first candidate ran on a GPU coming out of the host's set-up (clocks ramping: on the
+            # H200 up to 4.7x slower); timed again after the others, it keeps its faster time
+            again = measure(kind, shape, cands[0])
+            row.seconds[0] = min(row.seconds[0], again) if again is not None else row.seconds[0]
         timed = [(s, i) for i, s in enumerate(row.seconds) if s is not None]
         if timed:
             best, i = min(timed)

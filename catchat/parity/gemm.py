@@ -87,8 +87,7 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     if tiles is not None or g.coopmat2:
         t = g.tiles
         shape += f" tiles={t.bm}x{t.bn}" + (f"/{t.tm}x{t.tn}" if hasattr(t, "tm") else f" bk {t.bk}") + (
-            f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "") + (
-            " half words" if getattr(t, "smem_half", False) else "")
+            f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
     return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
@@ -135,12 +134,11 @@ def _coopmat_khr_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
 
 def _coop_pipeline_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
     """The tensor-core kernel's pipelines on the device's extension: two buffers (a loop of two slices
-    an iteration), 16-deep slices, float16 shared words; odd and even slice counts, a k tail inside a
-    slice, every transpose, bias, beta, split-K."""
+    an iteration), 16-deep slices; odd and even slice counts, a k tail inside a slice, every transpose,
+    bias, beta, split-K."""
     kw = dict(coopmat=True, coopmat2=False, half=half, precision="fp16")
     api = kg.coop_api(dev)
-    tiles = [replace(t, api=api) for t in (kg.CoopTiles(2, 2, 4, 4, 32, 2, smem_half=True),
-                                           kg.CoopTiles(2, 4, 4, 4, 16, 2), kg.CoopTiles(2, 4, 4, 4, 32, 1, smem_half=True),
+    tiles = [replace(t, api=api) for t in (kg.CoopTiles(2, 2, 4, 4, 32, 2), kg.CoopTiles(2, 4, 4, 4, 16, 2),
                                            kg.CoopTiles(4, 2, 2, 4, 32, 2))]
     out = []
     for t in tiles:

@@ -20,9 +20,7 @@
 // one is multiplied from the other buffer; the loop is unrolled by two so that each buffer's offsets
 // are constants); STAGES = 1: one shared slice (room for deeper or wider slices), two barriers per
 // slice. Either way the next slice's global loads are in flight during the multiplication.
-// SMEM_HALF: the slices are an array of f16vec4 instead of uvec2 (the same 8-byte words and offsets;
-// the fragment loads read the matrices' own component type) and the epilogue has a scratch of its
-// own. Outside the matrix (any M, N, K, offset) the operands read as zero.
+// Outside the matrix (any M, N, K, offset) the operands read as zero.
 // The order of the sums inside a 16-deep fragment product is the hardware's: results match the
 // float64 twin (of float16-rounded operands) to float32 accumulation error, not bit for bit.
 #extension GL_EXT_control_flow_attributes : enable
@@ -134,15 +132,7 @@ const uint STAGE_WORDS = A_WORDS + B_WORDS;
 const uint PC = 16 / 2 + 2;                // epilogue scratch: a 16 x 16 float fragment, rows of 8 words + 2
 const uint SCRATCH_WORDS = WM * WN * 16 * PC;
 const uint SLICE_WORDS = STAGES * STAGE_WORDS;
-#ifdef SMEM_HALF
-shared f16vec4 smem[SLICE_WORDS];
-shared uvec2 cscratch[SCRATCH_WORDS];  // float bits must not pass through half-typed words
-#define SWORD f16vec4
-#else
 shared uvec2 smem[SLICE_WORDS > SCRATCH_WORDS ? SLICE_WORDS : SCRATCH_WORDS];
-#define cscratch smem
-#define SWORD uvec2
-#endif
 
 const uint NA = BM * BK / 4;  // quads of an A / B slice
 const uint NB = BK * BN / 4;
@@ -224,14 +214,10 @@ RAW load_b(uvec2 rw, uint n0, uint k0, uint k_end) {
 }
 
 // A raw quad as one shared word of 4 halves (rounded to nearest even where it was float32).
-SWORD pack_quad(RAW r) {
-#if defined(FLOAT_IN) && defined(SMEM_HALF)
-    return f16vec4(r);
-#elif defined(FLOAT_IN)
+uvec2 pack_quad(RAW r) {
+#ifdef FLOAT_IN
     f16vec4 h = f16vec4(r);
     return uvec2(packFloat2x16(h.xy), packFloat2x16(h.zw));
-#elif defined(SMEM_HALF)
-    return f16vec4(unpackFloat2x16(r.x), unpackFloat2x16(r.y));
 #else
     return r;
 #endif
@@ -349,17 +335,17 @@ void main() {
     }
 
     // Epilogue: each subgroup writes its fragments one at a time through its own scratch, which
-    // reuses the slices' words without SMEM_HALF (every subgroup passed the loop's last barrier).
+    // reuses the slices' words (every subgroup passed the loop's last barrier).
     uint cs = sg * 16 * PC;
     [[unroll]] for (uint i = 0; i < FM; ++i) {
         [[unroll]] for (uint j = 0; j < FN; ++j) {
-            MAT_STORE(acc[i][j], cscratch, cs, PC, false);
+            MAT_STORE(acc[i][j], smem, cs, PC, false);
             subgroupMemoryBarrierShared();
             subgroupBarrier();
             uint mf = m0 + (wm * FM + i) * 16, nf = n0 + (wn * FN + j) * 16;
             [[unroll]] for (uint w = lane; w < 128; w += SG) {  // 128 words of 2 floats: row w / 8
                 uint r = w / 8, c = 2 * (w % 8);
-                vec2 v = uintBitsToFloat(cscratch[cs + r * PC + c / 2]);
+                vec2 v = uintBitsToFloat(smem[cs + r * PC + c / 2]);
                 uint m = mf + r;
                 [[unroll]] for (uint e = 0; e < 2; ++e) {
                     uint n = nf + c + e;

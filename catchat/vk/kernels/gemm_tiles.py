@@ -71,8 +71,7 @@ GPU_SMALL_TILE = GemmTiles(*tiles.GEMM_ROWS[0].small)
 class CoopTiles:
     """Tiles of glsl/gemm_coopmat.comp: wm x wn subgroups (of 32 threads) per workgroup, each fm x fn
     fragments of 16 x 16, a k-slice of bk (a multiple of 16) staged per iteration, in `stages` shared
-    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice); smem_half:
-    the slices as float16 words (f16vec4) instead of uvec2, the epilogue's scratch apart (KHR only)."""
+    buffers (2: one barrier per slice; 1: half the shared memory, two barriers per slice)."""
 
     wm: int
     wn: int
@@ -81,7 +80,6 @@ class CoopTiles:
     bk: int
     stages: int = 2
     api: str = "nv"  # "khr": the same kernel on VK_KHR_cooperative_matrix (glsl/gemm_coopmat_khr.comp)
-    smem_half: bool = False
 
     @property
     def bm(self) -> int:
@@ -102,8 +100,6 @@ class CoopTiles:
         a = self.bk * (self.bm // 4 + 2) if trans_a else self.bm * (self.bk // 4 + 2)
         b = self.bn * (self.bk // 4 + 2) if trans_b else self.bk * (self.bn // 4 + 2)
         scratch = self.wm * self.wn * 16 * 10
-        if self.smem_half:
-            return 8 * (self.stages * (a + b) + scratch)
         return 8 * max(self.stages * (a + b), scratch)
 
     def spec(self) -> list[int]:
@@ -114,8 +110,6 @@ class CoopTiles:
         if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations \
                 or self.api not in ("nv", "khr"):
             return f"bad cooperative-matrix tiles {self}"
-        if self.smem_half and self.api != "khr":  # coopMatLoadNV reads no f16vec4 arrays
-            return f"cooperative-matrix tiles {self}: float16 shared words need VK_KHR_cooperative_matrix"
         if self.api == "khr" and not coopmat_khr_runs(dev):
             return f"{dev.info.name} does not run VK_KHR_cooperative_matrix GEMMs (or the newer glslc is missing)"
         if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
@@ -123,7 +117,7 @@ class CoopTiles:
         return None
 
     def defines(self) -> dict:
-        return {"SMEM_HALF": 1} if self.smem_half else {}
+        return {}
 
     @property
     def shader(self) -> str:
@@ -141,7 +135,7 @@ COOP_NARROW_TILE = CoopTiles(4, 2, 4, 4, 32, 1)
 COOP_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16)
 COOP_SHAPE = "16x16x16 f16*f16+f32->f32"  # the fragments glsl/gemm_coopmat.comp multiplies
 # The tuner's and tools/bench_gemm.py's grid: subgroups x fragments (128 x 256, 256 x 128, 128 x 128 on
-# 4 or 8 subgroups, 64 x 64), then slice depth and shared buffers, with uvec2 or float16 shared words
+# 4 or 8 subgroups, 64 x 64), then slice depth and shared buffers
 COOP_GRID_WARPS = ((2, 4, 4, 4), (4, 2, 4, 4), (2, 2, 4, 4), (2, 4, 4, 2), (4, 2, 2, 4), (2, 2, 2, 2))
 COOP_GRID_PIPES = ((16, 1), (16, 2), (32, 1), (32, 2))  # (bk, stages)
 
@@ -166,15 +160,14 @@ def coop_api(dev: Device) -> str:
 
 
 def coop_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> list[CoopTiles]:
-    """Every tile of the grid (COOP_GRID_WARPS x COOP_GRID_PIPES x both shared word types) that runs on dev
+    """Every tile of the grid (COOP_GRID_WARPS x COOP_GRID_PIPES) that runs on dev
     at these transposes, on its extension (`coop_api`), the program's three first: what `catchat bench
     --tune` measures and tools/bench_gemm.py sweeps, and what a cached choice must be."""
     if not coopmat_runs(dev):
         return []
     api = coop_api(dev)
     grid = [COOP_TILE, COOP_NARROW_TILE, COOP_SMALL_TILE] + [
-        CoopTiles(*w, bk, stages, "nv", half)
-        for w in COOP_GRID_WARPS for bk, stages in COOP_GRID_PIPES for half in (False, True)]
+        CoopTiles(*w, bk, stages) for w in COOP_GRID_WARPS for bk, stages in COOP_GRID_PIPES]
     out = []
     for t in grid:
         t = replace(t, api=api)
