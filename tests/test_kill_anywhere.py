@@ -158,6 +158,7 @@ def kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point):
     assert_same_as_straight(run, straight)
     assert len(losses(run)) == TOTAL
     assert snapshot(run / "user") == foreign
+    assert '"metrics_gap"' not in (run / "events.jsonl").read_text()  # a kill's own tail is no gap to report
 
 
 def _loss_scales(run) -> list[str]:
