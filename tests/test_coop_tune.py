@@ -254,3 +254,47 @@ def test_the_first_candidate_is_timed_again_after_the_others(coop_dev, cache):
     row = next(r for r in rows if r.kind == "coop" and r.key == head)
     assert row.winner == default and row.micros(default) == 1e6
     assert json.loads(path.read_text())["coop"][head] == list(dataclasses.astuple(default))
+
+
+@pytest.mark.parametrize("tuned_ms, kept", [(63.2, False), (46.0, True)])
+def test_tuned_tiles_stay_only_if_the_whole_step_is_not_slower(cli, cache, monkeypatch, tuned_ms, kept):
+    """Each tuned tile was the fastest alone; `--tune` then times the training step with the tables'
+    choices and with the tuned ones, and puts the cache back as it was when the tuned step is slower
+    (v3 fp16 on the H200: 47.4 ms with the tables', 63.2 with the first tuned set)."""
+    import os
+
+    from test_bench import SMALL
+
+    real = bench_command.bench_catchat
+
+    def bench(cfg, dev, *args, **kw):  # the real bench, with the step's time the test chooses
+        c = real(cfg, dev, *args, **kw)
+        c["step_ms"] = 47.4 if os.environ.get(tunecache.ENV_TUNE) == "0" else tuned_ms
+        return c
+
+    monkeypatch.setattr(bench_command, "bench_catchat", bench)
+    code, text, err = cli("bench", *SMALL, "--tune", "--json", cache.parent / "bench.json")
+    assert code == 0, err
+    files = list(cache.glob("*.json"))
+    report = json.loads((cache.parent / "bench.json").read_text())
+    assert report["tune"]["step_ms_tables"] == 47.4 and report["tune"]["step_ms_tuned"] == tuned_ms
+    assert report["tune"]["kept"] is kept
+    if kept:
+        assert "kept" in text and len(files) == 1 and json.loads(files[0].read_text())["gru"]
+        assert report["catchat"]["step_ms"] == tuned_ms
+    else:
+        assert "not kept" in text and files == []  # there was no cache before: none after
+        assert report["catchat"]["step_ms"] == 47.4
+
+
+def test_a_cache_that_was_there_before_comes_back_byte_for_byte(coop_dev, cache):
+    info = coop_dev.info
+    tunecache.store(info, {"coop": {"1x2x3/s1/NN": list(dataclasses.astuple(gemm.COOP_SMALL_TILE))}})
+    saved = tunecache.snapshot(info)
+    tunecache.store(info, {"coop": {"1x2x3/s1/NN": list(dataclasses.astuple(gemm.COOP_TILE))}})
+    tunecache.restore(info, saved)
+    assert tunecache.cache_path(info).read_bytes() == saved
+    assert tunecache.lookup(info, "coop", "1x2x3/s1/NN") == list(dataclasses.astuple(gemm.COOP_SMALL_TILE))
+    with tunecache.disabled():
+        assert tunecache.lookup(info, "coop", "1x2x3/s1/NN") is None
+    assert tunecache.lookup(info, "coop", "1x2x3/s1/NN") is not None

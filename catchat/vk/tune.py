@@ -30,7 +30,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from catchat.fsutil import atomic_write_text
+from catchat.fsutil import atomic_write_bytes, atomic_write_text
 from catchat.vk.shaders import cache_root
 
 VERSION = 1
@@ -59,6 +59,38 @@ def note(message: str) -> None:
     if message not in _said:
         _said.add(message)
         print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def disabled():
+    """The pickers ignore the cache inside the `with` (CATCHAT_TUNE=0): the tables' choices."""
+    prev = os.environ.get(ENV_TUNE)
+    os.environ[ENV_TUNE] = "0"
+    try:
+        yield
+    finally:
+        if prev is None:
+            os.environ.pop(ENV_TUNE, None)
+        else:
+            os.environ[ENV_TUNE] = prev
+
+
+def snapshot(info) -> bytes | None:
+    """This device's cache file as it is now (None: there is none), for `restore`."""
+    try:
+        return cache_path(info).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def restore(info, saved: bytes | None) -> None:
+    """Put back the cache file a `snapshot` saw (remove it where there was none)."""
+    path = cache_path(info)
+    if saved is None:
+        path.unlink(missing_ok=True)
+    else:
+        atomic_write_bytes(path, saved)
+    _loaded.clear()
 
 
 def tune_dir() -> Path:
