@@ -92,8 +92,9 @@ OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
             "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
 # glsl/gemm_coopmat.comp tiles: each --coop, else gemm.coop_candidates(dev, transposes): the program's
-# three first, then the grid (subgroups x fragments, slice depth, shared buffers) that fits; with --probe the first two get probe rows. coopmat-khr: the program's three and the
-# 128 x 128 one on 4 subgroups, on either extension.
+# three first, then the grid (subgroups x fragments, slice depth, shared buffers) that fits; with
+# --probe the first two get probe rows. coopmat-khr: the program's three and the 128 x 128 one on 4
+# subgroups, on either extension.
 CT = gemm.CoopTiles
 COOP_KHR_CANDIDATES = (gemm.COOP_TILE, CT(2, 2, 4, 4, 32, 1), gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
 
