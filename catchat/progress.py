@@ -4,7 +4,7 @@ stays one clean JSON object).
 
 At a terminal a rich bar (done/total, elapsed, eta) that disappears when the work ends. Anywhere
 else (a pipe, a log, CI) plain lines, once the work has taken PLAIN_AFTER_S (work done sooner, and
-its error messages, stay free of them): one then, one each time another PLAIN_STEP_FRACTION of the
+its error messages, stay free of them): one then, one each time another 1/PLAIN_SHARE of the
 work is done, one at least every PLAIN_EVERY_S seconds while it goes on, and one at the end:
     eval: 3/12 windows (25%), 0:45 elapsed, eta 2:15
 Lines are printed as units of work finish (a unit is a window, an evaluation, a MiB read), so a
@@ -29,10 +29,20 @@ from rich.text import Text
 from catchat.console import writes_to_terminal
 
 PLAIN_AFTER_S = 5.0  # plain lines only for work that has lasted this long (a quick command prints none)
-PLAIN_STEP_FRACTION = 0.1  # then a plain line each time another tenth of the work is done
+PLAIN_SHARE = 10  # then a plain line each time another tenth of the work is done
 PLAIN_EVERY_S = 30.0  # and one at least this often (checked as work is done) while units are slow
 
 T = TypeVar("T")
+
+
+def plain_line_due(done: int, total: int, last_done: int, last_s: float, now: float, share: int) -> bool:
+    """Whether a piped progress line is due (one policy for every command's plain lines): at the end
+    (once), each time the work crosses another 1/share of `total` since the line that showed
+    `last_done`, or PLAIN_EVERY_S after that line (`last_s`) while units are slow."""
+    if done >= total:
+        return done != last_done
+    step = max(1, total // share)
+    return done // step > last_done // step or now - last_s >= PLAIN_EVERY_S
 
 
 def done_of(done: float, total: float | None, unit: str) -> str:
@@ -71,7 +81,6 @@ class Progress:
         self.total = 0
         self.done = 0
         self.t0 = 0.0
-        self._next_line_at = 0  # the amount done at which the next plain line is due
         self._line_done = 0  # the amount done that the last plain line showed
         self._last_line_s = 0.0
         self._bar: RichProgress | None = None
@@ -95,8 +104,6 @@ class Progress:
                                      console=self.console, transient=True)
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self.total)
-        else:
-            self._next_line_at = self._step()
 
     def advance(self, n: int = 1) -> None:
         """`n` more units done."""
@@ -109,10 +116,8 @@ class Progress:
         t = self.now()
         if t - self.t0 < PLAIN_AFTER_S or self.done == self._line_done:
             return
-        if not self._line_done or self.done >= self._next_line_at or t - self._last_line_s >= PLAIN_EVERY_S:
-            while self._next_line_at <= self.done < self.total:
-                self._next_line_at += self._step()
-            self._next_line_at = min(self._next_line_at, self.total)  # the last line, at the end, is never skipped
+        if not self._line_done or plain_line_due(self.done, self.total, self._line_done, self._last_line_s, t,
+                                                 PLAIN_SHARE):
             self._line_done = self.done
             self._line(self.status(t))
 
@@ -136,9 +141,6 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-
-    def _step(self) -> int:
-        return max(1, int(self.total * PLAIN_STEP_FRACTION))
 
     def _line(self, text: str) -> None:
         self._last_line_s = self.now()

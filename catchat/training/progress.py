@@ -4,7 +4,7 @@ The loss shown is the step's own, then the mean of the last AVERAGE_STEPS applie
 with how many it holds (`loss 3.137 (avg100 3.200)`); a resume seeds that mean from the rows
 metrics.csv already has, so it goes on where the run was rather than starting again.
 Without a terminal (CI, a pipe, a log file) the bar is replaced by a plain line at the first and last
-step, at every 5% of the run and at least every PLAIN_EVERY_S seconds: step/total, loss, tokens/s, lr,
+step, at every 5% of the run and at least every 30 s (catchat.progress.plain_line_due): step/total, loss, tokens/s, lr,
 the time this process has trained and the ETA at its pace.
 Each eval prints a teacher-forced line and (eval.free_running) a free-running line; the first
 free-running line is followed by FREE_RUNNING_NOTE, what it measures and why it can rise early.
@@ -19,11 +19,11 @@ from collections import deque
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from catchat.progress import clock
+from catchat.progress import clock, plain_line_due
 
 AVERAGE_STEPS = 100  # applied steps in the running mean of the loss
-PLAIN_EVERY_S = 30.0  # a piped log gets a line at least this often (a days-long run: ~3k lines a day)
-PLAIN_SHARE = 20  # ... and one every 1/PLAIN_SHARE of the run
+PLAIN_SHARE = 20  # a piped log gets a line every 1/PLAIN_SHARE of the run, and at least every
+# catchat.progress.PLAIN_EVERY_S (30 s: a days-long run, ~3k lines a day)
 
 # Printed under the first free-running eval line; what Program.eval_window(free_running=True) does.
 FREE_RUNNING_NOTE = (
@@ -47,6 +47,7 @@ class TrainReporter:
         self.task = None
         self.losses: deque[float] = deque(maxlen=AVERAGE_STEPS)  # the last applied steps' losses
         self.last_plain = 0.0
+        self.last_plain_step = 0
         self.first_step: tuple[int, float] | None = None  # (step before this process's first, when it began)
         self.free_running_explained = False
 
@@ -144,10 +145,9 @@ class TrainReporter:
         if self.task is None:
             self.task = self.progress.add_task("train", total=total_steps, completed=global_step - 1, info=info)
         self.progress.update(self.task, total=total_steps, completed=global_step, info=info)  # a budget's total moves
-        if not self.live and (global_step in (self.first_step[0] + 1, total_steps)
-                              or now - self.last_plain >= PLAIN_EVERY_S
-                              or global_step % max(1, total_steps // PLAIN_SHARE) == 0):
-            self.last_plain = now
+        if not self.live and (global_step == self.first_step[0] + 1 or plain_line_due(
+                global_step, total_steps, self.last_plain_step, self.last_plain, now, PLAIN_SHARE)):
+            self.last_plain, self.last_plain_step = now, global_step
             self._print(f"step {global_step}/{total_steps}  {info}  {self._times(global_step, total_steps, now)}")
 
     def _loss_text(self, stats) -> str:
