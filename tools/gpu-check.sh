@@ -60,8 +60,8 @@ part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands
     --repeat 6 --json "$out/gemm-coop2f16-v5.json"
 part gemm-coop2-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat2 --reps 5 \
     --repeat 20 --compare-torch --json "$out/gemm-coop2-v3.json"
-# the tensor-core GEMM's whole grid (gemm.coop_candidates: tiles, slice depths, shared buffers, load parts,
-# fragment order) at v5 beside cuBLAS with probes, at v3, and at v5 with float16 operands; registers per
+# the tensor-core GEMM's whole grid (gemm.coop_candidates: tiles, slice depths, shared buffers) at v5
+# beside cuBLAS with probes (~4 min: give it PART_TIMEOUT=300), at v3, and at v5 with float16 operands; registers per
 # tile; then the short table of all three (tools/gemm_table.py)
 part gemm-grid-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 3 --repeat 3 \
     --probe --compare-torch --json "$out/gemm-grid-v5.json"
