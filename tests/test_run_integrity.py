@@ -4,6 +4,7 @@ start-up, edited state, identical saves, a second Ctrl-C, leftovers of a killed 
 Each through the real CLI; docs/reliability.md has the fault table."""
 
 import json
+import os
 import signal
 
 import numpy as np
@@ -239,12 +240,14 @@ def test_a_deleted_lock_file_does_not_let_a_second_process_in(corpus_dir, tmp_pa
     nothing; the branch and prune code refuse to touch the live writer's checkpoints; the first run
     then finishes with each step logged once."""
     cfg = tmp_path / "c.toml"
-    cfg.write_text(config_text(corpus_dir, total_steps=300, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
+    cfg.write_text(config_text(corpus_dir, total_steps=12, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
     run = tmp_path / "run"
-    proc = start_training(cfg, run)
+    # the run stops itself at step 4's start (a crash point: no timing), so the snapshot below is its
+    # files as they stay while it is alive
+    proc = start_training(cfg, run, env={faults.CRASH_ENV: "train.step#4:STOP"})
     try:
-        wait_for_rows(proc, run, 3)
-        proc.send_signal(signal.SIGSTOP)  # held still, so the snapshot below is the run's files as they stay
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status), status
         assert live_checkpoints(run)
         r = catchat("train", cfg, "--run-dir", run, "--resume")
         assert_clean_error(r, 2, f"pid {proc.pid}")  # with .lock there: named from it
@@ -262,8 +265,8 @@ def test_a_deleted_lock_file_does_not_let_a_second_process_in(corpus_dir, tmp_pa
         proc.send_signal(signal.SIGCONT)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-    assert steps_of(run) == list(range(1, 301))
-    assert live_checkpoints(run) == ["step-0000300"]
+    assert steps_of(run) == list(range(1, 13))
+    assert live_checkpoints(run) == ["step-0000012"]
 
 
 # ------------------------------------------------------------------------------ identical saves (item 8)
