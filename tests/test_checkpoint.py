@@ -178,7 +178,7 @@ def test_inspect_in_a_loop_during_training_with_keep_last_1(corpus_dir, tmp_path
     from support import catchat, config_text, start_training, wait_for_rows
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text(config_text(corpus_dir, total_steps=200, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
+    cfg.write_text(config_text(corpus_dir, total_steps=60, checkpoint={"checkpoint_every_seqs": 8, "keep_last": 1}))
     run = tmp_path / "run"
     proc = start_training(cfg, run)
     try:
@@ -187,7 +187,7 @@ def test_inspect_in_a_loop_during_training_with_keep_last_1(corpus_dir, tmp_path
         while proc.poll() is None:
             steps.append(ck.load_checkpoint(run).global_step)
             n += 1
-            if n % 50 == 0:
+            if n % 25 == 0:
                 r = catchat("inspect", run)
                 assert r.returncode == 0, r.stdout + r.stderr
         assert steps == sorted(steps) and len(steps) > 0
@@ -195,4 +195,4 @@ def test_inspect_in_a_loop_during_training_with_keep_last_1(corpus_dir, tmp_path
         if proc.poll() is None:
             proc.kill()
     assert proc.wait() == 0, proc.communicate()[0]
-    assert ck.load_checkpoint(run).global_step == 200
+    assert ck.load_checkpoint(run).global_step == 60
