@@ -51,7 +51,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def append_line(path: str | os.PathLike, line: str) -> None:
-    """Append one line (a newline is added) with a single write to a file opened O_APPEND."""
+    """Append one line (a newline is added) with a single write to a file opened O_APPEND. Its errors
+    name the file (write(2)'s own, e.g. ENOSPC on a full disk, name none)."""
     data = (line.rstrip("\n") + "\n").encode("utf-8")
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -59,6 +60,10 @@ def append_line(path: str | os.PathLike, line: str) -> None:
         if written != len(data):  # a full disk mid-line: take the fragment back out
             os.ftruncate(fd, os.fstat(fd).st_size - written)
             raise OSError(28, os.strerror(28), str(path))
+    except OSError as exc:
+        if exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+        raise
     finally:
         os.close(fd)
 

@@ -149,12 +149,7 @@ def metrics_gap(files: RunFiles, step: int) -> dict | None:
     opening = next((e for e in events if e["event"] in ("start", "resume")), None)
     if opening is not None and opening["event"] == "resume" and opening.get("foreign"):
         first = opening["global_step"] + 1  # begun from another run's checkpoint: no rows up to it
-    have = sorted({s for s in _placed(files.metrics).values() if first <= s <= step})
-    missing, want = [], first
-    for s in [*have, step + 1]:
-        if s > want:
-            missing.append((want, s - 1))
-        want = s + 1
+    missing = runlog.missing_ranges(_placed(files.metrics).values(), first, step)
     known = [(r[0], r[1]) for e in events if e["event"] == "metrics_gap" and e["global_step"] <= step
              for r in e["missing"]]
     missing = [r for gap in missing for r in runlog.subtract_ranges(gap, known)]

@@ -422,6 +422,20 @@ def read_events(path: Path) -> EventsLog:
     return log
 
 
+def missing_ranges(steps, first: int, last: int) -> list[tuple[int, int]]:
+    """The ranges (lo, hi) of the steps in [first, last] that `steps` does not hold."""
+    gaps, want = [], first
+    for s in sorted(set(steps)):
+        if s > last:
+            break
+        if s > want:
+            gaps.append((want, s - 1))
+        want = max(want, s + 1)
+    if want <= last:
+        gaps.append((want, last))
+    return gaps
+
+
 def subtract_ranges(gap: tuple[int, int], known: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The parts of the step range `gap` (first, last) that no range of `known` covers."""
     parts = [gap]

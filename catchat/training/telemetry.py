@@ -35,17 +35,6 @@ def memory_mb() -> dict:
     return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
 
 
-def _append(path, line: str) -> None:
-    """append_line, with the file named in its error: a full disk fails write(2) with ENOSPC and no file
-    name, and "could not write a run file" would leave the user to guess which."""
-    try:
-        append_line(path, line)
-    except OSError as exc:
-        if exc.filename is None:
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
-
-
 class Telemetry:
     """Appends the run's events and metric rows, each stamped with the step the run stands at."""
 
@@ -64,7 +53,7 @@ class Telemetry:
 
     def event(self, kind: str, **fields) -> None:
         rec = self.record(kind, **fields)
-        _append(self.files.events, json.dumps(rec))
+        append_line(self.files.events, json.dumps(rec))
         self.report(kind, **rec)
         self.board.event(rec)
 
@@ -78,7 +67,7 @@ class Telemetry:
         later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}",
                  "loss_scale": f"{loss_scale:.0f}"}
         row += [later.get(c, "") for c in self.columns[len(METRICS_COLUMNS):]]  # the columns the file has
-        _append(self.files.metrics, ",".join(map(str, row)))
+        append_line(self.files.metrics, ",".join(map(str, row)))
         self.board.row(dict(zip(self.columns, map(str, row))))
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 from pathlib import Path
 
-from catchat.analysis.scan.records import known_ranges
+from catchat.analysis.scan.records import first_step, known_ranges
 from catchat.analysis.scan.report import FAIL, MAX_LISTED, OK, WARN, Finding, cell_text
 from catchat.analysis.scan.timeline import Row, Segment
-from catchat.run.runlog import subtract_ranges
+from catchat.run.runlog import missing_ranges, subtract_ranges
 
 RESUME_LOSS_JUMP, RESUME_LOSS_STEPS = 1.5, 3  # mean loss of 3 steps after a resume vs 3 before
 
@@ -25,7 +24,7 @@ def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_
         return Finding(name, OK, "no resumes")
     by_step = {r.step: r for r in rows}
     ckpt_steps = {e["global_step"] for e in events if e["event"] == "checkpoint"}
-    steps = sorted(by_step)
+    first = first_step(segs, rows)
     prev_of = {id(s): segs[i - 1] for i, s in enumerate(segs) if i}  # the process each one followed
     known = known_ranges(events)
     fails, warns, notes, infos = [], [], [], []
@@ -44,7 +43,7 @@ def check_resumes(rows: list[Row], segs: list[Segment], events: list[dict], run_
                     warns.append(n)
                     notes.append(f"step {n}: resumed from a checkpoint this run did not log "
                                  f"({cell_text(seg.resume_from)})")
-            lost = _rows_missing_before(steps, segs, n, known)
+            lost = _rows_missing_before(list(by_step), first, n, known)
             if lost:
                 fails.append(n)
                 notes.append(lost)
@@ -80,28 +79,18 @@ def _saved_then_killed(n: int, prev: Segment | None, by_step: dict[int, Row], ru
     return n in by_step or (run_dir / "checkpoints" / f"step-{n:07d}").is_dir()
 
 
-def _rows_missing_before(steps: list[int], segs: list[Segment], n: int, known: list[tuple[int, int]]) -> str | None:
-    """A resume at step n continues a run that logged one row per step up to n: fewer rows at or before n
-    (the file cut after some step < n, or rows gone from its middle) were there once and are lost,
-    most likely metrics.csv truncated from outside. `steps`: the rows' distinct steps, sorted; `known`:
-    the ranges a resume found missing and recorded (metrics_gap events: the step check warns of them).
-    The detail, or None when every row is there or recorded missing."""
-    # a run whose first process resumed another run's checkpoint logs rows only after it (as check_steps)
-    first = segs[0].from_step + 1 if segs[0].kind == "resume" and steps and steps[0] > segs[0].from_step else 1
-    if n < first:
-        return None
-    lo, hi = bisect.bisect_left(steps, first), bisect.bisect_right(steps, n)
-    if (n - first + 1) - (hi - lo) <= 0:
-        return None
-    gaps, want = [], first
-    for s in [*steps[lo:hi], n + 1]:
-        if s > want:
-            gaps.append((want, s - 1))
-        want = s + 1
+def _rows_missing_before(steps: list[int], first: int, n: int, known: list[tuple[int, int]]) -> str | None:
+    """A resume at step n continues a run that logged one row per step from `first` (records.first_step)
+    up to n: fewer rows at or before n (the file cut after some step < n, or rows gone from its middle)
+    were there once and are lost, most likely metrics.csv truncated from outside. `steps`: the rows'
+    steps; `known`: the ranges a resume found missing and recorded (metrics_gap events: the step check
+    warns of them). The detail, or None when every row is there or recorded missing."""
+    gaps = missing_ranges(steps, first, n)
     unknown = [p for g in gaps for p in subtract_ranges(g, known)]
     if not unknown:
         return None
-    return (f"step {n}: resumed from a checkpoint at step {n}, but metrics.csv holds {hi - lo} of the "
+    held = (n - first + 1) - sum(hi - lo + 1 for lo, hi in gaps)
+    return (f"step {n}: resumed from a checkpoint at step {n}, but metrics.csv holds {held} of the "
             f"{n - first + 1} rows logged up to it (missing from step {unknown[0][0]}): rows lost, metrics.csv "
             "truncated or edited from outside?")
 

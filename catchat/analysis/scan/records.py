@@ -9,7 +9,7 @@ from collections import Counter
 
 from catchat.analysis.scan.report import FAIL, MAX_LISTED, MAX_STEPS, OK, WARN, Finding, cell_text, steps_text
 from catchat.analysis.scan.timeline import Row, Segment
-from catchat.run.runlog import EventsLog, MetricsLog, describe_bad, subtract_ranges
+from catchat.run.runlog import EventsLog, MetricsLog, describe_bad, missing_ranges, subtract_ranges
 
 CUT_SHORT = "the last line is cut short (a crash while writing it, or a write in flight): not used"
 
@@ -38,22 +38,12 @@ def check_events_file(log: EventsLog, segs: list[Segment]) -> Finding:
                    + (f"; faults injected on purpose ($CATCHAT_FAULT): {', '.join(injected)}" if injected else ""))
 
 
-def _first_step(segs: list[Segment], rows: list[Row]) -> int:
+def first_step(segs: list[Segment], rows: list[Row]) -> int:
     """The step the run's first row should have: 1, or N + 1 when its first process resumed another
     run's checkpoint at step N (the trainer then starts new telemetry there, so no row is <= N)."""
-    if segs and segs[0].kind == "resume" and rows[0].step > segs[0].from_step:
+    if segs and segs[0].kind == "resume" and rows and rows[0].step > segs[0].from_step:
         return segs[0].from_step + 1
     return 1
-
-
-def _gaps(steps: list[int], first: int) -> list[tuple[int, int]]:
-    """The ranges (lo, hi) of steps from `first` to the last one that no row has."""
-    gaps, want = [], first
-    for s in sorted(set(steps)):
-        if s > want:
-            gaps.append((want, s - 1))
-        want = max(want, s + 1)
-    return gaps
 
 
 def _missing(gaps: list[tuple[int, int]]) -> list[int]:
@@ -72,9 +62,9 @@ def check_steps(rows: list[Row], segs: list[Segment], events: list[dict], branch
     name = "step sequence"
     if not rows:
         return Finding(name, WARN, "no steps logged")
-    first = _first_step(segs, rows)
+    first = first_step(segs, rows)
     steps = [r.step for r in rows]
-    gaps, known = _known_gaps(_gaps(steps, first), events)
+    gaps, known = _known_gaps(missing_ranges(steps, first, max(steps)), events)
     n_missing = sum(hi - lo + 1 for lo, hi in gaps)
     repeated = sorted(s for s, n in Counter(steps).items() if n > 1)
     back = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
