@@ -167,6 +167,11 @@ def packed_layout(lengths: Sequence[int], max_lanes: int, window: int, *,
     return lo, math.ceil(best / n_windows)
 
 
+# the way on when a split of a corpus with too few conversations is empty (a fraction > 0 of one
+# conversation holds none out: the split keeps one on each side only from two up)
+TOO_FEW_CONVERSATIONS = "use a corpus with at least 2 conversations (data.max_conversations = 0 reads all)"
+
+
 class Lanes:
     """B lanes over a list of conversations, cut into windows of T tokens (see module doc).
 
@@ -233,7 +238,7 @@ class Lanes:
             n = f"{sp.considered} conversation{'s' if sp.considered != 1 else ''}"
             raise UsageError(f"the {split} split of {corpus.path} is empty: data.eval_fraction = {eval_fraction:g} "
                              f"of its {n} leaves none for {split}",
-                             "use a corpus with at least 2 conversations (data.max_conversations = 0 reads all)"
+                             TOO_FEW_CONVERSATIONS
                              + (", or turn evaluation off (eval.eval_every_seqs = 0)" if split == "eval" else ""))
         if split == "eval":
             shuffle_block_windows = 0

@@ -11,7 +11,7 @@ import numpy as np
 
 from catchat import config as cfgmod
 from catchat.data import vocab
-from catchat.data.lanes import Lanes
+from catchat.data.lanes import TOO_FEW_CONVERSATIONS, Lanes
 from catchat.errors import UsageError
 from catchat.inference.evaluate import evaluate_lanes
 from catchat.model import ParamLayout
@@ -33,8 +33,7 @@ def eval_lanes(corpus, cfg: cfgmod.Config) -> Lanes | None:
         if not budgeted:
             raise
         hint = ('set data.eval_fraction > 0, or hold out plays (data.corpus = "shakespeare:hold-out")'
-                if cfg.data.eval_fraction <= 0 else "use a corpus with at least 2 conversations "
-                "(data.max_conversations = 0 reads all)")  # a fraction > 0 of one conversation holds none out
+                if cfg.data.eval_fraction <= 0 else TOO_FEW_CONVERSATIONS)
         raise UsageError("a time-budgeted run ends with an eval, and " + exc.message, hint) from None
 
 

@@ -323,19 +323,32 @@ def gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1, K: int | None = No
     this device and (M, N, K, split_k, transposes) where there is one and it is still a candidate
     (`gemm_candidates`), else the tables' (`table_gemm_tiles`). Without K the cache is not asked."""
     if K is not None:
-        key = tune.gemm_key(M, N, K, split_k, *trans)
-        cached = tune.lookup(dev.info, "gemm", key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
-                                                         trans_b=trans[1]))
-        if cached is not None:
-            try:
-                t = GemmTiles(*(int(v) for v in cached))
-            except (TypeError, ValueError):
-                t = None
-            if t is not None and t in gemm_candidates(dev):
-                return t
-            tune.note(f"ignoring the tuned GEMM tiles {cached} for {key}: not a candidate on this device "
-                      f"(`catchat bench CONFIG --tune` measures again)")
+        t = _tuned(dev, "gemm", (M, N, K, split_k, trans), lambda c: GemmTiles(*(int(v) for v in c)),
+                   lambda: gemm_candidates(dev), "GEMM tiles", "")
+        if t is not None:
+            return t
     return table_gemm_tiles(dev, M, N, split_k)
+
+
+def _tuned(dev: Device, kind: str, shape: tuple, build, candidates, what: str, flags: str):
+    """The tile `catchat bench --tune` cached for a GEMM of `shape` (M, N, K, split_k, transposes) of
+    cache kind `kind`, rebuilt by build(cached) and accepted only where it is among candidates() (else
+    a note naming `what` and None); while `tune.recording()` the shape is collected."""
+    M, N, K, split_k, trans = shape
+    key = tune.gemm_key(M, N, K, split_k, *trans)
+    cached = tune.lookup(dev.info, kind, key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
+                                                   trans_b=trans[1]))
+    if cached is None:
+        return None
+    try:
+        t = build(cached)
+    except (TypeError, ValueError):
+        t = None
+    if t is not None and t in candidates():
+        return t
+    tune.note(f"ignoring the tuned {what} {cached} for {key}: not a candidate on this device "
+              f"(`catchat bench CONFIG --tune{flags}` measures again)")
+    return None
 
 
 def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
@@ -356,21 +369,8 @@ def tuned_coop_tiles(dev: Device, M: int, N: int, K: int, split_k: int,
     """The subgroup-fragment tile `catchat bench --tune` cached for this device and (M, N, K, split_k,
     transposes) (kind "coop": `dataclasses.astuple` of a CoopTiles), where it is still one of
     `coop_candidates` (else a note and None); while `tune.recording()` the shape is collected."""
-    key = tune.gemm_key(M, N, K, split_k, *trans)
-    cached = tune.lookup(dev.info, "coop", key, dict(M=M, N=N, K=K, split_k=split_k, trans_a=trans[0],
-                                                     trans_b=trans[1]))
-    if cached is None:
-        return None
-    try:
-        t = CoopTiles(*cached)
-    except TypeError:
-        t = None
-    grid = coop_candidates(dev, trans)
-    if t is not None and t in grid:
-        return grid[grid.index(t)]
-    tune.note(f"ignoring the tuned cooperative-matrix tiles {cached} for {key}: not a candidate on this device "
-              f"(`catchat bench CONFIG --tune --precision fp16` measures again)")
-    return None
+    return _tuned(dev, "coop", (M, N, K, split_k, trans), lambda c: CoopTiles(*c),
+                  lambda: coop_candidates(dev, trans), "cooperative-matrix tiles", " --precision fp16")
 
 
 def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool, bool],
