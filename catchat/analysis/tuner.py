@@ -44,7 +44,7 @@ class TuneRow:
     def micros(self, tiles) -> float | None:
         """Microseconds measured for `tiles` (None: not measured, failed, or no such candidate)."""
         for c, s in zip(self.candidates, self.seconds):
-            if tiles is not None and self.form(c) == self.form(tiles) and s is not None:
+            if tiles is not None and c == tiles and s is not None:
                 return s * 1e6
         return None
 

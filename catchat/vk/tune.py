@@ -6,7 +6,7 @@ beside the SPIR-V cache), written atomically:
     {"version": 1, "device": NAME, "driver": DRIVER, "limits": {...},
      "gemm": {"MxNxK/sS/AB": [BM, BN, BK, TM, TN]},
      "gru": {"fwd/B64/H512/wg132": ["ResidentTiles" | "tuple", [...]]},
-     "coop": {"MxNxK/sS/AB": [WM, WN, FM, FN, BK, STAGES, API, PARTS, ORDER]},
+     "coop": {"MxNxK/sS/AB": [WM, WN, FM, FN, BK, STAGES, API]},
      "measured": {"KIND/KEY": [[candidate, microseconds], ...]}}
 
 "gemm" holds glsl/gemm.comp's tiles (GemmTiles), "coop" the tensor-core GEMM's (glsl/gemm_coopmat.comp,
