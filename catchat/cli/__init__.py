@@ -84,7 +84,7 @@ def main(argv=None):
         catchat.release_sigint()  # the command's process: start-up's handler gives way inside this try
         _run(argv)
     except KeyboardInterrupt:  # a Ctrl-C while an error was being reported: that report stands
-        _ignore_sigint(own_process)
+        _ignore_sigint(own_process)  # before sys.exit, not only in finally: a third Ctrl-C cannot land between
         sys.exit(130)
     finally:
         _ignore_sigint(own_process)
