@@ -89,9 +89,9 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tdgh = None if dgh_in_save else f32(T * B * 3 * H)
     o_off = pad + state_rows(B, H)
     tw16 = None
-    if w_half:  # the layer's W_hh as float16, 5 halves into its own buffer
-        tw16 = half_tensor(dev, np.concatenate([np.zeros(5), case["p"]["weight_hh"].ravel()]))
-        w_off = 5
+    if w_half:  # the layer's W_hh as float16 into its own buffer: 5 halves in (8 for the streamed sweeps)
+        w_off = 8 if coop else 5
+        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), case["p"]["weight_hh"].ravel()]))
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,

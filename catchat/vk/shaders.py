@@ -54,6 +54,9 @@ FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror"
 # compiled by NEWER_GLSLC for Vulkan 1.3, and run only where the device has what they use.
 NEWER_SHADERS = frozenset({"gemm_coopmat2", "gemm_coopmat_khr"})
 NEWER_FLAGS = ("-fshader-stage=compute", "--target-env=vulkan1.3", "-O", "-Werror")
+# Shaders compiled without spirv-opt's -O: Debian 12's crashes on the sum of two cooperative-matrix
+# accumulators (glsl/gru_*_stream.comp). The driver optimises the SPIR-V it is given anyway.
+UNOPTIMISED_SHADERS = frozenset({"gru_forward_stream", "gru_backward_stream"})
 # The newer compiler: $CATCHAT_GLSLC_NEWER, else what `make setup` fetched (Debian 13's glslc with its
 # own C runtime, tools/fetch-newer-glslc.sh) into the user cache.
 ENV_NEWER_GLSLC = "CATCHAT_GLSLC_NEWER"
@@ -105,7 +108,8 @@ def glslc_version(newer: bool = False) -> str:
 
 
 def _flags(name: str) -> tuple[str, ...]:
-    return NEWER_FLAGS if name in NEWER_SHADERS else FLAGS
+    flags = NEWER_FLAGS if name in NEWER_SHADERS else FLAGS
+    return tuple(f for f in flags if f != "-O") if name in UNOPTIMISED_SHADERS else flags
 
 
 def shader_names() -> list[str]:

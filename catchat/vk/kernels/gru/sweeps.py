@@ -36,7 +36,14 @@ from catchat.vk import slots
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, LazyAlgorithm
 from catchat.vk.kernels.gemm import coopmat_runs
-from catchat.vk.kernels.gru.plan import plan_sweep, sweep_workgroups, sync_words, tile_count
+from catchat.vk.kernels.gru.plan import (
+    plan_sweep,
+    resident_workgroups,
+    sweep_workgroups,
+    sync_words,
+    tile_count,
+    tile_row,
+)
 from catchat.vk.kernels.gru.resident import (
     COOP_UNITS,
     ResidentTiles,
@@ -45,7 +52,17 @@ from catchat.vk.kernels.gru.resident import (
     resident_defines,
     resident_resources,
 )
+from catchat.vk.kernels.gru.stream import (
+    W16_ALIGN,
+    shadow_words,
+    stream_defines,
+    stream_shared_bytes,
+    stream_slices,
+    stream_threads,
+    stream_tiles,
+)
 from catchat.vk.kernels.gru.tiled import _check_tiles, shader_defines
+from catchat.vk.occupancy import co_residency
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0,
@@ -69,6 +86,7 @@ class _Sweep(Kernel):
     the whole sweep as one dispatch of co-resident workgroups (the PERSISTENT shader variant)."""
 
     backward = False
+    stream = False  # W_hh streamed on tensor cores (stream.py): coop with a float16 W_hh
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _whh_words(self, w_half, w_off: int) -> int:
@@ -86,6 +104,8 @@ class _Sweep(Kernel):
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
         gru_*_resident.comp). W_hh in float16 (w_half) runs on the tiled shaders (HALF_W)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
+        if self.coop and self.w_half is not None:
+            return self._build_stream(dev, tensors, persistent, push)
         plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None, coop=self.coop)
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
             raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
@@ -124,6 +144,44 @@ class _Sweep(Kernel):
         if self.sweep_workgroups:
             self._sweep_algo = LazyAlgorithm(dev, tensors, self.shader, {**defines, "PERSISTENT": 1},
                                              [self.sweep_workgroups], spec, pack_push(*push))
+
+    def _build_stream(self, dev: Device, tensors: list, persistent: int | None, push) -> None:
+        """The streamed tensor-core sweep (stream.py): its float16 shadow (zeroed: lanes past B stay
+        0), then both shader variants. Persistent over `persistent` workgroups (default one per SM
+        where the dispatch is shown co-resident), else a dispatch per step. Real fragments where the
+        device has cooperative matrices, emulated elsewhere (EMU: lavapipe, for the tests)."""
+        B, H, backward, info = self.B, self.H, self.backward, dev.info
+        emulate = not coopmat_runs(dev)
+        if emulate and not dev.runs_float16:
+            raise ValueError(f"a streamed sweep needs float16 storage and arithmetic, which {info.name} does not offer")
+        if self.offsets[0 if backward else 1] % W16_ALIGN:
+            raise ValueError(f"a streamed sweep's float16 W_hh must start at a multiple of {W16_ALIGN} halves")
+        self.stream, self.tiles = True, stream_tiles(B, H, backward)
+        nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
+        if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
+            raise ValueError(f"a streamed sweep at B={B}: {nt} threads, {self.shared_bytes} bytes of shared memory "
+                             f"(limits {info.max_workgroup_invocations}, {info.max_shared_memory_bytes})")
+        self.shadow = dev.tensor(np.zeros(shadow_words(self.tiles, H, backward), np.uint32), np.uint32)
+        dev.upload([self.shadow])
+        if backward:  # g16, w16 at bindings 12, 13
+            tensors = tensors + [self.shadow, self.w_half]
+        else:  # h16 at 8 (the resident shader's second view of o), w16 at 11
+            tensors = tensors[:8] + [self.shadow] + tensors[9:] + [self.w_half]
+        n_slices = stream_slices(H)
+        resident = resident_workgroups(dev) if persistent is None else int(persistent)
+        self.residency = None
+        if resident and persistent is None:
+            self.residency = co_residency(info, sweep_workgroups(resident, n_slices), nt, self.shared_bytes, 0,
+                                          tile_row(dev).register_file)
+            resident = resident if self.residency.ok else 0
+        defines = stream_defines(self.tiles, emulate)
+        Kernel.__init__(self, dev, tensors, [n_slices], spec=[nt], push=push, defines=defines,
+                        shader=(GruBackward if backward else GruForward).shader + "_stream")
+        self.sweep_workgroups = sweep_workgroups(resident, n_slices)
+        self._sweep_algo = None
+        if self.sweep_workgroups:
+            self._sweep_algo = LazyAlgorithm(dev, tensors, self.shader, {**defines, "PERSISTENT": 1},
+                                             [self.sweep_workgroups], [nt], pack_push(*push))
 
     def _resident_extras(self, tensors: list, defines: dict) -> list:
         """The bindings of a resident sweep's shaders (defines updated in place for any added):
@@ -165,12 +223,15 @@ class GruForward(_Sweep):
     sweeps whose grid barrier gave up. tiles: (threads x, threads y, k-slices, units per thread,
     lanes per thread, k chunk) or ResidentTiles, default `default_tiles(dev, B, H, False,
     persistent)`. persistent: workgroups of the one-dispatch sweep (co-resident on the device!),
-    0 = T dispatches; default `resident_workgroups(dev)`. `step(t)` is always one dispatch (the
-    per-timestep path interleaves other work). w_half: W_hh read from this float16 copy instead
+    0 = T dispatches; default `resident_workgroups(dev)`. `step_ops(t)` are timestep t's dispatches
+    (the per-timestep path interleaves other work). w_half: W_hh read from this float16 copy instead
     (uint32 words of `pack_half`, w_off counted in halves; b_hh stays in params), on the tiled
     shaders (HALF_W: the arithmetic stays float32); needs `Device.runs_float16`. coop: the
     per-step product h_prev @ W_hh^T on tensor cores from float16 h_prev and W_hh (float32 sums;
-    resident tiles of 16 x 16 and cooperative matrices, `coop_sweeps`).
+    resident tiles of 16 x 16 and cooperative matrices, `coop_sweeps`). coop with w_half: the
+    streamed sweep (stream.py: W_hh's product from the float16 copy in memory, w_off a multiple of
+    8 halves, H a multiple of 16, B <= 32; `stream_sweeps`), emulated fragments on a device
+    without cooperative matrices.
     """
 
     shader = "gru_forward"
@@ -203,16 +264,22 @@ class GruForward(_Sweep):
         return self._dispatch((t0, self.T, self.B, self.H, *self.offsets, t1), persistent)
 
     def step(self, t: int):
-        """The dispatch of timestep t (must run after step t-1's)."""
+        """The dispatch of timestep t (must run after step t-1's). A streamed sweep's step 0 needs
+        its prologue first: `step_ops`."""
         if not 0 <= t < self.T:
             raise ValueError(f"timestep {t} outside [0, {self.T})")
         return self._steps_op(t, t + 1)
+
+    def step_ops(self, t: int) -> list:
+        """The dispatches of timestep t: step(t), after the streamed sweep's prologue at t = 0
+        (h_prev's float16 shadow from h0: its own dispatch, as every workgroup reads all of it)."""
+        return ([self._steps_op(0, 0)] if self.stream and t == 0 else []) + [self.step(t)]
 
     def sweep_ops(self):
         """The whole window, steps 0..T-1: one persistent dispatch, or T in this order."""
         if self.sweep_workgroups:
             return [self._steps_op(0, self.T, persistent=True)]
-        return [self.step(t) for t in range(self.T)]
+        return [op for t in range(self.T) for op in self.step_ops(t)]
 
 
 class GruBackward(_Sweep):
@@ -230,7 +297,7 @@ class GruBackward(_Sweep):
     whose grid barrier gave up. A private scratch dhz [B,H] carries the running gradient times z
     between steps; it needs no zeroing (step s = T writes it before anything reads it).
     persistent, w_half: as GruForward's. coop: the product dGh @ W_hh on tensor cores from float16
-    dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`).
+    dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`; with w_half streamed, as there).
     """
 
     shader = "gru_backward"

@@ -1,0 +1,69 @@
+"""The streamed tensor-core sweeps (glsl/gru_forward_stream.comp, glsl/gru_backward_stream.comp):
+W_hh's product on cooperative matrices straight from a float16 copy in memory, for hidden sizes
+whose W_hh fits neither registers nor shared memory (v5), where the resident COOP tiles (v3) do
+not fit. A slice of 16 units (forward) or 16 columns of dh (backward) for every lane per
+workgroup; 8 k-groups of subgroups per lane fragment; h_prev and dGh through float16 shadows
+double-buffered by step parity. Their shape, defines and resources live here; the kernels are
+GruForward / GruBackward with coop and a float16 W_hh (sweeps.py).
+
+On a device without cooperative matrices (lavapipe) the fragments are emulated (EMU,
+glsl/include/sweep_frag.glsl): the tests run the sweeps' logic there; only a GPU runs them fast.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from catchat.vk.kernels import ceil_div
+
+STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
+STREAM_KGROUPS = 8  # k-groups of subgroups per lane fragment
+STREAM_MAX_LANES = 32  # two lane fragments: `red` within 48 KB at most (24 KB forward)
+W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragment rows)
+
+
+class StreamTiles(NamedTuple):
+    """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags) and
+    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)."""
+
+    lane_frags: int
+    k_per_group: int
+
+
+def stream_ok(B: int, H: int) -> bool:
+    """Whether the streamed sweeps take [B, H]: H a multiple of 16, 1 <= B <= 32."""
+    return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
+
+
+def stream_tiles(B: int, H: int, backward: bool) -> StreamTiles:
+    if not stream_ok(B, H):
+        raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
+                         f"{STREAM_MAX_LANES} (got B={B}, H={H})")
+    depth = 3 * H if backward else H
+    return StreamTiles(ceil_div(B, 16), ceil_div(depth // 16, STREAM_KGROUPS))
+
+
+def stream_threads(tiles: StreamTiles) -> int:
+    """256 per lane fragment: 8 subgroups of 32, one thread per output of the slice."""
+    return 256 * tiles.lane_frags
+
+
+def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
+    """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag)."""
+    blocks = STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3
+    return 4 * 256 * blocks + 4
+
+
+def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
+    """uint32 words of the float16 shadow: [2][16 * lane_frags][H] halves forward (h_prev), [2][..][3H]
+    backward (dGh)."""
+    return 2 * 16 * tiles.lane_frags * (3 * H if backward else H) // 2
+
+
+def stream_defines(tiles: StreamTiles, emulate: bool) -> dict:
+    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, **({"EMU": 1} if emulate else {})}
+
+
+def stream_slices(H: int) -> int:
+    return H // STREAM_UNITS

@@ -1,0 +1,175 @@
+#version 450
+// The GRU backward sweep with W_hh streamed from a float16 copy on tensor cores: the backward of
+// gru_forward_stream.comp (read its header). Same maths, buffers and push constants as
+// gru_backward.comp (read its header for step s), with the product dGh[s] @ W_hh taken from
+// float16 operands with float32 sums, as the COOP resident sweep's (the twin's recurrent="fp16").
+// A slice is 16 columns k of dh for every lane (B <= 16 * LF), and the same 16 units' gate
+// backward: the element (b, k) is owned by one thread in every step (its running gradient dhz
+// in `dhz_mem`, read and written by it alone). The product is split by columns, so no partial
+// sums go through memory: the slice's workgroup multiplies all of dGh[s] [BP lanes x 3H] by
+// W_hh's [3H x 16] columns of the slice, straight from memory with fragment loads
+// (include/sweep_frag.glsl). Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group
+// sg / LF (8 k-groups of KPG 16-deep fragments of the 3H rows); the 8 partial blocks are summed
+// through `red` in k-group order (deterministic).
+// dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (rows past B stay the zeros the host
+// wrote): dispatch s reads g16[s % 2], and its gate backward of step s-1 writes g16[(s-1) % 2]
+// beside dGh's float32 rows. At s = T there is no product (dh = 0).
+// Persistent (PERSISTENT): workgroups walk the slices and meet at a grid barrier between steps;
+// else one dispatch per step, a workgroup per slice.
+// Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef EMU
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
+#include "phase_clock.glsl"
+#ifndef LF
+#define LF 2    // lane fragments: B <= 16 * LF
+#endif
+#ifndef KPG
+#define KPG 6   // 16-deep fragments of the 3H rows per k-group: 8 * KPG * 16 >= 3H
+#endif
+#include "common.glsl"
+#include "slots.glsl"
+
+const uint KG = 8u;         // k-groups
+const uint BP = 16u * LF;   // lanes, padded
+layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per element
+
+layout(set = 0, binding = 0) readonly buffer Do { float dO[]; };        // [T,B,H] at do_off
+layout(set = 0, binding = 1) readonly buffer Save { float save[]; };    // [T,B,4H] at save_off: r, z, n, ghn
+layout(set = 0, binding = 2) buffer Hprev { float hprev[]; };           // [T,B,H] at hprev_off (reset rows zeroed)
+layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
+layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
+layout(set = 0, binding = 6) buffer Dhz { float dhz_mem[]; };           // [B,H] scratch: dhtot * z
+layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,3H] at dgi_off
+layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] rows dgh_ld apart at dgh_off
+layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
+layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
+layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };  // [2][BP][3H]
+layout(set = 0, binding = 13) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+layout(push_constant) uniform Push {
+    uint s; uint T; uint B; uint H;
+    uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
+    uint dgh_ld;   // words between dGh rows: 3H, or 4H over save (gru_backward.comp)
+    uint n_steps;  // steps s, s-1, ..., s-n_steps+1
+} pc;
+#define SYNC_BINDING 11
+#include "grid_sync.glsl"
+
+shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + column]
+#define A_BUF g16
+#define B_BUF w16
+#define ACC_SHARED red
+#include "sweep_frag.glsl"
+
+// The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, one block per k-group and lane fragment.
+void product(uint s, uint k0, uint sg) {
+    uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
+    uint a0 = ((s % 2u) * BP + lf * 16u) * 3u * H;
+    ACC_T acc = ACC_ZERO();
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i;
+        if (kf < n_kf) {
+            FRAG_A a;
+            FRAG_B w;
+            LOAD_A(a, a0 + 16u * kf, 3u * H, false);        // (lane, row) = dGh[s, lane, 16 kf + row]
+            LOAD_B(w, pc.w_off + 16u * kf * H + k0, H, false);  // (row, column) = W_hh[16 kf + row, k0 + column]
+            acc = MUL_ADD(a, w, acc);
+        }
+    }
+    ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);
+}
+
+// What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
+// of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
+// reset here, and a row the reset cut is written back as the state it stands for.
+float[7] step_inputs(uint s, uint b, uint k) {
+    float[7] v = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    if (s > 0u) {
+        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H, hi = pc.hprev_off + row * H + k;
+        float keep = 1.0 - float(resets[row]);
+        float hp = hprev[hi] * keep;
+        if (keep == 0.0) hprev[hi] = hp;
+        v = float[7](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
+                     save[sb + 3u * H + k], hp, 0.0);
+    }
+    if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
+    return v;
+}
+
+// Element (b, k) of step s, given mm = its entry of dGh[s] @ W_hh (s < T), its running gradient
+// dhz and in_u = step_inputs(s): finishes dh into h_{s-1} (clamp c, 0 = off; dh0 at s = 0), then
+// the gate backward of step s-1: dGh[s-1] to memory and to g16, dGi[s-1], dhz.
+void element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c, inout uint hits) {
+    uint H = pc.H;
+    float d = 0.0;
+    if (s < pc.T) {
+        d = (dhz + mm) * in_u[6];
+        if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
+        if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
+    }
+    if (s == 0u) return;
+    float r = in_u[1], z = in_u[2], n = in_u[3];
+    float dht = d + in_u[0];
+    float dn = dht * (1.0 - z);
+    float dz = dht * (in_u[5] - n);
+    float dan = dn * (1.0 - n * n);
+    float daz = dz * z * (1.0 - z);
+    float dar = dan * in_u[4] * r * (1.0 - r);
+    vec3 g = vec3(dar, daz, dan * r);
+    uint row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld, sb = ((s - 1u) % 2u * BP + b) * 3u * H;
+    [[unroll]] for (uint q = 0u; q < 3u; ++q) {
+        dgh[gb + q * H + k] = g[q];
+        g16[sb + q * H + k] = float16_t(g[q]);
+    }
+    uint ib = pc.dgi_off + row * 3u * H;
+    dgi[ib + k] = dar;
+    dgi[ib + H + k] = daz;
+    dgi[ib + 2u * H + k] = dan;
+    dhz_mem[b * H + k] = dht * z;
+}
+
+void main() {
+    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
+    uint n_sl = H / 16u, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
+    bool live = b < pc.B;
+    float c = HPF(hyper, HP_GRADH_CLAMP);
+    uint hits = 0u;
+    for (uint i = 0u; i < pc.n_steps; ++i) {
+        uint s = pc.s - i;
+        for (uint sl = wg; sl < n_sl; sl += n_wg) {
+            uint k0 = 16u * sl, k = k0 + u;
+            float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+            float dhz = 0.0;
+            if (live) {  // loaded before the product: their latency hides behind it
+                in_u = step_inputs(s, b, k);
+                if (s < pc.T) dhz = dhz_mem[b * H + k];
+            }
+            PHASE(i, 0u);
+            if (s < pc.T) product(s, k0, sg);  // uniform: s is
+            barrier();
+            PHASE(i, 1u);
+            if (live) {
+                float mm = 0.0;
+                if (s < pc.T) {
+                    uint rc = (b % 16u) * 16u + u;
+                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += red[(g * LF + b / 16u) * 256u + rc];
+                }
+                element(s, b, k, mm, dhz, in_u, c, hits);
+            }
+            barrier();  // red is rewritten by the next slice
+        }
+        PHASE(i, 2u);
+#ifdef PERSISTENT
+        if (i + 1u < pc.n_steps && !grid_sync(i + 1u)) break;
+#endif
+    }
+    if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
+#ifdef PERSISTENT
+    grid_sync_done(1u);
+#endif
+}

@@ -1,0 +1,186 @@
+#version 450
+// The GRU forward sweep with W_hh streamed from a float16 copy on tensor cores: for hidden sizes
+// whose W_hh fits neither registers nor shared memory (v5: 25 MB per layer as float16, half the
+// H200's L2). Same maths, buffers and push constants as gru_forward.comp (read its header), with
+// the product h_prev @ W_hh^T taken from float16 operands with float32 sums, as the COOP
+// resident sweep's (the twin's recurrent="fp16").
+// A slice is 16 units for every lane (B <= 16 * LF). Its workgroup multiplies [BP lanes x H]
+// h_prev by W_hh^T's [H x 48] columns of the slice (3 gates x 16 units) straight from memory with
+// fragment loads (include/sweep_frag.glsl): nothing is staged in shared memory and nothing of
+// W_hh stays on chip between steps (L2 keeps it: one layer's copy at a time). Subgroup sg (of
+// 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG 16-deep fragments);
+// its three accumulators (one per gate) are summed with the other k-groups' through `red` in two
+// rounds (k-groups 4..7 into 0..3, then the gates add the 4 in order: deterministic).
+// h_prev comes from a float16 shadow `h16` [2][BP][H] (row b of lane b; rows past B stay the
+// zeros the host wrote): step t reads h16[t % 2] and its gates write h16[(t + 1) % 2] = the new
+// state with step t+1's reset already applied, so no workgroup waits for another's h_prev rows
+// through shared memory. A prologue writes h16[0] = h0 * (1 - reset[0]): inside the one
+// persistent dispatch (then a grid barrier), or as its own dispatch (t == t_end) before step 0.
+// Every thread owns one gate output of the slice (unit j0 + tid % 16, lane tid / 16) and reads
+// its own float32 h_prev (o[t-1], which it wrote, or h0) for z * h_prev.
+// Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
+// barrier between steps; else one dispatch per step, a workgroup per slice.
+// Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef EMU
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#extension GL_KHR_shader_subgroup_basic : require
+#endif
+#include "phase_clock.glsl"
+#ifndef LF
+#define LF 2    // lane fragments: B <= 16 * LF
+#endif
+#ifndef KPG
+#define KPG 2   // 16-deep k-fragments per k-group: 8 * KPG * 16 >= H
+#endif
+#include "common.glsl"
+
+const uint KG = 8u;         // k-groups
+const uint RK = 4u;         // k-group slots of red after the first round
+const uint BP = 16u * LF;   // lanes, padded
+layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per gate output
+
+layout(set = 0, binding = 0) readonly buffer Gi { float gi[]; };        // [T,B,3H] at gi_off
+layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // b_hh [3H] at b_off
+layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H] at h0_off
+layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
+layout(set = 0, binding = 4) buffer Out { float o[]; };                 // [T,B,H] at o_off
+layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (t == 0 only)
+layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
+layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H]
+layout(set = 0, binding = 10) buffer Stats { uint stats[]; };
+layout(set = 0, binding = 11) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+layout(push_constant) uniform Push {
+    uint t; uint T; uint B; uint H;
+    uint gi_off; uint w_off; uint b_off; uint h0_off; uint o_off; uint hprev_off; uint save_off; uint hT_off;
+    uint t_end;  // steps [t, t_end); t == t_end: the prologue alone
+} pc;
+#define SYNC_BINDING 9
+#include "grid_sync.glsl"
+
+shared float red[RK * LF * 3u * 256u];  // red[((slot * LF + lf) * 3 + g) * 256 + row * 16 + unit]
+#define A_BUF h16
+#define B_BUF w16
+#define ACC_SHARED red
+#include "sweep_frag.glsl"
+
+float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
+
+// h16[0] for the slice's units: h0 after step 0's reset.
+void prologue(uint j0, uint tid) {
+    uint b = tid / 16u, j = j0 + tid % 16u;
+    if (b < pc.B) h16[b * pc.H + j] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
+}
+
+// The slice's product at step t into red: gate g's 16 x 16 block of lane fragment lf, k-group
+// slots 0..3 (each the sum of two k-groups).
+void product(uint t, uint j0, uint sg) {
+    uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = H / 16u;
+    uint a0 = ((t % 2u) * BP + lf * 16u) * H;
+    // three accumulators, not an array: spirv-opt (shaderc 2022) crashes on arrays of them
+    ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i;
+        if (kf < n_kf) {
+            FRAG_A a;
+            FRAG_B w0, w1, w2;  // (k, unit) = W_hh[g*H + j0 + unit, k] for gates g = 0, 1, 2
+            LOAD_A(a, a0 + 16u * kf, H, false);
+            LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
+            LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
+            LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
+            acc0 = MUL_ADD(a, w0, acc0);
+            acc1 = MUL_ADD(a, w1, acc1);
+            acc2 = MUL_ADD(a, w2, acc2);
+        }
+    }
+    uint slot = (kg % RK) * LF + lf;  // red's blocks of this subgroup: (slot * 3 + g) * 256
+    if (kg >= RK) {
+        ACC_STORE(acc0, (slot * 3u) * 256u, 16u);
+        ACC_STORE(acc1, (slot * 3u + 1u) * 256u, 16u);
+        ACC_STORE(acc2, (slot * 3u + 2u) * 256u, 16u);
+    }
+    barrier();
+    if (kg < RK) {
+        ACC_T other;
+        ACC_LOAD(other, (slot * 3u) * 256u, 16u);
+        other = ACC_ADD(other, acc0);
+        ACC_STORE(other, (slot * 3u) * 256u, 16u);
+        ACC_LOAD(other, (slot * 3u + 1u) * 256u, 16u);
+        other = ACC_ADD(other, acc1);
+        ACC_STORE(other, (slot * 3u + 1u) * 256u, 16u);
+        ACC_LOAD(other, (slot * 3u + 2u) * 256u, 16u);
+        other = ACC_ADD(other, acc2);
+        ACC_STORE(other, (slot * 3u + 2u) * 256u, 16u);
+    }
+    barrier();
+}
+
+// Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
+// applied): o[t], save[t], hprev at t = 0, hT at T-1, and h16 for step t+1.
+void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
+    uint H = pc.H, lf = b / 16u, rc = (b % 16u) * 16u + u;
+    vec3 gh = bias;
+    [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+        [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += red[((s * LF + lf) * 3u + g) * 256u + rc];
+    }
+    float r = sigmoid(gi3.x + gh.x);
+    float z = sigmoid(gi3.y + gh.y);
+    float n = tanh_safe(gi3.z + r * gh.z);
+    float h = (1.0 - z) * n + z * hp;
+    uint row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
+    o[pc.o_off + row * H + j] = h;
+    if (t + 1u < pc.T) h16[((t + 1u) % 2u * BP + b) * H + j] = float16_t(h * keep(t + 1u, b));
+    if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
+    save[sb + j] = r;
+    save[sb + H + j] = z;
+    save[sb + 2u * H + j] = n;
+    save[sb + 3u * H + j] = gh.z;
+    if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = h;
+}
+
+void main() {
+    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
+    uint n_sl = H / 16u, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
+    bool live = b < pc.B;
+    uint k = 0u;  // grid barriers passed
+#ifdef PERSISTENT
+    if (pc.t == 0u) {
+        for (uint sl = wg; sl < n_sl; sl += n_wg) prologue(16u * sl, tid);
+        if (pc.t < pc.t_end && !grid_sync(++k)) return;
+    }
+#else
+    if (pc.t == pc.t_end) {
+        if (wg < n_sl) prologue(16u * wg, tid);
+        return;
+    }
+#endif
+    for (uint t = pc.t; t < pc.t_end; ++t) {
+        for (uint sl = wg; sl < n_sl; sl += n_wg) {
+            uint j0 = 16u * sl, j = j0 + u;
+            vec3 gi3 = vec3(0.0), bias = vec3(0.0);
+            float hp = 0.0;
+            if (live) {  // loaded before the product: their latency hides behind it
+                uint gib = pc.gi_off + (t * pc.B + b) * 3u * H + j;
+                gi3 = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
+                bias = vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]);
+                hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
+            }
+            PHASE(t, 0u);
+            product(t, j0, sg);
+            PHASE(t, 1u);
+            if (live) gate(t, b, j, u, gi3, bias, hp);
+            barrier();  // red is rewritten by the next slice
+        }
+        PHASE(t, 2u);
+#ifdef PERSISTENT
+        if (t + 1u < pc.t_end && !grid_sync(++k)) break;
+#endif
+    }
+#ifdef PERSISTENT
+    grid_sync_done(1u);
+#endif
+}

@@ -1,0 +1,75 @@
+// 16 x 16 fragments of the streamed sweeps (glsl/gru_*_stream.comp): float16 A and B operands
+// loaded from storage buffers, float32 accumulators summed through shared memory. Real ones are
+// VK_NV_cooperative_matrix fragments (tensor cores, subgroups of 32). With EMU they are emulated
+// for devices without cooperative matrices (lavapipe: the tests run the sweeps' logic there):
+// an operand fragment is only where its 16 x 16 block lies (offset, stride, layout), read when it
+// is multiplied (the sweeps never write an operand between its load and its product), and an
+// accumulator is 8 floats per invocation of a virtual subgroup of 32 (invocation l holds row
+// l / 2, columns (l % 2) * 8 .. +7), so no subgroup operation is needed and any real subgroup size
+// works. The sums of a product run in k order in float32 (the hardware's order is its own).
+// The includer defines A_BUF and B_BUF (float16_t arrays the A and B operands are loaded from) and
+// ACC_SHARED (the shared float array accumulators are stored to and loaded from).
+#ifndef CATCHAT_SWEEP_FRAG_GLSL
+#define CATCHAT_SWEEP_FRAG_GLSL
+
+#ifdef EMU
+struct FragRef { uint off; uint stride; bool col; };
+struct Acc { float v[8]; };
+#define FRAG_A FragRef
+#define FRAG_B FragRef
+#define ACC_T Acc
+#define LOAD_A(m, off, stride, col) m = FragRef(off, stride, col)
+#define LOAD_B(m, off, stride, col) m = FragRef(off, stride, col)
+
+Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
+
+// Element (row, col) of an operand block: row-major at off + row * stride + col, column-major at
+// off + col * stride + row.
+uint frag_index(FragRef m, uint row, uint col) { return m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col; }
+
+Acc mul_add(FragRef a, FragRef b, Acc c) {
+    uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
+    for (uint e = 0u; e < 8u; ++e) {
+        float s = c.v[e];
+        for (uint k = 0u; k < 16u; ++k) s += float(A_BUF[frag_index(a, row, k)]) * float(B_BUF[frag_index(b, k, c0 + e)]);
+        c.v[e] = s;
+    }
+    return c;
+}
+
+Acc acc_add(Acc a, Acc b) {
+    for (uint e = 0u; e < 8u; ++e) a.v[e] += b.v[e];
+    return a;
+}
+
+// Row-major at off with this row stride, in ACC_SHARED.
+void acc_store(Acc c, uint off, uint stride) {
+    uint lane = gl_LocalInvocationIndex % 32u, base = off + (lane / 2u) * stride + (lane % 2u) * 8u;
+    for (uint e = 0u; e < 8u; ++e) ACC_SHARED[base + e] = c.v[e];
+}
+
+Acc acc_load(uint off, uint stride) {
+    uint lane = gl_LocalInvocationIndex % 32u, base = off + (lane / 2u) * stride + (lane % 2u) * 8u;
+    Acc c;
+    for (uint e = 0u; e < 8u; ++e) c.v[e] = ACC_SHARED[base + e];
+    return c;
+}
+
+#define ACC_ZERO() acc_zero()
+#define MUL_ADD(a, b, c) mul_add(a, b, c)
+#define ACC_ADD(a, b) acc_add(a, b)
+#define ACC_STORE(m, off, stride) acc_store(m, off, stride)
+#define ACC_LOAD(m, off, stride) m = acc_load(off, stride)
+#else
+#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define FRAG_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, off, stride, col)
+#define LOAD_B(m, off, stride, col) coopMatLoadNV(m, B_BUF, off, stride, col)
+#define ACC_ZERO() ACC_T(0.0)
+#define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
+#define ACC_ADD(a, b) ((a) + (b))
+#define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
+#define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
+#endif
+#endif
