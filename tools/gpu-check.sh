@@ -76,6 +76,12 @@ part gemm-table $py tools/gemm_table.py "$out/gemm-grid-v5.json" "$out/gemm-grid
 part parity-gemm $py -m catchat.cli parity --only gemm --summary
 part bench-v3-fp16-untuned env CATCHAT_TUNE=0 $py -m catchat.cli bench configs/catchat-v3.toml --precision fp16 \
     --steps 4 --warmup 1 --json "$out/bench-v3-fp16-untuned.json"
+# the streamed tensor-core sweeps (W_hh from a float16 copy: v5): their parity (sweeps, then the whole model at
+# v5's shape), then v5 at fp16 beside PyTorch with the profile
+part parity-sweeps $py -m catchat.cli parity --only gru --summary
+part parity-model $py -m catchat.cli parity --only model --summary
+part bench-v5-fp16-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --precision fp16 \
+    --compare-torch --profile --json "$out/bench-v5-fp16-stream.json"
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's

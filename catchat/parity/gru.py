@@ -68,7 +68,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     read after the last forward sweep, hprev (the resets applied in place) and the gradients after
     the last backward. w_half: both sweeps read W_hh from a float16 copy (at an odd offset, 5
     halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: both sweeps'
-    products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`.
+    products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`. Both: the
+    streamed sweeps (W_hh 8 halves in), compared as coop.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -199,6 +200,20 @@ COOP_CASES = [
 ]
 
 
+# The streamed sweeps (coop with a float16 W_hh: stream.py; emulated fragments where the device has no
+# cooperative matrices): one lane fragment and two with lanes past B (B = 17, 20), k-groups left empty
+# (H = 16, 32) and short, per-step and persistent, clamp off and on; on a GPU also v5's B and H.
+STREAM_CASES = [
+    ((3, 3, 16, AUTO, 0.0), 0),
+    ((4, 17, 48, AUTO, 0.02), 0),
+    ((4, 20, 32, AUTO, 0.03), 1),
+]
+STREAM_GPU_CASES = [
+    ((6, 32, 256, AUTO, 0.0), -1),
+    ((4, 32, 2048, AUTO, 0.02), -1),
+]
+
+
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
@@ -216,12 +231,15 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
     if coopmat_runs(dev):
         runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES]
+    if dev.runs_float16:  # -1: one workgroup per SM
+        stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
+        runs += [(c, device_sms(dev) if n < 0 else n, "stream") for c, n in stream]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        coop = variant == "coop"
+        coop = variant in ("coop", "stream")
         got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant == "f16w", coop=coop)
+                          w_half=variant in ("f16w", "stream"), coop=coop)
         if variant == "f16w":
             case = half_weights(case)
         exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32",

@@ -14,6 +14,7 @@ from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device
+from catchat.vk.kernels.gru import stream_sweeps
 from catchat.vk.program import Program, StepHyper
 
 
@@ -96,16 +97,23 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
                                          spectral_u=spectral_u_init(spec, np.float64))
     shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}" + (f" {precision} S={hp.loss_scale:g}"
                                                                       if precision != "fp32" else "")
-    out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
+    # Tensor-core sweeps round h_prev to float16 (step functions): a float32 ulp between the GPU's
+    # sums and the twin's flips some roundings by one float16 unit, and the flips travel through the
+    # recurrence (catchat/parity/gru.py checks the sweeps' own arithmetic with the roundings forced).
+    # Here that is allowed for: states and logits within u = 2^-11 (float16's unit roundoff of O(1)
+    # values), gradients within u * max|expected| instead of u/8.
+    flips = recurrent == "fp16"
+    state_atol, grad_scale = (2.0**-11, 8 * FP16_GRAD) if flips else (1e-5, FP16_GRAD)
+    out = [compare("logits", shape, logits, plain.logits.reshape(-1), state_atol, 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
            compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
                    [res.top1, res.top5, res.n_valid], 0, 0),
            compare("clamp hits", shape, [st.clamp_hits], [res.clamp_hits], 0, 0),
-           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), 1e-5, 1e-4)]
+           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), state_atol, 1e-4)]
     g = layout.unflatten(grads)
     for name in layout.names:
         exp = res.grads[name]
-        atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (FP16_GRAD * np.abs(exp).max(), 0.0)
+        atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (grad_scale * np.abs(exp).max(), 0.0)
         out.append(compare(f"grad {name}", shape, g[name], exp, atol, rtol))
     out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
     out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
@@ -172,4 +180,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out += model_parity(dev, spec, T, B, replace(hp, loss_scale=FP16_SCALE), label=label, precision="fp16")
     for spec, T, B, hp, tf in STEPWISE_CASES:
         out += stepwise_parity(dev, spec, T, B, hp, tf)
+    v5 = ModelSpec(vocab_size=101, hidden=2048, layers=3)
+    if stream_sweeps(dev, 32, v5.hidden, "fp16"):  # v5's shape on the streamed tensor-core sweeps
+        hp = replace(MODEL_CASES[0][4], loss_scale=FP16_SCALE)
+        out += model_parity(dev, v5, 4, 32, hp, label="v5 streamed", precision="fp16")
     return out

@@ -120,3 +120,26 @@ class Axpby(Kernel):
     def __call__(self, a: float, b: float, c: float = 0.0):
         return self.op(self.n, float(a), float(b), float(c))
 
+
+
+class ToHalf(Kernel):
+    """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
+    float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). The program's float16
+    copy of W_hh for the streamed sweeps; needs `Device.runs_float16`."""
+
+    shader = "to_half"
+    WORKGROUP = 256
+    MAX_WORKGROUPS = 4096  # grid-stride beyond
+
+    def __init__(self, dev: Device, x, y, n: int, x_off: int = 0, y_off: int = 0):
+        if not dev.runs_float16:
+            raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
+        for what, size, need in (("x", x.size(), x_off + n), ("y", 2 * y.size(), y_off + n)):
+            if size < need:
+                raise ValueError(f"to_half: {what} holds {size} elements, needs {need}")
+        self.n, self.offsets = int(n), (int(x_off), int(y_off))
+        super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(self.n, self.WORKGROUP)))],
+                         spec=[self.WORKGROUP], push=(self.n, *self.offsets))
+
+    def ops(self) -> list:
+        return [self.op(self.n, *self.offsets)]

@@ -108,7 +108,7 @@ class Program:
             self._sync(b.initialised(), True)  # device tensors hold garbage until synced
         self.fwd: ForwardKernels = build_forward(dev, layout, b, g, precision)
         self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer, precision,
-                                                          self.fwd.gru[0].coop) if training else None
+                                                          self.fwd.gru[0].coop, self.fwd.w16) if training else None
         self.stepwise: StepwiseKernels | None = None
         fwd = sq.forward_ops(self.fwd)
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)

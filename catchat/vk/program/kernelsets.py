@@ -16,15 +16,17 @@ optimizer stay float32. The loss gradient then carries the loss scale S (HP_LOSS
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import numpy as np
+
+from dataclasses import dataclass, field
 
 from catchat.model import ParamLayout, head_name
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby
+from catchat.vk.kernels import Axpby, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows
+from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows, stream_sweeps
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -51,6 +53,12 @@ class ForwardKernels:
     cross_entropy: CrossEntropy  # plain (eval)
     loss_reduce: LossReduce
     carry: Axpby  # h0 = hT
+    w16: object = None  # the streamed sweeps' float16 copy of every layer's W_hh [L,3H,H] (None: not streamed)
+    w16_refresh: list = field(default_factory=list)  # per layer: W_hh -> w16 (after every parameter change)
+
+    def derived_ops(self) -> list:
+        """What follows the parameters: table0 and, for streamed sweeps, W_hh's float16 copy."""
+        return self.table0.ops() + [op for k in self.w16_refresh for op in k.ops()]
 
 
 @dataclass
@@ -128,20 +136,31 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     coop = coop_sweeps(dev, B, H, precision)  # fp16 on tensor cores: the sweeps' products too
+    w16, refresh = None, []
+    if coop and stream_sweeps(dev, B, H, precision):  # W_hh streamed from a float16 copy, layer l at l*3H*H
+        w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
+        refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H)
+                   for l in range(g.L)]
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=o[f"layers.{l}.gru.weight_hh"], b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop)
+                      w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
     reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
-    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H))
+    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh)
+
+
+def whh_offset(layout: ParamLayout, layer: int, w16) -> int:
+    """Where a sweep reads layer `layer`'s W_hh: in params (words), or in the float16 copy w16 (halves)."""
+    H = layout.spec.hidden
+    return layer * 3 * H * H if w16 is not None else layout.offsets[f"layers.{layer}.gru.weight_hh"]
 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,
-                   precision: str = "fp32", coop: bool = False) -> BackwardKernels:
+                   precision: str = "fp32", coop: bool = False, w16=None) -> BackwardKernels:
     """coop: the sweeps' products on tensor cores, as the forward's (`build_forward`: the twin rounds
-    both directions' products or neither)."""
+    both directions' products or neither); w16: the forward's float16 W_hh (streamed sweeps)."""
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
     pr = precision
     head = o[head_name(layout.spec)]
@@ -168,7 +187,8 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
                                          o_off=state_rows(B, H)),
             # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l]
             gru=GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, None, b.dh0,
-                            b.stats, T=T, B=B, H=H, w_off=o[p + "gru.weight_hh"], dh0_off=l * B * H, coop=coop),
+                            b.stats, T=T, B=B, H=H, w_off=whh_offset(layout, l, w16), dh0_off=l * B * H, coop=coop,
+                            w_half=w16),
             dw_hh=gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"),
             db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
             db_hh=ColSum(dev, (b.save[l], 0, 4 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum,

@@ -55,7 +55,7 @@ def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) 
         row = t * B  # every row-block kernel moves to this timestep's rows
         ops += [s.tf_select.step(t), r.embedding.op_at(row)]
         for proj, gru, norm in zip(r.proj, f.gru, r.norm):
-            ops += [proj.op_at(row), gru.step(t), norm.op_at(row)]
+            ops += [proj.op_at(row), *gru.step_ops(t), norm.op_at(row)]
         ops.append(r.head.op_at(row))
     return ops
 
@@ -63,7 +63,7 @@ def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) 
 def optimizer_ops(f: ForwardKernels, k: BackwardKernels) -> list:
     """(fp16: the unscale by 1/S), grad norm, the optimizer (skip guard, clip, AdamW/NAdam), spectral
     projection, table0."""
-    return [u(0.0, 0.0) for u in k.unscale] + k.grad_norm() + [k.optimizer()] + k.spectral() + f.table0.ops()
+    return [u(0.0, 0.0) for u in k.unscale] + k.grad_norm() + [k.optimizer()] + k.spectral() + f.derived_ops()
 
 
 # ----------------------------------------------------------------------------- sequences
@@ -93,7 +93,7 @@ def record_forward(dev: Device, b: Buffers, f: ForwardKernels, fwd: list) -> For
     return ForwardSequences(
         eval=record_eval(dev, b, f, fwd),
         logits=dev.recorded(fwd + [f.carry(1.0, 0.0)], [b.hyper, b.stats] + _data(b), [b.logits, b.stats]),
-        set_params=dev.recorded(f.table0.ops(), [b.params]))  # table0 follows the params
+        set_params=dev.recorded(f.derived_ops(), [b.params]))  # table0 (and w16) follow the params
 
 
 def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list) -> TrainSequences:

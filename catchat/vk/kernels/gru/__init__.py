@@ -4,6 +4,7 @@
                  dispatch), the state-row layout, the shader a sweep runs
     tiled.py     tiles of the tiled shaders (W_hh streamed): defines, extent, shared memory, picker
     resident.py  tiles of the register-resident shaders (W_hh in registers), the tensor-core variant
+    stream.py    the streamed tensor-core sweeps' split (W_hh from a float16 copy in memory: v5)
     plan.py      a sweep's plan: tuned or table tiles, persistent or per step (co-residency), coop
 
 Every name is importable from `catchat.vk.kernels.gru`, as the program, parity, tests and tools use it.
@@ -22,6 +23,7 @@ from catchat.vk.kernels.gru.plan import (
     resident_workgroups,
     sweep_candidates,
     sweep_residency,
+    stream_sweeps,
     sweep_workgroups,
     sync_words,
     table_tiles,
@@ -51,6 +53,14 @@ from catchat.vk.kernels.gru.resident import (
     resident_shape,
     shuffle_slices,
 )
+from catchat.vk.kernels.gru.stream import (
+    STREAM_MAX_LANES,
+    STREAM_UNITS,
+    W16_ALIGN,
+    StreamTiles,
+    stream_ok,
+    stream_tiles,
+)
 from catchat.vk.kernels.gru.sweeps import (
     GruBackward,
     GruForward,
@@ -78,6 +88,7 @@ __all__ = [
     "partial_words", "per_step_reason", "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep",
     "resident_backward", "resident_candidate", "resident_defines", "resident_fits", "resident_registers",
     "resident_resources", "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices",
-    "state_rows", "sweep_candidates", "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
+    "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "W16_ALIGN", "state_rows", "stream_ok", "stream_sweeps",
+    "stream_tiles", "sweep_candidates", "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
     "table_tiles", "tile_count", "tile_extent", "tile_row", "tiled_tiles", "to_cache",
 ]

@@ -24,6 +24,13 @@ from catchat.vk.kernels.gru.resident import (
     resident_resources,
     resident_shape,
 )
+from catchat.vk.kernels.gru.stream import (
+    stream_ok,
+    stream_shared_bytes,
+    stream_slices,
+    stream_threads,
+    stream_tiles,
+)
 from catchat.vk.kernels.gru.tiled import _tiles_fit, n_workgroups, pick_tiles, shared_bytes
 from catchat.vk.occupancy import Residency, co_residency
 
@@ -39,11 +46,40 @@ COOP_ENV = "CATCHAT_SWEEP_COOP"  # =0: the threads' FMAs at fp16 too (to compare
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
     backward alike, as the twin's `recurrent` assumes): fp16, not turned off (CATCHAT_SWEEP_COOP=0),
-    cooperative matrices on the device, and resident 16 x 16 tiles planned for both directions with
-    the tensor-core kernels' own threads and shared memory."""
-    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
+    cooperative matrices on the device, and either resident 16 x 16 tiles planned for both
+    directions with the tensor-core kernels' own threads and shared memory (W_hh on chip: v3), or
+    the streamed sweeps (`stream_sweeps`: v5)."""
+    return _resident_coop(dev, B, H, precision) or stream_sweeps(dev, B, H, precision)
+
+
+def _coop_allowed(dev: Device, precision: str) -> bool:
+    return precision == "fp16" and os.environ.get(COOP_ENV, "").strip() != "0" and coopmat_runs(dev)
+
+
+def _resident_coop(dev: Device, B: int, H: int, precision: str) -> bool:
+    if not _coop_allowed(dev, precision):
         return False
     return all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True))
+
+
+def stream_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program at `precision` runs the streamed tensor-core sweeps (stream.py: W_hh's
+    product from a float16 copy in memory): tensor cores allowed as for `coop_sweeps`, the resident
+    16 x 16 tiles not planned (where they fit, W_hh stays on chip: faster), [B, H] a shape they take,
+    and both directions' persistent dispatches shown co-resident (one dispatch per step would give
+    back what streaming wins)."""
+    if not _coop_allowed(dev, precision) or not stream_ok(B, H) or _resident_coop(dev, B, H, precision):
+        return False
+    resident = resident_workgroups(dev)
+    if not resident:
+        return False
+    for backward in (False, True):
+        tiles = stream_tiles(B, H, backward)
+        res = co_residency(dev.info, sweep_workgroups(resident, stream_slices(H)), stream_threads(tiles),
+                           stream_shared_bytes(tiles, backward), 0, tile_row(dev).register_file)
+        if not res.ok:
+            return False
+    return True
 
 
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:

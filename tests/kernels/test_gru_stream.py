@@ -1,0 +1,112 @@
+"""The streamed tensor-core sweeps (glsl/gru_*_stream.comp, catchat/vk/kernels/gru/stream.py) in a
+program and in its plan. Their sweep-level parity is in test_gru.py's test_parity (variant
+"stream"); here lavapipe runs them with emulated fragments, so the program is forced onto them."""
+
+import dataclasses
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from catchat.model import ModelSpec, ParamLayout
+from catchat.parity import model as model_parity
+from catchat.vk.kernels import gru, run_ops, unpack_half
+from catchat.vk.program import Program, kernelsets
+
+
+@pytest.fixture
+def streamed(monkeypatch):
+    """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here)."""
+    monkeypatch.setattr(kernelsets, "coop_sweeps", lambda *a: True)
+    monkeypatch.setattr(kernelsets, "stream_sweeps", lambda *a: True)
+
+
+def test_program_trains_on_streamed_sweeps(dev, streamed):
+    """A whole fp16 training step on the streamed sweeps against the fp16 twin (loss, logits, every
+    gradient, the step), and W_hh's float16 copy follows the parameters through the step."""
+    spec = ModelSpec(vocab_size=101, hidden=16, layers=2)
+    hp = replace(model_parity.MODEL_CASES[0][4], loss_scale=model_parity.FP16_SCALE)
+    results = model_parity.model_parity(dev, spec, 6, 5, hp, label="streamed", precision="fp16")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+    layout = ParamLayout(spec)
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, 6, 5)
+    prog = Program(dev, layout, 6, 5, precision="fp16")
+    assert prog.fwd.gru[0].stream and prog.bwd.layers[1].gru.stream and prog.fwd.w16 is not None
+    prog.set_params(flat)
+    prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+    prog.train_step([(tokens, targets, resets)], hp, global_step=0)
+    (params,) = prog.read("params")
+    (w16,) = run_ops(dev, [], [], [prog.fwd.w16])
+    halves = unpack_half(w16, 2 * w16.size)
+    for l in range(spec.layers):
+        w = layout.view(params, f"layers.{l}.gru.weight_hh").ravel()
+        n = w.size
+        assert not np.array_equal(w, layout.view(flat, f"layers.{l}.gru.weight_hh").ravel())  # the step moved it
+        np.testing.assert_array_equal(halves[l * n:(l + 1) * n], w.astype(np.float16))
+
+
+def test_stepwise_path_on_streamed_sweeps(dev, streamed):
+    """The per-timestep path (scheduled sampling) runs a streamed sweep's prologue before step 0:
+    at tf = 1 it equals the batched path at fp16."""
+    spec = ModelSpec(vocab_size=101, hidden=16, layers=2)
+    layout = ParamLayout(spec)
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, 5, 3, seed=4)
+    prog = Program(dev, layout, 5, 3, precision="fp16")
+    hp = replace(model_parity.MODEL_CASES[0][4], lr=0.0, weight_decay=0.0, loss_scale=model_parity.FP16_SCALE)
+
+    def run(stepwise):
+        prog.set_params(flat)
+        prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+        prog.set_carry(None)
+        st = prog.train_step([(tokens, targets, resets)], hp, global_step=0, stepwise=stepwise)
+        return st.loss, prog.read("grads")[0]
+
+    (loss_s, grads_s), (loss_b, grads_b) = run(True), run(False)
+    assert prog.fwd.gru[0].stream
+    assert loss_s == pytest.approx(loss_b, rel=1e-6)
+    np.testing.assert_allclose(grads_s, grads_b, rtol=1e-5, atol=1e-7)
+
+
+def test_stream_planning(dev, monkeypatch):
+    """Where a program streams W_hh: fp16 on a device with cooperative matrices and persistent sweeps
+    shown co-resident, H a multiple of 16, B <= 32, the resident 16 x 16 tiles not planned; never on a
+    device without them (lavapipe), at fp32, or with CATCHAT_SWEEP_COOP=0."""
+    from catchat.vk.kernels.gemm import COOP_SHAPE
+    from catchat.vk.kernels.gru import plan as gru_plan
+
+    monkeypatch.delenv(gru.COOP_ENV, raising=False)
+    assert not gru.stream_sweeps(dev, 32, 2048, "fp16") or dev.info.type != "CPU"
+    info = dataclasses.replace(dev.info, subgroup_size=32, type="DiscreteGpu", compute_units=132,
+                               max_shared_memory_bytes=48 * 1024, max_workgroup_invocations=1024)
+    tc = dataclasses.replace(dev, info=info, coop_shapes=(COOP_SHAPE,), features=dev.features | {"cooperativeMatrixNV"})
+    monkeypatch.setattr(gru_plan, "_resident_coop", lambda *a: False)
+    assert gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
+    assert gru.stream_sweeps(tc, 5, 48, "fp16")
+    assert not gru.stream_sweeps(tc, 33, 2048, "fp16")  # three lane fragments: not a split it has
+    assert not gru.stream_sweeps(tc, 32, 2040, "fp16")  # H not a multiple of 16
+    assert not gru.stream_sweeps(tc, 32, 2048, "fp32")
+    monkeypatch.setenv(gru.COOP_ENV, "0")
+    assert not gru.stream_sweeps(tc, 32, 2048, "fp16")
+    monkeypatch.delenv(gru.COOP_ENV)
+    monkeypatch.setattr(gru_plan, "_resident_coop", lambda *a: True)  # W_hh fits on chip: resident wins
+    assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
+    # the split and resources at v5
+    fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
+    assert (fwd, bwd) == (gru.StreamTiles(2, 16), gru.StreamTiles(2, 48))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        gru.stream_tiles(3, 40, False)
+
+
+def test_streamed_sweep_refuses_misaligned_w16(dev):
+    """The float16 W_hh copy must start on a 16-byte boundary (fragment rows)."""
+    from catchat.parity import gru as gru_parity
+    from catchat.vk.kernels import half_tensor
+
+    case = gru_parity.make_case(2, 3, 16)
+    t = dev.tensor
+    w16 = half_tensor(dev, np.zeros(3 * 16 * 16 + 8))
+    with pytest.raises(ValueError, match="multiple of 8 halves"):
+        gru.GruForward(dev, t(2 * 3 * 48), t(case["flat"]), t(2 * 3 * 16), t(np.zeros(6), np.uint32), t(3 * 3 * 16),
+                       t(3 * 3 * 16), t(2 * 3 * 64), t(2 * 3 * 16), T=2, B=3, H=16, w_off=4, b_off=0, coop=True,
+                       w_half=w16, hprev_off=0, o_off=3 * 16)
