@@ -32,6 +32,9 @@
 #ifndef KPG
 #define KPG 6   // 16-deep fragments of the 3H rows per k-group: 8 * KPG * 16 >= 3H
 #endif
+#ifndef FULL
+#define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
+#endif
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -73,7 +76,7 @@ void product(uint s, uint k0, uint sg) {
     ACC_T acc = ACC_ZERO();
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = kg * KPG + i;
-        if (kf < n_kf) {
+        if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
             FRAG_A a;
             FRAG_B w;
             LOAD_A(a, a0 + 16u * kf, 3u * H, false);        // (lane, row) = dGh[s, lane, 16 kf + row]

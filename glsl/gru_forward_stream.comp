@@ -36,6 +36,9 @@
 #ifndef KPG
 #define KPG 2   // 16-deep k-fragments per k-group: 8 * KPG * 16 >= H
 #endif
+#ifndef FULL
+#define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
+#endif
 #include "common.glsl"
 
 const uint KG = 8u;         // k-groups
@@ -85,7 +88,7 @@ void product(uint t, uint j0, uint sg) {
     ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = kg * KPG + i;
-        if (kf < n_kf) {
+        if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
             FRAG_A a;
             FRAG_B w0, w1, w2;  // (k, unit) = W_hh[g*H + j0 + unit, k] for gates g = 0, 1, 2
             LOAD_A(a, a0 + 16u * kf, H, false);

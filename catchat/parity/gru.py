@@ -201,10 +201,11 @@ COOP_CASES = [
 
 
 # The streamed sweeps (coop with a float16 W_hh: stream.py; emulated fragments where the device has no
-# cooperative matrices): one lane fragment and two with lanes past B (B = 17, 20), k-groups left empty
-# (H = 16, 32) and short, per-step and persistent, clamp off and on; on a GPU also v5's B and H.
+# cooperative matrices): one lane fragment and two with lanes past B (B = 17, 20), k-groups full
+# (H = 128: FULL), left empty (H = 32) and short (H = 48), per-step and persistent, clamp off and on;
+# on a GPU also v5's B and H.
 STREAM_CASES = [
-    ((3, 3, 16, AUTO, 0.0), 0),
+    ((3, 3, 128, AUTO, 0.0), 0),
     ((4, 17, 48, AUTO, 0.02), 0),
     ((4, 20, 32, AUTO, 0.03), 1),
 ]

@@ -35,7 +35,8 @@ def test_program_trains_on_streamed_sweeps(dev, streamed):
     assert prog.fwd.gru[0].stream and prog.bwd.layers[1].gru.stream and prog.fwd.w16 is not None
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
-    prog.train_step([(tokens, targets, resets)], hp, global_step=0)
+    prog.set_carry(None)
+    assert not prog.train_step([(tokens, targets, resets)], hp, global_step=0).skipped
     (params,) = prog.read("params")
     (w16,) = run_ops(dev, [], [], [prog.fwd.w16])
     halves = unpack_half(w16, 2 * w16.size)

@@ -61,8 +61,13 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     return 2 * 16 * tiles.lane_frags * (3 * H if backward else H) // 2
 
 
-def stream_defines(tiles: StreamTiles, emulate: bool) -> dict:
-    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, **({"EMU": 1} if emulate else {})}
+def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) -> dict:
+    """LF, KPG; FULL where every k-group has KPG fragments (no bound checks in the product loop, so
+    the driver can issue later fragments' loads early: a checked loop waited out each load's L2
+    latency in turn); EMU: emulated fragments."""
+    full = STREAM_KGROUPS * tiles.k_per_group * 16 == (3 * H if backward else H)
+    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, **({"FULL": "true"} if full else {}),
+            **({"EMU": 1} if emulate else {})}
 
 
 def stream_slices(H: int) -> int:

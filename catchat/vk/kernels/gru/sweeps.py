@@ -174,7 +174,7 @@ class _Sweep(Kernel):
             self.residency = co_residency(info, sweep_workgroups(resident, n_slices), nt, self.shared_bytes, 0,
                                           tile_row(dev).register_file)
             resident = resident if self.residency.ok else 0
-        defines = stream_defines(self.tiles, emulate)
+        defines = stream_defines(self.tiles, H, backward, emulate)
         Kernel.__init__(self, dev, tensors, [n_slices], spec=[nt], push=push, defines=defines,
                         shader=(GruBackward if backward else GruForward).shader + "_stream")
         self.sweep_workgroups = sweep_workgroups(resident, n_slices)
