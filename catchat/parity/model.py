@@ -101,9 +101,10 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     # sums and the twin's flips some roundings by one float16 unit, and the flips travel through the
     # recurrence (catchat/parity/gru.py checks the sweeps' own arithmetic with the roundings forced).
     # Here that is allowed for: states and logits within u = 2^-11 (float16's unit roundoff of O(1)
-    # values), gradients within u * max|expected| instead of u/8.
+    # values), gradients within 4u * max|expected| instead of u/8 (at v5's shape on an H200 the W_hh
+    # gradients, sums over every step of the flipped states, reached 1.6u).
     flips = recurrent == "fp16"
-    state_atol, grad_scale = (2.0**-11, 8 * FP16_GRAD) if flips else (1e-5, FP16_GRAD)
+    state_atol, grad_scale = (2.0**-11, 32 * FP16_GRAD) if flips else (1e-5, FP16_GRAD)
     out = [compare("logits", shape, logits, plain.logits.reshape(-1), state_atol, 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
            compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
