@@ -16,9 +16,9 @@ optimizer stay float32. The loss gradient then carries the loss scale S (HP_LOSS
 
 from __future__ import annotations
 
-import numpy as np
-
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from catchat.model import ParamLayout, head_name
 from catchat.vk import slots
