@@ -63,63 +63,17 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
-#ifdef STAGE_A
-// dGh staged through shared memory in chunks of CK rows (two buffers, g16's rows read as 16-byte
-// words), the fragments loaded from there; `red` aliases the buffers once the product is done.
-layout(set = 0, binding = 12) SWEEP_COHERENT readonly buffer G16v { uvec4 g16v[]; };  // g16 again
-#define A_SRC4 g16v
-const uint CK = 256u;                    // rows of W_hh per chunk (3H a multiple of it)
-shared uvec2 smem[2u * BP * CK / 4u];    // [2][BP][CK] halves, 4 a word; red: floats, 2 a word
-#define A_BUF smem
-#define A_UNIT 4u
-#define ACC_SHARED smem
-#define ACC_UNIT 2u
-float red_at(uint i) { return uintBitsToFloat(smem[i / 2u][i % 2u]); }
-#define EMU_A(i) unpackHalf2x16(smem[(i) / 4u][((i) % 4u) / 2u])[(i) % 2u]
-#define EMU_ACC_PUT(i, v) smem[(i) / 2u][(i) % 2u] = floatBitsToUint(v)
-#define EMU_ACC_GET(i) uintBitsToFloat(smem[(i) / 2u][(i) % 2u])
-#else
 shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + column]
 #define A_BUF g16
-#define A_UNIT 1u
-#define ACC_SHARED red
-#define ACC_UNIT 1u
-float red_at(uint i) { return red[i]; }
-#define EMU_A(i) float(g16[i])
-#define EMU_ACC_PUT(i, v) red[i] = (v)
-#define EMU_ACC_GET(i) red[i]
-#endif
 #define B_BUF w16
-#define EMU_B(i) float(w16[i])
+#define ACC_SHARED red
 #include "sweep_frag.glsl"
 
-#ifdef STAGE_A
-#include "sweep_stage.glsl"
-#endif
-
 // The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, one block per k-group and lane fragment.
-
 void product(uint s, uint k0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
-    ACC_T acc = ACC_ZERO();
-#ifdef STAGE_A
-    uint src0 = (s % 2u) * BP * 3u * H, n_chunks = 3u * H / CK;
-    stage_chunk(src0, 3u * H, 0u, 0u);
-    barrier();
-    for (uint c = 0u; c < n_chunks; ++c) {
-        if (c + 1u < n_chunks) stage_chunk(src0, 3u * H, c + 1u, (c + 1u) % 2u);
-        [[unroll]] for (uint i = 0u; i < CK / 16u / KG; ++i) {
-            uint kl = kg * (CK / 16u / KG) + i, kf = c * (CK / 16u) + kl;  // the chunk's fragment, and W_hh's
-            FRAG_A a;
-            FRAG_B w;
-            LOAD_A(a, ((c % 2u) * BP + lf * 16u) * CK + 16u * kl, CK, false);
-            LOAD_B(w, pc.w_off + 16u * kf * H + k0, H, false);
-            acc = MUL_ADD(a, w, acc);
-        }
-        barrier();  // the chunk's buffer is staged again two chunks on; red aliases both
-    }
-#else
     uint a0 = ((s % 2u) * BP + lf * 16u) * 3u * H;
+    ACC_T acc = ACC_ZERO();
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = kg * KPG + i;
         if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
@@ -130,7 +84,6 @@ void product(uint s, uint k0, uint sg) {
             acc = MUL_ADD(a, w, acc);
         }
     }
-#endif
     ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);
 }
 
@@ -207,7 +160,7 @@ void main() {
                 float mm = 0.0;
                 if (s < pc.T) {
                     uint rc = (b % 16u) * 16u + u;
-                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += red_at((g * LF + b / 16u) * 256u + rc);
+                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += red[(g * LF + b / 16u) * 256u + rc];
                 }
                 element(s, b, k, mm, dhz, in_u, c, hits);
             }

@@ -65,34 +65,10 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 9
 #include "grid_sync.glsl"
 
-#ifdef STAGE_A
-// h_prev staged through shared memory in chunks of CK k (two buffers, h16's rows read as 16-byte
-// words), the fragments loaded from there; `red` aliases the buffers once the product is done.
-layout(set = 0, binding = 8) SWEEP_COHERENT readonly buffer H16v { uvec4 h16v[]; };  // h16 again
-#define A_SRC4 h16v
-const uint CK = 256u;                    // k per chunk (H a multiple of it)
-shared uvec2 smem[2u * BP * CK / 4u];    // [2][BP][CK] halves, 4 a word; red: floats, 2 a word
-#define A_BUF smem
-#define A_UNIT 4u
-#define ACC_SHARED smem
-#define ACC_UNIT 2u
-float red_at(uint i) { return uintBitsToFloat(smem[i / 2u][i % 2u]); }
-#define EMU_A(i) unpackHalf2x16(smem[(i) / 4u][((i) % 4u) / 2u])[(i) % 2u]
-#define EMU_ACC_PUT(i, v) smem[(i) / 2u][(i) % 2u] = floatBitsToUint(v)
-#define EMU_ACC_GET(i) uintBitsToFloat(smem[(i) / 2u][(i) % 2u])
-#else
 shared float red[RK * LF * 3u * 256u];  // red[((slot * LF + lf) * 3 + g) * 256 + row * 16 + unit]
 #define A_BUF h16
-#define A_UNIT 1u
-#define ACC_SHARED red
-#define ACC_UNIT 1u
-float red_at(uint i) { return red[i]; }
-#define EMU_A(i) float(h16[i])
-#define EMU_ACC_PUT(i, v) red[i] = (v)
-#define EMU_ACC_GET(i) red[i]
-#endif
 #define B_BUF w16
-#define EMU_B(i) float(w16[i])
+#define ACC_SHARED red
 #include "sweep_frag.glsl"
 
 float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
@@ -103,53 +79,27 @@ void prologue(uint j0, uint tid) {
     if (b < pc.B) h16[b * pc.H + j] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
-// acc_g += a x W_hh^T's fragment kf of gate g's 16 units from j0: (k, unit) = W_hh[g*H + j0 + unit, 16 kf + k].
-void mul_gates(FRAG_A a, uint j0, uint kf, inout ACC_T acc0, inout ACC_T acc1, inout ACC_T acc2) {
-    uint H = pc.H;
-    FRAG_B w0, w1, w2;
-    LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
-    LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
-    LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
-    acc0 = MUL_ADD(a, w0, acc0);
-    acc1 = MUL_ADD(a, w1, acc1);
-    acc2 = MUL_ADD(a, w2, acc2);
-}
-
-#ifdef STAGE_A
-#include "sweep_stage.glsl"
-#endif
-
 // The slice's product at step t into red: gate g's 16 x 16 block of lane fragment lf, k-group
 // slots 0..3 (each the sum of two k-groups).
 void product(uint t, uint j0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = H / 16u;
+    uint a0 = ((t % 2u) * BP + lf * 16u) * H;
     // three accumulators, not an array: spirv-opt (shaderc 2022) crashes on arrays of them
     ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
-#ifdef STAGE_A
-    uint src0 = (t % 2u) * BP * H, n_chunks = H / CK;
-    stage_chunk(src0, H, 0u, 0u);
-    barrier();
-    for (uint c = 0u; c < n_chunks; ++c) {
-        if (c + 1u < n_chunks) stage_chunk(src0, H, c + 1u, (c + 1u) % 2u);
-        [[unroll]] for (uint i = 0u; i < CK / 16u / KG; ++i) {
-            uint kl = kg * (CK / 16u / KG) + i;  // the chunk's fragment
-            FRAG_A a;
-            LOAD_A(a, ((c % 2u) * BP + lf * 16u) * CK + 16u * kl, CK, false);
-            mul_gates(a, j0, c * (CK / 16u) + kl, acc0, acc1, acc2);
-        }
-        barrier();  // the chunk's buffer is staged again two chunks on; red aliases both
-    }
-#else
-    uint a0 = ((t % 2u) * BP + lf * 16u) * H;
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = kg * KPG + i;
         if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
             FRAG_A a;
+            FRAG_B w0, w1, w2;  // (k, unit) = W_hh[g*H + j0 + unit, k] for gates g = 0, 1, 2
             LOAD_A(a, a0 + 16u * kf, H, false);
-            mul_gates(a, j0, kf, acc0, acc1, acc2);
+            LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
+            LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
+            LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
+            acc0 = MUL_ADD(a, w0, acc0);
+            acc1 = MUL_ADD(a, w1, acc1);
+            acc2 = MUL_ADD(a, w2, acc2);
         }
     }
-#endif
     uint slot = (kg % RK) * LF + lf;  // red's blocks of this subgroup: (slot * 3 + g) * 256
     if (kg >= RK) {
         ACC_STORE(acc0, (slot * 3u) * 256u, 16u);
@@ -178,7 +128,7 @@ void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
     uint H = pc.H, lf = b / 16u, rc = (b % 16u) * 16u + u;
     vec3 gh = bias;
     [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-        [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += red_at(((s * LF + lf) * 3u + g) * 256u + rc);
+        [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += red[((s * LF + lf) * 3u + g) * 256u + rc];
     }
     float r = sigmoid(gi3.x + gh.x);
     float z = sigmoid(gi3.y + gh.y);

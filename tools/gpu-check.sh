@@ -82,9 +82,6 @@ part parity-sweeps $py -m catchat.cli parity --only gru --summary
 part parity-model $py -m catchat.cli parity --only model --summary
 part bench-v5-fp16-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --precision fp16 \
     --compare-torch --profile --json "$out/bench-v5-fp16-stream.json"
-# the same with every h_prev / dGh fragment loaded from memory instead of staged through shared memory
-part bench-v5-fp16-unstaged env CATCHAT_STREAM_STAGE=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
-    --warmup 1 --precision fp16 --profile
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's

@@ -7,12 +7,8 @@
 // accumulator is 8 floats per invocation of a virtual subgroup of 32 (invocation l holds row
 // l / 2, columns (l % 2) * 8 .. +7), so no subgroup operation is needed and any real subgroup size
 // works. The sums of a product run in k order in float32 (the hardware's order is its own).
-// The includer defines A_BUF and B_BUF (the arrays the A and B operands are loaded from) and
-// ACC_SHARED (the shared array accumulators are stored to and loaded from), with A_UNIT and
-// ACC_UNIT the elements (halves, floats) one array element holds (1 for float16_t and float
-// arrays, 4 and 2 for a uvec2 array); offsets and strides given here count halves and floats. For
-// EMU it defines EMU_A(i), EMU_B(i) (operand element i as a float) and EMU_ACC_PUT(i, v),
-// EMU_ACC_GET(i) (accumulator element i).
+// The includer defines A_BUF and B_BUF (float16_t arrays the A and B operands are loaded from) and
+// ACC_SHARED (the shared float array accumulators are stored to and loaded from).
 #ifndef CATCHAT_SWEEP_FRAG_GLSL
 #define CATCHAT_SWEEP_FRAG_GLSL
 
@@ -35,7 +31,7 @@ Acc mul_add(FragRef a, FragRef b, Acc c) {
     uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
     for (uint e = 0u; e < 8u; ++e) {
         float s = c.v[e];
-        for (uint k = 0u; k < 16u; ++k) s += EMU_A(frag_index(a, row, k)) * EMU_B(frag_index(b, k, c0 + e));
+        for (uint k = 0u; k < 16u; ++k) s += float(A_BUF[frag_index(a, row, k)]) * float(B_BUF[frag_index(b, k, c0 + e)]);
         c.v[e] = s;
     }
     return c;
@@ -49,13 +45,13 @@ Acc acc_add(Acc a, Acc b) {
 // Row-major at off with this row stride, in ACC_SHARED.
 void acc_store(Acc c, uint off, uint stride) {
     uint lane = gl_LocalInvocationIndex % 32u, base = off + (lane / 2u) * stride + (lane % 2u) * 8u;
-    for (uint e = 0u; e < 8u; ++e) EMU_ACC_PUT(base + e, c.v[e]);
+    for (uint e = 0u; e < 8u; ++e) ACC_SHARED[base + e] = c.v[e];
 }
 
 Acc acc_load(uint off, uint stride) {
     uint lane = gl_LocalInvocationIndex % 32u, base = off + (lane / 2u) * stride + (lane % 2u) * 8u;
     Acc c;
-    for (uint e = 0u; e < 8u; ++e) c.v[e] = EMU_ACC_GET(base + e);
+    for (uint e = 0u; e < 8u; ++e) c.v[e] = ACC_SHARED[base + e];
     return c;
 }
 
@@ -68,12 +64,12 @@ Acc acc_load(uint off, uint stride) {
 #define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define FRAG_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-#define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, (off) / A_UNIT, (stride) / A_UNIT, col)
+#define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, off, stride, col)
 #define LOAD_B(m, off, stride, col) coopMatLoadNV(m, B_BUF, off, stride, col)
 #define ACC_ZERO() ACC_T(0.0)
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
-#define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, (off) / ACC_UNIT, (stride) / ACC_UNIT, false)
-#define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, (off) / ACC_UNIT, (stride) / ACC_UNIT, false)
+#define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
+#define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
 #endif
 #endif

@@ -93,12 +93,8 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.setattr(gru_plan, "_resident_coop", lambda *a: True)  # W_hh fits on chip: resident wins
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
     # the split and resources at v5
-    fwd, bwd = gru.stream_tiles(32, 2048, False, 48 * 1024), gru.stream_tiles(32, 2048, True, 48 * 1024)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 16, True), gru.StreamTiles(2, 48, True))
-    assert gru.stream_tiles(32, 2048, False, 32 * 1024) == gru.StreamTiles(2, 16)  # staging does not fit
-    assert gru.stream_tiles(32, 2064, True) == gru.StreamTiles(2, 49)  # H not a multiple of the chunk
-    monkeypatch.setenv(gru.STAGE_ENV, "0")
-    assert gru.stream_tiles(32, 2048, False) == gru.StreamTiles(2, 16)
+    fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
+    assert (fwd, bwd) == (gru.StreamTiles(2, 16), gru.StreamTiles(2, 48))
     with pytest.raises(ValueError, match="multiple of 16"):
         gru.stream_tiles(3, 40, False)
 

@@ -74,7 +74,7 @@ def stream_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     if not resident:
         return False
     for backward in (False, True):
-        tiles = stream_tiles(B, H, backward, dev.info.max_shared_memory_bytes)
+        tiles = stream_tiles(B, H, backward)
         res = co_residency(dev.info, sweep_workgroups(resident, stream_slices(H)), stream_threads(tiles),
                            stream_shared_bytes(tiles, backward), 0, tile_row(dev).register_file)
         if not res.ok:

@@ -12,7 +12,6 @@ glsl/include/sweep_frag.glsl): the tests run the sweeps' logic there; only a GPU
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 from catchat.vk.kernels import ceil_div
@@ -21,19 +20,14 @@ STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups of subgroups per lane fragment
 STREAM_MAX_LANES = 32  # two lane fragments: `red` within 48 KB at most (24 KB forward)
 W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragment rows)
-STAGE_CHUNK = 256  # k (forward) or rows (backward) of the A operand per chunk staged through shared memory
-STAGE_ENV = "CATCHAT_STREAM_STAGE"  # =0: every A fragment loaded from memory (to compare; tools/gpu-check.sh)
 
 
 class StreamTiles(NamedTuple):
-    """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags),
-    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward),
-    and whether the A operand (h_prev, dGh) is `staged` through shared memory in chunks of
-    STAGE_CHUNK (STAGE_A: H a multiple of it) rather than loaded fragment by fragment from memory."""
+    """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags) and
+    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)."""
 
     lane_frags: int
     k_per_group: int
-    staged: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -41,19 +35,12 @@ def stream_ok(B: int, H: int) -> bool:
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
-def stream_tiles(B: int, H: int, backward: bool, max_shared: int | None = None) -> StreamTiles:
-    """The split at [B, H]: staged where H is a multiple of STAGE_CHUNK, CATCHAT_STREAM_STAGE is not 0
-    and the staging buffers fit `max_shared` bytes (None: unchecked)."""
+def stream_tiles(B: int, H: int, backward: bool) -> StreamTiles:
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     depth = 3 * H if backward else H
-    tiles = StreamTiles(ceil_div(B, 16), ceil_div(depth // 16, STREAM_KGROUPS))
-    if H % STAGE_CHUNK == 0 and os.environ.get(STAGE_ENV, "").strip() != "0":
-        staged = tiles._replace(staged=True)
-        if max_shared is None or stream_shared_bytes(staged, backward) <= max_shared:
-            return staged
-    return tiles
+    return StreamTiles(ceil_div(B, 16), ceil_div(depth // 16, STREAM_KGROUPS))
 
 
 def stream_threads(tiles: StreamTiles) -> int:
@@ -63,11 +50,9 @@ def stream_threads(tiles: StreamTiles) -> int:
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
-    x lane fragments of 16 x 16 floats; staged, the two A chunks [2][16 * lane_frags][STAGE_CHUNK]
-    halves that red aliases (plus the grid barrier's flag)."""
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag)."""
     blocks = STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3
-    staging = 2 * 16 * tiles.lane_frags * STAGE_CHUNK * 2 if tiles.staged else 0  # `red` aliases it
-    return max(4 * 256 * blocks, staging) + 4
+    return 4 * 256 * blocks + 4
 
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
@@ -82,7 +67,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) ->
     latency in turn); EMU: emulated fragments."""
     full = STREAM_KGROUPS * tiles.k_per_group * 16 == (3 * H if backward else H)
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, **({"FULL": "true"} if full else {}),
-            **({"STAGE_A": 1} if tiles.staged else {}), **({"EMU": 1} if emulate else {})}
+            **({"EMU": 1} if emulate else {})}
 
 
 def stream_slices(H: int) -> int:

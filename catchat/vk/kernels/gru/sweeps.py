@@ -156,7 +156,7 @@ class _Sweep(Kernel):
             raise ValueError(f"a streamed sweep needs float16 storage and arithmetic, which {info.name} does not offer")
         if self.offsets[0 if backward else 1] % W16_ALIGN:
             raise ValueError(f"a streamed sweep's float16 W_hh must start at a multiple of {W16_ALIGN} halves")
-        self.stream, self.tiles = True, stream_tiles(B, H, backward, info.max_shared_memory_bytes)
+        self.stream, self.tiles = True, stream_tiles(B, H, backward)
         nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
         if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
             raise ValueError(f"a streamed sweep at B={B}: {nt} threads, {self.shared_bytes} bytes of shared memory "
