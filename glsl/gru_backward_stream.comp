@@ -32,6 +32,9 @@
 #ifndef KPG
 #define KPG 6   // 16-deep fragments of the 3H rows per k-group: 8 * KPG * 16 >= 3H
 #endif
+#ifndef PD
+#define PD 8    // fragments whose loads are in flight ahead of the product
+#endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
 #endif
@@ -74,14 +77,22 @@ void product(uint s, uint k0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
     uint a0 = ((s % 2u) * BP + lf * 16u) * 3u * H;
     ACC_T acc = ACC_ZERO();
-    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+    // A ring of PD fragments' operands, as the forward's: PD L2 round trips in flight.
+    FRAG_A a[PD];  // (lane, row) = dGh[s, lane, 16 kf + row]
+    FRAG_B w[PD];  // (row, column) = W_hh[16 kf + row, k0 + column]
+    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
         uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
-            FRAG_A a;
-            FRAG_B w;
-            LOAD_A(a, a0 + 16u * kf, 3u * H, false);        // (lane, row) = dGh[s, lane, 16 kf + row]
-            LOAD_B(w, pc.w_off + 16u * kf * H + k0, H, false);  // (row, column) = W_hh[16 kf + row, k0 + column]
-            acc = MUL_ADD(a, w, acc);
+        if (FULL || kf < n_kf) {
+            LOAD_A(a[i], a0 + 16u * kf, 3u * H, false);
+            LOAD_B(w[i], pc.w_off + 16u * kf * H + k0, H, false);
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i, r = i % PD;
+        if (FULL || kf < n_kf) acc = MUL_ADD(a[r], w[r], acc);  // FULL: no bound checks (every k-group whole)
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
+            LOAD_A(a[r], a0 + 16u * (kf + PD), 3u * H, false);
+            LOAD_B(w[r], pc.w_off + 16u * (kf + PD) * H + k0, H, false);
         }
     }
     ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);

@@ -36,6 +36,9 @@
 #ifndef KPG
 #define KPG 2   // 16-deep k-fragments per k-group: 8 * KPG * 16 >= H
 #endif
+#ifndef PD
+#define PD 4    // fragments whose loads are in flight ahead of the product
+#endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
 #endif
@@ -79,6 +82,15 @@ void prologue(uint j0, uint tid) {
     if (b < pc.B) h16[b * pc.H + j] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
+// Fragment kf's operands: h_prev's (lane fragment from row a0) and gate g's W_hh^T for the 16 units from j0.
+void load_frags(uint a0, uint j0, uint kf, out FRAG_A a, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
+    uint H = pc.H;
+    LOAD_A(a, a0 + 16u * kf, H, false);
+    LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
+    LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
+    LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
+}
+
 // The slice's product at step t into red: gate g's 16 x 16 block of lane fragment lf, k-group
 // slots 0..3 (each the sum of two k-groups).
 void product(uint t, uint j0, uint sg) {
@@ -86,19 +98,23 @@ void product(uint t, uint j0, uint sg) {
     uint a0 = ((t % 2u) * BP + lf * 16u) * H;
     // three accumulators, not an array: spirv-opt (shaderc 2022) crashes on arrays of them
     ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
-    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+    // A ring of PD fragments' operands: the loads of fragment i + PD are issued right after
+    // fragment i is multiplied, so PD fragments' L2 round trips overlap (a loop that loads and then
+    // multiplies each fragment waits out one round trip per fragment).
+    FRAG_A a[PD];
+    FRAG_B w0[PD], w1[PD], w2[PD];  // (k, unit) = W_hh[g*H + j0 + unit, 16 kf + k] for gates g = 0, 1, 2
+    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
         uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) {  // FULL: unconditional, so the loads of later fragments issue early
-            FRAG_A a;
-            FRAG_B w0, w1, w2;  // (k, unit) = W_hh[g*H + j0 + unit, k] for gates g = 0, 1, 2
-            LOAD_A(a, a0 + 16u * kf, H, false);
-            LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
-            LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
-            LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
-            acc0 = MUL_ADD(a, w0, acc0);
-            acc1 = MUL_ADD(a, w1, acc1);
-            acc2 = MUL_ADD(a, w2, acc2);
+        if (FULL || kf < n_kf) load_frags(a0, j0, kf, a[i], w0[i], w1[i], w2[i]);
+    }
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i, r = i % PD;
+        if (FULL || kf < n_kf) {  // FULL: no bound checks (every k-group whole)
+            acc0 = MUL_ADD(a[r], w0[r], acc0);
+            acc1 = MUL_ADD(a[r], w1[r], acc1);
+            acc2 = MUL_ADD(a[r], w2[r], acc2);
         }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_frags(a0, j0, kf + PD, a[r], w0[r], w1[r], w2[r]);
     }
     uint slot = (kg % RK) * LF + lf;  // red's blocks of this subgroup: (slot * 3 + g) * 256
     if (kg >= RK) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a step of the register-resident recurrent sweeps goes, in SM clock cycles.
+"""Where a step of the register-resident or streamed recurrent sweeps goes, in SM clock cycles.
 
     python tools/sweep_phases.py configs/catchat-v3.toml [--layer 1] [--steps 512] [--reps 3] [--set k=v]
 
@@ -9,7 +9,8 @@ as twins compiled with phase clocks (glsl/include/phase_clock.glsl): workgroup 0
 clock at each phase boundary of the first --steps steps. Prints the median cycles of each phase
 and of a step, the sweep's time per step, and the SM clock that implies. Needs register-resident
 tiles: a GPU whose driver reports its SMs (persistent sweeps on), or CATCHAT_PERSISTENT=1 with a
-layer that fits one workgroup (H <= 16: what the test suite does on lavapipe).
+layer that fits one workgroup (H <= 16: what the test suite does on lavapipe); or the streamed
+tensor-core sweeps (glsl/gru_*_stream.comp: v5 at fp16), whose phases are fewer.
 """
 
 from __future__ import annotations
@@ -35,19 +36,21 @@ FORWARD_PHASES = ("stage h_prev", "matmul, reduction, gates", "arrive", "save wr
                   "wait for the lane tile")
 BACKWARD_PHASES = ("partials, gate backward", "product with W, partial stores", "arrive",
                    "dGi/dhz writes, next inputs", "wait for the lane tile")
+STREAM_FORWARD_PHASES = ("product, k-group sums", "gates, writes", "grid barrier, next inputs")
+STREAM_BACKWARD_PHASES = ("product, k-group sums", "element: dh, gate backward, writes", "grid barrier, next inputs")
 
 
 class _Clocked:
-    """A register-resident sweep whose shaders stamp phase clocks into `clock` (uint32 [8 * steps]):
-    PHASE_CLOCK is its binding, the one after the sweep's own (glsl/include/phase_clock.glsl)."""
+    """A register-resident or streamed sweep whose shaders stamp phase clocks into `clock` (uint32
+    [8 * steps]): PHASE_CLOCK is its binding, the one after the sweep's own (glsl/include/phase_clock.glsl)."""
 
     def __init__(self, *args, clock, **kwargs):
         self.clock = clock
         super().__init__(*args, **kwargs)
-        if not isinstance(self.tiles, gru.ResidentTiles):
-            raise ValueError("phase clocks need register-resident tiles")
+        if not (self.stream or isinstance(self.tiles, gru.ResidentTiles)):
+            raise ValueError("phase clocks need register-resident tiles or a streamed sweep")
 
-    def _resident_extras(self, tensors: list, defines: dict) -> list:
+    def _extra_bindings(self, tensors: list, defines: dict) -> list:
         defines.update(PHASE_CLOCK=len(tensors), PHASE_STEPS=self.clock.size() // 8)
         return tensors + [self.clock]
 
@@ -65,7 +68,8 @@ def clocked_twins(prog, layer: int, steps: int):
     the products on tensor cores where the program's are), and the clock tensors (uint32 [steps, 8] each)."""
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
     kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
-    if not (isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
+    w16 = prog.fwd.w16 if kf.stream else None  # the streamed sweeps read W_hh's float16 copy
+    if not (kf.stream or isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
         raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
     clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
@@ -74,13 +78,13 @@ def clocked_twins(prog, layer: int, steps: int):
     fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.o[layer], b.save[layer], b.hT,
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off, tiles=kf.tiles, stats=b.stats,
-                         coop=kf.coop, clock=clocks[0])
+                         coop=kf.coop, w_half=w16, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
     # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
                           b.gi, None, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
-                          dh0_off=dh0_off, tiles=kb.tiles, coop=kb.coop, clock=clocks[1])
+                          dh0_off=dh0_off, tiles=kb.tiles, coop=kb.coop, w_half=w16, clock=clocks[1])
     return fwd, bwd, clocks
 
 
@@ -115,8 +119,10 @@ def main(argv=None) -> int:
     fwd, bwd, clocks = clocked_twins(prog, args.layer, steps)
     print(f"{args.config}: H={prog.spec.hidden} B={prog.B} T={prog.T} layer {args.layer} on {dev.info.name}; "
           f"tiles {fwd.tiles} / {bwd.tiles}; workgroup 0, steps {steps // 10}..{steps - 1}")
-    for name, kernel, clock, labels, n_steps in (("forward", fwd, clocks[0], FORWARD_PHASES, prog.T),
-                                                 ("backward", bwd, clocks[1], BACKWARD_PHASES, prog.T + 1)):
+    labels_f, labels_b = ((STREAM_FORWARD_PHASES, STREAM_BACKWARD_PHASES) if fwd.stream
+                          else (FORWARD_PHASES, BACKWARD_PHASES))
+    for name, kernel, clock, labels, n_steps in (("forward", fwd, clocks[0], labels_f, prog.T),
+                                                 ("backward", bwd, clocks[1], labels_b, prog.T + 1)):
         ops = kernel.sweep_ops()
         sec = timed_sequence(dev, ops, args.reps)
         stamps = run_ops(dev, [], ops, [clock])[0].reshape(steps, 8)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
 from catchat.vk.kernels import gru, run_ops, unpack_half
@@ -94,7 +95,13 @@ def test_stream_planning(dev, monkeypatch):
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 16), gru.StreamTiles(2, 48))
+    assert (fwd, bwd) == (gru.StreamTiles(2, 16, 4), gru.StreamTiles(2, 48, 8))
+    assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments
+    monkeypatch.setenv(gru.DEPTH_ENV, "2,16")
+    assert gru.stream_tiles(32, 2048, False).depth == 2 and gru.stream_tiles(32, 2048, True).depth == 16
+    monkeypatch.setenv(gru.DEPTH_ENV, "two")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM_DEPTH"):
+        gru.stream_tiles(32, 2048, False)
     with pytest.raises(ValueError, match="multiple of 16"):
         gru.stream_tiles(3, 40, False)
 
@@ -111,3 +118,18 @@ def test_streamed_sweep_refuses_misaligned_w16(dev):
         gru.GruForward(dev, t(2 * 3 * 48), t(case["flat"]), t(2 * 3 * 16), t(np.zeros(6), np.uint32), t(3 * 3 * 16),
                        t(3 * 3 * 16), t(2 * 3 * 64), t(2 * 3 * 16), T=2, B=3, H=16, w_off=4, b_off=0, coop=True,
                        w_half=w16, hprev_off=0, o_off=3 * 16)
+
+
+@pytest.mark.parametrize("depth", ["1,1", "3,3"])
+def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
+    """Rings shallower than a k-group (fragments loaded mid-loop into a slot just multiplied, a
+    partial last round at depth 3): the same results as the twin."""
+    from catchat.parity import gru as gru_parity
+
+    monkeypatch.setenv(gru.DEPTH_ENV, depth)
+    case = gru_parity.make_case(2, 3, 160)  # 10 and 30 fragments deep: 2 and 4 per k-group
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, w_half=True, coop=True)
+    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
+    assert got["hits"] == exp["hits"]

@@ -54,6 +54,7 @@ from catchat.vk.kernels.gru.resident import (
     shuffle_slices,
 )
 from catchat.vk.kernels.gru.stream import (
+    DEPTH_ENV,
     STREAM_MAX_LANES,
     STREAM_UNITS,
     W16_ALIGN,
@@ -88,7 +89,7 @@ __all__ = [
     "partial_words", "per_step_reason", "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep",
     "resident_backward", "resident_candidate", "resident_defines", "resident_fits", "resident_registers",
     "resident_resources", "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices",
-    "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "W16_ALIGN", "state_rows", "stream_ok", "stream_sweeps",
+    "DEPTH_ENV", "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "W16_ALIGN", "state_rows", "stream_ok", "stream_sweeps",
     "stream_tiles", "sweep_candidates", "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
     "table_tiles", "tile_count", "tile_extent", "tile_row", "tiled_tiles", "to_cache",
 ]

@@ -12,22 +12,30 @@ glsl/include/sweep_frag.glsl): the tests run the sweeps' logic there; only a GPU
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
+from catchat.errors import UsageError
 from catchat.vk.kernels import ceil_div
 
 STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups of subgroups per lane fragment
 STREAM_MAX_LANES = 32  # two lane fragments: `red` within 48 KB at most (24 KB forward)
 W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragment rows)
+# Fragments whose loads are in flight ahead of the product (forward, backward: the shaders' PD);
+# CATCHAT_STREAM_DEPTH=F,B sets them (to measure; tools/gpu-check.sh).
+STREAM_DEPTH = (4, 8)
+DEPTH_ENV = "CATCHAT_STREAM_DEPTH"
 
 
 class StreamTiles(NamedTuple):
-    """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags) and
-    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)."""
+    """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags),
+    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)
+    and `depth` fragments' loads in flight ahead of the product (a register ring)."""
 
     lane_frags: int
     k_per_group: int
+    depth: int = 1
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -39,8 +47,22 @@ def stream_tiles(B: int, H: int, backward: bool) -> StreamTiles:
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
-    depth = 3 * H if backward else H
-    return StreamTiles(ceil_div(B, 16), ceil_div(depth // 16, STREAM_KGROUPS))
+    kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS)
+    return StreamTiles(ceil_div(B, 16), kpg, min(kpg, stream_depth()[backward]))
+
+
+def stream_depth() -> tuple[int, int]:
+    """(forward, backward) ring depths: CATCHAT_STREAM_DEPTH=F,B, else STREAM_DEPTH."""
+    env = os.environ.get(DEPTH_ENV, "").strip()
+    if not env:
+        return STREAM_DEPTH
+    try:
+        f, b = (int(v) for v in env.split(","))
+        if f >= 1 and b >= 1:
+            return f, b
+    except ValueError:
+        pass
+    raise UsageError(f"{DEPTH_ENV}={env!r} is not two depths", hint="unset it, or set e.g. 4,8 (forward, backward)")
 
 
 def stream_threads(tiles: StreamTiles) -> int:
@@ -66,7 +88,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) ->
     the driver can issue later fragments' loads early: a checked loop waited out each load's L2
     latency in turn); EMU: emulated fragments."""
     full = STREAM_KGROUPS * tiles.k_per_group * 16 == (3 * H if backward else H)
-    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, **({"FULL": "true"} if full else {}),
+    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **({"FULL": "true"} if full else {}),
             **({"EMU": 1} if emulate else {})}
 
 

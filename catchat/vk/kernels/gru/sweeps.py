@@ -132,7 +132,7 @@ class _Sweep(Kernel):
             if backward:  # the partial products of dGh[s] @ W_hh, binding 12
                 self.partial = dev.tensor(partial_words(B, H, self.tiles), kind="storage")
                 tensors = tensors + [self.partial]
-            tensors = self._resident_extras(tensors, defines)
+            tensors = self._extra_bindings(tensors, defines)
         else:
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
@@ -175,6 +175,7 @@ class _Sweep(Kernel):
                                           tile_row(dev).register_file)
             resident = resident if self.residency.ok else 0
         defines = stream_defines(self.tiles, H, backward, emulate)
+        tensors = self._extra_bindings(tensors, defines)
         Kernel.__init__(self, dev, tensors, [n_slices], spec=[nt], push=push, defines=defines,
                         shader=(GruBackward if backward else GruForward).shader + "_stream")
         self.sweep_workgroups = sweep_workgroups(resident, n_slices)
@@ -183,8 +184,8 @@ class _Sweep(Kernel):
             self._sweep_algo = LazyAlgorithm(dev, tensors, self.shader, {**defines, "PERSISTENT": 1},
                                              [self.sweep_workgroups], [nt], pack_push(*push))
 
-    def _resident_extras(self, tensors: list, defines: dict) -> list:
-        """The bindings of a resident sweep's shaders (defines updated in place for any added):
+    def _extra_bindings(self, tensors: list, defines: dict) -> list:
+        """The bindings of a resident or streamed sweep's shaders (defines updated in place for any added):
         the sweep's own. A hook for developer tools: tools/sweep_phases.py's clocked twins add a
         phase-clock buffer (glsl/include/phase_clock.glsl)."""
         return tensors
