@@ -35,6 +35,9 @@
 #ifndef PD
 #define PD 8    // fragments whose loads are in flight ahead of the product
 #endif
+#ifndef PROBE
+#define PROBE 0 // timing probes (tools/bench_stream.py; wrong results): 1 no W_hh loads, 2 no dGh loads
+#endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
 #endif
@@ -72,6 +75,21 @@ shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + colu
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
 
+// Fragment kf's operands: dGh's (lane fragment from row a0) and W_hh's rows 16 kf.. at columns k0..
+void load_frags(uint a0, uint k0, uint kf, out FRAG_A a, out FRAG_B w) {
+#if PROBE == 2  // timing probe: no dGh loads (the product multiplies W by W)
+    LOAD_B(w, w_block(16u * kf, k0), W_LD, false);
+    a = w;
+#else
+    LOAD_A(a, a0 + 16u * kf, 3u * pc.H, false);
+#endif
+#if PROBE == 1  // timing probe: no W_hh loads (the product multiplies dGh by dGh)
+    w = a;
+#else
+    LOAD_B(w, w_block(16u * kf, k0), W_LD, false);
+#endif
+}
+
 // The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, one block per k-group and lane fragment.
 void product(uint s, uint k0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
@@ -83,16 +101,14 @@ void product(uint s, uint k0, uint sg) {
     [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
         uint kf = kg * KPG + i;
         if (FULL || kf < n_kf) {
-            LOAD_A(a[i], a0 + 16u * kf, 3u * H, false);
-            LOAD_B(w[i], pc.w_off + 16u * kf * H + k0, H, false);
+            load_frags(a0, k0, kf, a[i], w[i]);
         }
     }
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = kg * KPG + i, r = i % PD;
         if (FULL || kf < n_kf) acc = MUL_ADD(a[r], w[r], acc);  // FULL: no bound checks (every k-group whole)
         if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
-            LOAD_A(a[r], a0 + 16u * (kf + PD), 3u * H, false);
-            LOAD_B(w[r], pc.w_off + 16u * (kf + PD) * H + k0, H, false);
+            load_frags(a0, k0, kf + PD, a[r], w[r]);
         }
     }
     ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);

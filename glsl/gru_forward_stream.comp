@@ -39,6 +39,9 @@
 #ifndef PD
 #define PD 4    // fragments whose loads are in flight ahead of the product
 #endif
+#ifndef PROBE
+#define PROBE 0 // timing probes (tools/bench_stream.py; wrong results): 1 no W_hh loads, 2 no h_prev loads
+#endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
 #endif
@@ -85,10 +88,21 @@ void prologue(uint j0, uint tid) {
 // Fragment kf's operands: h_prev's (lane fragment from row a0) and gate g's W_hh^T for the 16 units from j0.
 void load_frags(uint a0, uint j0, uint kf, out FRAG_A a, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     uint H = pc.H;
+#if PROBE == 2  // timing probe: no h_prev loads (the product multiplies W by W)
+    LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
+    a = w0;
+#else
     LOAD_A(a, a0 + 16u * kf, H, false);
-    LOAD_B(w0, pc.w_off + j0 * H + 16u * kf, H, true);
-    LOAD_B(w1, pc.w_off + (H + j0) * H + 16u * kf, H, true);
-    LOAD_B(w2, pc.w_off + (2u * H + j0) * H + 16u * kf, H, true);
+#endif
+#if PROBE == 1  // timing probe: no W_hh loads (the product multiplies h_prev by h_prev)
+    w0 = a;
+    w1 = a;
+    w2 = a;
+#else
+    LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
+    LOAD_B(w1, w_block(H + j0, 16u * kf), W_LD, true);
+    LOAD_B(w2, w_block(2u * H + j0, 16u * kf), W_LD, true);
+#endif
 }
 
 // The slice's product at step t into red: gate g's 16 x 16 block of lane fragment lf, k-group

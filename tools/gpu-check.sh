@@ -82,10 +82,13 @@ part parity-sweeps $py -m catchat.cli parity --only gru --summary
 part parity-model $py -m catchat.cli parity --only model --summary
 part bench-v5-fp16-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --precision fp16 \
     --compare-torch --profile --json "$out/bench-v5-fp16-stream.json"
-# the streamed sweeps' load rings at other depths (forward, backward; default 4,8), and the phases of a step
-part bench-v5-fp16-depth2 env CATCHAT_STREAM_DEPTH=2,4 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+# the streamed sweeps with W_hh's copy row-major (not blocked), and two timing probes (wrong results):
+# no W_hh loads, no h_prev / dGh loads
+part bench-v5-fp16-rowmajor env CATCHAT_STREAM_BLOCKED=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
-part bench-v5-fp16-depth8 env CATCHAT_STREAM_DEPTH=8,16 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+part bench-v5-fp16-probe-now env CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+    --warmup 1 --precision fp16 --profile
+part bench-v5-fp16-probe-noa env CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
 part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set train.precision=fp16 --steps 256 --reps 1
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \

@@ -21,9 +21,11 @@ from catchat.vk.kernels.gru import (
     GruBackward,
     GruForward,
     ResidentTiles,
+    block_halves,
     device_sms,
     resident_backward,
     state_rows,
+    w16_blocked,
 )
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
@@ -90,9 +92,10 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tdgh = None if dgh_in_save else f32(T * B * 3 * H)
     o_off = pad + state_rows(B, H)
     tw16 = None
-    if w_half:  # the layer's W_hh as float16 into its own buffer: 5 halves in (8 for the streamed sweeps)
-        w_off = 8 if coop else 5
-        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), case["p"]["weight_hh"].ravel()]))
+    if w_half:  # the layer's W_hh as float16 into its own buffer: 5 halves in (8, blocked, for the streamed sweeps)
+        w_off, w = (8, block_halves(case["p"]["weight_hh"]) if w16_blocked() else case["p"]["weight_hh"]) if coop \
+            else (5, case["p"]["weight_hh"])
+        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), w.ravel()]))
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,

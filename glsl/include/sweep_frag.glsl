@@ -72,4 +72,17 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
 #define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
 #endif
+
+// W_hh's 16 x 16 block at rows r0, columns c0 (multiples of 16) in the float16 copy w16 at pc.w_off:
+// where it starts, and W_LD, the stride of its rows. BLOCKED_W: the copy holds W_hh as 16 x 16
+// blocks of 512 contiguous bytes (block (R, C) at (R * H/16 + C) * 256, row-major inside), so a
+// fragment load reads one run of memory; else row-major [3H][H]. The includer's push constants
+// hold w_off and H.
+#ifdef BLOCKED_W
+uint w_block(uint r0, uint c0) { return pc.w_off + ((r0 / 16u) * (pc.H / 16u) + c0 / 16u) * 256u; }
+#define W_LD 16u
+#else
+uint w_block(uint r0, uint c0) { return pc.w_off + r0 * pc.H + c0; }
+#define W_LD pc.H
+#endif
 #endif

@@ -124,20 +124,25 @@ class Axpby(Kernel):
 
 class ToHalf(Kernel):
     """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
-    float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). The program's float16
-    copy of W_hh for the streamed sweeps; needs `Device.runs_float16`."""
+    float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). block_cols > 0: x is a
+    matrix with rows of block_cols (both dimensions multiples of 16) and y gets its 16 x 16 blocks
+    (`stream.block_halves`' layout). The program's float16 copy of W_hh for the streamed sweeps;
+    needs `Device.runs_float16`."""
 
     shader = "to_half"
     WORKGROUP = 256
     MAX_WORKGROUPS = 4096  # grid-stride beyond
 
-    def __init__(self, dev: Device, x, y, n: int, x_off: int = 0, y_off: int = 0):
+    def __init__(self, dev: Device, x, y, n: int, x_off: int = 0, y_off: int = 0, block_cols: int = 0):
         if not dev.runs_float16:
             raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
         for what, size, need in (("x", x.size(), x_off + n), ("y", 2 * y.size(), y_off + n)):
             if size < need:
                 raise ValueError(f"to_half: {what} holds {size} elements, needs {need}")
-        self.n, self.offsets = int(n), (int(x_off), int(y_off))
+        if block_cols and (block_cols % 16 or n % (16 * block_cols)):
+            raise ValueError(f"to_half: blocks of 16 x 16 need rows of a multiple of 16 ({block_cols}) and whole "
+                             f"16-row bands ({n} elements)")
+        self.n, self.offsets = int(n), (int(x_off), int(y_off), int(block_cols))
         super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(self.n, self.WORKGROUP)))],
                          spec=[self.WORKGROUP], push=(self.n, *self.offsets))
 

@@ -26,7 +26,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows, stream_sweeps
+from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows, stream_sweeps, w16_blocked
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -139,8 +139,9 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     w16, refresh = None, []
     if coop and stream_sweeps(dev, B, H, precision):  # W_hh streamed from a float16 copy, layer l at l*3H*H
         w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
-        refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H)
-                   for l in range(g.L)]
+        cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
+        refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
+                          block_cols=cols) for l in range(g.L)]
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
                       o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16)

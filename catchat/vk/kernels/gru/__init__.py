@@ -54,13 +54,17 @@ from catchat.vk.kernels.gru.resident import (
     shuffle_slices,
 )
 from catchat.vk.kernels.gru.stream import (
+    BLOCKED_ENV,
     DEPTH_ENV,
+    PROBE_ENV,
     STREAM_MAX_LANES,
     STREAM_UNITS,
     W16_ALIGN,
     StreamTiles,
+    block_halves,
     stream_ok,
     stream_tiles,
+    w16_blocked,
 )
 from catchat.vk.kernels.gru.sweeps import (
     GruBackward,
@@ -89,7 +93,8 @@ __all__ = [
     "partial_words", "per_step_reason", "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep",
     "resident_backward", "resident_candidate", "resident_defines", "resident_fits", "resident_registers",
     "resident_resources", "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices",
-    "DEPTH_ENV", "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "W16_ALIGN", "state_rows", "stream_ok", "stream_sweeps",
-    "stream_tiles", "sweep_candidates", "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
+    "BLOCKED_ENV", "DEPTH_ENV", "PROBE_ENV", "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "W16_ALIGN",
+    "block_halves", "state_rows", "stream_ok", "stream_sweeps", "stream_tiles", "w16_blocked", "sweep_candidates",
+    "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words",
     "table_tiles", "tile_count", "tile_extent", "tile_row", "tiled_tiles", "to_cache",
 ]

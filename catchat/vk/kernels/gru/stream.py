@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import numpy as np
+
 from catchat.errors import UsageError
 from catchat.vk.kernels import ceil_div
 
@@ -26,6 +28,12 @@ W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragm
 # CATCHAT_STREAM_DEPTH=F,B sets them (to measure; tools/gpu-check.sh).
 STREAM_DEPTH = (4, 8)
 DEPTH_ENV = "CATCHAT_STREAM_DEPTH"
+# W_hh's float16 copy as 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W: a fragment is one run of
+# memory); CATCHAT_STREAM_BLOCKED=0: row-major [3H][H] (to compare).
+BLOCKED_ENV = "CATCHAT_STREAM_BLOCKED"
+# Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
+# 2 = no h_prev / dGh loads.
+PROBE_ENV = "CATCHAT_STREAM_PROBE"
 
 
 class StreamTiles(NamedTuple):
@@ -83,12 +91,26 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     return 2 * 16 * tiles.lane_frags * (3 * H if backward else H) // 2
 
 
+def w16_blocked() -> bool:
+    """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
+    return os.environ.get(BLOCKED_ENV, "").strip() != "0"
+
+
+def block_halves(w: np.ndarray) -> np.ndarray:
+    """A [R, C] matrix (R, C multiples of 16) as its 16 x 16 blocks, row of blocks by row of blocks,
+    each row-major: the layout of a blocked float16 copy (glsl/include/sweep_frag.glsl, ToHalf)."""
+    R, C = w.shape
+    return np.ascontiguousarray(w.reshape(R // 16, 16, C // 16, 16).transpose(0, 2, 1, 3)).reshape(-1)
+
+
 def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) -> dict:
     """LF, KPG; FULL where every k-group has KPG fragments (no bound checks in the product loop, so
     the driver can issue later fragments' loads early: a checked loop waited out each load's L2
     latency in turn); EMU: emulated fragments."""
     full = STREAM_KGROUPS * tiles.k_per_group * 16 == (3 * H if backward else H)
+    probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **({"FULL": "true"} if full else {}),
+            **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
             **({"EMU": 1} if emulate else {})}
 
 
