@@ -11,8 +11,8 @@
 // (include/sweep_frag.glsl). Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group
 // sg / LF (8 k-groups of KPG 16-deep fragments of the 3H rows); the 8 partial blocks are summed
 // through `red` in k-group order (deterministic).
-// dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (rows past B stay the zeros the host
-// wrote): dispatch s reads g16[s % 2], and its gate backward of step s-1 writes g16[(s-1) % 2]
+// dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (lanes past B stay the zeros the host
+// wrote; 16 x 16 blocks as the forward's h16): dispatch s reads g16[s % 2], and its gate backward of step s-1 writes g16[(s-1) % 2]
 // beside dGh's float32 rows. At s = T there is no product (dh = 0).
 // Persistent (PERSISTENT): workgroups walk the slices and meet at a grid barrier between steps;
 // else one dispatch per step, a workgroup per slice.
@@ -58,7 +58,7 @@ layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,
 layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] rows dgh_ld apart at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
-layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };  // [2][BP][3H]
+layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };  // [2][BP][3H] in blocks (shadow_at)
 layout(set = 0, binding = 13) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
@@ -75,13 +75,13 @@ shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + colu
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
 
-// Fragment kf's operands: dGh's (lane fragment from row a0) and W_hh's rows 16 kf.. at columns k0..
+// Fragment kf's operands: dGh's (its lane fragment's blocks from a0) and W_hh's rows 16 kf.. at columns k0..
 void load_frags(uint a0, uint k0, uint kf, out FRAG_A a, out FRAG_B w) {
 #if PROBE == 2  // timing probe: no dGh loads (the product multiplies W by W)
     LOAD_B(w, w_block(16u * kf, k0), W_LD, false);
     a = w;
 #else
-    LOAD_A(a, a0 + 16u * kf, 3u * pc.H, false);
+    LOAD_A(a, a0 + 256u * kf, 16u, false);
 #endif
 #if PROBE == 1  // timing probe: no W_hh loads (the product multiplies dGh by dGh)
     w = a;
@@ -93,7 +93,7 @@ void load_frags(uint a0, uint k0, uint kf, out FRAG_A a, out FRAG_B w) {
 // The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, one block per k-group and lane fragment.
 void product(uint s, uint k0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
-    uint a0 = ((s % 2u) * BP + lf * 16u) * 3u * H;
+    uint a0 = shadow_frag(s % 2u, lf, 0u, 3u * H);
     ACC_T acc = ACC_ZERO();
     // A ring of PD fragments' operands, as the forward's: PD L2 round trips in flight.
     FRAG_A a[PD];  // (lane, row) = dGh[s, lane, 16 kf + row]
@@ -151,10 +151,10 @@ void element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c
     float daz = dz * z * (1.0 - z);
     float dar = dan * in_u[4] * r * (1.0 - r);
     vec3 g = vec3(dar, daz, dan * r);
-    uint row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld, sb = ((s - 1u) % 2u * BP + b) * 3u * H;
+    uint row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
         dgh[gb + q * H + k] = g[q];
-        g16[sb + q * H + k] = float16_t(g[q]);
+        g16[shadow_at((s - 1u) % 2u, b, q * H + k, 3u * H)] = float16_t(g[q]);
     }
     uint ib = pc.dgi_off + row * 3u * H;
     dgi[ib + k] = dar;

@@ -6,15 +6,17 @@
 // resident sweep's (the twin's recurrent="fp16").
 // A slice is 16 units for every lane (B <= 16 * LF). Its workgroup multiplies [BP lanes x H]
 // h_prev by W_hh^T's [H x 48] columns of the slice (3 gates x 16 units) straight from memory with
-// fragment loads (include/sweep_frag.glsl): nothing is staged in shared memory and nothing of
-// W_hh stays on chip between steps (L2 keeps it: one layer's copy at a time). Subgroup sg (of
-// 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG 16-deep fragments);
+// fragment loads (include/sweep_frag.glsl), PD fragments' loads in flight: nothing is staged in
+// shared memory and nothing of W_hh stays on chip between steps (L2 keeps it: one layer's copy at
+// a time). Both operands lie in 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W for W_hh's copy):
+// on an H200 at v5, fragments read as 16 rows of 32 bytes at a stride of H took 84% of the step.
+// Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG 16-deep fragments);
 // its three accumulators (one per gate) are summed with the other k-groups' through `red` in two
 // rounds (k-groups 4..7 into 0..3, then the gates add the 4 in order: deterministic).
-// h_prev comes from a float16 shadow `h16` [2][BP][H] (row b of lane b; rows past B stay the
-// zeros the host wrote): step t reads h16[t % 2] and its gates write h16[(t + 1) % 2] = the new
-// state with step t+1's reset already applied, so no workgroup waits for another's h_prev rows
-// through shared memory. A prologue writes h16[0] = h0 * (1 - reset[0]): inside the one
+// h_prev comes from a float16 shadow `h16` [2][BP][H] (lanes past B stay the zeros the host
+// wrote; in 16 x 16 blocks of 512 bytes, include/sweep_frag.glsl's shadow_at): step t reads
+// h16[t % 2] and its gates write h16[(t + 1) % 2] = the new state with step t+1's reset applied,
+// so no workgroup waits for another's h_prev rows through shared memory. A prologue writes h16[0] = h0 * (1 - reset[0]): inside the one
 // persistent dispatch (then a grid barrier), or as its own dispatch (t == t_end) before step 0.
 // Every thread owns one gate output of the slice (unit j0 + tid % 16, lane tid / 16) and reads
 // its own float32 h_prev (o[t-1], which it wrote, or h0) for z * h_prev.
@@ -60,7 +62,7 @@ layout(set = 0, binding = 4) buffer Out { float o[]; };                 // [T,B,
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (t == 0 only)
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off
-layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H]
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };
 layout(set = 0, binding = 11) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 layout(push_constant) uniform Push {
@@ -82,17 +84,17 @@ float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
 // h16[0] for the slice's units: h0 after step 0's reset.
 void prologue(uint j0, uint tid) {
     uint b = tid / 16u, j = j0 + tid % 16u;
-    if (b < pc.B) h16[b * pc.H + j] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
+    if (b < pc.B) h16[shadow_at(0u, b, j, pc.H)] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
-// Fragment kf's operands: h_prev's (lane fragment from row a0) and gate g's W_hh^T for the 16 units from j0.
+// Fragment kf's operands: h_prev's (its lane fragment's blocks from a0) and gate g's W_hh^T for the 16 units from j0.
 void load_frags(uint a0, uint j0, uint kf, out FRAG_A a, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     uint H = pc.H;
 #if PROBE == 2  // timing probe: no h_prev loads (the product multiplies W by W)
     LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
     a = w0;
 #else
-    LOAD_A(a, a0 + 16u * kf, H, false);
+    LOAD_A(a, a0 + 256u * kf, 16u, false);
 #endif
 #if PROBE == 1  // timing probe: no W_hh loads (the product multiplies h_prev by h_prev)
     w0 = a;
@@ -109,7 +111,7 @@ void load_frags(uint a0, uint j0, uint kf, out FRAG_A a, out FRAG_B w0, out FRAG
 // slots 0..3 (each the sum of two k-groups).
 void product(uint t, uint j0, uint sg) {
     uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = H / 16u;
-    uint a0 = ((t % 2u) * BP + lf * 16u) * H;
+    uint a0 = shadow_frag(t % 2u, lf, 0u, H);
     // three accumulators, not an array: spirv-opt (shaderc 2022) crashes on arrays of them
     ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
     // A ring of PD fragments' operands: the loads of fragment i + PD are issued right after
@@ -166,7 +168,7 @@ void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
     float h = (1.0 - z) * n + z * hp;
     uint row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
     o[pc.o_off + row * H + j] = h;
-    if (t + 1u < pc.T) h16[((t + 1u) % 2u * BP + b) * H + j] = float16_t(h * keep(t + 1u, b));
+    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, H)] = float16_t(h * keep(t + 1u, b));
     if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
     save[sb + j] = r;
     save[sb + H + j] = z;

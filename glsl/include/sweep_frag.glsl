@@ -73,6 +73,15 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
 #endif
 
+// The float16 shadows of h_prev and dGh (the A operands): [2 parities][LF lane fragments][cols / 16]
+// blocks of 16 lanes x 16 columns, each 512 contiguous bytes, row-major inside (a fragment is one
+// run of memory: loaded row by row at stride `cols` they were what bounded the sweeps). Element
+// (lane b, column c) of parity p, and fragment kf of lane fragment lf (stride 16); LF is the includer's.
+uint shadow_at(uint p, uint b, uint c, uint cols) {
+    return ((p * LF + b / 16u) * (cols / 16u) + c / 16u) * 256u + (b % 16u) * 16u + c % 16u;
+}
+uint shadow_frag(uint p, uint lf, uint kf, uint cols) { return ((p * LF + lf) * (cols / 16u) + kf) * 256u; }
+
 // W_hh's 16 x 16 block at rows r0, columns c0 (multiples of 16) in the float16 copy w16 at pc.w_off:
 // where it starts, and W_LD, the stride of its rows. BLOCKED_W: the copy holds W_hh as 16 x 16
 // blocks of 512 contiguous bytes (block (R, C) at (R * H/16 + C) * 256, row-major inside), so a
