@@ -12,8 +12,9 @@
 // sg / LF (8 k-groups of KPG 16-deep fragments of the 3H rows); the 8 partial blocks are summed
 // through `red` in k-group order (deterministic).
 // dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (lanes past B stay the zeros the host
-// wrote; 16 x 16 blocks as the forward's h16): dispatch s reads g16[s % 2], and its gate backward of step s-1 writes g16[(s-1) % 2]
-// beside dGh's float32 rows. At s = T there is no product (dh = 0).
+// wrote; 16 x 16 blocks as the forward's h16): dispatch s reads g16[s % 2], and its gate
+// backward of step s-1 writes g16[(s-1) % 2] beside dGh's float32 rows. At s = T there is no
+// product (dh = 0).
 // Persistent (PERSISTENT): workgroups walk the slices and meet at a grid barrier between steps;
 // else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).

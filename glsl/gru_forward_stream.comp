@@ -10,14 +10,16 @@
 // shared memory and nothing of W_hh stays on chip between steps (L2 keeps it: one layer's copy at
 // a time). Both operands lie in 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W for W_hh's copy):
 // on an H200 at v5, fragments read as 16 rows of 32 bytes at a stride of H took 84% of the step.
-// Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG 16-deep fragments);
-// its three accumulators (one per gate) are summed with the other k-groups' through `red` in two
-// rounds (k-groups 4..7 into 0..3, then the gates add the 4 in order: deterministic).
+// Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG
+// 16-deep fragments); its three accumulators (one per gate) are summed with the other k-groups'
+// through `red` in two rounds (k-groups 4..7 into 0..3, then the gates add the 4 in order:
+// deterministic).
 // h_prev comes from a float16 shadow `h16` [2][BP][H] (lanes past B stay the zeros the host
 // wrote; in 16 x 16 blocks of 512 bytes, include/sweep_frag.glsl's shadow_at): step t reads
 // h16[t % 2] and its gates write h16[(t + 1) % 2] = the new state with step t+1's reset applied,
-// so no workgroup waits for another's h_prev rows through shared memory. A prologue writes h16[0] = h0 * (1 - reset[0]): inside the one
-// persistent dispatch (then a grid barrier), or as its own dispatch (t == t_end) before step 0.
+// so no workgroup waits for another's h_prev rows through shared memory. A prologue writes
+// h16[0] = h0 * (1 - reset[0]): inside the one persistent dispatch (then a grid barrier), or as
+// its own dispatch (t == t_end) before step 0.
 // Every thread owns one gate output of the slice (unit j0 + tid % 16, lane tid / 16) and reads
 // its own float32 h_prev (o[t-1], which it wrote, or h0) for z * h_prev.
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
