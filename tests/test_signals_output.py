@@ -21,10 +21,16 @@ HANG_GUARD = 180  # seconds: only against a hang, never a measure
 
 def _popen(args, *, hangup=signal.SIG_DFL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, code=None):
     """`catchat ARGS` (or `python -c CODE ARGS`) with SIGHUP's disposition set as a shell would
-    leave it (SIG_DFL; nohup: SIG_IGN), whatever the test runner's own is."""
+    leave it (SIG_DFL; nohup: SIG_IGN) and SIGINT at its default, as a terminal's foreground job has
+    it, whatever the test runner's own are (a suite run as a background job has SIGINT ignored)."""
     head = [sys.executable, "-c", code] if code else [sys.executable, "-m", "catchat.cli"]
+
+    def shell_like():
+        signal.signal(signal.SIGHUP, hangup)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     return subprocess.Popen([*head, *map(str, args)], stdout=stdout, stderr=stderr, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, hangup))
+                            preexec_fn=shell_like)
 
 
 def _last_event(run) -> dict:
