@@ -115,6 +115,52 @@ void product(uint s, uint k0, uint sg) {
     ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);
 }
 
+#ifdef BOTH_LANES
+// The product with both lane fragments per subgroup (LF == 2; CATCHAT_STREAM_SPLIT=lanes, to measure):
+// 16 k-groups, one per subgroup, each W_hh fragment loaded once per workgroup; k-groups 8..15 store
+// into red's 8 slots, then 0..7 add theirs (slot s = kg s+8 + kg s: deterministic).
+void product_both(uint s, uint k0, uint kg) {
+    uint H = pc.H, n_kf = 3u * H / 16u;
+    uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H), a1 = shadow_frag(s % 2u, 1u, 0u, 3u * H);
+    ACC_T p = ACC_ZERO(), q = ACC_ZERO();  // lane fragments 0 and 1
+    FRAG_A x[PD], y[PD];
+    FRAG_B w[PD];
+    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
+        uint kf = kg * KPG + i;
+        if (FULL || kf < n_kf) {
+            load_frags(a0, k0, kf, x[i], w[i]);
+            LOAD_A(y[i], a1 + 256u * kf, 16u, false);
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i, r = i % PD;
+        if (FULL || kf < n_kf) {
+            p = MUL_ADD(x[r], w[r], p);
+            q = MUL_ADD(y[r], w[r], q);
+        }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
+            load_frags(a0, k0, kf + PD, x[r], w[r]);
+            LOAD_A(y[r], a1 + 256u * (kf + PD), 16u, false);
+        }
+    }
+    uint slot = kg % KG;  // red's blocks (slot * LF + lf) * 256
+    if (kg >= KG) {
+        ACC_STORE(p, (slot * LF) * 256u, 16u);
+        ACC_STORE(q, (slot * LF + 1u) * 256u, 16u);
+    }
+    barrier();
+    if (kg < KG) {
+        ACC_T other;
+        ACC_LOAD(other, (slot * LF) * 256u, 16u);
+        other = ACC_ADD(other, p);
+        ACC_STORE(other, (slot * LF) * 256u, 16u);
+        ACC_LOAD(other, (slot * LF + 1u) * 256u, 16u);
+        other = ACC_ADD(other, q);
+        ACC_STORE(other, (slot * LF + 1u) * 256u, 16u);
+    }
+}
+#endif
+
 // What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
 // reset here, and a row the reset cut is written back as the state it stands for.
@@ -181,7 +227,11 @@ void main() {
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
+#ifdef BOTH_LANES
+            if (s < pc.T) product_both(s, k0, sg);  // uniform: s is
+#else
             if (s < pc.T) product(s, k0, sg);  // uniform: s is
+#endif
             barrier();
             PHASE(i, 1u);
             if (live) {

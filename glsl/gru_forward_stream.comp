@@ -156,6 +156,70 @@ void product(uint t, uint j0, uint sg) {
     barrier();
 }
 
+#ifdef BOTH_LANES
+// The product with both lane fragments per subgroup (LF == 2; CATCHAT_STREAM_SPLIT=lanes, to measure):
+// 16 k-groups, one per subgroup, each W_hh fragment loaded once per workgroup instead of once per
+// lane fragment; the 16 k-groups fold into red's 4 slots in rounds, highest first (slot s =
+// ((kg s+12 + kg s+8) + kg s+4) + kg s: deterministic).
+const uint KGS = 8u * LF;
+
+// red block `off` = acc (first round) or red + acc.
+void fold(ACC_T acc, uint off, bool first) {
+    if (first) {
+        ACC_STORE(acc, off, 16u);
+    } else {
+        ACC_T other;
+        ACC_LOAD(other, off, 16u);
+        other = ACC_ADD(other, acc);
+        ACC_STORE(other, off, 16u);
+    }
+}
+
+void product_both(uint t, uint j0, uint kg) {
+    uint H = pc.H, n_kf = H / 16u;
+    uint a0 = shadow_frag(t % 2u, 0u, 0u, H), a1 = shadow_frag(t % 2u, 1u, 0u, H);
+    ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
+    ACC_T q0 = ACC_ZERO(), q1 = ACC_ZERO(), q2 = ACC_ZERO();  // lane fragment 1
+    FRAG_A x[PD], y[PD];
+    FRAG_B w0[PD], w1[PD], w2[PD];
+    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
+        uint kf = kg * KPG + i;
+        if (FULL || kf < n_kf) {
+            load_frags(a0, j0, kf, x[i], w0[i], w1[i], w2[i]);
+            LOAD_A(y[i], a1 + 256u * kf, 16u, false);
+        }
+    }
+    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
+        uint kf = kg * KPG + i, r = i % PD;
+        if (FULL || kf < n_kf) {
+            p0 = MUL_ADD(x[r], w0[r], p0);
+            p1 = MUL_ADD(x[r], w1[r], p1);
+            p2 = MUL_ADD(x[r], w2[r], p2);
+            q0 = MUL_ADD(y[r], w0[r], q0);
+            q1 = MUL_ADD(y[r], w1[r], q1);
+            q2 = MUL_ADD(y[r], w2[r], q2);
+        }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
+            load_frags(a0, j0, kf + PD, x[r], w0[r], w1[r], w2[r]);
+            LOAD_A(y[r], a1 + 256u * (kf + PD), 16u, false);
+        }
+    }
+    for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
+        if (kg / RK == round) {
+            uint b0 = (kg % RK) * LF * 3u * 256u;  // slot kg % RK: lane fragment 0's 3 blocks, then 1's
+            bool first = round + 1u == KGS / RK;
+            fold(p0, b0, first);
+            fold(p1, b0 + 256u, first);
+            fold(p2, b0 + 512u, first);
+            fold(q0, b0 + 768u, first);
+            fold(q1, b0 + 1024u, first);
+            fold(q2, b0 + 1280u, first);
+        }
+        barrier();
+    }
+}
+#endif
+
 // Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
 // applied): o[t], save[t], hprev at t = 0, hT at T-1, and h16 for step t+1.
 void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
@@ -207,7 +271,11 @@ void main() {
                 hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
             }
             PHASE(t, 0u);
+#ifdef BOTH_LANES
+            product_both(t, j0, sg);
+#else
             product(t, j0, sg);
+#endif
             PHASE(t, 1u);
             if (live) gate(t, b, j, u, gi3, bias, hp);
             barrier();  // red is rewritten by the next slice

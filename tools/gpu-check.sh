@@ -90,6 +90,10 @@ part bench-v5-fp16-probe-now env CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench
     --warmup 1 --precision fp16 --profile
 part bench-v5-fp16-probe-noa env CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
+# a subgroup per k-group taking both lane fragments (each W_hh fragment loaded once per workgroup): parity, speed
+part parity-sweeps-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli parity --only gru --summary
+part bench-v5-fp16-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+    --warmup 1 --precision fp16 --profile
 part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set train.precision=fp16 --steps 256 --reps 1
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"

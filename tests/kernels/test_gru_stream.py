@@ -133,3 +133,22 @@ def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
         np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
     assert got["hits"] == exp["hits"]
+
+
+@pytest.mark.parametrize("T,B,H,n_wg", [(3, 17, 48, 0), (2, 20, 256, 1)])
+def test_streamed_sweeps_with_both_lanes_per_subgroup(dev, monkeypatch, T, B, H, n_wg):
+    """CATCHAT_STREAM_SPLIT=lanes (BOTH_LANES): 16 k-groups each taking both lane fragments, folded in
+    rounds; a k-group left empty and short ones (H = 48), whole ones and persistent (H = 256)."""
+    from catchat.parity import gru as gru_parity
+
+    monkeypatch.setenv(gru.SPLIT_ENV, "lanes")
+    assert gru.stream_tiles(B, H, False).both_lanes and not gru.stream_tiles(16, H, False).both_lanes
+    case = gru_parity.make_case(T, B, H)
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
+    assert got["hits"] == exp["hits"]
+    monkeypatch.setenv(gru.SPLIT_ENV, "rows")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM_SPLIT"):
+        gru.stream_tiles(B, H, False)

@@ -31,6 +31,10 @@ DEPTH_ENV = "CATCHAT_STREAM_DEPTH"
 # W_hh's float16 copy as 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W: a fragment is one run of
 # memory); CATCHAT_STREAM_BLOCKED=0: row-major [3H][H] (to compare).
 BLOCKED_ENV = "CATCHAT_STREAM_BLOCKED"
+# CATCHAT_STREAM_SPLIT=lanes: a subgroup takes both lane fragments of its k-group (16 k-groups at
+# B > 16), so each W_hh fragment is loaded once per workgroup rather than once per lane fragment
+# (BOTH_LANES; to measure against the default).
+SPLIT_ENV = "CATCHAT_STREAM_SPLIT"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -39,11 +43,13 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 class StreamTiles(NamedTuple):
     """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags),
     `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)
-    and `depth` fragments' loads in flight ahead of the product (a register ring)."""
+    `depth` fragments' loads in flight ahead of the product (a register ring), and whether a
+    subgroup takes `both_lanes` fragments of its k-group (8 * lane_frags k-groups then)."""
 
     lane_frags: int
     k_per_group: int
     depth: int = 1
+    both_lanes: bool = False  # BOTH_LANES: a subgroup takes every lane fragment of its k-group
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -55,8 +61,18 @@ def stream_tiles(B: int, H: int, backward: bool) -> StreamTiles:
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
-    kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS)
-    return StreamTiles(ceil_div(B, 16), kpg, min(kpg, stream_depth()[backward]))
+    lane_frags = ceil_div(B, 16)
+    both = lane_frags > 1 and stream_split() == "lanes"
+    kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * (lane_frags if both else 1))
+    return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), both)
+
+
+def stream_split() -> str:
+    """CATCHAT_STREAM_SPLIT: "kgroups" (the default: a subgroup per lane fragment and k-group) or "lanes"."""
+    split = os.environ.get(SPLIT_ENV, "").strip() or "kgroups"
+    if split not in ("kgroups", "lanes"):
+        raise UsageError(f"{SPLIT_ENV}={split!r} is not a split", hint="unset it, or set kgroups or lanes")
+    return split
 
 
 def stream_depth() -> tuple[int, int]:
@@ -104,13 +120,15 @@ def block_halves(w: np.ndarray) -> np.ndarray:
 
 
 def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) -> dict:
-    """LF, KPG; FULL where every k-group has KPG fragments (no bound checks in the product loop, so
-    the driver can issue later fragments' loads early: a checked loop waited out each load's L2
-    latency in turn); EMU: emulated fragments."""
-    full = STREAM_KGROUPS * tiles.k_per_group * 16 == (3 * H if backward else H)
+    """The shaders' defines: LF, KPG, PD (the ring's depth); FULL where every k-group has KPG
+    fragments (no bound checks in the product loop); BLOCKED_W (W_hh's copy in blocks); BOTH_LANES
+    (a subgroup per k-group, every lane fragment); PROBE (timing probes); EMU (emulated fragments)."""
+    k_groups = STREAM_KGROUPS * (tiles.lane_frags if tiles.both_lanes else 1)
+    full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **({"FULL": "true"} if full else {}),
-            **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
+            **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"BOTH_LANES": 1} if tiles.both_lanes else {}),
+            **({"PROBE": int(probe)} if probe else {}),
             **({"EMU": 1} if emulate else {})}
 
 
