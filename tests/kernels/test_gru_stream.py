@@ -152,3 +152,19 @@ def test_streamed_sweeps_with_both_lanes_per_subgroup(dev, monkeypatch, T, B, H,
     monkeypatch.setenv(gru.SPLIT_ENV, "rows")
     with pytest.raises(UsageError, match="CATCHAT_STREAM_SPLIT"):
         gru.stream_tiles(B, H, False)
+
+
+def test_planned_bytes_count_the_streamed_sweeps(dev, streamed, monkeypatch):
+    """A program on the streamed sweeps allocates what its plan says: the float16 W_hh copy and the
+    shadows included (the memory check before building it sees them)."""
+    from catchat.vk.program import plan
+
+    monkeypatch.setattr(plan, "stream_sweeps", lambda dev, B, H, precision: precision == "fp16")
+    layout = ParamLayout(ModelSpec(vocab_size=101, hidden=32, layers=2))
+    for training in (True, False):
+        before = dev.allocated_bytes
+        prog = Program(dev, layout, 5, 3, training=training, precision="fp16")
+        assert prog.fwd.gru[0].stream
+        assert dev.allocated_bytes - before == Program.planned_bytes(layout, 5, 3, training, dev, "fp16")
+        assert Program.planned_bytes(layout, 5, 3, training, dev, "fp16") - Program.planned_bytes(
+            layout, 5, 3, training, dev) >= 2 * 2 * 3 * 32 * 32  # W_hh's float16 copy, both layers

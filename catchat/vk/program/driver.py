@@ -99,7 +99,7 @@ class Program:
         self.optimizer_kind = optimizer
         self.precision = precision
         self.training = training
-        dev.check_device_memory(planned_bytes(layout, T, B, training, dev),
+        dev.check_device_memory(planned_bytes(layout, T, B, training, dev, precision),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
         self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training)

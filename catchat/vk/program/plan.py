@@ -52,7 +52,8 @@ from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import backward_scratch_words, sync_words
+from catchat.vk.kernels.gru import backward_scratch_words, stream_sweeps, stream_tiles, sync_words
+from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
 
@@ -234,21 +235,29 @@ def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> B
     return Buffers(**made)
 
 
-def kernel_scratch(g: Geometry, training: bool, dev: Device | None) -> list[tuple[str, int]]:
-    """(what, words) of the scratch buffers the program's kernels allocate for themselves."""
+def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: str = "fp32") -> list[tuple[str, int]]:
+    """(what, words) of the scratch buffers the program's kernels allocate for themselves (at
+    `precision`: fp16 may stream the sweeps, with a float16 copy of W_hh and float16 shadows)."""
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
+    streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
+    if streamed:
+        out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),
+                ("forward sweeps' float16 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False), g.H, False))]
     if training:
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
                 ("RMSNorm backward dg partials", g.L * ResidualRmsNormBackward.scratch_words(g.R, g.H)),
                 ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
+        if streamed:
+            out.append(("backward sweeps' float16 dGh", g.L * shadow_words(stream_tiles(g.B, g.H, True), g.H, True)))
     return out
 
 
-def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, dev: Device | None = None) -> int:
+def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, dev: Device | None = None,
+                  precision: str = "fp32") -> int:
     """Bytes of device buffers a Program allocates (the plan's buffers plus the kernels' scratch),
     computed without allocating. `dev` sets the GPU split-K workspaces and sweep tiles; without it
     they are sized as on a CPU device (no split)."""
     g = Geometry.of(layout, T, B, dev, training)
     own = sum(spec.nbytes(g) for _, spec in plan() if spec.needed(training))
-    return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev))
+    return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev, precision))
