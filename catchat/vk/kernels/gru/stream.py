@@ -3,7 +3,7 @@ W_hh's product on cooperative matrices straight from a float16 copy in memory, f
 whose W_hh fits neither registers nor shared memory (v5), where the resident COOP tiles (v3) do
 not fit. A slice of 16 units (forward) or 16 columns of dh (backward) for every lane per
 workgroup; 8 k-groups of subgroups per lane fragment; h_prev and dGh through float16 shadows
-double-buffered by step parity. Their shape, defines and resources live here; the kernels are
+double-buffered by step parity; both operands in 16 x 16 blocks of 512 contiguous bytes. Their shape, defines and resources live here; the kernels are
 GruForward / GruBackward with coop and a float16 W_hh (sweeps.py).
 
 On a device without cooperative matrices (lavapipe) the fragments are emulated (EMU,
@@ -42,7 +42,7 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 
 class StreamTiles(NamedTuple):
     """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags),
-    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward)
+    `k_per_group` 16-deep k-fragments per k-group (8 * k_per_group * 16 >= H forward, 3H backward),
     `depth` fragments' loads in flight ahead of the product (a register ring), and whether a
     subgroup takes `both_lanes` fragments of its k-group (8 * lane_frags k-groups then)."""
 
