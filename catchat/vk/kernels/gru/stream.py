@@ -3,13 +3,13 @@ W_hh's product on cooperative matrices straight from a float16 copy in memory, f
 whose W_hh fits neither registers nor shared memory (v5), where the resident COOP tiles (v3) do
 not fit. A slice of 16 units (forward) or 16 columns of dh (backward) for every lane per
 workgroup; 8 k-groups of subgroups per lane fragment; h_prev and dGh through float16 shadows
-double-buffered by step parity; both operands in 16 x 16 blocks of 512 contiguous bytes. Their shape, defines and resources live here; the kernels are
-GruForward / GruBackward with coop and a float16 W_hh (sweeps.py).
+double-buffered by step parity; both operands in 16 x 16 blocks of 512 contiguous bytes. Their
+shape, defines and resources live here; the kernels are GruForward / GruBackward with coop and a
+float16 W_hh (sweeps.py).
 
 On a device without cooperative matrices (lavapipe) the fragments are emulated (EMU,
 glsl/include/sweep_frag.glsl): the tests run the sweeps' logic there; only a GPU runs them fast.
 """
-
 from __future__ import annotations
 
 import os
