@@ -18,8 +18,7 @@ from catchat.vk.program import Program, kernelsets
 @pytest.fixture
 def streamed(monkeypatch):
     """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here)."""
-    monkeypatch.setattr(kernelsets, "coop_sweeps", lambda *a: True)
-    monkeypatch.setattr(kernelsets, "stream_sweeps", lambda *a: True)
+    monkeypatch.setattr(kernelsets, "sweep_products", lambda *a: "stream")
 
 
 def test_program_trains_on_streamed_sweeps(dev, streamed):
@@ -82,8 +81,10 @@ def test_stream_planning(dev, monkeypatch):
     info = dataclasses.replace(dev.info, subgroup_size=32, type="DiscreteGpu", compute_units=132,
                                max_shared_memory_bytes=48 * 1024, max_workgroup_invocations=1024)
     tc = dataclasses.replace(dev, info=info, coop_shapes=(COOP_SHAPE,), features=dev.features | {"cooperativeMatrixNV"})
-    monkeypatch.setattr(gru_plan, "_resident_coop", lambda *a: False)
+    tiled = gru.SweepPlan((8, 8, 4, 1, 1, 64), 0, None)  # no resident 16 x 16 tiles planned
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: tiled)
     assert gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
+    assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream"
     assert gru.stream_sweeps(tc, 5, 48, "fp16")
     assert not gru.stream_sweeps(tc, 33, 2048, "fp16")  # three lane fragments: not a split it has
     assert not gru.stream_sweeps(tc, 32, 2040, "fp16")  # H not a multiple of 16
@@ -91,8 +92,10 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.setenv(gru.COOP_ENV, "0")
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16")
     monkeypatch.delenv(gru.COOP_ENV)
-    monkeypatch.setattr(gru_plan, "_resident_coop", lambda *a: True)  # W_hh fits on chip: resident wins
+    coop_tiles = gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132, None)  # W_hh on chip: resident wins
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: coop_tiles)
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
+    assert gru.sweep_products(tc, 32, 2048, "fp16") == "resident"
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
     assert (fwd, bwd) == (gru.StreamTiles(2, 16, 4), gru.StreamTiles(2, 48, 8))

@@ -121,7 +121,6 @@ class Axpby(Kernel):
         return self.op(self.n, float(a), float(b), float(c))
 
 
-
 class ToHalf(Kernel):
     """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
     float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). block_cols > 0: x is a
@@ -142,9 +141,9 @@ class ToHalf(Kernel):
         if block_cols and (block_cols % 16 or n % (16 * block_cols)):
             raise ValueError(f"to_half: blocks of 16 x 16 need rows of a multiple of 16 ({block_cols}) and whole "
                              f"16-row bands ({n} elements)")
-        self.n, self.offsets = int(n), (int(x_off), int(y_off), int(block_cols))
-        super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(self.n, self.WORKGROUP)))],
-                         spec=[self.WORKGROUP], push=(self.n, *self.offsets))
+        self.push = (int(n), int(x_off), int(y_off), int(block_cols))
+        super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(int(n), self.WORKGROUP)))],
+                         spec=[self.WORKGROUP], push=self.push)
 
     def ops(self) -> list:
-        return [self.op(self.n, *self.offsets)]
+        return [self.op(*self.push)]

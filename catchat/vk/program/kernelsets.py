@@ -26,7 +26,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, coop_sweeps, state_rows, stream_sweeps, w16_blocked
+from catchat.vk.kernels.gru import GruBackward, GruForward, state_rows, sweep_products, w16_blocked
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -135,9 +135,9 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
-    coop = coop_sweeps(dev, B, H, precision)  # fp16 on tensor cores: the sweeps' products too
-    w16, refresh = None, []
-    if coop and stream_sweeps(dev, B, H, precision):  # W_hh streamed from a float16 copy, layer l at l*3H*H
+    products = sweep_products(dev, B, H, precision)  # fp16 on tensor cores: the sweeps' products too
+    coop, w16, refresh = products is not None, None, []
+    if products == "stream":  # W_hh streamed from a float16 copy, layer l at l*3H*H
         w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
         cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,

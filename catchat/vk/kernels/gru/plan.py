@@ -25,6 +25,7 @@ from catchat.vk.kernels.gru.resident import (
     resident_shape,
 )
 from catchat.vk.kernels.gru.stream import (
+    StreamTiles,
     stream_ok,
     stream_shared_bytes,
     stream_slices,
@@ -45,41 +46,32 @@ COOP_ENV = "CATCHAT_SWEEP_COOP"  # =0: the threads' FMAs at fp16 too (to compare
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs its sweeps' products on tensor cores (forward and
-    backward alike, as the twin's `recurrent` assumes): fp16, not turned off (CATCHAT_SWEEP_COOP=0),
-    cooperative matrices on the device, and either resident 16 x 16 tiles planned for both
-    directions with the tensor-core kernels' own threads and shared memory (W_hh on chip: v3), or
-    the streamed sweeps (`stream_sweeps`: v5)."""
-    return _resident_coop(dev, B, H, precision) or stream_sweeps(dev, B, H, precision)
-
-
-def _coop_allowed(dev: Device, precision: str) -> bool:
-    return precision == "fp16" and os.environ.get(COOP_ENV, "").strip() != "0" and coopmat_runs(dev)
-
-
-def _resident_coop(dev: Device, B: int, H: int, precision: str) -> bool:
-    if not _coop_allowed(dev, precision):
-        return False
-    return all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True))
+    backward alike, as the twin's `recurrent` assumes): `sweep_products` says how, or None."""
+    return sweep_products(dev, B, H, precision) is not None
 
 
 def stream_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program at `precision` runs the streamed tensor-core sweeps (stream.py: W_hh's
-    product from a float16 copy in memory): tensor cores allowed as for `coop_sweeps`, the resident
-    16 x 16 tiles not planned (where they fit, W_hh stays on chip: faster), [B, H] a shape they take,
-    and both directions' persistent dispatches shown co-resident (one dispatch per step would give
-    back what streaming wins)."""
-    if not _coop_allowed(dev, precision) or not stream_ok(B, H) or _resident_coop(dev, B, H, precision):
-        return False
+    product from a float16 copy in memory): `sweep_products` says "stream"."""
+    return sweep_products(dev, B, H, precision) == "stream"
+
+
+def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
+    """How a program at `precision` multiplies its sweeps' products on tensor cores: "resident" where
+    resident 16 x 16 tiles are planned for both directions with the tensor-core kernels' own threads
+    and shared memory (W_hh on chip: v3); else "stream" where [B, H] is a shape the streamed sweeps
+    take and both their persistent dispatches are shown co-resident (one dispatch per step would give
+    back what streaming wins: v5); None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative
+    matrices, or where neither fits (the threads' FMAs)."""
+    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
+        return None
+    if all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True)):
+        return "resident"
     resident = resident_workgroups(dev)
-    if not resident:
-        return False
-    for backward in (False, True):
-        tiles = stream_tiles(B, H, backward)
-        res = co_residency(dev.info, sweep_workgroups(resident, stream_slices(H)), stream_threads(tiles),
-                           stream_shared_bytes(tiles, backward), 0, tile_row(dev).register_file)
-        if not res.ok:
-            return False
-    return True
+    if stream_ok(B, H) and resident and all(sweep_residency(dev, stream_tiles(B, H, backward), B, H, backward,
+                                                            resident).ok for backward in (False, True)):
+        return "stream"
+    return None
 
 
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
@@ -178,9 +170,12 @@ class SweepPlan(NamedTuple):
 def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident: int,
                     coop: bool = False) -> Residency:
     """Whether the persistent dispatch of a sweep at these tiles over `resident` workgroups is
-    shown co-resident on dev (catchat/vk/occupancy.py); coop: of the tensor-core kernels."""
+    shown co-resident on dev (catchat/vk/occupancy.py); coop: of the tensor-core kernels. StreamTiles:
+    the streamed sweeps' (a workgroup per slice of 16 units, registers not modelled)."""
     info = dev.info
-    if isinstance(tiles, ResidentTiles):
+    if isinstance(tiles, StreamTiles):
+        n_tiles, nt, nbytes, regs = stream_slices(H), stream_threads(tiles), stream_shared_bytes(tiles, backward), 0
+    elif isinstance(tiles, ResidentTiles):
         n_tiles, nt, nbytes, regs = resident_resources(tiles, B, H, backward, info.subgroup_size, coop)
     else:
         n_tiles, nt, nbytes, regs = n_workgroups(tiles, B, H, backward), tiles[0] * tiles[1] * tiles[2], \

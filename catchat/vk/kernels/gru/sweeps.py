@@ -39,10 +39,10 @@ from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru.plan import (
     plan_sweep,
     resident_workgroups,
+    sweep_residency,
     sweep_workgroups,
     sync_words,
     tile_count,
-    tile_row,
 )
 from catchat.vk.kernels.gru.resident import (
     COOP_UNITS,
@@ -62,7 +62,6 @@ from catchat.vk.kernels.gru.stream import (
     stream_tiles,
 )
 from catchat.vk.kernels.gru.tiled import _check_tiles, shader_defines
-from catchat.vk.occupancy import co_residency
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0,
@@ -137,7 +136,12 @@ class _Sweep(Kernel):
             self.tiles = tuple(self.tiles)
             self.shared_bytes = _check_tiles(dev, self.tiles, backward)
             spec = list(self.tiles[:3])
-        n_tiles = tile_count(self.tiles, B, H, backward)
+        self._algorithms(dev, tensors, tile_count(self.tiles, B, H, backward), spec, push, defines, shader, resident)
+
+    def _algorithms(self, dev: Device, tensors, n_tiles: int, spec, push, defines: dict, shader: str,
+                    resident: int) -> None:
+        """Both shader variants: a dispatch per step over n_tiles workgroups, and the PERSISTENT one
+        over `sweep_workgroups(resident, n_tiles)` (none where resident is 0)."""
         Kernel.__init__(self, dev, tensors, [n_tiles], spec=spec, push=push, defines=defines, shader=shader)
         self.sweep_workgroups = sweep_workgroups(resident, n_tiles)
         self._sweep_algo = None
@@ -167,22 +171,15 @@ class _Sweep(Kernel):
             tensors = tensors + [self.shadow, self.w_half]
         else:  # h16 at 8 (the resident shader's second view of o), w16 at 11
             tensors = tensors[:8] + [self.shadow] + tensors[9:] + [self.w_half]
-        n_slices = stream_slices(H)
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
         self.residency = None
         if resident and persistent is None:
-            self.residency = co_residency(info, sweep_workgroups(resident, n_slices), nt, self.shared_bytes, 0,
-                                          tile_row(dev).register_file)
+            self.residency = sweep_residency(dev, self.tiles, B, H, backward, resident)
             resident = resident if self.residency.ok else 0
         defines = stream_defines(self.tiles, H, backward, emulate)
         tensors = self._extra_bindings(tensors, defines)
-        Kernel.__init__(self, dev, tensors, [n_slices], spec=[nt], push=push, defines=defines,
-                        shader=(GruBackward if backward else GruForward).shader + "_stream")
-        self.sweep_workgroups = sweep_workgroups(resident, n_slices)
-        self._sweep_algo = None
-        if self.sweep_workgroups:
-            self._sweep_algo = LazyAlgorithm(dev, tensors, self.shader, {**defines, "PERSISTENT": 1},
-                                             [self.sweep_workgroups], [nt], pack_push(*push))
+        self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
+                         (GruBackward if backward else GruForward).shader + "_stream", resident)
 
     def _extra_bindings(self, tensors: list, defines: dict) -> list:
         """The bindings of a resident or streamed sweep's shaders (defines updated in place for any added):
