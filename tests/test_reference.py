@@ -39,11 +39,11 @@ def _problem(tied: bool, dtype=np.float64):
 
 
 def _run(spec, params, tokens, targets, resets, h0, need_grads=True, clamp=None,
-         smoothing=0.1, p_emb=P_EMB, p_hid=P_HID, seed=SEED):
+         smoothing=0.1, p_emb=P_EMB, p_hid=P_HID, seed=SEED, loss_scale=1.0):
     n_valid = int(np.count_nonzero(targets))
     return ref.model_forward_backward(params, spec, tokens, targets, resets, h0, n_valid,
                                       smoothing=smoothing, p_emb=p_emb, p_hid=p_hid, seed=seed,
-                                      clamp=clamp, need_grads=need_grads)
+                                      clamp=clamp, need_grads=need_grads, loss_scale=loss_scale)
 
 
 # central differences in float64: truncation ~ h^2 and rounding ~ 1e-16 / h are both ~1e-10
@@ -536,3 +536,17 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
     worst = lambda a, b: max(float(np.abs(a[k] - b[k]).max()) for k in ("o", "save", "dgi", "dgh", "dh0"))  # noqa: E731
     assert worst(other, exact) > 5 * pg.BWD_ATOL  # the flips, grown
     assert worst(other, forced) < pg.BWD_ATOL  # each step's arithmetic alike
+
+
+def test_loss_scale_changes_only_the_roundings():
+    """loss_scale (a power of two) runs the backward on scaled gradients and unscales at the end, as
+    the GPU's fp16 step: without float16 roundings the gradients are the same bit for bit, and the
+    clamp, scaled with them, binds on the same elements."""
+    spec, params, tokens, targets, resets, h0 = _problem(False)
+    for clamp in (None, 1e-4):
+        plain = _run(spec, params, tokens, targets, resets, h0, clamp=clamp)
+        scaled = _run(spec, params, tokens, targets, resets, h0, clamp=clamp, loss_scale=2.0**16)
+        assert scaled.clamp_hits == plain.clamp_hits and scaled.loss == plain.loss
+        for name in plain.grads:
+            np.testing.assert_array_equal(scaled.grads[name], plain.grads[name])
+        np.testing.assert_array_equal(scaled.dh0, plain.dh0)

@@ -23,15 +23,18 @@ def streamed(monkeypatch):
 
 def test_program_trains_on_streamed_sweeps(dev, streamed):
     """A whole fp16 training step on the streamed sweeps against the fp16 twin (loss, logits, every
-    gradient, the step), and W_hh's float16 copy follows the parameters through the step."""
-    spec = ModelSpec(vocab_size=101, hidden=16, layers=2)
-    hp = replace(model_parity.MODEL_CASES[0][4], loss_scale=model_parity.FP16_SCALE)
-    results = model_parity.model_parity(dev, spec, 6, 5, hp, label="streamed", precision="fp16")
+    gradient, the step) at the model parity's fp16 tolerances, on its first case's window (T=7, B=3)
+    at the smallest H the streamed sweeps take; and W_hh's float16 copy follows the parameters
+    through the step."""
+    label, base, T, B, hp = model_parity.MODEL_CASES[0]
+    spec = replace(base, hidden=16)
+    hp = replace(hp, loss_scale=model_parity.FP16_SCALE)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, streamed", precision="fp16")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
     layout = ParamLayout(spec)
-    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, 6, 5)
-    prog = Program(dev, layout, 6, 5, precision="fp16")
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, T, B)
+    prog = Program(dev, layout, T, B, precision="fp16")
     assert prog.fwd.gru[0].stream and prog.bwd.layers[1].gru.stream and prog.fwd.w16 is not None
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))

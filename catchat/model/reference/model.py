@@ -55,7 +55,8 @@ def _dropout_scale(keep: np.ndarray, p: float, dt) -> np.ndarray:
 
 def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
                            *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
-                           need_grads=True, precision="fp32", recurrent="fp32") -> Result:
+                           need_grads=True, precision="fp32", recurrent="fp32", forced=None,
+                           loss_scale=1.0) -> Result:
     """Forward (and backward) of the whole model over one window; docs/model.md, exactly.
 
     params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
@@ -63,7 +64,13 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
     micro-batch's dropout seed (`catchat.rng.step_seed`). precision "fp16": the GEMMs' operands
     rounded to float16 (`gemm`), layer 0's input side through table0 = E W_ih0^T as the GPU does
     (whose float16 operands are E and W_ih0, not the scaled rows x0). recurrent "fp16": the sweeps'
-    products h @ W_hh^T and dGh @ W_hh too (the tensor-core sweeps, `coop=True`).
+    products h @ W_hh^T and dGh @ W_hh too (the tensor-core sweeps, `coop=True`). forced: per layer
+    (h [T,B,H], dgh [T,B,3H]), the operands the GPU's float16 products multiplied, in place of the
+    twin's own (`gru_layer_forward`'s forced_h, the backward's forced_dgh; dgh may be None without
+    gradients): parity of the tensor-core sweeps, whose float16 roundings a float32 ulp would flip.
+    loss_scale: the backward runs on gradients times it and unscales them at the end, as the GPU's
+    fp16 step (so float16 roundings of small gradients round what the GPU rounds, not subnormals);
+    the clamp applies to the scaled gradient, as the GPU's (a power of two: nothing else changes).
     """
     E = params["embedding.weight"]  # [V,H]
     dt = E.dtype
@@ -82,9 +89,12 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         if l == 0 and table0:  # [T,B,3H]
             gi = embedding_forward(gemm(E, params[pre + "gru.weight_ih"].T, precision), tokens, row_scale)
             gi += params[pre + "gru.bias_ih"]
+        h_l, dgh_l = (None, None) if forced is None else forced[l]
         o, gc = gru_layer_forward(x, h0[l], resets, params[pre + "gru.weight_ih"],
                                   params[pre + "gru.weight_hh"], params[pre + "gru.bias_ih"],
-                                  params[pre + "gru.bias_hh"], precision, gi, recurrent)  # [T,B,H]
+                                  params[pre + "gru.bias_hh"], precision, gi, recurrent, forced_h=h_l)  # [T,B,H]
+        if dgh_l is not None:
+            gc["forced_dgh"] = dgh_l
         hT[l] = o[-1]
         xs.append(x)
         x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)
@@ -98,6 +108,8 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         return Result(loss, logits, None, None, hT, top1, top5, nv, 0)
 
     grads = {k: np.zeros_like(v) for k, v in params.items()}
+    dlogits = dlogits * loss_scale
+    clamp = None if clamp is None else clamp * loss_scale
     dx, dW = head_backward(dlogits, x, W_head, precision)  # [T,B,H], [V,H]
     grads[head_name(spec)] += dW  # tied: the head's share lands on the embedding
     dh0 = np.empty((L, B, H), dt)  # [L,B,H]
@@ -124,6 +136,9 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         hits += h
         dx = dx_res + dx_gru  # residual path + through the GRU's input
     embedding_backward(grads["embedding.weight"], dx, tokens, row_scale)
+    if loss_scale != 1.0:
+        grads = {k: g / loss_scale for k, g in grads.items()}
+        dh0 = dh0 / loss_scale
     return Result(loss, logits, grads, dh0, hT, top1, top5, nv, hits)
 
 
