@@ -95,6 +95,12 @@ part parity-sweeps-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli parit
 part bench-v5-fp16-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
 part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set train.precision=fp16 --steps 256 --reps 1
+part phases-v5-fp16-lanes env CATCHAT_STREAM_SPLIT=lanes $py tools/sweep_phases.py configs/catchat-v5.toml \
+    --set train.precision=fp16 --steps 256 --reps 1
+part bench-v5-fp16-lanes-probe-now env CATCHAT_STREAM_SPLIT=lanes CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench \
+    configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile
+part bench-v5-fp16-lanes-probe-noa env CATCHAT_STREAM_SPLIT=lanes CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench \
+    configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's
