@@ -51,10 +51,6 @@ class StepSchedule:
         """The run has taken its last step."""
         return global_step >= self.total_steps
 
-    def final_eval(self, reason: str, state: RunState) -> bool:
-        """Whether the run ends with an eval of its own (no: only at its intervals)."""
-        return False
-
     def add_eval(self, seconds: float) -> None:
         """An eval's measured cost (unused)."""
 
@@ -146,10 +142,6 @@ class TimeBudget(StepSchedule):
     def finished(self, global_step: int) -> bool:
         """The step at progress 1 was taken, or the step cap reached."""
         return self.budget.done or 0 < self.total_steps <= global_step
-
-    def final_eval(self, reason: str, state: RunState) -> bool:
-        """A budgeted run that reaches its end evaluates once more (unless the last step's interval eval was it)."""
-        return reason == "done" and state.last_eval_step != state.global_step
 
     def add_eval(self, seconds: float) -> None:
         self.budget.costs.add_eval(seconds)

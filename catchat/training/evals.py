@@ -1,5 +1,9 @@
 """Evals (the third part of the loop): teacher-forced and (eval.free_running) free-running metrics
 on the held-out split's lanes, and samples in samples/ (eval.sample_chars).
+
+Every run that evaluates ends with an eval at its last step (`Evals.final_due`), whether it is planned
+in steps (train.total_steps, train.cycles) or in time (train.time_budget_s): the interval evals may miss
+the last step, and the loss a run ends at is the number a reader compares.
 """
 
 from __future__ import annotations
@@ -50,6 +54,12 @@ class Evals:
         self.samples, self.ranks, self.pace, self.telemetry = samples, ranks, pace, telemetry
         self.tokens_per_step = tokens_per_step
         self._sampler = None
+
+    def final_due(self, reason: str, state: RunState) -> bool:
+        """Whether the run ends with one more eval: it reached its planned end (not Ctrl-C,
+        --stop-after-steps or a failure), it evaluates at all (a budgeted run always; a run planned in
+        steps with eval.eval_every_seqs > 0), and the last step's interval eval was not it already."""
+        return reason == "done" and self.lanes is not None and state.last_eval_step != state.global_step
 
     def run(self, state: RunState, tf: float) -> dict | None:
         """Evaluate the model as it stands at state.global_step (`tf`: its teacher forcing, logged)."""

@@ -238,8 +238,8 @@ class Trainer:
 
     def run(self, stop_after_steps: int | None = None) -> str:
         """Train until the planned total (or a budgeted run's last step), `stop_after_steps` more
-        steps, or a signal; returns why it ended. A final checkpoint is written in every case; a
-        budgeted run that reaches its end evaluates once more."""
+        steps, or a signal; returns why it ended. A final checkpoint is written in every case; a run
+        that reaches its end evaluates once more unless its last step's interval eval was that one."""
         cfg, state, pace = self.cfg, self.state, self.pace
         if self.faults:
             self.report("faults", faults=[str(f) for f in self.faults])
@@ -267,8 +267,8 @@ class Trainer:
                         self.save("interval")
                 if state.last_checkpoint_step != state.global_step:
                     self.save(reason)
-                if pace.final_eval(reason, state):
-                    self.run_eval()  # the final eval of a budgeted run (unless the last step's interval eval was it)
+                if self.evals.final_due(reason, state):
+                    self.run_eval()  # after the final checkpoint: a run planned in steps or time ends with an eval
                 self.event("end", reason=reason, **self._end_fields())
             except TooManySkips as exc:  # the weights are unchanged since the last applied step, but
                 self._end(f"stopped: {exc.count} consecutive skipped steps")  # going on would only skip more
