@@ -8,9 +8,10 @@
 // in `dhz_mem`, read and written by it alone). The product is split by columns, so no partial
 // sums go through memory: the slice's workgroup multiplies all of dGh[s] [BP lanes x 3H] by
 // W_hh's [3H x 16] columns of the slice, straight from memory with fragment loads
-// (include/sweep_frag.glsl). Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group
-// sg / LF (8 k-groups of KPG 16-deep fragments of the 3H rows); the 8 partial blocks are summed
-// through `red` in k-group order (deterministic).
+// (include/sweep_frag.glsl). Subgroup sg (of 8 * LF) owns k-group sg (KPG 16-deep fragments of
+// the 3H rows) for every lane fragment, so each W_hh fragment is loaded once per workgroup; the
+// k-groups' partial blocks are summed through `red` in a fixed order (deterministic). RES and the
+// split grid barrier as in the forward.
 // dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (lanes past B stay the zeros the host
 // wrote; 16 x 16 blocks as the forward's h16): dispatch s reads g16[s % 2], and its gate
 // backward of step s-1 writes g16[(s-1) % 2] beside dGh's float32 rows. At s = T there is no
@@ -31,21 +32,25 @@
 #define LF 2    // lane fragments: B <= 16 * LF
 #endif
 #ifndef KPG
-#define KPG 6   // 16-deep fragments of the 3H rows per k-group: 8 * KPG * 16 >= 3H
+#define KPG 6   // 16-deep fragments of the 3H rows per k-group: 8 * LF * KPG * 16 >= 3H
 #endif
 #ifndef PD
 #define PD 8    // fragments whose loads are in flight ahead of the product
 #endif
 #ifndef PROBE
-#define PROBE 0 // timing probes (tools/bench_stream.py; wrong results): 1 no W_hh loads, 2 no dGh loads
+#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no dGh loads
+#endif
+#ifndef RES
+#define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
 #endif
 #ifndef FULL
-#define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
+#define FULL false  // true: every k-group has KPG fragments (8 * LF * KPG * 16 == the product's depth)
 #endif
 #include "common.glsl"
 #include "slots.glsl"
 
-const uint KG = 8u;         // k-groups
+const uint KG = 8u;         // red's k-group slots
+const uint KGS = 8u * LF;   // k-groups: one per subgroup
 const uint BP = 16u * LF;   // lanes, padded
 layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per element
 
@@ -76,90 +81,103 @@ shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + colu
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
 
-// Fragment kf's operands: dGh's (its lane fragment's blocks from a0) and W_hh's rows 16 kf.. at columns k0..
-void load_frags(uint a0, uint k0, uint kf, out FRAG_A a, out FRAG_B w) {
-#if PROBE == 2  // timing probe: no dGh loads (the product multiplies W by W)
-    LOAD_B(w, w_block(16u * kf, k0), W_LD, false);
-    a = w;
-#else
-    LOAD_A(a, a0 + 256u * kf, 16u, false);
-#endif
-#if PROBE == 1  // timing probe: no W_hh loads (the product multiplies dGh by dGh)
-    w = a;
+// W_hh's fragment of rows 16 kf.. at columns k0..: (row, column) = W_hh[16 kf + row, k0 + column].
+void load_w(uint k0, uint kf, out FRAG_B w) {
+#if PROBE == 1  // timing probe: no W_hh loads (a constant fragment)
+    w = FRAG_B(float16_t(1.0));
 #else
     LOAD_B(w, w_block(16u * kf, k0), W_LD, false);
 #endif
 }
 
-// The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, one block per k-group and lane fragment.
-void product(uint s, uint k0, uint sg) {
-    uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = 3u * H / 16u;
-    uint a0 = shadow_frag(s % 2u, lf, 0u, 3u * H);
-    ACC_T acc = ACC_ZERO();
-    // A ring of PD fragments' operands, as the forward's: PD L2 round trips in flight.
-    FRAG_A a[PD];  // (lane, row) = dGh[s, lane, 16 kf + row]
-    FRAG_B w[PD];  // (row, column) = W_hh[16 kf + row, k0 + column]
-    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
-        uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) {
-            load_frags(a0, k0, kf, a[i], w[i]);
-        }
-    }
-    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
-        uint kf = kg * KPG + i, r = i % PD;
-        if (FULL || kf < n_kf) acc = MUL_ADD(a[r], w[r], acc);  // FULL: no bound checks (every k-group whole)
-        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
-            load_frags(a0, k0, kf + PD, a[r], w[r]);
-        }
-    }
-    ACC_STORE(acc, (kg * LF + lf) * 256u, 16u);
+// dGh's fragment kf of the lane fragment whose blocks start at a: (lane, row) = dGh[s, lane, 16 kf + row].
+void load_a(uint a, uint kf, out FRAG_A x) {
+#if PROBE == 2  // timing probe: no dGh loads (a constant fragment)
+    x = FRAG_A(float16_t(1.0));
+#else
+    LOAD_A(x, a + 256u * kf, 16u, false);
+#endif
 }
 
-#ifdef BOTH_LANES
-// The product with both lane fragments per subgroup (LF == 2; CATCHAT_STREAM_SPLIT=lanes, to measure):
-// 16 k-groups, one per subgroup, each W_hh fragment loaded once per workgroup; k-groups 8..15 store
-// into red's 8 slots, then 0..7 add theirs (slot s = kg s+8 + kg s: deterministic).
-void product_both(uint s, uint k0, uint kg) {
-    uint H = pc.H, n_kf = 3u * H / 16u;
-    uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H), a1 = shadow_frag(s % 2u, 1u, 0u, 3u * H);
-    ACC_T p = ACC_ZERO(), q = ACC_ZERO();  // lane fragments 0 and 1
-    FRAG_A x[PD], y[PD];
-    FRAG_B w[PD];
+#if RES > 0
+// The W_hh fragments of this subgroup's first RES k-fragments, loaded once per dispatch (a workgroup
+// per slice: the host sets RES only then).
+FRAG_B rw[RES];
+#endif
+
+#if LF == 2
+#define LOAD_LANES(r, kf) load_a(a0, kf, x[r]); load_a(a1, kf, y[r])
+#define MUL_LANES(r, w) p = MUL_ADD(x[r], w, p); q = MUL_ADD(y[r], w, q)
+#else
+#define LOAD_LANES(r, kf) load_a(a0, kf, x[r])
+#define MUL_LANES(r, w) p = MUL_ADD(x[r], w, p)
+#endif
+
+// The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red: subgroup kg multiplies its k-group
+// (k-fragments kg * KPG .. of the 3H rows) for every lane fragment, each W_hh fragment loaded once
+// per workgroup; with 16 k-groups, 8..15 store into red's 8 slots, then 0..7 add theirs (slot s =
+// kg s+8 + kg s: deterministic). W_hh's operands come from the resident fragments (the first RES)
+// and a ring of PD in flight, dGh's from a ring of PD. wait_k > 0: dGh waits for the grid barrier's
+// crossing wait_k, after the ring's first W_hh loads are issued. false: the barrier was aborted.
+bool product(uint s, uint k0, uint kg, uint wait_k) {
+    uint H = pc.H, n_kf = 3u * H / 16u, k1 = kg * KPG;
+    FRAG_B w[PD];  // ring over the k-fragments past RES: k-fragment i in slot (i - RES) % PD
+    [[unroll]] for (uint i = RES; i < KPG && i < RES + PD; ++i) {
+        if (FULL || k1 + i < n_kf) load_w(k0, k1 + i, w[i - RES]);
+    }
+#ifdef PERSISTENT
+    if (wait_k > 0u && !grid_wait(wait_k)) return false;
+#endif
+    uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H);
+    FRAG_A x[PD];  // dGh, lane fragment 0 (ring slot i % PD)
+    ACC_T p = ACC_ZERO();
+#if LF == 2
+    uint a1 = shadow_frag(s % 2u, 1u, 0u, 3u * H);
+    FRAG_A y[PD];
+    ACC_T q = ACC_ZERO();
+#endif
     [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
-        uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) {
-            load_frags(a0, k0, kf, x[i], w[i]);
-            LOAD_A(y[i], a1 + 256u * kf, 16u, false);
-        }
+        if (FULL || k1 + i < n_kf) { LOAD_LANES(i, k1 + i); }
     }
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
-        uint kf = kg * KPG + i, r = i % PD;
-        if (FULL || kf < n_kf) {
-            p = MUL_ADD(x[r], w[r], p);
-            q = MUL_ADD(y[r], w[r], q);
+        uint kf = k1 + i, r = i % PD;
+        if (FULL || kf < n_kf) {  // FULL: no bound checks (every k-group whole)
+#if RES > 0
+            if (i < RES) {
+                MUL_LANES(r, rw[i]);
+            } else
+#endif
+            {
+                uint wr = (i - RES) % PD;
+                MUL_LANES(r, w[wr]);
+                if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_w(k0, kf + PD, w[wr]);
+            }
         }
-        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
-            load_frags(a0, k0, kf + PD, x[r], w[r]);
-            LOAD_A(y[r], a1 + 256u * (kf + PD), 16u, false);
-        }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) { LOAD_LANES(r, kf + PD); }
     }
     uint slot = kg % KG;  // red's blocks (slot * LF + lf) * 256
-    if (kg >= KG) {
+    if (KGS == KG || kg >= KG) {
         ACC_STORE(p, (slot * LF) * 256u, 16u);
+#if LF == 2
         ACC_STORE(q, (slot * LF + 1u) * 256u, 16u);
-    }
-    barrier();
-    if (kg < KG) {
-        ACC_T other;
-        ACC_LOAD(other, (slot * LF) * 256u, 16u);
-        other = ACC_ADD(other, p);
-        ACC_STORE(other, (slot * LF) * 256u, 16u);
-        ACC_LOAD(other, (slot * LF + 1u) * 256u, 16u);
-        other = ACC_ADD(other, q);
-        ACC_STORE(other, (slot * LF + 1u) * 256u, 16u);
-    }
-}
 #endif
+    }
+    if (KGS > KG) {
+        barrier();
+        if (kg < KG) {
+            ACC_T other;
+            ACC_LOAD(other, (slot * LF) * 256u, 16u);
+            other = ACC_ADD(other, p);
+            ACC_STORE(other, (slot * LF) * 256u, 16u);
+#if LF == 2
+            ACC_LOAD(other, (slot * LF + 1u) * 256u, 16u);
+            other = ACC_ADD(other, q);
+            ACC_STORE(other, (slot * LF + 1u) * 256u, 16u);
+#endif
+        }
+    }
+    return true;
+}
 
 // What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
@@ -216,7 +234,14 @@ void main() {
     bool live = b < pc.B;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
-    for (uint i = 0u; i < pc.n_steps; ++i) {
+#if RES > 0
+    [[unroll]] for (uint i = 0u; i < RES; ++i) {
+        if (wg < n_sl && (FULL || sg * KPG + i < 3u * H / 16u)) load_w(16u * wg, sg * KPG + i, rw[i]);
+    }
+#endif
+    uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
+    bool ok = true;
+    for (uint i = 0u; i < pc.n_steps && ok; ++i) {
         uint s = pc.s - i;
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
             uint k0 = 16u * sl, k = k0 + u;
@@ -227,11 +252,11 @@ void main() {
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
-#ifdef BOTH_LANES
-            if (s < pc.T) product_both(s, k0, sg);  // uniform: s is
-#else
-            if (s < pc.T) product(s, k0, sg);  // uniform: s is
-#endif
+            if (s < pc.T) {  // uniform: s is
+                ok = product(s, k0, sg, arrived > waited ? arrived : 0u);  // waits for the step's dGh inside
+                waited = arrived;
+                if (!ok) break;
+            }
             barrier();
             PHASE(i, 1u);
             if (live) {
@@ -246,7 +271,14 @@ void main() {
         }
         PHASE(i, 2u);
 #ifdef PERSISTENT
-        if (i + 1u < pc.n_steps && !grid_sync(i + 1u)) break;
+        if (ok && arrived > waited) {  // a workgroup without a slice (or a step without a product) waits here
+            ok = grid_wait(arrived);
+            waited = arrived;
+        }
+        if (ok && i + 1u < pc.n_steps) {
+            grid_arrive();
+            ++arrived;
+        }
 #endif
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);

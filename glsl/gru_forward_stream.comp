@@ -7,13 +7,16 @@
 // A slice is 16 units for every lane (B <= 16 * LF). Its workgroup multiplies [BP lanes x H]
 // h_prev by W_hh^T's [H x 48] columns of the slice (3 gates x 16 units) straight from memory with
 // fragment loads (include/sweep_frag.glsl), PD fragments' loads in flight: nothing is staged in
-// shared memory and nothing of W_hh stays on chip between steps (L2 keeps it: one layer's copy at
-// a time). Both operands lie in 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W for W_hh's copy):
+// shared memory and, but for RES below, nothing of W_hh stays on chip between steps (L2 keeps it:
+// one layer's copy at a time). Both operands lie in 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W for W_hh's copy):
 // on an H200 at v5, fragments read as 16 rows of 32 bytes at a stride of H took 84% of the step.
-// Subgroup sg (of 8 * LF) owns lane fragment sg % LF and k-group sg / LF (8 k-groups of KPG
-// 16-deep fragments); its three accumulators (one per gate) are summed with the other k-groups'
-// through `red` in two rounds (k-groups 4..7 into 0..3, then the gates add the 4 in order:
-// deterministic).
+// Subgroup sg (of 8 * LF) owns k-group sg (KPG 16-deep fragments) for every lane fragment, so each
+// W_hh fragment is loaded once per workgroup; its accumulators (3 gates x LF lane fragments) fold
+// with the other k-groups' into `red`'s 4 slots in a fixed order (deterministic). RES: the W_hh
+// fragments of a subgroup's first RES k-fragments stay in registers for the whole dispatch (set
+// only where a workgroup has one slice). In the persistent sweep the grid barrier is split: a
+// workgroup arrives after its gates and waits inside the next product, after issuing the W_hh
+// loads that do not depend on the barrier.
 // h_prev comes from a float16 shadow `h16` [2][BP][H] (lanes past B stay the zeros the host
 // wrote; in 16 x 16 blocks of 512 bytes, include/sweep_frag.glsl's shadow_at): step t reads
 // h16[t % 2] and its gates write h16[(t + 1) % 2] = the new state with step t+1's reset applied,
@@ -38,21 +41,24 @@
 #define LF 2    // lane fragments: B <= 16 * LF
 #endif
 #ifndef KPG
-#define KPG 2   // 16-deep k-fragments per k-group: 8 * KPG * 16 >= H
+#define KPG 2   // 16-deep k-fragments per k-group: 8 * LF * KPG * 16 >= H
 #endif
 #ifndef PD
 #define PD 4    // fragments whose loads are in flight ahead of the product
 #endif
 #ifndef PROBE
-#define PROBE 0 // timing probes (tools/bench_stream.py; wrong results): 1 no W_hh loads, 2 no h_prev loads
+#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads
+#endif
+#ifndef RES
+#define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
 #endif
 #ifndef FULL
-#define FULL false  // true: every k-group has KPG fragments (8 * KPG * 16 == the product's depth)
+#define FULL false  // true: every k-group has KPG fragments (8 * LF * KPG * 16 == the product's depth)
 #endif
 #include "common.glsl"
 
-const uint KG = 8u;         // k-groups
-const uint RK = 4u;         // k-group slots of red after the first round
+const uint KGS = 8u * LF;   // k-groups: one per subgroup
+const uint RK = 4u;         // k-group slots of red after the folds
 const uint BP = 16u * LF;   // lanes, padded
 layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per gate output
 
@@ -89,79 +95,34 @@ void prologue(uint j0, uint tid) {
     if (b < pc.B) h16[shadow_at(0u, b, j, pc.H)] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
-// Fragment kf's operands: h_prev's (its lane fragment's blocks from a0) and gate g's W_hh^T for the 16 units from j0.
-void load_frags(uint a0, uint j0, uint kf, out FRAG_A a, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
+// Gate g's W_hh^T fragment kf for the 16 units from j0: (k, unit) = W_hh[g*H + j0 + unit, 16 kf + k].
+void load_w(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
+#if PROBE == 1  // timing probe: no W_hh loads (constant fragments)
+    w0 = FRAG_B(float16_t(1.0));
+    w1 = w0;
+    w2 = w0;
+#else
     uint H = pc.H;
-#if PROBE == 2  // timing probe: no h_prev loads (the product multiplies W by W)
-    LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
-    a = w0;
-#else
-    LOAD_A(a, a0 + 256u * kf, 16u, false);
-#endif
-#if PROBE == 1  // timing probe: no W_hh loads (the product multiplies h_prev by h_prev)
-    w0 = a;
-    w1 = a;
-    w2 = a;
-#else
     LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
     LOAD_B(w1, w_block(H + j0, 16u * kf), W_LD, true);
     LOAD_B(w2, w_block(2u * H + j0, 16u * kf), W_LD, true);
 #endif
 }
 
-// The slice's product at step t into red: gate g's 16 x 16 block of lane fragment lf, k-group
-// slots 0..3 (each the sum of two k-groups).
-void product(uint t, uint j0, uint sg) {
-    uint H = pc.H, lf = sg % LF, kg = sg / LF, n_kf = H / 16u;
-    uint a0 = shadow_frag(t % 2u, lf, 0u, H);
-    // three accumulators, not an array: spirv-opt (shaderc 2022) crashes on arrays of them
-    ACC_T acc0 = ACC_ZERO(), acc1 = ACC_ZERO(), acc2 = ACC_ZERO();
-    // A ring of PD fragments' operands: the loads of fragment i + PD are issued right after
-    // fragment i is multiplied, so PD fragments' L2 round trips overlap (a loop that loads and then
-    // multiplies each fragment waits out one round trip per fragment).
-    FRAG_A a[PD];
-    FRAG_B w0[PD], w1[PD], w2[PD];  // (k, unit) = W_hh[g*H + j0 + unit, 16 kf + k] for gates g = 0, 1, 2
-    [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
-        uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) load_frags(a0, j0, kf, a[i], w0[i], w1[i], w2[i]);
-    }
-    [[unroll]] for (uint i = 0u; i < KPG; ++i) {
-        uint kf = kg * KPG + i, r = i % PD;
-        if (FULL || kf < n_kf) {  // FULL: no bound checks (every k-group whole)
-            acc0 = MUL_ADD(a[r], w0[r], acc0);
-            acc1 = MUL_ADD(a[r], w1[r], acc1);
-            acc2 = MUL_ADD(a[r], w2[r], acc2);
-        }
-        if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_frags(a0, j0, kf + PD, a[r], w0[r], w1[r], w2[r]);
-    }
-    uint slot = (kg % RK) * LF + lf;  // red's blocks of this subgroup: (slot * 3 + g) * 256
-    if (kg >= RK) {
-        ACC_STORE(acc0, (slot * 3u) * 256u, 16u);
-        ACC_STORE(acc1, (slot * 3u + 1u) * 256u, 16u);
-        ACC_STORE(acc2, (slot * 3u + 2u) * 256u, 16u);
-    }
-    barrier();
-    if (kg < RK) {
-        ACC_T other;
-        ACC_LOAD(other, (slot * 3u) * 256u, 16u);
-        other = ACC_ADD(other, acc0);
-        ACC_STORE(other, (slot * 3u) * 256u, 16u);
-        ACC_LOAD(other, (slot * 3u + 1u) * 256u, 16u);
-        other = ACC_ADD(other, acc1);
-        ACC_STORE(other, (slot * 3u + 1u) * 256u, 16u);
-        ACC_LOAD(other, (slot * 3u + 2u) * 256u, 16u);
-        other = ACC_ADD(other, acc2);
-        ACC_STORE(other, (slot * 3u + 2u) * 256u, 16u);
-    }
-    barrier();
+// h_prev's fragment kf of the lane fragment whose blocks start at a.
+void load_a(uint a, uint kf, out FRAG_A x) {
+#if PROBE == 2  // timing probe: no h_prev loads (a constant fragment)
+    x = FRAG_A(float16_t(1.0));
+#else
+    LOAD_A(x, a + 256u * kf, 16u, false);
+#endif
 }
 
-#ifdef BOTH_LANES
-// The product with both lane fragments per subgroup (LF == 2; CATCHAT_STREAM_SPLIT=lanes, to measure):
-// 16 k-groups, one per subgroup, each W_hh fragment loaded once per workgroup instead of once per
-// lane fragment; the 16 k-groups fold into red's 4 slots in rounds, highest first (slot s =
-// ((kg s+12 + kg s+8) + kg s+4) + kg s: deterministic).
-const uint KGS = 8u * LF;
+void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T c1, inout ACC_T c2) {
+    c0 = MUL_ADD(x, w0, c0);
+    c1 = MUL_ADD(x, w1, c1);
+    c2 = MUL_ADD(x, w2, c2);
+}
 
 // red block `off` = acc (first round) or red + acc.
 void fold(ACC_T acc, uint off, bool first) {
@@ -175,34 +136,62 @@ void fold(ACC_T acc, uint off, bool first) {
     }
 }
 
-void product_both(uint t, uint j0, uint kg) {
-    uint H = pc.H, n_kf = H / 16u;
-    uint a0 = shadow_frag(t % 2u, 0u, 0u, H), a1 = shadow_frag(t % 2u, 1u, 0u, H);
+#if RES > 0
+// The W_hh fragments of this subgroup's first RES k-fragments, loaded once per dispatch (a workgroup
+// per slice: the host sets RES only then).
+FRAG_B rw0[RES], rw1[RES], rw2[RES];
+#endif
+
+#if LF == 2
+#define LOAD_LANES(r, kf) load_a(a0, kf, x[r]); load_a(a1, kf, y[r])
+#define MUL_LANES(r, w0, w1, w2) mul3(x[r], w0, w1, w2, p0, p1, p2); mul3(y[r], w0, w1, w2, q0, q1, q2)
+#else
+#define LOAD_LANES(r, kf) load_a(a0, kf, x[r])
+#define MUL_LANES(r, w0, w1, w2) mul3(x[r], w0, w1, w2, p0, p1, p2)
+#endif
+
+// The slice's product at step t into red's RK slots: subgroup kg multiplies its k-group (k-fragments
+// kg * KPG ..) for every lane fragment, each W_hh fragment loaded once per workgroup; the KGS
+// k-groups fold into the slots in rounds, highest first (slot s = ((kg s+12 + kg s+8) + kg s+4) +
+// kg s: deterministic). W_hh's operands come from the resident fragments (the first RES) and a ring
+// of PD in flight, h_prev's from a ring of PD. wait_k > 0: the step's h_prev waits for the grid
+// barrier's crossing wait_k, after the ring's first W_hh loads (W_hh does not depend on it) are
+// issued. false: the barrier was aborted.
+bool product(uint t, uint j0, uint kg, uint wait_k) {
+    uint H = pc.H, n_kf = H / 16u, k1 = kg * KPG;
+    FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RES: k-fragment i in slot (i - RES) % PD
+    [[unroll]] for (uint i = RES; i < KPG && i < RES + PD; ++i) {
+        if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RES], w1[i - RES], w2[i - RES]);
+    }
+#ifdef PERSISTENT
+    if (wait_k > 0u && !grid_wait(wait_k)) return false;
+#endif
+    uint a0 = shadow_frag(t % 2u, 0u, 0u, H);
+    FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
     ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
+#if LF == 2
+    uint a1 = shadow_frag(t % 2u, 1u, 0u, H);
+    FRAG_A y[PD];
     ACC_T q0 = ACC_ZERO(), q1 = ACC_ZERO(), q2 = ACC_ZERO();  // lane fragment 1
-    FRAG_A x[PD], y[PD];
-    FRAG_B w0[PD], w1[PD], w2[PD];
+#endif
     [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
-        uint kf = kg * KPG + i;
-        if (FULL || kf < n_kf) {
-            load_frags(a0, j0, kf, x[i], w0[i], w1[i], w2[i]);
-            LOAD_A(y[i], a1 + 256u * kf, 16u, false);
-        }
+        if (FULL || k1 + i < n_kf) { LOAD_LANES(i, k1 + i); }
     }
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
-        uint kf = kg * KPG + i, r = i % PD;
-        if (FULL || kf < n_kf) {
-            p0 = MUL_ADD(x[r], w0[r], p0);
-            p1 = MUL_ADD(x[r], w1[r], p1);
-            p2 = MUL_ADD(x[r], w2[r], p2);
-            q0 = MUL_ADD(y[r], w0[r], q0);
-            q1 = MUL_ADD(y[r], w1[r], q1);
-            q2 = MUL_ADD(y[r], w2[r], q2);
+        uint kf = k1 + i, r = i % PD;
+        if (FULL || kf < n_kf) {  // FULL: no bound checks (every k-group whole)
+#if RES > 0
+            if (i < RES) {
+                MUL_LANES(r, rw0[i], rw1[i], rw2[i]);
+            } else
+#endif
+            {
+                uint wr = (i - RES) % PD;
+                MUL_LANES(r, w0[wr], w1[wr], w2[wr]);
+                if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_w(j0, kf + PD, w0[wr], w1[wr], w2[wr]);
+            }
         }
-        if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
-            load_frags(a0, j0, kf + PD, x[r], w0[r], w1[r], w2[r]);
-            LOAD_A(y[r], a1 + 256u * (kf + PD), 16u, false);
-        }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) { LOAD_LANES(r, kf + PD); }
     }
     for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
         if (kg / RK == round) {
@@ -211,14 +200,16 @@ void product_both(uint t, uint j0, uint kg) {
             fold(p0, b0, first);
             fold(p1, b0 + 256u, first);
             fold(p2, b0 + 512u, first);
+#if LF == 2
             fold(q0, b0 + 768u, first);
             fold(q1, b0 + 1024u, first);
             fold(q2, b0 + 1280u, first);
+#endif
         }
         barrier();
     }
+    return true;
 }
-#endif
 
 // Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
 // applied): o[t], save[t], hprev at t = 0, hT at T-1, and h16 for step t+1.
@@ -247,11 +238,20 @@ void main() {
     uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
     uint n_sl = H / 16u, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
     bool live = b < pc.B;
-    uint k = 0u;  // grid barriers passed
+#if RES > 0
+    [[unroll]] for (uint i = 0u; i < RES; ++i) {
+        if (wg < n_sl && (FULL || sg * KPG + i < H / 16u)) load_w(16u * wg, sg * KPG + i, rw0[i], rw1[i], rw2[i]);
+    }
+#endif
+    uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
+    bool ok = true;
 #ifdef PERSISTENT
     if (pc.t == 0u) {
         for (uint sl = wg; sl < n_sl; sl += n_wg) prologue(16u * sl, tid);
-        if (pc.t < pc.t_end && !grid_sync(++k)) return;
+        if (pc.t < pc.t_end) {
+            grid_arrive();
+            ++arrived;
+        }
     }
 #else
     if (pc.t == pc.t_end) {
@@ -259,7 +259,7 @@ void main() {
         return;
     }
 #endif
-    for (uint t = pc.t; t < pc.t_end; ++t) {
+    for (uint t = pc.t; t < pc.t_end && ok; ++t) {
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
             uint j0 = 16u * sl, j = j0 + u;
             vec3 gi3 = vec3(0.0), bias = vec3(0.0);
@@ -271,18 +271,23 @@ void main() {
                 hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
             }
             PHASE(t, 0u);
-#ifdef BOTH_LANES
-            product_both(t, j0, sg);
-#else
-            product(t, j0, sg);
-#endif
+            ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
+            waited = arrived;
+            if (!ok) break;
             PHASE(t, 1u);
             if (live) gate(t, b, j, u, gi3, bias, hp);
             barrier();  // red is rewritten by the next slice
         }
         PHASE(t, 2u);
 #ifdef PERSISTENT
-        if (t + 1u < pc.t_end && !grid_sync(++k)) break;
+        if (ok && arrived > waited) {  // a workgroup without a slice waits here
+            ok = grid_wait(arrived);
+            waited = arrived;
+        }
+        if (ok && t + 1u < pc.t_end) {
+            grid_arrive();
+            ++arrived;
+        }
 #endif
     }
 #ifdef PERSISTENT

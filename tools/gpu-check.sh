@@ -90,17 +90,15 @@ part bench-v5-fp16-probe-now env CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench
     --warmup 1 --precision fp16 --profile
 part bench-v5-fp16-probe-noa env CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
-# a subgroup per k-group taking both lane fragments (each W_hh fragment loaded once per workgroup): parity, speed
-part parity-sweeps-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli parity --only gru --summary
-part bench-v5-fp16-lanes env CATCHAT_STREAM_SPLIT=lanes $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
-    --warmup 1 --precision fp16 --profile
 part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set train.precision=fp16 --steps 256 --reps 1
-part phases-v5-fp16-lanes env CATCHAT_STREAM_SPLIT=lanes $py tools/sweep_phases.py configs/catchat-v5.toml \
-    --set train.precision=fp16 --steps 256 --reps 1
-part bench-v5-fp16-lanes-probe-now env CATCHAT_STREAM_SPLIT=lanes CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench \
-    configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile
-part bench-v5-fp16-lanes-probe-noa env CATCHAT_STREAM_SPLIT=lanes CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench \
-    configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile
+# every check of the model group, failures named (after a tolerance or sweep change)
+part parity-model-full $py -m catchat.cli parity --only model
+# the streamed sweeps' knobs side by side: resident W_hh fragments / ring depths (parity, then bench)
+part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4 \
+    --variant 2,16/3,4 --variant 0,8/2,6 --variant 4,20/2,4 --variant 1,12/4,4 --json "$out/stream-variants.json"
+# v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
+part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
+    --json "$out/gen-v5.json"
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's

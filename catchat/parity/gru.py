@@ -64,7 +64,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     [T,B,3H] buffer of its own. tiles: (forward tiles, backward tiles), None = default_tiles;
     persistent: (forward, backward) workgroups of one-dispatch sweeps (0 = a dispatch per step);
     repeat: both sweeps recorded that many times (the grid barrier's words must be ready again
-    each time; returned as `sync`). Every activation buffer carries `pad` leading floats
+    each time; returned as `sync`; `tiles` are the sweeps' own). Every activation buffer carries `pad` leading floats
     (operands at nonzero offsets); h0/hT/dh0 live in [2,B,H] state buffers addressed at layer
     `case['layer']`; stats[ST_CLAMP_HITS] starts at stats0 (hits accumulate). o, save and hT are
     read after the last forward sweep, hprev (the resets applied in place) and the gradients after
@@ -116,7 +116,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     return dict(o=seq[o_off:].reshape(T, B, H), hprev=hp[pad:pad + T * B * H].reshape(T, B, H),
                 save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
                 dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
-                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]))
+                sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]),
+                tiles=(fwd.tiles, bwd.tiles))
 
 
 def half_weights(case):

@@ -59,6 +59,11 @@ uint n_workgroups() { return gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWor
 // Every workgroup of the dispatch, k-th time.
 bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
 
+// grid_sync in its two halves (work nobody waits for goes in between). A workgroup must wait for
+// crossing k before it arrives for k + 1: the count would otherwise reach k * n early.
+void grid_arrive() { group_arrive(0u); }
+bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
+
 // Call once at the end of a persistent dispatch that used groups 0..n_groups-1: the last
 // workgroup out zeroes the sync words.
 void grid_sync_done(uint n_groups) {

@@ -101,7 +101,8 @@ def test_stream_planning(dev, monkeypatch):
     assert gru.sweep_products(tc, 32, 2048, "fp16") == "resident"
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 16, 4), gru.StreamTiles(2, 48, 8))
+    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 4), gru.StreamTiles(2, 24, 8))
+    assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 4)  # one lane fragment: 8 k-groups
     assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments
     monkeypatch.setenv(gru.DEPTH_ENV, "2,16")
     assert gru.stream_tiles(32, 2048, False).depth == 2 and gru.stream_tiles(32, 2048, True).depth == 16
@@ -141,22 +142,29 @@ def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     assert got["hits"] == exp["hits"]
 
 
-@pytest.mark.parametrize("T,B,H,n_wg", [(3, 17, 48, 0), (2, 20, 256, 1)])
-def test_streamed_sweeps_with_both_lanes_per_subgroup(dev, monkeypatch, T, B, H, n_wg):
-    """CATCHAT_STREAM_SPLIT=lanes (BOTH_LANES): 16 k-groups each taking both lane fragments, folded in
-    rounds; a k-group left empty and short ones (H = 48), whole ones and persistent (H = 256)."""
+@pytest.mark.parametrize("T,B,H,n_wg,resident,depth,kept", [
+    (3, 17, 48, 0, "1,1", "4,8", (1, 1)),  # a dispatch per step; k-groups left empty, short ones
+    (2, 20, 256, 0, "1,2", "1,1", (1, 2)),  # the ring refilled past the resident fragments
+    (3, 20, 16, 1, "1,1", "4,8", (1, 1)),  # persistent, one slice per workgroup: every fragment resident
+    (2, 5, 64, 1, "1,1", "4,8", (0, 0)),  # persistent, 4 slices on one workgroup: no resident W_hh
+])
+def test_streamed_sweeps_keep_w_hh_resident(dev, monkeypatch, T, B, H, n_wg, resident, depth, kept):
+    """CATCHAT_STREAM_RESIDENT (RES): a k-group's first W_hh fragments loaded once per dispatch and
+    kept in registers, where every workgroup has one slice (else dropped); two lane fragments per
+    subgroup (B > 16) and one: the same results as the twin."""
     from catchat.parity import gru as gru_parity
 
-    monkeypatch.setenv(gru.SPLIT_ENV, "lanes")
-    assert gru.stream_tiles(B, H, False).both_lanes and not gru.stream_tiles(16, H, False).both_lanes
+    monkeypatch.setenv(gru.RESIDENT_ENV, resident)
+    monkeypatch.setenv(gru.DEPTH_ENV, depth)
     case = gru_parity.make_case(T, B, H)
     got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    assert tuple(t.resident for t in got["tiles"]) == kept
     exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
     for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
         np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
-    assert got["hits"] == exp["hits"]
-    monkeypatch.setenv(gru.SPLIT_ENV, "rows")
-    with pytest.raises(UsageError, match="CATCHAT_STREAM_SPLIT"):
+    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
+    monkeypatch.setenv(gru.RESIDENT_ENV, "1")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM_RESIDENT"):
         gru.stream_tiles(B, H, False)
 
 

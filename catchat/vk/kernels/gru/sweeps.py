@@ -176,6 +176,8 @@ class _Sweep(Kernel):
         if resident and persistent is None:
             self.residency = sweep_residency(dev, self.tiles, B, H, backward, resident)
             resident = resident if self.residency.ok else 0
+        if self.tiles.resident and 0 < sweep_workgroups(resident, stream_slices(H)) < stream_slices(H):
+            self.tiles = self.tiles._replace(resident=0)  # resident W_hh needs one slice per workgroup
         defines = stream_defines(self.tiles, H, backward, emulate)
         tensors = self._extra_bindings(tensors, defines)
         self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
