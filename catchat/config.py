@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from catchat.data.lane_order import LANE_ORDERS
 from catchat.errors import UsageError
 from catchat.precision import PRECISIONS, REFUSED
 
@@ -114,6 +115,8 @@ class DataConfig:
     micro_batches: int = _key(1, int, "windows per lane accumulated into one optimizer step", "windows", lo=1, hi=4096)
     carry_state: bool = _key(True, bool, "carry the hidden state from window to window of a lane (stateful truncated BPTT)")
     shuffle_block_windows: int = _key(0, int, "stateless only: shuffle blocks of this many windows per cycle (0 = off)", "windows", lo=0)
+    lane_order: str = _key("corpus", str, "how conversations are laid into lanes: corpus order cut into B runs, longest first onto the least-loaded lane, or a permutation per cycle (seeded) cut into B runs",
+                           choices=LANE_ORDERS)
     max_conversations: int = _key(0, int, "use only the first N conversations of the corpus (0 = all)", "conversations", lo=0)
     eval_fraction: float = _key(0.05, float, "share of conversations held out for eval (by content hash)", "fraction", lo=0, hi=0.5)
     prefix_dropout: float = _key(0.0, float, "probability that a lane's window has a prefix masked from the loss, the state reset at its end", "probability", lo=0, hi=1)

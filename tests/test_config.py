@@ -143,6 +143,8 @@ def test_wrong_types(line, needle):
     ("train.seed", "-1", "train.seed"),
     ("train.optimizer", '"sgd"', 'train.optimizer must be one of "adamw", "nadam", got "sgd"'),
     ("schedule.cooldown_shape", '"cos"', 'schedule.cooldown_shape must be one of "cosine", "linear"'),
+    ("data.lane_order", '"random"',
+     'data.lane_order must be one of "corpus", "longest_first", "shuffle", got "random"'),
     ("eval.eval_every_seqs", "-5", "eval.eval_every_seqs must be >= 0"),
     ("checkpoint.keep_last", "-1", "checkpoint.keep_last"),
     ("data.corpus", '""', "data.corpus must be a non-empty string"),

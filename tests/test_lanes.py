@@ -1,5 +1,6 @@
 """Lanes: order-preserving stateful truncated BPTT (design.md "Data"; lessons 5 and 6), the cursor."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 
 from catchat import config
 from catchat.data import corpus, vocab
-from catchat.data.lanes import DataCursor, Lanes, balanced_cuts, n_valid
+from catchat.data.lane_order import balanced_cuts
+from catchat.data.lanes import DataCursor, Lanes, n_valid
 from catchat.errors import UsageError
 
 PAD, BOS, EOS = vocab.PAD, vocab.BOS, vocab.EOS
@@ -24,12 +26,12 @@ def make_conversations(n, seed=0, lo=3, hi=40):
 
 
 def cycle_windows(lanes, cycle=0):
-    return [lanes.window(cycle, p) for p in range(lanes.windows_per_cycle)]
+    return [lanes.window(cycle, p) for p in range(lanes.windows_in(cycle))]
 
 
 def lane_streams(lanes, cycle=0):
     """tokens, targets, resets of each lane over a whole (unshuffled) cycle: [B] arrays of W*T."""
-    ws = [lanes.window_at(i, cycle=cycle) for i in range(lanes.windows_per_cycle)]
+    ws = [lanes.window_at(i, cycle=cycle) for i in range(lanes.windows_in(cycle))]
     cat = {k: np.concatenate([getattr(w, k) for w in ws], axis=0) for k in ("tokens", "targets", "resets")}
     return [{k: v[:, b] for k, v in cat.items()} for b in range(lanes.B)]
 
@@ -226,7 +228,9 @@ def test_block_shuffle_deterministic_per_seed(convs):
 
 # --- cursor ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw", [dict(carry_state=True), dict(carry_state=False, shuffle_block_windows=2, seed=3)])
+@pytest.mark.parametrize("kw", [dict(carry_state=True), dict(carry_state=False, shuffle_block_windows=2, seed=3),
+                                dict(lane_order="longest_first"), dict(lane_order="shuffle", seed=3),
+                                dict(lane_order="shuffle", seed=3, carry_state=False, shuffle_block_windows=2)])
 def test_cursor_restore_gives_identical_next_windows(convs, kw):
     lanes = Lanes.from_conversations(convs, batch_lanes=4, window=6, **kw)
     W = lanes.windows_per_cycle
@@ -270,6 +274,10 @@ def test_cursor_for_other_data_refused(lanes, convs):
         lanes.restore({"cycle": -1, "window": 0, "seqs": 0, "layout": lanes.layout})
     with pytest.raises(UsageError, match="past this cycle"):
         lanes.restore({"cycle": 0, "window": 10**6, "seqs": 0, "layout": lanes.layout})
+    for kw in (dict(lane_order="longest_first"), dict(lane_order="shuffle"), dict(lane_order="shuffle", seed=1)):
+        laid = Lanes.from_conversations(convs, batch_lanes=5, window=7, **kw)  # the same data, laid out otherwise
+        with pytest.raises(UsageError, match="another data layout.*data.lane_order"):
+            laid.restore(lanes.start().to_dict())
 
 
 # --- from a built corpus ---------------------------------------------------------------------------
@@ -318,6 +326,10 @@ def test_from_config(built):
     assert (lanes.B, lanes.T, lanes.carry_state, lanes.shuffle_block_windows, lanes.seed) == (3, 9, False, 2, 11)
     ev = Lanes.from_config(built, cfg, split="eval")
     assert ev.shuffle_block_windows == 0  # eval never shuffles
+    laid = Lanes.from_config(built, config.with_changes(cfg, data={"lane_order": "shuffle"}))
+    assert laid.lane_order == "shuffle" and laid.layout != lanes.layout
+    ev_laid = Lanes.from_config(built, config.with_changes(cfg, data={"lane_order": "shuffle"}), split="eval")
+    assert ev_laid.lane_order == "corpus" and ev_laid.layout == ev.layout  # eval keeps corpus order
     steps = config.planned_total_steps(config.with_changes(cfg, train={"total_steps": 0, "cycles": 2}),
                                        lanes.seqs_per_cycle)
     assert steps == 2 * lanes.windows_per_cycle
@@ -326,3 +338,94 @@ def test_from_config(built):
 def test_empty_eval_split_is_a_usage_error(built):
     with pytest.raises(UsageError, match="eval split .* is empty"):
         Lanes.from_corpus(built, batch_lanes=2, window=8, split="eval", eval_fraction=0.0)
+
+
+# --- lane orders (data.lane_order) ----------------------------------------------------------------
+
+# The corpus layout's windows (cycles 0 and 1) and ids as they were before data.lane_order existed:
+# checkpoints of older runs resume onto the same data only while these hold.
+# (Lanes arguments, make_conversations(n, seed), layout id, windows per cycle, digest of the windows)
+CORPUS_GOLDEN = [(dict(batch_lanes=5, window=7), (57, 1), "4df1c67135eae53a", 40, "78345ce1196a83bd"),
+                 (dict(batch_lanes=4, window=6, carry_state=False, shuffle_block_windows=2, seed=3), (57, 1),
+                  "128569c521fb3f2d", 57, "79e5b58445543d4a"),
+                 (dict(batch_lanes=8, window=4, allow_empty_lanes=True), (3, 0), "26b792164ebcf307", 9,
+                  "83e57fa9cfd070f3")]
+
+
+def windows_digest(lanes, cycles=(0, 1)) -> str:
+    h = hashlib.sha256()
+    for c in cycles:
+        for w in cycle_windows(lanes, c):
+            for a in (w.tokens, w.targets, w.resets):
+                h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("kw,made,layout,windows,digest", CORPUS_GOLDEN)
+def test_corpus_lane_order_is_the_layout_of_before(kw, made, layout, windows, digest):
+    convs = make_conversations(made[0], seed=made[1])
+    for lanes in (Lanes.from_conversations(convs, **kw), Lanes.from_conversations(convs, lane_order="corpus", **kw)):
+        assert (lanes.layout, lanes.windows_per_cycle, windows_digest(lanes)) == (layout, windows, digest)
+
+
+def test_corpus_lane_order_keeps_a_built_corpus_layout_id(built):
+    """from_corpus's id (the one runs' cursors hold) of the corpus layout, as before data.lane_order."""
+    assert Lanes.from_corpus(built, batch_lanes=4, window=16, eval_fraction=0.2).layout == "42de4e83cd10d950"
+
+
+@pytest.mark.parametrize("order", ["corpus", "longest_first", "shuffle"])
+def test_every_lane_order_reads_each_conversation_once_whole_in_order(convs, order):
+    """Per cycle: every token of every conversation once, in order, on one lane; resets exactly at
+    conversation starts; targets never cross a conversation; padding only at a lane's end."""
+    lanes = Lanes.from_conversations(convs, batch_lanes=5, window=7, lane_order=order, seed=4)
+    seen_orders = []
+    for cycle in (0, 1, 2):
+        assert lanes.windows_in(cycle) == -(-int(lanes.layout_of(cycle).lane_lengths.max()) // 7)
+        read = []
+        for b, s in enumerate(lane_streams(lanes, cycle)):
+            n = int(lanes.layout_of(cycle).lane_lengths[b])
+            toks = s["tokens"][:n]
+            assert (s["tokens"][n:] == PAD).all() and (s["targets"][n:] == PAD).all() and (s["resets"][n:] == 0).all()
+            assert np.array_equal(s["resets"][:n] == 1, toks == BOS)  # a reset exactly where a conversation starts
+            assert (s["targets"][:n][toks == EOS] == PAD).all() and s["targets"][n - 1] == PAD
+            pieces = np.split(toks, np.flatnonzero(toks == BOS)[1:])
+            ids = list(lanes.lane_conversations(b, cycle))
+            assert [list(p) for p in pieces] == [convs[i] for i in ids]  # whole, in order, on this lane
+            read += ids
+        assert sorted(read) == list(range(len(convs)))  # each conversation exactly once per cycle
+        seen_orders.append(read)
+    if order == "shuffle":  # a new layout every cycle
+        assert seen_orders[0] != seen_orders[1] != seen_orders[2]
+    else:  # the same layout every cycle
+        assert seen_orders[0] == seen_orders[1] == seen_orders[2]
+    if order == "corpus":
+        assert seen_orders[0] == list(range(len(convs)))
+
+
+def test_longest_first_gives_each_to_the_least_loaded_lane():
+    lengths = [3, 9, 5, 9, 2, 7]  # longest first: 1 (9), 3 (9), 5 (7), 2 (5), 0 (3), 4 (2)
+    convs = [[BOS] + [6 + i] * (n - 2) + [EOS] for i, n in enumerate(lengths)]
+    lanes = Lanes.from_conversations(convs, batch_lanes=2, window=4, lane_order="longest_first")
+    # 1 -> lane 0 (the tie: lowest lane); 3 -> 1; 5 -> 0 (tie at 9); 2 -> 1 (14 < 16); 0 -> 1 (14); 4 -> 0 (16 < 17)
+    assert [list(lanes.lane_conversations(b)) for b in range(2)] == [[1, 5, 4], [3, 2, 0]]
+    assert list(lanes.lane_lengths) == [18, 17] and lanes.windows_per_cycle == 5
+
+
+def test_shuffle_is_a_function_of_seed_and_cycle(convs):
+    kw = dict(batch_lanes=4, window=6, lane_order="shuffle")
+    a, b, c = (Lanes.from_conversations(convs, seed=s, **kw) for s in (7, 7, 8))
+    assert a.layout == b.layout != c.layout  # the cursor's layout names the seed
+    for cycle in (0, 1, 5):
+        assert np.array_equal(a.layout_of(cycle).order, b.layout_of(cycle).order)
+        assert np.array_equal(a.layout_of(cycle).cuts, b.layout_of(cycle).cuts)
+        assert windows_digest(a, [cycle]) == windows_digest(b, [cycle])
+    assert not np.array_equal(a.layout_of(0).order, c.layout_of(0).order)
+    assert b.window(5, 2).tokens.tobytes() == a.window(5, 2).tokens.tobytes()  # asked in any order: the same
+    # each cycle has its own length; the cursor wraps at each cycle's own end
+    cursor, counted = a.start(), {}
+    while cursor.cycle < 6:
+        w, after = a.next(cursor)
+        counted[w.cycle] = counted.get(w.cycle, 0) + 1
+        cursor = after
+    assert counted == {k: a.windows_in(k) for k in range(6)} and len(set(counted.values())) > 1
+    assert cursor.seqs == sum(counted.values()) * a.B

@@ -1,14 +1,18 @@
 """Order-preserving stateful truncated BPTT: lanes, windows, reset masks and the data cursor.
 
 docs/data.md describes the contract; in short:
-- B lanes. The conversations of a split, in corpus order, are cut into B contiguous runs
-  (lane b holds conversations [cut_b, cut_{b+1})) so that the longest lane is as short as
-  possible (`balanced_cuts`): every lane is a contiguous stream of whole conversations, and no
-  conversation is split across lanes.
+- B lanes. Every lane is a contiguous stream of whole conversations, each read in order, and no
+  conversation is split across lanes. Which conversations a lane reads, and in which order, is
+  data.lane_order (catchat/data/lane_order.py): by default ("corpus") the conversations of a split,
+  in corpus order, are cut into B contiguous runs (lane b holds conversations [cut_b, cut_{b+1}))
+  so that the longest lane is as short as possible (`balanced_cuts`); "longest_first" gives each
+  conversation, longest first, to the least-loaded lane; "shuffle" cuts a permutation drawn per
+  cycle from (seed, cycle).
 - A cycle is one pass over the split. Window w of a cycle holds tokens [w*T, (w+1)*T) of every
-  lane; windows_per_cycle = ceil(longest lane / T). Lanes that run out early are padded, only at
-  the end of the cycle, with <pad> inputs and masked targets. Every cycle uses the same lanes in
-  the same order (no shuffle, no rotation).
+  lane; a cycle takes ceil(longest lane / T) windows (`windows_in(cycle)`; `windows_per_cycle` is
+  cycle 0's, every cycle's but with "shuffle"). Lanes that run out early are padded, only at the end
+  of the cycle, with <pad> inputs and masked targets. Every cycle uses the same lanes in the same
+  order (no rotation), except that "shuffle" lays them out anew each cycle.
 - Arrays are time-major [T, B] uint32: tokens (inputs), targets (next token in the lane; <pad> =
   masked), resets (1 where a conversation starts at that token, its <bos>: the hidden state
   entering that step is zero). The target of a window's last token is the first token of the
@@ -20,7 +24,9 @@ docs/data.md describes the contract; in short:
   Shuffling while carrying state is refused.
 - A seq is one window of one lane; a window serves B seqs; a step takes micro_batches windows.
 - DataCursor (cycle, window position within the cycle, seqs consumed, layout) is a small JSON
-  dict; `Lanes.next(cursor)` from a restored cursor returns exactly the window that came next.
+  dict; `Lanes.next(cursor)` from a restored cursor returns exactly the window that came next. The
+  layout id covers data.lane_order (and the seed with "shuffle"), so a cursor is never applied to
+  lanes laid out another way.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from catchat.data import vocab
+from catchat.data.lane_order import CORPUS, LANE_ORDERS, SHUFFLE, LaneLayout, lay_out, longest_lane
 from catchat.errors import UsageError
 
 STATEFUL_SHUFFLE_REASON = (
@@ -66,7 +73,7 @@ class DataCursor:
     """Where the data stream stands: the next window served is position `window` of `cycle`.
 
     `seqs` counts seqs (lane-windows) consumed since the start of the run; `layout` identifies
-    the lanes it belongs to (corpus tokens, split, B, T, mode), so a cursor is not applied to
+    the lanes it belongs to (corpus tokens, split, B, T, mode, lane order), so a cursor is not applied to
     different data by mistake."""
 
     cycle: int = 0
@@ -88,53 +95,6 @@ class DataCursor:
         if not isinstance(d["layout"], str):
             raise UsageError("data cursor field layout must be a string", "the checkpoint's state.json is damaged")
         return cls(cycle=d["cycle"], window=d["window"], seqs=d["seqs"], layout=d["layout"])
-
-
-def balanced_cuts(lengths: np.ndarray, lanes: int) -> np.ndarray:
-    """Cut points [lanes + 1]: lane b holds conversations [cuts[b], cuts[b + 1]) (in order).
-
-    The longest lane sets the cycle length (windows_per_cycle), so the cuts minimise it: C is
-    the smallest capacity for which filling lanes in order (a lane takes conversations while it
-    stays <= C tokens) fits every conversation into `lanes` lanes; the lanes are then filled that
-    way, keeping one conversation for each lane still to fill. With fewer conversations than
-    lanes, lane b holds conversation b and the rest are empty."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    n = len(lengths)
-    if n <= lanes:
-        return np.minimum(np.arange(lanes + 1, dtype=np.int64), n)
-    cum = np.concatenate([[0], np.cumsum(lengths)])
-
-    def fill(cap: int, reserve: bool) -> list[int] | None:
-        cuts, start = [0], 0
-        for b in range(lanes):
-            if start == n:
-                return None if reserve else cuts + [n] * (lanes - b)
-            end = int(np.searchsorted(cum, cum[start] + cap, side="right")) - 1  # fits in cap
-            if reserve:
-                end = min(end, n - (lanes - b - 1))
-            end = max(end, start + 1)
-            cuts.append(end)
-            start = end
-        return cuts if start == n else None
-
-    lo, hi = int(lengths.max()), int(cum[-1])
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fill(mid, reserve=False) is not None:
-            hi = mid
-        else:
-            lo = mid + 1
-    cuts = fill(lo, reserve=True)
-    assert cuts is not None
-    return np.asarray(cuts, dtype=np.int64)
-
-
-def longest_lane(lengths: np.ndarray, lanes: int) -> int:
-    """Tokens in the longest of `lanes` lanes cut by `balanced_cuts`."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(lengths)])
-    cuts = balanced_cuts(lengths, lanes)
-    return int((cum[cuts[1:]] - cum[cuts[:-1]]).max())
 
 
 def packed_layout(lengths: Sequence[int], max_lanes: int, window: int, *,
@@ -176,14 +136,19 @@ class Lanes:
     """B lanes over a list of conversations, cut into windows of T tokens (see module doc).
 
     tokens: the corpus token file (uint8, a memmap is fine); starts, lengths: the selected
-    conversations in order (offsets into tokens). Use `from_corpus` for a built corpus."""
+    conversations in order (offsets into tokens); lane_order: how they are laid into the lanes
+    (catchat/data/lane_order.py). Use `from_corpus` for a built corpus."""
 
     def __init__(self, tokens: np.ndarray, starts: Sequence[int], lengths: Sequence[int], *,
                  batch_lanes: int, window: int, carry_state: bool = True, shuffle_block_windows: int = 0,
-                 seed: int = 0, allow_empty_lanes: bool = False, layout_id: str = "", notes: Sequence[str] = ()):
+                 seed: int = 0, allow_empty_lanes: bool = False, layout_id: str = "", notes: Sequence[str] = (),
+                 lane_order: str = CORPUS):
         if batch_lanes < 1 or window < 1:
             raise UsageError(f"lanes need batch_lanes >= 1 and window >= 1, got {batch_lanes} and {window}",
                              "set data.batch_lanes and data.window to positive integers")
+        if lane_order not in LANE_ORDERS:
+            raise UsageError(f"data.lane_order must be one of {', '.join(map(repr, LANE_ORDERS))}, got {lane_order!r}",
+                             f'e.g. data.lane_order = "{CORPUS}" (docs/data.md, lane order)')
         if shuffle_block_windows < 0:
             raise UsageError(f"data.shuffle_block_windows must be >= 0, got {shuffle_block_windows}", "0 turns it off")
         if carry_state and shuffle_block_windows > 0:
@@ -209,12 +174,11 @@ class Lanes:
         self.shuffle_block_windows = int(shuffle_block_windows)
         self.seed = int(seed)
         self.notes = list(notes)
-        self.cuts = balanced_cuts(self.lengths, self.B)
-        # virtual stream: the selected conversations back to back; lane b is [cum[cut_b], cum[cut_b+1])
-        self._cum = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
-        self.lane_base = self._cum[self.cuts[:-1]]
-        self.lane_lengths = self._cum[self.cuts[1:]] - self.lane_base
-        self.windows_per_cycle = int(math.ceil(int(self.lane_lengths.max()) / self.T))
+        self.lane_order = lane_order
+        self._layouts: dict[int, LaneLayout] = {}  # "shuffle": a few recent cycles' layouts
+        first = self.layout_of(0)  # every cycle's but with "shuffle"
+        self.cuts, self.lane_base, self.lane_lengths = first.cuts, first.lane_base, first.lane_lengths
+        self.windows_per_cycle = first.windows  # cycle 0's: what planning by cycles counts a cycle as
         self.layout = layout_id or self._layout_hash()
         self._orders: dict[int, np.ndarray] = {}
 
@@ -223,9 +187,10 @@ class Lanes:
     @classmethod
     def from_corpus(cls, corpus, *, batch_lanes: int, window: int, split: str = "train",
                     eval_fraction: float = 0.05, max_conversations: int = 0, carry_state: bool = True,
-                    shuffle_block_windows: int = 0, seed: int = 0) -> Lanes:
+                    shuffle_block_windows: int = 0, seed: int = 0, lane_order: str = CORPUS) -> Lanes:
         """Lanes over one side of a corpus's split (`corpus`: catchat.data.corpus.Corpus).
-        The eval side never shuffles and may leave lanes empty (all padding, masked)."""
+        The eval side never shuffles, keeps corpus order (so evals of runs laid out differently score
+        the same windows) and may leave lanes empty (all padding, masked)."""
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         sp = corpus.split(eval_fraction, max_conversations)
@@ -241,14 +206,15 @@ class Lanes:
                              TOO_FEW_CONVERSATIONS
                              + (", or turn evaluation off (eval.eval_every_seqs = 0)" if split == "eval" else ""))
         if split == "eval":
-            shuffle_block_windows = 0
+            shuffle_block_windows, lane_order = 0, CORPUS
         ident = hashlib.sha256(
             f"{corpus.split_id}|{split}|{eval_fraction!r}|{sp.considered}|{batch_lanes}|{window}|"
-            f"{carry_state}|{shuffle_block_windows}|{seed if shuffle_block_windows else 0}".encode()).hexdigest()[:16]
+            f"{carry_state}|{shuffle_block_windows}|{seed if shuffle_block_windows else 0}"
+            f"{_lane_order_id(lane_order, seed)}".encode()).hexdigest()[:16]
         notes = [sp.note] if sp.note else []
         return cls(corpus.tokens, corpus.starts[ids], corpus.lengths[ids], batch_lanes=batch_lanes, window=window,
                    carry_state=carry_state, shuffle_block_windows=shuffle_block_windows, seed=seed,
-                   allow_empty_lanes=(split == "eval"), layout_id=ident, notes=notes)
+                   allow_empty_lanes=(split == "eval"), layout_id=ident, notes=notes, lane_order=lane_order)
 
     @classmethod
     def from_config(cls, corpus, cfg, split: str = "train") -> Lanes:
@@ -257,7 +223,7 @@ class Lanes:
         return cls.from_corpus(corpus, batch_lanes=d.batch_lanes, window=d.window, split=split,
                                eval_fraction=d.eval_fraction, max_conversations=d.max_conversations,
                                carry_state=d.carry_state, shuffle_block_windows=d.shuffle_block_windows,
-                               seed=cfg.train.seed)
+                               seed=cfg.train.seed, lane_order=d.lane_order)
 
     @classmethod
     def from_conversations(cls, conversations: Sequence[Sequence[int]], **kwargs) -> Lanes:
@@ -273,7 +239,8 @@ class Lanes:
         for a in (self.starts, self.lengths):
             h.update(np.ascontiguousarray(a).tobytes())
         h.update(f"|{self.B}|{self.T}|{self.carry_state}|{self.shuffle_block_windows}|"
-                 f"{self.seed if self.shuffle_block_windows else 0}".encode())
+                 f"{self.seed if self.shuffle_block_windows else 0}"
+                 f"{_lane_order_id(self.lane_order, self.seed)}".encode())
         return h.hexdigest()[:16]
 
     # -- sizes ---------------------------------------------------------------------------------
@@ -284,28 +251,46 @@ class Lanes:
 
     @property
     def seqs_per_cycle(self) -> int:
-        """Seqs (lane-windows) in one cycle: windows_per_cycle * B."""
+        """Seqs (lane-windows) in one cycle: windows_per_cycle * B (cycle 0's; with "shuffle" each
+        cycle's own is `windows_in(cycle) * B`)."""
         return self.windows_per_cycle * self.B
 
     @property
     def tokens_per_cycle(self) -> int:
         """Real (non-padding) input tokens in one cycle."""
-        return int(self._cum[-1])
+        return int(self.lengths.sum())
 
     @property
     def padding_fraction(self) -> float:
-        """Share of the cycle's B * T * windows_per_cycle input slots that are padding."""
+        """Share of the cycle's B * T * windows_per_cycle input slots that are padding (cycle 0's)."""
         return 1.0 - self.tokens_per_cycle / (self.seqs_per_cycle * self.T)
 
-    def lane_conversations(self, b: int) -> np.ndarray:
-        """Positions (in the selected list) of lane b's conversations."""
-        return np.arange(self.cuts[b], self.cuts[b + 1])
+    def layout_of(self, cycle: int) -> LaneLayout:
+        """The lanes of cycle `cycle` (the same object every cycle but with "shuffle")."""
+        key = cycle if self.lane_order == SHUFFLE else 0
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = lay_out(self.lane_order, self.lengths, self.B, self.T, seed=self.seed, cycle=key)
+            if len(self._layouts) > 8:
+                self._layouts.clear()
+            self._layouts[key] = layout
+        return layout
+
+    def windows_in(self, cycle: int) -> int:
+        """Windows cycle `cycle` takes: windows_per_cycle, but each cycle's own with "shuffle"."""
+        return self.layout_of(cycle).windows
+
+    def lane_conversations(self, b: int, cycle: int = 0) -> np.ndarray:
+        """Positions (in the selected list) of lane b's conversations in cycle `cycle`, in reading order."""
+        return self.layout_of(cycle).lane_conversations(b)
 
     def describe(self) -> list[str]:
         """Lines for the trainer's start-up summary."""
+        order = {CORPUS: "", SHUFFLE: f", reshuffled each cycle (seed {self.seed})"}.get(
+            self.lane_order, f", laid out {self.lane_order}")
         lines = [f"{self.conversations:,} conversations in {self.B} lanes of {int(self.lane_lengths.min()):,}.."
-                 f"{int(self.lane_lengths.max()):,} tokens; {self.windows_per_cycle:,} windows of {self.T} per cycle "
-                 f"({self.seqs_per_cycle:,} seqs, {self.padding_fraction:.1%} padding); "
+                 f"{int(self.lane_lengths.max()):,} tokens{order}; {self.windows_per_cycle:,} windows of {self.T} "
+                 f"per cycle ({self.seqs_per_cycle:,} seqs, {self.padding_fraction:.1%} padding); "
                  + ("stateful (state carried across windows)" if self.carry_state else
                     "stateless" + (f", shuffled in blocks of {self.shuffle_block_windows} windows"
                                    if self.shuffle_block_windows else ""))]
@@ -317,7 +302,7 @@ class Lanes:
         """Window indices in the order cycle `cycle` serves them (identity unless block-shuffled)."""
         if cycle < 0:
             raise ValueError(f"cycle must be >= 0, got {cycle}")
-        W = self.windows_per_cycle
+        W = self.windows_in(cycle)
         if not self.shuffle_block_windows:
             return np.arange(W, dtype=np.int64)
         order = self._orders.get(cycle)
@@ -333,17 +318,18 @@ class Lanes:
 
     # -- windows -------------------------------------------------------------------------------
 
-    def _read(self, v0: int, v1: int) -> np.ndarray:
-        """Tokens of the virtual stream [v0, v1) (v1 <= end of the stream)."""
+    def _read(self, layout: LaneLayout, v0: int, v1: int) -> np.ndarray:
+        """Tokens of the layout's virtual stream [v0, v1) (v1 <= end of the stream)."""
         out = np.empty(max(v1 - v0, 0), dtype=np.uint8)
         if v1 <= v0:
             return out
-        i = int(np.searchsorted(self._cum, v0, side="right")) - 1
+        cum = layout.cum
+        i = int(np.searchsorted(cum, v0, side="right")) - 1
         pos = v0
         while pos < v1:
-            seg_end = int(self._cum[i + 1])
+            seg_end = int(cum[i + 1])
             take = min(seg_end, v1) - pos
-            src = int(self.starts[i]) + (pos - int(self._cum[i]))
+            src = int(self.starts[layout.order[i]]) + (pos - int(cum[i]))
             out[pos - v0:pos - v0 + take] = self.tokens[src:src + take]
             pos += take
             i += 1
@@ -351,20 +337,21 @@ class Lanes:
 
     def window_at(self, index: int, *, cycle: int = 0, position: int | None = None) -> Window:
         """Window `index` of the cycle (lane offset index * T), whatever order it is served in."""
-        if not 0 <= index < self.windows_per_cycle:
-            raise IndexError(f"window {index} outside 0..{self.windows_per_cycle - 1}")
+        layout = self.layout_of(cycle)
+        if not 0 <= index < layout.windows:
+            raise IndexError(f"window {index} outside 0..{layout.windows - 1}")
         T, B = self.T, self.B
         tokens = np.zeros((T, B), dtype=np.uint32)
         targets = np.zeros((T, B), dtype=np.uint32)
         resets = np.zeros((T, B), dtype=np.uint32)
-        conv_starts = self._cum[:-1]
+        conv_starts = layout.cum[:-1]
         for b in range(B):
-            a = int(self.lane_base[b]) + index * T  # virtual offset of this window's first token
-            end = int(self.lane_base[b] + self.lane_lengths[b])
+            a = int(layout.lane_base[b]) + index * T  # virtual offset of this window's first token
+            end = int(layout.lane_base[b] + layout.lane_lengths[b])
             n_in = max(0, min(T, end - a))
             if n_in == 0:
                 continue  # this lane ran out: all padding, masked
-            seq = self._read(a, min(a + T + 1, end))  # inputs plus the next window's first token
+            seq = self._read(layout, a, min(a + T + 1, end))  # inputs plus the next window's first token
             tokens[:n_in, b] = seq[:n_in]
             targets[:len(seq) - 1, b] = seq[1:]
             # conversation starts inside the window: reset there, and mask the target before it
@@ -399,11 +386,12 @@ class Lanes:
         if c.layout != self.layout:
             raise UsageError(
                 f"the saved data cursor belongs to another data layout ({c.layout or 'none'}, these lanes are "
-                f"{self.layout}): the corpus, split, data.batch_lanes, data.window or shuffling changed",
+                f"{self.layout}): the corpus, split, data.batch_lanes, data.window, data.lane_order or "
+                "shuffling changed",
                 "resume with the run's own config.toml and corpus, or start a new run")
-        if c.window >= self.windows_per_cycle:
+        if c.window >= self.windows_in(c.cycle):
             raise UsageError(f"the saved data cursor points at window {c.window}, past this cycle's "
-                             f"{self.windows_per_cycle} windows",
+                             f"{self.windows_in(c.cycle)} windows",
                              "the checkpoint's state.json does not match this corpus")
         return c
 
@@ -413,7 +401,7 @@ class Lanes:
             self.restore(cursor)  # raises with the reason
         w = self.window(cursor.cycle, cursor.window)
         pos, cycle = cursor.window + 1, cursor.cycle
-        if pos == self.windows_per_cycle:
+        if pos == self.windows_in(cycle):
             pos, cycle = 0, cycle + 1
         return w, DataCursor(cycle, pos, cursor.seqs + self.B, self.layout)
 
@@ -431,6 +419,14 @@ class Lanes:
         while True:
             w, cursor = self.next(cursor)
             yield w, cursor
+
+
+def _lane_order_id(lane_order: str, seed: int) -> str:
+    """The lane order's part of a layout id: nothing for "corpus" (ids, and so the cursors of runs
+    from before data.lane_order, stay as they were), the seed too for "shuffle"."""
+    if lane_order == CORPUS:
+        return ""
+    return f"|lane_order={lane_order}" + (f"|{seed}" if lane_order == SHUFFLE else "")
 
 
 STREAM_PREFIX_HIT, STREAM_PREFIX_LEN = 48, 49

@@ -26,7 +26,7 @@ from catchat.training.budget import keep_budget
 # Keys a resume never changes that no later check refuses by itself: the size of a step
 # (data.micro_batches: seqs and tokens per step, the unit every step count is in) and the model's
 # function (model.norm_eps). The model's shapes, data.batch_lanes, the data layout (corpus, split,
-# window, shuffling) and train.optimizer are refused where the checkpoint is loaded, each with its reason.
+# window, shuffling, lane order) and train.optimizer are refused where the checkpoint is loaded, each with its reason.
 FIXED_KEYS = ("model.norm_eps", "data.micro_batches")
 BY_COMMAND_LINE, BY_CONFIG_FILE, BY_CALLER = "command line", "config file", "config"
 SHOWN_CHANGES = 6  # keys named in one message; the rest are counted
