@@ -128,6 +128,7 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
 #ifdef PERSISTENT
     if (wait_k > 0u && !grid_wait(wait_k)) return false;
 #endif
+    PHASE(pc.s - s, 1u);
     uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H);
     FRAG_A x[PD];  // dGh, lane fragment 0 (ring slot i % PD)
     ACC_T p = ACC_ZERO();
@@ -198,16 +199,20 @@ float[7] step_inputs(uint s, uint b, uint k) {
 
 // Element (b, k) of step s, given mm = its entry of dGh[s] @ W_hh (s < T), its running gradient
 // dhz and in_u = step_inputs(s): finishes dh into h_{s-1} (clamp c, 0 = off; dh0 at s = 0), then
-// the gate backward of step s-1: dGh[s-1] to memory and to g16, dGi[s-1], dhz.
-void element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c, inout uint hits) {
+// the gate backward of step s-1: writes g16 (what the grid barrier publishes) and returns, for
+// element_writes, dg = (dar, daz, dan, r * dan) and the next dhz; false at s = 0 (nothing to write).
+bool element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c, inout uint hits, out vec4 dg,
+             out float dhz_next) {
     uint H = pc.H;
     float d = 0.0;
+    dg = vec4(0.0);
+    dhz_next = 0.0;
     if (s < pc.T) {
         d = (dhz + mm) * in_u[6];
         if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
         if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
     }
-    if (s == 0u) return;
+    if (s == 0u) return false;
     float r = in_u[1], z = in_u[2], n = in_u[3];
     float dht = d + in_u[0];
     float dn = dht * (1.0 - z);
@@ -215,17 +220,26 @@ void element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c
     float dan = dn * (1.0 - n * n);
     float daz = dz * z * (1.0 - z);
     float dar = dan * in_u[4] * r * (1.0 - r);
-    vec3 g = vec3(dar, daz, dan * r);
-    uint row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld;
+    dg = vec4(dar, daz, dan, dan * r);
+    dhz_next = dht * z;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-        dgh[gb + q * H + k] = g[q];
-        g16[shadow_at((s - 1u) % 2u, b, q * H + k, 3u * H)] = float16_t(g[q]);
+        g16[shadow_at((s - 1u) % 2u, b, q * H + k, 3u * H)] = float16_t(q == 2u ? dg.w : dg[q]);
     }
-    uint ib = pc.dgi_off + row * 3u * H;
-    dgi[ib + k] = dar;
-    dgi[ib + H + k] = daz;
-    dgi[ib + 2u * H + k] = dan;
-    dhz_mem[b * H + k] = dht * z;
+    return true;
+}
+
+// The rest of element (b, k)'s step s-1: dGh[s-1]'s float32 row, dGi[s-1], dhz. Nothing else in the
+// dispatch reads them but this thread (dhz), so the last slice of a step writes them after the grid
+// barrier's arrival: its memory barrier then waits for g16's writes alone.
+void element_writes(uint s, uint b, uint k, vec4 dg, float dhz_next) {
+    uint H = pc.H, row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld, ib = pc.dgi_off + row * 3u * H;
+    dgh[gb + k] = dg.x;
+    dgh[gb + H + k] = dg.y;
+    dgh[gb + 2u * H + k] = dg.w;
+    dgi[ib + k] = dg.x;
+    dgi[ib + H + k] = dg.y;
+    dgi[ib + 2u * H + k] = dg.z;
+    dhz_mem[b * H + k] = dhz_next;
 }
 
 void main() {
@@ -241,6 +255,9 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
+    vec4 held = vec4(0.0);  // the step's last slice's element outputs (column held_k, step held_s > 0)
+    uint held_k = 0u, held_s = 0u;
+    float held_dhz = 0.0;
     for (uint i = 0u; i < pc.n_steps && ok; ++i) {
         uint s = pc.s - i;
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
@@ -258,18 +275,28 @@ void main() {
                 if (!ok) break;
             }
             barrier();
-            PHASE(i, 1u);
+            PHASE(i, 2u);
             if (live) {
                 float mm = 0.0;
                 if (s < pc.T) {
                     uint rc = (b % 16u) * 16u + u;
                     [[unroll]] for (uint g = 0u; g < KG; ++g) mm += red[(g * LF + b / 16u) * 256u + rc];
                 }
-                element(s, b, k, mm, dhz, in_u, c, hits);
+                vec4 dg;
+                float dhz_next;
+                bool writes = element(s, b, k, mm, dhz, in_u, c, hits, dg, dhz_next);
+                if (writes && sl + n_wg < n_sl) {
+                    element_writes(s, b, k, dg, dhz_next);
+                } else if (writes) {  // the step's last slice: written after the arrival
+                    held = dg;
+                    held_k = k;
+                    held_dhz = dhz_next;
+                    held_s = s;
+                }
             }
             barrier();  // red is rewritten by the next slice
         }
-        PHASE(i, 2u);
+        PHASE(i, 3u);
 #ifdef PERSISTENT
         if (ok && arrived > waited) {  // a workgroup without a slice (or a step without a product) waits here
             ok = grid_wait(arrived);
@@ -280,6 +307,8 @@ void main() {
             ++arrived;
         }
 #endif
+        if (held_s > 0u) element_writes(held_s, b, held_k, held, held_dhz);
+        held_s = 0u;
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
 #ifdef PERSISTENT

@@ -166,6 +166,7 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
 #ifdef PERSISTENT
     if (wait_k > 0u && !grid_wait(wait_k)) return false;
 #endif
+    PHASE(t, 1u);
     uint a0 = shadow_frag(t % 2u, 0u, 0u, H);
     FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
     ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
@@ -212,9 +213,10 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
 }
 
 // Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
-// applied): o[t], save[t], hprev at t = 0, hT at T-1, and h16 for step t+1.
-void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
-    uint H = pc.H, lf = b / 16u, rc = (b % 16u) * 16u + u;
+// applied): writes h16 for step t+1 (what the grid barrier publishes) and returns (h, r, z, n,
+// ghn) for gate_writes.
+float[5] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
+    uint lf = b / 16u, rc = (b % 16u) * 16u + u;
     vec3 gh = bias;
     [[unroll]] for (uint g = 0u; g < 3u; ++g) {
         [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += red[((s * LF + lf) * 3u + g) * 256u + rc];
@@ -223,15 +225,23 @@ void gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
     float z = sigmoid(gi3.y + gh.y);
     float n = tanh_safe(gi3.z + r * gh.z);
     float h = (1.0 - z) * n + z * hp;
-    uint row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
-    o[pc.o_off + row * H + j] = h;
-    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, H)] = float16_t(h * keep(t + 1u, b));
+    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, pc.H)] = float16_t(h * keep(t + 1u, b));
+    return float[5](h, r, z, n, gh.z);
+}
+
+// The rest of gate output (lane b, unit j) of step t: o[t], save[t], hprev at t = 0, hT at T-1.
+// Nothing else in the dispatch reads them but this thread (o[t] as the next step's hp), so the last
+// slice of a step writes them after the grid barrier's arrival: its memory barrier then waits for
+// h16's writes alone.
+void gate_writes(uint t, uint b, uint j, float[5] v, float hp) {
+    uint H = pc.H, row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
+    o[pc.o_off + row * H + j] = v[0];
     if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
-    save[sb + j] = r;
-    save[sb + H + j] = z;
-    save[sb + 2u * H + j] = n;
-    save[sb + 3u * H + j] = gh.z;
-    if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = h;
+    save[sb + j] = v[1];
+    save[sb + H + j] = v[2];
+    save[sb + 2u * H + j] = v[3];
+    save[sb + 3u * H + j] = v[4];
+    if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = v[0];
 }
 
 void main() {
@@ -245,6 +255,9 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
+    float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
+    uint held_j = 0u;
+    float held_hp = 0.0;
 #ifdef PERSISTENT
     if (pc.t == 0u) {
         for (uint sl = wg; sl < n_sl; sl += n_wg) prologue(16u * sl, tid);
@@ -274,11 +287,20 @@ void main() {
             ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
             waited = arrived;
             if (!ok) break;
-            PHASE(t, 1u);
-            if (live) gate(t, b, j, u, gi3, bias, hp);
+            PHASE(t, 2u);
+            if (live) {
+                float[5] v = gate(t, b, j, u, gi3, bias, hp);
+                if (sl + n_wg < n_sl) {
+                    gate_writes(t, b, j, v, hp);
+                } else {  // the step's last slice: written after the arrival
+                    held = v;
+                    held_j = j;
+                    held_hp = hp;
+                }
+            }
             barrier();  // red is rewritten by the next slice
         }
-        PHASE(t, 2u);
+        PHASE(t, 3u);
 #ifdef PERSISTENT
         if (ok && arrived > waited) {  // a workgroup without a slice waits here
             ok = grid_wait(arrived);
@@ -289,6 +311,7 @@ void main() {
             ++arrived;
         }
 #endif
+        if (live && wg < n_sl) gate_writes(t, b, held_j, held, held_hp);
     }
 #ifdef PERSISTENT
     grid_sync_done(1u);

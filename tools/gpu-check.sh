@@ -94,8 +94,8 @@ part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set trai
 # every check of the model group, failures named (after a tolerance or sweep change)
 part parity-model-full $py -m catchat.cli parity --only model
 # the streamed sweeps' knobs side by side: resident W_hh fragments / ring depths (parity, then bench)
-part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4 \
-    --variant 2,16/3,4 --variant 0,8/2,6 --variant 4,20/2,4 --variant 1,12/4,4 --json "$out/stream-variants.json"
+part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 3,10/2,4 \
+    --variant 2,12/2,2 --variant 2,16/2,2 --json "$out/stream-variants.json"
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

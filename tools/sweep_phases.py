@@ -36,10 +36,10 @@ FORWARD_PHASES = ("stage h_prev", "matmul, reduction, gates", "arrive", "save wr
                   "wait for the lane tile")
 BACKWARD_PHASES = ("partials, gate backward", "product with W, partial stores", "arrive",
                    "dGi/dhz writes, next inputs", "wait for the lane tile")
-STREAM_FORWARD_PHASES = ("W_hh ring loads, barrier wait, product, k-group sums", "gates, writes",
-                         "barrier arrival, next inputs")
-STREAM_BACKWARD_PHASES = ("W_hh ring loads, barrier wait, product, k-group sums", "element: dh, gate backward, writes",
-                          "barrier arrival, next inputs")
+STREAM_FORWARD_PHASES = ("W_hh ring loads, grid barrier wait", "product, k-group sums", "gates, h16 writes",
+                         "barrier arrival, deferred writes, next inputs")
+STREAM_BACKWARD_PHASES = ("W_hh ring loads, grid barrier wait", "product, k-group sums",
+                          "element: dh, gate backward, g16 writes", "barrier arrival, deferred writes, next inputs")
 
 
 class _Clocked:

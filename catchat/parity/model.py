@@ -47,6 +47,13 @@ PARAM_ATOL = 2e-6  # after one step of lr ~3e-3
 # side (one term off by <= 2u of itself): measured <= 0.29 of this here. A GEMM rounding other
 # operands, or none, is off by ~u * max (the fp32 twin: 1.4e-4 .. 8e-4 * max), which this catches.
 FP16_GRAD = 2.0**-11 / 8
+# At v5's width the GEMMs' own float16 roundings flip too (K = 2048 .. 6144 terms: the input
+# projection, the input gradient, the head), and the twin does not force those operands: the H200
+# measured up to 0.78u * max in a gradient (layers.0.gru.weight_hh) and 1.97e-4 in a logit,
+# 1.06e-4 in hT (2026-12-03). So that case is held to FP16_WIDE_GRAD = 2u of each gradient's
+# max and its logits and hT to u of their max: a wrong or missing term (~max) still fails it.
+FP16_WIDE_GRAD = 2.0**-10
+FP16_WIDE_STATE = 2.0**-11
 FP16_SCALE = 2.0**16  # the loss scale fp16's rows run at (a run's first)
 
 
@@ -60,11 +67,12 @@ def model_inputs(spec: ModelSpec, T: int, B: int, seed: int = 0):
 
 
 def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
-                 label: str = "model", precision: str = "fp32") -> list[ParityResult]:
+                 label: str = "model", precision: str = "fp32", wide: bool = False) -> list[ParityResult]:
     """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
     gradient, the clamp hit count, and every parameter after the optimizer step. precision "fp16":
     the program's GEMMs and the twin's round their operands to float16, the step runs at the loss
-    scale in hp (the GPU's unscaled gradients against the unscaled twin), at the FP16 tolerances."""
+    scale in hp (the GPU's unscaled gradients against the unscaled twin), at the FP16 tolerances
+    (wide: FP16_WIDE_*, for v5's width)."""
     layout = ParamLayout(spec)
     flat, tokens, targets, resets, h0 = model_inputs(spec, T, B, seed)
     prog = Program(dev, layout, T, B, optimizer=hp.optimizer, precision=precision)
@@ -101,16 +109,20 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
                                          spectral_u=spectral_u_init(spec, np.float64))
     shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}" + (f" {precision} S={hp.loss_scale:g}"
                                                                       if precision != "fp32" else "")
-    out = [compare("logits", shape, logits, plain.logits.reshape(-1), 1e-5, 1e-4),
+    def state_atol(ref) -> float:
+        return FP16_WIDE_STATE * float(np.abs(ref).max()) if wide else 1e-5
+
+    out = [compare("logits", shape, logits, plain.logits.reshape(-1), state_atol(plain.logits), 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
            compare("top1/top5/n_valid", shape, [st.top1, st.top5, st.n_valid],
                    [res.top1, res.top5, res.n_valid], 0, 0),
            compare("clamp hits", shape, [st.clamp_hits], [res.clamp_hits], 0, 0),
-           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), 1e-5, 1e-4)]
+           compare("hT (carry)", shape, h_next, res.hT.reshape(-1), state_atol(res.hT), 1e-4)]
     g = layout.unflatten(grads)
     for name in layout.names:
         exp = res.grads[name]
-        atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (FP16_GRAD * np.abs(exp).max(), 0.0)
+        fp16_grad = FP16_WIDE_GRAD if wide else FP16_GRAD
+        atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (fp16_grad * np.abs(exp).max(), 0.0)
         out.append(compare(f"grad {name}", shape, g[name], exp, atol, rtol))
     out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
     out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
@@ -195,5 +207,5 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     v5 = ModelSpec(vocab_size=101, hidden=2048, layers=3)
     if stream_sweeps(dev, 32, v5.hidden, "fp16"):  # v5's shape on the streamed tensor-core sweeps
         hp = replace(MODEL_CASES[0][4], loss_scale=FP16_SCALE)
-        out += model_parity(dev, v5, 4, 32, hp, label="v5 streamed", precision="fp16")
+        out += model_parity(dev, v5, 4, 32, hp, label="v5 streamed", precision="fp16", wide=True)
     return out

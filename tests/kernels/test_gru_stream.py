@@ -101,8 +101,9 @@ def test_stream_planning(dev, monkeypatch):
     assert gru.sweep_products(tc, 32, 2048, "fp16") == "resident"
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 4), gru.StreamTiles(2, 24, 8))
-    assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 4)  # one lane fragment: 8 k-groups
+    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2), gru.StreamTiles(2, 24, 4, 12))
+    assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 2, 2)  # one lane fragment: 8 k-groups
+    assert gru.stream_tiles(3, 48, True).resident == 2  # no more than a k-group's fragments
     assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments
     monkeypatch.setenv(gru.DEPTH_ENV, "2,16")
     assert gru.stream_tiles(32, 2048, False).depth == 2 and gru.stream_tiles(32, 2048, True).depth == 16
@@ -134,6 +135,7 @@ def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     from catchat.parity import gru as gru_parity
 
     monkeypatch.setenv(gru.DEPTH_ENV, depth)
+    monkeypatch.setenv(gru.RESIDENT_ENV, "0,0")
     case = gru_parity.make_case(2, 3, 160)  # 10 and 30 fragments deep: 2 and 4 per k-group
     got = gru_parity.run_gru_gpu(dev, case, 0.02, w_half=True, coop=True)
     exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))

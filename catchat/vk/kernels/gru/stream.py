@@ -26,16 +26,20 @@ STREAM_KGROUPS = 8  # k-groups (subgroups) per lane fragment
 STREAM_MAX_LANES = 32  # two lane fragments: `red` within 48 KB at most (24 KB forward)
 W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragment rows)
 # Fragments whose loads are in flight ahead of the product (forward, backward: the shaders' PD);
-# CATCHAT_STREAM_DEPTH=F,B sets them (to measure; tools/gpu-check.sh).
-STREAM_DEPTH = (4, 8)
+# CATCHAT_STREAM_DEPTH=F,B sets them (to measure; tools/gpu-check.sh). With RES below, measured best
+# on the H200 at v5 (tools/stream_variants.py, 2026-12-03): deeper rings cost registers the
+# resident fragments use better.
+STREAM_DEPTH = (2, 4)
 DEPTH_ENV = "CATCHAT_STREAM_DEPTH"
 # W_hh's float16 copy as 16 x 16 blocks of 512 contiguous bytes (BLOCKED_W: a fragment is one run of
 # memory); CATCHAT_STREAM_BLOCKED=0: row-major [3H][H] (to compare).
 BLOCKED_ENV = "CATCHAT_STREAM_BLOCKED"
 # W_hh fragments of each subgroup's first k-fragments kept in registers for the whole persistent
 # sweep (forward, backward: the shaders' RES; only where a workgroup has one slice);
-# CATCHAT_STREAM_RESIDENT=F,B sets them (to measure; tools/gpu-check.sh).
-STREAM_RESIDENT = (0, 0)
+# CATCHAT_STREAM_RESIDENT=F,B sets them (to measure; tools/gpu-check.sh). v5 on the H200: 2 of 8
+# (forward: 6 fragments, 24 registers) and 12 of 24 (backward: 48 registers) took v5's fp16 step from
+# 130.1 to 117.2 ms, among 0..4 and 0..20 tried.
+STREAM_RESIDENT = (2, 12)
 RESIDENT_ENV = "CATCHAT_STREAM_RESIDENT"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
