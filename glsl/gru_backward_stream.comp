@@ -181,43 +181,42 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
 }
 
 // What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
-// of step s-1 (the gate backward; 0 at s = 0), and in rst the reset words of steps s-1 and s (0
-// where there is none). Only loads: they are used after the product, so their latency hides behind it.
-float[6] step_inputs(uint s, uint b, uint k, out uvec2 rst) {
-    float[6] v = float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    rst = uvec2(0u);
+// of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
+// reset here, and a row the reset cut is written back as the state it stands for.
+float[7] step_inputs(uint s, uint b, uint k) {
+    float[7] v = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     if (s > 0u) {
-        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H;
-        v = float[6](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
-                     save[sb + 3u * H + k], hprev[pc.hprev_off + row * H + k]);
-        rst.x = resets[row];
+        uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H, hi = pc.hprev_off + row * H + k;
+        float keep = 1.0 - float(resets[row]);
+        float hp = hprev[hi] * keep;
+        if (keep == 0.0) hprev[hi] = hp;
+        v = float[7](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
+                     save[sb + 3u * H + k], hp, 0.0);
     }
-    if (s < pc.T) rst.y = resets[s * pc.B + b];
+    if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
     return v;
 }
 
 // Element (b, k) of step s, given mm = its entry of dGh[s] @ W_hh (s < T), its running gradient
-// dhz, in_u and rst = step_inputs(s): finishes dh into h_{s-1} (clamp c, 0 = off; dh0 at s = 0),
-// then the gate backward of step s-1 (hprev gets its reset here, and a row the reset cut is written
-// back as the state it stands for): writes g16 (what the grid barrier publishes) and returns, for
+// dhz and in_u = step_inputs(s): finishes dh into h_{s-1} (clamp c, 0 = off; dh0 at s = 0), then
+// the gate backward of step s-1: writes g16 (what the grid barrier publishes) and returns, for
 // element_writes, dg = (dar, daz, dan, r * dan) and the next dhz; false at s = 0 (nothing to write).
-bool element(uint s, uint b, uint k, float mm, float dhz, float[6] in_u, uvec2 rst, float c, inout uint hits,
-             out vec4 dg, out float dhz_next) {
+bool element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c, inout uint hits, out vec4 dg,
+             out float dhz_next) {
     uint H = pc.H;
     float d = 0.0;
     dg = vec4(0.0);
     dhz_next = 0.0;
     if (s < pc.T) {
-        d = (dhz + mm) * (1.0 - float(rst.y));
+        d = (dhz + mm) * in_u[6];
         if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
         if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
     }
     if (s == 0u) return false;
-    float r = in_u[1], z = in_u[2], n = in_u[3], hp = in_u[5] * (1.0 - float(rst.x));
-    if (rst.x != 0u) hprev[pc.hprev_off + ((s - 1u) * pc.B + b) * H + k] = hp;
+    float r = in_u[1], z = in_u[2], n = in_u[3];
     float dht = d + in_u[0];
     float dn = dht * (1.0 - z);
-    float dz = dht * (hp - n);
+    float dz = dht * (in_u[5] - n);
     float dan = dn * (1.0 - n * n);
     float daz = dz * z * (1.0 - z);
     float dar = dan * in_u[4] * r * (1.0 - r);
@@ -263,11 +262,10 @@ void main() {
         uint s = pc.s - i;
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
             uint k0 = 16u * sl, k = k0 + u;
-            float in_u[6] = float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-            uvec2 rst = uvec2(0u);
+            float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
             float dhz = 0.0;
-            if (live) {  // loaded before the product, used after it: their latency hides behind it
-                in_u = step_inputs(s, b, k, rst);
+            if (live) {  // loaded before the product: their latency hides behind it
+                in_u = step_inputs(s, b, k);
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
@@ -286,7 +284,7 @@ void main() {
                 }
                 vec4 dg;
                 float dhz_next;
-                bool writes = element(s, b, k, mm, dhz, in_u, rst, c, hits, dg, dhz_next);
+                bool writes = element(s, b, k, mm, dhz, in_u, c, hits, dg, dhz_next);
                 if (writes && sl + n_wg < n_sl) {
                     element_writes(s, b, k, dg, dhz_next);
                 } else if (writes) {  // the step's last slice: written after the arrival
@@ -305,7 +303,8 @@ void main() {
             waited = arrived;
         }
         if (ok && i + 1u < pc.n_steps) {
-            grid_arrive(++arrived);
+            grid_arrive();
+            ++arrived;
         }
 #endif
         if (held_s > 0u) element_writes(held_s, b, held_k, held, held_dhz);
@@ -313,6 +312,6 @@ void main() {
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
 #ifdef PERSISTENT
-    grid_flags_done();
+    grid_sync_done(1u);
 #endif
 }

@@ -212,13 +212,11 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     return true;
 }
 
-// Gate output (lane b, unit j) of step t from red, its gi, b_hh, float32 h_prev (before its reset)
-// and the reset words of steps t and t+1 (read before the product, applied here: a load's latency
-// hides behind the product only if nothing waits for it before): writes h16 for step t+1 (what the
-// grid barrier publishes) and returns (h, r, z, n, ghn, h_prev reset) for gate_writes.
-float[6] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float h_prev, uvec2 rst) {
+// Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
+// applied): writes h16 for step t+1 (what the grid barrier publishes) and returns (h, r, z, n,
+// ghn) for gate_writes.
+float[5] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
     uint lf = b / 16u, rc = (b % 16u) * 16u + u;
-    float hp = h_prev * (1.0 - float(rst.x));
     vec3 gh = bias;
     [[unroll]] for (uint g = 0u; g < 3u; ++g) {
         [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += red[((s * LF + lf) * 3u + g) * 256u + rc];
@@ -227,18 +225,18 @@ float[6] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float h_prev,
     float z = sigmoid(gi3.y + gh.y);
     float n = tanh_safe(gi3.z + r * gh.z);
     float h = (1.0 - z) * n + z * hp;
-    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, pc.H)] = float16_t(h * (1.0 - float(rst.y)));
-    return float[6](h, r, z, n, gh.z, hp);
+    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, pc.H)] = float16_t(h * keep(t + 1u, b));
+    return float[5](h, r, z, n, gh.z);
 }
 
 // The rest of gate output (lane b, unit j) of step t: o[t], save[t], hprev at t = 0, hT at T-1.
 // Nothing else in the dispatch reads them but this thread (o[t] as the next step's hp), so the last
 // slice of a step writes them after the grid barrier's arrival: its memory barrier then waits for
 // h16's writes alone.
-void gate_writes(uint t, uint b, uint j, float[6] v) {
+void gate_writes(uint t, uint b, uint j, float[5] v, float hp) {
     uint H = pc.H, row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
     o[pc.o_off + row * H + j] = v[0];
-    if (t == 0u) hprev[pc.hprev_off + b * H + j] = v[5];
+    if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
     save[sb + j] = v[1];
     save[sb + H + j] = v[2];
     save[sb + 2u * H + j] = v[3];
@@ -257,13 +255,15 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
-    float[6] held = float[6](0.0, 0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
+    float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
     uint held_j = 0u;
+    float held_hp = 0.0;
 #ifdef PERSISTENT
     if (pc.t == 0u) {
         for (uint sl = wg; sl < n_sl; sl += n_wg) prologue(16u * sl, tid);
         if (pc.t < pc.t_end) {
-            grid_arrive(++arrived);
+            grid_arrive();
+            ++arrived;
         }
     }
 #else
@@ -276,14 +276,12 @@ void main() {
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
             uint j0 = 16u * sl, j = j0 + u;
             vec3 gi3 = vec3(0.0), bias = vec3(0.0);
-            float h_prev = 0.0;
-            uvec2 rst = uvec2(0u);  // the resets of steps t and t+1
-            if (live) {  // loaded before the product, used after it: their latency hides behind it
+            float hp = 0.0;
+            if (live) {  // loaded before the product: their latency hides behind it
                 uint gib = pc.gi_off + (t * pc.B + b) * 3u * H + j;
                 gi3 = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
                 bias = vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]);
-                h_prev = t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j];
-                rst = uvec2(resets[t * pc.B + b], t + 1u < pc.T ? resets[(t + 1u) * pc.B + b] : 0u);
+                hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
             }
             PHASE(t, 0u);
             ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
@@ -291,12 +289,13 @@ void main() {
             if (!ok) break;
             PHASE(t, 2u);
             if (live) {
-                float[6] v = gate(t, b, j, u, gi3, bias, h_prev, rst);
+                float[5] v = gate(t, b, j, u, gi3, bias, hp);
                 if (sl + n_wg < n_sl) {
-                    gate_writes(t, b, j, v);
+                    gate_writes(t, b, j, v, hp);
                 } else {  // the step's last slice: written after the arrival
                     held = v;
                     held_j = j;
+                    held_hp = hp;
                 }
             }
             barrier();  // red is rewritten by the next slice
@@ -308,12 +307,13 @@ void main() {
             waited = arrived;
         }
         if (ok && t + 1u < pc.t_end) {
-            grid_arrive(++arrived);
+            grid_arrive();
+            ++arrived;
         }
 #endif
-        if (live && wg < n_sl) gate_writes(t, b, held_j, held);
+        if (live && wg < n_sl) gate_writes(t, b, held_j, held, held_hp);
     }
 #ifdef PERSISTENT
-    grid_flags_done();
+    grid_sync_done(1u);
 #endif
 }

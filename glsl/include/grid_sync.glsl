@@ -59,50 +59,10 @@ uint n_workgroups() { return gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWor
 // Every workgroup of the dispatch, k-th time.
 bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
 
-// A grid barrier in two halves with a word per workgroup instead of one count (the streamed
-// sweeps'; a 1-D dispatch, the buffer sized for a word per workgroup after the first three): work
-// nobody waits for goes between them. grid_arrive(k) publishes this workgroup's buffer writes and
-// its k-th crossing (k = 1, 2, ... in a dispatch) in word SYNC_FLAGS + its index; grid_wait(k)
-// returns once every workgroup has published k, its invocations polling the words in parallel, one
-// each (no atomics: 100+ arrivals on one word queue at its L2 slice), false when aborted. A
-// workgroup waits for k before it arrives for k + 1. End the dispatch with grid_flags_done.
-const uint SYNC_FLAGS = 3u;
-shared uint sync_fails;  // invocations of this workgroup that gave up or saw the abort flag
-
-void grid_arrive(uint k) {
-    memoryBarrierBuffer();  // this invocation's writes reach device scope before the arrival
-    if (gl_LocalInvocationIndex == 0u && k == 1u) sync_fails = 0u;  // only grows after: a failure ends the sweep
-    barrier();
-    if (gl_LocalInvocationIndex == 0u) sync_words[SYNC_FLAGS + gl_WorkGroupID.x] = k;
-}
-
-bool grid_wait(uint k) {
-    uint n = n_workgroups(), step = gl_WorkGroupSize.x * gl_WorkGroupSize.y * gl_WorkGroupSize.z;
-    for (uint w = gl_LocalInvocationIndex; w < n; w += step) {
-        bool ok = true;
-        for (uint spins = 0u; ok && sync_words[SYNC_FLAGS + w] < k; ++spins) {
-            ok = spins < SYNC_SPIN_LIMIT && sync_words[0] == 0u;
-        }
-        if (!ok) {
-            if (atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
-            atomicAdd(sync_fails, 1u);
-            break;
-        }
-    }
-    memoryBarrierBuffer();
-    barrier();
-    return sync_fails == 0u;
-}
-
-// grid_sync_done for grid_arrive / grid_wait: the last workgroup out zeroes the words.
-void grid_flags_done() {
-    barrier();
-    if (gl_LocalInvocationIndex == 0u && atomicAdd(sync_words[1], 1u) + 1u == n_workgroups()) {
-        atomicExchange(sync_words[0], 0u);
-        for (uint w = 0u; w < n_workgroups(); ++w) atomicExchange(sync_words[SYNC_FLAGS + w], 0u);
-        atomicExchange(sync_words[1], 0u);
-    }
-}
+// grid_sync in its two halves (work nobody waits for goes in between). A workgroup must wait for
+// crossing k before it arrives for k + 1: the count would otherwise reach k * n early.
+void grid_arrive() { group_arrive(0u); }
+bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
 
 // Call once at the end of a persistent dispatch that used groups 0..n_groups-1: the last
 // workgroup out zeroes the sync words.

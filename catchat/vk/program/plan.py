@@ -238,7 +238,7 @@ def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> B
 def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: str = "fp32") -> list[tuple[str, int]]:
     """(what, words) of the scratch buffers the program's kernels allocate for themselves (at
     `precision`: fp16 may stream the sweeps, with a float16 copy of W_hh and float16 shadows)."""
-    out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B, g.H))]
+    out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
     streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
     if streamed:
         out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),

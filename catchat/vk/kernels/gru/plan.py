@@ -78,7 +78,7 @@ def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
     tiles = plan_sweep(dev, B, H, True).tiles if dev is not None else None
-    return B * H + sync_words(B, H) + partial_words(B, H, tiles)
+    return B * H + sync_words(B) + partial_words(B, H, tiles)
 
 
 def table_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):
@@ -250,8 +250,7 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
     return n_workgroups(tiles, B, H, backward)
 
 
-def sync_words(B: int, H: int) -> int:
+def sync_words(B: int) -> int:
     """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group
-    per lane, or (the streamed sweeps') a word after the third per workgroup, at most one per 16
-    units (glsl/include/grid_sync.glsl)."""
-    return 2 + max(int(B), 1 + int(H) // 16)
+    per lane (glsl/include/grid_sync.glsl)."""
+    return 2 + int(B)

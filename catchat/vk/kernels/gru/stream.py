@@ -101,9 +101,9 @@ def stream_threads(tiles: StreamTiles) -> int:
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
-    x lane fragments of 16 x 16 floats (plus the grid barrier's two words)."""
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag)."""
     blocks = STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3
-    return 4 * 256 * blocks + 8
+    return 4 * 256 * blocks + 4
 
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:

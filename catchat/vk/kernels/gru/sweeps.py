@@ -190,9 +190,9 @@ class _Sweep(Kernel):
         return tensors
 
     @staticmethod
-    def _sync_tensors(dev: Device, stats, B: int, H: int):
+    def _sync_tensors(dev: Device, stats, B: int):
         """The grid barrier's zeroed words and the stats buffer (a private one if None)."""
-        sync = dev.tensor(np.zeros(sync_words(B, H), np.uint32), np.uint32)
+        sync = dev.tensor(np.zeros(sync_words(B), np.uint32), np.uint32)
         own = stats is None
         stats = dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32) if own else stats
         dev.upload([sync] + ([stats] if own else []))
@@ -256,7 +256,7 @@ class GruForward(_Sweep):
             _need(t, n, what)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
         self.vec4_offset = o_off
-        self.sync, self.stats = self._sync_tensors(dev, stats, B, H)
+        self.sync, self.stats = self._sync_tensors(dev, stats, B)
         self._build(dev, [gi, params, h0, resets, o, hprev, save, hT, o, self.sync, self.stats], tiles, persistent,
                     (0, T, B, H, *self.offsets, 1))
 
@@ -322,7 +322,7 @@ class GruBackward(_Sweep):
             _need(t, n, what)
         self.dhz = dev.tensor(B * H, kind="storage")  # [B,H] running gradient on h_u, times z_u
         self.offsets = (w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off)
-        self.sync, _ = self._sync_tensors(dev, stats, B, H)
+        self.sync, _ = self._sync_tensors(dev, stats, B)
         self._build(dev, [do, save, hprev, resets, params, hyper, self.dhz, dgi, dgh, dh0, stats, self.sync],
                     tiles, persistent, (0, T, B, H, *self.offsets, self.dgh_ld, 1))
 
