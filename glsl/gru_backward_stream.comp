@@ -19,10 +19,16 @@
 // Persistent (PERSISTENT): workgroups walk the slices and meet at a grid barrier between steps;
 // else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+// F32: the same sweep in float32 on the threads' FMAs (the forward's F32): W_hh's rows read as vec4
+// of the slice's columns straight from params (binding 13, w_off in floats, a multiple of 4), dGh
+// from a float32 shadow `g4` (include/sweep_simt.glsl's layout); each subgroup a k-group as above,
+// each of its threads 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
 #extension GL_EXT_control_flow_attributes : require
+#ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#ifndef EMU
+#endif
+#if !defined(EMU) && !defined(F32)
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -64,8 +70,13 @@ layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,
 layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] rows dgh_ld apart at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
+#ifdef F32
+layout(set = 0, binding = 12) SWEEP_COHERENT buffer G4 { vec4 g4[]; };   // [2][3H/4][BP] (shadow_q)
+layout(set = 0, binding = 13) readonly buffer W32 { vec4 w4[]; };        // params again: W_hh [3H,H] at w_off
+#else
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };  // [2][BP][3H] in blocks (shadow_at)
 layout(set = 0, binding = 13) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+#endif
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
     uint w_off; uint do_off; uint save_off; uint hprev_off; uint dgi_off; uint dgh_off; uint dh0_off;
@@ -76,11 +87,18 @@ layout(push_constant) uniform Push {
 #include "grid_sync.glsl"
 
 shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + column]
+#ifdef F32
+#include "sweep_simt.glsl"
+#define G_STORE(p, b, c, v) g4[shadow_q(p, b, c, 3u * pc.H)][(c) % 4u] = (v)
+#else
 #define A_BUF g16
 #define B_BUF w16
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
+#define G_STORE(p, b, c, v) g16[shadow_at(p, b, c, 3u * pc.H)] = float16_t(v)
+#endif
 
+#ifndef F32
 // W_hh's fragment of rows 16 kf.. at columns k0..: (row, column) = W_hh[16 kf + row, k0 + column].
 void load_w(uint k0, uint kf, out FRAG_B w) {
 #if PROBE == 1  // timing probe: no W_hh loads (a constant fragment)
@@ -179,6 +197,49 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
     }
     return true;
 }
+#else  // F32
+const uint RB = BP / 8u;  // lanes per thread: lg, lg + 8, ...
+
+// The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, float32 on the threads' FMAs:
+// subgroup kg multiplies its k-group (rows kg * KPG * 16 .. of the 3H) for every lane; its thread
+// (lg, cg) takes lanes lg + 8 i and columns k0 + 4 cg .. +3 (one vec4 of each W_hh row), a quad of
+// rows at a time: per quad 4 + RB vec4 loads for 16 RB FMAs. The k-groups' sums go through red's
+// slots in the fragments' order (deterministic). wait_k and false as there.
+bool product(uint s, uint k0, uint kg, uint wait_k) {
+#ifdef PERSISTENT
+    if (wait_k > 0u && !grid_wait(wait_k)) return false;
+#endif
+    PHASE(pc.s - s, 1u);
+    uint H = pc.H, H4 = H / 4u, R4 = 3u * H4, lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u;
+    uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, R4);
+    uint wb = pc.w_off / 4u + k0 / 4u + cg;  // W_hh row r's vec4 of the thread's columns: wb + r * H4
+    uint gb = (s % 2u) * R4 * BP + lg;       // lane lg's vec4 of dGh at row quad 0 (shadow_q)
+    vec4 acc[RB];
+    [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = vec4(0.0);
+    for (uint q = q0; q < q1; ++q) {
+        uint r = wb + 4u * q * H4;
+        vec4 w0 = w4[r], w1 = w4[r + H4], w2 = w4[r + 2u * H4], w3 = w4[r + 3u * H4];
+        [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = fma4(g4[gb + q * BP + 8u * i], w0, w1, w2, w3, acc[i]);
+    }
+    uint slot = kg % KG;  // red's blocks (slot * LF + lf) * 256
+    [[unroll]] for (uint i = 0u; i < RB; ++i) {
+        uint b = lg + 8u * i, at = (slot * LF + b / 16u) * 256u + (b % 16u) * 16u + 4u * cg;
+        if (KGS == KG || kg >= KG) {
+            [[unroll]] for (uint c = 0u; c < 4u; ++c) red[at + c] = acc[i][c];
+        }
+    }
+    if (KGS > KG) {
+        barrier();
+        [[unroll]] for (uint i = 0u; i < RB; ++i) {
+            uint b = lg + 8u * i, at = (slot * LF + b / 16u) * 256u + (b % 16u) * 16u + 4u * cg;
+            if (kg < KG) {
+                [[unroll]] for (uint c = 0u; c < 4u; ++c) red[at + c] = red[at + c] + acc[i][c];
+            }
+        }
+    }
+    return true;
+}
+#endif
 
 // What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
@@ -223,7 +284,7 @@ bool element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c
     dg = vec4(dar, daz, dan, dan * r);
     dhz_next = dht * z;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-        g16[shadow_at((s - 1u) % 2u, b, q * H + k, 3u * H)] = float16_t(q == 2u ? dg.w : dg[q]);
+        G_STORE((s - 1u) % 2u, b, q * H + k, q == 2u ? dg.w : dg[q]);
     }
     return true;
 }

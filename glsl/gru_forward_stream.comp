@@ -28,10 +28,17 @@
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
 // barrier between steps; else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+// F32: the same sweep in float32 on the threads' FMAs, for users who train at fp32 (v5's W_hh is 50
+// MB per layer as float32): W_hh read as vec4 along k straight from params (binding 11, w_off in
+// floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);
+// each subgroup a k-group as above, each of its threads 6 rows of W_hh (2 units x 3 gates) for
+// BP / 4 lanes, folded through the same `red` slots in the same order.
 #extension GL_EXT_control_flow_attributes : require
+#ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
-#ifndef EMU
+#endif
+#if !defined(EMU) && !defined(F32)
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -70,9 +77,14 @@ layout(set = 0, binding = 4) buffer Out { float o[]; };                 // [T,B,
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (t == 0 only)
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off
-layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };
+#ifdef F32
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer H4 { vec4 h4[]; };   // [2][H/4][BP] (shadow_q)
+layout(set = 0, binding = 11) readonly buffer W32 { vec4 w4[]; };       // params again: W_hh [3H,H] at w_off
+#else
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
 layout(set = 0, binding = 11) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+#endif
 layout(push_constant) uniform Push {
     uint t; uint T; uint B; uint H;
     uint gi_off; uint w_off; uint b_off; uint h0_off; uint o_off; uint hprev_off; uint save_off; uint hT_off;
@@ -82,19 +94,26 @@ layout(push_constant) uniform Push {
 #include "grid_sync.glsl"
 
 shared float red[RK * LF * 3u * 256u];  // red[((slot * LF + lf) * 3 + g) * 256 + row * 16 + unit]
+#ifdef F32
+#include "sweep_simt.glsl"
+#define H_STORE(p, b, j, v) h4[shadow_q(p, b, j, pc.H)][(j) % 4u] = (v)
+#else
 #define A_BUF h16
 #define B_BUF w16
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
+#define H_STORE(p, b, j, v) h16[shadow_at(p, b, j, pc.H)] = float16_t(v)
+#endif
 
 float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
 
 // h16[0] for the slice's units: h0 after step 0's reset.
 void prologue(uint j0, uint tid) {
     uint b = tid / 16u, j = j0 + tid % 16u;
-    if (b < pc.B) h16[shadow_at(0u, b, j, pc.H)] = float16_t(h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
+    if (b < pc.B) H_STORE(0u, b, j, h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
+#ifndef F32
 // Gate g's W_hh^T fragment kf for the 16 units from j0: (k, unit) = W_hh[g*H + j0 + unit, 16 kf + k].
 void load_w(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
 #if PROBE == 1  // timing probe: no W_hh loads (constant fragments)
@@ -211,6 +230,52 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     }
     return true;
 }
+#else  // F32
+const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
+
+// The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
+// multiplies its k-group (columns kg * KPG * 16 .. of h_prev) for every lane; its thread (lg, ug)
+// takes lanes lg + 4 i and units ug, ug + 8 of the slice, 3 gates each (6 rows of W_hh as vec4
+// along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. The k-groups fold into
+// the slots in the fragments' rounds and order (deterministic). wait_k and false as there.
+bool product(uint t, uint j0, uint kg, uint wait_k) {
+#ifdef PERSISTENT
+    if (wait_k > 0u && !grid_wait(wait_k)) return false;
+#endif
+    PHASE(t, 1u);
+    uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
+    uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, H4);
+    uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0
+    [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + ((c % 3u) * H + j0 + ug + 8u * (c / 3u)) * H4;
+    uint hb = (t % 2u) * H4 * BP + lg;  // lane lg's vec4 of h_prev at k quad 0 (shadow_q)
+    float acc[RB][6];
+    [[unroll]] for (uint i = 0u; i < RB; ++i) {
+        [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
+    }
+    for (uint q = q0; q < q1; ++q) {
+        vec4 w[6];
+        [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + q];
+        [[unroll]] for (uint i = 0u; i < RB; ++i) {
+            vec4 x = h4[hb + q * BP + 4u * i];
+            [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x, w[c], acc[i][c]);
+        }
+    }
+    for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
+        if (kg / RK == round) {
+            bool first = round + 1u == KGS / RK;
+            [[unroll]] for (uint i = 0u; i < RB; ++i) {
+                uint b = lg + 4u * i;
+                [[unroll]] for (uint c = 0u; c < 6u; ++c) {
+                    uint at = (((kg % RK) * LF + b / 16u) * 3u + c % 3u) * 256u + (b % 16u) * 16u + ug + 8u * (c / 3u);
+                    red[at] = first ? acc[i][c] : red[at] + acc[i][c];
+                }
+            }
+        }
+        barrier();
+    }
+    return true;
+}
+#endif
 
 // Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset
 // applied): writes h16 for step t+1 (what the grid barrier publishes) and returns (h, r, z, n,
@@ -225,7 +290,7 @@ float[5] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
     float z = sigmoid(gi3.y + gh.y);
     float n = tanh_safe(gi3.z + r * gh.z);
     float h = (1.0 - z) * n + z * hp;
-    if (t + 1u < pc.T) h16[shadow_at((t + 1u) % 2u, b, j, pc.H)] = float16_t(h * keep(t + 1u, b));
+    if (t + 1u < pc.T) H_STORE((t + 1u) % 2u, b, j, h * keep(t + 1u, b));
     return float[5](h, r, z, n, gh.z);
 }
 

@@ -96,6 +96,13 @@ part parity-model-full $py -m catchat.cli parity --only model
 # the streamed sweeps' knobs side by side: resident W_hh fragments / ring depths (parity, then bench)
 part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 3,10/2,4 \
     --variant 2,12/2,2 --variant 2,16/2,2 --json "$out/stream-variants.json"
+# the float32 streamed sweeps (the threads' FMAs, W_hh straight from params: v5 at fp32): v5 on the tiled
+# sweeps they replace (CATCHAT_SWEEP_STREAM32=0), then on them beside PyTorch, and their phases
+part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+    --warmup 1 --profile --json "$out/bench-v5-fp32-tiled.json"
+part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
+    --profile --json "$out/bench-v5-fp32-stream.json"
+part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

@@ -70,7 +70,7 @@ def clocked_twins(prog, layer: int, steps: int):
     the products on tensor cores where the program's are), and the clock tensors (uint32 [steps, 8] each)."""
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
     kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
-    w16 = prog.fwd.w16 if kf.stream else None  # the streamed sweeps read W_hh's float16 copy
+    w16 = prog.fwd.w16 if kf.stream else None  # the streamed sweeps read W_hh's float16 copy (None: float32)
     if not (kf.stream or isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
         raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
@@ -79,14 +79,16 @@ def clocked_twins(prog, layer: int, steps: int):
     # o[l] holds the state sequence: rows [0, T) are hprev, rows [1, T+1) the outputs (plan.py)
     fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.o[layer], b.save[layer], b.hT,
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
-                         hprev_off=hprev_off, save_off=save_off, hT_off=hT_off, tiles=kf.tiles, stats=b.stats,
-                         coop=kf.coop, w_half=w16, clock=clocks[0])
+                         hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
+                         tiles=None if kf.stream_f32 else kf.tiles, stats=b.stats, coop=kf.coop, w_half=w16,
+                         stream_f32=kf.stream_f32, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
     # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
                           b.gi, None, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
-                          dh0_off=dh0_off, tiles=kb.tiles, coop=kb.coop, w_half=w16, clock=clocks[1])
+                          dh0_off=dh0_off, tiles=None if kb.stream_f32 else kb.tiles, coop=kb.coop, w_half=w16,
+                          stream_f32=kb.stream_f32, clock=clocks[1])
     return fwd, bwd, clocks
 
 

@@ -55,7 +55,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
-                w_half: bool = False, coop: bool = False):
+                w_half: bool = False, coop: bool = False, stream_f32: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -71,7 +71,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     the last backward. w_half: both sweeps read W_hh from a float16 copy (at an odd offset, 5
     halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: both sweeps'
     products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`. Both: the
-    streamed sweeps (W_hh 8 halves in), compared as coop.
+    streamed sweeps (W_hh 8 halves in), compared as coop. stream_f32: the float32 streamed sweeps
+    (W_hh in params), compared as the tiled ones.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -99,10 +100,11 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,
-                     coop=coop)
+                     coop=coop, stream_f32=stream_f32)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
-                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop)
+                      dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop,
+                      stream_f32=stream_f32)
     both = fwd.sweep_ops() + bwd.sweep_ops()
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
                             + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
@@ -219,6 +221,13 @@ STREAM_GPU_CASES = [
 ]
 
 
+# The float32 streamed sweeps (stream_f32: the threads' FMAs, W_hh from params), against the fp32
+# reference: the same shapes as the streamed ones, and k-groups several quads deep (H = 512, B = 9:
+# one lane fragment); on a GPU v5's B and H.
+STREAM_F32_CASES = STREAM_CASES + [((3, 9, 512, AUTO, 0.02), 1)]
+STREAM_F32_GPU_CASES = STREAM_GPU_CASES
+
+
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
@@ -239,12 +248,14 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if dev.runs_float16:  # -1: one workgroup per SM
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, "stream") for c, n in stream]
+    stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
+    runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
         coop = variant in ("coop", "stream")
         got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant in ("f16w", "stream"), coop=coop)
+                          w_half=variant in ("f16w", "stream"), coop=coop, stream_f32=variant == "stream32")
         if variant == "f16w":
             case = half_weights(case)
         exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32",

@@ -15,7 +15,7 @@ from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.gru import stream_sweeps
+from catchat.vk.kernels.gru import stream_f32_sweep, stream_sweeps
 from catchat.vk.program import Program, StepHyper
 
 
@@ -208,4 +208,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if stream_sweeps(dev, 32, v5.hidden, "fp16"):  # v5's shape on the streamed tensor-core sweeps
         hp = replace(MODEL_CASES[0][4], loss_scale=FP16_SCALE)
         out += model_parity(dev, v5, 4, 32, hp, label="v5 streamed", precision="fp16", wide=True)
+    if all(stream_f32_sweep(dev, 32, v5.hidden, backward, "fp32") for backward in (False, True)):
+        out += model_parity(dev, v5, 4, 32, MODEL_CASES[0][4], label="v5 float32 streamed")
     return out

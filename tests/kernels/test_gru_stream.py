@@ -184,3 +184,66 @@ def test_planned_bytes_count_the_streamed_sweeps(dev, streamed, monkeypatch):
         assert dev.allocated_bytes - before == Program.planned_bytes(layout, 5, 3, training, dev, "fp16")
         assert Program.planned_bytes(layout, 5, 3, training, dev, "fp16") - Program.planned_bytes(
             layout, 5, 3, training, dev) >= 2 * 2 * 3 * 32 * 32  # W_hh's float16 copy, both layers
+
+
+def test_program_trains_on_float32_streamed_sweeps(dev, monkeypatch):
+    """A whole fp32 training step on the float32 streamed sweeps (the threads' FMAs, W_hh from params)
+    against the fp32 twin at the model parity's fp32 tolerances, forced here (a program plans them on a
+    GPU only); the program's allocations match its plan with their float32 shadows."""
+    from catchat.vk.program import plan
+
+    monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
+    monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
+    label, base, T, B, hp = model_parity.MODEL_CASES[0]
+    spec = replace(base, hidden=32)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, float32 streamed")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    layout = ParamLayout(spec)
+    before = dev.allocated_bytes
+    prog = Program(dev, layout, T, B)
+    assert all(k.stream_f32 and k.stream for k in prog.fwd.gru + [layer.gru for layer in prog.bwd.layers])
+    assert prog.fwd.w16 is None and prog.fwd.gru[0].tiles.f32
+    assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, True, dev)
+    f32_shadows = sum(w for what, w in plan.kernel_scratch(plan.Geometry.of(layout, T, B, dev, True), True, dev)
+                      if "float32" in what)
+    assert f32_shadows == spec.layers * 2 * 16 * (1 + (B > 16)) * 4 * spec.hidden  # h_prev H + dGh 3H, 2 parities
+
+
+def test_float32_stream_planning(dev, monkeypatch):
+    """Where a program streams W_hh in float32: fp32 on a GPU whose persistent sweeps are shown
+    co-resident, H a multiple of 16, B <= 32, no register-resident tiles planned; never on a CPU
+    device, at fp16, or with CATCHAT_SWEEP_STREAM32=0. The kernel refuses tiles, coop or a float16
+    W_hh beside it, and a W_hh not on a vec4 boundary."""
+    from catchat.parity import gru as gru_parity
+    from catchat.vk.kernels.gru import plan as gru_plan
+
+    monkeypatch.delenv(gru.STREAM_F32_ENV, raising=False)
+    if dev.info.type == "CPU":
+        assert not gru.stream_f32_sweep(dev, 32, 2048, False, "fp32")
+    info = dataclasses.replace(dev.info, subgroup_size=32, type="DiscreteGpu", compute_units=132,
+                               max_shared_memory_bytes=48 * 1024, max_workgroup_invocations=1024)
+    gpu = dataclasses.replace(dev, info=info)
+    monkeypatch.setattr(gru_plan, "resident_workgroups", lambda d: 132)
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan((8, 8, 4, 1, 1, 64), 132, None))
+    for backward in (False, True):
+        assert gru.stream_f32_sweep(gpu, 32, 2048, backward, "fp32")
+        assert not gru.stream_f32_sweep(gpu, 32, 2048, backward, "fp16")
+        assert not gru.stream_f32_sweep(gpu, 33, 2048, backward, "fp32")
+        assert not gru.stream_f32_sweep(gpu, 32, 2040, backward, "fp32")
+    monkeypatch.setenv(gru.STREAM_F32_ENV, "0")
+    assert not gru.stream_f32_sweep(gpu, 32, 2048, False, "fp32")
+    monkeypatch.delenv(gru.STREAM_F32_ENV)
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132,
+                                                                              None))
+    assert not gru.stream_f32_sweep(gpu, 32, 512, False, "fp32")  # W_hh in registers wins (v3)
+    assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, 1, 0, True)
+
+    case = gru_parity.make_case(2, 3, 16)
+    t = dev.tensor
+    args = (t(2 * 3 * 48), t(case["flat"]), t(2 * 3 * 16), t(np.zeros(6), np.uint32), t(3 * 3 * 16), t(3 * 3 * 16),
+            t(2 * 3 * 64), t(2 * 3 * 16))
+    kw = dict(T=2, B=3, H=16, b_off=0, hprev_off=0, o_off=3 * 16, stream_f32=True)
+    with pytest.raises(ValueError, match="multiple of 4 floats"):
+        gru.GruForward(dev, *args, w_off=2, **kw)
+    with pytest.raises(ValueError, match="its own split"):
+        gru.GruForward(dev, *args, w_off=0, coop=True, **kw)

@@ -26,7 +26,14 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Axpby, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
-from catchat.vk.kernels.gru import GruBackward, GruForward, state_rows, sweep_products, w16_blocked
+from catchat.vk.kernels.gru import (
+    GruBackward,
+    GruForward,
+    state_rows,
+    stream_f32_sweep,
+    sweep_products,
+    w16_blocked,
+)
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
@@ -142,9 +149,11 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
+    f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16)
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16,
+                      stream_f32=f32)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
@@ -165,6 +174,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     o, T, B, H, L, V, R = layout.offsets, g.T, g.B, g.H, g.L, g.V, g.R
     pr = precision
     head = o[head_name(layout.spec)]
+    f32 = stream_f32_sweep(dev, B, H, True, pr)  # as the forward's
     dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
@@ -189,7 +199,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
             # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l]
             gru=GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, None, b.dh0,
                             b.stats, T=T, B=B, H=H, w_off=whh_offset(layout, l, w16), dh0_off=l * B * H, coop=coop,
-                            w_half=w16),
+                            w_half=w16, stream_f32=f32),
             dw_hh=gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"),
             db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
             db_hh=ColSum(dev, (b.save[l], 0, 4 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum,

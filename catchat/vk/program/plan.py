@@ -52,7 +52,7 @@ from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import backward_scratch_words, stream_sweeps, stream_tiles, sync_words
+from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, stream_sweeps, stream_tiles, sync_words
 from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
@@ -237,12 +237,16 @@ def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> B
 
 def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: str = "fp32") -> list[tuple[str, int]]:
     """(what, words) of the scratch buffers the program's kernels allocate for themselves (at
-    `precision`: fp16 may stream the sweeps, with a float16 copy of W_hh and float16 shadows)."""
+    `precision`: fp16 may stream the sweeps, with a float16 copy of W_hh and float16 shadows; fp32
+    may stream them on the threads' FMAs, with float32 shadows)."""
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
     streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
     if streamed:
         out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),
                 ("forward sweeps' float16 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False), g.H, False))]
+    if dev is not None and stream_f32_sweep(dev, g.B, g.H, False, precision):
+        out.append(("forward sweeps' float32 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False, True), g.H,
+                                                                         False)))
     if training:
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
@@ -250,6 +254,9 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
                 ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
         if streamed:
             out.append(("backward sweeps' float16 dGh", g.L * shadow_words(stream_tiles(g.B, g.H, True), g.H, True)))
+        if dev is not None and stream_f32_sweep(dev, g.B, g.H, True, precision):
+            out.append(("backward sweeps' float32 dGh", g.L * shadow_words(stream_tiles(g.B, g.H, True, True), g.H,
+                                                                           True)))
     return out
 
 

@@ -4,7 +4,8 @@
                  dispatch), the state-row layout, the shader a sweep runs
     tiled.py     tiles of the tiled shaders (W_hh streamed): defines, extent, shared memory, picker
     resident.py  tiles of the register-resident shaders (W_hh in registers), the tensor-core variant
-    stream.py    the streamed tensor-core sweeps' split (W_hh from a float16 copy in memory: v5)
+    stream.py    the streamed sweeps' split (W_hh from memory: a float16 copy on tensor cores, or
+                 float32 on the threads' FMAs: v5)
     plan.py      a sweep's plan: tuned or table tiles, persistent or per step (co-residency), coop
 
 Every name is importable from `catchat.vk.kernels.gru`, as the program, parity, tests and tools use it.
@@ -13,6 +14,7 @@ Every name is importable from `catchat.vk.kernels.gru`, as the program, parity, 
 from catchat.vk.kernels import ceil_div, device_sms
 from catchat.vk.kernels.gru.plan import (
     COOP_ENV,
+    STREAM_F32_ENV,
     SweepPlan,
     backward_scratch_words,
     coop_sweeps,
@@ -21,6 +23,7 @@ from catchat.vk.kernels.gru.plan import (
     persistent_override,
     plan_sweep,
     resident_workgroups,
+    stream_f32_sweep,
     stream_sweeps,
     sweep_candidates,
     sweep_products,
@@ -90,13 +93,14 @@ from catchat.vk.kernels.gru.tiled import (
 __all__ = [
     "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FORWARD_TILES",
     "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES", "PROBE_ENV", "REGISTER_FILE",
-    "RESIDENT_BACKWARD_TILES", "RESIDENT_FORWARD_TILES", "ResidentTiles", "RESIDENT_ENV", "STREAM_MAX_LANES",
-    "STREAM_UNITS", "StreamTiles", "SweepPlan", "W16_ALIGN", "_check_tiles", "backward_scratch_words", "block_halves",
-    "ceil_div", "coop_shared_bytes", "coop_sweeps", "coop_tiles_ok", "default_tiles", "device_sms", "n_workgroups",
-    "next_pow2", "partial_words", "per_step_reason", "persistent_override", "pick_resident_tiles", "pick_tiles",
-    "plan_sweep", "resident_backward", "resident_candidate", "resident_defines", "resident_fits", "resident_registers",
-    "resident_resources", "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices",
-    "state_rows", "stream_ok", "stream_sweeps", "stream_tiles", "sweep_candidates", "sweep_products",
+    "RESIDENT_BACKWARD_TILES", "RESIDENT_FORWARD_TILES", "ResidentTiles", "RESIDENT_ENV", "STREAM_F32_ENV",
+    "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "SweepPlan", "W16_ALIGN", "_check_tiles",
+    "backward_scratch_words", "block_halves", "ceil_div", "coop_shared_bytes", "coop_sweeps", "coop_tiles_ok",
+    "default_tiles", "device_sms", "n_workgroups", "next_pow2", "partial_words", "per_step_reason",
+    "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep", "resident_backward",
+    "resident_candidate", "resident_defines", "resident_fits", "resident_registers", "resident_resources",
+    "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices", "state_rows",
+    "stream_f32_sweep", "stream_ok", "stream_sweeps", "stream_tiles", "sweep_candidates", "sweep_products",
     "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words", "table_tiles", "tile_count", "tile_extent",
     "tile_row", "tiled_tiles", "to_cache", "w16_blocked",
 ]

@@ -74,6 +74,23 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     return None
 
 
+STREAM_F32_ENV = "CATCHAT_SWEEP_STREAM32"  # =0: fp32 sweeps stay on the tiled shaders (to compare)
+
+
+def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str) -> bool:
+    """Whether a program's sweep at [B, H] (one direction) runs the float32 streamed split
+    (stream.py's f32: W_hh straight from params, on the threads' FMAs): at fp32 on a GPU, where W_hh
+    fits no chip (the tables plan no register-resident tiles: v5), [B, H] is a shape the streamed
+    sweeps take and their persistent dispatch is shown co-resident; not with CATCHAT_SWEEP_STREAM32=0.
+    CPU devices keep the tiled shaders (they run one workgroup at a time)."""
+    if precision != "fp32" or dev.info.type == "CPU" or os.environ.get(STREAM_F32_ENV, "").strip() == "0":
+        return False
+    resident = resident_workgroups(dev)
+    if not (stream_ok(B, H) and resident) or isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
+        return False
+    return sweep_residency(dev, stream_tiles(B, H, backward, f32=True), B, H, backward, resident).ok
+
+
 def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""

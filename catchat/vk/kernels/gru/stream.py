@@ -10,6 +10,11 @@ float16 W_hh (sweeps.py).
 
 On a device without cooperative matrices (lavapipe) the fragments are emulated (EMU,
 glsl/include/sweep_frag.glsl): the tests run the sweeps' logic there; only a GPU runs them fast.
+
+The same split runs in float32 on the threads' FMAs (StreamTiles.f32, the shaders' F32): W_hh
+straight from params, h_prev and dGh through float32 shadows (glsl/include/sweep_simt.glsl), for
+programs at fp32 whose W_hh fits no chip (v5: 50 MB per layer), where the tiled shaders staged it
+through shared memory a chunk at a time.
 """
 from __future__ import annotations
 
@@ -51,12 +56,14 @@ class StreamTiles(NamedTuple):
     `k_per_group` 16-deep k-fragments per k-group (8 * lane_frags k-groups, one per subgroup, each
     taking every lane fragment: 8 * lane_frags * k_per_group * 16 >= H forward, 3H backward),
     `depth` fragments' loads in flight ahead of the product (a register ring), and `resident` of a
-    k-group's fragments whose W_hh stays in registers through a persistent sweep."""
+    k-group's fragments whose W_hh stays in registers through a persistent sweep. `f32`: the same
+    split in float32 on the threads' FMAs (no fragments: depth 1, nothing resident)."""
 
     lane_frags: int
     k_per_group: int
     depth: int = 1
     resident: int = 0
+    f32: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -64,12 +71,14 @@ def stream_ok(B: int, H: int) -> bool:
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
-def stream_tiles(B: int, H: int, backward: bool) -> StreamTiles:
+def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTiles:
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(B, 16)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
+    if f32:
+        return StreamTiles(lane_frags, kpg, f32=True)
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]),
                        min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward]))
 
@@ -107,9 +116,10 @@ def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
 
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
-    """uint32 words of the float16 shadow: [2][16 * lane_frags][H] halves forward (h_prev), [2][..][3H]
-    backward (dGh)."""
-    return 2 * 16 * tiles.lane_frags * (3 * H if backward else H) // 2
+    """uint32 words of the shadow: [2][16 * lane_frags][H] halves forward (h_prev), [2][..][3H]
+    backward (dGh); floats where f32."""
+    elements = 2 * 16 * tiles.lane_frags * (3 * H if backward else H)
+    return elements if tiles.f32 else elements // 2
 
 
 def w16_blocked() -> bool:
@@ -128,7 +138,9 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool) ->
     """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments; the
     caller keeps it only where a workgroup has one slice); FULL where every k-group has KPG
     fragments (no bound checks in the product loop); BLOCKED_W (W_hh's copy in blocks); PROBE
-    (timing probes); EMU (emulated fragments)."""
+    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG and F32 alone."""
+    if tiles.f32:
+        return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "F32": 1}
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     probe = os.environ.get(PROBE_ENV, "").strip()

@@ -85,7 +85,8 @@ class _Sweep(Kernel):
     the whole sweep as one dispatch of co-resident workgroups (the PERSISTENT shader variant)."""
 
     backward = False
-    stream = False  # W_hh streamed on tensor cores (stream.py): coop with a float16 W_hh
+    stream = False  # W_hh streamed (stream.py): on tensor cores (coop with a float16 W_hh), or stream_f32
+    stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _whh_words(self, w_half, w_off: int) -> int:
@@ -103,7 +104,9 @@ class _Sweep(Kernel):
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
         gru_*_resident.comp). W_hh in float16 (w_half) runs on the tiled shaders (HALF_W)."""
         B, H, backward, info = self.B, self.H, self.backward, dev.info
-        if self.coop and self.w_half is not None:
+        if self.stream_f32 and (self.coop or self.w_half is not None or tiles is not None):
+            raise ValueError("a float32 streamed sweep (stream_f32) has its own split: no tiles, coop or w_half")
+        if self.stream_f32 or (self.coop and self.w_half is not None):
             return self._build_stream(dev, tensors, persistent, push)
         plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None, coop=self.coop)
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
@@ -150,27 +153,31 @@ class _Sweep(Kernel):
                                              [self.sweep_workgroups], spec, pack_push(*push))
 
     def _build_stream(self, dev: Device, tensors: list, persistent: int | None, push) -> None:
-        """The streamed tensor-core sweep (stream.py): its float16 shadow (zeroed: lanes past B stay
-        0), then both shader variants. Persistent over `persistent` workgroups (default one per SM
-        where the dispatch is shown co-resident), else a dispatch per step. Real fragments where the
-        device has cooperative matrices, emulated elsewhere (EMU: lavapipe, for the tests)."""
-        B, H, backward, info = self.B, self.H, self.backward, dev.info
-        emulate = not coopmat_runs(dev)
+        """The streamed sweep (stream.py): its shadow (zeroed: lanes past B stay 0), then both shader
+        variants. Persistent over `persistent` workgroups (default one per SM where the dispatch is
+        shown co-resident), else a dispatch per step. On tensor cores: real fragments where the
+        device has cooperative matrices, emulated elsewhere (EMU: lavapipe, for the tests); stream_f32:
+        float32 on the threads' FMAs, W_hh read as vec4 from params (w_off a multiple of 4)."""
+        B, H, backward, info, f32 = self.B, self.H, self.backward, dev.info, self.stream_f32
+        emulate = not f32 and not coopmat_runs(dev)
         if emulate and not dev.runs_float16:
             raise ValueError(f"a streamed sweep needs float16 storage and arithmetic, which {info.name} does not offer")
-        if self.offsets[0 if backward else 1] % W16_ALIGN:
-            raise ValueError(f"a streamed sweep's float16 W_hh must start at a multiple of {W16_ALIGN} halves")
-        self.stream, self.tiles = True, stream_tiles(B, H, backward)
+        align, unit = (4, "floats") if f32 else (W16_ALIGN, "halves")
+        if self.offsets[0 if backward else 1] % align:
+            raise ValueError(f"a streamed sweep's {'float32' if f32 else 'float16'} W_hh must start at a multiple "
+                             f"of {align} {unit}")
+        self.stream, self.tiles = True, stream_tiles(B, H, backward, f32)
+        w = tensors[4 if backward else 1] if f32 else self.w_half  # f32: params again, as vec4
         nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
         if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
             raise ValueError(f"a streamed sweep at B={B}: {nt} threads, {self.shared_bytes} bytes of shared memory "
                              f"(limits {info.max_workgroup_invocations}, {info.max_shared_memory_bytes})")
         self.shadow = dev.tensor(np.zeros(shadow_words(self.tiles, H, backward), np.uint32), np.uint32)
         dev.upload([self.shadow])
-        if backward:  # g16, w16 at bindings 12, 13
-            tensors = tensors + [self.shadow, self.w_half]
-        else:  # h16 at 8 (the resident shader's second view of o), w16 at 11
-            tensors = tensors[:8] + [self.shadow] + tensors[9:] + [self.w_half]
+        if backward:  # the dGh shadow, W_hh at bindings 12, 13
+            tensors = tensors + [self.shadow, w]
+        else:  # the h_prev shadow at 8 (the resident shader's second view of o), W_hh at 11
+            tensors = tensors[:8] + [self.shadow] + tensors[9:] + [w]
         resident = resident_workgroups(dev) if persistent is None else int(persistent)
         self.residency = None
         if resident and persistent is None:
@@ -231,7 +238,8 @@ class GruForward(_Sweep):
     resident tiles of 16 x 16 and cooperative matrices, `coop_sweeps`). coop with w_half: the
     streamed sweep (stream.py: W_hh's product from the float16 copy in memory, w_off a multiple of
     8 halves, H a multiple of 16, B <= 32; `stream_sweeps`), emulated fragments on a device
-    without cooperative matrices.
+    without cooperative matrices. stream_f32: the same streamed split in float32 on the threads'
+    FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`).
     """
 
     shader = "gru_forward"
@@ -239,9 +247,9 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None, w_half=None, coop: bool = False):
+                 persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.coop = bool(coop)
+        self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
@@ -298,6 +306,7 @@ class GruBackward(_Sweep):
     between steps; it needs no zeroing (step s = T writes it before anything reads it).
     persistent, w_half: as GruForward's. coop: the product dGh @ W_hh on tensor cores from float16
     dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`; with w_half streamed, as there).
+    stream_f32: as GruForward's.
     """
 
     shader = "gru_backward"
@@ -306,9 +315,9 @@ class GruBackward(_Sweep):
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
-                 w_half=None, coop: bool = False):
+                 w_half=None, coop: bool = False, stream_f32: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.coop = bool(coop)
+        self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         if dgh is None:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
