@@ -89,13 +89,13 @@ layout(push_constant) uniform Push {
 shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + column]
 #ifdef F32
 #include "sweep_simt.glsl"
-#define G_STORE(p, b, c, v) g4[shadow_q(p, b, c, 3u * pc.H)][(c) % 4u] = (v)
+#define G_STORE(p, b, c, cols, v) g4[shadow_q(p, b, c, cols)][(c) % 4u] = (v)
 #else
 #define A_BUF g16
 #define B_BUF w16
 #define ACC_SHARED red
 #include "sweep_frag.glsl"
-#define G_STORE(p, b, c, v) g16[shadow_at(p, b, c, 3u * pc.H)] = float16_t(v)
+#define G_STORE(p, b, c, cols, v) g16[shadow_at(p, b, c, cols)] = float16_t(v)
 #endif
 
 #ifndef F32
@@ -284,7 +284,7 @@ bool element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c
     dg = vec4(dar, daz, dan, dan * r);
     dhz_next = dht * z;
     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-        G_STORE((s - 1u) % 2u, b, q * H + k, q == 2u ? dg.w : dg[q]);
+        G_STORE((s - 1u) % 2u, b, q * H + k, 3u * H, q == 2u ? dg.w : dg[q]);
     }
     return true;
 }
