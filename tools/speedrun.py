@@ -15,11 +15,25 @@ in its own process (so start-up counts), one after another, into RUNS_DIR/NAME (
 applies to every variant (e.g. --set data.corpus=DIR for a corpus built beforehand). The row:
 steps reached, median train tokens/s, the held-out loss of the final eval (nats/char, all of the
 eval split when eval.eval_windows = 0), and the run's wall clock from launch to exit.
+
+--torch VARIANT (repeatable, the same NAME[:CHANGES] syntax) adds PyTorch rows after catchat's: the same
+config, budget and --set changes trained by `python -m catchat.analysis.torch_train` (catchat's model and
+recipe in PyTorch: cuDNN GRU, AMP bf16 where the config trains at fp16 on CUDA, NAdam; the same corpus
+split, lanes, schedule, clock and eval; docs/speedrun.md "The PyTorch row"), in its own process into
+RUNS_DIR/NAME, its changes column starting with "PyTorch". Only torch rows: leave out the catchat variants.
+--torch-python PYTHON runs them with another interpreter (one that has torch; the trainer needs only numpy
+besides, and finds this checkout's catchat through PYTHONPATH), e.g. a machine's own CUDA torch while
+catchat's venv has none.
+
+    python tools/speedrun.py coop --torch torch                     # 300 s each, one table
+    python tools/speedrun.py coop --torch torch --budget 0 --set train.time_budget_s=0 \
+        --set train.total_steps=2048                                # the same 2,048 steps each
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,7 +41,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from catchat.run import runlog  # noqa: E402
 
@@ -38,20 +53,31 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, [c for c in changes.split(",") if c]
 
 
-def run_variant(config: str, budget: float, run_dir: Path, changes: list[str]) -> float:
-    """Train one variant (budget 0: to the config's own length); its wall clock in seconds from
-    launch to exit."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "catchat", "train", config, "--run-dir", str(run_dir)]
+ENGINES = {"catchat": ["-m", "catchat", "train"], "torch": ["-m", "catchat.analysis.torch_train"]}
+
+
+def train_command(engine: str, config: str, budget: float, run_dir: Path, changes: list[str],
+                  python: str = sys.executable) -> list[str]:
+    """The command line that trains one variant: `catchat train` or the PyTorch trainer, which take the
+    same CONFIG, --run-dir, --time-budget (budget 0: none, the config's own length) and --set."""
+    cmd = [python, *ENGINES[engine], config, "--run-dir", str(run_dir)]
     if budget:
         cmd += ["--time-budget", f"{budget:g}"]
     for c in changes:
         cmd += ["--set", c]
+    return cmd
+
+
+def run_variant(cmd: list[str], run_dir: Path) -> float:
+    """Train one variant (run_dir replaced); its wall clock in seconds from launch to exit."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     start = time.perf_counter()
-    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     wall_s = time.perf_counter() - start
     if done.returncode != 0:
-        raise SystemExit(f"{run_dir.name}: catchat train exited {done.returncode}: {done.stderr.strip()[-400:]}")
+        raise SystemExit(f"{run_dir.name}: {' '.join(cmd[1:4])} exited {done.returncode}: "
+                         f"{done.stderr.strip()[-400:]}")
     return wall_s
 
 
@@ -66,25 +92,45 @@ def summarise(run_dir: Path) -> dict:
             "loss": evals[-1]["loss"] if evals else float("nan")}
 
 
-def main() -> None:
+def format_row(name: str, changes: list[str], s: dict, wall_s: float, engine: str = "catchat") -> str:
+    """One table row; a PyTorch row's changes say so first."""
+    what = ", ".join((["PyTorch"] if engine == "torch" else []) + changes) or "-"
+    return f"| {name} | {what} | {s['steps']:,} | {s['tokens_per_s']:,.0f} | {s['loss']:.4f} | {wall_s:.1f} |"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("variants", nargs="+", help="NAME or NAME:SECTION.KEY=VALUE,...")
+    ap.add_argument("variants", nargs="*", help="NAME or NAME:SECTION.KEY=VALUE,...")
+    ap.add_argument("--torch", dest="torch_variants", action="append", default=[], metavar="VARIANT",
+                    help="a PyTorch row: NAME or NAME:SECTION.KEY=VALUE,... (catchat.analysis.torch_train)")
+    ap.add_argument("--torch-python", default=sys.executable, metavar="PYTHON",
+                    help="the interpreter of the PyTorch rows (default: this one)")
     ap.add_argument("--config", default="configs/speedrun.toml")
     ap.add_argument("--budget", type=float, default=300.0,
                     help="seconds of wall clock per run (0: the config's own run length)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/speedrun"))
     ap.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not args.variants and not args.torch_variants:
+        ap.error("name at least one variant (or --torch VARIANT)")
+    names = [parse_variant(v)[0] for v in args.variants + args.torch_variants]
+    if len(set(names)) != len(names):
+        ap.error(f"variant names must differ (each is a directory of --runs-dir): {', '.join(names)}")
+    return args
 
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     print("| variant | changes | steps | train tok/s | held-out nats/char | wall s |")
     print("|---|---|---|---|---|---|")
-    for text in args.variants:
-        name, changes = parse_variant(text)
-        run_dir = args.runs_dir / name
-        wall_s = run_variant(args.config, args.budget, run_dir, args.common + changes)
-        s = summarise(run_dir)
-        print(f"| {name} | {', '.join(changes) or '-'} | {s['steps']:,} | {s['tokens_per_s']:,.0f} | "
-              f"{s['loss']:.4f} | {wall_s:.1f} |", flush=True)
+    for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)):
+        for text in texts:
+            name, changes = parse_variant(text)
+            run_dir = args.runs_dir / name
+            python = args.torch_python if engine == "torch" else sys.executable
+            wall_s = run_variant(train_command(engine, args.config, args.budget, run_dir, args.common + changes,
+                                               python), run_dir)
+            print(format_row(name, changes, summarise(run_dir), wall_s, engine), flush=True)
 
 
 if __name__ == "__main__":
