@@ -15,4 +15,8 @@ Measuring catchat (`catchat bench`):
     tuner.py       tile tuning: every candidate at the config's shapes, timed and checked, the
                    fastest cached for catchat/vk/tune.py
     bench_command.py  `catchat bench`: runs them, prints the tables, writes the JSON
+
+The speedrun's PyTorch row (tools/speedrun.py --torch, docs/speedrun.md "The PyTorch row"):
+    torch_train.py    catchat's recipe trained in PyTorch: data, schedule, time budget, evals, run files
+    torch_program.py  its model and step on torch_twin's modules (cuDNN GRU in segments cut at resets)
 """
