@@ -262,6 +262,29 @@ def test_a_run_learns_and_its_eval_is_catchats_eval_of_the_same_weights(scenes, 
     del torch
 
 
+def test_a_budgeted_run_ends_inside_its_budget_on_catchats_pace(scenes, tmp_path):
+    """train.time_budget_s: catchat's TimeBudget plans the steps (its eval probe included, free-running
+    evals skipped with a note), the last step at lr_min, then the final save and eval inside the budget;
+    `catchat scan` finds the lr on lr_at_progress of the progress column."""
+    pytest.importorskip("torch")
+    from catchat.analysis.scan import scan_run
+
+    cfg = cfgmod.with_changes(small_config(scenes), train={"time_budget_s": 6.0, "total_steps": 0})
+    assert cfg.eval.free_running
+    run = tmp_path / "run"
+    assert tt.train(cfg, run) == "done"  # the clock from now (the CLI's: from the process's start)
+    start, end = events(run, "start")[0], events(run, "end")[-1]
+    assert start["notes"] == ["eval.free_running skipped: the PyTorch row scores teacher-forced"]
+    assert start["schedule"]["time_budget_s"] == 6.0 and events(run, "time_budget")
+    assert end["progress"] == 1.0 and end["elapsed_s"] < 6.0 and end["global_step"] > 0
+    assert events(run)[-2]["event"] == "eval" and events(run)[-2]["global_step"] == end["global_step"]
+    last = (run / "metrics.csv").read_text().splitlines()[-1].split(",")
+    assert float(last[4]) == pytest.approx(cfg.schedule.lr_min) and float(last[15]) == 1.0
+    report = scan_run(run)
+    assert report.status("lr vs schedule") == "ok", report.finding("lr vs schedule")
+    assert "follow the WSD formula" in report.finding("lr vs schedule").detail and not report.defects
+
+
 def test_speedrun_tool_prints_pytorch_rows_beside_catchats(tmp_path):
     """--budget 0 and 3 steps: catchat (lavapipe) and PyTorch (CPU), both FP32 from the same init on the same
     data, end at the same held-out loss; a budgeted PyTorch row ends inside its budget, start-up included."""

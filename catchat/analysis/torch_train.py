@@ -165,6 +165,19 @@ def eval_lanes(corpus, cfg: cfgmod.Config) -> Lanes | None:
     return Lanes.from_config(corpus, cfg, "eval")
 
 
+def run_info(cfg: cfgmod.Config, pace, total_steps: int, seqs_per_cycle: int) -> dict:
+    """The start event's account of the plan, as catchat.training.start.run_info gives it (what `catchat scan`
+    checks the lr and tf columns against)."""
+    s = cfg.schedule
+    info = dict(schedule=dict(total_steps=total_steps, lr=cfg.train.lr, warmup_fraction=s.warmup_fraction,
+                              cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape, lr_min=s.lr_min),
+                seqs_per_step=cfgmod.seqs_per_step(cfg), tokens_per_step=cfgmod.seqs_per_step(cfg) * cfg.data.window,
+                seqs_per_cycle=seqs_per_cycle, precision=cfg.train.precision,
+                teacher_forcing=cfgmod.to_dict(cfg)["teacher_forcing"])
+    pace.describe(info)
+    return info
+
+
 def save_weights(prog, layout: ParamLayout, path: Path) -> float:
     """The final weights as model.safetensors in catchat's names; the seconds it took."""
     from catchat.run import tensorfile
@@ -192,6 +205,8 @@ def train(cfg: cfgmod.Config, run_dir: Path, *, device: str = "cpu", amp: bool =
     torch.backends.cuda.matmul.allow_tf32 = False  # evals in float32; autocast's bf16 is unaffected
     torch.backends.cudnn.allow_tf32 = False
     clock = Clock(0.0, clock_origin)
+    notes = ["eval.free_running skipped: the PyTorch row scores teacher-forced"] if cfg.eval.free_running else []
+    cfg = cfgmod.with_changes(cfg, eval={"free_running": False})  # what it runs (and the budget's eval probe times)
     corpus = open_corpus(cfg.data.corpus)
     lanes = Lanes.from_config(corpus, cfg, "train")
     held = eval_lanes(corpus, cfg)
@@ -204,14 +219,13 @@ def train(cfg: cfgmod.Config, run_dir: Path, *, device: str = "cpu", amp: bool =
     run_dir.mkdir(parents=True, exist_ok=True)
     if (run_dir / "events.jsonl").exists():
         raise UsageError(f"{run_dir} already holds a run", "choose another --run-dir or remove it")
-    (run_dir / "config.toml").write_text(cfgmod.resolved_toml(cfg, "# trained by catchat.analysis.torch_train\n"))
+    (run_dir / "config.toml").write_text(cfgmod.resolved_toml(cfg, "trained by catchat.analysis.torch_train"))
     tokens_per_step = cfgmod.seqs_per_step(cfg) * cfg.data.window
     log = RunLog(run_dir, state, clock, tokens_per_step, echo)
     evals = TorchEvals(prog, held, cfg, run_dir / "samples", pace, log)
-    notes = ["eval.free_running skipped: the PyTorch row scores teacher-forced"] if cfg.eval.free_running else []
     log.event("start", engine="torch", torch=torch.__version__, device=str(prog.dev), amp="bf16" if amp else "off",
               total_steps=total_steps, lanes=lanes.describe(), notes=notes, model=cfgmod.to_dict(cfg)["model"],
-              startup_s=round(clock.now(), 3))
+              startup_s=round(clock.now(), 3), **run_info(cfg, pace, total_steps, lanes.seqs_per_cycle))
     reason = _loop(cfg, state, pace, prog, MaskedFeed(lanes, cfg, layout), evals, log, total_steps)
     pace.add_checkpoint(save_weights(prog, layout, run_dir / "model.safetensors"))
     if reason == "done" and held is not None and state.last_eval_step != state.global_step:
