@@ -22,11 +22,17 @@
 // F32: the same sweep in float32 on the threads' FMAs (the forward's F32): W_hh's rows read as vec4
 // of the slice's columns straight from params (binding 13, w_off in floats, a multiple of 4), dGh
 // from a float32 shadow `g4` (include/sweep_simt.glsl's layout); each subgroup a k-group as above,
-// each of its threads 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
+// its operands for 2 quads of rows (W_hh's 8 rows of the slice's columns, dGh's lanes) loaded once,
+// PD chunks ahead into a register ring, and staged through shared memory as the forward's F32; each
+// invocation 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
+// SUBGROUP32 as there.
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
+#if defined(F32) && defined(SUBGROUP32)
+#extension GL_KHR_shader_subgroup_basic : require
 #endif
 #if !defined(EMU) && !defined(F32)
 #extension GL_KHR_memory_scope_semantics : require
@@ -86,11 +92,13 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
-shared float red[KG * LF * 256u];  // red[(kg * LF + lf) * 256 + row * 16 + column]
+// red: RED((kg * LF + lf) * 256 + row * 16 + column) (F32: in `smem4`, with the stage)
 #ifdef F32
 #include "sweep_simt.glsl"
 #define G_STORE(p, b, c, cols, v) g4[shadow_q(p, b, c, cols)][(c) % 4u] = (v)
 #else
+shared float red[KG * LF * 256u];
+#define RED(i) red[i]
 #define A_BUF g16
 #define B_BUF w16
 #define ACC_SHARED red
@@ -198,34 +206,75 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
     return true;
 }
 #else  // F32
-const uint RB = BP / 8u;  // lanes per thread: lg, lg + 8, ...
+const uint RB = BP / 8u;         // lanes per invocation in the product: lg, lg + 8, ...
+const uint SQ = 32u + 2u * BP;   // vec4s of a k-group's chunk: W_hh's 8 rows x 4 vec4 of columns, then dGh's 2 quads x lanes
+const uint SL = SQ / 32u;        // of them loaded per invocation
+const uint NC = KPG * 2u;        // chunks (2 quads of rows) per k-group
+const uint RED4 = KG * LF * 64u;  // red's vec4s
+// k-group kg's chunk at stage[kg * SQ], and red after the product (a barrier apart), as the forward's
+shared vec4 smem4[RED4 > KGS * SQ ? RED4 : KGS * SQ];
+#define stage smem4
+#define RED(i) smem4[(i) / 4u][(i) % 4u]
+#ifdef SUBGROUP32
+#define KG_BARRIER() subgroupMemoryBarrierShared(); subgroupBarrier()
+#else
+#define KG_BARRIER() barrier()
+#endif
+
+// Vec4 e of the k-group's chunk from row quad qa (zero past 3H): W_hh's row 4 qa + e / 4 at columns
+// k0 + 4 (e % 4) .. +3, or dGh's (quad qa + (e - 32) / BP, lane (e - 32) % BP) from its shadow at gb.
+vec4 chunk_vec(uint e, uint qa, uint k0, uint gb) {
+    uint H4 = pc.H / 4u;
+    if (e < 32u) {
+        uint r = 4u * qa + e / 4u;
+        return (FULL || r < 3u * pc.H) ? w4[pc.w_off / 4u + r * H4 + k0 / 4u + e % 4u] : vec4(0.0);
+    }
+    uint q = qa + (e - 32u) / BP;
+    return (FULL || q < 3u * H4) ? g4[gb + q * BP + (e - 32u) % BP] : vec4(0.0);
+}
 
 // The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, float32 on the threads' FMAs:
-// subgroup kg multiplies its k-group (rows kg * KPG * 16 .. of the 3H) for every lane; its thread
-// (lg, cg) takes lanes lg + 8 i and columns k0 + 4 cg .. +3 (one vec4 of each W_hh row), a quad of
-// rows at a time: per quad 4 + RB vec4 loads for 16 RB FMAs. The k-groups' sums go through red's
-// slots in the fragments' order (deterministic). wait_k and false as there.
+// subgroup kg multiplies its k-group (rows kg * KPG * 16 .. of the 3H) for every lane, 2 quads of rows
+// at a time through its stage; its invocation (lg, cg) takes lanes lg + 8 i and columns k0 + 4 cg ..
+// +3 (32 RB FMAs per chunk). The k-groups' sums go through red's slots in the fragments' order
+// (deterministic). wait_k and false as there.
 bool product(uint s, uint k0, uint kg, uint wait_k) {
 #ifdef PERSISTENT
     if (wait_k > 0u && !grid_wait(wait_k)) return false;
 #endif
     PHASE(pc.s - s, 1u);
-    uint H = pc.H, H4 = H / 4u, R4 = 3u * H4, lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u;
-    uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, R4);
-    uint wb = pc.w_off / 4u + k0 / 4u + cg;  // W_hh row r's vec4 of the thread's columns: wb + r * H4
-    uint gb = (s % 2u) * R4 * BP + lg;       // lane lg's vec4 of dGh at row quad 0 (shadow_q)
+    uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u;
+    uint q0 = kg * KPG * 4u, gb = (s % 2u) * (3u * pc.H / 4u) * BP, st = kg * SQ;
+    vec4 ring[PD][SL];  // chunk c in slot c % PD
+    [[unroll]] for (uint c = 0u; c < PD && c < NC; ++c) {
+        [[unroll]] for (uint m = 0u; m < SL; ++m) ring[c][m] = chunk_vec(lane + 32u * m, q0 + 2u * c, k0, gb);
+    }
     vec4 acc[RB];
     [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = vec4(0.0);
-    for (uint q = q0; q < q1; ++q) {
-        uint r = wb + 4u * q * H4;
-        vec4 w0 = w4[r], w1 = w4[r + H4], w2 = w4[r + 2u * H4], w3 = w4[r + 3u * H4];
-        [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = fma4(g4[gb + q * BP + 8u * i], w0, w1, w2, w3, acc[i]);
+    [[unroll]] for (uint c = 0u; c < NC; ++c) {
+        uint r = c % PD;
+        KG_BARRIER();  // the stage is free: chunk c - 1 multiplied
+        [[unroll]] for (uint m = 0u; m < SL; ++m) stage[st + lane + 32u * m] = ring[r][m];
+        if (c + PD < NC) {
+            [[unroll]] for (uint m = 0u; m < SL; ++m) {
+                ring[r][m] = chunk_vec(lane + 32u * m, q0 + 2u * (c + PD), k0, gb);
+            }
+        }
+        KG_BARRIER();  // chunk c staged
+        [[unroll]] for (uint qq = 0u; qq < 2u; ++qq) {
+            uint wr = st + 16u * qq + cg;  // row 4 qq + j's vec4 of the columns at wr + 4 j
+            vec4 w0 = stage[wr], w1 = stage[wr + 4u], w2 = stage[wr + 8u], w3 = stage[wr + 12u];
+            [[unroll]] for (uint i = 0u; i < RB; ++i) {
+                acc[i] = fma4(stage[st + 32u + qq * BP + lg + 8u * i], w0, w1, w2, w3, acc[i]);
+            }
+        }
     }
     uint slot = kg % KG;  // red's blocks (slot * LF + lf) * 256
+    barrier();  // every k-group done with the stage: red takes its place
     [[unroll]] for (uint i = 0u; i < RB; ++i) {
         uint b = lg + 8u * i, at = (slot * LF + b / 16u) * 256u + (b % 16u) * 16u + 4u * cg;
         if (KGS == KG || kg >= KG) {
-            [[unroll]] for (uint c = 0u; c < 4u; ++c) red[at + c] = acc[i][c];
+            [[unroll]] for (uint c = 0u; c < 4u; ++c) RED(at + c) = acc[i][c];
         }
     }
     if (KGS > KG) {
@@ -233,7 +282,7 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
         [[unroll]] for (uint i = 0u; i < RB; ++i) {
             uint b = lg + 8u * i, at = (slot * LF + b / 16u) * 256u + (b % 16u) * 16u + 4u * cg;
             if (kg < KG) {
-                [[unroll]] for (uint c = 0u; c < 4u; ++c) red[at + c] = red[at + c] + acc[i][c];
+                [[unroll]] for (uint c = 0u; c < 4u; ++c) RED(at + c) = RED(at + c) + acc[i][c];
             }
         }
     }
@@ -341,7 +390,7 @@ void main() {
                 float mm = 0.0;
                 if (s < pc.T) {
                     uint rc = (b % 16u) * 16u + u;
-                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += red[(g * LF + b / 16u) * 256u + rc];
+                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += RED((g * LF + b / 16u) * 256u + rc);
                 }
                 vec4 dg;
                 float dhz_next;

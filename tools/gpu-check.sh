@@ -103,6 +103,12 @@ part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench c
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-stream.json"
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+# their knobs: register rings (forward k quads, backward chunks) shallower and deeper; stages synced by
+# workgroup barriers instead of subgroup ones
+part phases-v5-fp32-d13 env CATCHAT_STREAM32_DEPTH=1,3 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+part phases-v5-fp32-d36 env CATCHAT_STREAM32_DEPTH=3,6 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+part phases-v5-fp32-wgbar env CATCHAT_STREAM32_SUBGROUP=0 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
+    --reps 1
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

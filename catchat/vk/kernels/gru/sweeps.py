@@ -185,7 +185,7 @@ class _Sweep(Kernel):
             resident = resident if self.residency.ok else 0
         if self.tiles.resident and 0 < sweep_workgroups(resident, stream_slices(H)) < stream_slices(H):
             self.tiles = self.tiles._replace(resident=0)  # resident W_hh needs one slice per workgroup
-        defines = stream_defines(self.tiles, H, backward, emulate)
+        defines = stream_defines(self.tiles, H, backward, emulate, info.subgroup_size)
         tensors = self._extra_bindings(tensors, defines)
         self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
                          (GruBackward if backward else GruForward).shader + "_stream", resident)
