@@ -236,7 +236,8 @@ def test_float32_stream_planning(dev, monkeypatch):
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132,
                                                                               None))
     assert not gru.stream_f32_sweep(gpu, 32, 512, False, "fp32")  # W_hh in registers wins (v3)
-    assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, 4, 0, True)
+    assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, 3, 0, True)
+    assert gru.stream_tiles(32, 2048, False, f32=True) == gru.StreamTiles(2, 8, 1, 0, True)
 
     case = gru_parity.make_case(2, 3, 16)
     t = dev.tensor

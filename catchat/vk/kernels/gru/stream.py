@@ -49,10 +49,10 @@ RESIDENT_ENV = "CATCHAT_STREAM_RESIDENT"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
-# The float32 split's register rings (forward: k quads, backward: chunks of 2 row quads loaded ahead
-# of the one multiplied); CATCHAT_STREAM32_DEPTH=F,B sets them (to measure). The forward's 48
-# accumulators leave room for 2 quads (6 registers each per invocation).
-STREAM32_DEPTH = (2, 4)
+# The float32 backward's register ring: chunks of 2 row quads loaded ahead of the one multiplied
+# (the forward loads what it multiplies straight); CATCHAT_STREAM32_DEPTH=N sets it (to measure).
+# v5 on the H200: 3, 4 and 6 within 6% of each other (64.7, 65.2, 68.9 us per step).
+STREAM32_DEPTH = 3
 DEPTH32_ENV = "CATCHAT_STREAM32_DEPTH"
 # =0: the float32 split's stages synced by workgroup barriers even where subgroups are 32 wide (to compare)
 SUBGROUP32_ENV = "CATCHAT_STREAM32_SUBGROUP"
@@ -84,11 +84,21 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(B, 16)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
-    if f32:  # rings of k quads (forward) or chunks of 2 (backward), no deeper than a k-group's
-        depth = _env_pair(DEPTH32_ENV, STREAM32_DEPTH, 1)[backward]
-        return StreamTiles(lane_frags, kpg, min(depth, kpg * (2 if backward else 4)), f32=True)
+    if f32:  # the backward's ring of chunks of 2 row quads, no deeper than a k-group's
+        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 1, f32=True)
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]),
                        min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward]))
+
+
+def stream32_depth() -> int:
+    """The float32 backward's ring depth: CATCHAT_STREAM32_DEPTH, else STREAM32_DEPTH."""
+    env = os.environ.get(DEPTH32_ENV, "").strip()
+    if not env:
+        return STREAM32_DEPTH
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
+    raise UsageError(f"{DEPTH32_ENV}={env!r} is not a count of at least 1",
+                     hint=f"unset it, or set e.g. {STREAM32_DEPTH}")
 
 
 def stream_depth() -> tuple[int, int]:
@@ -118,13 +128,11 @@ def stream_threads(tiles: StreamTiles) -> int:
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
-    x lane fragments of 16 x 16 floats (plus the grid barrier's flag). f32: or, where larger, `stage`
-    (the same words): each k-group's vec4s of a k quad (forward: 48 rows of W_hh, 16 lanes per lane
-    fragment) or of 2 row quads (backward: 32 of W_hh, 32 per lane fragment)."""
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag). f32 backward: or, where larger,
+    `stage` (the same words): each k-group's vec4s of 2 row quads (32 of W_hh, 32 per lane fragment)."""
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
-    if tiles.f32:  # the stage and red share `smem4` (a barrier apart)
-        red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags if backward
-                                                                 else 48 + 16 * tiles.lane_frags))
+    if tiles.f32 and backward:  # the stage and red share `smem4` (a barrier apart)
+        red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags))
     return red + 4
 
 
@@ -156,7 +164,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     if tiles.f32:
-        warp_sync = subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
+        warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
                 **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
