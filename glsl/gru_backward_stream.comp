@@ -32,6 +32,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #endif
 #if defined(F32) && defined(SUBGROUP32)
+#extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #if !defined(EMU) && !defined(F32)
@@ -215,11 +216,6 @@ const uint RED4 = KG * LF * 64u;  // red's vec4s
 shared vec4 smem4[RED4 > KGS * SQ ? RED4 : KGS * SQ];
 #define stage smem4
 #define RED(i) smem4[(i) / 4u][(i) % 4u]
-#ifdef SUBGROUP32
-#define KG_BARRIER() subgroupMemoryBarrierShared(); subgroupBarrier()
-#else
-#define KG_BARRIER() barrier()
-#endif
 
 // Vec4 e of the k-group's chunk from row quad qa (zero past 3H): W_hh's row 4 qa + e / 4 at columns
 // k0 + 4 (e % 4) .. +3, or dGh's (quad qa + (e - 32) / BP, lane (e - 32) % BP) from its shadow at gb.

@@ -10,6 +10,21 @@
 
 uint shadow_q(uint p, uint b, uint c, uint cols) { return (p * (cols / 4u) + c / 4u) * BP + b; }
 
+// A k-group's stage (the staged products) is its own subgroup's. SUBGROUP32 (subgroups of 32
+// consecutive invocations): 1 syncs it with a subgroup barrier that orders shared memory alone, so
+// the ring's global loads in flight are not waited for; 2 with GLSL's subgroupBarrier, which orders
+// every memory (measured on the H200 at v5: rings deeper than 1 did not pay with it). Else the
+// workgroup's barrier. The includer enables GL_KHR_memory_scope_semantics (1) or
+// GL_KHR_shader_subgroup_basic (2).
+#if SUBGROUP32 == 1
+#define KG_BARRIER() controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, \
+                                    gl_SemanticsAcquireRelease)
+#elif SUBGROUP32 == 2
+#define KG_BARRIER() subgroupMemoryBarrierShared(); subgroupBarrier()
+#else
+#define KG_BARRIER() barrier()
+#endif
+
 // acc + x.x * w0 + x.y * w1 + x.z * w2 + x.w * w3, in that order (fused): four rows of W against
 // one lane's four k.
 vec4 fma4(vec4 x, vec4 w0, vec4 w1, vec4 w2, vec4 w3, vec4 acc) {
