@@ -212,7 +212,8 @@ const uint SQ = 32u + 2u * BP;   // vec4s of a k-group's chunk: W_hh's 8 rows x 
 const uint SL = SQ / 32u;        // of them loaded per invocation
 const uint NC = KPG * 2u;        // chunks (2 quads of rows) per k-group
 const uint RED4 = KG * LF * 64u;  // red's vec4s
-// k-group kg's chunk at stage[kg * SQ], and red after the product (a barrier apart), as the forward's
+// k-group kg's chunk at stage[kg * SQ], and red after the product (a barrier apart): lavapipe's 32 KB
+// hold both only as one
 shared vec4 smem4[RED4 > KGS * SQ ? RED4 : KGS * SQ];
 #define stage smem4
 #define RED(i) smem4[(i) / 4u][(i) % 4u]

@@ -34,14 +34,9 @@
 // each subgroup a k-group as above, each of its invocations 6 rows of W_hh (2 units x 3 gates) for
 // BP / 4 lanes, loaded straight by the invocations that multiply them (W_hh through L1) and folded
 // through the same `red` slots in the same order. Staged once per k-group through shared memory as
-// the backward's F32 stages its operands (FSTAGE: PD quads ahead, SUBGROUP32 as there), the forward
-// measured slower on the H200 at v5 with GLSL's subgroupBarrier (47.7 us per step with a ring of 1
-// quad, 60 with 2, against 39.6 straight).
+// the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
+// step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
 #extension GL_EXT_control_flow_attributes : require
-#if defined(F32) && defined(SUBGROUP32)
-#extension GL_KHR_memory_scope_semantics : require
-#extension GL_KHR_shader_subgroup_basic : require
-#endif
 #ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -101,11 +96,8 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 9
 #include "grid_sync.glsl"
 
-// red: RED(((slot * LF + lf) * 3 + g) * 256 + row * 16 + unit) (F32 with FSTAGE: in `smem4`, with the stage)
-#if !defined(F32) || !defined(FSTAGE)
-shared float red[RK * LF * 3u * 256u];
+shared float red[RK * LF * 3u * 256u];  // RED(((slot * LF + lf) * 3 + g) * 256 + row * 16 + unit)
 #define RED(i) red[i]
-#endif
 #ifdef F32
 #include "sweep_simt.glsl"
 #define H_STORE(p, b, j, v) h4[shadow_q(p, b, j, pc.H)][(j) % 4u] = (v)
@@ -243,81 +235,6 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     return true;
 }
 #else  // F32
-#ifdef FSTAGE
-const uint RB = BP / 4u;           // lanes per invocation in the product: lg, lg + 4, ...
-const uint SQ = 48u + BP;          // vec4s of a k-group's quad: W_hh's rows g * 16 + unit, then h_prev's lanes
-const uint SL = (SQ + 31u) / 32u;  // of them loaded per invocation
-const uint NQ = KPG * 4u;          // k quads per k-group
-const uint RED4 = RK * LF * 3u * 64u;  // red's vec4s
-// k-group kg's quad at stage[kg * SQ], and red after the product (a barrier apart): lavapipe's 32 KB
-// hold both only as one
-shared vec4 smem4[RED4 > KGS * SQ ? RED4 : KGS * SQ];
-#define stage smem4
-#define RED(i) smem4[(i) / 4u][(i) % 4u]
-
-// Vec4 e of the k-group's k quad qk (zero past H): W_hh's row (gate e / 16, unit j0 + e % 16), or
-// lane e - 48 of h_prev's shadow at hb.
-vec4 quad_vec(uint e, uint qk, uint j0, uint hb) {
-    uint H4 = pc.H / 4u;
-    if (e >= SQ || (!FULL && qk >= H4)) return vec4(0.0);
-    if (e < 48u) return w4[pc.w_off / 4u + ((e / 16u) * pc.H + j0 + e % 16u) * H4 + qk];
-    return h4[hb + qk * BP + e - 48u];
-}
-
-// The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
-// multiplies its k-group (columns kg * KPG * 16 .. of h_prev) for every lane, a k quad at a time
-// through its stage; its invocation (lg, ug) takes lanes lg + 4 i and units ug, ug + 8 of the slice,
-// 3 gates each (24 RB FMAs per quad). The k-groups fold into the slots in the fragments' rounds and
-// order (deterministic). wait_k and false as there.
-bool product(uint t, uint j0, uint kg, uint wait_k) {
-#ifdef PERSISTENT
-    if (wait_k > 0u && !grid_wait(wait_k)) return false;
-#endif
-    PHASE(t, 1u);
-    uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
-    uint q0 = kg * NQ, hb = (t % 2u) * (pc.H / 4u) * BP, st = kg * SQ;
-    vec4 ring[PD][SL];  // quad i in slot i % PD
-    [[unroll]] for (uint i = 0u; i < PD && i < NQ; ++i) {
-        [[unroll]] for (uint m = 0u; m < SL; ++m) ring[i][m] = quad_vec(lane + 32u * m, q0 + i, j0, hb);
-    }
-    float acc[RB][6];  // [lane i][row c = 3 e + g: unit ug + 8 e, gate g]
-    [[unroll]] for (uint i = 0u; i < RB; ++i) {
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
-    }
-    [[unroll]] for (uint i = 0u; i < NQ; ++i) {
-        uint r = i % PD;
-        KG_BARRIER();  // the stage is free: quad i - 1 multiplied
-        [[unroll]] for (uint m = 0u; m < SL; ++m) {
-            if (lane + 32u * m < SQ) stage[st + lane + 32u * m] = ring[r][m];
-        }
-        if (i + PD < NQ) {
-            [[unroll]] for (uint m = 0u; m < SL; ++m) ring[r][m] = quad_vec(lane + 32u * m, q0 + i + PD, j0, hb);
-        }
-        KG_BARRIER();  // quad i staged
-        vec4 w[6];
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = stage[st + (c % 3u) * 16u + ug + 8u * (c / 3u)];
-        [[unroll]] for (uint l = 0u; l < RB; ++l) {
-            vec4 x = stage[st + 48u + lg + 4u * l];
-            [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[l][c] = fdot(x, w[c], acc[l][c]);
-        }
-    }
-    barrier();  // every k-group done with the stage: red takes its place
-    for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
-        if (kg / RK == round) {
-            bool first = round + 1u == KGS / RK;
-            [[unroll]] for (uint i = 0u; i < RB; ++i) {
-                uint b = lg + 4u * i;
-                [[unroll]] for (uint c = 0u; c < 6u; ++c) {
-                    uint at = (((kg % RK) * LF + b / 16u) * 3u + c % 3u) * 256u + (b % 16u) * 16u + ug + 8u * (c / 3u);
-                    RED(at) = first ? acc[i][c] : RED(at) + acc[i][c];
-                }
-            }
-        }
-        barrier();
-    }
-    return true;
-}
-#else  // straight loads
 const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 
 // The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
@@ -362,7 +279,6 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     }
     return true;
 }
-#endif
 #endif
 
 // Gate output (lane b, unit j) of step t from red, its gi, b_hh and h_prev hp (float32, reset

@@ -296,13 +296,14 @@ def test_fit_layout_shrinks_to_the_device():
 
     spec = ModelSpec(vocab_size=101, hidden=512, layers=3)
     layout = ParamLayout(spec)
-    dev = SimpleNamespace(info=SimpleNamespace(name="small", device_memory_bytes=2 << 30,
+    dev = SimpleNamespace(info=SimpleNamespace(name="small", type="CPU", device_memory_bytes=2 << 30,
                                                max_storage_buffer_bytes=128 << 20))
     assert fit_layout(dev, layout, [3761], 64, 1024, True) == (1, 941, "")
     B, T, note = fit_layout(dev, layout, [3000] * 64, 64, 1024, True)
     assert _largest_buffer_bytes(spec, T, B) <= 128 << 20 and B * T >= 8192
     assert note == f"64 lanes of 1000 would not fit on small: using {B} of {T}"
-    tiny = SimpleNamespace(info=SimpleNamespace(name="tiny", device_memory_bytes=0, max_storage_buffer_bytes=1 << 20))
+    tiny = SimpleNamespace(info=SimpleNamespace(name="tiny", type="CPU", device_memory_bytes=0,
+                                                max_storage_buffer_bytes=1 << 20))
     B, T, _ = fit_layout(tiny, layout, [3000], 64, 1024, True)
     assert (B, T) == (1, 125) and _largest_buffer_bytes(spec, T, B) <= 1 << 20 < _largest_buffer_bytes(spec, 250, 1)
 

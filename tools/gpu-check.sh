@@ -105,19 +105,11 @@ part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --ste
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
 # their knobs: register rings (forward k quads, backward chunks) shallower and deeper; stages synced by
 # workgroup barriers instead of subgroup ones
-# (the backward's ring CATCHAT_STREAM32_DEPTH=N; a staged forward CATCHAT_STREAM32_FORWARD=staged:N; the stages'
-# barrier CATCHAT_STREAM32_SUBGROUP: 1 subgroup, shared memory alone, 2 GLSL's subgroupBarrier, 0 the workgroup's)
+# (the backward's ring CATCHAT_STREAM32_DEPTH=N; its stages synced by the workgroup's barrier: CATCHAT_STREAM32_SUBGROUP=0)
 ph32() { local name=$1; shift; part "phases-v5-fp32-$name" env "$@" $py tools/sweep_phases.py configs/catchat-v5.toml \
     --steps 256 --reps 1; }
 ph32 d6 CATCHAT_STREAM32_DEPTH=6
-ph32 sg2 CATCHAT_STREAM32_SUBGROUP=2
 ph32 wgbar CATCHAT_STREAM32_SUBGROUP=0
-ph32 fstage1 CATCHAT_STREAM32_FORWARD=staged:1
-ph32 fstage2 CATCHAT_STREAM32_FORWARD=staged:2
-ph32 fstage3 CATCHAT_STREAM32_FORWARD=staged:3
-part parity-sweeps-fstage env CATCHAT_STREAM32_FORWARD=staged:2 $py -m catchat.cli parity --only gru --summary
-part bench-v5-fp32-fstage env CATCHAT_STREAM32_FORWARD=staged:2 $py -m catchat.cli bench configs/catchat-v5.toml \
-    --steps 2 --warmup 1 --profile --json "$out/bench-v5-fp32-fstage.json"
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

@@ -54,13 +54,9 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # v5 on the H200: 3, 4 and 6 within 6% of each other (64.7, 65.2, 68.9 us per step).
 STREAM32_DEPTH = 3
 DEPTH32_ENV = "CATCHAT_STREAM32_DEPTH"
-# The float32 split's stages where subgroups are 32 wide: synced by a subgroup barrier ordering shared
-# memory alone (the shaders' SUBGROUP32=1); =2: GLSL's subgroupBarrier, ordering every memory; =0:
-# the workgroup's barrier (to compare; tools/gpu-check.sh)
+# =0: the float32 backward's stages synced by workgroup barriers even where subgroups are 32 wide (to
+# compare; tools/gpu-check.sh)
 SUBGROUP32_ENV = "CATCHAT_STREAM32_SUBGROUP"
-# The float32 forward: loads straight into the invocations that multiply them (default), or =staged[:N]
-# through shared memory as the backward, N k quads ahead (default 2; the shaders' FSTAGE; to measure)
-FORWARD32_ENV = "CATCHAT_STREAM32_FORWARD"
 
 
 class StreamTiles(NamedTuple):
@@ -89,9 +85,8 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(B, 16)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
-    if f32:  # rings of chunks of 2 row quads (backward) or k quads (a staged forward; 0: straight loads)
-        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward
-                           else min(forward32_depth(), 4 * kpg), f32=True)
+    if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
+        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True)
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]),
                        min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward]))
 
@@ -105,18 +100,6 @@ def stream32_depth() -> int:
         return int(env)
     raise UsageError(f"{DEPTH32_ENV}={env!r} is not a count of at least 1",
                      hint=f"unset it, or set e.g. {STREAM32_DEPTH}")
-
-
-def forward32_depth() -> int:
-    """The float32 forward's ring of k quads staged through shared memory (CATCHAT_STREAM32_FORWARD=
-    staged[:N], N default 2), or 0: its loads straight into the invocations that multiply them."""
-    env = os.environ.get(FORWARD32_ENV, "").strip()
-    if env in ("", "straight"):
-        return 0
-    kind, _, n = env.partition(":")
-    if kind == "staged" and (not n or n.isdigit() and int(n) >= 1):
-        return int(n or 2)
-    raise UsageError(f"{FORWARD32_ENV}={env!r} is not straight or staged[:N]", hint="unset it, or set staged:2")
 
 
 def stream_depth() -> tuple[int, int]:
@@ -146,13 +129,11 @@ def stream_threads(tiles: StreamTiles) -> int:
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
-    x lane fragments of 16 x 16 floats (plus the grid barrier's flag). f32 staged (backward, or forward
-    with depth): or, where larger, `stage` (the same words): each k-group's vec4s of 2 row quads (32 of
-    W_hh, 32 per lane fragment) or of a k quad (48 rows of W_hh, 16 per lane fragment)."""
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag). f32 backward: or, where larger,
+    `stage` (the same words): each k-group's vec4s of 2 row quads (32 of W_hh, 32 per lane fragment)."""
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
-    if tiles.f32 and (backward or tiles.depth):  # the stage and red share `smem4` (a barrier apart)
-        red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags if backward
-                                                                 else 48 + 16 * tiles.lane_frags))
+    if tiles.f32 and backward:  # the stage and red share `smem4` (a barrier apart)
+        red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags))
     return red + 4
 
 
@@ -179,19 +160,14 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments; the
     caller keeps it only where a workgroup has one slice); FULL where every k-group has KPG
     fragments (no bound checks in the product loop); BLOCKED_W (W_hh's copy in blocks); PROBE
-    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL, F32, FSTAGE (a staged
-    forward), and SUBGROUP32 where a staged product runs on subgroups 32 wide (its stage synced by
-    subgroup barriers: CATCHAT_STREAM32_SUBGROUP)."""
+    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL, F32, and SUBGROUP32 where
+    the backward runs on subgroups 32 wide (its stage synced by subgroup barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     if tiles.f32:
-        staged = backward or tiles.depth > 0
-        sync = os.environ.get(SUBGROUP32_ENV, "").strip() or "1"
-        if sync not in ("0", "1", "2"):
-            raise UsageError(f"{SUBGROUP32_ENV}={sync!r} is not 0, 1 or 2", hint="unset it")
+        warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
-                **({"FULL": "true"} if full else {}), **({"FSTAGE": 1} if staged and not backward else {}),
-                **({"SUBGROUP32": int(sync)} if staged and subgroup == 32 and sync != "0" else {})}
+                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth,
             **({"RES": tiles.resident} if tiles.resident else {}), **({"FULL": "true"} if full else {}),
