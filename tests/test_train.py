@@ -112,6 +112,27 @@ def test_telemetry_and_intervals(dev, small_corpus, tmp_path):
     assert cfgmod.load(run / "config.toml") == cfg  # the resolved config round-trips
 
 
+def test_a_finished_run_resumed_does_not_evaluate_again(dev, small_corpus, tmp_path):
+    """Resuming a run at the step it ended at adds no eval (its final one is in the log); one whose log
+    lacks that eval (stopped between its final checkpoint and the eval) runs it once."""
+    cfg = cfgmod.with_changes(small_config(small_corpus), eval={"eval_every_seqs": 24})  # steps 3, 6; final 8
+    run = tmp_path / "run"
+    Trainer(cfg, run, dev).run()
+
+    def evals():
+        return [e["global_step"] for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+                if e["event"] == "eval"]
+
+    assert evals() == [3, 6, 8]
+    assert Trainer(cfg, run, dev, resume="").run() == "done"
+    assert evals() == [3, 6, 8]
+    lines = (run / "events.jsonl").read_text().splitlines()
+    last = max(i for i, line in enumerate(lines) if json.loads(line)["event"] == "eval")
+    (run / "events.jsonl").write_text("\n".join(lines[:last] + lines[last + 1:]) + "\n")  # as if cut before it
+    assert Trainer(cfg, run, dev, resume="").run() == "done"
+    assert evals() == [3, 6, 8]  # run again, once
+
+
 def test_schedule_is_a_function_of_global_step(dev, small_corpus, tmp_path):
     """Lesson 2: the resumed half continues the lr column, no second warmup."""
     cfg = small_config(small_corpus)

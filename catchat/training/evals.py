@@ -19,10 +19,28 @@ from catchat.data.lanes import TOO_FEW_CONVERSATIONS, Lanes
 from catchat.errors import UsageError
 from catchat.inference.evaluate import evaluate_lanes
 from catchat.model import ParamLayout
+from catchat.run import runlog
 from catchat.training.ranks import OneProcess
 from catchat.training.state import RunState
 from catchat.training.telemetry import memory_mb
 from catchat.vk.program import Program
+
+
+def last_eval_step(events: Path, global_step: int) -> int:
+    """`global_step` where the run's log (events.jsonl) records an eval at that step since its last
+    start or resume, else -1: a run resumed at the step it ended at (a finished run) does not run its
+    final eval again, while one stopped between its final checkpoint and that eval runs it."""
+    try:
+        log = runlog.read_events(events)
+    except OSError:
+        return -1
+    last = -1
+    for e in log.events:
+        if e.get("event") in ("start", "resume"):
+            last = -1
+        elif e.get("event") == "eval" and e.get("global_step") == global_step:
+            last = global_step
+    return last
 
 
 def eval_lanes(corpus, cfg: cfgmod.Config) -> Lanes | None:

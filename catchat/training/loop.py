@@ -36,7 +36,7 @@ from catchat.training import start
 from catchat.training.budget import StepSchedule, make_pace
 from catchat.training.build import Setup, build, fresh
 from catchat.training.checkpoints import CarryToRoot, Checkpoints, restore, resume_hint
-from catchat.training.evals import Evals
+from catchat.training.evals import Evals, last_eval_step
 from catchat.training.feed import Feed
 from catchat.training.plan import ConfigSource, Plan, fresh_plan, resume_plan
 from catchat.training.ranks import OneProcess, Ranks, take_start_state
@@ -134,6 +134,7 @@ class Trainer:
         setup = build(cfg, self.dev, self.ranks, self.report)
         if ckpt is not None:
             state, carry = restore(ckpt, setup.prog, setup.layout, setup.lanes, cfg, self.ranks, self.report)
+            state.last_eval_step = last_eval_step(files.events, state.global_step)  # a finished run: not again
         else:
             state, carry = fresh(setup, cfg, self.ranks), None
         self._assemble(setup, state, make_pace(cfg, setup.total_steps, ckpt, clock, setup.layout))

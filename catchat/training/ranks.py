@@ -170,7 +170,8 @@ def start_state(cfg: cfgmod.Config, prog: Program, state: RunState, carry: np.nd
     m, v, u = prog.get_optimizer_state()
     return dict(cfg=cfg, global_step=state.global_step, applied_steps=state.applied_steps,
                 cursor=state.cursor.to_dict(), last_checkpoint_step=state.last_checkpoint_step,
-                params=prog.get_params(), m=m, v=v, u=u, carry=carry, scaler=state.scaler)
+                last_eval_step=state.last_eval_step, params=prog.get_params(), m=m, v=v, u=u, carry=carry,
+                scaler=state.scaler)
 
 
 def take_start_state(sent: dict, prog: Program, lanes: Lanes, ranks: OneProcess) -> RunState:
@@ -180,4 +181,5 @@ def take_start_state(sent: dict, prog: Program, lanes: Lanes, ranks: OneProcess)
     prog.set_carry(ranks.my_carry(sent["carry"]))
     return RunState(cursor=lanes.restore(sent["cursor"]), global_step=sent["global_step"],
                     applied_steps=sent["applied_steps"], last_checkpoint_step=sent["last_checkpoint_step"],
+                    last_eval_step=sent["last_eval_step"],
                     scaler=sent["scaler"])  # fp16: every rank scales and unscales by the same S
