@@ -248,3 +248,54 @@ def test_float32_stream_planning(dev, monkeypatch):
         gru.GruForward(dev, *args, w_off=2, **kw)
     with pytest.raises(ValueError, match="its own split"):
         gru.GruForward(dev, *args, w_off=0, coop=True, **kw)
+
+
+def test_whh_slices_copies_w_hh_in_the_float32_forwards_order(dev):
+    """WhhSlices (glsl/whh_slices.comp) writes W_hh [3H, H] in slices, bit for bit as `slice_floats`
+    lays it out: each slice's k quads, each quad's 48 rows (gate g, unit u at g * 16 + u) of 4 floats;
+    at offsets on both sides, nothing outside its range touched."""
+    from catchat.vk.kernels import WhhSlices
+
+    H = 32
+    w = np.random.default_rng(3).standard_normal((3 * H, H)).astype(np.float32)
+    x = dev.tensor(np.concatenate([np.full(5, 7.0, np.float32), w.ravel()]))
+    y = dev.tensor(np.full(3 * H * H + 8, -1.0, np.float32))
+    (got,) = run_ops(dev, [x, y], WhhSlices(dev, x, y, H, x_off=5, y_off=4).ops(), [y])
+    np.testing.assert_array_equal(got[4:4 + 3 * H * H], gru.slice_floats(w))
+    assert (got[:4] == -1.0).all() and (got[4 + 3 * H * H:] == -1.0).all()
+    e = np.arange(48).reshape(3, 16)  # the first quad of slice 1: rows g * H + 16 + u, columns 0..3
+    np.testing.assert_array_equal(gru.slice_floats(w)[(H // 4) * 192:(H // 4) * 192 + 192].reshape(48, 4)[e.ravel()],
+                                  w[(np.arange(3)[:, None] * H + 16 + np.arange(16)).ravel(), :4])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        WhhSlices(dev, x, y, 24)
+
+
+def test_program_trains_on_w_hh_in_slices(dev, monkeypatch):
+    """CATCHAT_STREAM32_SLICES: a program on the float32 streamed sweeps copies W_hh in slices for the
+    forward after every parameter change (the copy follows the step), allocates what its plan says,
+    and trains as the fp32 twin."""
+    from catchat.vk.program import plan
+
+    monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
+    monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
+    monkeypatch.setenv(gru.SLICES_ENV, "1")
+    label, base, T, B, hp = model_parity.MODEL_CASES[0]
+    spec = replace(base, hidden=32)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, W_hh in slices")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    layout = ParamLayout(spec)
+    before = dev.allocated_bytes
+    prog = Program(dev, layout, T, B)
+    assert prog.fwd.w32 is not None and all(k.w_slices is prog.fwd.w32 for k in prog.fwd.gru)
+    assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, True, dev)
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, T, B)
+    prog.set_params(flat)
+    prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+    prog.set_carry(None)
+    assert not prog.train_step([(tokens, targets, resets)], hp, global_step=0).skipped
+    (params,) = prog.read("params")
+    (w32,) = run_ops(dev, [], [], [prog.fwd.w32])
+    n = 3 * spec.hidden * spec.hidden
+    for l in range(spec.layers):
+        w = layout.view(params, f"layers.{l}.gru.weight_hh")
+        np.testing.assert_array_equal(w32[l * n:(l + 1) * n], gru.slice_floats(w))
