@@ -33,6 +33,7 @@
 #endif
 #if defined(F32) && defined(SUBGROUP32)
 #extension GL_KHR_memory_scope_semantics : require
+// unused since the stage's barrier is controlBarrier; kept so the SPIR-V stays the one measured
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #if !defined(EMU) && !defined(F32)

@@ -186,18 +186,32 @@ def test_planned_bytes_count_the_streamed_sweeps(dev, streamed, monkeypatch):
             layout, 5, 3, training, dev) >= 2 * 2 * 3 * 32 * 32  # W_hh's float16 copy, both layers
 
 
-def test_program_trains_on_float32_streamed_sweeps(dev, monkeypatch):
-    """A whole fp32 training step on the float32 streamed sweeps (the threads' FMAs, W_hh from params)
-    against the fp32 twin at the model parity's fp32 tolerances, forced here (a program plans them on a
-    GPU only); the program's allocations match its plan with their float32 shadows."""
+@pytest.fixture
+def float32_streamed(monkeypatch):
+    """Programs plan the float32 streamed sweeps at fp32 whatever the device (a program plans them on a
+    GPU only)."""
     from catchat.vk.program import plan
 
     monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
     monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
-    label, base, T, B, hp = model_parity.MODEL_CASES[0]
+
+
+def float32_model_parity(dev, label: str):
+    """The model parity's first case at H = 32 at fp32 (every check must pass); its spec, T, B and hyper."""
+    case_label, base, T, B, hp = model_parity.MODEL_CASES[0]
     spec = replace(base, hidden=32)
-    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, float32 streamed")
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{case_label}, {label}")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    return spec, T, B, hp
+
+
+def test_program_trains_on_float32_streamed_sweeps(dev, float32_streamed):
+    """A whole fp32 training step on the float32 streamed sweeps (the threads' FMAs, W_hh from params)
+    against the fp32 twin at the model parity's fp32 tolerances; the program's allocations match its
+    plan with their float32 shadows."""
+    from catchat.vk.program import plan
+
+    spec, T, B, _ = float32_model_parity(dev, "float32 streamed")
     layout = ParamLayout(spec)
     before = dev.allocated_bytes
     prog = Program(dev, layout, T, B)
@@ -263,26 +277,19 @@ def test_whh_slices_copies_w_hh_in_the_float32_forwards_order(dev):
     (got,) = run_ops(dev, [x, y], WhhSlices(dev, x, y, H, x_off=5, y_off=4).ops(), [y])
     np.testing.assert_array_equal(got[4:4 + 3 * H * H], gru.slice_floats(w))
     assert (got[:4] == -1.0).all() and (got[4 + 3 * H * H:] == -1.0).all()
-    e = np.arange(48).reshape(3, 16)  # the first quad of slice 1: rows g * H + 16 + u, columns 0..3
-    np.testing.assert_array_equal(gru.slice_floats(w)[(H // 4) * 192:(H // 4) * 192 + 192].reshape(48, 4)[e.ravel()],
+    # the twin on its own: slice 1's first quad is rows g * H + 16 + u (g-major), columns 0..3
+    np.testing.assert_array_equal(gru.slice_floats(w)[(H // 4) * 192:(H // 4) * 192 + 192].reshape(48, 4),
                                   w[(np.arange(3)[:, None] * H + 16 + np.arange(16)).ravel(), :4])
     with pytest.raises(ValueError, match="multiple of 16"):
         WhhSlices(dev, x, y, 24)
 
 
-def test_program_trains_on_w_hh_in_slices(dev, monkeypatch):
+def test_program_trains_on_w_hh_in_slices(dev, float32_streamed, monkeypatch):
     """CATCHAT_STREAM32_SLICES: a program on the float32 streamed sweeps copies W_hh in slices for the
     forward after every parameter change (the copy follows the step), allocates what its plan says,
     and trains as the fp32 twin."""
-    from catchat.vk.program import plan
-
-    monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
-    monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
     monkeypatch.setenv(gru.SLICES_ENV, "1")
-    label, base, T, B, hp = model_parity.MODEL_CASES[0]
-    spec = replace(base, hidden=32)
-    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, W_hh in slices")
-    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    spec, T, B, hp = float32_model_parity(dev, "W_hh in slices")
     layout = ParamLayout(spec)
     before = dev.allocated_bytes
     prog = Program(dev, layout, T, B)

@@ -71,7 +71,8 @@ class StreamTiles(NamedTuple):
     taking every lane fragment: 8 * lane_frags * k_per_group * 16 >= H forward, 3H backward),
     `depth` fragments' loads in flight ahead of the product (a register ring), and `resident` of a
     k-group's fragments whose W_hh stays in registers through a persistent sweep. `f32`: the same
-    split in float32 on the threads' FMAs (no fragments: depth 1, nothing resident)."""
+    split in float32 on the threads' FMAs (nothing resident; `depth` the backward's ring of chunks of
+    2 row quads, 0 forward: its loads go straight to the invocations that multiply them)."""
 
     lane_frags: int
     k_per_group: int
@@ -184,13 +185,11 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     forward reads W_hh's float32 copy in slices."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
-    if tiles.f32 and not backward and slices:
-        return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
-                **({"FULL": "true"} if full else {}), "W_SLICES": 1}
     if tiles.f32:
         warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
-                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
+                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {}),
+                **({"W_SLICES": 1} if slices and not backward else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth,
             **({"RES": tiles.resident} if tiles.resident else {}), **({"FULL": "true"} if full else {}),

@@ -87,6 +87,7 @@ class _Sweep(Kernel):
     backward = False
     stream = False  # W_hh streamed (stream.py): on tensor cores (coop with a float16 W_hh), or stream_f32
     stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
+    w_slices = None  # ... or, forward, from the float32 copy in slices (WhhSlices)
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _whh_words(self, w_half, w_off: int) -> int:
@@ -106,7 +107,7 @@ class _Sweep(Kernel):
         B, H, backward, info = self.B, self.H, self.backward, dev.info
         if self.stream_f32 and (self.coop or self.w_half is not None or tiles is not None):
             raise ValueError("a float32 streamed sweep (stream_f32) has its own split: no tiles, coop or w_half")
-        if getattr(self, "w_slices", None) is not None and not self.stream_f32:
+        if self.w_slices is not None and not self.stream_f32:
             raise ValueError("W_hh in slices (w_slices) is the float32 streamed forward's: with stream_f32")
         if self.stream_f32 or (self.coop and self.w_half is not None):
             return self._build_stream(dev, tensors, persistent, push)
