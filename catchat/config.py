@@ -487,6 +487,14 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     return {sec: dataclasses.asdict(getattr(cfg, sec)) for sec in SECTIONS}
 
 
+def budget_overrides(time_budget: float | None, overrides) -> list[str]:
+    """`--time-budget S` as overrides: the budget and no step plan first, so that the user's own `--set`
+    of a step cap comes after them and wins (`catchat train`, the speedrun's PyTorch row)."""
+    if time_budget is None:
+        return list(overrides)
+    return [f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides]
+
+
 def with_changes(cfg: Config, **changes: dict[str, Any]) -> Config:
     """A validated copy with some keys changed: with_changes(cfg, train={"lr": 3e-4})."""
     data = to_dict(cfg)

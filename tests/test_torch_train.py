@@ -24,8 +24,8 @@ from catchat.errors import UsageError
 from catchat.model import ParamLayout, init_params
 from catchat.model import reference as ref
 from catchat.rng import step_seed
-from catchat.run.schedule import TimedStep
 from catchat.training.feed import Feed
+from catchat.training.step import step_lr
 
 from support import build_scene_corpus, small_config
 
@@ -78,10 +78,10 @@ def test_speedrun_torch_rows_run_the_torch_trainer_with_the_same_arguments(tmp_p
 
 def test_time_budget_and_sets_apply_as_catchat_train_applies_them():
     """--time-budget first (budget, no step plan), the --sets after it: a step cap set there wins."""
-    assert tt.budget_overrides(None, ["train.lr=1e-3"]) == ["train.lr=1e-3"]
-    cfg = cfgmod.load(ROOT / "configs" / "tiny.toml", tt.budget_overrides(240.0, []))
+    assert cfgmod.budget_overrides(None, ["train.lr=1e-3"]) == ["train.lr=1e-3"]
+    cfg = cfgmod.load(ROOT / "configs" / "tiny.toml", cfgmod.budget_overrides(240.0, []))
     assert (cfg.train.time_budget_s, cfg.train.total_steps, cfg.train.cycles) == (240.0, 0, 0.0)
-    cfg = cfgmod.load(ROOT / "configs" / "tiny.toml", tt.budget_overrides(240.0, ["train.total_steps=50"]))
+    cfg = cfgmod.load(ROOT / "configs" / "tiny.toml", cfgmod.budget_overrides(240.0, ["train.total_steps=50"]))
     assert (cfg.train.time_budget_s, cfg.train.total_steps) == (240.0, 50)
     args = tt.parse_args(["configs/speedrun.toml", "--time-budget", "300", "--set", "data.corpus=D"])
     assert (args.time_budget, args.overrides, args.device, args.amp) == (300.0, ["data.corpus=D"], "auto", "auto")
@@ -108,18 +108,6 @@ def test_amp_follows_the_configs_precision_on_cuda_only():
     assert tt.amp_for(fp32, "cuda", "bf16")
     with pytest.raises(UsageError, match="CUDA only"):
         tt.amp_for(fp16, "cpu", "bf16")
-
-
-def test_step_lr_is_catchats():
-    from catchat.training.step import step_lr
-
-    cfg = cfgmod.load(ROOT / "configs" / "speedrun.toml")
-    for gs, total in ((0, 2048), (40, 2048), (1600, 2048), (2047, 2048)):
-        assert tt.step_lr(None, gs, total, cfg) == step_lr(None, gs, total, cfg)
-    for p in (0.001, 0.01, 0.5, 0.8, 0.99, 1.0):
-        d = TimedStep(progress=p, last=p == 1.0)
-        assert tt.step_lr(d, 7, 0, cfg) == step_lr(d, 7, 0, cfg)
-    assert tt.step_lr(TimedStep(1.0, True), 7, 0, cfg)[0] == cfg.schedule.lr_min
 
 
 def test_reset_segments_cut_where_any_lane_resets_after_step_0():
@@ -200,7 +188,7 @@ def test_training_steps_equal_catchats_reference(scenes, changes):
     feed, cur = tt.MaskedFeed(lanes, cfg, layout), lanes.start()
     for gs in range(5):
         batches, cur = feed.take(cur, gs)
-        lr, _ = tt.step_lr(None, gs, t.total_steps, cfg)
+        lr, _ = step_lr(None, gs, t.total_steps, cfg)
         st = prog.train_step(batches, lr=lr, n_valid=sum(int(np.count_nonzero(b[1])) for b in batches))
         r = ref.reference_train_step(flat, m, v, layout, [(b[0], b[1], b[2], h if k == 0 else None)
                                                           for k, b in enumerate(batches)],

@@ -46,35 +46,22 @@ from catchat.errors import CatchatError, UsageError
 from catchat.fsutil import append_line
 from catchat.model import ParamLayout, init_params
 from catchat.rng import step_seed
-from catchat.run.schedule import interval_crossed, lr_at, lr_at_progress
+from catchat.run.schedule import interval_crossed
+from catchat.training.evals import Evals, eval_lanes
 from catchat.training.feed import Feed
+from catchat.training.start import plan_info
+from catchat.training.step import step_lr
 
 REFUSED = (("train.gradh_clamp", lambda c: c.train.gradh_clamp > 0, "cuDNN's GRU has no per-timestep gradient hook"),
            ("train.spectral_bound", lambda c: c.train.spectral_bound > 0, "not part of the recipe mirrored"),
            ("teacher_forcing", lambda c: c.teacher_forcing.start < 1 or (c.teacher_forcing.schedule != "constant"
                                                                          and c.teacher_forcing.floor < 1),
             "scheduled sampling is catchat's per-timestep path"))
-SAMPLE_SETTINGS = (("greedy", 0.0, 1), ("temperature 0.5", 0.5, 2), ("temperature 0.8", 0.8, 3))  # Evals'
 
 
 def refusals(cfg: cfgmod.Config) -> list[str]:
     """Why this config cannot be trained the same in PyTorch (empty: it can)."""
     return [f"{key}: {why}" for key, refused, why in REFUSED if refused(cfg)]
-
-
-def budget_overrides(time_budget: float | None, overrides: list[str]) -> list[str]:
-    """`catchat train --time-budget S`'s overrides: the budget, no step plan, then the user's own (a
-    step cap `--set` after it wins), exactly as the CLI orders them."""
-    if time_budget is None:
-        return list(overrides)
-    return [f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides]
-
-
-def step_lr(decision, global_step: int, total_steps: int, cfg) -> tuple[float, float]:
-    """catchat.training.step.step_lr: step global_step + 1's lr and the progress when it ends."""
-    if decision is None:
-        return lr_at(global_step, total_steps, cfg), (global_step + 1) / total_steps
-    return lr_at_progress(decision.progress, cfg), decision.progress
 
 
 def amp_for(cfg: cfgmod.Config, device: str, amp: str) -> bool:
@@ -138,7 +125,7 @@ class TorchEvals:
 
     def sample_texts(self, chars: int) -> list[str]:
         return [f"=== {label} (seed {seed}) ===\n{self.prog.sample(chars, temp, seed)}\n"
-                for label, temp, seed in SAMPLE_SETTINGS]
+                for label, temp, seed in Evals.SAMPLE_SETTINGS]
 
     def run(self, state) -> dict | None:
         from catchat.inference.evaluate import evaluate_lanes
@@ -156,26 +143,6 @@ class TorchEvals:
         self.log.event("eval", seqs=state.cursor.seqs, tokens=state.global_step * self.log.tokens_per_step, tf=1.0,
                        **res)
         return res
-
-
-def eval_lanes(corpus, cfg: cfgmod.Config) -> Lanes | None:
-    """catchat.training.evals.eval_lanes: the held-out lanes where evals or a time budget need them."""
-    if cfg.train.time_budget_s <= 0 and cfg.eval.eval_every_seqs <= 0:
-        return None
-    return Lanes.from_config(corpus, cfg, "eval")
-
-
-def run_info(cfg: cfgmod.Config, pace, total_steps: int, seqs_per_cycle: int) -> dict:
-    """The start event's account of the plan, as catchat.training.start.run_info gives it (what `catchat scan`
-    checks the lr and tf columns against)."""
-    s = cfg.schedule
-    info = dict(schedule=dict(total_steps=total_steps, lr=cfg.train.lr, warmup_fraction=s.warmup_fraction,
-                              cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape, lr_min=s.lr_min),
-                seqs_per_step=cfgmod.seqs_per_step(cfg), tokens_per_step=cfgmod.seqs_per_step(cfg) * cfg.data.window,
-                seqs_per_cycle=seqs_per_cycle, precision=cfg.train.precision,
-                teacher_forcing=cfgmod.to_dict(cfg)["teacher_forcing"])
-    pace.describe(info)
-    return info
 
 
 def save_weights(prog, layout: ParamLayout, path: Path) -> float:
@@ -225,7 +192,8 @@ def train(cfg: cfgmod.Config, run_dir: Path, *, device: str = "cpu", amp: bool =
     evals = TorchEvals(prog, held, cfg, run_dir / "samples", pace, log)
     log.event("start", engine="torch", torch=torch.__version__, device=str(prog.dev), amp="bf16" if amp else "off",
               total_steps=total_steps, lanes=lanes.describe(), notes=notes, model=cfgmod.to_dict(cfg)["model"],
-              startup_s=round(clock.now(), 3), **run_info(cfg, pace, total_steps, lanes.seqs_per_cycle))
+              startup_s=round(clock.now(), 3),
+              **plan_info(cfg, pace, total_steps, tokens_per_step, lanes.seqs_per_cycle))
     reason = _loop(cfg, state, pace, prog, MaskedFeed(lanes, cfg, layout), evals, log, total_steps)
     pace.add_checkpoint(save_weights(prog, layout, run_dir / "model.safetensors"))
     if reason == "done" and held is not None and state.last_eval_step != state.global_step:
@@ -306,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             import torch  # noqa: F401
         except ImportError as e:
             raise UsageError(f"torch is not importable ({e})", "pip install torch (a CUDA build for the GPU)") from None
-        cfg = cfgmod.load(args.config, budget_overrides(args.time_budget, args.overrides))
+        cfg = cfgmod.load(args.config, cfgmod.budget_overrides(args.time_budget, args.overrides))
         device = resolve_device(args.device)
         run_dir = args.run_dir or Path("runs") / f"{Path(args.config).stem}-torch"
         reason = train(cfg, run_dir, device=device, amp=amp_for(cfg, device, args.amp), clock_origin=origin,

@@ -39,6 +39,7 @@ def train(config_path, overrides, run_dir, resume, use_config_file, stop_after_s
     from contextlib import nullcontext
     from pathlib import Path
 
+    from catchat import config as cfgmod
     from catchat import distributed as dist
     from catchat.run.budget import process_start
     from catchat.train import Trainer
@@ -46,8 +47,7 @@ def train(config_path, overrides, run_dir, resume, use_config_file, stop_after_s
     from catchat.training.progress import TrainReporter
     from catchat.vk.device import ENV_DEVICE, open_device
 
-    if time_budget is not None:  # first, so that the user's own --set of a step cap comes after and wins
-        overrides = (f"train.time_budget_s={time_budget!r}", "train.total_steps=0", "train.cycles=0", *overrides)
+    overrides = cfgmod.budget_overrides(time_budget, overrides)
     source = ConfigSource.read(config_path, with_precision(overrides, precision), use_config_file)
     cfg = source.fresh() if resume is None else None  # a resume starts from the run's recorded config
     name = Path(config_path).stem

@@ -57,17 +57,25 @@ def check_source(files: RunFiles, ckpt: ck.Checkpoint) -> None:
                          "its own", hint="continue another run's checkpoint in a new --run-dir")
 
 
-def run_info(cfg: cfgmod.Config, setup: Setup, *, pace, faults: tuple, ranks) -> dict:
-    """What `catchat scan` checks a run against: the schedule in force, step sizes, memory, faults."""
+def plan_info(cfg: cfgmod.Config, pace, total_steps: int, tokens_per_step: int, seqs_per_cycle: int) -> dict:
+    """The plan a run's start event records, what `catchat scan` checks its lr and tf columns against:
+    the schedule in force, step sizes, precision, teacher forcing and the pace's budget (also the
+    speedrun's PyTorch row's, catchat/analysis/torch_train.py)."""
     s = cfg.schedule
-    info = dict(schedule=dict(total_steps=setup.total_steps, lr=cfg.train.lr, warmup_fraction=s.warmup_fraction,
+    info = dict(schedule=dict(total_steps=total_steps, lr=cfg.train.lr, warmup_fraction=s.warmup_fraction,
                               cooldown_fraction=s.cooldown_fraction, cooldown_shape=s.cooldown_shape,
                               lr_min=s.lr_min),
-                seqs_per_step=cfgmod.seqs_per_step(cfg), tokens_per_step=setup.tokens_per_step,
-                seqs_per_cycle=setup.lanes.seqs_per_cycle, precision=cfg.train.precision,
-                gemm_products=setup.products, sweep_products=setup.prog.sweep_products, **memory_mb())
-    info["teacher_forcing"] = cfgmod.to_dict(cfg)["teacher_forcing"]
+                seqs_per_step=cfgmod.seqs_per_step(cfg), tokens_per_step=tokens_per_step,
+                seqs_per_cycle=seqs_per_cycle, precision=cfg.train.precision,
+                teacher_forcing=cfgmod.to_dict(cfg)["teacher_forcing"])
     pace.describe(info)
+    return info
+
+
+def run_info(cfg: cfgmod.Config, setup: Setup, *, pace, faults: tuple, ranks) -> dict:
+    """What `catchat scan` checks a run against: the plan (`plan_info`), the products, memory, faults."""
+    info = plan_info(cfg, pace, setup.total_steps, setup.tokens_per_step, setup.lanes.seqs_per_cycle)
+    info.update(gemm_products=setup.products, sweep_products=setup.prog.sweep_products, **memory_mb())
     if faults:
         info["faults"] = [str(f) for f in faults]
     info.update(ranks.info())
