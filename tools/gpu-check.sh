@@ -124,6 +124,17 @@ steps2048="--budget 0 --set data.corpus=$corpus --set train.time_budget_s=0 --se
 part speedrun-steps-catchat $py tools/speedrun.py c2048 c2048-lf:data.lane_order=longest_first \
     c2048-sh:data.lane_order=shuffle $steps2048
 part speedrun-steps-torch $py tools/speedrun.py --torch t2048 $steps2048
+# issue 32's quality check: 600 v5 steps at fp16 and at fp32 from the same seed on the built-in
+# Shakespeare (CORPUS_DIR built beforehand: catchat corpus build shakespeare -o DIR), each run's
+# last held-out eval and the final checkpoint scored again by `catchat eval` (fp32, the whole split)
+qv5() { local p=$1; part "quality-v5-$p" $py -m catchat.cli train configs/catchat-v5.toml --set "data.corpus=$corpus" \
+    --set train.cycles=0 --set train.total_steps=600 --set train.precision=$p --set eval.free_running=false \
+    --set eval.eval_every_seqs=4096 --run-dir "/tmp/quality-v5-$p"
+    cp "/tmp/quality-v5-$p/metrics.csv" "$out/quality-v5-$p-metrics.csv" 2>/dev/null
+    cp "/tmp/quality-v5-$p/events.jsonl" "$out/quality-v5-$p-events.jsonl" 2>/dev/null
+    part "quality-v5-$p-eval" $py -m catchat.cli eval "/tmp/quality-v5-$p" --json; }
+wanted quality-v5-fp16 && qv5 fp16
+wanted quality-v5-fp32 && qv5 fp32
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
