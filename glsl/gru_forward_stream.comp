@@ -241,8 +241,7 @@ const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 // The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
 // multiplies its k-group (columns kg * KPG * 16 .. of h_prev) for every lane; its thread (lg, ug)
 // takes lanes lg + 4 i and units ug, ug + 8 of the slice, 3 gates each (6 rows of W_hh as vec4
-// along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. PD 1 loads the next
-// quad's W_hh rows before multiplying this one's (6 vec4 registers more), PD 2 its h_prev too. The k-groups fold into
+// along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. The k-groups fold into
 // the slots in the fragments' rounds and order (deterministic). wait_k and false as there.
 bool product(uint t, uint j0, uint kg, uint wait_k) {
 #ifdef PERSISTENT
@@ -264,36 +263,11 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     [[unroll]] for (uint i = 0u; i < RB; ++i) {
         [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
     }
-#if PD > 0  // the next k quad's W_hh rows (PD 2: and h_prev) in flight while this one is multiplied
-    vec4 wn[6];
-    if (q0 < q1) {
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) wn[c] = w4[wr[c] + W_QUAD(q0)];
-    }
-#endif
-#if PD > 1
-    vec4 xn[RB];
-    if (q0 < q1) {
-        [[unroll]] for (uint i = 0u; i < RB; ++i) xn[i] = h4[hb + q0 * BP + 4u * i];
-    }
-#endif
     for (uint q = q0; q < q1; ++q) {
         vec4 w[6];
-#if PD > 0
-        uint qn = min(q + 1u, q1 - 1u);  // the last quad loads itself again: no branch in the loop
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) {
-            w[c] = wn[c];
-            wn[c] = w4[wr[c] + W_QUAD(qn)];
-        }
-#else
         [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + W_QUAD(q)];
-#endif
         [[unroll]] for (uint i = 0u; i < RB; ++i) {
-#if PD > 1
-            vec4 x = xn[i];
-            xn[i] = h4[hb + qn * BP + 4u * i];
-#else
             vec4 x = h4[hb + q * BP + 4u * i];
-#endif
             [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x, w[c], acc[i][c]);
         }
     }

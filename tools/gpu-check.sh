@@ -116,14 +116,6 @@ part parity-sweeps-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli parit
 ph32 slices CATCHAT_STREAM32_SLICES=1
 part bench-v5-fp32-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-slices.json"
-# the float32 forward's loads ahead (CATCHAT_STREAM32_AHEAD: 1 W_hh's next k quad, 2 and h_prev's): parity,
-# phases, step beside PyTorch
-for a in 1 2; do
-    part "parity-sweeps-ahead$a" env CATCHAT_STREAM32_AHEAD=$a $py -m catchat.cli parity --only gru --summary
-    ph32 "ahead$a" CATCHAT_STREAM32_AHEAD=$a
-    part "bench-v5-fp32-ahead$a" env CATCHAT_STREAM32_AHEAD=$a $py -m catchat.cli bench configs/catchat-v5.toml \
-        --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-ahead$a.json"
-done
 # the speedrun at equal steps (issue 36: 2,048 each; ~2 min a catchat row, ~6 min PyTorch's: one call each,
 # PART_TIMEOUT=560), catchat's three lane orders, then PyTorch's on corpus order. CORPUS_DIR: the held-out
 # corpus built beforehand (catchat corpus build shakespeare --hold-out "Macbeth,Twelfth Night,The Tempest"

@@ -54,11 +54,6 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # v5 on the H200: 3, 4 and 6 within 6% of each other (64.7, 65.2, 68.9 us per step).
 STREAM32_DEPTH = 3
 DEPTH32_ENV = "CATCHAT_STREAM32_DEPTH"
-# The float32 forward's loads ahead of its product: 0 straight (each k quad's loads, then its FMAs), 1
-# the next quad's W_hh rows in flight while this quad is multiplied, 2 its h_prev too.
-# CATCHAT_STREAM32_AHEAD=N sets it (to measure).
-STREAM32_AHEAD = 0
-AHEAD32_ENV = "CATCHAT_STREAM32_AHEAD"
 # =1: the float32 forward reads W_hh from a float32 copy in slices (`slice_floats`' layout, refreshed
 # after every parameter change: 3 H^2 floats per layer more) instead of straight from the parameters,
 # so each load instruction of a k quad reads 128 contiguous bytes instead of 8 rows 8 KB apart. Not
@@ -77,7 +72,7 @@ class StreamTiles(NamedTuple):
     `depth` fragments' loads in flight ahead of the product (a register ring), and `resident` of a
     k-group's fragments whose W_hh stays in registers through a persistent sweep. `f32`: the same
     split in float32 on the threads' FMAs (nothing resident; `depth` the backward's ring of chunks of
-    2 row quads; forward: the k quads loaded ahead, `stream32_ahead`)."""
+    2 row quads, 0 forward: its loads go straight to the invocations that multiply them)."""
 
     lane_frags: int
     k_per_group: int
@@ -97,8 +92,8 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(B, 16)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
-    if f32:  # the backward's ring of chunks of 2 row quads; the forward's loads ahead
-        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else stream32_ahead(), f32=True)
+    if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
+        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True)
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]),
                        min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward]))
 
@@ -112,17 +107,6 @@ def stream32_depth() -> int:
         return int(env)
     raise UsageError(f"{DEPTH32_ENV}={env!r} is not a count of at least 1",
                      hint=f"unset it, or set e.g. {STREAM32_DEPTH}")
-
-
-def stream32_ahead() -> int:
-    """The float32 forward's loads ahead (0, 1 or 2): CATCHAT_STREAM32_AHEAD, else STREAM32_AHEAD."""
-    env = os.environ.get(AHEAD32_ENV, "").strip()
-    if not env:
-        return STREAM32_AHEAD
-    if env in ("0", "1", "2"):
-        return int(env)
-    raise UsageError(f"{AHEAD32_ENV}={env!r} is not 0, 1 or 2",
-                     hint="unset it (0: straight), 1 (W_hh's next k quad ahead) or 2 (and h_prev's)")
 
 
 def stream_depth() -> tuple[int, int]:
