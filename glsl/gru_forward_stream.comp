@@ -33,8 +33,7 @@
 // floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);
 // each subgroup a k-group as above, each of its invocations 6 rows of W_hh (2 units x 3 gates) for
 // BP / 4 lanes, loaded straight by the invocations that multiply them (W_hh through L1) and folded
-// through the same `red` slots in the same order. W_SLICES: W_hh from its float32 copy in slices
-// (binding 11, w_off in it; glsl/whh_slices.comp), each load instruction 128 contiguous bytes. Staged once per k-group through shared memory as
+// through the same `red` slots in the same order. Staged once per k-group through shared memory as
 // the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
 #extension GL_EXT_control_flow_attributes : require
@@ -250,14 +249,8 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     PHASE(t, 1u);
     uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
     uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, H4);
-    uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0 (then W_QUAD(q) on)
-#ifdef W_SLICES  // W_hh's copy in slices (glsl/whh_slices.comp): a k quad's 48 rows side by side
-#define W_QUAD(q) ((q) * 48u)
-    [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + (j0 / 16u) * H4 * 48u + (c % 3u) * 16u + ug + 8u * (c / 3u);
-#else
-#define W_QUAD(q) (q)
+    uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0
     [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + ((c % 3u) * H + j0 + ug + 8u * (c / 3u)) * H4;
-#endif
     uint hb = (t % 2u) * H4 * BP + lg;  // lane lg's vec4 of h_prev at k quad 0 (shadow_q)
     float acc[RB][6];
     [[unroll]] for (uint i = 0u; i < RB; ++i) {
@@ -265,7 +258,7 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     }
     for (uint q = q0; q < q1; ++q) {
         vec4 w[6];
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + W_QUAD(q)];
+        [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + q];
         [[unroll]] for (uint i = 0u; i < RB; ++i) {
             vec4 x = h4[hb + q * BP + 4u * i];
             [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x, w[c], acc[i][c]);

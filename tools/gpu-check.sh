@@ -110,12 +110,6 @@ ph32() { local name=$1; shift; part "phases-v5-fp32-$name" env "$@" $py tools/sw
     --steps 256 --reps 1; }
 ph32 d6 CATCHAT_STREAM32_DEPTH=6
 ph32 wgbar CATCHAT_STREAM32_SUBGROUP=0
-# the forward reading W_hh's float32 copy in slices (CATCHAT_STREAM32_SLICES=1: off until measured): its
-# parity (the stream32s variant runs with it set), phases and step beside PyTorch
-part parity-sweeps-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli parity --only gru --summary
-ph32 slices CATCHAT_STREAM32_SLICES=1
-part bench-v5-fp32-slices env CATCHAT_STREAM32_SLICES=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
-    --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-slices.json"
 # the speedrun at equal steps (issue 36: 2,048 each; ~2 min a catchat row, ~6 min PyTorch's: one call each,
 # PART_TIMEOUT=560), catchat's three lane orders, then PyTorch's on corpus order. CORPUS_DIR: the held-out
 # corpus built beforehand (catchat corpus build shakespeare --hold-out "Macbeth,Twelfth Night,The Tempest"

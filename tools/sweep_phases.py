@@ -81,7 +81,7 @@ def clocked_twins(prog, layer: int, steps: int):
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
                          tiles=None if kf.stream_f32 else kf.tiles, stats=b.stats, coop=kf.coop, w_half=w16,
-                         stream_f32=kf.stream_f32, w_slices=prog.fwd.w32, clock=clocks[0])
+                         stream_f32=kf.stream_f32, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
     # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,

@@ -24,7 +24,6 @@ from catchat.vk.kernels.gru import (
     block_halves,
     device_sms,
     resident_backward,
-    slice_floats,
     state_rows,
     w16_blocked,
 )
@@ -56,7 +55,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
-                w_half: bool = False, coop: bool = False, stream_f32: bool = False, w_slices: bool = False):
+                w_half: bool = False, coop: bool = False, stream_f32: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -73,8 +72,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: both sweeps'
     products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`. Both: the
     streamed sweeps (W_hh 8 halves in), compared as coop. stream_f32: the float32 streamed sweeps
-    (W_hh in params), compared as the tiled ones; w_slices: the forward's W_hh from its float32 copy in
-    slices (`slice_floats`, 4 floats in).
+    (W_hh in params), compared as the tiled ones.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -99,20 +97,17 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
         w_off, w = (8, block_halves(case["p"]["weight_hh"]) if w16_blocked() else case["p"]["weight_hh"]) if coop \
             else (5, case["p"]["weight_hh"])
         tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), w.ravel()]))
-    tw32 = None
-    if w_slices:  # the forward's W_hh as the float32 copy in slices, 4 floats in
-        tw32 = dev.tensor(np.concatenate([np.zeros(4, np.float32), slice_floats(case["p"]["weight_hh"])]))
-    fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=4 if w_slices else w_off,
+    fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,
-                     coop=coop, stream_f32=stream_f32, w_slices=tw32)
+                     coop=coop, stream_f32=stream_f32)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop,
                       stream_f32=stream_f32)
     both = fwd.sweep_ops() + bwd.sweep_ops()
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
-                            + [t for t in (tdgh, tw16, tw32) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
+                            + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
                             [tseq, tsave, thT])
     outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save else tdgh, tdgi, tdh0, tstats,
                                              fwd.sync, bwd.sync])
@@ -231,9 +226,6 @@ STREAM_GPU_CASES = [
 # one lane fragment); on a GPU v5's B and H.
 STREAM_F32_CASES = STREAM_CASES + [((3, 9, 512, AUTO, 0.02), 1)]
 STREAM_F32_GPU_CASES = STREAM_GPU_CASES
-# ... with the forward's W_hh from its float32 copy in slices (CATCHAT_STREAM32_SLICES)
-STREAM_SLICES_CASES = [STREAM_CASES[0], STREAM_CASES[2]]
-STREAM_SLICES_GPU_CASES = STREAM_GPU_CASES[1:]
 
 
 def persistent_counts(dev: Device) -> tuple[int, ...]:
@@ -258,15 +250,12 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, device_sms(dev) if n < 0 else n, "stream") for c, n in stream]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
-    slices = STREAM_SLICES_CASES + (STREAM_SLICES_GPU_CASES if dev.info.type != "CPU" else [])
-    runs += [(c, device_sms(dev) if n < 0 else n, "stream32s") for c, n in slices]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
         coop = variant in ("coop", "stream")
         got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant in ("f16w", "stream"), coop=coop,
-                          stream_f32=variant in ("stream32", "stream32s"), w_slices=variant == "stream32s")
+                          w_half=variant in ("f16w", "stream"), coop=coop, stream_f32=variant == "stream32")
         if variant == "f16w":
             case = half_weights(case)
         exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32",

@@ -23,9 +23,7 @@ def test_parity(dev):
             "_stream": (len(gru_parity.STREAM_CASES) + (len(gru_parity.STREAM_GPU_CASES) if coopmat_runs(dev) else 0)
                         if dev.runs_float16 else 0),
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
-                                                             if dev.info.type != "CPU" else 0),
-            "_stream32s": len(gru_parity.STREAM_SLICES_CASES) + (len(gru_parity.STREAM_SLICES_GPU_CASES)
-                                                                 if dev.info.type != "CPU" else 0)}
+                                                             if dev.info.type != "CPU" else 0)}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
 

@@ -121,30 +121,6 @@ class Axpby(Kernel):
         return self.op(self.n, float(a), float(b), float(c))
 
 
-class WhhSlices(Kernel):
-    """y[y_off ..] = W_hh [3H, H] at x_off, float32, slice by slice for the float32 streamed forward
-    sweep (glsl/whh_slices.comp; `stream.slice_floats` is its numpy twin): each slice's 16 units k
-    quad by k quad, each quad its 48 rows of 4 floats. H a multiple of 16."""
-
-    shader = "whh_slices"
-    WORKGROUP = 256
-    MAX_WORKGROUPS = 4096  # grid-stride beyond
-
-    def __init__(self, dev: Device, x, y, H: int, x_off: int = 0, y_off: int = 0):
-        n = 3 * int(H) * int(H)
-        if H % 16:
-            raise ValueError(f"whh_slices: H must be a multiple of 16 (got {H})")
-        for what, size, need in (("x", x.size(), x_off + n), ("y", y.size(), y_off + n)):
-            if size < need:
-                raise ValueError(f"whh_slices: {what} holds {size} elements, needs {need}")
-        self.push = (int(H), int(x_off), int(y_off))
-        super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(n, self.WORKGROUP)))],
-                         spec=[self.WORKGROUP], push=self.push)
-
-    def ops(self) -> list:
-        return [self.op(*self.push)]
-
-
 class ToHalf(Kernel):
     """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
     float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). block_cols > 0: x is a

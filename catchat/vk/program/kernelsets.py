@@ -23,7 +23,7 @@ import numpy as np
 from catchat.model import ParamLayout, head_name
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby, ToHalf, WhhSlices
+from catchat.vk.kernels import Axpby, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
 from catchat.vk.kernels.gru import (
@@ -33,7 +33,6 @@ from catchat.vk.kernels.gru import (
     stream_f32_sweep,
     sweep_products,
     w16_blocked,
-    w32_slices,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
@@ -62,12 +61,11 @@ class ForwardKernels:
     loss_reduce: LossReduce
     carry: Axpby  # h0 = hT
     w16: object = None  # the streamed sweeps' float16 copy of every layer's W_hh [L,3H,H] (None: not streamed)
-    whh_refresh: list = field(default_factory=list)  # per layer: W_hh -> w16 or w32 (after every parameter change)
-    w32: object = None  # the float32 streamed forward's copy of W_hh in slices [L,3H,H] (CATCHAT_STREAM32_SLICES)
+    w16_refresh: list = field(default_factory=list)  # per layer: W_hh -> w16 (after every parameter change)
 
     def derived_ops(self) -> list:
-        """What follows the parameters: table0 and, for streamed sweeps, W_hh's copies."""
-        return self.table0.ops() + [op for k in self.whh_refresh for op in k.ops()]
+        """What follows the parameters: table0 and, for streamed sweeps, W_hh's float16 copy."""
+        return self.table0.ops() + [op for k in self.w16_refresh for op in k.ops()]
 
 
 @dataclass
@@ -152,27 +150,21 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
     f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
-    w32 = None
-    if f32 and w32_slices():  # W_hh copied in slices for the float32 forward, layer l at l*3H*H
-        w32 = dev.tensor(g.L * 3 * H * H)
-        refresh = [WhhSlices(dev, b.params, w32, H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H)
-                   for l in range(g.L)]
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=whh_offset(layout, l, w16 if w32 is None else w32), b_off=o[f"layers.{l}.gru.bias_hh"],
-                      h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats,
-                      coop=coop, w_half=w16, stream_f32=f32, w_slices=w32)
+                      w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16,
+                      stream_f32=f32)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
     reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
-    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh, w32)
+    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh)
 
 
-def whh_offset(layout: ParamLayout, layer: int, copy) -> int:
-    """Where a sweep reads layer `layer`'s W_hh: in params (words), or in a copy of every layer's (the
-    float16 w16, in halves; the float32 w32, in floats)."""
+def whh_offset(layout: ParamLayout, layer: int, w16) -> int:
+    """Where a sweep reads layer `layer`'s W_hh: in params (words), or in the float16 copy w16 (halves)."""
     H = layout.spec.hidden
-    return layer * 3 * H * H if copy is not None else layout.offsets[f"layers.{layer}.gru.weight_hh"]
+    return layer * 3 * H * H if w16 is not None else layout.offsets[f"layers.{layer}.gru.weight_hh"]
 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,

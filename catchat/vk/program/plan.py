@@ -53,7 +53,7 @@ from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
 from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, stream_sweeps, stream_tiles, sync_words
-from catchat.vk.kernels.gru.stream import shadow_words, w32_slices
+from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
 
@@ -247,8 +247,6 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     if dev is not None and stream_f32_sweep(dev, g.B, g.H, False, precision):
         out.append(("forward sweeps' float32 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False, True), g.H,
                                                                          False)))
-        if w32_slices():
-            out.append(("float32 forward sweeps' W_hh in slices", g.L * 3 * g.H * g.H))
     if training:
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),

@@ -54,12 +54,6 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # v5 on the H200: 3, 4 and 6 within 6% of each other (64.7, 65.2, 68.9 us per step).
 STREAM32_DEPTH = 3
 DEPTH32_ENV = "CATCHAT_STREAM32_DEPTH"
-# =1: the float32 forward reads W_hh from a float32 copy in slices (`slice_floats`' layout, refreshed
-# after every parameter change: 3 H^2 floats per layer more) instead of straight from the parameters,
-# so each load instruction of a k quad reads 128 contiguous bytes instead of 8 rows 8 KB apart. Not
-# yet measured on a GPU: off by default until it is (tools/gpu-check.sh bench-v5-fp32-slices). Programs
-# read it; a GruForward takes the copy as w_slices.
-SLICES_ENV = "CATCHAT_STREAM32_SLICES"
 # =0: the float32 backward's stages synced by workgroup barriers even where subgroups are 32 wide (to
 # compare; tools/gpu-check.sh)
 SUBGROUP32_ENV = "CATCHAT_STREAM32_SUBGROUP"
@@ -151,18 +145,6 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     return elements if tiles.f32 else elements // 2
 
 
-def w32_slices() -> bool:
-    """Whether the float32 forward reads W_hh from its float32 copy in slices (SLICES_ENV=1)."""
-    return os.environ.get(SLICES_ENV, "").strip() == "1"
-
-
-def slice_floats(w: np.ndarray) -> np.ndarray:
-    """W_hh [3H, H] as the float32 forward's copy in slices (glsl/whh_slices.comp): per slice of 16
-    units, per k quad, its 48 rows (gate g, unit u at g * 16 + u) of 4 floats."""
-    H = w.shape[1]
-    return np.ascontiguousarray(w.reshape(3, H // 16, 16, H // 4, 4).transpose(1, 3, 0, 2, 4)).reshape(-1)
-
-
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"
@@ -175,21 +157,18 @@ def block_halves(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(R // 16, 16, C // 16, 16).transpose(0, 2, 1, 3)).reshape(-1)
 
 
-def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, subgroup: int = 0,
-                   slices: bool = False) -> dict:
+def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, subgroup: int = 0) -> dict:
     """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments; the
     caller keeps it only where a workgroup has one slice); FULL where every k-group has KPG
     fragments (no bound checks in the product loop); BLOCKED_W (W_hh's copy in blocks); PROBE
-    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL, F32, SUBGROUP32 where
-    the backward runs on subgroups 32 wide (its stage synced by subgroup barriers), W_SLICES (`slices`) where the
-    forward reads W_hh's float32 copy in slices."""
+    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL, F32, and SUBGROUP32 where
+    the backward runs on subgroups 32 wide (its stage synced by subgroup barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     if tiles.f32:
         warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
-                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {}),
-                **({"W_SLICES": 1} if slices and not backward else {})}
+                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth,
             **({"RES": tiles.resident} if tiles.resident else {}), **({"FULL": "true"} if full else {}),

@@ -87,7 +87,6 @@ class _Sweep(Kernel):
     backward = False
     stream = False  # W_hh streamed (stream.py): on tensor cores (coop with a float16 W_hh), or stream_f32
     stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
-    w_slices = None  # ... or, forward, from the float32 copy in slices (WhhSlices)
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _whh_words(self, w_half, w_off: int) -> int:
@@ -107,8 +106,6 @@ class _Sweep(Kernel):
         B, H, backward, info = self.B, self.H, self.backward, dev.info
         if self.stream_f32 and (self.coop or self.w_half is not None or tiles is not None):
             raise ValueError("a float32 streamed sweep (stream_f32) has its own split: no tiles, coop or w_half")
-        if self.w_slices is not None and not self.stream_f32:
-            raise ValueError("W_hh in slices (w_slices) is the float32 streamed forward's: with stream_f32")
         if self.stream_f32 or (self.coop and self.w_half is not None):
             return self._build_stream(dev, tensors, persistent, push)
         plan = plan_sweep(dev, B, H, backward, persistent, tiles, tiled=self.w_half is not None, coop=self.coop)
@@ -171,9 +168,6 @@ class _Sweep(Kernel):
                              f"of {align} {unit}")
         self.stream, self.tiles = True, stream_tiles(B, H, backward, f32)
         w = tensors[4 if backward else 1] if f32 else self.w_half  # f32: params again, as vec4
-        slices = f32 and not backward and self.w_slices is not None
-        if slices:
-            w = self.w_slices
         nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
         if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
             raise ValueError(f"a streamed sweep at B={B}: {nt} threads, {self.shared_bytes} bytes of shared memory "
@@ -191,7 +185,7 @@ class _Sweep(Kernel):
             resident = resident if self.residency.ok else 0
         if self.tiles.resident and 0 < sweep_workgroups(resident, stream_slices(H)) < stream_slices(H):
             self.tiles = self.tiles._replace(resident=0)  # resident W_hh needs one slice per workgroup
-        defines = stream_defines(self.tiles, H, backward, emulate, info.subgroup_size, slices)
+        defines = stream_defines(self.tiles, H, backward, emulate, info.subgroup_size)
         tensors = self._extra_bindings(tensors, defines)
         self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
                          (GruBackward if backward else GruForward).shader + "_stream", resident)
@@ -245,9 +239,7 @@ class GruForward(_Sweep):
     streamed sweep (stream.py: W_hh's product from the float16 copy in memory, w_off a multiple of
     8 halves, H a multiple of 16, B <= 32; `stream_sweeps`), emulated fragments on a device
     without cooperative matrices. stream_f32: the same streamed split in float32 on the threads'
-    FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`), or with w_slices
-    from that float32 copy in slices (`WhhSlices`, w_off in it; programs make it with
-    CATCHAT_STREAM32_SLICES=1).
+    FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`).
     """
 
     shader = "gru_forward"
@@ -255,14 +247,10 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
-                 w_slices=None):
+                 persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.coop, self.stream_f32, self.w_slices = bool(coop), bool(stream_f32), w_slices
+        self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
-        if w_slices is not None:  # W_hh from the copy in slices: params holds b_hh only
-            _need(w_slices, w_off + 3 * H * H, "W_hh in slices")
-            w_words = 0
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
         if hprev is o and hprev_off != o_off - state_rows(B, H):
