@@ -1,6 +1,6 @@
 """Run configuration: TOML -> frozen dataclasses, validation, `--set` overrides, resolved TOML.
 
-A config has eight sections: model, data, train, schedule, teacher_forcing, eval, checkpoint, log (docs/config.md lists
+A config has nine sections: model, data, train, schedule, teacher_forcing, eval, checkpoint, log, distributed (docs/config.md lists
 every key with its unit, default and range). Every key has a default; unknown sections and keys,
 wrong types and out-of-range values are `UsageError`s that name the key (and the closest valid
 key, docs/lessons.md, lesson 9). Keys carry their unit in the name: `*_seqs` (windows of one lane),
@@ -26,6 +26,7 @@ from typing import Any
 
 from catchat.data.lane_order import LANE_ORDERS
 from catchat.errors import UsageError
+from catchat.exchange import EXCHANGE_DTYPES
 from catchat.precision import PRECISIONS, REFUSED
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +195,15 @@ class TeacherForcingConfig:
 
 
 @dataclass(frozen=True)
+class DistributedConfig:  # several ranks only (docs/distributed.md); a single process ignores it
+    overlap: bool = _key(True, bool, "exchange each backward layer group's gradient while the GPU runs the groups below it")
+    exchange_dtype: str = _key("fp32", str, "what the gradient exchange moves: float32, or float16 scaled by a power of two "
+                               "per block (the sums stay float32)", choices=EXCHANGE_DTYPES)
+    hierarchical: bool = _key(False, bool, "sum within each host first, then across the hosts (the same number of ranks "
+                              "on every host)")
+
+
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -203,6 +213,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]

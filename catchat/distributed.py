@@ -33,10 +33,11 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from catchat import exchange
 from catchat.errors import CatchatError, UsageError
 
 ENV_TIMEOUT = "CATCHAT_MPI_TIMEOUT"
@@ -164,12 +165,18 @@ def end_ranks(exit_code: int, line: str) -> None:
 
 @dataclass
 class Timing:
-    """Seconds of the last sum_grads: waiting for the slowest rank to arrive (a barrier), and the
-    exchange itself once all are there (collectives and the host's sum). The device's download and
-    upload of the gradient are timed by the Program (reduce_s, also the last step's)."""
+    """The sum_grads calls since the last `Comm.take_timing`: seconds waiting for the slowest rank to
+    arrive (a barrier; `waits` holds each wait's (start, end) on time.perf_counter's clock), and of
+    the exchange itself once all are there (collectives and the host's sum). The device's download
+    and upload of the gradient are timed by the Program (Program.exchange.times)."""
 
     wait_s: float = 0.0
     exchange_s: float = 0.0
+    waits: list[tuple[float, float]] = field(default_factory=list)
+
+    def wait_within(self, begin: float, end: float) -> float:
+        """Seconds of the waits that fell between begin and end."""
+        return sum(max(0.0, min(b, end) - max(a, begin)) for a, b in self.waits)
 
 
 class Comm:
@@ -179,12 +186,12 @@ class Comm:
         self.MPI, self.world, self.timeout_s = MPI, world, float(timeout_s)
         self.rank, self.size = world.Get_rank(), world.Get_size()
         self.host = MPI.Get_processor_name()
+        self.hosts = self.allgather_obj(self.host, "exchanging host names")  # every rank's, in rank order
         local = local_rank_env()
-        if local is None:  # ranks on the same host, numbered in rank order
-            hosts = self.allgather_obj(self.host, "exchanging host names")
-            local = hosts[:self.rank].count(self.host)
-        self.local_rank = local
+        self.local_rank = self.hosts[:self.rank].count(self.host) if local is None else local  # rank order
         self.timing = Timing()
+        self.exchange_dtype, self.hierarchical = "fp32", False
+        self._exchange: exchange.GradExchange | None = None  # made by the first sum_grads (set_exchange)
         self.failed_peer: int | None = None  # the rank whose failure notice stopped this one
         self.unresponsive = False  # a deadline passed: the others may never answer a notice
 
@@ -299,29 +306,46 @@ class Comm:
             total += rows[r]
         return total
 
+    def set_exchange(self, dtype: str = "fp32", hierarchical: bool = False) -> None:
+        """How sum_grads exchanges (catchat/exchange.py): float32 or float16 on the wire, flat or by
+        host (refused where the hosts hold different numbers of ranks). Takes effect at the next
+        sum_grads, which every rank reaches (the by-host communicators are made there, collectively)."""
+        if dtype not in exchange.CODECS:
+            raise ValueError(f"exchange dtype {dtype!r}: one of {', '.join(exchange.CODECS)}")
+        if hierarchical:
+            exchange.check_hierarchical(exchange.host_names(self.hosts))
+        self.exchange_dtype, self.hierarchical, self._exchange = dtype, bool(hierarchical), None
+
+    def _made_exchange(self) -> exchange.GradExchange:
+        if self._exchange is None:
+            levels = [self.world]
+            hosts = exchange.host_names(self.hosts) if self.hierarchical else [self.host]
+            if len(set(hosts)) > 1:  # by host; on one host the flat exchange is the same, bit for bit
+                host, local = (v[self.rank] for v in exchange.host_layout(hosts))
+                # blocking, without the deadline (mpi4py has no non-blocking split): every rank is here
+                levels = [self.world.Split(host, self.rank), self.world.Split(local, host)]
+            self._exchange = exchange.GradExchange(exchange.CODECS[self.exchange_dtype](), levels, self._wait)
+        return self._exchange
+
     def sum_grads(self, grads: np.ndarray, what: str = "summing gradients") -> np.ndarray:
-        """The sum over ranks of a float32 gradient vector, identical on every rank and independent of
-        the MPI implementation: after a barrier (the wait for the slowest rank, timed apart), each
-        rank receives one slice of every rank's vector (Alltoall: a reduce-scatter whose adding we
-        do), adds the slices in rank order in float32, and the slices are all-gathered. Bytes per
-        rank: 2 (N-1)/N of the vector, as a ring all-reduce."""
-        g = np.ascontiguousarray(grads, np.float32).ravel()
-        n, N = g.size, self.size
-        chunk = -(-n // N)
-        send = g if n == N * chunk else np.concatenate((g, np.zeros(N * chunk - n, np.float32)))
-        recv = np.empty_like(send)
+        """The sum over ranks of a float32 gradient vector (or a range of one), identical on every rank
+        and independent of the MPI implementation (catchat/exchange.py: a reduce-scatter whose adding
+        we do, in rank order, then an all-gather; bytes per rank: 2 (N-1)/N of the vector at fp32, as
+        a ring all-reduce). A barrier first: the wait for the slowest rank, timed apart (`timing`)."""
+        summing = self._made_exchange()
         arrived = time.perf_counter()
         self._wait(self.world.Ibarrier(), what)  # the wait for the slowest rank, not spinning
         started = time.perf_counter()
-        self._wait(self.world.Ialltoall(send, recv), what, spin=True)
-        parts = recv.reshape(N, chunk)
-        mine = parts[0].copy()
-        for r in range(1, N):  # rank order, float32: (((g0 + g1) + g2) + ...), the same on every rank
-            np.add(mine, parts[r], out=mine)
-        out = np.empty(N * chunk, np.float32)
-        self._wait(self.world.Iallgather(mine, out), what, spin=True)
-        self.timing = Timing(wait_s=started - arrived, exchange_s=time.perf_counter() - started)
-        return out[:n]
+        out = summing.sum(grads, what)
+        t = self.timing
+        t.wait_s, t.exchange_s = t.wait_s + started - arrived, t.exchange_s + time.perf_counter() - started
+        t.waits.append((arrived, started))
+        return out
+
+    def take_timing(self) -> Timing:
+        """The sum_grads calls' timing since the last take (a step's), and a fresh start."""
+        taken, self.timing = self.timing, Timing()
+        return taken
 
     def gather_lanes(self, local: np.ndarray, shares: list[tuple[int, int]], what: str) -> np.ndarray | None:
         """Rank 0: every rank's [L, b_r, H] block (lanes shares[r]) joined into [L, B, H]; others: None."""

@@ -42,9 +42,10 @@ def build(cfg: cfgmod.Config, dev, ranks: OneProcess, report) -> Setup:
     layout = ParamLayout(cfgmod.model_spec(cfg, vocab.VOCAB_SIZE))
     B = cfg.data.batch_lanes
     ranks.split(B)
+    ranks.configure(cfg)
     lo, hi = ranks.share
     prog = Program(dev, layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
-                   lane_offset=lo, lanes_total=B, precision=cfg.train.precision)
+                   lane_offset=lo, lanes_total=B, precision=cfg.train.precision, grad_groups=ranks.overlaps(cfg))
     made = products(dev, cfg.train.precision)
     if ranks.is_root and cfg.train.precision == "fp16" and not coopmat_runs(dev):  # the user asked for speed
         report("warning", text=f"precision fp16 on {dev.info.name}: {made}")

@@ -21,6 +21,7 @@ from catchat.data.lanes import Lanes
 from catchat.errors import UsageError
 from catchat.training.state import RunState
 from catchat.vk.program import Program, StepStats
+from catchat.vk.program.grad_slices import ExchangeTimes
 
 
 class OneProcess:
@@ -49,7 +50,15 @@ class OneProcess:
         """This process's lanes of a step's micro-batches."""
         return batches
 
-    def add_up(self, st: StepStats, seconds: float, global_step: int, reduce_s: float) -> StepStats:
+    def configure(self, cfg: cfgmod.Config) -> None:
+        """The gradient exchange as the config's [distributed] section says (here: nothing to exchange)."""
+
+    def overlaps(self, cfg: cfgmod.Config) -> bool:
+        """Whether the program runs its last micro-batch in backward groups, to exchange each group's
+        gradient while the GPU runs the next (one process: never, it has nothing to exchange)."""
+        return False
+
+    def add_up(self, st: StepStats, seconds: float, global_step: int, times: ExchangeTimes) -> StepStats:
         """The whole step's stats (here: this process's own)."""
         return st
 
@@ -89,25 +98,41 @@ class Ranks(OneProcess):
         self.reduce_grads = comm.sum_grads
         self.shared = False  # rank 0 sent its start state (or its refusal)
         self.agreed: str | None = None  # the signal some rank got, agreed after a step
-        self.exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, step_s=0.0, steps=0)
+        self.exchange = dict(wait_s=0.0, exchange_s=0.0, transfer_s=0.0, exposed_s=0.0, step_s=0.0, steps=0)
+        self.first_step = True  # this process's first step pays one-time costs: left out of `exchange`
+        self.settings = {}  # the exchange's [distributed] settings, for the end event
+
+    def configure(self, cfg: cfgmod.Config) -> None:
+        d = cfg.distributed
+        self.comm.set_exchange(d.exchange_dtype, d.hierarchical)
+        self.settings = dict(overlap=d.overlap, exchange_dtype=d.exchange_dtype, hierarchical=d.hierarchical)
+
+    def overlaps(self, cfg: cfgmod.Config) -> bool:
+        return cfg.distributed.overlap
 
     def mine(self, batches: list) -> list:
         """This rank's lanes of every window; the ranks' gradients are added."""
         lo, hi = self.share
         return [tuple(np.ascontiguousarray(a[:, lo:hi]) for a in batch) for batch in batches]
 
-    def add_up(self, st: StepStats, seconds: float, global_step: int, reduce_s: float) -> StepStats:
+    def add_up(self, st: StepStats, seconds: float, global_step: int, times: ExchangeTimes) -> StepStats:
         """The whole step's stats from every rank's share (added in rank order), and the agreement on
-        stopping: a signal any rank got before this point stops every rank after this step."""
-        wait, exchange = self.comm.timing.wait_s, self.comm.timing.exchange_s  # this step's exchange
+        stopping: a signal any rank got before this point stops every rank after this step. `times`:
+        the step's exchange as the program timed it (Program.exchange.times)."""
+        timing = self.comm.take_timing()  # this step's sum_grads calls
+        # held up: from the GPU's end to the gradient's return, but for the waits for a slower rank
+        exposed = times.done - times.gpu_done - timing.wait_within(times.gpu_done, times.done)
         mine = (st.loss, st.n_valid, st.top1, st.top5, st.clamp_hits, st.tf_model_fed,
-                1.0 if self.signals.caught else 0.0, wait, exchange, reduce_s - wait - exchange, seconds)
+                1.0 if self.signals.caught else 0.0, timing.wait_s, timing.exchange_s,
+                times.host_s - timing.wait_s - timing.exchange_s, exposed, seconds)
         tot = self.comm.sum_rows(mine, f"adding up step {global_step + 1}")
         if tot[6] > 0 and self.agreed is None:
             self.agreed = self.signals.caught or "a signal to another rank"
-        for i, key in enumerate(("wait_s", "exchange_s", "transfer_s", "step_s"), 7):
-            self.exchange[key] += tot[i] / self.comm.size  # the ranks' mean
-        self.exchange["steps"] += 1
+        if not self.first_step:
+            for i, key in enumerate(("wait_s", "exchange_s", "transfer_s", "exposed_s", "step_s"), 7):
+                self.exchange[key] += tot[i] / self.comm.size  # the ranks' mean
+            self.exchange["steps"] += 1
+        self.first_step = False
         return StepStats(loss=float(tot[0]), n_valid=int(tot[1]), top1=int(tot[2]), top5=int(tot[3]),
                          grad_norm=st.grad_norm, clip_scale=st.clip_scale, skipped=st.skipped,
                          clamp_hits=int(tot[4]), tf_model_fed=int(tot[5]))
@@ -153,15 +178,18 @@ class Ranks(OneProcess):
 
     def end_fields(self) -> dict:
         """The end event's account of the gradient exchange, ms per step, the ranks' mean: `wait` for
-        the slowest rank to finish its micro-batches, the `exchange` once all are there (collectives
-        and the host's sum), the `transfer` of the gradient from and to the device, the whole `step`;
-        `exchange_share` = (exchange + transfer) / step, what overlap could hide."""
+        the slowest rank (its micro-batches, or a backward group), the `exchange` once all are there
+        (collectives and the host's sums, hidden behind the GPU or not), the host's `transfer` of the
+        gradient (downloads outside the GPU's sequences, uploads), what of them was `exposed` (the
+        step held up between the GPU's end and the summed gradient's return, waits aside), the whole
+        `step`; `exchange_share` = exposed / step (without overlap: (exchange + transfer) / step),
+        and the [distributed] settings. Over the steps after this process's first (`steps`)."""
         e, n = self.exchange, max(self.exchange["steps"], 1)
         ms = {f"{k[:-2]}_ms_per_step": round(1e3 * e[k] / n, 3)
-              for k in ("wait_s", "exchange_s", "transfer_s", "step_s")}
-        share = (e["exchange_s"] + e["transfer_s"]) / e["step_s"] if e["step_s"] else None
-        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares], **ms,
-                                    exchange_share=None if share is None else round(share, 4))}
+              for k in ("wait_s", "exchange_s", "transfer_s", "exposed_s", "step_s")}
+        share = e["exposed_s"] / e["step_s"] if e["step_s"] else None
+        return {"distributed": dict(ranks=self.comm.size, lanes=[list(s) for s in self.shares], steps=e["steps"], **ms,
+                                    exchange_share=None if share is None else round(share, 4), **self.settings)}
 
 
 def start_state(cfg: cfgmod.Config, prog: Program, state: RunState, carry: np.ndarray | None) -> dict:

@@ -68,7 +68,7 @@ class DeviceStep:
             st = self.prog.train_step(batches, step_hyper(self.cfg, lr, scale), global_step=state.global_step,
                                       opt_t=state.applied_steps + 1, tf=tf, n_valid=valid,
                                       reduce_grads=self.ranks.reduce_grads, while_running=while_running)
-        st = self.ranks.add_up(st, time.perf_counter() - start, state.global_step, self.prog.reduce_s)
+        st = self.ranks.add_up(st, time.perf_counter() - start, state.global_step, self.prog.exchange.times)
         return st, valid, time.perf_counter() - start, scale
 
 

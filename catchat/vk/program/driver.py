@@ -12,7 +12,6 @@ the same activations as the batched forward, so the backward pass is the same.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,7 @@ from catchat.vk import slots
 from catchat.vk.device import Device, host_view
 from catchat.vk.kernels.optim import optimizer_hyper_words
 from catchat.vk.program import sequences as sq
+from catchat.vk.program.grad_slices import ExchangeTimes, GradStages, StepExchange
 from catchat.vk.program.kernelsets import (
     BackwardKernels,
     ForwardKernels,
@@ -81,25 +81,29 @@ class Program:
 
     def __init__(self, dev: Device, layout: ParamLayout, T: int, B: int, optimizer: str = "adamw",
                  training: bool = True, *, lane_offset: int = 0, lanes_total: int | None = None,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", grad_groups: bool = False):
         """layout: the caller's parameter layout (built once by the caller). training=False builds
         only the forward pass (evaluation, generation): no gradient, optimizer or backward buffers.
         lane_offset, lanes_total: this program's B lanes are lanes [lane_offset, lane_offset + B) of
         lanes_total (data parallelism, catchat/distributed.py): dropout masks and scheduled sampling's
         draws are those of the global lane (HP_LANE_OFFSET, HP_LANES). Default: all lanes, offset 0.
         precision: "fp32", or "fp16": every GEMM takes its operands rounded to float16 (kernelsets.py),
-        and a training step's gradients carry StepHyper.loss_scale until they are unscaled."""
+        and a training step's gradients carry StepHyper.loss_scale until they are unscaled.
+        grad_groups: record the last micro-batch also as one sequence per backward group, each
+        downloading the gradient range it finishes (grad_slices.py), so that train_step's
+        reduce_grads adds up one range while the GPU runs the next group (needs kp patch 0004's
+        eval_async; without it the step runs whole)."""
         self.layout, self.dev, self.spec, self.T, self.B = layout, dev, layout.spec, int(T), int(B)
         self.lane_offset = int(lane_offset)
         self.lanes_total = self.B if lanes_total is None else int(lanes_total)
         if self.lane_offset < 0 or self.lane_offset + self.B > self.lanes_total:
             raise ValueError(f"lanes [{self.lane_offset}, {self.lane_offset + self.B}) are not inside "
                              f"[0, {self.lanes_total})")
-        self.reduce_s = 0.0  # seconds of the last step's gradient exchange (download, reduce_grads, upload)
         self.optimizer_kind = optimizer
         self.precision = precision
         self.training = training
-        dev.check_device_memory(planned_bytes(layout, T, B, training, dev, precision),
+        grad_groups = training and grad_groups and dev.evals_async
+        dev.check_device_memory(planned_bytes(layout, T, B, training, dev, precision, grad_groups),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
         self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training)
@@ -113,9 +117,14 @@ class Program:
         fwd = sq.forward_ops(self.fwd)
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
         self.seq_first = self.seq_next = self.seq_apply = None
+        self.grad_stages = GradStages(dev, b.grads, layout) if grad_groups else None
+        self.exchange = StepExchange(dev, b.grads, layout, self.grad_stages, self._sync)  # train_step's reduce_grads
+        self.seq_groups = self.seq_groups_tf = None  # TrainSequences of per-group sequences (grad_groups)
         if training:
             self.seq_first, self.seq_next = sq.record_train(dev, b, self.fwd, self.bwd, fwd)
             self.seq_apply = sq.record_apply(dev, b, self.fwd, self.bwd)
+        if grad_groups:
+            self.seq_groups = sq.record_train_groups(dev, b, self.fwd, self.bwd, fwd, self.grad_stages)
         self.seq_eval_free = self.seq_first_tf = self.seq_next_tf = None  # per-timestep: recorded on first use
 
     planned_bytes = staticmethod(planned_bytes)
@@ -136,6 +145,8 @@ class Program:
         self.seq_eval_free = sq.record_eval(dev, b, self.fwd, fwd)
         if self.training:
             self.seq_first_tf, self.seq_next_tf = sq.record_train(dev, b, self.fwd, self.bwd, fwd)
+        if self.grad_stages is not None:
+            self.seq_groups_tf = sq.record_train_groups(dev, b, self.fwd, self.bwd, fwd, self.grad_stages)
 
     # ----------------------------------------------------------------------------- host side
     def _sync(self, tensors, to_device: bool):
@@ -270,12 +281,15 @@ class Program:
         forces that path (True) or the batched one (False) whatever tf is.
 
         Data parallelism (catchat/distributed.py): `n_valid` is the valid targets of the whole step on
-        every rank (the loss's divisor); `reduce_grads(grads) -> grads` turns this program's gradient
-        sum (float32 [P], ParamLayout order: a view of the host staging memory, to read and not keep)
-        into a new array of the sum over ranks, between the micro-batches and the
-        optimizer, which then applies the same step on every rank. The StepStats' loss, n_valid,
-        top-1/5 and counters are then this program's share (the caller adds them up); the grad norm,
-        clip scale and skip are the whole step's.
+        every rank (the loss's divisor); `reduce_grads(part) -> part` turns a range of this program's
+        gradient sum (float32, a view of host staging memory, to read and not keep) into a new array
+        of the sum over ranks. It is called for each range of `group_ranges(layout)` in turn (the backward's
+        order: top layer first), between the micro-batches and the optimizer, which then applies the
+        same step on every rank. With `grad_groups` the last micro-batch runs group by group and a
+        range is added up as soon as its group has finished, while the GPU runs the next; without,
+        after the whole step, range by range all the same (the same additions: the same bits). The
+        StepStats' loss, n_valid, top-1/5 and counters are then this program's share (the caller adds
+        them up); the grad norm, clip scale and skip are the whole step's. `exchange.times` times it.
 
         while_running: host work (no argument, nothing returned) done while the last micro-batch's
         forward and backward run on the GPU, e.g. the next step's data; it must not touch this
@@ -289,9 +303,12 @@ class Program:
             n_valid = sum(count_valid(tg) for _, tg, _ in micro_batches)
         if (tf < 1.0) if stepwise is None else stepwise:
             self._stepwise_sequences()
-            first, nxt = self.seq_first_tf, self.seq_next_tf
+            first, nxt, groups = self.seq_first_tf, self.seq_next_tf, self.seq_groups_tf
         else:
-            first, nxt = self.seq_first, self.seq_next
+            first, nxt, groups = self.seq_first, self.seq_next, self.seq_groups
+        overlap = reduce_grads is not None and groups is not None
+        self.exchange.times = ExchangeTimes()
+        last = len(micro_batches) - 1
         for k, (tok, tg, rs) in enumerate(micro_batches):
             self._load_data(tok, tg, rs)
             self._load_hyper(self.hyper_words(hp, global_step=global_step, micro_batch=k, n_valid=n_valid,
@@ -299,24 +316,16 @@ class Program:
             if k == 0:
                 self._zero_stats()
             seq, what = (first, nxt)[k > 0], f"training step {global_step + 1} (micro-batch {k + 1})"
-            if while_running is not None and k == len(micro_batches) - 1:
+            if overlap and k == last:
+                self.exchange.overlapped(groups[k > 0], what, while_running, reduce_grads)
+            elif while_running is not None and k == last:
                 self._eval_while(seq, what, while_running)
             else:
                 self._eval(seq, what)
         if reduce_grads is not None:
-            self._exchange_grads(reduce_grads, global_step)
+            self.exchange.finish(reduce_grads, overlap)
         self._eval(self.seq_apply, f"training step {global_step + 1} (optimizer)")
         return self._stats(n_valid)
-
-    def _exchange_grads(self, reduce_grads, global_step: int) -> None:
-        """Download the gradient sum, replace it by reduce_grads' result, upload it (timed: reduce_s)."""
-        started = time.perf_counter()
-        grads = self.buffers.grads
-        self._sync([grads], False)
-        summed = reduce_grads(host_view(grads))  # reads the view, returns a new array (no copy of P floats)
-        self._put(grads, summed)
-        self._sync([grads], True)
-        self.reduce_s = time.perf_counter() - started
 
     def forward_logits(self, tokens, resets) -> np.ndarray:
         """Forward one window without dropout and return logits [T,B,V]; carries the state."""

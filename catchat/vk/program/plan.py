@@ -235,11 +235,15 @@ def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> B
     return Buffers(**made)
 
 
-def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: str = "fp32") -> list[tuple[str, int]]:
+def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: str = "fp32",
+                   grad_groups: bool = False) -> list[tuple[str, int]]:
     """(what, words) of the scratch buffers the program's kernels allocate for themselves (at
     `precision`: fp16 may stream the sweeps, with a float16 copy of W_hh and float16 shadows; fp32
-    may stream them on the threads' FMAs, with float32 shadows)."""
+    may stream them on the threads' FMAs, with float32 shadows; grad_groups: the gradient's staging
+    copies of an exchange that overlaps the backward, grad_slices.GradStages)."""
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
+    if training and grad_groups:
+        out.append(("gradient staging per backward group, its copy's row and hyper words", g.P + 1 + slots.HP_WORDS))
     streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
     if streamed:
         out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),
@@ -261,10 +265,10 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
 
 
 def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, dev: Device | None = None,
-                  precision: str = "fp32") -> int:
+                  precision: str = "fp32", grad_groups: bool = False) -> int:
     """Bytes of device buffers a Program allocates (the plan's buffers plus the kernels' scratch),
     computed without allocating. `dev` sets the GPU split-K workspaces and sweep tiles; without it
     they are sized as on a CPU device (no split)."""
     g = Geometry.of(layout, T, B, dev, training)
     own = sum(spec.nbytes(g) for _, spec in plan() if spec.needed(training))
-    return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev, precision))
+    return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev, precision, grad_groups))

@@ -6,6 +6,8 @@ and replayed for every batch (never re-recorded).
     set params             upload params; rebuild table0
     micro-batch (first)    upload hyper/stats/data; zero grads; forward; loss (dlogits in place); backward; carry
     micro-batch (next)     the same without zeroing and the stats upload (gradient accumulation)
+    ... in groups          several ranks: the last micro-batch as one sequence per backward group, each
+                           ending with its gradient range copied out and downloaded (grad_slices.py)
     apply                  (fp16: grads *= 1/S); grad norm; skip guard + clip + AdamW/NAdam; spectral projection;
                            table0; download stats
     per-timestep           recorded on first use: eval (free-running) and the two micro-batches with the
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from catchat.vk.device import Device
+from catchat.vk.program.grad_slices import GradStages
 from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, StepwiseKernels
 from catchat.vk.program.plan import Buffers
 
@@ -37,14 +40,23 @@ def forward_ops(f: ForwardKernels) -> list:
     return ops + r.head.ops()
 
 
-def backward_ops(k: BackwardKernels) -> list:
-    """Head, then layers top-down (norm, recurrent sweep, batched weight gradients), embedding."""
-    ops = k.head_dx.ops() + k.head_dw.ops()
+def backward_groups(k: BackwardKernels) -> list[list]:
+    """The backward in layer groups, in order: the head with the top layer, each layer below (norm,
+    recurrent sweep, batched weight gradients), layer 0 with the embedding and table0. Group g
+    finishes the gradient's range grad_slices.group_ranges(layout)[g]."""
+    groups = []
     for lay in reversed(k.layers):
-        ops += lay.norm.ops() + lay.gru.sweep_ops() + (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()
-        ops += lay.db_ih.ops() + lay.db_hh.ops() + (lay.dx.ops() if lay.dx else [])
+        ops = lay.norm.ops() + lay.gru.sweep_ops() + (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()
+        groups.append(ops + lay.db_ih.ops() + lay.db_hh.ops() + (lay.dx.ops() if lay.dx else []))
     t0 = k.table0
-    return ops + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] + t0.dw_ih.ops() + t0.demb.ops()
+    groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
+    groups[-1] += [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] + t0.dw_ih.ops() + t0.demb.ops()
+    return groups
+
+
+def backward_ops(k: BackwardKernels) -> list:
+    """The whole backward: its groups one after another."""
+    return [op for group in backward_groups(k) for op in group]
 
 
 def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) -> list:
@@ -101,6 +113,23 @@ def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels,
     micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + backward_ops(k) + [f.carry(1.0, 0.0)]
     return TrainSequences(first=dev.recorded([k.zero_grads(0.0, 0.0)] + micro, [b.hyper, b.stats] + _data(b)),
                           next=dev.recorded(micro, [b.hyper] + _data(b)))
+
+
+def record_train_groups(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list,
+                        stages: GradStages) -> TrainSequences:
+    """The first and next micro-batch around the forward ops `fwd` as one sequence per backward group
+    (several ranks: the exchange overlaps the backward, docs/distributed.md): the forward and loss
+    join the first group, the carry the last; each ends with its gradient range copied into its
+    staging tensor and downloaded. The groups after the first are the same for both."""
+    groups = backward_groups(k)
+    groups[0] = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + groups[0]
+    groups[-1] = groups[-1] + [f.carry(1.0, 0.0)]
+    ends = [[copy.op()] for copy in stages.copies]
+    rest = [dev.recorded(ops + end, (), [stage]) for ops, end, stage in zip(groups[1:], ends[1:], stages.stages[1:])]
+    first = dev.recorded([k.zero_grads(0.0, 0.0)] + groups[0] + ends[0], [b.hyper, b.stats] + _data(b),
+                         [stages.stages[0]])
+    return TrainSequences(first=[first] + rest,
+                          next=[dev.recorded(groups[0] + ends[0], [b.hyper] + _data(b), [stages.stages[0]])] + rest)
 
 
 def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels) -> Sequence:

@@ -1,0 +1,170 @@
+"""How the ranks add up a gradient (`Comm.sum_grads`, catchat/distributed.py; docs/distributed.md).
+
+The sum is a reduce-scatter (an Alltoall hands rank i block i of every rank's vector; rank i adds
+them in rank order, in float32) followed by an all-gather of the summed blocks. catchat does the
+additions, not the MPI implementation, so every rank holds the same bits, on any MPI.
+
+What travels (`distributed.exchange_dtype`):
+- "fp32": the float32 values as they are.
+- "fp16": each block as float16 times a power of two 2^k chosen from the block's largest magnitude,
+  which lands in [2^14, 2^15) (float16's largest finite value is 65504): no finite gradient
+  overflows, at any size or loss scale; values below 2^-39 of the block's largest become zero. k
+  travels in the block's first two 16-bit words. An inf or NaN travels as such (the scale comes
+  from the block's finite values), so the optimizer's skip guard sees it. The additions stay float32;
+  a block is rounded where it leaves its rank (a rank's share going to its adder, a sum going back),
+  and every rank, the adder included, takes the decoded bits.
+
+By host (`distributed.hierarchical`): the ranks of a host first reduce-scatter among themselves
+(rank i of a host adds block i of its host's ranks), then the ranks holding block i on each host
+reduce-scatter it across the hosts (in host order), and the summed pieces come back the same way:
+a host sends 2 (hosts-1)/hosts of the gradient across the network instead of ranks-per-host times
+that. The additions then run host by host: (g0 + g1) + (g2 + g3) for two hosts of two ranks, where
+the flat exchange adds ((g0 + g1) + g2) + g3. Every host needs the same number of ranks. On one host
+it is the flat exchange, bit for bit. CATCHAT_MPI_FAKE_HOSTS=N (tests) deals the ranks out to N
+pretend hosts in blocks of consecutive ranks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from catchat.errors import UsageError
+
+EXCHANGE_DTYPES = ("fp32", "fp16")
+ENV_FAKE_HOSTS = "CATCHAT_MPI_FAKE_HOSTS"
+
+
+# ----------------------------------------------------------------------------- what travels
+class Float32Blocks:
+    """Blocks travel as float32, unchanged."""
+
+    def encode(self, blocks: np.ndarray) -> np.ndarray:
+        """float32 [n, m] -> what is sent [n, m]."""
+        return np.ascontiguousarray(blocks, np.float32)
+
+    def decode(self, sent: np.ndarray) -> np.ndarray:
+        return sent
+
+
+class Float16Blocks:
+    """Blocks travel as float16 scaled by 2^k per block (the module's docstring): uint16 [n, 2 + m],
+    k (int32) in words 0-1, the scaled values in the rest."""
+
+    HEADER = 2  # uint16 words of k
+    TOP_EXPONENT = 15  # the block's largest magnitude is scaled into [2^14, 2^15)
+
+    def encode(self, blocks: np.ndarray) -> np.ndarray:
+        blocks = np.asarray(blocks, np.float32)
+        n, m = blocks.shape
+        peak = np.maximum(blocks.max(axis=1), -blocks.min(axis=1)) if m else np.zeros(n, np.float32)
+        for i in np.flatnonzero(~np.isfinite(peak)):  # scaled by its finite values: inf and NaN stay as they are
+            finite = np.abs(blocks[i][np.isfinite(blocks[i])])
+            peak[i] = finite.max() if finite.size else 0.0
+        scalable = peak > 0
+        _, e = np.frexp(np.where(scalable, peak, 1.0))  # peak < 2^e
+        k = np.where(scalable, self.TOP_EXPONENT - e, 0).astype(np.int32)
+        out = np.empty((n, self.HEADER + m), np.uint16)
+        out[:, :self.HEADER] = k.view(np.uint16).reshape(n, self.HEADER)
+        # exact products (2^k in float64: k may pass float32's range), rounded once to float16, one pass
+        np.multiply(blocks, np.ldexp(1.0, k)[:, None], out=out[:, self.HEADER:].view(np.float16), casting="unsafe")
+        return out
+
+    def decode(self, sent: np.ndarray) -> np.ndarray:
+        n = sent.shape[0]
+        k = np.ascontiguousarray(sent[:, :self.HEADER]).view(np.int32).reshape(n)
+        out = np.empty((n, sent.shape[1] - self.HEADER), np.float32)
+        np.multiply(sent[:, self.HEADER:].view(np.float16), np.ldexp(1.0, -k)[:, None], out=out, casting="unsafe")
+        return out
+
+
+CODECS = {"fp32": Float32Blocks, "fp16": Float16Blocks}
+
+
+# ----------------------------------------------------------------------------- hosts
+def host_names(names: list[str], environ=os.environ) -> list[str]:
+    """Each rank's host for the exchange: its processor name, or with CATCHAT_MPI_FAKE_HOSTS=N one of
+    N pretend hosts, dealt out in blocks of consecutive ranks (a test of the by-host exchange on one
+    machine)."""
+    raw = environ.get(ENV_FAKE_HOSTS, "").strip()
+    if not raw:
+        return list(names)
+    size = len(names)
+    if not raw.isdigit() or not 1 <= int(raw) <= size:
+        raise UsageError(f"{ENV_FAKE_HOSTS}={raw!r} is not a number of pretend hosts in [1, {size}]",
+                         f"unset it, or set e.g. {ENV_FAKE_HOSTS}=2")
+    hosts = int(raw)
+    return [f"fake-host-{r * hosts // size}" for r in range(size)]
+
+
+def host_layout(hosts: list[str]) -> tuple[list[int], list[int]]:
+    """(host index, index on its host) of every rank: hosts numbered in order of their first rank,
+    a host's ranks in rank order."""
+    order = list(dict.fromkeys(hosts))
+    index = [order.index(h) for h in hosts]
+    local = [hosts[:r].count(h) for r, h in enumerate(hosts)]
+    return index, local
+
+
+def check_hierarchical(hosts: list[str]) -> None:
+    """The by-host exchange pairs block i of every host: each host needs the same number of ranks."""
+    counts = {h: hosts.count(h) for h in dict.fromkeys(hosts)}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{h}: {n}" for h, n in counts.items())
+        raise UsageError(f"distributed.hierarchical needs the same number of ranks on every host, got {shown}",
+                         "start as many ranks on each host, or set distributed.hierarchical = false")
+
+
+# ----------------------------------------------------------------------------- the sum
+class GradExchange:
+    """The sum over ranks of float32 vectors, as the module's docstring describes: over `levels`, a
+    list of one communicator (flat: the world) or two (the ranks of this host, then this block's
+    ranks across the hosts). `wait(request, what)` waits for a non-blocking MPI request with the
+    run's deadline (Comm._wait)."""
+
+    def __init__(self, codec, levels: list, wait):
+        self.codec, self.levels, self.wait = codec, levels, wait
+
+    def sum(self, values: np.ndarray, what: str) -> np.ndarray:
+        """The sum over every rank of `values` (float32 [n]): a new array, the same bits on every rank."""
+        g = np.ascontiguousarray(values, np.float32).ravel()
+        n = g.size
+        chunks, part = [], g
+        for comm in self.levels:  # reduce-scatter level by level: this rank's block of the level's sum
+            chunk = -(-part.size // comm.Get_size())
+            part = self._reduce_scatter(part, comm, chunk, what)
+            chunks.append(chunk)
+        sent = self.codec.encode(part[None])  # the total's block, encoded once by its adder
+        for comm in reversed(self.levels):  # gather back: the encoded blocks travel unchanged
+            sent = self._all_gather(sent, comm, what)
+        blocks = self.codec.decode(sent.reshape(-1, sent.shape[-1]))  # [ranks, last level's chunk]
+        sizes = [comm.Get_size() for comm in self.levels]
+        for level in range(len(self.levels) - 1, 0, -1):  # drop each level's padding, innermost first
+            blocks = blocks.reshape(-1, sizes[level] * chunks[level])[:, :chunks[level - 1]]
+        return np.ascontiguousarray(blocks).ravel()[:n]
+
+    def _reduce_scatter(self, part: np.ndarray, comm, chunk: int, what: str) -> np.ndarray:
+        """This rank's block (float32 [chunk]) of the sum over `comm` of every rank's `part`, split in
+        comm.size blocks of `chunk` (the last padded with zeros); added in the comm's rank order."""
+        size = comm.Get_size()
+        if size == 1:  # nothing travels: the part is the sum
+            return np.concatenate((part, np.zeros(chunk - part.size, np.float32))) if part.size < chunk else part
+        padded = part if part.size == size * chunk else np.concatenate(
+            (part, np.zeros(size * chunk - part.size, np.float32)))  # a copy only where the blocks need padding
+        send = self.codec.encode(padded.reshape(size, chunk))
+        recv = np.empty_like(send)
+        self.wait(comm.Ialltoall(send, recv), what, spin=True)
+        blocks = self.codec.decode(recv)
+        total = blocks[0].copy()
+        for r in range(1, size):  # rank order, float32: (((b0 + b1) + b2) + ...)
+            np.add(total, blocks[r], out=total)
+        return total
+
+    def _all_gather(self, mine: np.ndarray, comm, what: str) -> np.ndarray:
+        """Every rank's `mine` (the same shape on each), stacked in the comm's rank order."""
+        if comm.Get_size() == 1:
+            return mine[None]
+        out = np.empty((comm.Get_size(), *mine.shape), mine.dtype)
+        self.wait(comm.Iallgather(np.ascontiguousarray(mine), out), what, spin=True)
+        return out

@@ -1,0 +1,117 @@
+"""The gradient in layer groups, for the exchange that overlaps the backward pass (data parallelism,
+docs/distributed.md "Overlap").
+
+The backward runs top-down: the head with the top layer, then each layer below, then layer 0 with the
+embedding and table0. Each group finishes one contiguous range of the flat ParamLayout (its order is
+embedding, layers 0..L-1, head): the top layer's parameters and the head (the layout's tail), one
+layer's, and layer 0's with the embedding (its head). No later group writes into an earlier group's
+range: a layer's backward writes only its own parameters' gradients, the head writes head.weight (or,
+tied, embedding.weight, which is in the last group), table0 and the embedding backward write
+layer 0's W_ih and the embedding. So a group's range is final when its ops have run.
+
+With several ranks each group's range is copied on the device into a staging tensor of its own and
+downloaded at the end of the group's sequence, so the host adds up group g's range while the GPU
+runs group g + 1. kp 0.9 downloads only whole tensors; the copy is the embedding gather
+(glsl/embedding.comp) of one row of the range's width with a scale of exactly 1 (sqrt(1) and no
+dropout: its own hyper words, all zero), x * 1.0: the same bits, zeros' signs included (a device that
+flushes float32 subnormals would flush them here as in every kernel).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from catchat.model import ParamLayout
+from catchat.vk import slots
+from catchat.vk.device import Device, host_view
+from catchat.vk.kernels.embedding import EmbeddingForward
+
+
+def group_ranges(layout: ParamLayout) -> list[tuple[int, int]]:
+    """[lo, hi) of the flat gradient that each backward group finishes, in backward order: the top
+    layer with the head, each layer below, layer 0 with the embedding. Contiguous, covering
+    [0, layout.total)."""
+    L = layout.spec.layers
+    starts = [0] + [layout.offsets[f"layers.{l}.gru.weight_ih"] for l in range(1, L)] + [layout.total]
+    return [(starts[l], starts[l + 1]) for l in reversed(range(L))]
+
+
+class GradStages:
+    """Per backward group: a staging tensor of its range and the dispatch that fills it from `grads`."""
+
+    def __init__(self, dev: Device, grads, layout: ParamLayout):
+        self.ranges = group_ranges(layout)
+        self.stages = [dev.tensor(hi - lo) for lo, hi in self.ranges]
+        row0 = dev.tensor(np.zeros(1, np.uint32), np.uint32)  # the one "token": row 0 of the range
+        unscaled = dev.tensor(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)  # p_emb = 0: no dropout
+        dev.upload([row0, unscaled])  # device tensors hold garbage until synced
+        self.copies = [EmbeddingForward(dev, (row0, 0), (grads, lo), (stage, 0), unscaled, 1, 1, hi - lo, scale_h=1)
+                       for (lo, hi), stage in zip(self.ranges, self.stages)]
+
+    @staticmethod
+    def floats(layout: ParamLayout) -> int:
+        """Floats the staging tensors hold (one gradient's worth), for the memory plan."""
+        return layout.total
+
+
+@dataclass
+class ExchangeTimes:
+    """A training step's gradient exchange on the host clock (time.perf_counter): `host_s` seconds
+    spent on it (reduce_grads, and the downloads and uploads outside the GPU's sequences); `gpu_done`
+    when the host saw the micro-batches' GPU work finished, `done` when the summed gradient was back
+    on the device. Between the two the exchange held the step up."""
+
+    host_s: float = 0.0
+    gpu_done: float = 0.0
+    done: float = 0.0
+
+
+class StepExchange:
+    """A training step's gradient summed over the ranks range by range (Program.train_step's
+    reduce_grads), overlapped with the last micro-batch's backward or after it; `times` times the
+    last step's. sync(tensors, to_device): the Program's whole-tensor upload or download."""
+
+    def __init__(self, dev: Device, grads, layout: ParamLayout, stages: GradStages | None, sync):
+        self.dev, self.grads, self.stages, self.sync = dev, grads, stages, sync
+        self.ranges = group_ranges(layout)
+        self.times = ExchangeTimes()
+
+    def overlapped(self, seqs, what: str, while_running, reduce_grads) -> None:
+        """The last micro-batch as per-group sequences (sequences.record_train_groups), all submitted
+        at once (the queue runs them in order; every dispatch's barrier, kp patch 0002, orders it after
+        the group before): while the GPU runs group g + 1 the host adds up group g's range into the
+        gradient's host copy. while_running first: it overlaps the forward. On an error the GPU
+        finishes first."""
+        host, times, pending = host_view(self.grads), self.times, []
+        try:
+            for seq in seqs:
+                self.dev.run(seq.eval_async, what)
+                pending.append(seq)
+            if while_running is not None:
+                while_running()
+            for (lo, hi), stage in zip(self.ranges, self.stages.stages):
+                self.dev.run(pending.pop(0).eval_await, what)
+                times.gpu_done = started = time.perf_counter()
+                host[lo:hi] = reduce_grads(host_view(stage))
+                times.host_s += time.perf_counter() - started
+        finally:
+            for seq in pending:
+                self.dev.run(seq.eval_await, what)
+
+    def finish(self, reduce_grads, overlapped: bool) -> None:
+        """Upload the gradient summed over the ranks. Not overlapped: first download it and add it up
+        range by range (the ranges and order of the overlapped path: the same bits)."""
+        times = self.times
+        started = time.perf_counter()
+        if not overlapped:
+            times.gpu_done = started
+            self.sync([self.grads], False)
+            host = host_view(self.grads)
+            for lo, hi in self.ranges:
+                host[lo:hi] = reduce_grads(host[lo:hi])  # reads the view, returns a new array
+        self.sync([self.grads], True)
+        times.done = time.perf_counter()
+        times.host_s += times.done - started
