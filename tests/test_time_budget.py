@@ -417,23 +417,32 @@ def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path)
     for name, lr in (("base", 3e-3), ("hot", 0.02)):
         _, changes, steps, _, loss, wall = rows[name]
         assert int(steps.replace(",", "")) > 0 and 0 < float(loss) < math.log(101)
-        assert float(wall) <= budget + 2.5
+        # the run's own clock kept the budget (the wall column adds process start-up, which a loaded
+        # machine can stretch: not asserted)
+        assert float(wall) > 0 and events(tmp_path / name, "end")[-1]["elapsed_s"] <= budget
         assert cfgmod.load(tmp_path / name / "config.toml").train.lr == lr
         assert events(tmp_path / name, "eval")[-1]["loss"] == pytest.approx(float(loss), abs=1e-4)
 
 
 def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
     """--budget 0: no time budget, each variant runs the config's steps (how fp16 is compared with FP32
-    at a fixed step count)."""
+    at a fixed step count); --seeds: a run per seed and a mean row."""
     shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
-              "eval.eval_every_seqs=0", "eval.sample_chars=0", "train.time_budget_s=0", "train.cycles=0",
-              "train.total_steps=3"]
+              "eval.eval_every_seqs=100000", "eval.free_running=false", "eval.sample_chars=0", "train.time_budget_s=0",
+              "train.cycles=0", "train.total_steps=3"]  # evals: the final one alone
     sets = [arg for s in shrink for arg in ("--set", s)]
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp32", "fp16:train.precision=fp16",
-                        "--budget", "0", "--runs-dir", str(tmp_path), *sets],
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp16:train.precision=fp16",
+                        "--budget", "0", "--seeds", "4,7", "--runs-dir", str(tmp_path), *sets],
                        capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
-    assert [(row[0], row[2]) for row in rows] == [("fp32", "3"), ("fp16", "3")], r.stdout
-    assert cfgmod.load(tmp_path / "fp16" / "config.toml").train.precision == "fp16"
-    assert "time_budget" not in {e["event"] for e in events(tmp_path / "fp16")}
+    assert [(row[0], row[2]) for row in rows] == [("fp16-s4", "3"), ("fp16-s7", "3"), ("fp16", "3")], r.stdout
+    losses = []
+    for seed in (4, 7):
+        cfg = cfgmod.load(tmp_path / f"fp16-s{seed}" / "config.toml")
+        assert cfg.train.precision == "fp16" and cfg.train.seed == seed
+        assert "time_budget" not in {e["event"] for e in events(tmp_path / f"fp16-s{seed}")}
+        losses.append(events(tmp_path / f"fp16-s{seed}", "eval")[-1]["loss"])
+    assert losses[0] != losses[1]  # the seeds draw different weights
+    assert rows[2][1] == "train.precision=fp16, 2 seeds"
+    assert rows[2][4] == f"{sum(losses) / 2:.4f} ({min(losses):.4f}-{max(losses):.4f})"

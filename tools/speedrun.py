@@ -16,6 +16,10 @@ applies to every variant (e.g. --set data.corpus=DIR for a corpus built beforeha
 steps reached, median train tokens/s, the held-out loss of the final eval (nats/char, all of the
 eval split when eval.eval_windows = 0), and the run's wall clock from launch to exit.
 
+--seeds 3,4,5 runs every variant once per seed (train.seed=N, into RUNS_DIR/NAME-sN), a row each, then a
+row NAME with the mean of each column and the held-out loss as mean (min-max): how a claim is reported
+(one config run twice gave 1.364 and 1.378, docs/speedrun.md).
+
 --torch VARIANT (repeatable, the same NAME[:CHANGES] syntax) adds PyTorch rows after catchat's: the same
 config, budget and --set changes trained by `python -m catchat.analysis.torch_train` (catchat's model and
 recipe in PyTorch: cuDNN GRU, AMP bf16 where the config trains at fp16 on CUDA, NAdam; the same corpus
@@ -98,6 +102,35 @@ def format_row(name: str, changes: list[str], s: dict, wall_s: float, engine: st
     return f"| {name} | {what} | {s['steps']:,} | {s['tokens_per_s']:,.0f} | {s['loss']:.4f} | {wall_s:.1f} |"
 
 
+def seed_runs(name: str, changes: list[str], seeds: list[int]) -> list[tuple[str, list[str]]]:
+    """(run name, changes) of a variant: itself, or one run per seed (NAME-sN, train.seed=N appended)."""
+    if not seeds:
+        return [(name, changes)]
+    return [(f"{name}-s{seed}", changes + [f"train.seed={seed}"]) for seed in seeds]
+
+
+def format_seeds_row(name: str, changes: list[str], rows: list[tuple[dict, float]], engine: str = "catchat") -> str:
+    """The summary row of a variant's seeds: mean steps, tokens/s and wall clock; the held-out loss as
+    mean (min-max)."""
+    losses = [s["loss"] for s, _ in rows]
+    what = ", ".join((["PyTorch"] if engine == "torch" else []) + changes + [f"{len(rows)} seeds"])
+    mean = statistics.fmean
+    return (f"| {name} | {what} | {mean(s['steps'] for s, _ in rows):,.0f} | "
+            f"{mean(s['tokens_per_s'] for s, _ in rows):,.0f} | {mean(losses):.4f} ({min(losses):.4f}-"
+            f"{max(losses):.4f}) | {mean(w for _, w in rows):.1f} |")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'3,4,5' -> [3, 4, 5] (distinct non-negative integers)."""
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seeds, e.g. 3,4,5") from None
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"{text!r}: give distinct non-negative seeds, e.g. 3,4,5")
+    return seeds
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("variants", nargs="*", help="NAME or NAME:SECTION.KEY=VALUE,...")
@@ -110,10 +143,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds of wall clock per run (0: the config's own run length)")
     ap.add_argument("--runs-dir", type=Path, default=Path("runs/speedrun"))
     ap.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    ap.add_argument("--seeds", type=parse_seeds, default=[], metavar="N,N,...",
+                    help="run every variant once per seed (train.seed) and add a mean row")
     args = ap.parse_args(argv)
     if not args.variants and not args.torch_variants:
         ap.error("name at least one variant (or --torch VARIANT)")
-    names = [parse_variant(v)[0] for v in args.variants + args.torch_variants]
+    names = [run for v in args.variants + args.torch_variants
+             for run, _ in seed_runs(*parse_variant(v), args.seeds)]
     if len(set(names)) != len(names):
         ap.error(f"variant names must differ (each is a directory of --runs-dir): {', '.join(names)}")
     return args
@@ -124,13 +160,18 @@ def main(argv: list[str] | None = None) -> None:
     print("| variant | changes | steps | train tok/s | held-out nats/char | wall s |")
     print("|---|---|---|---|---|---|")
     for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)):
+        python = args.torch_python if engine == "torch" else sys.executable
         for text in texts:
             name, changes = parse_variant(text)
-            run_dir = args.runs_dir / name
-            python = args.torch_python if engine == "torch" else sys.executable
-            wall_s = run_variant(train_command(engine, args.config, args.budget, run_dir, args.common + changes,
-                                               python), run_dir)
-            print(format_row(name, changes, summarise(run_dir), wall_s, engine), flush=True)
+            rows = []
+            for run, run_changes in seed_runs(name, changes, args.seeds):
+                run_dir = args.runs_dir / run
+                wall_s = run_variant(train_command(engine, args.config, args.budget, run_dir,
+                                                   args.common + run_changes, python), run_dir)
+                rows.append((summarise(run_dir), wall_s))
+                print(format_row(run, run_changes, *rows[-1], engine), flush=True)
+            if args.seeds:
+                print(format_seeds_row(name, changes, rows, engine), flush=True)
 
 
 if __name__ == "__main__":
