@@ -46,6 +46,9 @@ def build(cfg: cfgmod.Config, dev, ranks: OneProcess, report) -> Setup:
     lo, hi = ranks.share
     prog = Program(dev, layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
                    lane_offset=lo, lanes_total=B, precision=cfg.train.precision, grad_groups=ranks.overlaps(cfg))
+    if ranks.overlaps(cfg) and prog.grad_stages is None and ranks.is_root:
+        report("warning", text="distributed.overlap: this kp cannot submit without waiting (kp patch 0004, "
+                               "tools/kp-patches): the gradient is exchanged after the backward")
     made = products(dev, cfg.train.precision)
     if ranks.is_root and cfg.train.precision == "fp16" and not coopmat_runs(dev):  # the user asked for speed
         report("warning", text=f"precision fp16 on {dev.info.name}: {made}")
