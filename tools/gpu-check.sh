@@ -129,6 +129,20 @@ qv5() { local p=$1; part "quality-v5-$p" $py -m catchat.cli train configs/catcha
     part "quality-v5-$p-eval" $py -m catchat.cli eval "/tmp/quality-v5-$p" --json; }
 wanted quality-v5-fp16 && qv5 fp16
 wanted quality-v5-fp32 && qv5 fp32
+# issue 37: the gradient exchange of 2 ranks sharing the GPU, distributed.overlap off/on x exchange fp32/fp16
+# (tools/bench_exchange.py; CORPUS_DIR built beforehand; the MPI wheels of tools/fetch-mpi-wheels.sh in
+# .device-deps/mpi, installed into a venv that sees python3's packages)
+mpi_venv() { [ -x /tmp/mpi-venv/bin/mpiexec ] || { $py -m venv --system-site-packages /tmp/mpi-venv &&
+    /tmp/mpi-venv/bin/pip install -q --no-index --find-links .device-deps/mpi mpi4py mpich; }; }
+# ... and the data-parallel tests on this GPU (2-3 ranks: N ranks against one process, overlap on/off bitwise)
+wanted pytest-distributed && mpi_venv
+part pytest-distributed env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python -m pytest -q -p no:cacheprovider \
+    tests/test_distributed.py tests/test_overlap.py
+for c in v3:12 v5:8; do
+    wanted "exchange-${c%%:*}" && mpi_venv
+    part "exchange-${c%%:*}" env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python tools/bench_exchange.py \
+        "configs/catchat-${c%%:*}.toml" --steps "${c##*:}" --set "data.corpus=$corpus" --json "$out/bench-exchange-${c%%:*}.json"
+done
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
