@@ -118,6 +118,11 @@ steps2048="--budget 0 --set data.corpus=$corpus --set train.time_budget_s=0 --se
 part speedrun-steps-catchat $py tools/speedrun.py c2048 c2048-lf:data.lane_order=longest_first \
     c2048-sh:data.lane_order=shuffle $steps2048
 part speedrun-steps-torch $py tools/speedrun.py --torch t2048 $steps2048
+# issue 36 item 2's recipe rows, screened at 1,024 steps each (~1 min a row; PART_TIMEOUT=400): the config,
+# weight decay off, tied embeddings, a 512 window at 128 lanes (the same tokens a step), L = 4
+steps1024="${steps2048/total_steps=2048/total_steps=1024}"
+part speedrun-screen $py tools/speedrun.py s1024 s1024-wd0:train.weight_decay=0 s1024-tied:model.tie_embeddings=true \
+    s1024-w512:data.window=512,data.batch_lanes=128 s1024-l4:model.layers=4 $steps1024
 # issue 32's quality check: 600 v5 steps at fp16 and at fp32 from the same seed on the built-in
 # Shakespeare (CORPUS_DIR built beforehand: catchat corpus build shakespeare -o DIR), each run's
 # last held-out eval and the final checkpoint scored again by `catchat eval` (fp32, the whole split)
