@@ -138,9 +138,9 @@ wanted quality-v5-fp16 && qv5 fp16
 wanted quality-v5-fp32 && qv5 fp32
 # issue 37: the gradient exchange of 2 ranks sharing the GPU, distributed.overlap off/on x exchange fp32/fp16
 # (tools/bench_exchange.py; CORPUS_DIR built beforehand; the MPI wheels of tools/fetch-mpi-wheels.sh in
-# .device-deps/mpi, installed into a venv that sees python3's packages)
+# MPI_WHEELS, default .device-deps/mpi of this checkout, installed into a venv that sees python3's packages)
 mpi_venv() { [ -x /tmp/mpi-venv/bin/mpiexec ] || { $py -m venv --system-site-packages /tmp/mpi-venv &&
-    /tmp/mpi-venv/bin/pip install -q --no-index --find-links .device-deps/mpi mpi4py mpich; }; }
+    /tmp/mpi-venv/bin/pip install -q --no-index --find-links "${MPI_WHEELS:-.device-deps/mpi}" mpi4py mpich; }; }
 # ... and the data-parallel tests on this GPU (2-3 ranks: N ranks against one process, overlap on/off bitwise)
 wanted pytest-distributed && mpi_venv
 part pytest-distributed env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python -m pytest -q -p no:cacheprovider \
