@@ -16,7 +16,7 @@ import pytest
 
 from catchat import config as cfgmod
 from catchat.analysis import torch_train as tt
-from catchat.analysis.torch_program import reset_segments, step_masks, torch_name
+from catchat.analysis.torch_program import reset_segments, torch_name
 from catchat.data import vocab
 from catchat.data.corpus import open_corpus
 from catchat.data.lanes import Lanes
@@ -123,15 +123,15 @@ def test_dropout_masks_are_catchats():
     layout = ParamLayout(cfgmod.model_spec(cfgmod.load(ROOT / "configs" / "tiny.toml")))
     V, H, L = layout.spec.vocab_size, layout.spec.hidden, layout.spec.layers
     seed = step_seed(3, 17, 1)
-    rows, hid = step_masks(layout, 5, seed, 0.1, 0.15)
+    rows, hid = ref.dropout_scales(layout.spec, 5, seed, 0.1, 0.15)
     assert rows.shape == (V,) and hid.shape == (L, 5, H)
     keep = ref.embedding_keep_mask(seed, V, 0.1)
     np.testing.assert_allclose(rows, math.sqrt(H) * keep / 0.9, rtol=1e-15)
     assert 0 < keep.sum() < V
     for l in range(L):
         np.testing.assert_allclose(hid[l], ref.hidden_keep_mask(seed, l, 5, H, 0.15) / 0.85, rtol=1e-15)
-    assert not np.array_equal(hid[0], step_masks(layout, 5, step_seed(3, 18, 1), 0.1, 0.15)[1][0])
-    rows, hid = step_masks(layout, 5, seed, 0.0, 0.0)  # no dropout: sqrt(H) and ones
+    assert not np.array_equal(hid[0], ref.dropout_scales(layout.spec, 5, step_seed(3, 18, 1), 0.1, 0.15)[1][0])
+    rows, hid = ref.dropout_scales(layout.spec, 5, seed, 0.0, 0.0)  # no dropout: sqrt(H) and ones
     assert np.all(rows == math.sqrt(H)) and np.all(hid == 1.0)
 
 
@@ -153,8 +153,8 @@ def test_the_feed_is_catchats_with_the_steps_masks(scenes):
         for k, (a, b) in enumerate(zip(mine, theirs)):
             for x, y in zip(a[:3], b):
                 np.testing.assert_array_equal(x, y)
-            masks = step_masks(layout, cfg.data.batch_lanes, step_seed(cfg.train.seed, gs, k),
-                               cfg.train.dropout_embedding, cfg.train.dropout_hidden)
+            masks = ref.dropout_scales(layout.spec, cfg.data.batch_lanes, step_seed(cfg.train.seed, gs, k),
+                                       cfg.train.dropout_embedding, cfg.train.dropout_hidden)
             np.testing.assert_array_equal(a[3], masks[0])
             np.testing.assert_array_equal(a[4], masks[1])
         cur = after

@@ -10,7 +10,7 @@ a bias-free head), as a PyTorch user would run them:
   (truncated BPTT), and is zeroed where a conversation starts. cuDNN's GRU cannot reset a lane's state
   inside a sequence, so a window is run in segments cut at every step where some lane resets
   (`reset_segments`), each lane's state multiplied by 1 - reset there: the same arithmetic, more calls.
-- dropout draws catchat's own masks (catchat.rng, `step_masks`): whole embedding rows per micro-batch and
+- dropout draws catchat's own masks (the reference's `dropout_scales`): whole embedding rows per micro-batch and
   a variational [B, H] mask per layer on the GRU's output, from `step_seed(train.seed, step, k)`.
 - the loss: cross_entropy(label_smoothing) summed over the valid targets (<pad> masked) of the micro-batch,
   divided by the whole step's valid count; gradients of the step's micro-batches summed.
@@ -31,7 +31,6 @@ import numpy as np
 
 from catchat.data import vocab
 from catchat.model import ParamLayout
-from catchat.model.reference.layers import embedding_keep_mask, hidden_keep_mask
 
 
 def reset_segments(resets: np.ndarray) -> list[tuple[int, int]]:
@@ -40,21 +39,6 @@ def reset_segments(resets: np.ndarray) -> list[tuple[int, int]]:
     T = resets.shape[0]
     cuts = [0, *(int(t) for t in np.flatnonzero(np.asarray(resets)[1:].any(axis=1)) + 1), T]
     return list(zip(cuts[:-1], cuts[1:]))
-
-
-def step_masks(layout: ParamLayout, B: int, seed: int, p_emb: float, p_hid: float) -> tuple[np.ndarray, np.ndarray]:
-    """catchat's dropout of one micro-batch (docs/model.md, the reference's masks): the embedding rows'
-    scale [V] = sqrt(H) * keep / (1 - p_emb) and each layer's hidden scale [L, B, H] = keep / (1 - p_hid),
-    float64 (the program rounds them to its dtype). p = 0 keeps everything (the RNG is not drawn)."""
-    spec = layout.spec
-    V, H, L = spec.vocab_size, spec.hidden, spec.layers
-    keep_rows = embedding_keep_mask(seed, V, p_emb) if p_emb > 0 else np.ones(V, bool)
-    row_scale = math.sqrt(H) * (keep_rows / (1.0 - p_emb))  # [V]
-    hid = np.ones((L, B, H))  # [L,B,H]
-    if p_hid > 0:
-        for l in range(L):
-            hid[l] = hidden_keep_mask(seed, l, B, H, p_hid) / (1.0 - p_hid)
-    return row_scale, hid
 
 
 def torch_name(name: str) -> str:

@@ -45,6 +45,7 @@ from catchat.data.lanes import n_valid as count_valid
 from catchat.errors import CatchatError, UsageError
 from catchat.fsutil import append_line
 from catchat.model import ParamLayout, init_params
+from catchat.model.reference import dropout_scales
 from catchat.rng import step_seed
 from catchat.run.schedule import interval_crossed
 from catchat.training.evals import Evals, eval_lanes
@@ -79,12 +80,10 @@ class MaskedFeed(Feed):
         self.layout = layout
 
     def step_data(self, cursor, global_step: int):
-        from catchat.analysis.torch_program import step_masks
-
         t = self.cfg.train
         batches, after = super().step_data(cursor, global_step)
-        return [(tok, tg, rs, *step_masks(self.layout, self.lanes.B, step_seed(t.seed, global_step, k),
-                                          t.dropout_embedding, t.dropout_hidden))
+        return [(tok, tg, rs, *dropout_scales(self.layout.spec, self.lanes.B, step_seed(t.seed, global_step, k),
+                                              t.dropout_embedding, t.dropout_hidden))
                 for k, (tok, tg, rs) in enumerate(batches)], after
 
 

@@ -39,6 +39,7 @@ from catchat.model.reference.layers import (
 from catchat.model.reference.loss import cross_entropy_forward_backward
 from catchat.model.reference.model import (
     Result,
+    dropout_scales,
     model_forward_backward,
     reference_train_step,
     scheduled_sampling_inputs,
@@ -58,9 +59,9 @@ from catchat.model.reference.sampling import ngram_banned, sample_choice, tf_sel
 
 __all__ = [
     "MU_PROD_FLOOR", "Result", "adamw_step", "axpby_reference", "clip_scale", "cross_entropy_forward_backward",
-    "embedding_backward", "embedding_forward", "embedding_keep_mask", "gemm", "grad_norm", "gru_layer_backward",
-    "gru_layer_forward", "gru_step_backward", "gru_sweep_backward", "gru_weight_grads", "head_backward",
-    "head_forward", "hidden_keep_mask", "model_forward_backward", "nadam_coefficients", "nadam_step",
+    "dropout_scales", "embedding_backward", "embedding_forward", "embedding_keep_mask", "gemm", "grad_norm",
+    "gru_layer_backward", "gru_layer_forward", "gru_step_backward", "gru_sweep_backward", "gru_weight_grads",
+    "head_backward", "head_forward", "hidden_keep_mask", "model_forward_backward", "nadam_coefficients", "nadam_step",
     "ngram_banned", "reference_apply_step", "reference_train_step", "residual_rmsnorm_backward",
     "residual_rmsnorm_forward", "sample_choice", "scheduled_sampling_inputs", "spectral_project",
     "spectral_project_model", "tf_select",

@@ -53,6 +53,16 @@ def _dropout_scale(keep: np.ndarray, p: float, dt) -> np.ndarray:
     return (keep / (1.0 - p)).astype(dt)
 
 
+def dropout_scales(spec: ModelSpec, B: int, seed: int, p_emb: float, p_hid: float, dt=np.float64):
+    """One micro-batch's dropout (docs/model.md) from its seed (`catchat.rng.step_seed`): the embedding
+    rows' scale [V] = sqrt(H) * keep / (1 - p_emb) and each layer's variational scale of its GRU output
+    [L, B, H] = keep / (1 - p_hid); p = 0 keeps everything."""
+    H = spec.hidden
+    row_scale = math.sqrt(H) * _dropout_scale(embedding_keep_mask(seed, spec.vocab_size, p_emb), p_emb, dt)
+    hid = np.stack([_dropout_scale(hidden_keep_mask(seed, l, B, H, p_hid), p_hid, dt) for l in range(spec.layers)])
+    return row_scale, hid
+
+
 def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
                            *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
                            need_grads=True, precision="fp32", recurrent="fp32", forced=None,
@@ -77,14 +87,13 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
     V, H, L = spec.vocab_size, spec.hidden, spec.layers
     T, B = tokens.shape
     tokens = tokens.astype(np.intp)
-    row_scale = math.sqrt(H) * _dropout_scale(embedding_keep_mask(seed, V, p_emb), p_emb, dt)  # [V]
+    row_scale, hid_scales = dropout_scales(spec, B, seed, p_emb, p_hid, dt)  # [V], [L,B,H]
     x = embedding_forward(E, tokens, row_scale)  # [T,B,H]
     xs, gcaches, ncaches = [], [], []
     hT = np.empty((L, B, H), dt)  # [L,B,H]
     table0 = precision == "fp16"  # layer 0's input projection as a gather from E W_ih0^T
     for l in range(L):
         pre = f"layers.{l}."
-        hid_scale = _dropout_scale(hidden_keep_mask(seed, l, B, H, p_hid), p_hid, dt)  # [B,H]
         gi = None
         if l == 0 and table0:  # [T,B,3H]
             gi = embedding_forward(gemm(E, params[pre + "gru.weight_ih"].T, precision), tokens, row_scale)
@@ -97,7 +106,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
             gc["forced_dgh"] = dgh_l
         hT[l] = o[-1]
         xs.append(x)
-        x, nc = residual_rmsnorm_forward(x, o, hid_scale, params[pre + "norm.weight"], spec.norm_eps)
+        x, nc = residual_rmsnorm_forward(x, o, hid_scales[l], params[pre + "norm.weight"], spec.norm_eps)
         gcaches.append(gc)
         ncaches.append(nc)
     W_head = params[head_name(spec)]  # [V,H]
