@@ -301,10 +301,7 @@ class Comm:
         mine = np.ascontiguousarray(values, np.float64).ravel()
         rows = np.empty((self.size, mine.size), np.float64)
         self._wait(self.world.Iallgather(mine, rows), what)
-        total = rows[0].copy()
-        for r in range(1, self.size):
-            total += rows[r]
-        return total
+        return exchange.rank_order_sum(rows)
 
     def set_exchange(self, dtype: str = "fp32", hierarchical: bool = False) -> None:
         """How sum_grads exchanges (catchat/exchange.py): float32 or float16 on the wire, flat or by

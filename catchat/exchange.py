@@ -117,6 +117,15 @@ def check_hierarchical(hosts: list[str]) -> None:
 
 
 # ----------------------------------------------------------------------------- the sum
+def rank_order_sum(rows: np.ndarray) -> np.ndarray:
+    """rows[0] + rows[1] + ... added in that order, in rows' dtype: (((r0 + r1) + r2) + ...), the same
+    bits on every rank whatever the MPI implementation."""
+    total = rows[0].copy()
+    for r in range(1, len(rows)):
+        np.add(total, rows[r], out=total)
+    return total
+
+
 class GradExchange:
     """The sum over ranks of float32 vectors, as the module's docstring describes: over `levels`, a
     list of one communicator (flat: the world) or two (the ranks of this host, then this block's
@@ -155,11 +164,7 @@ class GradExchange:
         send = self.codec.encode(padded.reshape(size, chunk))
         recv = np.empty_like(send)
         self.wait(comm.Ialltoall(send, recv), what, spin=True)
-        blocks = self.codec.decode(recv)
-        total = blocks[0].copy()
-        for r in range(1, size):  # rank order, float32: (((b0 + b1) + b2) + ...)
-            np.add(total, blocks[r], out=total)
-        return total
+        return rank_order_sum(self.codec.decode(recv))  # float32, in the comm's rank order
 
     def _all_gather(self, mine: np.ndarray, comm, what: str) -> np.ndarray:
         """Every rank's `mine` (the same shape on each), stacked in the comm's rank order."""
