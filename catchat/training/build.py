@@ -44,9 +44,10 @@ def build(cfg: cfgmod.Config, dev, ranks: OneProcess, report) -> Setup:
     ranks.split(B)
     ranks.configure(cfg)
     lo, hi = ranks.share
+    overlap = ranks.overlaps(cfg)
     prog = Program(dev, layout, cfg.data.window, hi - lo, optimizer=cfg.train.optimizer,
-                   lane_offset=lo, lanes_total=B, precision=cfg.train.precision, grad_groups=ranks.overlaps(cfg))
-    if ranks.overlaps(cfg) and prog.grad_stages is None and ranks.is_root:
+                   lane_offset=lo, lanes_total=B, precision=cfg.train.precision, grad_groups=overlap)
+    if overlap and prog.grad_stages is None and ranks.is_root:
         report("warning", text="distributed.overlap: this kp cannot submit without waiting (kp patch 0004, "
                                "tools/kp-patches): the gradient is exchanged after the backward")
     made = products(dev, cfg.train.precision)

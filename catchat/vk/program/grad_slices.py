@@ -52,9 +52,10 @@ class GradStages:
                        for (lo, hi), stage in zip(self.ranges, self.stages)]
 
     @staticmethod
-    def floats(layout: ParamLayout) -> int:
-        """Floats the staging tensors hold (one gradient's worth), for the memory plan."""
-        return layout.total
+    def scratch_words(P: int) -> int:
+        """Words this allocates for a gradient of P floats (the memory plan): the staging tensors (one
+        gradient's worth), the copy's one-row index and its hyper words."""
+        return P + 1 + slots.HP_WORDS
 
 
 @dataclass

@@ -56,6 +56,7 @@ from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, str
 from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
+from catchat.vk.program.grad_slices import GradStages
 
 Tensor = Any  # a kp tensor
 F32, U32 = np.float32, np.uint32
@@ -243,7 +244,7 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     copies of an exchange that overlaps the backward, grad_slices.GradStages)."""
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
     if training and grad_groups:
-        out.append(("gradient staging per backward group, its copy's row and hyper words", g.P + 1 + slots.HP_WORDS))
+        out.append(("gradient staging per backward group", GradStages.scratch_words(g.P)))
     streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
     if streamed:
         out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),
