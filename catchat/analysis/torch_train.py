@@ -47,11 +47,13 @@ from catchat.fsutil import append_line
 from catchat.model import ParamLayout, init_params
 from catchat.model.reference import dropout_scales
 from catchat.rng import step_seed
+from catchat.run.runlog import WRITTEN_COLUMNS
 from catchat.run.schedule import interval_crossed
 from catchat.training.evals import Evals, eval_lanes
 from catchat.training.feed import Feed
 from catchat.training.start import plan_info
 from catchat.training.step import step_lr
+from catchat.training.telemetry import event_record, metrics_values
 
 REFUSED = (("train.gradh_clamp", lambda c: c.train.gradh_clamp > 0, "cuDNN's GRU has no per-timestep gradient hook"),
            ("train.spectral_bound", lambda c: c.train.spectral_bound > 0, "not part of the recipe mirrored"),
@@ -91,8 +93,6 @@ class RunLog:
     """events.jsonl and metrics.csv in catchat's formats (catchat/run/runlog.py reads them)."""
 
     def __init__(self, root: Path, state, clock, tokens_per_step: int, echo=None):
-        from catchat.run.runlog import WRITTEN_COLUMNS
-
         self.root, self.state, self.clock, self.tokens_per_step = root, state, clock, tokens_per_step
         self.echo = echo or (lambda line: None)
         self.metrics = root / "metrics.csv"
@@ -100,19 +100,19 @@ class RunLog:
         self.step_s: list[float] = []
 
     def event(self, kind: str, **fields) -> None:
-        rec = {"event": kind, "global_step": self.state.global_step, "time": round(time.time(), 3), **fields}
+        rec = event_record(self.state, kind, **fields)
         append_line(self.root / "events.jsonl", json.dumps(rec))
         if kind in ("eval", "end", "time_budget"):
             shown = {k: v for k, v in rec.items() if k in ("loss", "reason", "training_s", "elapsed_s", "windows")}
             self.echo(f"{kind} at step {rec['global_step']}: {shown}")
 
     def row(self, st: dict, lr: float, valid: int, seconds: float, progress: float) -> None:
-        s = self.state
+        """catchat's row (telemetry.metrics_values): teacher forcing 1, no clamp, no loss scale."""
         self.step_s.append(seconds)
-        row = [s.global_step, s.cursor.seqs, s.cursor.cycle, s.global_step * self.tokens_per_step, f"{lr:.6g}", 1,
-               f"{st['loss']:.6f}" if not st["skipped"] or valid else "", f"{st['grad_norm']:.6g}", int(st["clipped"]),
-               valid, f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", 0, int(st["skipped"]),
-               f"{self.clock.now():.3f}", f"{progress:.9g}", 1]
+        row = metrics_values(self.state, self.tokens_per_step, WRITTEN_COLUMNS, lr=lr, tf=1.0, loss=st["loss"],
+                             n_valid=valid, skipped=st["skipped"], grad_norm=st["grad_norm"], clipped=st["clipped"],
+                             valid=valid, seconds=seconds, clamp_hits=0, elapsed_s=self.clock.now(),
+                             progress=progress, loss_scale=1.0)
         append_line(self.metrics, ",".join(map(str, row)))
 
 

@@ -35,6 +35,24 @@ def memory_mb() -> dict:
     return {"rss_mb": rss, "peak_rss_mb": round(peak, 1)}
 
 
+def event_record(state: RunState, kind: str, **fields) -> dict:
+    """An events.jsonl record, stamped with the step the run stands at and the wall-clock time."""
+    return {"event": kind, "global_step": state.global_step, "time": round(time.time(), 3), **fields}
+
+
+def metrics_values(state: RunState, tokens_per_step: int, columns: list[str], *, lr: float, tf: float, loss: float,
+                   n_valid: int, skipped: bool, grad_norm: float, clipped: bool, valid: int, seconds: float,
+                   clamp_hits: int, elapsed_s: float, progress: float, loss_scale: float) -> list:
+    """A metrics.csv row of the step just taken, in `columns` (the file's header: a run from before a
+    later column was added lacks it); the loss cell is empty for a skipped step without valid targets."""
+    s = state
+    row = [s.global_step, s.cursor.seqs, s.cursor.cycle, s.global_step * tokens_per_step, f"{lr:.6g}", f"{tf:.6g}",
+           f"{loss:.6f}" if not skipped or n_valid else "", f"{grad_norm:.6g}", int(clipped), valid,
+           f"{tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", clamp_hits, int(skipped)]
+    later = {"elapsed_s": f"{elapsed_s:.3f}", "progress": f"{progress:.9g}", "loss_scale": f"{loss_scale:.0f}"}
+    return row + [later.get(c, "") for c in columns[len(METRICS_COLUMNS):]]
+
+
 class Telemetry:
     """Appends the run's events and metric rows, each stamped with the step the run stands at."""
 
@@ -49,7 +67,7 @@ class Telemetry:
         self.columns = metrics_header(self.files.metrics).decode().split(",")
 
     def record(self, kind: str, **fields) -> dict:
-        return {"event": kind, "global_step": self.state.global_step, "time": round(time.time(), 3), **fields}
+        return event_record(self.state, kind, **fields)
 
     def event(self, kind: str, **fields) -> None:
         rec = self.record(kind, **fields)
@@ -59,14 +77,11 @@ class Telemetry:
 
     def metrics_row(self, st: StepStats, lr: float, tf: float, valid: int, seconds: float, progress: float,
                     loss_scale: float) -> None:
-        s = self.state
-        row = [s.global_step, s.cursor.seqs, s.cursor.cycle, s.global_step * self.tokens_per_step,
-               f"{lr:.6g}", f"{tf:.6g}", f"{st.loss:.6f}" if not st.skipped or st.n_valid else "",
-               f"{st.grad_norm:.6g}", int(st.clip_scale < 1.0 and not st.skipped), valid,
-               f"{self.tokens_per_step / seconds:.1f}", f"{seconds * 1e3:.2f}", st.clamp_hits, int(st.skipped)]
-        later = {"elapsed_s": f"{self.clock.now():.3f}", "progress": f"{progress:.9g}",
-                 "loss_scale": f"{loss_scale:.0f}"}
-        row += [later.get(c, "") for c in self.columns[len(METRICS_COLUMNS):]]  # the columns the file has
+        row = metrics_values(self.state, self.tokens_per_step, self.columns, lr=lr, tf=tf, loss=st.loss,
+                             n_valid=st.n_valid, skipped=st.skipped, grad_norm=st.grad_norm,
+                             clipped=st.clip_scale < 1.0 and not st.skipped, valid=valid, seconds=seconds,
+                             clamp_hits=st.clamp_hits, elapsed_s=self.clock.now(), progress=progress,
+                             loss_scale=loss_scale)
         append_line(self.files.metrics, ",".join(map(str, row)))
         self.board.row(dict(zip(self.columns, map(str, row))))
 
