@@ -245,23 +245,28 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     out = [("forward sweeps' grid-barrier words", g.L * sync_words(g.B))]
     if training and grad_groups:
         out.append(("gradient staging per backward group", GradStages.scratch_words(g.P)))
-    streamed = dev is not None and stream_sweeps(dev, g.B, g.H, precision)
-    if streamed:
-        out += [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2),
-                ("forward sweeps' float16 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False), g.H, False))]
-    if dev is not None and stream_f32_sweep(dev, g.B, g.H, False, precision):
-        out.append(("forward sweeps' float32 h_prev", g.L * shadow_words(stream_tiles(g.B, g.H, False, True), g.H,
-                                                                         False)))
+    out += stream_scratch(g, training, dev, precision)
     if training:
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
                 ("RMSNorm backward dg partials", g.L * ResidualRmsNormBackward.scratch_words(g.R, g.H)),
                 ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
-        if streamed:
-            out.append(("backward sweeps' float16 dGh", g.L * shadow_words(stream_tiles(g.B, g.H, True), g.H, True)))
-        if dev is not None and stream_f32_sweep(dev, g.B, g.H, True, precision):
-            out.append(("backward sweeps' float32 dGh", g.L * shadow_words(stream_tiles(g.B, g.H, True, True), g.H,
-                                                                           True)))
+    return out
+
+
+def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: str) -> list[tuple[str, int]]:
+    """The streamed sweeps' own buffers: at fp16 the float16 copy of W_hh, and each direction's shadow
+    (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
+    if dev is None:
+        return []
+    f16 = stream_sweeps(dev, g.B, g.H, precision)
+    out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16 else []
+    for backward in (False, True) if training else (False,):
+        f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
+        if f16 or f32:
+            kind = "float32" if f32 else "float16"
+            what = f"backward sweeps' {kind} dGh" if backward else f"forward sweeps' {kind} h_prev"
+            out.append((what, g.L * shadow_words(stream_tiles(g.B, g.H, backward, f32), g.H, backward)))
     return out
 
 
