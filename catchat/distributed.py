@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -83,6 +85,13 @@ def launched_size(environ=os.environ) -> int:
 def local_rank_env(environ=os.environ) -> int | None:
     """This process's rank on its host as the launcher says it (None: not said)."""
     return _env_int(LOCAL_RANK_VARS, environ)
+
+
+def find_mpiexec() -> str | None:
+    """The launcher for this Python's ranks: the mpiexec beside it (MPICH's wheel in a venv, as `make
+    setup` installs it), else the first on PATH; None where there is none."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else shutil.which("mpiexec")
 
 
 def lane_share(lanes: int, size: int, rank: int) -> tuple[int, int]:

@@ -10,7 +10,6 @@ without them those tests are skipped, saying so."""
 import csv
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,16 +31,11 @@ WEIGHTS_ATOL = 1e-5
 FP16_LOSS_RTOL = 1e-4  # distributed.exchange_dtype fp16 against fp32, per step (measured: 8e-7)
 
 
-def _mpiexec() -> str | None:
-    here = Path(sys.executable).parent / "mpiexec"
-    return str(here) if here.exists() else shutil.which("mpiexec")
-
-
 def _have_mpi4py() -> bool:
     return subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode == 0
 
 
-MPIEXEC = _mpiexec()
+MPIEXEC = distributed.find_mpiexec()
 needs_mpi = pytest.mark.skipif(MPIEXEC is None or not _have_mpi4py(),
                                reason="no mpiexec or no mpi4py in this environment (`make setup` installs both)")
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}

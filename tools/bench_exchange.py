@@ -19,21 +19,23 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from catchat.distributed import find_mpiexec  # noqa: E402
+
 QUIET = ["eval.eval_every_seqs=0", "eval.sample_chars=0", "checkpoint.checkpoint_every_seqs=0",
          "log.tensorboard=false"]
 COLUMNS = ("wait", "exchange", "transfer", "exposed", "step")
 
 
 def mpiexec() -> str:
-    here = Path(sys.executable).parent / "mpiexec"
-    found = str(here) if here.exists() else shutil.which("mpiexec")
+    found = find_mpiexec()
     if found is None:
         sys.exit("no mpiexec beside this Python or on PATH (docs/distributed.md: the MPICH wheel's venv)")
     return found
