@@ -96,9 +96,14 @@ def summarise(run_dir: Path) -> dict:
             "loss": evals[-1]["loss"] if evals else float("nan")}
 
 
+def changes_cell(changes: list[str], engine: str, *more: str) -> str:
+    """A row's changes column: a PyTorch row's says so first; "-" for none."""
+    return ", ".join((["PyTorch"] if engine == "torch" else []) + changes + list(more)) or "-"
+
+
 def format_row(name: str, changes: list[str], s: dict, wall_s: float, engine: str = "catchat") -> str:
-    """One table row; a PyTorch row's changes say so first."""
-    what = ", ".join((["PyTorch"] if engine == "torch" else []) + changes) or "-"
+    """One table row."""
+    what = changes_cell(changes, engine)
     return f"| {name} | {what} | {s['steps']:,} | {s['tokens_per_s']:,.0f} | {s['loss']:.4f} | {wall_s:.1f} |"
 
 
@@ -113,7 +118,7 @@ def format_seeds_row(name: str, changes: list[str], rows: list[tuple[dict, float
     """The summary row of a variant's seeds: mean steps, tokens/s and wall clock; the held-out loss as
     mean (min-max)."""
     losses = [s["loss"] for s, _ in rows]
-    what = ", ".join((["PyTorch"] if engine == "torch" else []) + changes + [f"{len(rows)} seeds"])
+    what = changes_cell(changes, engine, f"{len(rows)} seeds")
     mean = statistics.fmean
     return (f"| {name} | {what} | {mean(s['steps'] for s, _ in rows):,.0f} | "
             f"{mean(s['tokens_per_s'] for s, _ in rows):,.0f} | {mean(losses):.4f} ({min(losses):.4f}-"
