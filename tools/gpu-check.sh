@@ -138,9 +138,13 @@ wanted quality-v5-fp16 && qv5 fp16
 wanted quality-v5-fp32 && qv5 fp32
 # issue 37: the gradient exchange of 2 ranks sharing the GPU, distributed.overlap off/on x exchange fp32/fp16
 # (tools/bench_exchange.py; CORPUS_DIR built beforehand; the MPI wheels of tools/fetch-mpi-wheels.sh in
-# MPI_WHEELS, default .device-deps/mpi of this checkout, installed into a venv that sees python3's packages)
-mpi_venv() { [ -x /tmp/mpi-venv/bin/mpiexec ] || { $py -m venv --system-site-packages /tmp/mpi-venv &&
-    /tmp/mpi-venv/bin/pip install -q --no-index --find-links "${MPI_WHEELS:-.device-deps/mpi}" mpi4py mpich; }; }
+# MPI_WHEELS, default .device-deps/mpi of this checkout, installed into a venv that sees python3's packages:
+# through a .pth file, because python3 there is itself a venv, and --system-site-packages reaches only its base)
+mpi_venv() { [ -f /tmp/mpi-venv/ready ] || { rm -rf /tmp/mpi-venv && $py -m venv /tmp/mpi-venv &&
+    $py -c 'import site; print(*site.getsitepackages(), sep="\n")' > \
+        "$(/tmp/mpi-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer.pth" &&
+    /tmp/mpi-venv/bin/pip install -q --no-index --find-links "${MPI_WHEELS:-.device-deps/mpi}" mpi4py mpich &&
+    touch /tmp/mpi-venv/ready; }; }
 # ... and the data-parallel tests on this GPU (2-3 ranks: N ranks against one process, overlap on/off bitwise)
 wanted pytest-distributed && mpi_venv
 part pytest-distributed env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python -m pytest -q -p no:cacheprovider \
