@@ -154,6 +154,16 @@ for c in v3:12 v5:8; do
     part "exchange-${c%%:*}" env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python tools/bench_exchange.py \
         "configs/catchat-${c%%:*}.toml" --steps "${c##*:}" --set "data.corpus=$corpus" --json "$out/bench-exchange-${c%%:*}.json"
 done
+# issue 37 item 2's quality check: 600 v3 steps on 2 ranks with the float32 and the float16 exchange
+# from the same seed (~2 min each; PART_TIMEOUT=300), each final checkpoint scored by `catchat eval`
+xq() { local d=$1; wanted "exchange-quality-v3-$d" && mpi_venv
+    part "exchange-quality-v3-$d" env PATH="/tmp/mpi-venv/bin:$PATH" mpiexec -n 2 /tmp/mpi-venv/bin/python -m catchat \
+        train configs/catchat-v3.toml --set "data.corpus=$corpus" --set train.cycles=0 --set train.total_steps=600 \
+        --set eval.free_running=false --set "distributed.exchange_dtype=\"$d\"" --run-dir "/tmp/exchange-quality-v3-$d"
+    cp "/tmp/exchange-quality-v3-$d/metrics.csv" "$out/exchange-quality-v3-$d-metrics.csv" 2>/dev/null
+    part "exchange-quality-v3-$d-eval" $py -m catchat.cli eval "/tmp/exchange-quality-v3-$d" --json; }
+xq fp32
+xq fp16
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
