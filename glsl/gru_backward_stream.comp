@@ -26,6 +26,9 @@
 // PD chunks ahead into a register ring, and staged through shared memory as the forward's F32; each
 // invocation 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
 // SUBGROUP32 as there.
+// SAVE16 (not with F32): save holds float16 (the forward's SAVE16), and dGh's float32 rows hold its
+// n third alone, [T,B,H] (dgh_ld = H): its r and z thirds equal dGi's, so the weight and bias
+// gradients of W_hh's first 2H rows read them from dGi's.
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
@@ -69,7 +72,13 @@ const uint BP = 16u * LF;   // lanes, padded
 layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per element
 
 layout(set = 0, binding = 0) readonly buffer Do { float dO[]; };        // [T,B,H] at do_off
+#ifdef SAVE16  // float16 saves (save_off in halves; gru_forward_stream.comp's SAVE16)
+layout(set = 0, binding = 1) readonly buffer Save { float16_t save[]; };  // [T,B,4H] at save_off: r, z, n, ghn
+#define SAVE_R(i) float(save[i])
+#else
 layout(set = 0, binding = 1) readonly buffer Save { float save[]; };    // [T,B,4H] at save_off: r, z, n, ghn
+#define SAVE_R(i) save[i]
+#endif
 layout(set = 0, binding = 2) buffer Hprev { float hprev[]; };           // [T,B,H] at hprev_off (reset rows zeroed)
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };   // HP_GRADH_CLAMP
@@ -298,8 +307,8 @@ float[7] step_inputs(uint s, uint b, uint k) {
         float keep = 1.0 - float(resets[row]);
         float hp = hprev[hi] * keep;
         if (keep == 0.0) hprev[hi] = hp;
-        v = float[7](dO[pc.do_off + row * H + k], save[sb + k], save[sb + H + k], save[sb + 2u * H + k],
-                     save[sb + 3u * H + k], hp, 0.0);
+        v = float[7](dO[pc.do_off + row * H + k], SAVE_R(sb + k), SAVE_R(sb + H + k), SAVE_R(sb + 2u * H + k),
+                     SAVE_R(sb + 3u * H + k), hp, 0.0);
     }
     if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
     return v;
@@ -341,9 +350,13 @@ bool element(uint s, uint b, uint k, float mm, float dhz, float[7] in_u, float c
 // barrier's arrival: its memory barrier then waits for g16's writes alone.
 void element_writes(uint s, uint b, uint k, vec4 dg, float dhz_next) {
     uint H = pc.H, row = (s - 1u) * pc.B + b, gb = pc.dgh_off + row * pc.dgh_ld, ib = pc.dgi_off + row * 3u * H;
+#ifdef SAVE16  // dGh's n third alone, rows dgh_ld = H apart: its r and z thirds are dGi's (the same numbers)
+    dgh[gb + k] = dg.w;
+#else
     dgh[gb + k] = dg.x;
     dgh[gb + H + k] = dg.y;
     dgh[gb + 2u * H + k] = dg.w;
+#endif
     dgi[ib + k] = dg.x;
     dgi[ib + H + k] = dg.y;
     dgi[ib + 2u * H + k] = dg.z;

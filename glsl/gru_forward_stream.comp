@@ -28,6 +28,9 @@
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
 // barrier between steps; else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+// SAVE16 (not with F32): save holds float16 (save_off in halves), half the bytes of the largest
+// buffer a training step keeps (v5: 1.6 of 3.2 GB); the gates' own arithmetic stays float32, only
+// what the backward reads back is rounded (the twin's saves="fp16"; gru_backward_stream.comp).
 // F32: the same sweep in float32 on the threads' FMAs, for users who train at fp32 (v5's W_hh is 50
 // MB per layer as float32): W_hh read as vec4 along k straight from params (binding 11, w_off in
 // floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);
@@ -78,7 +81,13 @@ layout(set = 0, binding = 2) readonly buffer H0 { float h0[]; };        // [B,H]
 layout(set = 0, binding = 3) readonly buffer Resets { uint resets[]; }; // [T,B]
 layout(set = 0, binding = 4) buffer Out { float o[]; };                 // [T,B,H] at o_off
 layout(set = 0, binding = 5) writeonly buffer Hprev { float hprev[]; }; // [B,H] at hprev_off (t == 0 only)
+#ifdef SAVE16  // the saves as float16 (save_off in halves): the backward reads them back rounded once
+layout(set = 0, binding = 6) writeonly buffer Save { float16_t save[]; };  // [T,B,4H] at save_off: r, z, n, ghn
+#define SAVE_W(v) float16_t(v)
+#else
 layout(set = 0, binding = 6) writeonly buffer Save { float save[]; };   // [T,B,4H] at save_off: r, z, n, ghn
+#define SAVE_W(v) (v)
+#endif
 layout(set = 0, binding = 7) writeonly buffer HT { float hT[]; };       // [B,H] at hT_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };
 #ifdef F32
@@ -306,10 +315,10 @@ void gate_writes(uint t, uint b, uint j, float[5] v, float hp) {
     uint H = pc.H, row = t * pc.B + b, sb = pc.save_off + row * 4u * H;
     o[pc.o_off + row * H + j] = v[0];
     if (t == 0u) hprev[pc.hprev_off + b * H + j] = hp;
-    save[sb + j] = v[1];
-    save[sb + H + j] = v[2];
-    save[sb + 2u * H + j] = v[3];
-    save[sb + 3u * H + j] = v[4];
+    save[sb + j] = SAVE_W(v[1]);
+    save[sb + H + j] = SAVE_W(v[2]);
+    save[sb + 2u * H + j] = SAVE_W(v[3]);
+    save[sb + 3u * H + j] = SAVE_W(v[4]);
     if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = v[0];
 }
 

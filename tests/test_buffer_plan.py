@@ -17,7 +17,7 @@ MiB = 2**20
 def _bytes(H, L, B, T, **splits) -> dict[str, int]:
     lay = ParamLayout(ModelSpec(hidden=H, layers=L, vocab_size=101))
     g = plan.Geometry(T, B, H, L, 101, lay.total, **splits)
-    return {name: spec.nbytes(g) for name, spec in plan.plan() if spec.needed(True)}
+    return {name: spec.nbytes(g) for name, spec in plan.plan() if spec.needed(True, g)}
 
 
 def test_the_plan_stores_no_state_twice():

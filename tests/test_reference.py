@@ -538,6 +538,27 @@ def test_forced_recurrent_operands_make_fp16_sweeps_comparable():
     assert worst(other, forced) < pg.BWD_ATOL  # each step's arithmetic alike
 
 
+def test_float16_saves_round_only_what_the_backward_reads():
+    """saves "fp16" (the streamed fp16 sweeps' float16 saves): the forward's outputs are the same bits
+    (the gates' own arithmetic is not rounded), the saves are float16 values within half an ulp of
+    the float32 ones, and the backward on them moves the gradients by about a float16 rounding;
+    forcing the other computation's saves (forced's third element) reproduces its backward."""
+    from catchat.parity import gru as pg
+
+    case = pg.make_case(6, 5, 48)
+    full, _ = pg.expected_gru(case, recurrent="fp16")
+    half, _ = pg.expected_gru(case, recurrent="fp16", saves="fp16")
+    for k in ("o", "hprev", "hT"):
+        np.testing.assert_array_equal(half[k], full[k])
+    np.testing.assert_array_equal(half["save"], half["save"].astype(np.float16).astype(half["save"].dtype))
+    np.testing.assert_allclose(half["save"], full["save"], rtol=2.0**-11, atol=2.0**-25)
+    moved = max(float(np.abs(half[k] - full[k]).max() / np.abs(full[k]).max()) for k in ("dgi", "dgh", "dh0"))
+    assert 0 < moved < 2.0**-8
+    forced, _ = pg.expected_gru(case, recurrent="fp16", forced=(half["hprev"], half["dgh"], half["save"]))
+    for k in ("dgi", "dgh", "dh0"):
+        np.testing.assert_allclose(forced[k], half[k], rtol=1e-12, atol=1e-12)
+
+
 def test_loss_scale_changes_only_the_roundings():
     """loss_scale (a power of two) runs the backward on scaled gradients and unscales at the end, as
     the GPU's fp16 step: without float16 roundings the gradients are the same bit for bit, and the

@@ -81,14 +81,14 @@ def clocked_twins(prog, layer: int, steps: int):
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
                          tiles=None if kf.stream_f32 else kf.tiles, stats=b.stats, coop=kf.coop, w_half=w16,
-                         stream_f32=kf.stream_f32, clock=clocks[0])
+                         stream_f32=kf.stream_f32, save_half=kf.save_half, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
-    # the backward's do and dGi live in x[L] and gi, dGh over save (catchat/vk/program/plan.py)
+    # the backward's do and dGi live in x[L] and gi, dGh over save or its n third in dgh_n (plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
-                          b.gi, None, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
+                          b.gi, b.dgh_n, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
                           dh0_off=dh0_off, tiles=None if kb.stream_f32 else kb.tiles, coop=kb.coop, w_half=w16,
-                          stream_f32=kb.stream_f32, clock=clocks[1])
+                          stream_f32=kb.stream_f32, save_half=kb.save_half, clock=clocks[1])
     return fwd, bwd, clocks
 
 

@@ -134,8 +134,8 @@ def profile_groups(prog, flop: dict | None = None) -> list[tuple[str, str, list]
     for l, lay in reversed(list(enumerate(k.layers))):
         groups += [("other", f"L{l} norm backward", lay.norm.ops()),
                    ("sweep", f"L{l} backward sweep", lay.gru.sweep_ops()),
-                   gemms(f"L{l} weight gradients", lay.dw_ih, lay.dw_hh),
-                   ("other", f"L{l} bias gradients", lay.db_ih.ops() + lay.db_hh.ops())]
+                   gemms(f"L{l} weight gradients", *lay.weight_grad_gemms()),
+                   ("other", f"L{l} bias gradients", lay.bias_grad_ops())]
         if lay.dx:
             groups.append(gemms(f"L{l} input gradient", lay.dx))
     t0 = k.table0

@@ -13,7 +13,7 @@ from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import half_tensor, run_ops
+from catchat.vk.kernels import half_tensor, run_ops, unpack_half
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
@@ -30,6 +30,7 @@ from catchat.vk.kernels.gru import (
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
 BWD_ATOL, BWD_RTOL = 2e-6, 1e-5  # dGi, dGh, dh0: O(1) values after T steps of recursion
+SAVE16_ATOL, SAVE16_RTOL = FWD_ATOL, 2.0**-10  # float16 saves: the float32 tolerance, or one half's ulp
 
 
 def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
@@ -55,7 +56,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
-                w_half: bool = False, coop: bool = False, stream_f32: bool = False):
+                w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -72,7 +73,9 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     halves in), as HALF_W; compare with `expected_gru(half_weights(case))`. coop: both sweeps'
     products on tensor cores (COOP); compare with `expected_gru(case, recurrent="fp16")`. Both: the
     streamed sweeps (W_hh 8 halves in), compared as coop. stream_f32: the float32 streamed sweeps
-    (W_hh in params), compared as the tiled ones.
+    (W_hh in params), compared as the tiled ones. save_half (streamed only): the saves as float16 (pad
+    halves in) and dGh's n third in a [T,B,H] buffer of its own; the returned save is the halves,
+    and dGh is whole again (r and z from dGi), for `expected_gru(..., saves="fp16")`.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -83,14 +86,15 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tgi = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["gi"].ravel()]))
     tp, th0 = dev.tensor(case["flat"]), dev.tensor(case["h0"])
     tres = dev.tensor(case["resets"], np.uint32)
-    tseq, tsave, thT = f32((T + 1) * B * H), f32(T * B * 4 * H), dev.tensor(2 * B * H)
+    tseq, thT = f32((T + 1) * B * H), dev.tensor(2 * B * H)
+    tsave = half_tensor(dev, np.zeros(pad + T * B * 4 * H)) if save_half else f32(T * B * 4 * H)
     tdo = dev.tensor(np.concatenate([np.zeros(pad, np.float32), case["do"].ravel()]))
     hyper = dev.tensor(make_hyper(0, gradh_clamp=clamp), np.uint32)
     stats = np.zeros(slots.ST_WORDS, np.uint32)
     stats[slots.ST_CLAMP_HITS] = stats0  # hits accumulate onto what is there
     tstats = dev.tensor(stats, np.uint32)
     tdgi, tdh0 = f32(T * B * 3 * H), dev.tensor(2 * B * H)
-    tdgh = None if dgh_in_save else f32(T * B * 3 * H)
+    tdgh = f32(T * B * H) if save_half else None if dgh_in_save else f32(T * B * 3 * H)
     o_off = pad + state_rows(B, H)
     tw16 = None
     if w_half:  # the layer's W_hh as float16 into its own buffer: 5 halves in (8, blocked, for the streamed sweeps)
@@ -100,20 +104,24 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,
-                     coop=coop, stream_f32=stream_f32)
+                     coop=coop, stream_f32=stream_f32, save_half=save_half)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop,
-                      stream_f32=stream_f32)
+                      stream_f32=stream_f32, save_half=save_half)
     both = fwd.sweep_ops() + bwd.sweep_ops()
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
                             + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
                             [tseq, tsave, thT])
-    outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save else tdgh, tdgi, tdh0, tstats,
-                                             fwd.sync, bwd.sync])
+    outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save and not save_half else tdgh, tdgi, tdh0,
+                                             tstats, fwd.sync, bwd.sync])
     hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
-    save = save[pad:].reshape(T, B, 4 * H)
-    dgh = dgh[pad:].reshape(T, B, 4 * H)[..., :3 * H] if dgh_in_save else dgh[pad:].reshape(T, B, 3 * H)
+    if save_half:
+        save = unpack_half(save, pad + T * B * 4 * H)[pad:].astype(np.float32).reshape(T, B, 4 * H)
+        dgh = np.concatenate([dgi[pad:].reshape(T, B, 3 * H)[..., :2 * H], dgh[pad:].reshape(T, B, H)], axis=2)
+    else:
+        save = save[pad:].reshape(T, B, 4 * H)
+        dgh = dgh[pad:].reshape(T, B, 4 * H)[..., :3 * H] if dgh_in_save else dgh[pad:].reshape(T, B, 3 * H)
     sl = np.s_[st_off:st_off + B * H]
     return dict(o=seq[o_off:].reshape(T, B, H), hprev=hp[pad:pad + T * B * H].reshape(T, B, H),
                 save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
@@ -128,21 +136,25 @@ def half_weights(case):
     return {**case, "p": p}
 
 
-def expected_gru(case, clamp: float = 0.0, recurrent: str = "fp32", forced=None):
+def expected_gru(case, clamp: float = 0.0, recurrent: str = "fp32", forced=None, saves: str = "fp32"):
     """reference forward and backward sweep in float32 for one case (recurrent "fp16": the products
     h @ W_hh^T and dGh @ W_hh from float16 operands, as the tensor-core sweeps). forced: the GPU's
     (hprev, dgh), the operands its products rounded, multiplied in place of the twin's own: a float16
     rounding is a step function, so a float32 ulp between the tensor cores' sums and numpy's flips
     some roundings and the flips grow through the recurrence (~1e-4 after 6 steps); forced, what is
-    left to compare is each step's arithmetic, at float32 tolerances."""
+    left to compare is each step's arithmetic, at float32 tolerances. saves "fp16": the gates' saves
+    rounded to float16 (the streamed sweeps' save_half); forced may then add the GPU's saves [T,B,4H]
+    (hprev, dgh, saves), which the backward reads in place of the twin's (the same argument)."""
     p, layer = case["p"], case["layer"]
     o, cache = ref.gru_layer_forward(case["x"], case["h0"][layer], case["resets"], p["weight_ih"],
                                      p["weight_hh"], p["bias_ih"], p["bias_hh"], recurrent=recurrent,
-                                     forced_h=None if forced is None else forced[0])
+                                     forced_h=None if forced is None else forced[0], saves=saves)
+    save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
     if forced is not None:
         cache["forced_dgh"] = forced[1]
+        if len(forced) > 2:
+            cache.update(zip(("r", "z", "n", "ghn"), np.split(forced[2].astype(save.dtype), 4, axis=2)))
     dgi, dgh, dh0, hits = ref.gru_sweep_backward(case["do"], cache, clamp or None)
-    save = np.concatenate([cache["r"], cache["z"], cache["n"], cache["ghn"]], axis=2)  # [T,B,4H]
     return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
 
 
@@ -245,26 +257,30 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
     if coopmat_runs(dev):
         runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES]
-    if dev.runs_float16:  # -1: one workgroup per SM
+    if dev.runs_float16:  # -1: one workgroup per SM; stream16: with float16 saves (the program's at fp16)
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
-        runs += [(c, device_sms(dev) if n < 0 else n, "stream") for c, n in stream]
+        runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        coop = variant in ("coop", "stream")
+        coop, half_saves = variant in ("coop", "stream", "stream16"), variant == "stream16"
         got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant in ("f16w", "stream"), coop=coop, stream_f32=variant == "stream32")
+                          w_half=variant in ("f16w", "stream", "stream16"), coop=coop,
+                          stream_f32=variant == "stream32", save_half=half_saves)
         if variant == "f16w":
             case = half_weights(case)
-        exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32",
-                                  forced=(got["hprev"], got["dgh"]) if coop else None)
+        forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None
+        exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32", forced=forced,
+                                  saves="fp16" if half_saves else "fp32")
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
-            + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save else " dGh apart")
+            + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save or half_saves else " dGh apart")
         fwd, bwd = (f"gru_forward_{variant}", f"gru_backward_{variant}") if variant else ("gru_forward", "gru_backward")
         for k in ("o", "hprev", "save", "hT"):
-            out.append(compare(f"{fwd}.{k}", shape, got[k], exp[k], FWD_ATOL, FWD_RTOL))
+            # float16 saves: the twin's gates, a float32 ulp from the GPU's, may round to the next half
+            tol = (SAVE16_ATOL, SAVE16_RTOL) if half_saves and k == "save" else (FWD_ATOL, FWD_RTOL)
+            out.append(compare(f"{fwd}.{k}", shape, got[k], exp[k], *tol))
         for k in ("dgi", "dgh", "dh0"):
             out.append(compare(f"{bwd}.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))

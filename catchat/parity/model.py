@@ -14,7 +14,7 @@ from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device
-from catchat.vk.kernels import run_ops
+from catchat.vk.kernels import run_ops, unpack_half
 from catchat.vk.kernels.gru import stream_f32_sweep, stream_sweeps
 from catchat.vk.program import Program, StepHyper
 
@@ -92,13 +92,15 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     f64 = layout.unflatten(flat.astype(np.float64))
     n_valid = int(np.count_nonzero(targets))
     seed0 = step_seed(hp.run_seed, 0, 0)
+    saves = "fp16" if prog.geometry.save16 else "fp32"
     plain = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
-                                       need_grads=False, precision=precision, recurrent=recurrent, forced=forced_eval)
+                                       need_grads=False, precision=precision, recurrent=recurrent, forced=forced_eval,
+                                       saves=saves)
     res = ref.model_forward_backward(f64, spec, tokens, targets, resets, h0.astype(np.float64), n_valid,
                                      smoothing=hp.label_smoothing, p_emb=hp.dropout_embedding,
                                      p_hid=hp.dropout_hidden, seed=seed0, clamp=hp.gradh_clamp or None,
                                      precision=precision, recurrent=recurrent, forced=forced_train,
-                                     loss_scale=hp.loss_scale if precision == "fp16" else 1.0)
+                                     loss_scale=hp.loss_scale if precision == "fp16" else 1.0, saves=saves)
     # The update is checked on the GPU's own gradients: Adam's first step is g / (|g| + eps), so
     # float32-vs-float64 differences in gradients near eps would swamp any tolerance.
     exp_flat = flat.astype(np.float64).copy()
@@ -131,17 +133,30 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
 
 def sweep_operands(prog: Program, resets) -> list:
     """Per layer, what the program's tensor-core sweeps multiplied in its last pass, for the twin's
-    `forced`: the state entering each step (rows [0, T) of the state buffer, the resets applied) and
-    dGh (over save's r, z, n after a training step, at the loss scale it carries). A float16
-    rounding is a step function: a float32 ulp between the GPU's sums and the twin's flips some, and
-    the flips travel through the recurrence; forced, what is compared is each step's arithmetic."""
+    `forced`: the state entering each step (rows [0, T) of the state buffer, the resets applied),
+    dGh (over save's r, z, n after a training step, at the loss scale it carries) and, with float16
+    saves, the saves as the backward read them. A float16 rounding is a step function: a float32
+    ulp between the GPU's sums and the twin's flips some, and the flips travel through the
+    recurrence; forced, what is compared is each step's arithmetic. With float16 saves dGh is whole
+    for layer 0 alone, the last one run (its r and z thirds in gi, its n third in dgh_n); the layers
+    above take the twin's own."""
     T, B, H = prog.T, prog.B, prog.spec.hidden
-    b = prog.buffers
-    arrays = run_ops(prog.dev, [], [], b.o + b.save)
+    b, L, half = prog.buffers, len(prog.buffers.o), prog.geometry.save16
+    arrays = run_ops(prog.dev, [], [], b.o + b.save + ([b.gi, b.dgh_n] if half and prog.training else []))
     keep = 1.0 - resets.astype(np.float64)[:, :, None]
-    return [(arrays[l][:T * B * H].reshape(T, B, H) * keep,
-             arrays[len(b.o) + l].reshape(T, B, 4 * H)[..., :3 * H].astype(np.float64))
-            for l in range(len(b.o))]
+    out = []
+    for l in range(L):
+        h = arrays[l][:T * B * H].reshape(T, B, H) * keep
+        if not half:
+            out.append((h, arrays[L + l].reshape(T, B, 4 * H)[..., :3 * H].astype(np.float64), None))
+            continue
+        saves = unpack_half(arrays[L + l].view(np.uint32), T * B * 4 * H).reshape(T, B, 4 * H).astype(np.float64)
+        dgh = None
+        if l == 0 and prog.training:
+            gi, dgh_n = arrays[2 * L].reshape(T, B, 3 * H), arrays[2 * L + 1].reshape(T, B, H)
+            dgh = np.concatenate([gi[..., :2 * H], dgh_n], axis=2).astype(np.float64)
+        out.append((h, dgh, saves))
+    return out
 
 
 def stepwise_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, tf: float,

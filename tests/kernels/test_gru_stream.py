@@ -12,13 +12,16 @@ from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
 from catchat.vk.kernels import gru, run_ops, unpack_half
-from catchat.vk.program import Program, kernelsets
+from catchat.vk.program import Program, kernelsets, plan
 
 
 @pytest.fixture
 def streamed(monkeypatch):
-    """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here)."""
-    monkeypatch.setattr(kernelsets, "sweep_products", lambda *a: "stream")
+    """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here), and
+    their buffer plan the float16 saves that go with them."""
+    monkeypatch.setattr(kernelsets, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
+                        else None)
+    monkeypatch.setattr(plan, "stream_sweeps", lambda dev, B, H, precision: precision == "fp16")
 
 
 def test_program_trains_on_streamed_sweeps(dev, streamed):
@@ -34,8 +37,10 @@ def test_program_trains_on_streamed_sweeps(dev, streamed):
 
     layout = ParamLayout(spec)
     flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, T, B)
+    before = dev.allocated_bytes
     prog = Program(dev, layout, T, B, precision="fp16")
     assert prog.fwd.gru[0].stream and prog.bwd.layers[1].gru.stream and prog.fwd.w16 is not None
+    assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, True, dev, "fp16")
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     prog.set_carry(None)
@@ -48,6 +53,23 @@ def test_program_trains_on_streamed_sweeps(dev, streamed):
         n = w.size
         assert not np.array_equal(w, layout.view(flat, f"layers.{l}.gru.weight_hh").ravel())  # the step moved it
         np.testing.assert_array_equal(halves[l * n:(l + 1) * n], w.astype(np.float16))
+
+
+def test_streamed_program_keeps_float16_saves(dev, streamed):
+    """At fp16 on the streamed sweeps the saves are float16 (half the bytes of a save row) and dGh's n
+    third goes to one [T,B,H] buffer, its r and z thirds read from dGi: W_hh's weight and bias
+    gradients in two parts each; at fp32 the saves stay float32 with dGh over them."""
+    spec, T, B = ModelSpec(vocab_size=101, hidden=16, layers=2), 5, 3
+    layout = ParamLayout(spec)
+    half = Program(dev, layout, T, B, precision="fp16")
+    full = Program(dev, layout, T, B)
+    assert half.geometry.save16 and not full.geometry.save16
+    assert half.buffers.save[0].size() * 2 == full.buffers.save[0].size() == T * B * 4 * spec.hidden
+    assert half.buffers.dgh_n.size() == T * B * spec.hidden and full.buffers.dgh_n is None
+    for lay in half.bwd.layers:
+        assert lay.gru.save_half and lay.gru.dgh_ld == spec.hidden
+        assert (lay.dw_hh.M, lay.dw_hh_n.M, lay.db_hh.N, lay.db_hh_n.N) == (32, 16, 32, 16)
+    assert all(lay.dw_hh_n is None and lay.dw_hh.M == 48 for lay in full.bwd.layers)
 
 
 def test_stepwise_path_on_streamed_sweeps(dev, streamed):
@@ -170,20 +192,22 @@ def test_streamed_sweeps_keep_w_hh_resident(dev, monkeypatch, T, B, H, n_wg, res
         gru.stream_tiles(B, H, False)
 
 
-def test_planned_bytes_count_the_streamed_sweeps(dev, streamed, monkeypatch):
+def test_planned_bytes_count_the_streamed_sweeps(dev, streamed):
     """A program on the streamed sweeps allocates what its plan says: the float16 W_hh copy and the
-    shadows included (the memory check before building it sees them)."""
-    from catchat.vk.program import plan
-
-    monkeypatch.setattr(plan, "stream_sweeps", lambda dev, B, H, precision: precision == "fp16")
-    layout = ParamLayout(ModelSpec(vocab_size=101, hidden=32, layers=2))
+    shadows included, the saves at half their bytes and dGh's n third beside them (the memory check
+    before building it sees them)."""
+    T, B, H, L = 5, 3, 32, 2
+    layout = ParamLayout(ModelSpec(vocab_size=101, hidden=H, layers=L))
     for training in (True, False):
         before = dev.allocated_bytes
-        prog = Program(dev, layout, 5, 3, training=training, precision="fp16")
+        prog = Program(dev, layout, T, B, training=training, precision="fp16")
         assert prog.fwd.gru[0].stream
-        assert dev.allocated_bytes - before == Program.planned_bytes(layout, 5, 3, training, dev, "fp16")
-        assert Program.planned_bytes(layout, 5, 3, training, dev, "fp16") - Program.planned_bytes(
-            layout, 5, 3, training, dev) >= 2 * 2 * 3 * 32 * 32  # W_hh's float16 copy, both layers
+        assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, training, dev, "fp16")
+        stream_words = sum(w for _, w in plan.stream_scratch(prog.geometry, training, dev, "fp16"))
+        assert stream_words >= L * 3 * H * H // 2  # W_hh's float16 copy, both layers, and the shadows
+        saves_halved, dgh_n = L * T * B * 2 * H, T * B * H if training else 0
+        assert Program.planned_bytes(layout, T, B, training, dev, "fp16") - Program.planned_bytes(
+            layout, T, B, training, dev) == 4 * (stream_words - saves_halved + dgh_n)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ def _sigmoid(a: np.ndarray) -> np.ndarray:
 
 
 def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", gi=None, recurrent="fp32",
-                      forced_h=None):
+                      forced_h=None, saves="fp32"):
     """One GRU layer over a window.
 
     x [T,B,H]; h0 [B,H] carried state; resets [T,B] (1 = conversation starts at t, the state
@@ -30,7 +30,9 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     sweeps' operands, rounded); forced_h [T,B,H] or None: the h entering each step that the
     product multiplies, in place of the layer's own (parity of the float16 sweeps: the GPU's h, so
     that a float32 ulp between its sums and the twin's cannot flip a float16 rounding and grow
-    through the recurrence; the gates keep the twin's own h).
+    through the recurrence; the gates keep the twin's own h); saves "fp16": what the backward reads
+    of the gates (r, z, n and W_hn h + b_hn) kept rounded to float16, as the streamed fp16 sweeps
+    store them (the step's own arithmetic unrounded).
     Returns o [T,B,H] (o[t] = h after step t) and the cache for the backward pass.
     """
     T, B, _ = x.shape
@@ -45,16 +47,17 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     z = np.empty((T, B, H), dt)  # [T,B,H]
     n = np.empty((T, B, H), dt)  # [T,B,H]
     ghn = np.empty((T, B, H), dt)  # [T,B,H] W_hn h + b_hn (kept: r multiplies it)
+    kept = (lambda a: a.astype(np.float16).astype(dt)) if saves == "fp16" else (lambda a: a)
     h = h0.astype(dt)  # [B,H]
     for t in range(T):
         h = h * carry[t][:, None]
         gh = gemm(h if forced_h is None else forced_h[t], w_hh.T, recurrent) + b_hh  # [B,3H]
-        r[t] = _sigmoid(gi[t, :, :H] + gh[:, :H])
-        z[t] = _sigmoid(gi[t, :, H : 2 * H] + gh[:, H : 2 * H])
-        ghn[t] = gh[:, 2 * H :]
-        n[t] = np.tanh(gi[t, :, 2 * H :] + r[t] * ghn[t])
+        r_t = _sigmoid(gi[t, :, :H] + gh[:, :H])
+        z_t = _sigmoid(gi[t, :, H : 2 * H] + gh[:, H : 2 * H])
+        n_t = np.tanh(gi[t, :, 2 * H :] + r_t * gh[:, 2 * H :])
+        r[t], z[t], n[t], ghn[t] = kept(r_t), kept(z_t), kept(n_t), kept(gh[:, 2 * H :])
         hprev[t] = h
-        h = (1 - z[t]) * n[t] + z[t] * h
+        h = (1 - z_t) * n_t + z_t * h
         o[t] = h
     cache = dict(x=x, hprev=hprev, r=r, z=z, n=n, ghn=ghn, carry=carry, w_ih=w_ih, w_hh=w_hh, precision=precision,
                  recurrent=recurrent)

@@ -66,7 +66,7 @@ def dropout_scales(spec: ModelSpec, B: int, seed: int, p_emb: float, p_hid: floa
 def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0, n_valid_step,
                            *, smoothing=0.0, p_emb=0.0, p_hid=0.0, seed=0, clamp=None,
                            need_grads=True, precision="fp32", recurrent="fp32", forced=None,
-                           loss_scale=1.0) -> Result:
+                           loss_scale=1.0, saves="fp32") -> Result:
     """Forward (and backward) of the whole model over one window; docs/model.md, exactly.
 
     params: name -> array (dtype sets the arithmetic); tokens, targets [T,B]; resets [T,B];
@@ -75,9 +75,11 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
     rounded to float16 (`gemm`), layer 0's input side through table0 = E W_ih0^T as the GPU does
     (whose float16 operands are E and W_ih0, not the scaled rows x0). recurrent "fp16": the sweeps'
     products h @ W_hh^T and dGh @ W_hh too (the tensor-core sweeps, `coop=True`). forced: per layer
-    (h [T,B,H], dgh [T,B,3H]), the operands the GPU's float16 products multiplied, in place of the
-    twin's own (`gru_layer_forward`'s forced_h, the backward's forced_dgh; dgh may be None without
-    gradients): parity of the tensor-core sweeps, whose float16 roundings a float32 ulp would flip.
+    (h [T,B,H], dgh [T,B,3H], saves [T,B,4H]), the operands the GPU's float16 products multiplied and
+    the float16 saves its backward read, in place of the twin's own (`gru_layer_forward`'s forced_h,
+    the backward's forced_dgh and cached r, z, n, ghn; dgh and saves may be None): parity of the
+    tensor-core sweeps, whose float16 roundings a float32 ulp would flip. saves "fp16": the gates'
+    saves rounded to float16 (`gru_layer_forward`; the streamed fp16 sweeps).
     loss_scale: the backward runs on gradients times it and unscales them at the end, as the GPU's
     fp16 step (so float16 roundings of small gradients round what the GPU rounds, not subnormals);
     the clamp applies to the scaled gradient, as the GPU's (a power of two: nothing else changes).
@@ -98,12 +100,15 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         if l == 0 and table0:  # [T,B,3H]
             gi = embedding_forward(gemm(E, params[pre + "gru.weight_ih"].T, precision), tokens, row_scale)
             gi += params[pre + "gru.bias_ih"]
-        h_l, dgh_l = (None, None) if forced is None else forced[l]
+        h_l, dgh_l, saves_l = (None, None, None) if forced is None else forced[l]
         o, gc = gru_layer_forward(x, h0[l], resets, params[pre + "gru.weight_ih"],
                                   params[pre + "gru.weight_hh"], params[pre + "gru.bias_ih"],
-                                  params[pre + "gru.bias_hh"], precision, gi, recurrent, forced_h=h_l)  # [T,B,H]
+                                  params[pre + "gru.bias_hh"], precision, gi, recurrent, forced_h=h_l,
+                                  saves=saves)  # [T,B,H]
         if dgh_l is not None:
             gc["forced_dgh"] = dgh_l
+        if saves_l is not None:  # the GPU's r, z, n, ghn as its backward read them
+            gc.update(zip(("r", "z", "n", "ghn"), np.split(saves_l.astype(dt), 4, axis=2)))
         hT[l] = o[-1]
         xs.append(x)
         x, nc = residual_rmsnorm_forward(x, o, hid_scales[l], params[pre + "norm.weight"], spec.norm_eps)

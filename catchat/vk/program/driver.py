@@ -106,7 +106,7 @@ class Program:
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev, precision, grad_groups),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
-        self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training)
+        self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training, precision)
         self.buffers = b = allocate(dev, layout, g, training)
         if b.initialised():
             self._sync(b.initialised(), True)  # device tensors hold garbage until synced

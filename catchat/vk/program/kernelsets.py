@@ -77,6 +77,15 @@ class BackwardLayer:
     db_hh: ColSum
     dw_ih: Gemm | None = None  # layers > 0 (layer 0's goes through table0)
     dx: Gemm | None = None  # layers > 0
+    dw_hh_n: Gemm | None = None  # save16: dW_hh's n rows from dgh_n (dw_hh then takes r, z from dGi)
+    db_hh_n: ColSum | None = None  # save16: db_hh's n third from dgh_n
+
+    def weight_grad_gemms(self) -> list[Gemm]:
+        """The layer's weight-gradient GEMMs after its sweep, in recorded order."""
+        return [k for k in (self.dw_ih, self.dw_hh, self.dw_hh_n) if k is not None]
+
+    def bias_grad_ops(self) -> list:
+        return self.db_ih.ops() + self.db_hh.ops() + (self.db_hh_n.ops() if self.db_hh_n else [])
 
 
 @dataclass
@@ -150,10 +159,12 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
     f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
+    if g.save16 != (products == "stream"):
+        raise ValueError(f"the buffer plan's float16 saves ({g.save16}) and the streamed sweeps ({products}) disagree")
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
                       o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16,
-                      stream_f32=f32)
+                      stream_f32=f32, save_half=g.save16)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
@@ -175,7 +186,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     pr = precision
     head = o[head_name(layout.spec)]
     f32 = stream_f32_sweep(dev, B, H, True, pr)  # as the forward's
-    dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh goes over save[l]
+    dgi, do = b.gi, b.x[L]  # the second roles of gi and x[L] (plan.py); dGh over save[l], or its n third in dgh_n
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, R, V,
                       want_grad=True)  # dlogits in place
     head_dx = Gemm(dev, (b.logits, 0, V), (b.params, head, H), (b.dx, 0, H), R, H, V, precision=pr)
@@ -187,23 +198,32 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     for l in range(L):
         p = f"layers.{l}."
 
-        def gemm_w(dg, x, name, p=p):  # a weight gradient over all timesteps, split over K; dg (tensor, off, ld)
-            return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name], H), 3 * H, H, R, trans_a=True,
+        def gemm_w(dg, x, name, rows=3 * H, first=0, p=p):
+            """Rows [first, first + rows) of a weight gradient over all timesteps, split over K; dg
+            (tensor, off, ld)."""
+            return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name] + first * H, H), rows, H, R, trans_a=True,
                         beta=1.0, split_k=g.split_w, workspace=ws_layers, precision=pr)
 
-        k = BackwardLayer(
-            # dout and dx share `dx` (allowed: each row is read before it is written)
-            norm=ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do,
-                                         b.grads, T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"],
-                                         o_off=state_rows(B, H)),
-            # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l]
-            gru=GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, None, b.dh0,
+        def colsum(dg, name, cols=3 * H, first=0, p=p):  # entries [first, first + cols) of a bias gradient
+            return ColSum(dev, dg, (b.grads, o[p + name] + first), R, cols, g.colsum, b.ws_cs)
+
+        # hprev = rows [0, T) of o[l], reset rows zeroed by the sweep; dGh written over save[l], or
+        # with save16 its n third into dgh_n and its r, z thirds read from dGi (plan.py)
+        sweep = GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, b.dgh_n, b.dh0,
                             b.stats, T=T, B=B, H=H, w_off=whh_offset(layout, l, w16), dh0_off=l * B * H, coop=coop,
-                            w_half=w16, stream_f32=f32),
-            dw_hh=gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"),
-            db_ih=ColSum(dev, (dgi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs),
-            db_hh=ColSum(dev, (b.save[l], 0, 4 * H), (b.grads, o[p + "gru.bias_hh"]), R, 3 * H, g.colsum,
-                         b.ws_cs))
+                            w_half=w16, stream_f32=f32, save_half=g.save16)
+        # dout and dx share `dx` (allowed: each row is read before it is written)
+        norm = ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do, b.grads,
+                                       T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"], o_off=state_rows(B, H))
+        db_ih = colsum((dgi, 0, 3 * H), "gru.bias_ih")
+        if g.save16:
+            k = BackwardLayer(norm, sweep, gemm_w((dgi, 0, 3 * H), b.o[l], "gru.weight_hh", 2 * H), db_ih,
+                              colsum((dgi, 0, 3 * H), "gru.bias_hh", 2 * H),
+                              dw_hh_n=gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H),
+                              db_hh_n=colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H))
+        else:
+            k = BackwardLayer(norm, sweep, gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"), db_ih,
+                              colsum((b.save[l], 0, 4 * H), "gru.bias_hh"))
         if l > 0:  # layer 0's input side goes through table0 (below)
             k.dw_ih = gemm_w((dgi, 0, 3 * H), b.x[l], "gru.weight_ih")
             k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,

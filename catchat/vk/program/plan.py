@@ -19,7 +19,11 @@ layer's `save` takes that layer's recurrent gate gradients dGh over its r, z, n 
 apart; the dW_hh GEMM and the db_hh column sums read them there): in the backward sweep each
 element's gate backward reads its r, z, n, ghn and then writes its dGh on those words, nothing
 reads save[l] after that (z travels on in the sweep's own dhz scratch), and the next forward
-rewrites it.
+rewrites it. With `save16` (the streamed fp16 sweeps: v5) the saves are float16, half the bytes of
+the largest buffers a step keeps, and dGh goes elsewhere: its r and z thirds are dGi's (r and z
+take gi + gh, so their gradients are one number), so the sweep writes only its n third, r * dan,
+into `dgh_n` [T,B,H] (one buffer: the layers' sweeps run one after another), and W_hh's weight and
+bias gradients take rows [0, 2H) from gi and [2H, 3H) from dgh_n.
 
 One buffer holds two views at once: `o[l]` has T+1 row blocks, row 0 the state entering the
 window (after its reset) and row t+1 the GRU output of step t, so rows [0, T) are the states
@@ -80,16 +84,19 @@ class Geometry:
     split_w: int = 1  # the [3H,H] weight gradients over K = T*B
     split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
     colsum: int = 1  # row splits of the bias gradients' column sums
+    save16: bool = False  # the saves as float16, dGh's n third in dgh_n (the streamed fp16 sweeps)
 
     @classmethod
-    def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True) -> Geometry:
+    def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True,
+           precision: str = "fp32") -> Geometry:
         s, T, B = layout.spec, int(T), int(B)
         H, V, R = s.hidden, s.vocab_size, T * B
         gpu = dev is not None and training
         return cls(T, B, H, s.layers, V, layout.total,
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
-                   colsum=colsum_splits(dev, R, 3 * H) if gpu else 1)
+                   colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
+                   save16=dev is not None and stream_sweeps(dev, B, H, precision))
 
     @property
     def R(self) -> int:
@@ -115,7 +122,8 @@ class Geometry:
 
     def dim(self, name: str) -> int:
         """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
-        'ST' (stats words), 'WS' / 'WSCS' (the split-K and column-sum workspaces), 'DR' (the
+        'ST' (stats words), 'SV' (words of a save row: 4H floats, or 4H halves with save16),
+        'WS' / 'WSCS' (the split-K and column-sum workspaces), 'DR' (the
         optimizer's decay runs), 'L+1', 'T+1', or a number."""
         if name in ("L+1", "T+1"):
             return getattr(self, name[0]) + 1
@@ -124,7 +132,7 @@ class Geometry:
         m = re.fullmatch(r"(\d*)([A-Z]+)", name)
         if m is None:
             raise ValueError(f"bad dimension {name!r}")
-        named = {"HP": slots.HP_WORDS, "ST": slots.ST_WORDS,
+        named = {"HP": slots.HP_WORDS, "ST": slots.ST_WORDS, "SV": 2 * self.H if self.save16 else 4 * self.H,
                  "WS": self.ws_words(),
                  "WSCS": max(self.colsum * 3 * self.H, 1), "DR": decay_word_count(self.L)}
         base = named[m[2]] if m[2] in named else getattr(self, m[2])
@@ -147,9 +155,10 @@ class BufferSpec:
     programs: tuple[str, ...] = EVERY
     init: Callable[[ParamLayout], np.ndarray] | None = None
     doc: str = ""
+    when: str = ""  # a Geometry flag the buffer is made for ('' = always)
 
-    def needed(self, training: bool) -> bool:
-        return any(p != TRAIN or training for p in self.programs)
+    def needed(self, training: bool, g: Geometry) -> bool:
+        return any(p != TRAIN or training for p in self.programs) and (not self.when or getattr(g, self.when))
 
     def count(self, g: Geometry) -> int:
         """Buffers of this entry: 1, or one per layer (plus one)."""
@@ -181,8 +190,11 @@ class Buffers:
                                                    "layer's split-K partials after its sweep")
     o: list[Tensor] = buf("T+1 B H", per="L", doc="the state sequence: row 0 the state entering the window, "
                                                  "row t+1 the GRU output of step t; rows [0, T) are hprev")
-    save: list[Tensor] = buf("T B 4H", per="L", doc="r, z, n, W_hn h + b_hn per step; dGh over r, z, n "
-                                                    "in the backward (rows 4H apart)")
+    save: list[Tensor] = buf("T B SV", per="L", doc="r, z, n, W_hn h + b_hn per step (float16 with save16); "
+                                                    "dGh over r, z, n in the backward (rows 4H apart), "
+                                                    "but for save16")
+    dgh_n: Tensor = buf("T B H", programs=TRAINING, when="save16",
+                        doc="dGh's n third of the layer being run (save16: its r and z thirds are dGi's)")
     rstd: list[Tensor] = buf("T B", per="L", doc="RMSNorm 1/rms")
     gi: Tensor = buf("T B 3H", doc="input projections of the layer being run; the head's split-K partials, "
                                    "then dGi of the layer being run in the backward")
@@ -220,7 +232,7 @@ def allocate(dev: Device, layout: ParamLayout, g: Geometry, training: bool) -> B
     """The plan's buffers that a program with/without training needs, made on dev."""
     made = {}
     for name, spec in plan():
-        if not spec.needed(training):
+        if not spec.needed(training, g):
             continue
         words = g.words(spec.shape)
 
@@ -275,6 +287,6 @@ def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, de
     """Bytes of device buffers a Program allocates (the plan's buffers plus the kernels' scratch),
     computed without allocating. `dev` sets the GPU split-K workspaces and sweep tiles; without it
     they are sized as on a CPU device (no split)."""
-    g = Geometry.of(layout, T, B, dev, training)
-    own = sum(spec.nbytes(g) for _, spec in plan() if spec.needed(training))
+    g = Geometry.of(layout, T, B, dev, training, precision)
+    own = sum(spec.nbytes(g) for _, spec in plan() if spec.needed(training, g))
     return own + 4 * sum(words for _, words in kernel_scratch(g, training, dev, precision, grad_groups))

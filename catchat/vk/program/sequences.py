@@ -46,8 +46,8 @@ def backward_groups(k: BackwardKernels) -> list[list]:
     finishes the gradient's range grad_slices.group_ranges(layout)[g]."""
     groups = []
     for lay in reversed(k.layers):
-        ops = lay.norm.ops() + lay.gru.sweep_ops() + (lay.dw_ih.ops() if lay.dw_ih else []) + lay.dw_hh.ops()
-        groups.append(ops + lay.db_ih.ops() + lay.db_hh.ops() + (lay.dx.ops() if lay.dx else []))
+        ops = lay.norm.ops() + lay.gru.sweep_ops() + [op for k in lay.weight_grad_gemms() for op in k.ops()]
+        groups.append(ops + lay.bias_grad_ops() + (lay.dx.ops() if lay.dx else []))
     t0 = k.table0
     groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
     groups[-1] += [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] + t0.dw_ih.ops() + t0.demb.ops()

@@ -99,6 +99,17 @@ class _Sweep(Kernel):
                              f"{2 * w_half.size()} halves")
         return 0
 
+    def _check_save_half(self, save_half: bool) -> bool:
+        """Float16 saves (SAVE16) are the streamed tensor-core sweeps' (coop with w_half) alone."""
+        if save_half and not (self.coop and self.w_half is not None):
+            raise ValueError("float16 saves (save_half) run on the streamed tensor-core sweeps: pass coop and w_half")
+        return bool(save_half)
+
+    def _save_words(self, save_off: int) -> int:
+        """The words save must hold: [T,B,4H] at save_off, in floats, or in halves with save_half."""
+        n = save_off + self.T * self.B * 4 * self.H
+        return (n + 1) // 2 if self.save_half else n
+
     def _build(self, dev: Device, tensors, tiles, persistent: int | None, push):
         """Tiles (given, or picked for this device and sweep mode), then both shader variants. A
         sweep over resident workgroups keeps W_hh in registers where it fits (ResidentTiles,
@@ -185,7 +196,8 @@ class _Sweep(Kernel):
             resident = resident if self.residency.ok else 0
         if self.tiles.resident and 0 < sweep_workgroups(resident, stream_slices(H)) < stream_slices(H):
             self.tiles = self.tiles._replace(resident=0)  # resident W_hh needs one slice per workgroup
-        defines = stream_defines(self.tiles, H, backward, emulate, info.subgroup_size)
+        defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
+                   **({"SAVE16": 1} if self.save_half else {})}
         tensors = self._extra_bindings(tensors, defines)
         self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
                          (GruBackward if backward else GruForward).shader + "_stream", resident)
@@ -239,7 +251,9 @@ class GruForward(_Sweep):
     streamed sweep (stream.py: W_hh's product from the float16 copy in memory, w_off a multiple of
     8 halves, H a multiple of 16, B <= 32; `stream_sweeps`), emulated fragments on a device
     without cooperative matrices. stream_f32: the same streamed split in float32 on the threads'
-    FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`).
+    FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`). save_half (the
+    streamed tensor-core sweep only): save holds float16 (uint32 words of halves, save_off counted in
+    halves; SAVE16), half the bytes; the gates' arithmetic stays float32.
     """
 
     shader = "gru_forward"
@@ -247,10 +261,12 @@ class GruForward(_Sweep):
     def __init__(self, dev: Device, gi, params, h0, resets, o, hprev, save, hT, *, T: int, B: int, H: int,
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
-                 persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False):
+                 persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
+                 save_half: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
+        self.save_half = self._check_save_half(save_half)
         if T == 1 and h0 is hT and h0_off == hT_off:
             raise ValueError("GruForward: with T == 1, hT must not overwrite h0 in the same dispatch")
         if hprev is o and hprev_off != o_off - state_rows(B, H):
@@ -259,7 +275,7 @@ class GruForward(_Sweep):
         for t, n, what in ((gi, gi_off + T * B * 3 * H, "gi"),
                            (params, max(w_words, b_off + 3 * H), "params"), (h0, h0_off + B * H, "h0"),
                            (resets, T * B, "resets"), (o, o_off + T * B * H, "o"),
-                           (hprev, hprev_off + B * H, "hprev"), (save, save_off + T * B * 4 * H, "save"),
+                           (hprev, hprev_off + B * H, "hprev"), (save, self._save_words(save_off), "save"),
                            (hT, hT_off + B * H, "hT")):
             _need(t, n, what)
         self.offsets = (gi_off, w_off, b_off, h0_off, o_off, hprev_off, save_off, hT_off)
@@ -306,7 +322,8 @@ class GruBackward(_Sweep):
     between steps; it needs no zeroing (step s = T writes it before anything reads it).
     persistent, w_half: as GruForward's. coop: the product dGh @ W_hh on tensor cores from float16
     dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`; with w_half streamed, as there).
-    stream_f32: as GruForward's.
+    stream_f32: as GruForward's. save_half: save as GruForward's save_half wrote it, and `dgh` (given)
+    [T,B,H] at dgh_off takes dGh's n third alone: its r and z thirds are dGi's, the same numbers.
     """
 
     shader = "gru_backward"
@@ -315,15 +332,20 @@ class GruBackward(_Sweep):
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
-                 w_half=None, coop: bool = False, stream_f32: bool = False):
+                 w_half=None, coop: bool = False, stream_f32: bool = False, save_half: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
-        if dgh is None:  # dGh over r, z, n of each save row
+        self.save_half = self._check_save_half(save_half)
+        if save_half:  # dGh's n third alone, [T,B,H]: its r and z thirds are dGi's
+            if dgh is None:
+                raise ValueError("GruBackward: with float16 saves dGh's n third needs a [T,B,H] buffer of its own")
+            self.dgh_ld = H
+        elif dgh is None:  # dGh over r, z, n of each save row
             dgh, dgh_off, self.dgh_ld = save, save_off, 4 * H
         else:
             self.dgh_ld = 3 * H
-        for t, n, what in ((do, do_off + T * B * H, "do"), (save, save_off + T * B * 4 * H, "save"),
+        for t, n, what in ((do, do_off + T * B * H, "do"), (save, self._save_words(save_off), "save"),
                            (hprev, hprev_off + T * B * H, "hprev"), (resets, T * B, "resets"),
                            (params, w_words, "params"), (hyper, slots.HP_WORDS, "hyper"),
                            (dgi, dgi_off + T * B * 3 * H, "dGi"), (dgh, dgh_off + T * B * self.dgh_ld, "dGh"),
