@@ -28,6 +28,12 @@ layout(set = 0, binding = 3) readonly buffer Cfg { uint cfg[]; };      // [DC_WO
 layout(set = 0, binding = 4) readonly buffer Forced { uint forced[]; };  // [F, B]
 layout(set = 0, binding = 5) buffer Hist { uint hist[]; };             // [cap, B] generated tokens
 layout(set = 0, binding = 6) writeonly buffer Out { uint outp[]; };    // [K, B]
+#ifdef RESETS  // the batched decode step: the next step's reset (1 = <bos>: a zero state) beside its token
+layout(set = 0, binding = 7) writeonly buffer Rs { uint resets[]; };   // [B]
+#define SET_TOKEN(b, t) token[b] = (t); resets[b] = uint((t) == pc.bos)
+#else
+#define SET_TOKEN(b, t) token[b] = (t)
+#endif
 
 layout(push_constant) uniform Push {
     uint k;  // row of out written by this dispatch
@@ -57,7 +63,7 @@ void main() {
     }
     if (fed < cfg[DC_N_FORCED]) {  // feeding known text
         if (v == 0u) {
-            token[b] = forced[fed * pc.B + b];
+            SET_TOKEN(b, forced[fed * pc.B + b]);
             ctl[c0 + DS_FED] = fed + 1u;
             outp[pc.k * pc.B + b] = NONE;
         }
@@ -131,7 +137,7 @@ void main() {
     }
     if (choice >= V) choice = pc.eos;  // nothing to choose from (non-finite logits): stop
     if (v == 0u) {
-        token[b] = choice;
+        SET_TOKEN(b, choice);
         outp[pc.k * pc.B + b] = choice;
         if (gen < pc.cap) hist[gen * pc.B + b] = choice;
         ctl[c0 + DS_GEN] = gen + 1u;

@@ -5,6 +5,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -289,10 +291,14 @@ class _FakeGenerator:
     """Generator's public API as bench_generate uses it; records how it was made and called."""
 
     made: list = []
+    decode: list = []  # CATCHAT_DECODE as each was made
 
     def __init__(self, dev, layout, flat, streams=1, prefill=64, chunk=None):
+        import os
+
         self.streams, self.chunk = streams, chunk
         _FakeGenerator.made.append({"streams": streams, "chunk": chunk})
+        _FakeGenerator.decode.append(os.environ.get("CATCHAT_DECODE"))
 
     def feed(self, ids):
         return None
@@ -333,6 +339,30 @@ def test_bench_generate_chunk_option_first_char_and_short_streams(monkeypatch, c
     _FakeGenerator.made.clear()
     bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--chunk", "6"))
     assert _FakeGenerator.made == [{"streams": 2, "chunk": 6}]
+
+
+def test_bench_generate_times_each_decode_step_asked_for(monkeypatch, capsys):
+    """--decode fused,batched: a catchat row per decode step and batch, each Generator made with
+    CATCHAT_DECODE set to its step (and the variable as it was afterwards); an unknown step is a
+    usage error."""
+    import os
+
+    import bench_generate
+
+    _fake_vulkan(monkeypatch, bench_generate)
+    monkeypatch.setattr(bench_generate, "Generator", _FakeGenerator)
+    monkeypatch.setattr(bench_generate, "bench_talk_reply", lambda *a, **k: {"first_char_ms": 1.0, "turns": 1})
+    monkeypatch.delenv("CATCHAT_DECODE", raising=False)
+    _FakeGenerator.decode.clear()
+    res = bench_generate.main(_bench_generate_args("--batches", "2,4", "--steps", "3", "--decode", "fused,batched"))
+    assert _FakeGenerator.decode == ["fused", "batched", "fused", "batched"] and "CATCHAT_DECODE" not in os.environ
+    assert [(c["batch"], c["decode"]) for c in res["catchat"]] == [(2, "fused"), (2, "batched"), (4, "fused"),
+                                                                  (4, "batched")]
+    assert [r["variant"] for r in res["tables"][1]["rows"]] == ["catchat (fused)", "catchat (batched)"]
+    assert "catchat (batched step)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_generate.main(_bench_generate_args("--batches", "2", "--decode", "fused,quick"))
+    assert "--decode takes" in capsys.readouterr().err
 
 
 def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, capsys):

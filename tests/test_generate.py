@@ -28,6 +28,14 @@ def run_dir(dev, tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
 
 
+@pytest.fixture(params=["fused", "batched"])
+def decode_step(request, monkeypatch):
+    """Each generator test on both decode steps (catchat/vk/program/decoder.py): the fused layer
+    kernels, and the batched forward at T = 1."""
+    monkeypatch.setenv("CATCHAT_DECODE", request.param)
+    return request.param
+
+
 def ngrams(ids, n):
     return [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
 
@@ -129,7 +137,7 @@ def test_sampling_and_speaker_validation():
 
 
 # ------------------------------------------------------------------------------ the GPU generator
-def test_generator_logits_match_the_reference(dev, run_dir):
+def test_generator_logits_match_the_reference(dev, run_dir, decode_step):
     """The forward-only T=1 program, and the prefill window, against the float64 numpy model."""
     ckpt = ck.load_checkpoint(run_dir)
     spec = checkpoint_spec(ckpt)
@@ -150,7 +158,7 @@ def test_generator_logits_match_the_reference(dev, run_dir):
     np.testing.assert_allclose(pre.feed(ids[:5])[0], want[4], atol=2e-4, rtol=1e-4)
 
 
-def test_same_seed_same_text_and_stop_tokens(dev, run_dir):
+def test_same_seed_same_text_and_stop_tokens(dev, run_dir, decode_step):
     ckpt = ck.load_checkpoint(run_dir)
     gen = Generator.from_checkpoint(dev, ckpt, streams=4)
     s = Sampling(temperature=1.0)
@@ -169,7 +177,7 @@ def test_same_seed_same_text_and_stop_tokens(dev, run_dir):
         assert vocab.PAD not in o and vocab.BOS not in o
 
 
-def test_text_does_not_depend_on_the_chunk_and_streams_in_chunks(dev, run_dir):
+def test_text_does_not_depend_on_the_chunk_and_streams_in_chunks(dev, run_dir, decode_step):
     """The draws are keyed by (seed, stream, token number): 2, 6 or 64 tokens per submit give the same
     text; on_tokens sees it chunk by chunk, <pad> once a stream has stopped."""
     ckpt = ck.load_checkpoint(run_dir)
@@ -188,7 +196,7 @@ def test_text_does_not_depend_on_the_chunk_and_streams_in_chunks(dev, run_dir):
         assert streamed[:len(out)].tolist() == out and (streamed[len(out):] == vocab.PAD).all()
 
 
-def test_state_after_generate_continues_like_feeding_the_text(dev, run_dir):
+def test_state_after_generate_continues_like_feeding_the_text(dev, run_dir, decode_step):
     """generate() leaves the state just before its last token: feeding that token then gives the
     same logits as feeding the prompt and the whole output in one go."""
     ckpt = ck.load_checkpoint(run_dir)
@@ -199,6 +207,35 @@ def test_state_after_generate_continues_like_feeding_the_text(dev, run_dir):
     fresh = Generator.from_checkpoint(dev, ckpt, prefill=16)
     np.testing.assert_allclose(after, fresh.feed(np.concatenate([prompt, out]).astype(np.uint32)),
                                atol=2e-5, rtol=1e-4)
+
+
+def test_batched_and_fused_steps_generate_the_same(dev, run_dir, monkeypatch):
+    """The two decode steps are the same model: greedy, from a prompt with a <bos> mid-way (a reset
+    inside the forced tokens), 5 streams of which some stop at a stop token and one at its length,
+    the same tokens; the last logits (a stopped stream keeps its own) and the state left behind
+    within float32 rounding of each other; the batched step's profile names its groups."""
+    ckpt = ck.load_checkpoint(run_dir)
+    prompt = np.concatenate([prompt_ids("ALICE: Where"), prompt_ids("BOB: The")])
+    got = {}
+    for kind in ("fused", "batched"):
+        monkeypatch.setenv("CATCHAT_DECODE", kind)
+        gen = Generator.from_checkpoint(dev, ckpt, streams=5, prefill=4, chunk=4)
+        outs = gen.generate(prompt, 40, Sampling(temperature=1.5), seed=3, stop_at=(vocab.TURN,))
+        got[kind] = outs, gen.logits.copy(), gen.prog.read("h0")[0].copy(), gen
+    (a, la, ha, _), (b, lb, hb, gen) = got["fused"], got["batched"]
+    assert a == b
+    assert len({len(o) for o in a}) > 1 and min(len(o) for o in a) < 40  # streams stopped at different steps
+    np.testing.assert_allclose(lb, la, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(hb, ha, atol=2e-5, rtol=1e-5)
+    assert gen._decoder.kind == "batched"
+    assert list(gen.profile(4)) == [f"layer {l}" for l in range(gen.spec.layers)] + ["head", "choice"]
+
+
+def test_decode_step_must_be_named(dev, run_dir, monkeypatch):
+    monkeypatch.setenv("CATCHAT_DECODE", "fast")
+    gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir))
+    with pytest.raises(UsageError, match="CATCHAT_DECODE='fast' is not a decode step"):
+        gen.generate(prompt_ids("BOB: "), 5, Sampling(), seed=1)
 
 
 # ------------------------------------------------------------------------------ catchat sample

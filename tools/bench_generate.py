@@ -2,7 +2,8 @@
 """Generation speed of catchat beside PyTorch: characters per second and time to the first character.
 
     python tools/bench_generate.py configs/catchat-v3.toml [--batches 1,64] [--steps 200] [--chunk N]
-                                   [--compare-torch [--graph-chunk 64]] [--json out.json]
+                                   [--decode fused,batched] [--compare-torch [--graph-chunk 64]]
+                                   [--json out.json]
 
 For each batch size B (independent streams generated at once) every variant generates --steps
 characters per stream from the prompt <bos> alone (so "state ready" is the zero state: nothing to
@@ -20,7 +21,8 @@ catchat: `Generator(dev, layout, params, streams=B[, chunk=--chunk]).generate(<b
 Sampling(temperature=0.8), seed=0, stop_at=(), on_tokens=...)` timed end to end through the
 public API alone, whatever the Generator does underneath; the first character is the first
 call of on_tokens. --chunk (characters per submit) is passed only when given: by default the
-Generator chooses. Weights are random (init_params) but for a few rows that make <eos>
+Generator chooses. --decode: a catchat row per decode step (CATCHAT_DECODE set around each).
+Weights are random (init_params) but for a few rows that make <eos>
 unchoosable (`bench_params`): <eos> always ends a stream, the speed does not depend on the
 weights' values, and so every stream generates all `steps` characters (chars/s counts the
 characters actually produced; `short_streams` in --json says if any stream stopped early).
@@ -61,6 +63,7 @@ from catchat.errors import UsageError  # noqa: E402
 from catchat.inference.generate import Generator, Sampling  # noqa: E402
 from catchat.model import ParamLayout, head_name, init_params  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.program.decoder import DECODE_ENV, DECODE_KINDS, decode_kind, decode_step  # noqa: E402
 
 TEMPERATURE = 0.8
 SEED = 0
@@ -317,11 +320,12 @@ def _torch_device(want: str) -> tuple[str | None, str]:
 # Output
 # ---------------------------------------------------------------------------------------------
 
-def table_rows(c: dict, eager: dict | None, graph: dict | None) -> list[dict]:
+def table_rows(cs: list[dict], eager: dict | None, graph: dict | None) -> list[dict]:
     """The rows of one batch size's table: name, chars/s, step ms, first char ms and, with the
-    CUDA graph measured, each row's chars/s and first-char time over the graph's."""
-    rows = [dict(variant="catchat", chars_per_s=c["chars_per_s"], step_ms=c["step_ms"],
-                 first_char_ms=c["first_char_ms"])]
+    CUDA graph measured, each row's chars/s and first-char time over the graph's. cs: catchat's
+    results at this batch, one per decode step measured ("catchat (fused)", ... when several)."""
+    rows = [dict(variant="catchat" if len(cs) == 1 else f"catchat ({c['decode']})", chars_per_s=c["chars_per_s"],
+                 step_ms=c["step_ms"], first_char_ms=c["first_char_ms"]) for c in cs]
     if eager is not None:
         for key, name in (("", "torch eager"), ("_host_copy", "torch eager + host copy")):
             rows.append(dict(variant=name, chars_per_s=eager[f"chars_per_s{key}"], step_ms=eager[f"step_ms{key}"],
@@ -365,8 +369,14 @@ def main(argv=None):
     ap.add_argument("--torch-device", default="cuda", help="where torch runs (default cuda)")
     ap.add_argument("--graph-chunk", type=int, default=GRAPH_CHUNK,
                     help=f"decode steps per CUDA graph replay (default {GRAPH_CHUNK})")
+    ap.add_argument("--decode", default=None,
+                    help="comma-separated decode steps to time, each a catchat row: fused, batched "
+                         f"(catchat/vk/program/decoder.py; default: ${DECODE_ENV}'s, else fused)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    kinds = [k.strip() for k in args.decode.split(",") if k.strip()] if args.decode else [decode_kind()]
+    if not kinds or any(k not in DECODE_KINDS for k in kinds):
+        ap.error(f"--decode takes a comma-separated list of {', '.join(DECODE_KINDS)}, got {args.decode!r}")
     try:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
     except ValueError:
@@ -385,10 +395,13 @@ def main(argv=None):
                  "warmup": args.warmup, "repeats": args.repeats, "temperature": TEMPERATURE, "chunk": args.chunk,
                  "catchat": []}
     for B in batches:
-        try:
-            res["catchat"].append(bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats))
-        except UsageError as exc:  # e.g. a --chunk the Generator refuses
-            ap.error(str(exc))
+        for kind in kinds:
+            try:
+                with decode_step(kind):
+                    c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats)
+            except UsageError as exc:  # e.g. a --chunk the Generator refuses
+                ap.error(str(exc))
+            res["catchat"].append({**c, "decode": kind})
     res["talk_reply"] = talk = bench_talk_reply(spec, dev, args.repeats)
     print(f"talk: first character of a reply after an 80-character user line: {talk['first_char_ms']:.2f} ms "
           f"(median of {talk['turns']} turns)")
@@ -412,22 +425,24 @@ def main(argv=None):
                 print(f"torch CUDA graph skipped: {res['torch_graph_skipped']}")
             print(f"torch: {what}")
     res["tables"] = []
-    for B, c, e, g in zip(batches, res["catchat"], eager, graph):
-        rows = table_rows(c, e, g)
+    for B, e, g in zip(batches, eager, graph):
+        cs = [c for c in res["catchat"] if c["batch"] == B]
+        rows = table_rows(cs, e, g)
         res["tables"].append({"batch": B, "rows": rows})
         print()
         print(format_table(B, args.steps, rows))
-        size = c["generator_chunk"] if c["generator_chunk"] is not None else c["chunk"]
-        chunk = "the Generator's default" if c["chunk"] is None else "--chunk"
-        chunk = f"{size} ({chunk})" if size is not None else chunk
-        kernels = ", ".join(f"{k} {v:.1f}" for k, v in c["device_us"].items())
-        note = (f"catchat: {c['chars']:,} characters in {B} streams, chunk {chunk}; device us per step: {kernels} "
-                f"(sum {sum(c['device_us'].values()):.1f})")
-        if c["short_streams"]:
-            note += f"; {c['short_streams']} streams stopped early"
-        if g is not None and g["steps"] != args.steps:
-            note += f"; the graph ran {g['steps']} steps (whole chunks)"
-        print(note)
+        for c in cs:
+            size = c["generator_chunk"] if c["generator_chunk"] is not None else c["chunk"]
+            chunk = "the Generator's default" if c["chunk"] is None else "--chunk"
+            chunk = f"{size} ({chunk})" if size is not None else chunk
+            kernels = ", ".join(f"{k} {v:.1f}" for k, v in c["device_us"].items())
+            note = (f"catchat ({c['decode']} step): {c['chars']:,} characters in {B} streams, chunk {chunk}; device "
+                    f"us per step: {kernels} (sum {sum(c['device_us'].values()):.1f})")
+            if c["short_streams"]:
+                note += f"; {c['short_streams']} streams stopped early"
+            if g is not None and g["steps"] != args.steps:
+                note += f"; the graph ran {g['steps']} steps (whole chunks)"
+            print(note)
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
     return res

@@ -164,6 +164,12 @@ xq() { local d=$1; wanted "exchange-quality-v3-$d" && mpi_venv
     part "exchange-quality-v3-$d-eval" $py -m catchat.cli eval "/tmp/exchange-quality-v3-$d" --json; }
 xq fp32
 xq fp16
+# both decode steps (fused layer kernels, the batched forward at T = 1) beside PyTorch at batches
+# 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
+for c in v3 v5; do
+    part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 \
+        --decode fused,batched --compare-torch --json "$out/gen-decode-$c.json"
+done
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

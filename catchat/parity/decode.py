@@ -1,5 +1,6 @@
 """Generation's decode step and on-device sampling (glsl/decode_layer.comp, both variants;
-glsl/decode_head.comp; glsl/decode_sample.comp) against catchat.model.reference: the state and logits
+glsl/decode_head.comp; glsl/decode_sample.comp; the batched step: the forward's kernels at T = 1,
+glsl/decode_carry.comp, decode_sample.comp's RESETS) against catchat.model.reference: the state and logits
 after feeding tokens (odd H, partial stream tiles, one to three layers, tied head, a <bos> reset
 inside), the choice from given logits under every
 sampling rule (reference.sample_choice, the same uniforms), and whole generations replayed through
@@ -11,6 +12,8 @@ because the GPU's float32 exp and sums differ from the float64 twin in the last 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from catchat import rng as crng
@@ -20,6 +23,7 @@ from catchat.model import ModelSpec, ParamLayout, head_name, init_params
 from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
+from catchat.vk.program.decoder import DECODE_KINDS, decode_step
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
@@ -120,17 +124,24 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
-    """Decode steps at odd sizes, every sampling rule, whole generations with blocking and stops."""
+    """Decode steps at odd sizes and whole generations with blocking and stops, on both decode steps
+    (the batched one's rows named "(batched)"); every sampling rule."""
     out = []
-    # odd H (no vec4), partial stream tiles (B = 9, 17, 20, 70), L = 1-3, tied heads
-    for H, L, B, tied, seed in ((37, 1, 1, False, 1), (48, 3, 3, False, 2), (33, 2, 9, True, 3), (64, 2, 17, False, 4),
-                                (37, 2, 20, False, 11), (64, 3, 70, True, 12), (96, 1, 16, False, 13)):
-        out += _step_case(dev, H, L, B, tied, seed)
+    for kind in DECODE_KINDS:
+        with decode_step(kind):
+            rows = []
+            # odd H (no vec4), partial stream tiles (B = 9, 17, 20, 70), L = 1-3, tied heads
+            for H, L, B, tied, seed in ((37, 1, 1, False, 1), (48, 3, 3, False, 2), (33, 2, 9, True, 3),
+                                        (64, 2, 17, False, 4), (37, 2, 20, False, 11), (64, 3, 70, True, 12),
+                                        (96, 1, 16, False, 13)):
+                rows += _step_case(dev, H, L, B, tied, seed)
+            rows += _generation_case(dev, 40, 2, 3, Sampling(temperature=1.0, ngram_block=3), 60, 7)
+            rows += _generation_case(dev, 40, 2, 2, Sampling(temperature=0.8, top_k=8, top_p=0.9), 50, 8,
+                                     stops=(vocab.EOS, vocab.NEWLINE))
+            rows += _generation_case(dev, 24, 1, 2, Sampling(greedy=True, ngram_block=2), 40, 9)
+            rows += _generation_case(dev, 40, 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10)
+        tag = "" if kind == "fused" else f" ({kind})"
+        out += [replace(r, kernel=r.kernel.replace("decode ", f"decode{tag} ", 1)) for r in rows]
     for B, seed in ((1, 5), (67, 6)):
         out += _choice_case(dev, B, seed)
-    out += _generation_case(dev, 40, 2, 3, Sampling(temperature=1.0, ngram_block=3), 60, 7)
-    out += _generation_case(dev, 40, 2, 2, Sampling(temperature=0.8, top_k=8, top_p=0.9), 50, 8,
-                            stops=(vocab.EOS, vocab.NEWLINE))
-    out += _generation_case(dev, 24, 1, 2, Sampling(greedy=True, ngram_block=2), 40, 9)
-    out += _generation_case(dev, 40, 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10)
     return out

@@ -1,6 +1,7 @@
 """Generation's decode step for B streams at once: one dispatch per layer (glsl/decode_layer.comp),
 one for the head (glsl/decode_head.comp) and one for the choice of the next token
-(glsl/decode_sample.comp).
+(glsl/decode_sample.comp); or, the batched step (catchat/vk/program/decoder.py), the batched
+forward's kernels at T = 1, then DecodeCarry (glsl/decode_carry.comp) and the choice.
 
 The decode step reads the same flat parameter buffer and layer-0 table (E W_ih0^T) as the batched
 forward, keeps its state on the device between steps (a ping-pong [2, L, B, H] state, each
@@ -86,12 +87,13 @@ class DecodeHead(Kernel):
 
 class DecodeSample(Kernel):
     """The choice of the next token from the logits, one workgroup per stream (a thread per
-    token). `choose(k)` writes its choices to row k of `out`."""
+    token). `choose(k)` writes its choices to row k of `out`. resets (uint32 [B], the batched decode
+    step's): beside each token written, 1 where it is <bos> (the next step starts from a zero state)."""
 
     shader = "decode_sample"
 
     def __init__(self, dev: Device, layout: ParamLayout, logits, token, ctl, cfg, forced, history, out, *, B: int,
-                 history_cap: int):
+                 history_cap: int, resets=None):
         s = layout.spec
         if s.vocab_size > MAX_VOCAB:
             raise ValueError(f"device sampling handles vocabularies up to {MAX_VOCAB} tokens, not {s.vocab_size}")
@@ -99,8 +101,26 @@ class DecodeSample(Kernel):
         sub = max(1, dev.info.subgroup_size)
         self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
         self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS)  # push constants after k
-        super().__init__(dev, [logits, token, ctl, cfg, forced, history, out], [self.B], spec=[self.workgroup],
-                         push=(0, *self._fixed))
+        tensors = [logits, token, ctl, cfg, forced, history, out] + ([] if resets is None else [resets])
+        super().__init__(dev, tensors, [self.B], spec=[self.workgroup], push=(0, *self._fixed),
+                         defines=None if resets is None else {"RESETS": 1})
 
     def choose(self, k: int):
         return self.op(k, *self._fixed)
+
+
+class DecodeCarry(Kernel):
+    """The batched decode step's end before the choice (glsl/decode_carry.comp): for the streams still
+    live, h0 = hT (the carried state, [L,B,H]) and kept = logits ([B,V], what the choice reads); a
+    stream that stopped keeps both."""
+
+    shader = "decode_carry"
+    WORKGROUP = 64
+
+    def __init__(self, dev: Device, hT, h0, logits, kept, ctl, *, L: int, B: int, H: int, V: int):
+        self.push = (int(L), int(B), int(H), int(V))
+        super().__init__(dev, [hT, h0, logits, kept, ctl], [ceil_div(L * B * H + B * V, self.WORKGROUP)],
+                         spec=[self.WORKGROUP], push=self.push)
+
+    def step(self):
+        return self.op(*self.push)

@@ -1,13 +1,24 @@
 """Generation on the device: K tokens per submit, sampled and fed back without the host.
 
 A `Decoder` sits beside a forward-only `Program` (whose parameters, layer-0 table and carried
-state it shares) and owns the decode state: a ping-pong hidden state, each layer's x + h, the next
-input token, the last logits and a few words per stream (done, tokens generated, forced tokens
-taken), the call's settings and the n-gram history. A call is one start sequence (upload the
-settings, take the carry, make the first choice) and then chunks of K steps, two recorded chunk
-sequences used in turn so one runs while the host reads the other's tokens. The host never sees
-logits inside a call; it reads back only the chosen tokens (NONE where a stream emitted nothing:
-it was being fed known tokens, or had stopped).
+state it shares) and owns the decode state: the next input token, the last logits and a few words
+per stream (done, tokens generated, forced tokens taken), the call's settings and the n-gram
+history. A call is one start sequence (upload the settings, take the carry, make the first
+choice) and then chunks of K steps, two recorded chunk sequences used in turn so one runs while
+the host reads the other's tokens. The host never sees logits inside a call; it reads back only
+the chosen tokens (NONE where a stream emitted nothing: it was being fed known tokens, or had
+stopped).
+
+A step is one of two programs of the same model (CATCHAT_DECODE chooses; default fused):
+- fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
+  both projections, the GRU cell, the residual in one pass over the layer's weights), the head
+  and the choice, on a ping-pong state of its own. The latency race: batch 1.
+- batched (`BatchedStep`): the batched forward's own kernels at T = 1 (a second forward-only
+  Program, its weights copied from the first at each call's start): the input projections as
+  GEMMs, the recurrent sweeps (register-resident or streamed where the training sweeps are),
+  the norms, the head; then DecodeCarry (glsl/decode_carry.comp: the new state and logits kept
+  for the streams still live) and the choice, which writes the next step's resets beside its
+  token. Each weight is read once per step for every stream: the throughput race, batch 64.
 
     dec = Decoder(prog, chunk=64, history_cap=1024)
     for rows in dec.run(settings, forced, logits, steps):  # rows [k, B] uint32, k = 1 then K
@@ -16,24 +27,117 @@ it was being fed known tokens, or had stopped).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
+from catchat.errors import UsageError
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import DecodeHead, DecodeLayer, DecodeSample
+from catchat.vk.kernels.decode import DecodeCarry, DecodeHead, DecodeLayer, DecodeSample
 from catchat.vk.program import sequences as sq
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
+DECODE_ENV = "CATCHAT_DECODE"  # "fused" (default) or "batched": the decode step's program
+DECODE_KINDS = ("fused", "batched")
 
 
 def default_chunk(dev) -> int:
     """Tokens per submit when the caller does not choose."""
     return CPU_CHUNK if dev.info.type == "CPU" else DEFAULT_CHUNK
+
+
+def decode_kind(environ=os.environ) -> str:
+    """The decode step a Decoder records: CATCHAT_DECODE, default "fused"."""
+    raw = environ.get(DECODE_ENV, "").strip() or "fused"
+    if raw not in DECODE_KINDS:
+        raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
+                         f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)}, or unset it")
+    return raw
+
+
+@contextmanager
+def decode_step(kind: str):
+    """Decoders made inside record `kind`'s step (CATCHAT_DECODE set, then restored)."""
+    saved = os.environ.get(DECODE_ENV)
+    os.environ[DECODE_ENV] = kind
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[DECODE_ENV]
+        else:
+            os.environ[DECODE_ENV] = saved
+
+
+class FusedStep:
+    """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
+    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h."""
+
+    def __init__(self, prog, logits, ctl):
+        dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
+        n = s.layers * B * s.hidden
+        self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
+        self.token, self.resets, self.upload = dev.tensor(B, np.uint32), None, []
+        self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
+        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
+        self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
+
+    def start_ops(self) -> list:
+        return [self.from_carry(1.0, 0.0)]
+
+    def groups(self, k: int) -> list[tuple[str, list]]:
+        """Step k's dispatches before the choice, by name."""
+        layers = [(f"layer {l}", [self.layer.step(l, k % 2)]) for l in range(self.layer.L)]
+        return layers + [("head", [self.head.step()])]
+
+    def end_ops(self) -> list:
+        return [self.to_carry(1.0, 0.0)]
+
+
+class BatchedStep:
+    """The batched forward at T = 1 (a forward-only Program of one timestep and the same streams and
+    precision, whose tokens and resets the choice writes), then DecodeCarry. Its weights, table0
+    and float16 W_hh follow the first Program's at every call's start (a device copy)."""
+
+    def __init__(self, prog, logits, ctl):
+        from catchat.vk.program.driver import Program  # the driver does not import the decoder
+
+        dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
+        self.one = one = Program(dev, prog.layout, 1, B, training=False, precision=prog.precision)
+        b1 = one.buffers
+        one._load_hyper({})  # eval: no dropout (uploaded with each call's start)
+        self.token, self.resets, self.upload = b1.tokens, b1.resets, [b1.hyper, b1.resets]
+        host_view(b1.resets)[:] = 0
+        n = s.layers * B * s.hidden
+        self.copy_params = Axpby(dev, b.params, b1.params, prog.layout.total)
+        self.from_carry, self.to_carry = Axpby(dev, b.h0, b1.h0, n), Axpby(dev, b1.h0, b.h0, n)
+        self.carry = DecodeCarry(dev, b1.hT, b1.h0, b1.logits, logits, ctl, L=s.layers, B=B, H=s.hidden,
+                                 V=s.vocab_size)
+        dev.recorded(self._weights(), self.upload, []).eval()  # ready before any call (profile may come first)
+
+    def _weights(self) -> list:
+        return [self.copy_params(1.0, 0.0)] + self.one.fwd.derived_ops()
+
+    def start_ops(self) -> list:
+        return self._weights() + [self.from_carry(1.0, 0.0)]
+
+    def groups(self, k: int) -> list[tuple[str, list]]:
+        """Step k's dispatches before the choice, by name: each layer (the embedding with layer 0), and
+        the head with DecodeCarry."""
+        f = self.one.fwd
+        r = f.rows
+        layers = [(f"layer {l}", ([r.embedding.op()] if l == 0 else []) + proj.ops() + gru.sweep_ops() + norm.ops())
+                  for l, (proj, gru, norm) in enumerate(zip(r.proj, f.gru, r.norm))]
+        return layers + [("head", r.head.ops() + [self.carry.step()])]
+
+    def end_ops(self) -> list:
+        return [self.to_carry(1.0, 0.0)]
 
 
 class Decoder:
@@ -42,33 +146,35 @@ class Decoder:
     def __init__(self, prog, chunk: int = DEFAULT_CHUNK, history_cap: int = 1, forced_cap: int | None = None):
         if chunk < 2 or chunk % 2:
             raise ValueError(f"chunk must be an even number >= 2, got {chunk}")
-        dev, b, spec = prog.dev, prog.buffers, prog.spec
+        dev, spec = prog.dev, prog.spec
         self.prog, self.dev, self.spec, self.B, self.K = prog, dev, spec, prog.B, int(chunk)
         self.cap = max(1, int(history_cap))
         self.forced_cap = max(1, int(forced_cap or self.K))
-        L, B, H, V = spec.layers, self.B, spec.hidden, spec.vocab_size
+        B, V = self.B, spec.vocab_size
         u32 = np.uint32
-        self.state = dev.tensor(2 * L * B * H)
-        self.ysum = dev.tensor(L * B * H)
+        self.kind = decode_kind()
         self.logits = dev.tensor(B * V)
-        self.token = dev.tensor(B, u32)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
         self.forced = dev.tensor(self.forced_cap * B, u32)
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
-        common = (prog.layout, b.params, b.table0, self.state, self.ysum, self.token, self.ctl)
-        self.layer = DecodeLayer(dev, *common, B=B)
-        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, self.logits, self.ctl, B=B)
+        self.step = step = (BatchedStep if self.kind == "batched" else FusedStep)(prog, self.logits, self.ctl)
+        self.token = step.token
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
-                         B=B, history_cap=self.cap) for out in self.outs]
-        n = L * B * H  # the carry [L,B,H] is state half 0
-        from_carry, to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
-        inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token]
-        self.seq_start = sq.record_decode_start(dev, inputs, from_carry, samplers[0], [self.outs[0]])
-        self.seq_chunks = [sq.record_decode_chunk(dev, self.layer, self.head, s, to_carry, self.K,
+                         B=B, history_cap=self.cap, resets=step.resets) for out in self.outs]
+        inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token] + step.upload
+        self.seq_start = sq.record_decode_start(dev, inputs, step.start_ops(), samplers[0], [self.outs[0]])
+        self.seq_chunks = [sq.record_decode_chunk(dev, lambda k, s=s: self._step_ops(s, k), self.K, step.end_ops(),
                                                   [out, self.logits]) for s, out in zip(samplers[1:], self.outs[1:])]
+
+    def _groups(self, sample, k: int) -> list[tuple[str, list]]:
+        """Decode step k by name: the step's groups, then the choice into row k of sample's output."""
+        return self.step.groups(k) + [("choice", [sample.choose(k)])]
+
+    def _step_ops(self, sample, k: int) -> list:
+        return [op for _, ops in self._groups(sample, k) for op in ops]
 
     def _submit(self, seq) -> None:
         self.dev.run(seq.eval_async if self.dev.evals_async else seq.eval, "generation")
@@ -121,12 +227,14 @@ class Decoder:
                 self._wait(self.seq_chunks[c % 2])
 
     def profile(self, steps: int = 8) -> dict[str, float]:
-        """Device microseconds per decode step by kernel ('layer 0', 'layer 1', ..., 'head', 'choice'),
-        the median over `steps` steps sampled (temperature 1) from the current state, which they
-        advance (GPU timestamps; each time includes the dispatch's wait for the one before it)."""
-        names = [f"layer {l}" for l in range(self.spec.layers)] + ["head", "choice"]
-        ops = [op for k in range(2 * max(1, steps // 2))
-               for op in sq.decode_step_ops(self.layer, self.head, self.samplers[1], k % self.K)]
+        """Device microseconds per decode step by group ('layer 0', 'layer 1', ..., 'head', 'choice';
+        a group's dispatches added up), the median over `steps` steps sampled (temperature 1) from the
+        current state, which they advance (GPU timestamps; each time includes the dispatch's wait for
+        the one before it)."""
+        n_steps = 2 * max(1, steps // 2)
+        named = [group for k in range(n_steps) for group in self._groups(self.samplers[1], k % self.K)]
+        ops = [op for _, group in named for op in group]
+        owner = np.array([name for name, group in named for _ in group])
         cfg = np.zeros(slots.DC_WORDS, np.uint32)  # every stream live and sampling: what a call costs
         cfg[slots.DC_LENGTH] = len(ops)
         cfg[slots.DC_INV_TEMP] = slots.f32_bits(1.0)
@@ -138,9 +246,11 @@ class Decoder:
         for op in ops:
             seq.record(op)
         seq.eval()
-        ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)].reshape(-1, len(names))
+        ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)].reshape(n_steps, -1)
         period_us = self.dev.info.timestamp_period_ns / 1e3
-        return {n: float(np.median(ticks[:, i])) * period_us for i, n in enumerate(names)}
+        names = list(dict.fromkeys(name for name, _ in named))
+        per_step = owner.reshape(n_steps, -1)[0]
+        return {n: float(np.median(ticks[:, per_step == n].sum(axis=1))) * period_us for n in names}
 
     def last_logits(self) -> np.ndarray:
         """The logits [B, V] each stream's last choice was made from (downloaded by every chunk)."""

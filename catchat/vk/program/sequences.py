@@ -13,8 +13,9 @@ and replayed for every batch (never re-recorded).
     per-timestep           recorded on first use: eval (free-running) and the two micro-batches with the
                            forward one timestep at a time (scheduled sampling); the backward is the same
     decode start           upload the call's settings; carry -> decode state; first choice; download it
-    decode chunk (x2)      K steps of every layer, the head, the choice; the next input fed back on the device;
-                           decode state -> carry; download the K chosen tokens (two, for overlap)
+    decode chunk (x2)      K steps of every layer, the head, the choice (fused, or the batched forward at T = 1:
+                           decoder.py); the next input fed back on the device; decode state -> carry;
+                           download the K chosen tokens (two, for overlap)
 Values that change every step travel in the `hyper` buffer uploaded with the data.
 """
 
@@ -137,23 +138,18 @@ def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels)
 
 
 # ----------------------------------------------------------------------------- decode
-def decode_step_ops(layer, head, sample, k: int) -> list:
-    """Decode step k of a chunk: every layer (state half k % 2 -> the other), the head, and the
-    choice of the next token into row k of the chunk's output."""
-    return [layer.step(l, k % 2) for l in range(layer.L)] + [head.step(), sample.choose(k)]
-
-
-def record_decode_chunk(dev: Device, layer, head, sample, to_carry, K: int, download: list) -> Sequence:
-    """K decode steps (K even: the state ends in half 0, where the next chunk starts), then the
-    state copied to the Program's carry (so a batched prefill continues from it) and `download`."""
+def record_decode_chunk(dev: Device, step_ops, K: int, end_ops: list, download: list) -> Sequence:
+    """K decode steps (step_ops(k): step k's dispatches, the choice into row k of the chunk's output;
+    K even: a ping-pong state ends in half 0, where the next chunk starts), then end_ops (the state
+    copied to the Program's carry, so a batched prefill continues from it) and `download`."""
     if K < 2 or K % 2:
         raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
-    ops = [op for k in range(K) for op in decode_step_ops(layer, head, sample, k)]
-    return dev.recorded(ops + [to_carry(1.0, 0.0)], [], download)
+    ops = [op for k in range(K) for op in step_ops(k)]
+    return dev.recorded(ops + end_ops, [], download)
 
 
-def record_decode_start(dev: Device, upload: list, from_carry, sample, download: list) -> Sequence:
-    """The start of a generation call: upload its settings, forced tokens and last logits, take the
-    Program's carried state, and make the first choice (from the uploaded logits, or the first
-    forced token)."""
-    return dev.recorded([from_carry(1.0, 0.0), sample.choose(0)], upload, download)
+def record_decode_start(dev: Device, upload: list, start_ops: list, sample, download: list) -> Sequence:
+    """The start of a generation call: upload its settings, forced tokens and last logits, run
+    start_ops (take the Program's carried state), and make the first choice (from the uploaded
+    logits, or the first forced token)."""
+    return dev.recorded(start_ops + [sample.choose(0)], upload, download)
