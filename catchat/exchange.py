@@ -27,6 +27,7 @@ pretend hosts in blocks of consecutive ranks.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -34,6 +35,23 @@ from catchat.errors import UsageError
 
 EXCHANGE_DTYPES = ("fp32", "fp16")
 ENV_FAKE_HOSTS = "CATCHAT_MPI_FAKE_HOSTS"
+ENV_CODEC_THREADS = "CATCHAT_EXCHANGE_THREADS"
+MAX_CODEC_THREADS = 8
+CODEC_SPAN = 1 << 20  # values per thread's share of a block: below 2 spans one thread does it all
+
+
+def codec_threads(environ=os.environ) -> int:
+    """Threads for the float16 exchange's casts (numpy's casts release the GIL, and run at ~3-4 ns a
+    value on one core: docs/distributed.md): CATCHAT_EXCHANGE_THREADS, else the CPUs this process may
+    run on, at most MAX_CODEC_THREADS."""
+    raw = environ.get(ENV_CODEC_THREADS, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise UsageError(f"{ENV_CODEC_THREADS}={raw!r} is not a number of threads",
+                             f"unset it, or set e.g. {ENV_CODEC_THREADS}=4")
+        return int(raw)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_CODEC_THREADS, cpus))
 
 
 # ----------------------------------------------------------------------------- what travels
@@ -50,15 +68,33 @@ class Float32Blocks:
 
 class Float16Blocks:
     """Blocks travel as float16 scaled by 2^k per block (the module's docstring): uint16 [n, 2 + m],
-    k (int32) in words 0-1, the scaled values in the rest."""
+    k (int32) in words 0-1, the scaled values in the rest. The passes over the values (the peaks, the
+    scaled casts) run on `threads` threads (`codec_threads`), each over a span of every block's
+    columns: element by element the same operations, so the same bits as one thread."""
 
     HEADER = 2  # uint16 words of k
     TOP_EXPONENT = 15  # the block's largest magnitude is scaled into [2^14, 2^15)
 
+    def __init__(self, threads: int | None = None):
+        self.threads = codec_threads() if threads is None else max(1, int(threads))
+        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="fp16-exchange") if self.threads > 1 else None
+
+    def _spans(self, m: int, work) -> list:
+        """[work(lo, hi) for column spans [lo, hi) covering [0, m)], on the pool where m is long enough."""
+        parts = min(self.threads, max(1, m // CODEC_SPAN))
+        spans = [(m * i // parts, m * (i + 1) // parts) for i in range(parts)]
+        if parts == 1 or self._pool is None:
+            return [work(lo, hi) for lo, hi in spans]
+        return list(self._pool.map(lambda span: work(*span), spans))
+
     def encode(self, blocks: np.ndarray) -> np.ndarray:
         blocks = np.asarray(blocks, np.float32)
         n, m = blocks.shape
-        peak = np.maximum(blocks.max(axis=1), -blocks.min(axis=1)) if m else np.zeros(n, np.float32)
+        if m:  # the largest value and the smallest of each block, span by span (max and min are exact)
+            ends = self._spans(m, lambda lo, hi: (blocks[:, lo:hi].max(axis=1), blocks[:, lo:hi].min(axis=1)))
+            peak = np.maximum(np.max([a for a, _ in ends], axis=0), -np.min([b for _, b in ends], axis=0))
+        else:
+            peak = np.zeros(n, np.float32)
         for i in np.flatnonzero(~np.isfinite(peak)):  # scaled by its finite values: inf and NaN stay as they are
             finite = np.abs(blocks[i][np.isfinite(blocks[i])])
             peak[i] = finite.max() if finite.size else 0.0
@@ -68,14 +104,16 @@ class Float16Blocks:
         out = np.empty((n, self.HEADER + m), np.uint16)
         out[:, :self.HEADER] = k.view(np.uint16).reshape(n, self.HEADER)
         # exact products (2^k in float64: k may pass float32's range), rounded once to float16, one pass
-        np.multiply(blocks, np.ldexp(1.0, k)[:, None], out=out[:, self.HEADER:].view(np.float16), casting="unsafe")
+        scale, values = np.ldexp(1.0, k)[:, None], out[:, self.HEADER:].view(np.float16)
+        self._spans(m, lambda lo, hi: np.multiply(blocks[:, lo:hi], scale, out=values[:, lo:hi], casting="unsafe"))
         return out
 
     def decode(self, sent: np.ndarray) -> np.ndarray:
-        n = sent.shape[0]
+        n, m = sent.shape[0], sent.shape[1] - self.HEADER
         k = np.ascontiguousarray(sent[:, :self.HEADER]).view(np.int32).reshape(n)
-        out = np.empty((n, sent.shape[1] - self.HEADER), np.float32)
-        np.multiply(sent[:, self.HEADER:].view(np.float16), np.ldexp(1.0, -k)[:, None], out=out, casting="unsafe")
+        out = np.empty((n, m), np.float32)
+        scale, values = np.ldexp(1.0, -k)[:, None], sent[:, self.HEADER:].view(np.float16)
+        self._spans(m, lambda lo, hi: np.multiply(values[:, lo:hi], scale, out=out[:, lo:hi], casting="unsafe"))
         return out
 
 
