@@ -26,6 +26,7 @@
 // PD chunks ahead into a register ring, and staged through shared memory as the forward's F32; each
 // invocation 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
 // SUBGROUP32 as there.
+// SRES (not with F32): as the forward's, a 16 x 16 block per k-fragment.
 // SAVE16 (not with F32): save holds float16 (the forward's SAVE16), and dGh's float32 rows hold its
 // n third alone, [T,B,H] (dgh_ld = H): its r and z thirds equal dGi's, so the weight and bias
 // gradients of W_hh's first 2H rows read them from dGi's.
@@ -59,6 +60,9 @@
 #endif
 #ifndef RES
 #define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
+#endif
+#ifndef SRES
+#define SRES 0  // the next k-fragments per subgroup whose W_hh fragments stay in shared memory (likewise)
 #endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * LF * KPG * 16 == the product's depth)
@@ -113,6 +117,10 @@ shared float red[KG * LF * 256u];
 #define A_BUF g16
 #define B_BUF w16
 #define ACC_SHARED red
+#if SRES > 0  // k-group kg's shared fragment j at (kg * SRES + j) * 256, row-major
+shared float16_t wsm[KGS * SRES * 256u];
+#define B_SHARED wsm
+#endif
 #include "sweep_frag.glsl"
 #define G_STORE(p, b, c, cols, v) g16[shadow_at(p, b, c, cols)] = float16_t(v)
 #endif
@@ -158,9 +166,10 @@ FRAG_B rw[RES];
 // crossing wait_k, after the ring's first W_hh loads are issued. false: the barrier was aborted.
 bool product(uint s, uint k0, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = 3u * H / 16u, k1 = kg * KPG;
-    FRAG_B w[PD];  // ring over the k-fragments past RES: k-fragment i in slot (i - RES) % PD
-    [[unroll]] for (uint i = RES; i < KPG && i < RES + PD; ++i) {
-        if (FULL || k1 + i < n_kf) load_w(k0, k1 + i, w[i - RES]);
+    const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
+    FRAG_B w[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
+    [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
+        if (FULL || k1 + i < n_kf) load_w(k0, k1 + i, w[i - RS]);
     }
 #ifdef PERSISTENT
     if (wait_k > 0u && !grid_wait(wait_k)) return false;
@@ -185,8 +194,15 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
                 MUL_LANES(r, rw[i]);
             } else
 #endif
+#if SRES > 0
+            if (i < RS) {
+                FRAG_B sw;
+                LOAD_B_SHARED(sw, (kg * SRES + i - RES) * 256u, 16u, false);
+                MUL_LANES(r, sw);
+            } else
+#endif
             {
-                uint wr = (i - RES) % PD;
+                uint wr = (i - RS) % PD;
                 MUL_LANES(r, w[wr]);
                 if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_w(k0, kf + PD, w[wr]);
             }
@@ -373,6 +389,13 @@ void main() {
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_sl && (FULL || sg * KPG + i < 3u * H / 16u)) load_w(16u * wg, sg * KPG + i, rw[i]);
     }
+#endif
+#if SRES > 0  // the next SRES k-fragments' W_hh into shared memory, each subgroup its own
+    for (uint j = 0u; j < SRES; ++j) {
+        uint kf = sg * KPG + RES + j;
+        if (wg < n_sl && (FULL || kf < 3u * H / 16u)) w_block_to_shared(16u * kf, 16u * wg, (sg * SRES + j) * 256u, tid % 32u);
+    }
+    barrier();
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;

@@ -28,6 +28,9 @@
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
 // barrier between steps; else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+// SRES (not with F32): the W_hh fragments of each subgroup's SRES k-fragments after the RES
+// resident ones are copied into shared memory (`wsm`) once per dispatch and read from there, in
+// what `red` leaves of the workgroup's 48 KB (a workgroup per slice, as RES).
 // SAVE16 (not with F32): save holds float16 (save_off in halves), half the bytes of the largest
 // buffer a training step keeps (v5: 1.6 of 3.2 GB); the gates' own arithmetic stays float32, only
 // what the backward reads back is rounded (the twin's saves="fp16"; gru_backward_stream.comp).
@@ -64,6 +67,9 @@
 #endif
 #ifndef RES
 #define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
+#endif
+#ifndef SRES
+#define SRES 0  // the next k-fragments per subgroup whose W_hh fragments stay in shared memory (likewise)
 #endif
 #ifndef FULL
 #define FULL false  // true: every k-group has KPG fragments (8 * LF * KPG * 16 == the product's depth)
@@ -114,6 +120,10 @@ shared float red[RK * LF * 3u * 256u];  // RED(((slot * LF + lf) * 3 + g) * 256 
 #define A_BUF h16
 #define B_BUF w16
 #define ACC_SHARED red
+#if SRES > 0  // k-group kg's shared fragment j of gate g at ((kg * SRES + j) * 3 + g) * 256, row-major
+shared float16_t wsm[KGS * SRES * 3u * 256u];
+#define B_SHARED wsm
+#endif
 #include "sweep_frag.glsl"
 #define H_STORE(p, b, j, v) h16[shadow_at(p, b, j, pc.H)] = float16_t(v)
 #endif
@@ -191,9 +201,10 @@ FRAG_B rw0[RES], rw1[RES], rw2[RES];
 // issued. false: the barrier was aborted.
 bool product(uint t, uint j0, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = H / 16u, k1 = kg * KPG;
-    FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RES: k-fragment i in slot (i - RES) % PD
-    [[unroll]] for (uint i = RES; i < KPG && i < RES + PD; ++i) {
-        if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RES], w1[i - RES], w2[i - RES]);
+    const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
+    FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
+    [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
+        if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RS], w1[i - RS], w2[i - RS]);
     }
 #ifdef PERSISTENT
     if (wait_k > 0u && !grid_wait(wait_k)) return false;
@@ -218,8 +229,18 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
                 MUL_LANES(r, rw0[i], rw1[i], rw2[i]);
             } else
 #endif
+#if SRES > 0
+            if (i < RS) {
+                FRAG_B s0, s1, s2;
+                uint o = (kg * SRES + i - RES) * 768u;
+                LOAD_B_SHARED(s0, o, 16u, true);
+                LOAD_B_SHARED(s1, o + 256u, 16u, true);
+                LOAD_B_SHARED(s2, o + 512u, 16u, true);
+                MUL_LANES(r, s0, s1, s2);
+            } else
+#endif
             {
-                uint wr = (i - RES) % PD;
+                uint wr = (i - RS) % PD;
                 MUL_LANES(r, w0[wr], w1[wr], w2[wr]);
                 if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_w(j0, kf + PD, w0[wr], w1[wr], w2[wr]);
             }
@@ -330,6 +351,15 @@ void main() {
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_sl && (FULL || sg * KPG + i < H / 16u)) load_w(16u * wg, sg * KPG + i, rw0[i], rw1[i], rw2[i]);
     }
+#endif
+#if SRES > 0  // the next SRES k-fragments' W_hh into shared memory, each subgroup its own
+    for (uint j = 0u; j < SRES; ++j) {
+        uint kf = sg * KPG + RES + j;
+        if (wg < n_sl && (FULL || kf < H / 16u)) {
+            for (uint g = 0u; g < 3u; ++g) w_block_to_shared(g * H + 16u * wg, 16u * kf, ((sg * SRES + j) * 3u + g) * 256u, tid % 32u);
+        }
+    }
+    barrier();
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;

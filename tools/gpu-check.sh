@@ -93,9 +93,10 @@ part bench-v5-fp16-probe-noa env CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench
 part phases-v5-fp16 $py tools/sweep_phases.py configs/catchat-v5.toml --set train.precision=fp16 --steps 256 --reps 1
 # every check of the model group, failures named (after a tolerance or sweep change)
 part parity-model-full $py -m catchat.cli parity --only model
-# the streamed sweeps' knobs side by side: resident W_hh fragments / ring depths (parity, then bench)
-part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 3,10/2,4 \
-    --variant 2,12/2,2 --variant 2,16/2,2 --json "$out/stream-variants.json"
+# the streamed sweeps' knobs side by side: resident W_hh fragments / ring depths / W_hh fragments in shared
+# memory (parity, then bench)
+part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,3 \
+    --variant 2,8/2,4/0,3 --variant 2,12/2,2/0,3 --json "$out/stream-variants.json"
 # the float32 streamed sweeps (the threads' FMAs, W_hh straight from params: v5 at fp32): v5 on the tiled
 # sweeps they replace (CATCHAT_SWEEP_STREAM32=0), then on them beside PyTorch, and their phases
 part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \

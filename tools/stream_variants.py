@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The streamed tensor-core sweeps' knobs side by side on one GPU: for each variant (W_hh fragments
-kept in registers, CATCHAT_STREAM_RESIDENT; ring depths, CATCHAT_STREAM_DEPTH) the sweeps' parity at
-v5's shape against the twin, then `catchat bench` of CONFIG at fp16 with its profile; a table last.
+kept in registers, CATCHAT_STREAM_RESIDENT; ring depths, CATCHAT_STREAM_DEPTH; W_hh fragments kept in
+shared memory, CATCHAT_STREAM_SHARED) the sweeps' parity at v5's shape against the twin, then
+`catchat bench` of CONFIG at fp16 with its profile; a table last.
 
-    python tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4 [--json F]
+    python tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4/0,3 [--json F]
 
-A variant is RESIDENT/DEPTH, each "forward,backward" (glsl/gru_*_stream.comp's RES and PD). The
+A variant is RESIDENT/DEPTH[/SHARED], each "forward,backward" (glsl/gru_*_stream.comp's RES, PD and
+SRES; SHARED is cut to what fits beside `red`, default 0,0). The
 parity is the sweep group's check (catchat/parity/gru.py: the GPU's own rounded operands forced into
 the float32 twin) at [T=4, B=32, H=2048] and [6, 32, 256], persistent over the device's SMs.
 """
@@ -33,8 +35,8 @@ KEYS = ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0")
 
 
 def knobs(variant: str) -> dict:
-    resident, depth = variant.split("/")
-    return {gru.RESIDENT_ENV: resident, gru.DEPTH_ENV: depth}
+    resident, depth, *shared = variant.split("/")
+    return {gru.RESIDENT_ENV: resident, gru.DEPTH_ENV: depth, gru.SHARED_ENV: shared[0] if shared else "0,0"}
 
 
 def sweep_parity(dev, env: dict, shapes: list) -> str:
@@ -73,7 +75,8 @@ def bench(config: str, env: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
-    ap.add_argument("--variant", action="append", required=True, help="RESIDENT/DEPTH, e.g. 2,12/2,4")
+    ap.add_argument("--variant", action="append", required=True,
+                    help="RESIDENT/DEPTH[/SHARED], e.g. 2,12/2,4 or 2,12/2,4/0,3")
     ap.add_argument("--shapes", default="4x32x2048,6x32x256",
                     help="TxBxH of the parity cases (the first: where RESIDENT must hold)")
     ap.add_argument("--json", help="write every variant's numbers here")
@@ -86,7 +89,7 @@ def main() -> int:
         row = {"variant": v, "parity": sweep_parity(dev, env, shapes), **bench(args.config, env)}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"\n{'RESIDENT/DEPTH':16} {'parity':8} {'train tok/s':>12} {'step ms':>8} {'fwd sweep':>10} "
+    print(f"\n{'RES/DEPTH/SHARED':16} {'parity':8} {'train tok/s':>12} {'step ms':>8} {'fwd sweep':>10} "
           f"{'bwd sweep':>10} {'eval tok/s':>11}")
     for r in rows:
         print(f"{r['variant']:16} {r['parity'][:8]:8} {r.get('train_tokens_per_s', 0):12,.0f} "

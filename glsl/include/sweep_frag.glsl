@@ -8,18 +8,20 @@
 // l / 2, columns (l % 2) * 8 .. +7), so no subgroup operation is needed and any real subgroup size
 // works. The sums of a product run in k order in float32 (the hardware's order is its own).
 // The includer defines A_BUF and B_BUF (float16_t arrays the A and B operands are loaded from) and
-// ACC_SHARED (the shared float array accumulators are stored to and loaded from).
+// ACC_SHARED (the shared float array accumulators are stored to and loaded from); and B_SHARED (a
+// shared float16_t array) where B operands also come from shared memory (LOAD_B_SHARED).
 #ifndef CATCHAT_SWEEP_FRAG_GLSL
 #define CATCHAT_SWEEP_FRAG_GLSL
 
 #ifdef EMU
-struct FragRef { uint off; uint stride; bool col; };
+struct FragRef { uint off; uint stride; bool col; bool sh; };  // sh: in B_SHARED
 struct Acc { float v[8]; };
 #define FRAG_A FragRef
 #define FRAG_B FragRef
 #define ACC_T Acc
-#define LOAD_A(m, off, stride, col) m = FragRef(off, stride, col)
-#define LOAD_B(m, off, stride, col) m = FragRef(off, stride, col)
+#define LOAD_A(m, off, stride, col) m = FragRef(off, stride, col, false)
+#define LOAD_B(m, off, stride, col) m = FragRef(off, stride, col, false)
+#define LOAD_B_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 
 Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
 
@@ -27,11 +29,18 @@ Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
 // off + col * stride + row.
 uint frag_index(FragRef m, uint row, uint col) { return m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col; }
 
+float b_at(FragRef b, uint row, uint col) {
+#ifdef B_SHARED
+    if (b.sh) return float(B_SHARED[frag_index(b, row, col)]);
+#endif
+    return float(B_BUF[frag_index(b, row, col)]);
+}
+
 Acc mul_add(FragRef a, FragRef b, Acc c) {
     uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
     for (uint e = 0u; e < 8u; ++e) {
         float s = c.v[e];
-        for (uint k = 0u; k < 16u; ++k) s += float(A_BUF[frag_index(a, row, k)]) * float(B_BUF[frag_index(b, k, c0 + e)]);
+        for (uint k = 0u; k < 16u; ++k) s += float(A_BUF[frag_index(a, row, k)]) * b_at(b, k, c0 + e);
         c.v[e] = s;
     }
     return c;
@@ -66,6 +75,7 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, off, stride, col)
 #define LOAD_B(m, off, stride, col) coopMatLoadNV(m, B_BUF, off, stride, col)
+#define LOAD_B_SHARED(m, off, stride, col) coopMatLoadNV(m, B_SHARED, off, stride, col)
 #define ACC_ZERO() ACC_T(0.0)
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
@@ -93,5 +103,14 @@ uint w_block(uint r0, uint c0) { return pc.w_off + ((r0 / 16u) * (pc.H / 16u) + 
 #else
 uint w_block(uint r0, uint c0) { return pc.w_off + r0 * pc.H + c0; }
 #define W_LD pc.H
+#endif
+
+#ifdef B_SHARED
+// W_hh's 16 x 16 block at rows r0, columns c0 into B_SHARED at dst, row-major (stride 16), by the 32
+// invocations of a subgroup (lane = the caller's index in it); the caller syncs before any reads it.
+void w_block_to_shared(uint r0, uint c0, uint dst, uint lane) {
+    uint src = w_block(r0, c0);
+    for (uint e = lane; e < 256u; e += 32u) B_SHARED[dst + e] = B_BUF[src + (e / 16u) * W_LD + e % 16u];
+}
 #endif
 #endif

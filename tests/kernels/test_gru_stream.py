@@ -192,6 +192,42 @@ def test_streamed_sweeps_keep_w_hh_resident(dev, monkeypatch, T, B, H, n_wg, res
         gru.stream_tiles(B, H, False)
 
 
+@pytest.mark.parametrize("T,B,H,n_wg,resident,shared,kept", [
+    (4, 3, 256, 0, "0,1", "1,9", (1, 5)),  # forward: shared, ring; backward: registers, shared (cut), ring
+    (3, 20, 16, 1, "0,0", "1,1", (0, 1)),  # persistent, one slice per workgroup (the forward: no room)
+    (2, 5, 64, 1, "0,0", "1,2", (0, 0)),  # persistent, 4 slices on one workgroup: none kept
+])
+def test_streamed_sweeps_keep_w_hh_in_shared_memory(dev, monkeypatch, T, B, H, n_wg, resident, shared, kept):
+    """CATCHAT_STREAM_SHARED (SRES): the W_hh fragments of a k-group's next k-fragments after the
+    resident ones copied into shared memory once per dispatch, cut to what fits beside `red` (lavapipe:
+    32 KB) and to a k-group's fragments, dropped where a workgroup walks several slices: the same
+    results as the twin."""
+    from catchat.parity import gru as gru_parity
+
+    monkeypatch.setenv(gru.RESIDENT_ENV, resident)
+    monkeypatch.setenv(gru.SHARED_ENV, shared)
+    monkeypatch.setenv(gru.DEPTH_ENV, "4,8")  # as the resident test's (shared shader variants where none is kept)
+    case = gru_parity.make_case(T, B, H)
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    assert tuple(t.shared for t in got["tiles"]) == kept
+    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
+    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
+
+
+def test_shared_w_hh_fits_beside_red():
+    """At v5 (B = 32, H = 2048) in an H200's 48 KB: the forward's red (24 KB) leaves room for one
+    k-fragment's three gate blocks per k-group, the backward's (16 KB) for four blocks."""
+    from catchat.vk.kernels.gru import stream
+
+    fwd, bwd = (stream.StreamTiles(2, kpg, 2, res, shared=8) for kpg, res in ((8, 2), (24, 12)))
+    assert stream.fit_shared(fwd, False, 48 * 1024).shared == 0  # 24 KB + 4 bytes of flag: 1 block set is 24 KB
+    assert stream.fit_shared(fwd, False, 48 * 1024 + 4).shared == 1
+    assert stream.fit_shared(bwd, True, 48 * 1024).shared == 3
+    assert stream.stream_shared_bytes(stream.fit_shared(bwd, True, 48 * 1024), True) <= 48 * 1024
+
+
 def test_planned_bytes_count_the_streamed_sweeps(dev, streamed):
     """A program on the streamed sweeps allocates what its plan says: the float16 W_hh copy and the
     shadows included, the saves at half their bytes and dGh's n third beside them (the memory check

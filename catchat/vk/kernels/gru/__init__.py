@@ -62,6 +62,7 @@ from catchat.vk.kernels.gru.stream import (
     DEPTH_ENV,
     PROBE_ENV,
     RESIDENT_ENV,
+    SHARED_ENV,
     STREAM_MAX_LANES,
     STREAM_UNITS,
     W16_ALIGN,
@@ -93,7 +94,8 @@ from catchat.vk.kernels.gru.tiled import (
 __all__ = [
     "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FORWARD_TILES",
     "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES", "PROBE_ENV", "REGISTER_FILE",
-    "RESIDENT_BACKWARD_TILES", "RESIDENT_FORWARD_TILES", "ResidentTiles", "RESIDENT_ENV", "STREAM_F32_ENV",
+    "RESIDENT_BACKWARD_TILES", "RESIDENT_FORWARD_TILES", "ResidentTiles", "RESIDENT_ENV", "SHARED_ENV",
+    "STREAM_F32_ENV",
     "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "SweepPlan", "W16_ALIGN", "_check_tiles",
     "backward_scratch_words", "block_halves", "ceil_div", "coop_shared_bytes", "coop_sweeps", "coop_tiles_ok",
     "default_tiles", "device_sms", "n_workgroups", "next_pow2", "partial_words", "per_step_reason",

@@ -46,6 +46,12 @@ BLOCKED_ENV = "CATCHAT_STREAM_BLOCKED"
 # 130.1 to 117.2 ms, among 0..4 and 0..20 tried.
 STREAM_RESIDENT = (2, 12)
 RESIDENT_ENV = "CATCHAT_STREAM_RESIDENT"
+# W_hh fragments of each subgroup's next k-fragments (after the resident ones) kept in shared memory
+# for the whole dispatch (forward, backward: the shaders' SRES; one slice per workgroup, as RES), in
+# what `red` leaves of the workgroup's shared memory; CATCHAT_STREAM_SHARED=F,B sets them, cut to what
+# fits. Not yet measured on the H200: 0, 0 until it is (tools/stream_variants.py).
+STREAM_SHARED = (0, 0)
+SHARED_ENV = "CATCHAT_STREAM_SHARED"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -63,8 +69,9 @@ class StreamTiles(NamedTuple):
     """A streamed sweep's split: `lane_frags` 16-lane fragments (B <= 16 * lane_frags),
     `k_per_group` 16-deep k-fragments per k-group (8 * lane_frags k-groups, one per subgroup, each
     taking every lane fragment: 8 * lane_frags * k_per_group * 16 >= H forward, 3H backward),
-    `depth` fragments' loads in flight ahead of the product (a register ring), and `resident` of a
-    k-group's fragments whose W_hh stays in registers through a persistent sweep. `f32`: the same
+    `depth` fragments' loads in flight ahead of the product (a register ring), `resident` of a
+    k-group's fragments whose W_hh stays in registers through a persistent sweep, and `shared` more
+    whose W_hh stays in shared memory (`fit_shared` cuts it to the device). `f32`: the same
     split in float32 on the threads' FMAs (nothing resident; `depth` the backward's ring of chunks of
     2 row quads, 0 forward: its loads go straight to the invocations that multiply them)."""
 
@@ -73,6 +80,7 @@ class StreamTiles(NamedTuple):
     depth: int = 1
     resident: int = 0
     f32: bool = False
+    shared: int = 0
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -88,8 +96,9 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
         return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True)
-    return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]),
-                       min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward]))
+    resident = min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward])
+    return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), resident,
+                       shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]))
 
 
 def stream32_depth() -> int:
@@ -135,7 +144,19 @@ def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
     if tiles.f32 and backward:  # the stage and red share `smem4` (a barrier apart)
         red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags))
-    return red + 4
+    return red + 4 + tiles.shared * shared_fragment_bytes(tiles, backward)
+
+
+def shared_fragment_bytes(tiles: StreamTiles, backward: bool) -> int:
+    """Shared memory of one k-fragment's W_hh per k-group kept there (`wsm`): a 16 x 16 float16 block
+    for each k-group, three (the gates) forward."""
+    return STREAM_KGROUPS * tiles.lane_frags * 512 * (1 if backward else 3)
+
+
+def fit_shared(tiles: StreamTiles, backward: bool, limit_bytes: int) -> StreamTiles:
+    """The tiles with `shared` cut to what fits in `limit_bytes` of shared memory beside `red`."""
+    room = limit_bytes - stream_shared_bytes(tiles._replace(shared=0), backward)
+    return tiles._replace(shared=max(0, min(tiles.shared, room // shared_fragment_bytes(tiles, backward))))
 
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
@@ -158,11 +179,12 @@ def block_halves(w: np.ndarray) -> np.ndarray:
 
 
 def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, subgroup: int = 0) -> dict:
-    """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments; the
-    caller keeps it only where a workgroup has one slice); FULL where every k-group has KPG
-    fragments (no bound checks in the product loop); BLOCKED_W (W_hh's copy in blocks); PROBE
-    (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL, F32, and SUBGROUP32 where
-    the backward runs on subgroups 32 wide (its stage synced by subgroup barriers)."""
+    """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments) and SRES
+    (fragments in shared memory; the caller keeps both only where a workgroup has one slice); FULL
+    where every k-group has KPG fragments (no bound checks in the product loop); BLOCKED_W (W_hh's
+    copy in blocks); PROBE (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL,
+    F32, and SUBGROUP32 where the backward runs on subgroups 32 wide (its stage synced by subgroup
+    barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     if tiles.f32:
@@ -171,7 +193,9 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
                 **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth,
-            **({"RES": tiles.resident} if tiles.resident else {}), **({"FULL": "true"} if full else {}),
+            **({"RES": tiles.resident} if tiles.resident else {}),
+            **({"SRES": tiles.shared} if tiles.shared else {}),
+            **({"FULL": "true"} if full else {}),
             **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
             **({"EMU": 1} if emulate else {})}
 

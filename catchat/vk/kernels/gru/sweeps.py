@@ -54,6 +54,7 @@ from catchat.vk.kernels.gru.resident import (
 )
 from catchat.vk.kernels.gru.stream import (
     W16_ALIGN,
+    fit_shared,
     shadow_words,
     stream_defines,
     stream_shared_bytes,
@@ -177,7 +178,8 @@ class _Sweep(Kernel):
         if self.offsets[0 if backward else 1] % align:
             raise ValueError(f"a streamed sweep's {'float32' if f32 else 'float16'} W_hh must start at a multiple "
                              f"of {align} {unit}")
-        self.stream, self.tiles = True, stream_tiles(B, H, backward, f32)
+        self.stream = True
+        self.tiles = fit_shared(stream_tiles(B, H, backward, f32), backward, info.max_shared_memory_bytes)
         w = tensors[4 if backward else 1] if f32 else self.w_half  # f32: params again, as vec4
         nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
         if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
@@ -194,8 +196,10 @@ class _Sweep(Kernel):
         if resident and persistent is None:
             self.residency = sweep_residency(dev, self.tiles, B, H, backward, resident)
             resident = resident if self.residency.ok else 0
-        if self.tiles.resident and 0 < sweep_workgroups(resident, stream_slices(H)) < stream_slices(H):
-            self.tiles = self.tiles._replace(resident=0)  # resident W_hh needs one slice per workgroup
+        if (self.tiles.resident or self.tiles.shared) and 0 < sweep_workgroups(resident, stream_slices(H)) < \
+                stream_slices(H):  # W_hh kept on chip needs one slice per workgroup
+            self.tiles = self.tiles._replace(resident=0, shared=0)
+            self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
                    **({"SAVE16": 1} if self.save_half else {})}
         tensors = self._extra_bindings(tensors, defines)
