@@ -166,6 +166,20 @@ def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     assert got["hits"] == exp["hits"]
 
 
+def _streamed_like_the_twin(dev, T: int, B: int, H: int, n_wg: int) -> dict:
+    """The streamed sweeps (persistent over n_wg workgroups, 0: a dispatch per step) at [T, B, H]
+    under the knobs set, against the twin with the GPU's operands forced; what the GPU gave."""
+    from catchat.parity import gru as gru_parity
+
+    case = gru_parity.make_case(T, B, H)
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
+    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
+    return got
+
+
 @pytest.mark.parametrize("T,B,H,n_wg,resident,depth,kept", [
     (3, 17, 48, 0, "1,1", "4,8", (1, 1)),  # a dispatch per step; k-groups left empty, short ones
     (2, 20, 256, 0, "1,2", "1,1", (1, 2)),  # the ring refilled past the resident fragments
@@ -176,17 +190,10 @@ def test_streamed_sweeps_keep_w_hh_resident(dev, monkeypatch, T, B, H, n_wg, res
     """CATCHAT_STREAM_RESIDENT (RES): a k-group's first W_hh fragments loaded once per dispatch and
     kept in registers, where every workgroup has one slice (else dropped); two lane fragments per
     subgroup (B > 16) and one: the same results as the twin."""
-    from catchat.parity import gru as gru_parity
-
     monkeypatch.setenv(gru.RESIDENT_ENV, resident)
     monkeypatch.setenv(gru.DEPTH_ENV, depth)
-    case = gru_parity.make_case(T, B, H)
-    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    got = _streamed_like_the_twin(dev, T, B, H, n_wg)
     assert tuple(t.resident for t in got["tiles"]) == kept
-    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
-    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
-        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
-    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
     monkeypatch.setenv(gru.RESIDENT_ENV, "1")
     with pytest.raises(UsageError, match="CATCHAT_STREAM_RESIDENT"):
         gru.stream_tiles(B, H, False)
@@ -202,18 +209,11 @@ def test_streamed_sweeps_keep_w_hh_in_shared_memory(dev, monkeypatch, T, B, H, n
     resident ones copied into shared memory once per dispatch, cut to what fits beside `red` (lavapipe:
     32 KB) and to a k-group's fragments, dropped where a workgroup walks several slices: the same
     results as the twin."""
-    from catchat.parity import gru as gru_parity
-
     monkeypatch.setenv(gru.RESIDENT_ENV, resident)
     monkeypatch.setenv(gru.SHARED_ENV, shared)
     monkeypatch.setenv(gru.DEPTH_ENV, "4,8")  # as the resident test's (shared shader variants where none is kept)
-    case = gru_parity.make_case(T, B, H)
-    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
+    got = _streamed_like_the_twin(dev, T, B, H, n_wg)
     assert tuple(t.shared for t in got["tiles"]) == kept
-    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
-    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
-        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
-    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
 
 
 def test_shared_w_hh_fits_beside_red():
