@@ -231,6 +231,23 @@ def test_batched_and_fused_steps_generate_the_same(dev, run_dir, monkeypatch):
     assert list(gen.profile(4)) == [f"layer {l}" for l in range(gen.spec.layers)] + ["head", "choice"]
 
 
+def test_batched_step_reports_a_lost_persistent_sweep(dev, run_dir, monkeypatch):
+    """A persistent sweep of the batched step whose grid barrier gave up (its stats word, as the GPU
+    would count it) stops generation with the Program's DeviceLost, not with garbage tokens."""
+    from catchat.errors import DeviceLost
+    from catchat.vk import slots
+    from catchat.vk.device import host_view
+
+    monkeypatch.setenv("CATCHAT_DECODE", "batched")
+    gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir), streams=2, chunk=4)
+    step = gen._decoder_for(1).step
+    stats = step.one.buffers.stats
+    host_view(stats)[slots.ST_SYNC_TIMEOUTS] = 1
+    dev.upload([stats])
+    with pytest.raises(DeviceLost, match="lost its workgroups"):
+        gen.generate(prompt_ids("BOB: "), 20, Sampling(), seed=1)
+
+
 def test_decode_step_must_be_named(dev, run_dir, monkeypatch):
     monkeypatch.setenv("CATCHAT_DECODE", "fast")
     gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir))

@@ -83,7 +83,7 @@ class FusedStep:
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
-        self.token, self.resets, self.upload = dev.tensor(B, np.uint32), None, []
+        self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
         self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
@@ -99,6 +99,9 @@ class FusedStep:
     def end_ops(self) -> list:
         return [self.to_carry(1.0, 0.0)]
 
+    def check(self) -> None:
+        """Nothing to check after a chunk: no persistent dispatches."""
+
 
 class BatchedStep:
     """The batched forward at T = 1 (a forward-only Program of one timestep and the same streams and
@@ -112,8 +115,11 @@ class BatchedStep:
         self.one = one = Program(dev, prog.layout, 1, B, training=False, precision=prog.precision)
         b1 = one.buffers
         one._load_hyper({})  # eval: no dropout (uploaded with each call's start)
-        self.token, self.resets, self.upload = b1.tokens, b1.resets, [b1.hyper, b1.resets]
+        # the persistent sweeps' barrier timeouts come back in stats after each chunk (zero until then)
+        self.token, self.resets, self.upload, self.download = b1.tokens, b1.resets, [b1.hyper, b1.resets,
+                                                                                    b1.stats], [b1.stats]
         host_view(b1.resets)[:] = 0
+        host_view(b1.stats)[:] = 0
         n = s.layers * B * s.hidden
         self.copy_params = Axpby(dev, b.params, b1.params, prog.layout.total)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, b1.h0, n), Axpby(dev, b1.h0, b.h0, n)
@@ -138,6 +144,10 @@ class BatchedStep:
 
     def end_ops(self) -> list:
         return [self.to_carry(1.0, 0.0)]
+
+    def check(self) -> None:
+        """A persistent sweep whose grid barrier gave up made this chunk's tokens from garbage: say so."""
+        self.one._check_sweeps(host_view(self.one.buffers.stats))
 
 
 class Decoder:
@@ -167,7 +177,8 @@ class Decoder:
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token] + step.upload
         self.seq_start = sq.record_decode_start(dev, inputs, step.start_ops(), samplers[0], [self.outs[0]])
         self.seq_chunks = [sq.record_decode_chunk(dev, lambda k, s=s: self._step_ops(s, k), self.K, step.end_ops(),
-                                                  [out, self.logits]) for s, out in zip(samplers[1:], self.outs[1:])]
+                                                  [out, self.logits] + step.download)
+                           for s, out in zip(samplers[1:], self.outs[1:])]
 
     def _groups(self, sample, k: int) -> list[tuple[str, list]]:
         """Decode step k by name: the step's groups, then the choice into row k of sample's output."""
@@ -217,6 +228,7 @@ class Decoder:
             while inflight:
                 c = inflight.pop(0)
                 self._wait(self.seq_chunks[c % 2])
+                self.step.check()
                 yield host_view(self.outs[1 + c % 2]).reshape(self.K, B).copy()
                 if submitted < chunks:  # the caller wants more: queue the next behind the one running
                     self._submit(self.seq_chunks[submitted % 2])
