@@ -115,11 +115,10 @@ class BatchedStep:
         self.one = one = Program(dev, prog.layout, 1, B, training=False, precision=prog.precision)
         b1 = one.buffers
         one._load_hyper({})  # eval: no dropout (uploaded with each call's start)
-        # the persistent sweeps' barrier timeouts come back in stats after each chunk (zero until then)
-        self.token, self.resets, self.upload, self.download = b1.tokens, b1.resets, [b1.hyper, b1.resets,
-                                                                                    b1.stats], [b1.stats]
+        self.token, self.resets = b1.tokens, b1.resets  # what the choice writes
         host_view(b1.resets)[:] = 0
-        host_view(b1.stats)[:] = 0
+        host_view(b1.stats)[:] = 0  # the persistent sweeps' barrier timeouts: back after each chunk
+        self.upload, self.download = [b1.hyper, b1.resets, b1.stats], [b1.stats]
         n = s.layers * B * s.hidden
         self.copy_params = Axpby(dev, b.params, b1.params, prog.layout.total)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, b1.h0, n), Axpby(dev, b1.h0, b.h0, n)
