@@ -17,11 +17,10 @@ from catchat.vk.program import Program, kernelsets, plan
 
 @pytest.fixture
 def streamed(monkeypatch):
-    """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here), and
-    their buffer plan the float16 saves that go with them."""
-    monkeypatch.setattr(kernelsets, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
+    """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here): the
+    buffer plan's sweep products, which the kernels and the float16 saves follow."""
+    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
                         else None)
-    monkeypatch.setattr(plan, "stream_sweeps", lambda dev, B, H, precision: precision == "fp16")
 
 
 def test_program_trains_on_streamed_sweeps(dev, streamed):

@@ -31,7 +31,6 @@ from catchat.vk.kernels.gru import (
     GruForward,
     state_rows,
     stream_f32_sweep,
-    sweep_products,
     w16_blocked,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
@@ -151,7 +150,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
-    products = sweep_products(dev, B, H, precision)  # fp16 on tensor cores: the sweeps' products too
+    products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.sweep_products)
     coop, w16, refresh = products is not None, None, []
     if products == "stream":  # W_hh streamed from a float16 copy, layer l at l*3H*H
         w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
@@ -159,8 +158,6 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
     f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
-    if g.save16 != (products == "stream"):
-        raise ValueError(f"the buffer plan's float16 saves ({g.save16}) and the streamed sweeps ({products}) disagree")
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
                       o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16,
@@ -215,15 +212,13 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         # dout and dx share `dx` (allowed: each row is read before it is written)
         norm = ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do, b.grads,
                                        T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"], o_off=state_rows(B, H))
-        db_ih = colsum((dgi, 0, 3 * H), "gru.bias_ih")
+        # dGh's rows over save (r, z, n), or with save16 dGi's r and z, then dgh_n's n third apart
+        dgh, rows = ((dgi, 0, 3 * H), 2 * H) if g.save16 else ((b.save[l], 0, 4 * H), 3 * H)
+        k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows),
+                          colsum((dgi, 0, 3 * H), "gru.bias_ih"), colsum(dgh, "gru.bias_hh", rows))
         if g.save16:
-            k = BackwardLayer(norm, sweep, gemm_w((dgi, 0, 3 * H), b.o[l], "gru.weight_hh", 2 * H), db_ih,
-                              colsum((dgi, 0, 3 * H), "gru.bias_hh", 2 * H),
-                              dw_hh_n=gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H),
-                              db_hh_n=colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H))
-        else:
-            k = BackwardLayer(norm, sweep, gemm_w((b.save[l], 0, 4 * H), b.o[l], "gru.weight_hh"), db_ih,
-                              colsum((b.save[l], 0, 4 * H), "gru.bias_hh"))
+            k.dw_hh_n = gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H)
+            k.db_hh_n = colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H)
         if l > 0:  # layer 0's input side goes through table0 (below)
             k.dw_ih = gemm_w((dgi, 0, 3 * H), b.x[l], "gru.weight_ih")
             k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,

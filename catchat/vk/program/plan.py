@@ -56,7 +56,7 @@ from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, stream_sweeps, stream_tiles, sync_words
+from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, stream_tiles, sweep_products, sync_words
 from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
@@ -84,7 +84,8 @@ class Geometry:
     split_w: int = 1  # the [3H,H] weight gradients over K = T*B
     split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
     colsum: int = 1  # row splits of the bias gradients' column sums
-    save16: bool = False  # the saves as float16, dGh's n third in dgh_n (the streamed fp16 sweeps)
+    products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
+    # float16 saves and dGh's n third in dgh_n (`save16`)
 
     @classmethod
     def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True,
@@ -96,7 +97,12 @@ class Geometry:
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
-                   save16=dev is not None and stream_sweeps(dev, B, H, precision))
+                   products=None if dev is None else sweep_products(dev, B, H, precision))
+
+    @property
+    def save16(self) -> bool:
+        """The saves as float16 and dGh's n third in dgh_n: where the streamed fp16 sweeps run."""
+        return self.products == "stream"
 
     @property
     def R(self) -> int:
@@ -271,7 +277,7 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
     if dev is None:
         return []
-    f16 = stream_sweeps(dev, g.B, g.H, precision)
+    f16 = g.products == "stream"
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16 else []
     for backward in (False, True) if training else (False,):
         f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
