@@ -197,7 +197,7 @@ class Comm:
         self.host = MPI.Get_processor_name()
         self.hosts = self.allgather_obj(self.host, "exchanging host names")  # every rank's, in rank order
         local = local_rank_env()
-        self.local_rank = self.hosts[:self.rank].count(self.host) if local is None else local  # rank order
+        self.local_rank = exchange.host_layout(self.hosts)[1][self.rank] if local is None else local  # rank order
         self.timing = Timing()
         self.exchange_dtype, self.hierarchical = "fp32", False
         self._exchange: exchange.GradExchange | None = None  # made by the first sum_grads (set_exchange)

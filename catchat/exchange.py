@@ -195,10 +195,10 @@ class GradExchange:
         """This rank's block (float32 [chunk]) of the sum over `comm` of every rank's `part`, split in
         comm.size blocks of `chunk` (the last padded with zeros); added in the comm's rank order."""
         size = comm.Get_size()
-        if size == 1:  # nothing travels: the part is the sum
-            return np.concatenate((part, np.zeros(chunk - part.size, np.float32))) if part.size < chunk else part
         padded = part if part.size == size * chunk else np.concatenate(
             (part, np.zeros(size * chunk - part.size, np.float32)))  # a copy only where the blocks need padding
+        if size == 1:  # nothing travels: the part is the sum
+            return padded
         send = self.codec.encode(padded.reshape(size, chunk))
         recv = np.empty_like(send)
         self.wait(comm.Ialltoall(send, recv), what, spin=True)

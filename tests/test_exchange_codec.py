@@ -11,7 +11,8 @@ from catchat.errors import UsageError
 
 def _blocks(rng, n, m):
     b = (rng.standard_normal((n, m)) * rng.choice([1e-30, 1e-3, 1.0, 1e5, 1e37], (n, 1))).astype(np.float32)
-    b[0, :3] = [np.inf, -np.inf, np.nan] if m >= 3 else b[0, :3]
+    if m >= 3:
+        b[0, :3] = [np.inf, -np.inf, np.nan]
     b[-1] = 0.0  # a block of zeros: k = 0
     return b
 
