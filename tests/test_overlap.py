@@ -17,20 +17,24 @@ HP = StepHyper(lr=3e-3, label_smoothing=0.1, dropout_embedding=0.1, dropout_hidd
 
 
 def _writer(name: str, L: int, tied: bool) -> int:
-    """The backward group that finishes `name`'s gradient (0: the head with the top layer)."""
+    """The backward group that finishes `name`'s gradient (0: the head with the top layer; L - 1: layer
+    0's sweep with the embedding and table0; L: layer 0's own weight and bias gradients)."""
     if name.startswith("layers."):
-        return L - 1 - int(name.split(".")[1])
+        layer = int(name.split(".")[1])
+        return L - 1 - layer if layer > 0 else (L - 1 if name.endswith("weight_ih") else L)
     if name == "head.weight":
-        return 0
-    return L - 1  # the embedding: its own backward and table0's (and, tied, the head's) come last
+        return 0 if L > 1 else L  # with one layer the head's range is part of W_hh0's (the layout's tail)
+    return L - 1  # the embedding: its own backward and table0's (and, tied, the head's) in layer 0's first group
 
 
 @pytest.mark.parametrize("L,tied", [(1, False), (2, True), (3, False)])
 def test_group_ranges_hold_what_each_group_finishes(L, tied):
     layout = ParamLayout(ModelSpec(vocab_size=101, hidden=12, layers=L, tie_embeddings=tied))
     ranges = group_ranges(layout)
-    assert len(ranges) == L and ranges[-1][0] == 0 and ranges[0][1] == layout.total
-    assert all(hi == lo2 for (lo2, _), (_, hi) in zip(ranges, ranges[1:]))  # contiguous, top-down
+    assert len(ranges) == L + 1 and ranges[-1][0] == layout.offsets["layers.0.gru.weight_hh"]
+    order = ranges[:-2] + [ranges[-1], ranges[-2]]  # by position in the layout, top-down
+    assert order[0][1] == layout.total and order[-1][0] == 0
+    assert all(hi == lo2 for (lo2, _), (_, hi) in zip(order, order[1:]))  # contiguous, covering
     for name in layout.names:
         lo, hi = ranges[_writer(name, L, tied)]
         assert lo <= layout.offsets[name] and layout.offsets[name] + layout.sizes[name] <= hi, name

@@ -1,13 +1,18 @@
 """The gradient in layer groups, for the exchange that overlaps the backward pass (data parallelism,
 docs/distributed.md "Overlap").
 
-The backward runs top-down: the head with the top layer, then each layer below, then layer 0 with the
-embedding and table0. Each group finishes one contiguous range of the flat ParamLayout (its order is
-embedding, layers 0..L-1, head): the top layer's parameters and the head (the layout's tail), one
-layer's, and layer 0's with the embedding (its head). No later group writes into an earlier group's
-range: a layer's backward writes only its own parameters' gradients, the head writes head.weight (or,
-tied, embedding.weight, which is in the last group), table0 and the embedding backward write
-layer 0's W_ih and the embedding. So a group's range is final when its ops have run.
+The backward runs top-down: the head with the top layer, then each layer below, then layer 0 in two
+groups: its sweep with the embedding and table0, then its own weight and bias gradients. Each group
+finishes one contiguous range of the flat ParamLayout (its order is embedding, layers 0..L-1, head;
+a layer's is W_ih, W_hh, b_ih, b_hh, norm): the top layer's parameters and the head (the layout's
+tail), one layer's, the embedding with W_ih0 (the layout's head), and W_hh0 up to layer 1. No later
+group writes into an earlier group's range: a layer's backward writes only its own parameters'
+gradients, the head writes head.weight (or, tied, embedding.weight, which is in a later group),
+table0 and the embedding backward write W_ih0 and the embedding, layer 0's norm (run in its first
+group) writes into the last group's range. So a group's range is final when its ops have run.
+Layer 0 is cut in two because the last range is exchanged after the GPU has finished, with nothing
+to hide behind: half a layer instead of a layer and the embedding (the overlap's bound goes from
+(L-1)/L of the exchange to about 1 - 1/(2L)).
 
 With several ranks each group's range is copied on the device into a staging tensor of its own and
 downloaded at the end of the group's sequence, so the host adds up group g's range while the GPU
@@ -31,12 +36,14 @@ from catchat.vk.kernels.embedding import EmbeddingForward
 
 
 def group_ranges(layout: ParamLayout) -> list[tuple[int, int]]:
-    """[lo, hi) of the flat gradient that each backward group finishes, in backward order: the top
-    layer with the head, each layer below, layer 0 with the embedding. Contiguous, covering
-    [0, layout.total)."""
+    """[lo, hi) of the flat gradient that each backward group finishes, in backward order
+    (sequences.backward_groups): the top layer with the head, each layer below, then layer 0 in two:
+    the embedding and W_ih0 (the layout's head), then W_hh0 to layer 1 (W_hh0, layer 0's biases and
+    norm; with one layer, the head too). Contiguous, covering [0, layout.total)."""
     L = layout.spec.layers
     starts = [0] + [layout.offsets[f"layers.{l}.gru.weight_ih"] for l in range(1, L)] + [layout.total]
-    return [(starts[l], starts[l + 1]) for l in reversed(range(L))]
+    w_hh0 = layout.offsets["layers.0.gru.weight_hh"]
+    return [(starts[l], starts[l + 1]) for l in reversed(range(1, L))] + [(0, w_hh0), (w_hh0, starts[1])]
 
 
 class GradStages:

@@ -42,16 +42,21 @@ def forward_ops(f: ForwardKernels) -> list:
 
 
 def backward_groups(k: BackwardKernels) -> list[list]:
-    """The backward in layer groups, in order: the head with the top layer, each layer below (norm,
-    recurrent sweep, batched weight gradients), layer 0 with the embedding and table0. Group g
-    finishes the gradient's range grad_slices.group_ranges(layout)[g]."""
-    groups = []
-    for lay in reversed(k.layers):
-        ops = lay.norm.ops() + lay.gru.sweep_ops() + [op for k in lay.weight_grad_gemms() for op in k.ops()]
-        groups.append(ops + lay.bias_grad_ops() + (lay.dx.ops() if lay.dx else []))
-    t0 = k.table0
+    """The backward in groups, in order: the head with the top layer, each layer below (norm,
+    recurrent sweep, batched weight gradients), then layer 0 in two: its norm and sweep with the
+    embedding and table0 (finishing the embedding and W_ih0, the flat layout's head), then its W_hh
+    and bias gradients. Layer 0's own GEMMs go last so that the range exchanged after the GPU has
+    finished is half a layer, not a layer and the embedding. Group g finishes the gradient's range
+    grad_slices.group_ranges(layout)[g]."""
+    def weight_grads(lay) -> list:
+        return [op for gemm in lay.weight_grad_gemms() for op in gemm.ops()] + lay.bias_grad_ops()
+
+    groups = [lay.norm.ops() + lay.gru.sweep_ops() + weight_grads(lay) + lay.dx.ops() for lay in reversed(k.layers[1:])]
+    t0, lay0 = k.table0, k.layers[0]
+    groups.append(lay0.norm.ops() + lay0.gru.sweep_ops() + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]
+                  + t0.dw_ih.ops() + t0.demb.ops())
+    groups.append(weight_grads(lay0))
     groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
-    groups[-1] += [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] + t0.dw_ih.ops() + t0.demb.ops()
     return groups
 
 
