@@ -11,7 +11,8 @@
 // (include/sweep_frag.glsl). Subgroup sg (of 8 * LF) owns k-group sg (KPG 16-deep fragments of
 // the 3H rows) for every lane fragment, so each W_hh fragment is loaded once per workgroup; the
 // k-groups' partial blocks are summed through `red` in a fixed order (deterministic). RES and the
-// split grid barrier as in the forward.
+// split grid barrier as in the forward. KFLAGS as the forward's: a slice counts its three blocks of
+// g16 (its units' r, z and n columns), each into the word of the k-group that reads it.
 // dGh[s] comes from a float16 shadow `g16` [2][BP][3H] (lanes past B stay the zeros the host
 // wrote; 16 x 16 blocks as the forward's h16): dispatch s reads g16[s % 2], and its gate
 // backward of step s-1 writes g16[(s-1) % 2] beside dGh's float32 rows. At s = T there is no
@@ -30,6 +31,9 @@
 // SAVE16 (not with F32): save holds float16 (the forward's SAVE16), and dGh's float32 rows hold its
 // n third alone, [T,B,H] (dgh_ld = H): its r and z thirds equal dGi's, so the weight and bias
 // gradients of W_hh's first 2H rows read them from dGi's.
+#if defined(KFLAGS) && !defined(PERSISTENT)  // block flags replace the grid barrier: nothing to do in a dispatch per step
+#undef KFLAGS
+#endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
@@ -171,9 +175,7 @@ bool product(uint s, uint k0, uint kg, uint wait_k) {
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
         if (FULL || k1 + i < n_kf) load_w(k0, k1 + i, w[i - RS]);
     }
-#ifdef PERSISTENT
-    if (wait_k > 0u && !grid_wait(wait_k)) return false;
-#endif
+    if (!operand_wait(wait_k, kg, n_kf, KPG)) return false;
     PHASE(pc.s - s, 1u);
     uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H);
     FRAG_A x[PD];  // dGh, lane fragment 0 (ring slot i % PD)
@@ -262,9 +264,7 @@ vec4 chunk_vec(uint e, uint qa, uint k0, uint gb) {
 // +3 (32 RB FMAs per chunk). The k-groups' sums go through red's slots in the fragments' order
 // (deterministic). wait_k and false as there.
 bool product(uint s, uint k0, uint kg, uint wait_k) {
-#ifdef PERSISTENT
-    if (wait_k > 0u && !grid_wait(wait_k)) return false;
-#endif
+    if (!operand_wait(wait_k, kg, 3u * pc.H / 16u, KPG)) return false;
     PHASE(pc.s - s, 1u);
     uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u;
     uint q0 = kg * KPG * 4u, gb = (s % 2u) * (3u * pc.H / 4u) * BP, st = kg * SQ;
@@ -399,6 +399,10 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
+#ifdef KFLAGS  // no grid barrier: the slice's 3 blocks of g16 (r, z, n) counted into the k-groups reading them
+    if (tid == 0u) sync_aborted = false;
+    barrier();
+#endif
     vec4 held = vec4(0.0);  // the step's last slice's element outputs (column held_k, step held_s > 0)
     uint held_k = 0u, held_s = 0u;
     float held_dhz = 0.0;
@@ -413,12 +417,21 @@ void main() {
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
+#ifdef KFLAGS
+            if (s < pc.T) product(s, k0, sg, i);  // its k-group's blocks of dGh waited for inside
+            barrier();
+            if (sync_aborted) {
+                ok = false;
+                break;
+            }
+#else
             if (s < pc.T) {  // uniform: s is
                 ok = product(s, k0, sg, arrived > waited ? arrived : 0u);  // waits for the step's dGh inside
                 waited = arrived;
                 if (!ok) break;
             }
             barrier();
+#endif
             PHASE(i, 2u);
             if (live) {
                 float mm = 0.0;
@@ -438,10 +451,16 @@ void main() {
                     held_s = s;
                 }
             }
+#ifdef KFLAGS
+            if (i + 1u < pc.n_steps) {  // with the barrier red needs before the next slice
+                blocks_arrive(uvec3(sl, n_sl + sl, 2u * n_sl + sl) / KPG, 3u);
+                continue;
+            }
+#endif
             barrier();  // red is rewritten by the next slice
         }
         PHASE(i, 3u);
-#ifdef PERSISTENT
+#if defined(PERSISTENT) && !defined(KFLAGS)
         if (ok && arrived > waited) {  // a workgroup without a slice (or a step without a product) waits here
             ok = grid_wait(arrived);
             waited = arrived;
@@ -455,7 +474,9 @@ void main() {
         held_s = 0u;
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
-#ifdef PERSISTENT
+#if defined(PERSISTENT) && defined(KFLAGS)
+    grid_sync_done(KGS);
+#elif defined(PERSISTENT)
     grid_sync_done(1u);
 #endif
 }

@@ -16,7 +16,9 @@
 // fragments of a subgroup's first RES k-fragments stay in registers for the whole dispatch (set
 // only where a workgroup has one slice). In the persistent sweep the grid barrier is split: a
 // workgroup arrives after its gates and waits inside the next product, after issuing the W_hh
-// loads that do not depend on the barrier.
+// loads that do not depend on the barrier. KFLAGS (persistent only): no grid barrier; each slice's
+// gates count its block of h16 into the word of the k-group that reads it, and each subgroup waits
+// inside the product for its own k-group's blocks alone (include/grid_sync.glsl's block flags).
 // h_prev comes from a float16 shadow `h16` [2][BP][H] (lanes past B stay the zeros the host
 // wrote; in 16 x 16 blocks of 512 bytes, include/sweep_frag.glsl's shadow_at): step t reads
 // h16[t % 2] and its gates write h16[(t + 1) % 2] = the new state with step t+1's reset applied,
@@ -42,6 +44,9 @@
 // through the same `red` slots in the same order. Staged once per k-group through shared memory as
 // the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
+#if defined(KFLAGS) && !defined(PERSISTENT)  // block flags replace the grid barrier: nothing to do in a dispatch per step
+#undef KFLAGS
+#endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
 #extension GL_EXT_shader_16bit_storage : require
@@ -206,9 +211,7 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
         if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RS], w1[i - RS], w2[i - RS]);
     }
-#ifdef PERSISTENT
-    if (wait_k > 0u && !grid_wait(wait_k)) return false;
-#endif
+    if (!operand_wait(wait_k, kg, H / 16u, KPG)) return false;
     PHASE(t, 1u);
     uint a0 = shadow_frag(t % 2u, 0u, 0u, H);
     FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
@@ -273,9 +276,7 @@ const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 // along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. The k-groups fold into
 // the slots in the fragments' rounds and order (deterministic). wait_k and false as there.
 bool product(uint t, uint j0, uint kg, uint wait_k) {
-#ifdef PERSISTENT
-    if (wait_k > 0u && !grid_wait(wait_k)) return false;
-#endif
+    if (!operand_wait(wait_k, kg, pc.H / 16u, KPG)) return false;
     PHASE(t, 1u);
     uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
     uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, H4);
@@ -366,13 +367,25 @@ void main() {
     float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
     uint held_j = 0u;
     float held_hp = 0.0;
+#ifdef KFLAGS  // no grid barrier: each slice's block of h16 counted into the word of the k-group reading it
+    if (tid == 0u) sync_aborted = false;
+    barrier();
+    uint first_crossing = pc.t == 0u && pc.t < pc.t_end ? 1u : 0u;  // the prologue's
+#endif
 #ifdef PERSISTENT
     if (pc.t == 0u) {
-        for (uint sl = wg; sl < n_sl; sl += n_wg) prologue(16u * sl, tid);
+        for (uint sl = wg; sl < n_sl; sl += n_wg) {
+            prologue(16u * sl, tid);
+#ifdef KFLAGS
+            if (pc.t < pc.t_end) blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);
+#endif
+        }
+#ifndef KFLAGS
         if (pc.t < pc.t_end) {
             grid_arrive();
             ++arrived;
         }
+#endif
     }
 #else
     if (pc.t == pc.t_end) {
@@ -392,8 +405,13 @@ void main() {
                 hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
             }
             PHASE(t, 0u);
+#ifdef KFLAGS
+            product(t, j0, sg, first_crossing + t - pc.t);  // its k-group's blocks of h_prev waited for inside
+            ok = !sync_aborted;  // product ends at a barrier
+#else
             ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
             waited = arrived;
+#endif
             if (!ok) break;
             PHASE(t, 2u);
             if (live) {
@@ -406,10 +424,16 @@ void main() {
                     held_hp = hp;
                 }
             }
+#ifdef KFLAGS
+            if (t + 1u < pc.t_end) {
+                blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);  // with the barrier red needs before the next slice
+                continue;
+            }
+#endif
             barrier();  // red is rewritten by the next slice
         }
         PHASE(t, 3u);
-#ifdef PERSISTENT
+#if defined(PERSISTENT) && !defined(KFLAGS)
         if (ok && arrived > waited) {  // a workgroup without a slice waits here
             ok = grid_wait(arrived);
             waited = arrived;
@@ -421,7 +445,9 @@ void main() {
 #endif
         if (live && wg < n_sl) gate_writes(t, b, held_j, held, held_hp);
     }
-#ifdef PERSISTENT
+#if defined(PERSISTENT) && defined(KFLAGS)
+    grid_sync_done(KGS);
+#elif defined(PERSISTENT)
     grid_sync_done(1u);
 #endif
 }

@@ -97,6 +97,16 @@ part parity-model-full $py -m catchat.cli parity --only model
 # memory (parity, then bench)
 part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,3 \
     --variant 2,8/2,4/0,3 --variant 2,12/2,2/0,3 --json "$out/stream-variants.json"
+# block flags instead of the grid barrier (CATCHAT_STREAM_FLAGS=1): the fp16 sweeps against the landed build
+# (parity at v5's shape, then bench), every sweep parity case under flags (the float32 streamed ones too),
+# v5 at fp32 on the float32 streamed sweeps with flags, and both precisions' phases with flags
+part stream-flags $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,0/1 \
+    --variant 2,12/2,4/0,3/1 --json "$out/stream-flags.json"
+part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
+part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
+    --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"
+part phases-v5-fp16-flags env CATCHAT_STREAM_FLAGS=1 $py tools/sweep_phases.py configs/catchat-v5.toml \
+    --set train.precision=fp16 --steps 256 --reps 1
 # the float32 streamed sweeps (the threads' FMAs, W_hh straight from params: v5 at fp32): v5 on the tiled
 # sweeps they replace (CATCHAT_SWEEP_STREAM32=0), then on them beside PyTorch, and their phases
 part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \

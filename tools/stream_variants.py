@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The streamed tensor-core sweeps' knobs side by side on one GPU: for each variant (W_hh fragments
 kept in registers, CATCHAT_STREAM_RESIDENT; ring depths, CATCHAT_STREAM_DEPTH; W_hh fragments kept in
-shared memory, CATCHAT_STREAM_SHARED) the sweeps' parity at v5's shape against the twin, then
+shared memory, CATCHAT_STREAM_SHARED; block flags instead of the grid barrier, CATCHAT_STREAM_FLAGS) the
+sweeps' parity at v5's shape against the twin, then
 `catchat bench` of CONFIG at fp16 with its profile; a table last.
 
-    python tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4/0,3 [--json F]
+    python tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4/0,3/1 [--json F]
 
-A variant is RESIDENT/DEPTH[/SHARED], each "forward,backward" (glsl/gru_*_stream.comp's RES, PD and
-SRES; SHARED is cut to what fits beside `red`, default 0,0). The
+A variant is RESIDENT/DEPTH[/SHARED[/FLAGS]], the first three "forward,backward" (glsl/gru_*_stream.comp's
+RES, PD and SRES; SHARED is cut to what fits beside `red`, default 0,0), FLAGS 0 or 1 (KFLAGS, default
+0). The
 parity is the sweep group's check (catchat/parity/gru.py: the GPU's own rounded operands forced into
 the float32 twin) at [T=4, B=32, H=2048] and [6, 32, 256], persistent over the device's SMs.
 """
@@ -35,8 +37,9 @@ KEYS = ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0")
 
 
 def knobs(variant: str) -> dict:
-    resident, depth, *shared = variant.split("/")
-    return {gru.RESIDENT_ENV: resident, gru.DEPTH_ENV: depth, gru.SHARED_ENV: shared[0] if shared else "0,0"}
+    resident, depth, *rest = variant.split("/")
+    shared, flags = (rest + ["0,0", "0"][len(rest):])[:2]
+    return {gru.RESIDENT_ENV: resident, gru.DEPTH_ENV: depth, gru.SHARED_ENV: shared, gru.FLAGS_ENV: flags}
 
 
 def sweep_parity(dev, env: dict, shapes: list) -> str:
@@ -76,7 +79,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--variant", action="append", required=True,
-                    help="RESIDENT/DEPTH[/SHARED], e.g. 2,12/2,4 or 2,12/2,4/0,3")
+                    help="RESIDENT/DEPTH[/SHARED[/FLAGS]], e.g. 2,12/2,4 or 2,12/2,4/0,3/1")
     ap.add_argument("--shapes", default="4x32x2048,6x32x256",
                     help="TxBxH of the parity cases (the first: where RESIDENT must hold)")
     ap.add_argument("--json", help="write every variant's numbers here")
@@ -89,7 +92,7 @@ def main() -> int:
         row = {"variant": v, "parity": sweep_parity(dev, env, shapes), **bench(args.config, env)}
         print(json.dumps(row), flush=True)
         rows.append(row)
-    print(f"\n{'RES/DEPTH/SHARED':16} {'parity':8} {'train tok/s':>12} {'step ms':>8} {'fwd sweep':>10} "
+    print(f"\n{'RES/DEPTH/SH/FL':16} {'parity':8} {'train tok/s':>12} {'step ms':>8} {'fwd sweep':>10} "
           f"{'bwd sweep':>10} {'eval tok/s':>11}")
     for r in rows:
         print(f"{r['variant']:16} {r['parity'][:8]:8} {r.get('train_tokens_per_s', 0):12,.0f} "

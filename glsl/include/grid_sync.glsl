@@ -64,6 +64,59 @@ bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
 void grid_arrive() { group_arrive(0u); }
 bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
 
+// Block flags instead of the grid barrier (KFLAGS; the streamed sweeps, glsl/gru_*_stream.comp): a
+// step's product reads its A operand (the float16 shadow of h_prev or dGh) by k-groups, one per
+// subgroup, each a run of 16-column blocks that few workgroups write. So a producer counts every
+// block it has written into the word of the k-group that reads it (blocks_arrive: 2 + k-group, as
+// group words), and each subgroup waits for its own k-group's blocks alone (kgroup_wait), not for
+// every workgroup: a subgroup whose blocks are ready multiplies while others still wait. No
+// workgroup can write a step's blocks before every block of the step before was counted (its
+// product needed all of them), so a count of k times the k-group's blocks means each was written
+// k times. A wait that gives up sets sync_aborted (the caller reads it after its next barrier).
+#ifdef KFLAGS
+shared bool sync_aborted;
+
+// This workgroup's buffer writes reach device scope, then invocation i < n counts one block into
+// k-group groups[i]'s word. Uniform per workgroup.
+void blocks_arrive(uvec3 groups, uint n) {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex < n) atomicAdd(sync_words[2u + groups[gl_LocalInvocationIndex]], 1u);
+}
+
+// Returns once k-group `group`'s word reaches `target`, or when aborted (sync_aborted set). Every
+// invocation polls (a subgroup's 32 read one word: one load a round), so no subgroup or workgroup
+// barrier is needed and any subgroup size works; writes counted before the target are visible after.
+void kgroup_wait(uint target, uint group) {
+    bool ok = true;
+    for (uint spins = 0u; sync_words[2u + group] < target; ++spins) {
+        if (spins >= SYNC_SPIN_LIMIT || sync_words[0] != 0u) {
+            ok = false;
+            break;
+        }
+    }
+    if (!ok) {
+        sync_aborted = true;
+        if (atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
+    }
+    memoryBarrierBuffer();
+}
+#endif
+
+// A streamed sweep's wait for its step's A operand (crossing wait_k; 0: none) in subgroup kg's
+// product: the grid barrier, or with KFLAGS the k-group's own blocks (k-fragments kg * kpg .., fewer
+// in the last k-group, none past n_kf). false: the grid barrier was aborted (with KFLAGS the caller
+// reads sync_aborted after its next barrier). Nothing to wait for without PERSISTENT.
+bool operand_wait(uint wait_k, uint kg, uint n_kf, uint kpg) {
+#if defined(PERSISTENT) && defined(KFLAGS)
+    uint blocks = kg * kpg < n_kf ? min(kpg, n_kf - kg * kpg) : 0u;
+    if (wait_k > 0u) kgroup_wait(wait_k * blocks, kg);
+#elif defined(PERSISTENT)
+    if (wait_k > 0u) return grid_wait(wait_k);
+#endif
+    return true;
+}
+
 // Call once at the end of a persistent dispatch that used groups 0..n_groups-1: the last
 // workgroup out zeroes the sync words.
 void grid_sync_done(uint n_groups) {

@@ -215,6 +215,51 @@ def test_streamed_sweeps_keep_w_hh_in_shared_memory(dev, monkeypatch, T, B, H, n
     assert tuple(t.shared for t in got["tiles"]) == kept
 
 
+@pytest.mark.parametrize("T,B,H,n_wg,f32", [
+    (3, 20, 16, 1, False),  # one slice per workgroup, two lane fragments: k-groups 1..15 have no blocks
+    (4, 5, 64, 1, False),  # 4 slices on one workgroup: each arrives for its own k-group in turn
+    (4, 17, 48, 1, True),  # float32 FMAs, short k-groups
+    (3, 9, 512, 1, True),  # k-groups several blocks deep (forward 2, backward 6)
+    (3, 3, 48, 0, False),  # a dispatch per step: the flags are ignored
+])
+def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f32):
+    """CATCHAT_STREAM_FLAGS=1 (KFLAGS): each subgroup waits for the blocks of the shadow its k-group
+    reads instead of meeting every workgroup at the grid barrier; the same results as the twin, no
+    wait given up (lavapipe runs one workgroup: a wrong block count there is a wait that never ends)."""
+    from catchat.parity import gru as gru_parity
+
+    monkeypatch.setenv(gru.FLAGS_ENV, "1")
+    if f32:
+        case = gru_parity.make_case(T, B, H)
+        got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), stream_f32=True, repeat=2)
+        exp, _ = gru_parity.expected_gru(case, 0.02)
+        for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+            tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") else \
+                (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
+            np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
+        assert got["hits"] == 2 * exp["hits"] and got["sync_timeouts"] == 0  # both sweeps ran twice
+    else:
+        got = _streamed_like_the_twin(dev, T, B, H, n_wg)
+    assert not got["sync"].any()  # the last workgroup out zeroed every k-group's word for the next dispatch
+
+
+def test_block_flags_setting(monkeypatch):
+    """CATCHAT_STREAM_FLAGS: unset or 0 keeps the grid barrier, 1 asks for block flags, anything else
+    is refused with the fix."""
+    from catchat.vk.kernels.gru import stream
+
+    def defines(backward: bool) -> dict:
+        return stream.stream_defines(gru.stream_tiles(3, 16, backward), 16, backward, True)
+
+    monkeypatch.delenv(gru.FLAGS_ENV, raising=False)
+    assert not gru.stream_flags() and "KFLAGS" not in defines(False)
+    monkeypatch.setenv(gru.FLAGS_ENV, "1")
+    assert gru.stream_flags() and "KFLAGS" in defines(False) and "KFLAGS" in defines(True)
+    monkeypatch.setenv(gru.FLAGS_ENV, "yes")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM_FLAGS"):
+        gru.stream_flags()
+
+
 def test_shared_w_hh_fits_beside_red():
     """At v5 (B = 32, H = 2048) in an H200's 48 KB: the forward's red (24 KB) leaves room for one
     k-fragment's three gate blocks per k-group, the backward's (16 KB) for four blocks."""

@@ -60,6 +60,7 @@ from catchat.vk.kernels.gru.resident import (
 from catchat.vk.kernels.gru.stream import (
     BLOCKED_ENV,
     DEPTH_ENV,
+    FLAGS_ENV,
     PROBE_ENV,
     RESIDENT_ENV,
     SHARED_ENV,
@@ -68,6 +69,7 @@ from catchat.vk.kernels.gru.stream import (
     W16_ALIGN,
     StreamTiles,
     block_halves,
+    stream_flags,
     stream_ok,
     stream_tiles,
     w16_blocked,
@@ -92,8 +94,9 @@ from catchat.vk.kernels.gru.tiled import (
 )
 
 __all__ = [
-    "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FORWARD_TILES",
-    "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES", "PROBE_ENV", "REGISTER_FILE",
+    "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FLAGS_ENV",
+    "FORWARD_TILES", "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES", "PROBE_ENV",
+    "REGISTER_FILE",
     "RESIDENT_BACKWARD_TILES", "RESIDENT_FORWARD_TILES", "ResidentTiles", "RESIDENT_ENV", "SHARED_ENV",
     "STREAM_F32_ENV",
     "STREAM_MAX_LANES", "STREAM_UNITS", "StreamTiles", "SweepPlan", "W16_ALIGN", "_check_tiles",
@@ -102,7 +105,8 @@ __all__ = [
     "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep", "resident_backward",
     "resident_candidate", "resident_defines", "resident_fits", "resident_registers", "resident_resources",
     "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices", "state_rows",
-    "stream_f32_sweep", "stream_ok", "stream_sweeps", "stream_tiles", "sweep_candidates", "sweep_products",
+    "stream_f32_sweep", "stream_flags", "stream_ok", "stream_sweeps", "stream_tiles", "sweep_candidates",
+    "sweep_products",
     "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words", "table_tiles", "tile_count", "tile_extent",
     "tile_row", "tiled_tiles", "to_cache", "w16_blocked",
 ]

@@ -52,6 +52,11 @@ RESIDENT_ENV = "CATCHAT_STREAM_RESIDENT"
 # fits. Not yet measured on the H200: 0, 0 until it is (tools/stream_variants.py).
 STREAM_SHARED = (0, 0)
 SHARED_ENV = "CATCHAT_STREAM_SHARED"
+# Block flags instead of the grid barrier between steps (the shaders' KFLAGS, persistent sweeps
+# only; glsl/include/grid_sync.glsl): each subgroup waits for the blocks of the shadow its k-group
+# reads, written by KPG of the workgroups, not for all of them. CATCHAT_STREAM_FLAGS=1 turns it on
+# (to measure: the barrier was ~30% of a v5 step at fp16 on the H200, 2026-12-03); off until measured.
+FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -166,6 +171,14 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     return elements if tiles.f32 else elements // 2
 
 
+def stream_flags() -> bool:
+    """Whether the persistent streamed sweeps wait on block flags (FLAGS_ENV = 1) instead of a grid barrier."""
+    env = os.environ.get(FLAGS_ENV, "").strip()
+    if env in ("", "0", "1"):
+        return env == "1"
+    raise UsageError(f"{FLAGS_ENV}={env!r} is not 0 or 1", hint="unset it, or set 1 for block flags")
+
+
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"
@@ -182,17 +195,19 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments) and SRES
     (fragments in shared memory; the caller keeps both only where a workgroup has one slice); FULL
     where every k-group has KPG fragments (no bound checks in the product loop); BLOCKED_W (W_hh's
-    copy in blocks); PROBE (timing probes); EMU (emulated fragments). f32 tiles: LF, KPG, PD, FULL,
-    F32, and SUBGROUP32 where the backward runs on subgroups 32 wide (its stage synced by subgroup
-    barriers)."""
+    copy in blocks); PROBE (timing probes); EMU (emulated fragments); KFLAGS (block flags instead of
+    the grid barrier; the shaders ignore it in a dispatch per step). f32 tiles: LF, KPG, PD, FULL,
+    F32, KFLAGS, and SUBGROUP32 where the backward runs on subgroups 32 wide (its stage synced by
+    subgroup barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
+    flags = {"KFLAGS": 1} if stream_flags() else {}
     if tiles.f32:
         warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
-        return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
+        return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
                 **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
-    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth,
+    return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
             **({"RES": tiles.resident} if tiles.resident else {}),
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
