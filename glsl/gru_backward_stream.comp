@@ -31,8 +31,8 @@
 // SAVE16 (not with F32): save holds float16 (the forward's SAVE16), and dGh's float32 rows hold its
 // n third alone, [T,B,H] (dgh_ld = H): its r and z thirds equal dGi's, so the weight and bias
 // gradients of W_hh's first 2H rows read them from dGi's.
-#if defined(KFLAGS) && !defined(PERSISTENT)  // block flags replace the grid barrier: nothing to do in a dispatch per step
-#undef KFLAGS
+#if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
+#define BLOCK_FLAGS
 #endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
@@ -399,10 +399,6 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
-#ifdef KFLAGS  // no grid barrier: the slice's 3 blocks of g16 (r, z, n) counted into the k-groups reading them
-    if (tid == 0u) sync_aborted = false;
-    barrier();
-#endif
     vec4 held = vec4(0.0);  // the step's last slice's element outputs (column held_k, step held_s > 0)
     uint held_k = 0u, held_s = 0u;
     float held_dhz = 0.0;
@@ -417,13 +413,9 @@ void main() {
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
-#ifdef KFLAGS
+#ifdef BLOCK_FLAGS  // no grid barrier: the slice's 3 blocks of g16 (r, z, n) count into the k-groups reading them
             if (s < pc.T) product(s, k0, sg, i);  // its k-group's blocks of dGh waited for inside
             barrier();
-            if (sync_aborted) {
-                ok = false;
-                break;
-            }
 #else
             if (s < pc.T) {  // uniform: s is
                 ok = product(s, k0, sg, arrived > waited ? arrived : 0u);  // waits for the step's dGh inside
@@ -451,7 +443,7 @@ void main() {
                     held_s = s;
                 }
             }
-#ifdef KFLAGS
+#ifdef BLOCK_FLAGS
             if (i + 1u < pc.n_steps) {  // with the barrier red needs before the next slice
                 blocks_arrive(uvec3(sl, n_sl + sl, 2u * n_sl + sl) / KPG, 3u);
                 continue;
@@ -460,7 +452,7 @@ void main() {
             barrier();  // red is rewritten by the next slice
         }
         PHASE(i, 3u);
-#if defined(PERSISTENT) && !defined(KFLAGS)
+#if defined(PERSISTENT) && !defined(BLOCK_FLAGS)
         if (ok && arrived > waited) {  // a workgroup without a slice (or a step without a product) waits here
             ok = grid_wait(arrived);
             waited = arrived;
@@ -474,7 +466,7 @@ void main() {
         held_s = 0u;
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
-#if defined(PERSISTENT) && defined(KFLAGS)
+#ifdef BLOCK_FLAGS
     grid_sync_done(KGS);
 #elif defined(PERSISTENT)
     grid_sync_done(1u);

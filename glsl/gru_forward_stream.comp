@@ -44,8 +44,8 @@
 // through the same `red` slots in the same order. Staged once per k-group through shared memory as
 // the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
-#if defined(KFLAGS) && !defined(PERSISTENT)  // block flags replace the grid barrier: nothing to do in a dispatch per step
-#undef KFLAGS
+#if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
+#define BLOCK_FLAGS
 #endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32
@@ -367,20 +367,18 @@ void main() {
     float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
     uint held_j = 0u;
     float held_hp = 0.0;
-#ifdef KFLAGS  // no grid barrier: each slice's block of h16 counted into the word of the k-group reading it
-    if (tid == 0u) sync_aborted = false;
-    barrier();
+#ifdef BLOCK_FLAGS  // no grid barrier: each slice's block of h16 counted into the word of the k-group reading it
     uint first_crossing = pc.t == 0u && pc.t < pc.t_end ? 1u : 0u;  // the prologue's
 #endif
 #ifdef PERSISTENT
     if (pc.t == 0u) {
         for (uint sl = wg; sl < n_sl; sl += n_wg) {
             prologue(16u * sl, tid);
-#ifdef KFLAGS
+#ifdef BLOCK_FLAGS
             if (pc.t < pc.t_end) blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);
 #endif
         }
-#ifndef KFLAGS
+#ifndef BLOCK_FLAGS
         if (pc.t < pc.t_end) {
             grid_arrive();
             ++arrived;
@@ -405,9 +403,8 @@ void main() {
                 hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
             }
             PHASE(t, 0u);
-#ifdef KFLAGS
+#ifdef BLOCK_FLAGS
             product(t, j0, sg, first_crossing + t - pc.t);  // its k-group's blocks of h_prev waited for inside
-            ok = !sync_aborted;  // product ends at a barrier
 #else
             ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
             waited = arrived;
@@ -424,7 +421,7 @@ void main() {
                     held_hp = hp;
                 }
             }
-#ifdef KFLAGS
+#ifdef BLOCK_FLAGS
             if (t + 1u < pc.t_end) {
                 blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);  // with the barrier red needs before the next slice
                 continue;
@@ -433,7 +430,7 @@ void main() {
             barrier();  // red is rewritten by the next slice
         }
         PHASE(t, 3u);
-#if defined(PERSISTENT) && !defined(KFLAGS)
+#if defined(PERSISTENT) && !defined(BLOCK_FLAGS)
         if (ok && arrived > waited) {  // a workgroup without a slice waits here
             ok = grid_wait(arrived);
             waited = arrived;
@@ -445,7 +442,7 @@ void main() {
 #endif
         if (live && wg < n_sl) gate_writes(t, b, held_j, held, held_hp);
     }
-#if defined(PERSISTENT) && defined(KFLAGS)
+#ifdef BLOCK_FLAGS
     grid_sync_done(KGS);
 #elif defined(PERSISTENT)
     grid_sync_done(1u);

@@ -100,8 +100,9 @@ part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --vari
 # block flags instead of the grid barrier (CATCHAT_STREAM_FLAGS=1): the fp16 sweeps against the landed build
 # (parity at v5's shape, then bench), every sweep parity case under flags (the float32 streamed ones too),
 # v5 at fp32 on the float32 streamed sweeps with flags, and both precisions' phases with flags
+# (with flags the forward has room for a k-fragment of W_hh in shared memory: 1,3)
 part stream-flags $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,0/1 \
-    --variant 2,12/2,4/0,3/1 --json "$out/stream-flags.json"
+    --variant 2,12/2,4/0,3/1 --variant 2,12/2,4/1,3/1 --json "$out/stream-flags.json"
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"

@@ -18,6 +18,9 @@ layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint syn
 #define SYNC_SPIN_LIMIT (1u << 22)  // polls (~1 us each) before a workgroup gives up
 #endif
 
+uint n_workgroups() { return gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z; }
+
+#ifndef KFLAGS  // the group barrier (block flags below replace it)
 shared bool sync_ok;
 
 // A group barrier in two halves, so a workgroup can do work nobody waits for in between:
@@ -54,8 +57,6 @@ bool group_sync(uint k, uint group, uint n) {
     return group_wait(k, group, n);
 }
 
-uint n_workgroups() { return gl_NumWorkGroups.x * gl_NumWorkGroups.y * gl_NumWorkGroups.z; }
-
 // Every workgroup of the dispatch, k-th time.
 bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
 
@@ -63,6 +64,7 @@ bool grid_sync(uint k) { return group_sync(k, 0u, n_workgroups()); }
 // crossing k before it arrives for k + 1: the count would otherwise reach k * n early.
 void grid_arrive() { group_arrive(0u); }
 bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
+#endif
 
 // Block flags instead of the grid barrier (KFLAGS; the streamed sweeps, glsl/gru_*_stream.comp): a
 // step's product reads its A operand (the float16 shadow of h_prev or dGh) by k-groups, one per
@@ -72,10 +74,10 @@ bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
 // every workgroup: a subgroup whose blocks are ready multiplies while others still wait. No
 // workgroup can write a step's blocks before every block of the step before was counted (its
 // product needed all of them), so a count of k times the k-group's blocks means each was written
-// k times. A wait that gives up sets sync_aborted (the caller reads it after its next barrier).
+// k times. A wait that gives up raises the abort flag and counts the timeout, and every later wait
+// returns at once: the sweep runs out with wrong numbers the host never uses (it reads the count
+// and stops). No shared memory: the forward's `red` and its W_hh fragments fill 48 KB to the byte.
 #ifdef KFLAGS
-shared bool sync_aborted;
-
 // This workgroup's buffer writes reach device scope, then invocation i < n counts one block into
 // k-group groups[i]'s word. Uniform per workgroup.
 void blocks_arrive(uvec3 groups, uint n) {
@@ -84,20 +86,15 @@ void blocks_arrive(uvec3 groups, uint n) {
     if (gl_LocalInvocationIndex < n) atomicAdd(sync_words[2u + groups[gl_LocalInvocationIndex]], 1u);
 }
 
-// Returns once k-group `group`'s word reaches `target`, or when aborted (sync_aborted set). Every
-// invocation polls (a subgroup's 32 read one word: one load a round), so no subgroup or workgroup
-// barrier is needed and any subgroup size works; writes counted before the target are visible after.
+// Returns once k-group `group`'s word reaches `target`, or at once after an abort. Every invocation
+// polls (a subgroup's 32 read one word: one load a round), so no subgroup or workgroup barrier is
+// needed and any subgroup size works; writes counted before the target are visible after.
 void kgroup_wait(uint target, uint group) {
-    bool ok = true;
-    for (uint spins = 0u; sync_words[2u + group] < target; ++spins) {
-        if (spins >= SYNC_SPIN_LIMIT || sync_words[0] != 0u) {
-            ok = false;
+    for (uint spins = 0u; sync_words[2u + group] < target && sync_words[0] == 0u; ++spins) {
+        if (spins >= SYNC_SPIN_LIMIT) {
+            if (atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
             break;
         }
-    }
-    if (!ok) {
-        sync_aborted = true;
-        if (atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
     }
     memoryBarrierBuffer();
 }
@@ -105,8 +102,8 @@ void kgroup_wait(uint target, uint group) {
 
 // A streamed sweep's wait for its step's A operand (crossing wait_k; 0: none) in subgroup kg's
 // product: the grid barrier, or with KFLAGS the k-group's own blocks (k-fragments kg * kpg .., fewer
-// in the last k-group, none past n_kf). false: the grid barrier was aborted (with KFLAGS the caller
-// reads sync_aborted after its next barrier). Nothing to wait for without PERSISTENT.
+// in the last k-group, none past n_kf). false: the grid barrier was aborted (with KFLAGS never: an
+// aborted sweep runs out). Nothing to wait for without PERSISTENT.
 bool operand_wait(uint wait_k, uint kg, uint n_kf, uint kpg) {
 #if defined(PERSISTENT) && defined(KFLAGS)
     uint blocks = kg * kpg < n_kf ? min(kpg, n_kf - kg * kpg) : 0u;

@@ -215,20 +215,24 @@ def test_streamed_sweeps_keep_w_hh_in_shared_memory(dev, monkeypatch, T, B, H, n
     assert tuple(t.shared for t in got["tiles"]) == kept
 
 
-@pytest.mark.parametrize("T,B,H,n_wg,f32", [
-    (3, 20, 16, 1, False),  # one slice per workgroup, two lane fragments: k-groups 1..15 have no blocks
-    (4, 5, 64, 1, False),  # 4 slices on one workgroup: each arrives for its own k-group in turn
-    (4, 17, 48, 1, True),  # float32 FMAs, short k-groups
-    (3, 9, 512, 1, True),  # k-groups several blocks deep (forward 2, backward 6)
-    (3, 3, 48, 0, False),  # a dispatch per step: the flags are ignored
+@pytest.mark.parametrize("T,B,H,n_wg,f32,shared", [
+    (3, 20, 16, 1, False, "0,1"),  # one slice per workgroup, two lane fragments: k-groups 1..15 have no
+    # blocks; the backward's W_hh in shared memory
+    (3, 3, 16, 1, False, "1,1"),  # one lane fragment, both directions' W_hh in shared memory
+    (4, 5, 64, 1, False, "0,0"),  # 4 slices on one workgroup: each arrives for its own k-group in turn
+    (4, 17, 48, 1, True, "0,0"),  # float32 FMAs, short k-groups
+    (3, 9, 512, 1, True, "0,0"),  # k-groups several blocks deep (forward 2, backward 6)
+    (3, 3, 48, 0, False, "1,1"),  # a dispatch per step: the flags are ignored
 ])
-def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f32):
+def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f32, shared):
     """CATCHAT_STREAM_FLAGS=1 (KFLAGS): each subgroup waits for the blocks of the shadow its k-group
     reads instead of meeting every workgroup at the grid barrier; the same results as the twin, no
     wait given up (lavapipe runs one workgroup: a wrong block count there is a wait that never ends)."""
     from catchat.parity import gru as gru_parity
 
     monkeypatch.setenv(gru.FLAGS_ENV, "1")
+    monkeypatch.setenv(gru.SHARED_ENV, shared)
+    monkeypatch.setenv(gru.RESIDENT_ENV, "0,0")
     if f32:
         case = gru_parity.make_case(T, B, H)
         got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), stream_f32=True, repeat=2)
@@ -240,6 +244,8 @@ def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f3
         assert got["hits"] == 2 * exp["hits"] and got["sync_timeouts"] == 0  # both sweeps ran twice
     else:
         got = _streamed_like_the_twin(dev, T, B, H, n_wg)
+        assert all(t.flags for t in got["tiles"])
+        assert tuple(t.shared for t in got["tiles"]) == tuple(int(n) for n in shared.split(","))
     assert not got["sync"].any()  # the last workgroup out zeroed every k-group's word for the next dispatch
 
 
@@ -269,6 +275,7 @@ def test_shared_w_hh_fits_beside_red():
     assert stream.fit_shared(fwd, False, 48 * 1024).shared == 0  # 24 KB + 4 bytes of flag: 1 block set is 24 KB
     assert stream.fit_shared(fwd, False, 48 * 1024 + 4).shared == 1
     assert stream.fit_shared(bwd, True, 48 * 1024).shared == 3
+    assert stream.fit_shared(fwd._replace(flags=True), False, 48 * 1024).shared == 1  # block flags: no shared flag
     assert stream.stream_shared_bytes(stream.fit_shared(bwd, True, 48 * 1024), True) <= 48 * 1024
 
 

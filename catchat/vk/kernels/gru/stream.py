@@ -56,6 +56,8 @@ SHARED_ENV = "CATCHAT_STREAM_SHARED"
 # only; glsl/include/grid_sync.glsl): each subgroup waits for the blocks of the shadow its k-group
 # reads, written by KPG of the workgroups, not for all of them. CATCHAT_STREAM_FLAGS=1 turns it on
 # (to measure: the barrier was ~30% of a v5 step at fp16 on the H200, 2026-12-03); off until measured.
+# Without the barrier's shared flag the forward at v5 has room for one k-fragment of W_hh in shared
+# memory per k-group (CATCHAT_STREAM_SHARED=1,B).
 FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
@@ -78,7 +80,8 @@ class StreamTiles(NamedTuple):
     k-group's fragments whose W_hh stays in registers through a persistent sweep, and `shared` more
     whose W_hh stays in shared memory (`fit_shared` cuts it to the device). `f32`: the same
     split in float32 on the threads' FMAs (nothing resident; `depth` the backward's ring of chunks of
-    2 row quads, 0 forward: its loads go straight to the invocations that multiply them)."""
+    2 row quads, 0 forward: its loads go straight to the invocations that multiply them). `flags`:
+    a persistent sweep waits on block flags instead of the grid barrier (no shared flag either)."""
 
     lane_frags: int
     k_per_group: int
@@ -86,6 +89,7 @@ class StreamTiles(NamedTuple):
     resident: int = 0
     f32: bool = False
     shared: int = 0
+    flags: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -100,10 +104,12 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
     lane_frags = ceil_div(B, 16)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
-        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True)
+        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True,
+                           flags=stream_flags())
     resident = min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward])
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), resident,
-                       shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]))
+                       shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]),
+                       flags=stream_flags())
 
 
 def stream32_depth() -> int:
@@ -144,12 +150,13 @@ def stream_threads(tiles: StreamTiles) -> int:
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     """`red`: forward 4 k-group slots x lane fragments x 3 gates of 16 x 16 floats; backward 8 k-groups
-    x lane fragments of 16 x 16 floats (plus the grid barrier's flag). f32 backward: or, where larger,
-    `stage` (the same words): each k-group's vec4s of 2 row quads (32 of W_hh, 32 per lane fragment)."""
+    x lane fragments of 16 x 16 floats (plus the grid barrier's flag, none with block flags). f32
+    backward: or, where larger, `stage` (the same words): each k-group's vec4s of 2 row quads (32 of
+    W_hh, 32 per lane fragment)."""
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
     if tiles.f32 and backward:  # the stage and red share `smem4` (a barrier apart)
         red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags))
-    return red + 4 + tiles.shared * shared_fragment_bytes(tiles, backward)
+    return red + (0 if tiles.flags else 4) + tiles.shared * shared_fragment_bytes(tiles, backward)
 
 
 def shared_fragment_bytes(tiles: StreamTiles, backward: bool) -> int:
@@ -201,7 +208,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     subgroup barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
-    flags = {"KFLAGS": 1} if stream_flags() else {}
+    flags = {"KFLAGS": 1} if tiles.flags else {}
     if tiles.f32:
         warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
