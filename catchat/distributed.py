@@ -333,16 +333,18 @@ class Comm:
             self._exchange = exchange.GradExchange(exchange.CODECS[self.exchange_dtype](), levels, self._wait)
         return self._exchange
 
-    def sum_grads(self, grads: np.ndarray, what: str = "summing gradients") -> np.ndarray:
+    def sum_grads(self, grads: np.ndarray, what: str = "summing gradients", out: np.ndarray | None = None
+                  ) -> np.ndarray:
         """The sum over ranks of a float32 gradient vector (or a range of one), identical on every rank
         and independent of the MPI implementation (catchat/exchange.py: a reduce-scatter whose adding
         we do, in rank order, then an all-gather; bytes per rank: 2 (N-1)/N of the vector at fp32, as
-        a ring all-reduce). A barrier first: the wait for the slowest rank, timed apart (`timing`)."""
+        a ring all-reduce), into `out` where given (it may be `grads`; GradExchange.sum). A barrier
+        first: the wait for the slowest rank, timed apart (`timing`)."""
         summing = self._made_exchange()
         arrived = time.perf_counter()
         self._wait(self.world.Ibarrier(), what)  # the wait for the slowest rank, not spinning
         started = time.perf_counter()
-        out = summing.sum(grads, what)
+        out = summing.sum(grads, what, out)
         t = self.timing
         t.wait_s, t.exchange_s = t.wait_s + started - arrived, t.exchange_s + time.perf_counter() - started
         t.waits.append((arrived, started))

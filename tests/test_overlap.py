@@ -75,9 +75,9 @@ class Doubling:
     def __init__(self):
         self.sizes = []
 
-    def __call__(self, part):
+    def __call__(self, part, out):
         self.sizes.append(part.size)
-        return part + part
+        return np.add(part, part, out=out)
 
 
 def test_a_step_run_group_by_group_gives_the_same_bits(dev):
@@ -124,9 +124,10 @@ def test_split_lanes_give_the_one_process_gradient_up_to_row_sum_order(dev):
     grads = {}
 
     def keep(key):
-        def reduce(part):
+        def reduce(part, out):
             grads.setdefault(key, []).append(part.copy())
-            return part
+            out[...] = part
+            return out
         return reduce
 
     one = _program(dev, spec, T, B)

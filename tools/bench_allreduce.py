@@ -3,7 +3,8 @@ order, Allgather; catchat/exchange.py) on host buffers of the size of each confi
 
     mpiexec -n 2 .venv/bin/python tools/bench_allreduce.py [CONFIG ...] [--repeat N] [--dtype fp16] [--hierarchical]
 
-Prints, on rank 0, ms per exchange (median of N) and the bytes each rank sends, per config. The
+Prints, on rank 0, ms per exchange (median of N) and the bytes each rank sends, per config: the sum
+written into a host buffer of its own, as a training step writes it into the gradient's host copy. The
 device's download and upload of the gradient (PCIe) come on top: docs/distributed.md adds them.
 """
 
@@ -40,12 +41,13 @@ def main() -> None:
         cfg = cfgmod.load(path, [])
         P = ParamLayout(cfgmod.model_spec(cfg, vocab.VOCAB_SIZE)).total
         g = np.random.default_rng(comm.rank).standard_normal(P).astype(np.float32)
-        comm.sum_grads(g)  # warm-up: buffers, connections
+        host = np.empty_like(g)  # as a training step does: the staged range in, the gradient's host copy out
+        comm.sum_grads(g, out=host)  # warm-up: buffers, connections
         times = []
         for _ in range(args.repeat):
             comm.barrier("bench")
             t = time.perf_counter()
-            comm.sum_grads(g)
+            comm.sum_grads(g, out=host)
             times.append(time.perf_counter() - t)
         if comm.is_root:
             sent = 2 * (comm.size - 1) / comm.size * (2 if args.dtype == "fp16" else 4) * P

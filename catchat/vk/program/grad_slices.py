@@ -103,7 +103,7 @@ class StepExchange:
             for (lo, hi), stage in zip(self.ranges, self.stages.stages):
                 self.dev.run(pending.pop(0).eval_await, what)
                 times.gpu_done = started = time.perf_counter()
-                host[lo:hi] = reduce_grads(host_view(stage))
+                reduce_grads(host_view(stage), out=host[lo:hi])
                 times.host_s += time.perf_counter() - started
         finally:
             for seq in pending:
@@ -119,7 +119,7 @@ class StepExchange:
             self.sync([self.grads], False)
             host = host_view(self.grads)
             for lo, hi in self.ranges:
-                host[lo:hi] = reduce_grads(host[lo:hi])  # reads the view, returns a new array
+                reduce_grads(host[lo:hi], out=host[lo:hi])  # read, then written over
         self.sync([self.grads], True)
         times.done = time.perf_counter()
         times.host_s += times.done - started
