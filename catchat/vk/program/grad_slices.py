@@ -47,7 +47,9 @@ def group_ranges(layout: ParamLayout) -> list[tuple[int, int]]:
 
 
 class GradStages:
-    """Per backward group: a staging tensor of its range and the dispatch that fills it from `grads`."""
+    """Per backward group: a staging tensor of its range, the dispatch that fills it from `grads`
+    (`copies`), and a sequence that uploads it and copies it back into its range of `grads` (`returns`:
+    the range's sum over the ranks goes back while the GPU still runs the groups below)."""
 
     def __init__(self, dev: Device, grads, layout: ParamLayout):
         self.ranges = group_ranges(layout)
@@ -55,8 +57,13 @@ class GradStages:
         row0 = dev.tensor(np.zeros(1, np.uint32), np.uint32)  # the one "token": row 0 of the range
         unscaled = dev.tensor(np.zeros(slots.HP_WORDS, np.uint32), np.uint32)  # p_emb = 0: no dropout
         dev.upload([row0, unscaled])  # device tensors hold garbage until synced
-        self.copies = [EmbeddingForward(dev, (row0, 0), (grads, lo), (stage, 0), unscaled, 1, 1, hi - lo, scale_h=1)
-                       for (lo, hi), stage in zip(self.ranges, self.stages)]
+
+        def copy(src, dst, width: int):
+            return EmbeddingForward(dev, (row0, 0), src, dst, unscaled, 1, 1, width, scale_h=1)
+
+        self.copies = [copy((grads, lo), (stage, 0), hi - lo) for (lo, hi), stage in zip(self.ranges, self.stages)]
+        self.returns = [dev.recorded([copy((stage, 0), (grads, lo), hi - lo).op()], [stage])
+                        for (lo, hi), stage in zip(self.ranges, self.stages)]
 
     @staticmethod
     def scratch_words(P: int) -> int:
@@ -86,40 +93,52 @@ class StepExchange:
         self.dev, self.grads, self.stages, self.sync = dev, grads, stages, sync
         self.ranges = group_ranges(layout)
         self.times = ExchangeTimes()
+        self.returning: list = []  # the overlapped ranges' returns submitted, not yet waited for
 
     def overlapped(self, seqs, what: str, while_running, reduce_grads) -> None:
         """The last micro-batch as per-group sequences (sequences.record_train_groups), all submitted
         at once (the queue runs them in order; every dispatch's barrier, kp patch 0002, orders it after
-        the group before): while the GPU runs group g + 1 the host adds up group g's range into the
-        gradient's host copy. while_running first: it overlaps the forward. On an error the GPU
-        finishes first."""
-        host, times, pending = host_view(self.grads), self.times, []
+        the group before): while the GPU runs group g + 1 the host adds up group g's range over the
+        ranks in its staging tensor and submits its return (the upload, then the copy into `grads`:
+        the transfer needs no GPU work before it, so it can run beside the groups still running).
+        while_running first: it overlaps the forward. finish() waits for the returns; on an error
+        the GPU finishes everything submitted first."""
+        times, pending = self.times, []
         try:
             for seq in seqs:
                 self.dev.run(seq.eval_async, what)
                 pending.append(seq)
             if while_running is not None:
                 while_running()
-            for (lo, hi), stage in zip(self.ranges, self.stages.stages):
+            for stage, back in zip(self.stages.stages, self.stages.returns):
                 self.dev.run(pending.pop(0).eval_await, what)
                 times.gpu_done = started = time.perf_counter()
-                reduce_grads(host_view(stage), out=host[lo:hi])
+                part = host_view(stage)
+                reduce_grads(part, out=part)  # read, then written over
+                self.dev.run(back.eval_async, what)
+                self.returning.append(back)
                 times.host_s += time.perf_counter() - started
-        finally:
-            for seq in pending:
+        except BaseException:
+            for seq in pending + self.returning:
                 self.dev.run(seq.eval_await, what)
+            self.returning = []
+            raise
 
     def finish(self, reduce_grads, overlapped: bool) -> None:
-        """Upload the gradient summed over the ranks. Not overlapped: first download it and add it up
-        range by range (the ranges and order of the overlapped path: the same bits)."""
+        """The gradient summed over the ranks on the device: overlapped, once the ranges' returns are
+        done; else downloaded, added up range by range (the ranges and order of the overlapped path:
+        the same bits) and uploaded."""
         times = self.times
         started = time.perf_counter()
-        if not overlapped:
+        if overlapped:
+            while self.returning:
+                self.dev.run(self.returning.pop(0).eval_await, "returning the summed gradient")
+        else:
             times.gpu_done = started
             self.sync([self.grads], False)
             host = host_view(self.grads)
             for lo, hi in self.ranges:
                 reduce_grads(host[lo:hi], out=host[lo:hi])  # read, then written over
-        self.sync([self.grads], True)
+            self.sync([self.grads], True)
         times.done = time.perf_counter()
         times.host_s += times.done - started
