@@ -247,6 +247,24 @@ def test_the_exchange_adds_in_its_documented_order(ranks, hosts):
 
 
 @needs_mpi
+def test_scaling_tool_runs_each_count_with_its_lanes(cfg_path, tmp_path):
+    """tools/bench_scaling.py (docs/distributed.md "Measuring the scaling") on lavapipe: one plain process,
+    then 2 ranks sharing the device, each with the config's 4 lanes (the run's batch 8); a row each, the
+    first the baseline, the steps after the first counted, the exchange's share with several ranks only."""
+    out = tmp_path / "scaling.json"
+    tool = Path(__file__).resolve().parents[1] / "tools" / "bench_scaling.py"
+    r = subprocess.run([sys.executable, str(tool), str(cfg_path), "--gpus", "1,2", "--steps", "3", "--share-device",
+                        "--json", str(out)], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(out.read_text())
+    assert [(row["gpus"], row["lanes_per_gpu"], row["steps"]) for row in rows] == [(1, 4, 2), (2, 4, 2)]
+    assert rows[0]["efficiency"] == 1.0 and all(row["tokens_per_s"] > 0 for row in rows)
+    assert rows[1]["tokens_per_s_per_gpu"] == pytest.approx(rows[1]["tokens_per_s"] / 2, rel=1e-3)
+    assert rows[0]["exchange_share"] is None and rows[1]["exchange_share"] is not None
+    assert "efficiency" in r.stdout.splitlines()[0]
+
+
+@needs_mpi
 def test_two_ranks_at_fp16_reproduce_one_process(cfg_path, tmp_path):
     """train.precision fp16 on 2 ranks against one process: the same losses, and the same loss scale
     (every rank unscales by the same S, and an overflow skips the step on all of them)."""

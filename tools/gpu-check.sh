@@ -166,6 +166,11 @@ for c in v3:12 v5:8; do
     part "exchange-${c%%:*}" env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python tools/bench_exchange.py \
         "configs/catchat-${c%%:*}.toml" --steps "${c##*:}" --set "data.corpus=$corpus" --json "$out/bench-exchange-${c%%:*}.json"
 done
+# issue 37 item 4: weak scaling over this machine's GPUs (a multi-GPU kind: nvidia-h200-x2/x4/x8), v3 and v5 at fp16,
+# each rank on its own GPU with the config's lanes (GPUS="1,2,4,8" by default; ~1 min a run)
+wanted scaling && mpi_venv
+part scaling env PATH="/tmp/mpi-venv/bin:$PATH" /tmp/mpi-venv/bin/python tools/bench_scaling.py configs/catchat-v3.toml \
+    configs/catchat-v5.toml --gpus "${GPUS:-1,2,4,8}" --precision fp16 --set "data.corpus=$corpus" --json "$out/scaling.json"
 # issue 37 item 2's quality check: 600 v3 steps on 2 ranks with the float32 and the float16 exchange
 # from the same seed (~2 min each; PART_TIMEOUT=300), each final checkpoint scored by `catchat eval`
 xq() { local d=$1; wanted "exchange-quality-v3-$d" && mpi_venv
