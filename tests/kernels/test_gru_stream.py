@@ -120,6 +120,12 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: coop_tiles)
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
     assert gru.sweep_products(tc, 32, 2048, "fp16") == "resident"
+    monkeypatch.setenv(gru.COOP_ENV, "stream")  # to compare: streamed where the resident tiles fit
+    assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream"
+    monkeypatch.setenv(gru.COOP_ENV, "yes")
+    with pytest.raises(UsageError, match="CATCHAT_SWEEP_COOP"):
+        gru.sweep_products(tc, 32, 2048, "fp16")
+    monkeypatch.delenv(gru.COOP_ENV)
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
     assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2), gru.StreamTiles(2, 24, 4, 12))

@@ -41,7 +41,9 @@ def tile_row(dev: Device) -> tiles.GruRow:
     return tiles.gru_row(dev.info.name, dev.info.type != "CPU")
 
 
-COOP_ENV = "CATCHAT_SWEEP_COOP"  # =0: the threads' FMAs at fp16 too (to compare; tools/gpu-check.sh)
+# =0: the threads' FMAs at fp16 too; =stream: the streamed sweeps even where the resident tiles fit (v3 at
+# B <= 32, W_hh then wholly in the stream kernels' registers); to compare (tools/gpu-check.sh)
+COOP_ENV = "CATCHAT_SWEEP_COOP"
 
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
@@ -62,10 +64,14 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     and shared memory (W_hh on chip: v3); else "stream" where [B, H] is a shape the streamed sweeps
     take and both their persistent dispatches are shown co-resident (one dispatch per step would give
     back what streaming wins: v5); None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative
-    matrices, or where neither fits (the threads' FMAs)."""
-    if precision != "fp16" or os.environ.get(COOP_ENV, "").strip() == "0" or not coopmat_runs(dev):
+    matrices, or where neither fits (the threads' FMAs). CATCHAT_SWEEP_COOP=stream skips "resident"."""
+    choice = os.environ.get(COOP_ENV, "").strip()
+    if choice not in ("", "0", "1", "stream"):
+        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1 or stream", hint="unset it to let the program choose")
+    if precision != "fp16" or choice == "0" or not coopmat_runs(dev):
         return None
-    if all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles) for backward in (False, True)):
+    if choice != "stream" and all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles)
+                                  for backward in (False, True)):
         return "resident"
     resident = resident_workgroups(dev)
     if stream_ok(B, H) and resident and all(sweep_residency(dev, stream_tiles(B, H, backward), B, H, backward,
