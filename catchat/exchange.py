@@ -160,7 +160,10 @@ def rank_order_sum(rows, out: np.ndarray | None = None) -> np.ndarray:
     bits on every rank whatever the MPI implementation. Into `out` (which must not overlap a row past
     the first two) or a new array; no copy of rows[0] first."""
     if len(rows) == 1:
-        return rows[0].copy() if out is None else np.copyto(out, rows[0]) or out
+        if out is None:
+            return rows[0].copy()
+        out[...] = rows[0]
+        return out
     total = np.add(rows[0], rows[1], out=out)
     for r in range(2, len(rows)):
         np.add(total, rows[r], out=total)
@@ -192,10 +195,10 @@ class GradExchange:
             part = self._reduce_scatter(part, comm, chunk, what)
             chunks.append(chunk)
         sent = self.codec.encode(part[None])  # the total's block, encoded once by its adder
-        sizes = [comm.Get_size() for comm in self.levels]
         for comm in reversed(self.levels):  # gather back: the encoded blocks travel unchanged
             sent = self._all_gather(sent, comm, what)
         blocks = self.codec.decode(sent.reshape(-1, sent.shape[-1]))  # [ranks, last level's chunk]
+        sizes = [comm.Get_size() for comm in self.levels]
         for level in range(len(self.levels) - 1, 0, -1):  # drop each level's padding, innermost first
             blocks = blocks.reshape(-1, sizes[level] * chunks[level])[:, :chunks[level - 1]]
         total = np.ascontiguousarray(blocks).ravel()[:n]
