@@ -33,6 +33,7 @@
 // gradients of W_hh's first 2H rows read them from dGi's.
 #if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
 #define BLOCK_FLAGS
+#define GROUP_STRIDE 32u  // each k-group's word in a 128-byte line of its own
 #endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32

@@ -46,6 +46,7 @@
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
 #if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
 #define BLOCK_FLAGS
+#define GROUP_STRIDE 32u  // each k-group's word in a 128-byte line of its own
 #endif
 #extension GL_EXT_control_flow_attributes : require
 #ifndef F32

@@ -4,8 +4,8 @@
 // spin is bounded, and a workgroup that gives up raises an abort flag that releases every other
 // one and counts stats[ST_SYNC_TIMEOUTS] (the host turns that into an error).
 // Words of the `sync` buffer (zero between dispatches: the last workgroup out resets them):
-//   0 abort flag, 1 workgroups finished, 2 + g arrivals of group g. A grid_sync waits for every
-//   workgroup; a group_sync only for the n workgroups of one group (those whose data it reads).
+//   0 abort flag, 1 workgroups finished, 2 + g * GROUP_STRIDE arrivals of group g. A grid_sync waits
+//   for every workgroup; a group_sync only for the n workgroups of one group (those whose data it reads).
 // The includer declares the uint buffer `stats` and defines SYNC_BINDING (the sync words).
 #ifndef CATCHAT_GRID_SYNC_GLSL
 #define CATCHAT_GRID_SYNC_GLSL
@@ -13,6 +13,11 @@
 
 // volatile: every poll is a fresh (L2) load, not an atomic: 100+ pollers would queue on the atomic unit
 layout(set = 0, binding = SYNC_BINDING) coherent volatile buffer Sync { uint sync_words[]; };  // [2 + groups]
+
+#ifndef GROUP_STRIDE
+#define GROUP_STRIDE 1u  // words between two groups' counts (the includer may spread them over cache lines)
+#endif
+uint group_word(uint g) { return 2u + g * GROUP_STRIDE; }
 
 #ifndef SYNC_SPIN_LIMIT
 #define SYNC_SPIN_LIMIT (1u << 22)  // polls (~1 us each) before a workgroup gives up
@@ -31,12 +36,12 @@ shared bool sync_ok;
 void group_arrive(uint group) {
     memoryBarrierBuffer();  // this invocation's writes reach device scope before the arrival
     barrier();
-    if (gl_LocalInvocationIndex == 0u) atomicAdd(sync_words[2u + group], 1u);
+    if (gl_LocalInvocationIndex == 0u) atomicAdd(sync_words[group_word(group)], 1u);
 }
 
 bool group_wait(uint k, uint group, uint n) {
     if (gl_LocalInvocationIndex == 0u) {
-        uint word = 2u + group, target = k * n;
+        uint word = group_word(group), target = k * n;
         bool ok = true;
         for (uint spins = 0u; sync_words[word] < target; ++spins) {
             if (spins >= SYNC_SPIN_LIMIT || sync_words[0] != 0u) {
@@ -69,9 +74,9 @@ bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
 // Block flags instead of the grid barrier (KFLAGS; the streamed sweeps, glsl/gru_*_stream.comp): a
 // step's product reads its A operand (the float16 shadow of h_prev or dGh) by k-groups, one per
 // subgroup, each a run of 16-column blocks that few workgroups write. So a producer counts every
-// block it has written into the word of the k-group that reads it (blocks_arrive: 2 + k-group, as
-// group words), and each subgroup waits for its own k-group's blocks alone (kgroup_wait), not for
-// every workgroup: a subgroup whose blocks are ready multiplies while others still wait. No
+// block it has written into the word of the k-group that reads it (blocks_arrive: group_word of the
+// k-group), and each subgroup waits for its own k-group's blocks alone (kgroup_wait), not for every
+// workgroup: a subgroup whose blocks are ready multiplies while others still wait. No
 // workgroup can write a step's blocks before every block of the step before was counted (its
 // product needed all of them), so a count of k times the k-group's blocks means each was written
 // k times. A wait that gives up raises the abort flag and counts the timeout, and every later wait
@@ -83,19 +88,24 @@ bool grid_wait(uint k) { return group_wait(k, 0u, n_workgroups()); }
 void blocks_arrive(uvec3 groups, uint n) {
     memoryBarrierBuffer();
     barrier();
-    if (gl_LocalInvocationIndex < n) atomicAdd(sync_words[2u + groups[gl_LocalInvocationIndex]], 1u);
+    if (gl_LocalInvocationIndex < n) atomicAdd(sync_words[group_word(groups[gl_LocalInvocationIndex])], 1u);
 }
 
 // Returns once k-group `group`'s word reaches `target`, or at once after an abort. Every invocation
-// polls (a subgroup's 32 read one word: one load a round), so no subgroup or workgroup barrier is
-// needed and any subgroup size works; writes counted before the target are visible after.
+// polls its own volatile reads (a subgroup's are one load of one address; no subgroup or workgroup
+// barrier: any subgroup size works). Writes counted before the target are visible after. Spread the
+// k-groups' words over cache lines (GROUP_STRIDE): a word's pollers are then one subgroup of every
+// workgroup, as many as the grid barrier's word has. (On lavapipe, whose workgroups are not shown
+// co-resident, plain volatile loads are hoisted out of the loop, as they are for the grid barrier.)
 void kgroup_wait(uint target, uint group) {
-    for (uint spins = 0u; sync_words[2u + group] < target && sync_words[0] == 0u; ++spins) {
-        if (spins >= SYNC_SPIN_LIMIT) {
-            if (atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
+    bool ok = true;
+    for (uint spins = 0u; sync_words[group_word(group)] < target; ++spins) {
+        if (spins >= SYNC_SPIN_LIMIT || sync_words[0] != 0u) {
+            ok = false;
             break;
         }
     }
+    if (!ok && atomicExchange(sync_words[0], 1u) == 0u) atomicAdd(stats[ST_SYNC_TIMEOUTS], 1u);
     memoryBarrierBuffer();
 }
 #endif
@@ -119,7 +129,9 @@ bool operand_wait(uint wait_k, uint kg, uint n_kf, uint kpg) {
 void grid_sync_done(uint n_groups) {
     barrier();
     if (gl_LocalInvocationIndex == 0u && atomicAdd(sync_words[1], 1u) + 1u == n_workgroups()) {
-        for (uint w = 0u; w < 2u + n_groups; ++w) atomicExchange(sync_words[w], 0u);
+        atomicExchange(sync_words[0], 0u);
+        atomicExchange(sync_words[1], 0u);
+        for (uint g = 0u; g < n_groups; ++g) atomicExchange(sync_words[group_word(g)], 0u);
     }
 }
 #endif

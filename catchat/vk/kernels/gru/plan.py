@@ -274,6 +274,7 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
 
 
 def sync_words(B: int) -> int:
-    """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group
-    per lane, or per k-group of a streamed sweep's block flags (16 at most; glsl/include/grid_sync.glsl)."""
-    return 2 + max(int(B), 16)
+    """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group per
+    lane, or per k-group of a streamed sweep's block flags (16 at most, each in a 128-byte line of its
+    own: GROUP_STRIDE 32; glsl/include/grid_sync.glsl)."""
+    return 2 + max(int(B), 16 * 32)
