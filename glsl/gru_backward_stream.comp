@@ -60,6 +60,9 @@
 #ifndef PD
 #define PD 8    // fragments whose loads are in flight ahead of the product
 #endif
+#ifndef LG
+#define LG 1    // lane groups of 16 * LF lanes, each its own recurrence: B <= 16 * LF * LG
+#endif
 #ifndef PROBE
 #define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no dGh loads
 #endif
@@ -115,7 +118,8 @@ layout(push_constant) uniform Push {
 // red: RED((kg * LF + lf) * 256 + row * 16 + column) (F32: in `smem4`, with the stage)
 #ifdef F32
 #include "sweep_simt.glsl"
-#define G_STORE(p, b, c, cols, v) g4[shadow_q(p, b, c, cols)][(c) % 4u] = (v)
+#define G_GROUP (2u * (3u * pc.H / 4u) * BP)  // vec4s of a lane group's shadow
+#define G_STORE(p, b, c, cols, v) g4[((b) / BP) * G_GROUP + shadow_q(p, (b) % BP, c, cols)][(c) % 4u] = (v)
 #else
 shared float red[KG * LF * 256u];
 #define RED(i) red[i]
@@ -127,7 +131,8 @@ shared float16_t wsm[KGS * SRES * 256u];
 #define B_SHARED wsm
 #endif
 #include "sweep_frag.glsl"
-#define G_STORE(p, b, c, cols, v) g16[shadow_at(p, b, c, cols)] = float16_t(v)
+#define G_GROUP (2u * BP * 3u * pc.H)  // halves of a lane group's shadow
+#define G_STORE(p, b, c, cols, v) g16[((b) / BP) * G_GROUP + shadow_at(p, (b) % BP, c, cols)] = float16_t(v)
 #endif
 
 #ifndef F32
@@ -169,20 +174,20 @@ FRAG_B rw[RES];
 // kg s+8 + kg s: deterministic). W_hh's operands come from the resident fragments (the first RES)
 // and a ring of PD in flight, dGh's from a ring of PD. wait_k > 0: dGh waits for the grid barrier's
 // crossing wait_k, after the ring's first W_hh loads are issued. false: the barrier was aborted.
-bool product(uint s, uint k0, uint kg, uint wait_k) {
+bool product(uint s, uint k0, uint grp, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = 3u * H / 16u, k1 = kg * KPG;
     const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
     FRAG_B w[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
         if (FULL || k1 + i < n_kf) load_w(k0, k1 + i, w[i - RS]);
     }
-    if (!operand_wait(wait_k, kg, n_kf, KPG)) return false;
+    if (!operand_wait(wait_k, kg, n_kf, KPG, grp * KGS)) return false;
     PHASE(pc.s - s, 1u);
-    uint a0 = shadow_frag(s % 2u, 0u, 0u, 3u * H);
+    uint a0 = grp * G_GROUP + shadow_frag(s % 2u, 0u, 0u, 3u * H);
     FRAG_A x[PD];  // dGh, lane fragment 0 (ring slot i % PD)
     ACC_T p = ACC_ZERO();
 #if LF == 2
-    uint a1 = shadow_frag(s % 2u, 1u, 0u, 3u * H);
+    uint a1 = grp * G_GROUP + shadow_frag(s % 2u, 1u, 0u, 3u * H);
     FRAG_A y[PD];
     ACC_T q = ACC_ZERO();
 #endif
@@ -264,11 +269,11 @@ vec4 chunk_vec(uint e, uint qa, uint k0, uint gb) {
 // at a time through its stage; its invocation (lg, cg) takes lanes lg + 8 i and columns k0 + 4 cg ..
 // +3 (32 RB FMAs per chunk). The k-groups' sums go through red's slots in the fragments' order
 // (deterministic). wait_k and false as there.
-bool product(uint s, uint k0, uint kg, uint wait_k) {
-    if (!operand_wait(wait_k, kg, 3u * pc.H / 16u, KPG)) return false;
+bool product(uint s, uint k0, uint grp, uint kg, uint wait_k) {
+    if (!operand_wait(wait_k, kg, 3u * pc.H / 16u, KPG, grp * KGS)) return false;
     PHASE(pc.s - s, 1u);
     uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u;
-    uint q0 = kg * KPG * 4u, gb = (s % 2u) * (3u * pc.H / 4u) * BP, st = kg * SQ;
+    uint q0 = kg * KPG * 4u, gb = grp * G_GROUP + (s % 2u) * (3u * pc.H / 4u) * BP, st = kg * SQ;
     vec4 ring[PD][SL];  // chunk c in slot c % PD
     [[unroll]] for (uint c = 0u; c < PD && c < NC; ++c) {
         [[unroll]] for (uint m = 0u; m < SL; ++m) ring[c][m] = chunk_vec(lane + 32u * m, q0 + 2u * c, k0, gb);
@@ -381,32 +386,35 @@ void element_writes(uint s, uint b, uint k, vec4 dg, float dhz_next) {
 }
 
 void main() {
-    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
-    uint n_sl = H / 16u, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
-    bool live = b < pc.B;
+    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, bl = tid / 16u, H = pc.H;
+    // work items: slice sl of lane group grp, item sl + n_sl * grp; a workgroup walks items wg, wg + n_wg, ...
+    uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
 #if RES > 0
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
-        if (wg < n_sl && (FULL || sg * KPG + i < 3u * H / 16u)) load_w(16u * wg, sg * KPG + i, rw[i]);
+        if (wg < n_it && (FULL || sg * KPG + i < 3u * H / 16u)) load_w(16u * (wg % n_sl), sg * KPG + i, rw[i]);
     }
 #endif
 #if SRES > 0  // the next SRES k-fragments' W_hh into shared memory, each subgroup its own
     for (uint j = 0u; j < SRES; ++j) {
         uint kf = sg * KPG + RES + j;
-        if (wg < n_sl && (FULL || kf < 3u * H / 16u)) w_block_to_shared(16u * kf, 16u * wg, (sg * SRES + j) * 256u, tid % 32u);
+        if (wg < n_it && (FULL || kf < 3u * H / 16u)) {
+            w_block_to_shared(16u * kf, 16u * (wg % n_sl), (sg * SRES + j) * 256u, tid % 32u);
+        }
     }
     barrier();
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
-    vec4 held = vec4(0.0);  // the step's last slice's element outputs (column held_k, step held_s > 0)
-    uint held_k = 0u, held_s = 0u;
+    vec4 held = vec4(0.0);  // the step's last item's element outputs (lane held_b, column held_k, step held_s > 0)
+    uint held_b = 0u, held_k = 0u, held_s = 0u;
     float held_dhz = 0.0;
     for (uint i = 0u; i < pc.n_steps && ok; ++i) {
         uint s = pc.s - i;
-        for (uint sl = wg; sl < n_sl; sl += n_wg) {
-            uint k0 = 16u * sl, k = k0 + u;
+        for (uint it = wg; it < n_it; it += n_wg) {
+            uint sl = it % n_sl, grp = it / n_sl, k0 = 16u * sl, k = k0 + u, b = grp * BP + bl;
+            bool live = b < pc.B;
             float in_u[7] = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
             float dhz = 0.0;
             if (live) {  // loaded before the product: their latency hides behind it
@@ -414,12 +422,12 @@ void main() {
                 if (s < pc.T) dhz = dhz_mem[b * H + k];
             }
             PHASE(i, 0u);
-#ifdef BLOCK_FLAGS  // no grid barrier: the slice's 3 blocks of g16 (r, z, n) count into the k-groups reading them
-            if (s < pc.T) product(s, k0, sg, i);  // its k-group's blocks of dGh waited for inside
+#ifdef BLOCK_FLAGS  // no grid barrier: the item's 3 blocks of g16 (r, z, n) count into the k-groups reading them
+            if (s < pc.T) product(s, k0, grp, sg, i);  // its k-group's blocks of dGh waited for inside
             barrier();
 #else
             if (s < pc.T) {  // uniform: s is
-                ok = product(s, k0, sg, arrived > waited ? arrived : 0u);  // waits for the step's dGh inside
+                ok = product(s, k0, grp, sg, arrived > waited ? arrived : 0u);  // waits for the step's dGh inside
                 waited = arrived;
                 if (!ok) break;
             }
@@ -429,32 +437,33 @@ void main() {
             if (live) {
                 float mm = 0.0;
                 if (s < pc.T) {
-                    uint rc = (b % 16u) * 16u + u;
-                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += RED((g * LF + b / 16u) * 256u + rc);
+                    uint rc = (bl % 16u) * 16u + u;
+                    [[unroll]] for (uint g = 0u; g < KG; ++g) mm += RED((g * LF + bl / 16u) * 256u + rc);
                 }
                 vec4 dg;
                 float dhz_next;
                 bool writes = element(s, b, k, mm, dhz, in_u, c, hits, dg, dhz_next);
-                if (writes && sl + n_wg < n_sl) {
+                if (writes && it + n_wg < n_it) {
                     element_writes(s, b, k, dg, dhz_next);
-                } else if (writes) {  // the step's last slice: written after the arrival
+                } else if (writes) {  // the step's last item: written after the arrival
                     held = dg;
+                    held_b = b;
                     held_k = k;
                     held_dhz = dhz_next;
                     held_s = s;
                 }
             }
 #ifdef BLOCK_FLAGS
-            if (i + 1u < pc.n_steps) {  // with the barrier red needs before the next slice
-                blocks_arrive(uvec3(sl, n_sl + sl, 2u * n_sl + sl) / KPG, 3u);
+            if (i + 1u < pc.n_steps) {  // with the barrier red needs before the next item
+                blocks_arrive(grp * KGS + uvec3(sl, n_sl + sl, 2u * n_sl + sl) / KPG, 3u);
                 continue;
             }
 #endif
-            barrier();  // red is rewritten by the next slice
+            barrier();  // red is rewritten by the next item
         }
         PHASE(i, 3u);
 #if defined(PERSISTENT) && !defined(BLOCK_FLAGS)
-        if (ok && arrived > waited) {  // a workgroup without a slice (or a step without a product) waits here
+        if (ok && arrived > waited) {  // a workgroup without an item (or a step without a product) waits here
             ok = grid_wait(arrived);
             waited = arrived;
         }
@@ -463,12 +472,12 @@ void main() {
             ++arrived;
         }
 #endif
-        if (held_s > 0u) element_writes(held_s, b, held_k, held, held_dhz);
+        if (held_s > 0u) element_writes(held_s, held_b, held_k, held, held_dhz);
         held_s = 0u;
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
 #ifdef BLOCK_FLAGS
-    grid_sync_done(KGS);
+    grid_sync_done(LG * KGS);
 #elif defined(PERSISTENT)
     grid_sync_done(1u);
 #endif

@@ -68,6 +68,9 @@
 #ifndef PD
 #define PD 4    // fragments whose loads are in flight ahead of the product
 #endif
+#ifndef LG
+#define LG 1    // lane groups of 16 * LF lanes, each its own recurrence: B <= 16 * LF * LG
+#endif
 #ifndef PROBE
 #define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads
 #endif
@@ -121,7 +124,8 @@ shared float red[RK * LF * 3u * 256u];  // RED(((slot * LF + lf) * 3 + g) * 256 
 #define RED(i) red[i]
 #ifdef F32
 #include "sweep_simt.glsl"
-#define H_STORE(p, b, j, v) h4[shadow_q(p, b, j, pc.H)][(j) % 4u] = (v)
+#define H_GROUP (2u * (pc.H / 4u) * BP)  // vec4s of a lane group's shadow
+#define H_STORE(p, b, j, v) h4[((b) / BP) * H_GROUP + shadow_q(p, (b) % BP, j, pc.H)][(j) % 4u] = (v)
 #else
 #define A_BUF h16
 #define B_BUF w16
@@ -131,14 +135,15 @@ shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define B_SHARED wsm
 #endif
 #include "sweep_frag.glsl"
-#define H_STORE(p, b, j, v) h16[shadow_at(p, b, j, pc.H)] = float16_t(v)
+#define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
+#define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)
 #endif
 
 float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
 
-// h16[0] for the slice's units: h0 after step 0's reset.
-void prologue(uint j0, uint tid) {
-    uint b = tid / 16u, j = j0 + tid % 16u;
+// h16[0] for the slice's units in lane group grp: h0 after step 0's reset.
+void prologue(uint j0, uint grp, uint tid) {
+    uint b = grp * BP + tid / 16u, j = j0 + tid % 16u;
     if (b < pc.B) H_STORE(0u, b, j, h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
 }
 
@@ -205,20 +210,20 @@ FRAG_B rw0[RES], rw1[RES], rw2[RES];
 // of PD in flight, h_prev's from a ring of PD. wait_k > 0: the step's h_prev waits for the grid
 // barrier's crossing wait_k, after the ring's first W_hh loads (W_hh does not depend on it) are
 // issued. false: the barrier was aborted.
-bool product(uint t, uint j0, uint kg, uint wait_k) {
+bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = H / 16u, k1 = kg * KPG;
     const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
     FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
         if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RS], w1[i - RS], w2[i - RS]);
     }
-    if (!operand_wait(wait_k, kg, H / 16u, KPG)) return false;
+    if (!operand_wait(wait_k, kg, H / 16u, KPG, grp * KGS)) return false;
     PHASE(t, 1u);
-    uint a0 = shadow_frag(t % 2u, 0u, 0u, H);
+    uint a0 = grp * H_GROUP + shadow_frag(t % 2u, 0u, 0u, H);
     FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
     ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
 #if LF == 2
-    uint a1 = shadow_frag(t % 2u, 1u, 0u, H);
+    uint a1 = grp * H_GROUP + shadow_frag(t % 2u, 1u, 0u, H);
     FRAG_A y[PD];
     ACC_T q0 = ACC_ZERO(), q1 = ACC_ZERO(), q2 = ACC_ZERO();  // lane fragment 1
 #endif
@@ -276,14 +281,14 @@ const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 // takes lanes lg + 4 i and units ug, ug + 8 of the slice, 3 gates each (6 rows of W_hh as vec4
 // along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. The k-groups fold into
 // the slots in the fragments' rounds and order (deterministic). wait_k and false as there.
-bool product(uint t, uint j0, uint kg, uint wait_k) {
-    if (!operand_wait(wait_k, kg, pc.H / 16u, KPG)) return false;
+bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
+    if (!operand_wait(wait_k, kg, pc.H / 16u, KPG, grp * KGS)) return false;
     PHASE(t, 1u);
     uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
     uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, H4);
     uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0
     [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + ((c % 3u) * H + j0 + ug + 8u * (c / 3u)) * H4;
-    uint hb = (t % 2u) * H4 * BP + lg;  // lane lg's vec4 of h_prev at k quad 0 (shadow_q)
+    uint hb = grp * H_GROUP + (t % 2u) * H4 * BP + lg;  // lane lg's vec4 of h_prev at k quad 0 (shadow_q)
     float acc[RB][6];
     [[unroll]] for (uint i = 0u; i < RB; ++i) {
         [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
@@ -317,7 +322,7 @@ bool product(uint t, uint j0, uint kg, uint wait_k) {
 // applied): writes h16 for step t+1 (what the grid barrier publishes) and returns (h, r, z, n,
 // ghn) for gate_writes.
 float[5] gate(uint t, uint b, uint j, uint u, vec3 gi3, vec3 bias, float hp) {
-    uint lf = b / 16u, rc = (b % 16u) * 16u + u;
+    uint lf = (b % BP) / 16u, rc = (b % 16u) * 16u + u;
     vec3 gh = bias;
     [[unroll]] for (uint g = 0u; g < 3u; ++g) {
         [[unroll]] for (uint s = 0u; s < RK; ++s) gh[g] += RED(((s * LF + lf) * 3u + g) * 256u + rc);
@@ -346,37 +351,42 @@ void gate_writes(uint t, uint b, uint j, float[5] v, float hp) {
 }
 
 void main() {
-    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
-    uint n_sl = H / 16u, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
-    bool live = b < pc.B;
+    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, bl = tid / 16u, H = pc.H;
+    // work items: slice sl of lane group grp, item sl + n_sl * grp; a workgroup walks items wg, wg + n_wg, ...
+    uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
 #if RES > 0
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
-        if (wg < n_sl && (FULL || sg * KPG + i < H / 16u)) load_w(16u * wg, sg * KPG + i, rw0[i], rw1[i], rw2[i]);
+        if (wg < n_it && (FULL || sg * KPG + i < H / 16u)) {
+            load_w(16u * (wg % n_sl), sg * KPG + i, rw0[i], rw1[i], rw2[i]);
+        }
     }
 #endif
 #if SRES > 0  // the next SRES k-fragments' W_hh into shared memory, each subgroup its own
     for (uint j = 0u; j < SRES; ++j) {
         uint kf = sg * KPG + RES + j;
-        if (wg < n_sl && (FULL || kf < H / 16u)) {
-            for (uint g = 0u; g < 3u; ++g) w_block_to_shared(g * H + 16u * wg, 16u * kf, ((sg * SRES + j) * 3u + g) * 256u, tid % 32u);
+        if (wg < n_it && (FULL || kf < H / 16u)) {
+            for (uint g = 0u; g < 3u; ++g) {
+                w_block_to_shared(g * H + 16u * (wg % n_sl), 16u * kf, ((sg * SRES + j) * 3u + g) * 256u, tid % 32u);
+            }
         }
     }
     barrier();
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
-    float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last slice's gate outputs, unit held_j
-    uint held_j = 0u;
+    float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last item's gate outputs, lane held_b, unit held_j
+    uint held_b = 0u, held_j = 0u;
+    bool held_live = false;
     float held_hp = 0.0;
-#ifdef BLOCK_FLAGS  // no grid barrier: each slice's block of h16 counted into the word of the k-group reading it
+#ifdef BLOCK_FLAGS  // no grid barrier: each item's block of h16 counted into the word of the k-group reading it
     uint first_crossing = pc.t == 0u && pc.t < pc.t_end ? 1u : 0u;  // the prologue's
 #endif
 #ifdef PERSISTENT
     if (pc.t == 0u) {
-        for (uint sl = wg; sl < n_sl; sl += n_wg) {
-            prologue(16u * sl, tid);
+        for (uint it = wg; it < n_it; it += n_wg) {
+            prologue(16u * (it % n_sl), it / n_sl, tid);
 #ifdef BLOCK_FLAGS
-            if (pc.t < pc.t_end) blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);
+            if (pc.t < pc.t_end) blocks_arrive(uvec3((it / n_sl) * KGS + (it % n_sl) / KPG, 0u, 0u), 1u);
 #endif
         }
 #ifndef BLOCK_FLAGS
@@ -388,13 +398,14 @@ void main() {
     }
 #else
     if (pc.t == pc.t_end) {
-        if (wg < n_sl) prologue(16u * wg, tid);
+        if (wg < n_it) prologue(16u * (wg % n_sl), wg / n_sl, tid);
         return;
     }
 #endif
     for (uint t = pc.t; t < pc.t_end && ok; ++t) {
-        for (uint sl = wg; sl < n_sl; sl += n_wg) {
-            uint j0 = 16u * sl, j = j0 + u;
+        for (uint it = wg; it < n_it; it += n_wg) {
+            uint sl = it % n_sl, grp = it / n_sl, j0 = 16u * sl, j = j0 + u, b = grp * BP + bl;
+            bool live = b < pc.B;
             vec3 gi3 = vec3(0.0), bias = vec3(0.0);
             float hp = 0.0;
             if (live) {  // loaded before the product: their latency hides behind it
@@ -405,34 +416,36 @@ void main() {
             }
             PHASE(t, 0u);
 #ifdef BLOCK_FLAGS
-            product(t, j0, sg, first_crossing + t - pc.t);  // its k-group's blocks of h_prev waited for inside
+            product(t, j0, grp, sg, first_crossing + t - pc.t);  // its k-group's blocks of h_prev waited for inside
 #else
-            ok = product(t, j0, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
+            ok = product(t, j0, grp, sg, arrived > waited ? arrived : 0u);  // waits for the step's h_prev inside
             waited = arrived;
 #endif
             if (!ok) break;
             PHASE(t, 2u);
             if (live) {
                 float[5] v = gate(t, b, j, u, gi3, bias, hp);
-                if (sl + n_wg < n_sl) {
+                if (it + n_wg < n_it) {
                     gate_writes(t, b, j, v, hp);
-                } else {  // the step's last slice: written after the arrival
+                } else {  // the step's last item: written after the arrival
                     held = v;
+                    held_b = b;
                     held_j = j;
                     held_hp = hp;
                 }
             }
+            held_live = live;
 #ifdef BLOCK_FLAGS
-            if (t + 1u < pc.t_end) {
-                blocks_arrive(uvec3(sl / KPG, 0u, 0u), 1u);  // with the barrier red needs before the next slice
+            if (t + 1u < pc.t_end) {  // with the barrier red needs before the next item
+                blocks_arrive(uvec3(grp * KGS + sl / KPG, 0u, 0u), 1u);
                 continue;
             }
 #endif
-            barrier();  // red is rewritten by the next slice
+            barrier();  // red is rewritten by the next item
         }
         PHASE(t, 3u);
 #if defined(PERSISTENT) && !defined(BLOCK_FLAGS)
-        if (ok && arrived > waited) {  // a workgroup without a slice waits here
+        if (ok && arrived > waited) {  // a workgroup without an item waits here
             ok = grid_wait(arrived);
             waited = arrived;
         }
@@ -441,10 +454,10 @@ void main() {
             ++arrived;
         }
 #endif
-        if (live && wg < n_sl) gate_writes(t, b, held_j, held, held_hp);
+        if (held_live && wg < n_it) gate_writes(t, held_b, held_j, held, held_hp);
     }
 #ifdef BLOCK_FLAGS
-    grid_sync_done(KGS);
+    grid_sync_done(LG * KGS);
 #elif defined(PERSISTENT)
     grid_sync_done(1u);
 #endif

@@ -103,13 +103,16 @@ part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --vari
 # (with flags the forward has room for a k-fragment of W_hh in shared memory: 1,3)
 part stream-flags $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,0/1 \
     --variant 2,12/2,4/0,3/1 --variant 2,12/2,4/1,3/1 --json "$out/stream-flags.json"
-# v3 at 32 lanes on the streamed sweeps (W_hh wholly in their registers at H = 512) against its resident tensor-core
-# tiles, with and without block flags: is the streamed design (no staging, k-group waits) the v3 wavefront's kernel?
-v3b32() { part "bench-v3b32-$1" env "${@:2}" $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
-    --precision fp16 --set data.batch_lanes=32 --profile --json "$out/bench-v3b32-$1.json"; }
-v3b32 resident CATCHAT_SWEEP_COOP=1
-v3b32 stream CATCHAT_SWEEP_COOP=stream
-v3b32 stream-flags CATCHAT_SWEEP_COOP=stream CATCHAT_STREAM_FLAGS=1
+# v3 on the streamed sweeps (W_hh wholly in their registers at H = 512; past 32 lanes two lane groups) against its
+# resident tensor-core tiles, with and without block flags, at 32 and at v3's 64 lanes: is the streamed design
+# (no staging, k-group waits) the faster v3 sweep, and the v3 wavefront's kernel?
+v3lanes() { part "bench-v3b$1-$2" env "${@:3}" $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
+    --precision fp16 --set "data.batch_lanes=$1" --profile --json "$out/bench-v3b$1-$2.json"; }
+for lanes in 32 64; do
+    v3lanes $lanes resident CATCHAT_SWEEP_COOP=1
+    v3lanes $lanes stream CATCHAT_SWEEP_COOP=stream
+    v3lanes $lanes stream-flags CATCHAT_SWEEP_COOP=stream CATCHAT_STREAM_FLAGS=1
+done
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"

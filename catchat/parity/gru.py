@@ -219,17 +219,19 @@ COOP_CASES = [
 
 
 # The streamed sweeps (coop with a float16 W_hh: stream.py; emulated fragments where the device has no
-# cooperative matrices): one lane fragment and two with lanes past B (B = 17, 20), k-groups full
-# (H = 128: FULL), left empty (H = 32) and short (H = 48), per-step and persistent, clamp off and on;
-# on a GPU also v5's B and H.
+# cooperative matrices): one lane fragment and two with lanes past B (B = 17, 20), two lane groups
+# (B = 40), k-groups full (H = 128: FULL), left empty (H = 32) and short (H = 48), per-step and
+# persistent, clamp off and on; on a GPU also v5's B and H, and v3's.
 STREAM_CASES = [
     ((3, 3, 128, AUTO, 0.0), 0),
     ((4, 17, 48, AUTO, 0.02), 0),
     ((4, 20, 32, AUTO, 0.03), 1),
+    ((3, 40, 32, AUTO, 0.02), 1),  # two lane groups (past 32 lanes), the second partly empty
 ]
 STREAM_GPU_CASES = [
     ((6, 32, 256, AUTO, 0.0), -1),
     ((4, 32, 2048, AUTO, 0.02), -1),
+    ((4, 64, 512, AUTO, 0.02), -1),  # v3's lanes and H: two lane groups
 ]
 
 

@@ -112,12 +112,13 @@ void kgroup_wait(uint target, uint group) {
 
 // A streamed sweep's wait for its step's A operand (crossing wait_k; 0: none) in subgroup kg's
 // product: the grid barrier, or with KFLAGS the k-group's own blocks (k-fragments kg * kpg .., fewer
-// in the last k-group, none past n_kf). false: the grid barrier was aborted (with KFLAGS never: an
-// aborted sweep runs out). Nothing to wait for without PERSISTENT.
-bool operand_wait(uint wait_k, uint kg, uint n_kf, uint kpg) {
+// in the last k-group, none past n_kf), counted in word group_base + kg (the lane group's k-groups
+// follow each other). false: the grid barrier was aborted (with KFLAGS never: an aborted sweep runs
+// out). Nothing to wait for without PERSISTENT.
+bool operand_wait(uint wait_k, uint kg, uint n_kf, uint kpg, uint group_base) {
 #if defined(PERSISTENT) && defined(KFLAGS)
     uint blocks = kg * kpg < n_kf ? min(kpg, n_kf - kg * kpg) : 0u;
-    if (wait_k > 0u) kgroup_wait(wait_k * blocks, kg);
+    if (wait_k > 0u) kgroup_wait(wait_k * blocks, group_base + kg);
 #elif defined(PERSISTENT)
     if (wait_k > 0u) return grid_wait(wait_k);
 #endif

@@ -110,7 +110,8 @@ def test_stream_planning(dev, monkeypatch):
     assert gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
     assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream"
     assert gru.stream_sweeps(tc, 5, 48, "fp16")
-    assert not gru.stream_sweeps(tc, 33, 2048, "fp16")  # three lane fragments: not a split it has
+    assert gru.stream_sweeps(tc, 33, 2048, "fp16")  # two lane groups: 132 workgroups walk 256 items
+    assert not gru.stream_sweeps(tc, 65, 2048, "fp16")  # three lane groups: not a split it has
     assert not gru.stream_sweeps(tc, 32, 2040, "fp16")  # H not a multiple of 16
     assert not gru.stream_sweeps(tc, 32, 2048, "fp32")
     monkeypatch.setenv(gru.COOP_ENV, "0")
@@ -255,6 +256,33 @@ def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f3
     assert not got["sync"].any()  # the last workgroup out zeroed every k-group's word for the next dispatch
 
 
+@pytest.mark.parametrize("T,B,H,n_wg,f32,flags", [
+    (3, 64, 32, 1, False, "0"),  # two full lane groups, one workgroup walking 4 items (grid barrier)
+    (3, 50, 16, 1, False, "1"),  # block flags: each lane group's k-groups count apart
+    (4, 33, 48, 0, False, "0"),  # a dispatch per step; the second group holds one lane
+    (3, 40, 32, 1, True, "1"),  # float32 FMAs with flags
+])
+def test_streamed_sweeps_take_two_lane_groups(dev, monkeypatch, T, B, H, n_wg, f32, flags):
+    """Past 32 lanes the streamed sweeps run lane groups of up to 32 lanes, each its own recurrence
+    (its own shadow, its own flags): a work item per (slice, lane group); the same results as the twin."""
+    from catchat.parity import gru as gru_parity
+
+    monkeypatch.setenv(gru.FLAGS_ENV, flags)
+    if not f32:
+        got = _streamed_like_the_twin(dev, T, B, H, n_wg)
+    else:
+        case = gru_parity.make_case(T, B, H)
+        got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), stream_f32=True)
+        exp, _ = gru_parity.expected_gru(case, 0.02)
+        for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+            tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") else \
+                (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
+            np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
+        assert got["sync_timeouts"] == 0
+    assert all(t.lane_groups == 2 and t.lane_frags == 2 for t in got["tiles"])
+    assert not got["sync"].any()
+
+
 def test_block_flags_setting(monkeypatch):
     """CATCHAT_STREAM_FLAGS: unset or 0 keeps the grid barrier, 1 asks for block flags, anything else
     is refused with the fix."""
@@ -359,7 +387,7 @@ def test_float32_stream_planning(dev, monkeypatch):
     for backward in (False, True):
         assert gru.stream_f32_sweep(gpu, 32, 2048, backward, "fp32")
         assert not gru.stream_f32_sweep(gpu, 32, 2048, backward, "fp16")
-        assert not gru.stream_f32_sweep(gpu, 33, 2048, backward, "fp32")
+        assert not gru.stream_f32_sweep(gpu, 65, 2048, backward, "fp32")
         assert not gru.stream_f32_sweep(gpu, 32, 2040, backward, "fp32")
     monkeypatch.setenv(gru.STREAM_F32_ENV, "0")
     assert not gru.stream_f32_sweep(gpu, 32, 2048, False, "fp32")

@@ -26,9 +26,9 @@ from catchat.vk.kernels.gru.resident import (
 )
 from catchat.vk.kernels.gru.stream import (
     StreamTiles,
+    stream_items,
     stream_ok,
     stream_shared_bytes,
-    stream_slices,
     stream_threads,
     stream_tiles,
 )
@@ -197,7 +197,8 @@ def sweep_residency(dev: Device, tiles, B: int, H: int, backward: bool, resident
     the streamed sweeps' (a workgroup per slice of 16 units, registers not modelled)."""
     info = dev.info
     if isinstance(tiles, StreamTiles):
-        n_tiles, nt, nbytes, regs = stream_slices(H), stream_threads(tiles), stream_shared_bytes(tiles, backward), 0
+        n_tiles, nt = stream_items(tiles, H), stream_threads(tiles)
+        nbytes, regs = stream_shared_bytes(tiles, backward), 0
     elif isinstance(tiles, ResidentTiles):
         n_tiles, nt, nbytes, regs = resident_resources(tiles, B, H, backward, info.subgroup_size, coop)
     else:
@@ -275,6 +276,6 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
 
 def sync_words(B: int) -> int:
     """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group per
-    lane, or per k-group of a streamed sweep's block flags (16 at most, each in a 128-byte line of its
-    own: GROUP_STRIDE 32; glsl/include/grid_sync.glsl)."""
-    return 2 + max(int(B), 16 * 32)
+    lane, or per k-group of a streamed sweep's block flags (16 per lane group at most, 2 lane groups,
+    each word in a 128-byte line of its own: GROUP_STRIDE 32; glsl/include/grid_sync.glsl)."""
+    return 2 + max(int(B), 2 * 16 * 32)

@@ -28,7 +28,8 @@ from catchat.vk.kernels import ceil_div
 
 STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups (subgroups) per lane fragment
-STREAM_MAX_LANES = 32  # two lane fragments: `red` within 48 KB at most (24 KB forward)
+STREAM_GROUP_LANES = 32  # lanes of a lane group: two lane fragments, `red` within 48 KB at most (24 KB forward)
+STREAM_MAX_LANES = 64  # two lane groups, each its own recurrence (v3 and the speedrun run 64 lanes)
 W16_ALIGN = 8  # halves: W_hh's float16 copy starts on a 16-byte boundary (fragment rows)
 # Fragments whose loads are in flight ahead of the product (forward, backward: the shaders' PD);
 # CATCHAT_STREAM_DEPTH=F,B sets them (to measure; tools/gpu-check.sh). With RES below, measured best
@@ -81,7 +82,9 @@ class StreamTiles(NamedTuple):
     whose W_hh stays in shared memory (`fit_shared` cuts it to the device). `f32`: the same
     split in float32 on the threads' FMAs (nothing resident; `depth` the backward's ring of chunks of
     2 row quads, 0 forward: its loads go straight to the invocations that multiply them). `flags`:
-    a persistent sweep waits on block flags instead of the grid barrier (no shared flag either)."""
+    a persistent sweep waits on block flags instead of the grid barrier (no shared flag either).
+    `lane_groups`: past 32 lanes, groups of 16 * lane_frags lanes, each a recurrence of its own with
+    its own shadow and flags; a workgroup per (slice, lane group): B <= 16 * lane_frags * lane_groups."""
 
     lane_frags: int
     k_per_group: int
@@ -90,10 +93,11 @@ class StreamTiles(NamedTuple):
     f32: bool = False
     shared: int = 0
     flags: bool = False
+    lane_groups: int = 1
 
 
 def stream_ok(B: int, H: int) -> bool:
-    """Whether the streamed sweeps take [B, H]: H a multiple of 16, 1 <= B <= 32."""
+    """Whether the streamed sweeps take [B, H]: H a multiple of 16, 1 <= B <= 64."""
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
@@ -101,15 +105,16 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
-    lane_frags = ceil_div(B, 16)
+    lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
+    groups = ceil_div(B, 16 * lane_frags)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
         return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True,
-                           flags=stream_flags())
+                           flags=stream_flags(), lane_groups=groups)
     resident = min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward])
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), resident,
                        shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]),
-                       flags=stream_flags())
+                       flags=stream_flags(), lane_groups=groups)
 
 
 def stream32_depth() -> int:
@@ -172,9 +177,9 @@ def fit_shared(tiles: StreamTiles, backward: bool, limit_bytes: int) -> StreamTi
 
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
-    """uint32 words of the shadow: [2][16 * lane_frags][H] halves forward (h_prev), [2][..][3H]
-    backward (dGh); floats where f32."""
-    elements = 2 * 16 * tiles.lane_frags * (3 * H if backward else H)
+    """uint32 words of the shadow: [lane groups][2][16 * lane_frags][H] halves forward (h_prev),
+    [..][3H] backward (dGh); floats where f32."""
+    elements = tiles.lane_groups * 2 * 16 * tiles.lane_frags * (3 * H if backward else H)
     return elements if tiles.f32 else elements // 2
 
 
@@ -203,12 +208,12 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     (fragments in shared memory; the caller keeps both only where a workgroup has one slice); FULL
     where every k-group has KPG fragments (no bound checks in the product loop); BLOCKED_W (W_hh's
     copy in blocks); PROBE (timing probes); EMU (emulated fragments); KFLAGS (block flags instead of
-    the grid barrier; the shaders ignore it in a dispatch per step). f32 tiles: LF, KPG, PD, FULL,
-    F32, KFLAGS, and SUBGROUP32 where the backward runs on subgroups 32 wide (its stage synced by
-    subgroup barriers)."""
+    the grid barrier; the shaders ignore it in a dispatch per step); LG (lane groups, past 32 lanes).
+    f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
+    32 wide (its stage synced by subgroup barriers)."""
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
-    flags = {"KFLAGS": 1} if tiles.flags else {}
+    flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
     if tiles.f32:
         warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
@@ -224,3 +229,8 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
 
 def stream_slices(H: int) -> int:
     return H // STREAM_UNITS
+
+
+def stream_items(tiles: StreamTiles, H: int) -> int:
+    """A streamed sweep's work items, a workgroup each where there are enough: (slice, lane group)."""
+    return stream_slices(H) * tiles.lane_groups

@@ -57,8 +57,8 @@ from catchat.vk.kernels.gru.stream import (
     fit_shared,
     shadow_words,
     stream_defines,
+    stream_items,
     stream_shared_bytes,
-    stream_slices,
     stream_threads,
     stream_tiles,
 )
@@ -196,14 +196,15 @@ class _Sweep(Kernel):
         if resident and persistent is None:
             self.residency = sweep_residency(dev, self.tiles, B, H, backward, resident)
             resident = resident if self.residency.ok else 0
-        if (self.tiles.resident or self.tiles.shared) and 0 < sweep_workgroups(resident, stream_slices(H)) < \
-                stream_slices(H):  # W_hh kept on chip needs one slice per workgroup
+        items = stream_items(self.tiles, H)
+        if (self.tiles.resident or self.tiles.shared) and 0 < sweep_workgroups(resident, items) < items:
+            # W_hh kept on chip needs one item (one slice) per workgroup
             self.tiles = self.tiles._replace(resident=0, shared=0)
             self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
                    **({"SAVE16": 1} if self.save_half else {})}
         tensors = self._extra_bindings(tensors, defines)
-        self._algorithms(dev, tensors, stream_slices(H), [nt], push, defines,
+        self._algorithms(dev, tensors, items, [nt], push, defines,
                          (GruBackward if backward else GruForward).shader + "_stream", resident)
 
     def _extra_bindings(self, tensors: list, defines: dict) -> list:
