@@ -281,17 +281,15 @@ class Program:
         forces that path (True) or the batched one (False) whatever tf is.
 
         Data parallelism (catchat/distributed.py): `n_valid` is the valid targets of the whole step on
-        every rank (the loss's divisor); `reduce_grads(part, out=view)` writes the sum over ranks of a
-        range of this program's gradient sum (`part`: float32, a view of host staging memory, to read
-        and not keep) into `view`, that range of the gradient's host copy (it may be `part` itself:
-        read first, then written over; Comm.sum_grads). It is called for each range of
-        `group_ranges(layout)` in turn (the backward's order: top layer first), between the
-        micro-batches and the optimizer, which then applies the same step on every rank. With
-        `grad_groups` the last micro-batch runs group by group and a range is added up as soon as its
-        group has finished, while the GPU runs the next; without, after the whole step, range by range
-        all the same (the same additions: the same bits). The StepStats' loss, n_valid, top-1/5 and
-        counters are then this program's share (the caller adds them up); the grad norm, clip scale
-        and skip are the whole step's. `exchange.times` times it.
+        every rank (the loss's divisor); `reduce_grads(part, out=part)` writes the sum over ranks of
+        `part` (a range of this program's gradient, float32 host memory) over it (Comm.sum_grads), for
+        each range of `group_ranges(layout)` in turn (the backward's order), between the micro-batches
+        and the optimizer, which then applies the same step on every rank. With `grad_groups` the last
+        micro-batch runs group by group and a range is added up as soon as its group has finished,
+        while the GPU runs the next; without, after the whole step, range by range all the same (the
+        same additions: the same bits). The StepStats' loss, n_valid, top-1/5 and counters are then
+        this program's share (the caller adds them up); the grad norm, clip scale and skip are the
+        whole step's. `exchange.times` times it.
 
         while_running: host work (no argument, nothing returned) done while the last micro-batch's
         forward and backward run on the GPU, e.g. the next step's data; it must not touch this
