@@ -183,12 +183,12 @@ class GradExchange:
         """The sum over every rank of `values` (float32 [n]), the same bits on every rank: written into
         `out` (float32 [n]; it may be `values` itself: they are read before it is written) and
         returned, or without `out` a new array. The common case (one level of ranks, float32, no
-        padding, `out` contiguous) takes `_flat_sum_into`: at v5 on 2 ranks, three copies of half the
-        gradient fewer."""
+        padding, `out` contiguous or none) takes `_flat_sum_into`: at v5 on 2 ranks, three copies of
+        half the gradient fewer."""
         g = np.ascontiguousarray(values, np.float32).ravel()
         n = g.size
-        if out is not None and self._flat_fp32(n) and out.flags.c_contiguous:
-            return self._flat_sum_into(g, out, what)
+        if self._flat_fp32(n) and (out is None or out.flags.c_contiguous):
+            return self._flat_sum_into(g, np.empty(n, np.float32) if out is None else out, what)
         chunks, part = [], g
         for comm in self.levels:  # reduce-scatter level by level: this rank's block of the level's sum
             chunk = -(-part.size // comm.Get_size())

@@ -56,7 +56,9 @@ def check(comm, dtype: str, hierarchical: bool, gs: list[np.ndarray]) -> np.ndar
         assert comm.sum_grads(gs[comm.rank][:n], out=out) is out
         over = gs[comm.rank][:n].copy()
         comm.sum_grads(over, out=over)
-        whole = comm.sum_grads(gs[comm.rank][:n])
+        # float32: an element's sum does not depend on how the vector is cut into blocks, so the first n
+        # of the padded (general) path's sum; float16 scales by block, so the sum of the n values
+        whole = got[:n] if dtype == "fp32" else comm.sum_grads(gs[comm.rank][:n])
         assert np.array_equal(out, whole, equal_nan=True) and np.array_equal(over, whole, equal_nan=True), dtype
     return got
 
@@ -85,7 +87,7 @@ def main() -> None:
     got = check(comm, "fp16", True, poisoned)
     assert np.isinf(got[5]) and np.isfinite(np.delete(got, 5)).all()
     timing = comm.take_timing()
-    assert len(timing.waits) == 5 * 10 and timing.exchange_s > 0 and comm.timing.waits == []
+    assert len(timing.waits) == 2 * 7 + 3 * 10 and timing.exchange_s > 0 and comm.timing.waits == []
     if comm.is_root:
         print("ok", flush=True)
     comm.finish()

@@ -118,7 +118,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
     if save_half:
         save = unpack_half(save, pad + T * B * 4 * H)[pad:].astype(np.float32).reshape(T, B, 4 * H)
-        dgh = np.concatenate([dgi[pad:].reshape(T, B, 3 * H)[..., :2 * H], dgh[pad:].reshape(T, B, H)], axis=2)
+        dgh = ref.whole_dgh(dgi[pad:].reshape(T, B, 3 * H), dgh[pad:].reshape(T, B, H))
     else:
         save = save[pad:].reshape(T, B, 4 * H)
         dgh = dgh[pad:].reshape(T, B, 4 * H)[..., :3 * H] if dgh_in_save else dgh[pad:].reshape(T, B, 3 * H)
@@ -153,7 +153,7 @@ def expected_gru(case, clamp: float = 0.0, recurrent: str = "fp32", forced=None,
     if forced is not None:
         cache["forced_dgh"] = forced[1]
         if len(forced) > 2:
-            cache.update(zip(("r", "z", "n", "ghn"), np.split(forced[2].astype(save.dtype), 4, axis=2)))
+            ref.force_saves(cache, forced[2])
     dgi, dgh, dh0, hits = ref.gru_sweep_backward(case["do"], cache, clamp or None)
     return dict(o=o, hprev=cache["hprev"], save=save, hT=o[-1], dgi=dgi, dgh=dgh, dh0=dh0, hits=hits), cache
 

@@ -154,7 +154,7 @@ def sweep_operands(prog: Program, resets) -> list:
         dgh = None
         if l == 0 and prog.training:
             gi, dgh_n = arrays[2 * L].reshape(T, B, 3 * H), arrays[2 * L + 1].reshape(T, B, H)
-            dgh = np.concatenate([gi[..., :2 * H], dgh_n], axis=2).astype(np.float64)
+            dgh = ref.whole_dgh(gi, dgh_n).astype(np.float64)
         out.append((h, dgh, saves))
     return out
 

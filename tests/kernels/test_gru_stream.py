@@ -172,17 +172,22 @@ def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     assert got["hits"] == exp["hits"]
 
 
-def _streamed_like_the_twin(dev, T: int, B: int, H: int, n_wg: int) -> dict:
+def _streamed_like_the_twin(dev, T: int, B: int, H: int, n_wg: int, f32: bool = False, repeat: int = 1) -> dict:
     """The streamed sweeps (persistent over n_wg workgroups, 0: a dispatch per step) at [T, B, H]
-    under the knobs set, against the twin with the GPU's operands forced; what the GPU gave."""
+    under the knobs set, `repeat` times, against the twin: on tensor cores with the GPU's operands
+    forced, or `f32` in float32 on the threads' FMAs against the float32 twin; what the GPU gave."""
     from catchat.parity import gru as gru_parity
 
     case = gru_parity.make_case(T, B, H)
-    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=True, coop=True)
-    exp, _ = gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=not f32, coop=not f32,
+                                 stream_f32=f32, repeat=repeat)
+    exp, _ = gru_parity.expected_gru(case, 0.02) if f32 else \
+        gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
     for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
-        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
-    assert got["hits"] == exp["hits"] and got["sync_timeouts"] == 0
+        tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") or not f32 else \
+            (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
+        np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
+    assert got["hits"] == repeat * exp["hits"] and got["sync_timeouts"] == 0  # hits add up over the repeats
     return got
 
 
@@ -235,24 +240,12 @@ def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f3
     """CATCHAT_STREAM_FLAGS=1 (KFLAGS): each subgroup waits for the blocks of the shadow its k-group
     reads instead of meeting every workgroup at the grid barrier; the same results as the twin, no
     wait given up (lavapipe runs one workgroup: a wrong block count there is a wait that never ends)."""
-    from catchat.parity import gru as gru_parity
-
     monkeypatch.setenv(gru.FLAGS_ENV, "1")
     monkeypatch.setenv(gru.SHARED_ENV, shared)
     monkeypatch.setenv(gru.RESIDENT_ENV, "0,0")
-    if f32:
-        case = gru_parity.make_case(T, B, H)
-        got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), stream_f32=True, repeat=2)
-        exp, _ = gru_parity.expected_gru(case, 0.02)
-        for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
-            tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") else \
-                (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
-            np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
-        assert got["hits"] == 2 * exp["hits"] and got["sync_timeouts"] == 0  # both sweeps ran twice
-    else:
-        got = _streamed_like_the_twin(dev, T, B, H, n_wg)
-        assert all(t.flags for t in got["tiles"])
-        assert tuple(t.shared for t in got["tiles"]) == tuple(int(n) for n in shared.split(","))
+    got = _streamed_like_the_twin(dev, T, B, H, n_wg, f32, repeat=2 if f32 else 1)
+    assert all(t.flags for t in got["tiles"])
+    assert tuple(t.shared for t in got["tiles"]) == tuple(int(n) for n in shared.split(","))
     assert not got["sync"].any()  # the last workgroup out zeroed every k-group's word for the next dispatch
 
 
@@ -265,20 +258,8 @@ def test_streamed_sweeps_wait_on_block_flags(dev, monkeypatch, T, B, H, n_wg, f3
 def test_streamed_sweeps_take_two_lane_groups(dev, monkeypatch, T, B, H, n_wg, f32, flags):
     """Past 32 lanes the streamed sweeps run lane groups of up to 32 lanes, each its own recurrence
     (its own shadow, its own flags): a work item per (slice, lane group); the same results as the twin."""
-    from catchat.parity import gru as gru_parity
-
     monkeypatch.setenv(gru.FLAGS_ENV, flags)
-    if not f32:
-        got = _streamed_like_the_twin(dev, T, B, H, n_wg)
-    else:
-        case = gru_parity.make_case(T, B, H)
-        got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), stream_f32=True)
-        exp, _ = gru_parity.expected_gru(case, 0.02)
-        for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
-            tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") else \
-                (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
-            np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
-        assert got["sync_timeouts"] == 0
+    got = _streamed_like_the_twin(dev, T, B, H, n_wg, f32)
     assert all(t.lane_groups == 2 and t.lane_frags == 2 for t in got["tiles"])
     assert not got["sync"].any()
 

@@ -18,11 +18,13 @@ power of two and dividing again is exact, so the GPU's unscaled gradients match 
 """
 
 from catchat.model.reference.gru import (
+    force_saves,
     gru_layer_backward,
     gru_layer_forward,
     gru_step_backward,
     gru_sweep_backward,
     gru_weight_grads,
+    whole_dgh,
 )
 from catchat.model.reference.layers import (
     axpby_reference,
@@ -64,5 +66,5 @@ __all__ = [
     "head_backward", "head_forward", "hidden_keep_mask", "model_forward_backward", "nadam_coefficients", "nadam_step",
     "ngram_banned", "reference_apply_step", "reference_train_step", "residual_rmsnorm_backward",
     "residual_rmsnorm_forward", "sample_choice", "scheduled_sampling_inputs", "spectral_project",
-    "spectral_project_model", "tf_select",
+    "spectral_project_model", "tf_select", "force_saves", "whole_dgh",
 ]

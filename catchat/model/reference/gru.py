@@ -64,6 +64,19 @@ def gru_layer_forward(x, h0, resets, w_ih, w_hh, b_ih, b_hh, precision="fp32", g
     return o, cache
 
 
+def force_saves(cache, saves) -> None:
+    """Put saves [T,B,4H] (r, z, n, ghn, as a GPU's backward read them) in the forward's cache in
+    place of the twin's own (parity of the float16 saves)."""
+    cache.update(zip(("r", "z", "n", "ghn"), np.split(np.asarray(saves, cache["r"].dtype), 4, axis=2)))
+
+
+def whole_dgh(dgi, dgh_n):
+    """dGh [..., 3H] of a backward that keeps only its n third apart (the float16 saves' sweeps): its
+    r and z thirds are dGi's, since r and z take gi + gh and so have one gradient."""
+    H = dgh_n.shape[-1]
+    return np.concatenate([dgi[..., :2 * H], dgh_n], axis=-1)
+
+
 def gru_layer_backward(do, dhT, cache, clamp=None):
     """Backward of `gru_layer_forward`.
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat.model import ModelSpec, ParamLayout, head_name
-from catchat.model.reference.gru import gru_layer_backward, gru_layer_forward, gru_sweep_backward
+from catchat.model.reference.gru import force_saves, gru_layer_backward, gru_layer_forward, gru_sweep_backward
 from catchat.model.reference.layers import (
     embedding_backward,
     embedding_forward,
@@ -108,7 +108,7 @@ def model_forward_backward(params, spec: ModelSpec, tokens, targets, resets, h0,
         if dgh_l is not None:
             gc["forced_dgh"] = dgh_l
         if saves_l is not None:  # the GPU's r, z, n, ghn as its backward read them
-            gc.update(zip(("r", "z", "n", "ghn"), np.split(saves_l.astype(dt), 4, axis=2)))
+            force_saves(gc, saves_l)
         hT[l] = o[-1]
         xs.append(x)
         x, nc = residual_rmsnorm_forward(x, o, hid_scales[l], params[pre + "norm.weight"], spec.norm_eps)
