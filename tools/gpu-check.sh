@@ -97,7 +97,7 @@ part parity-model-full $py -m catchat.cli parity --only model
 # memory (parity, then bench)
 part stream-variants $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 2,12/2,4/0,3 \
     --variant 2,8/2,4/0,3 --variant 2,12/2,2/0,3 --json "$out/stream-variants.json"
-# block flags instead of the grid barrier (CATCHAT_STREAM_FLAGS=1): the fp16 sweeps against the landed build
+# block flags instead of the grid barrier (the fp16 default since 2026-12-05; the variants name FLAGS 0 or 1):
 # (parity at v5's shape, then bench), every sweep parity case under flags (the float32 streamed ones too),
 # v5 at fp32 on the float32 streamed sweeps with flags, and both precisions' phases with flags
 # (with flags the forward has room for a k-fragment of W_hh in shared memory: 1,3)
@@ -109,7 +109,8 @@ part stream-flags $py tools/stream_variants.py configs/catchat-v5.toml --variant
 v3lanes() { part "bench-v3b$1-$2" env "${@:3}" $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --set "data.batch_lanes=$1" --profile --json "$out/bench-v3b$1-$2.json"; }
 for lanes in 32 64; do
-    v3lanes $lanes resident CATCHAT_SWEEP_COOP=1
+    v3lanes $lanes resident CATCHAT_SWEEP_COOP=resident
+    v3lanes $lanes mixed CATCHAT_SWEEP_COOP=1
     v3lanes $lanes stream CATCHAT_SWEEP_COOP=stream
     v3lanes $lanes stream-flags CATCHAT_SWEEP_COOP=stream CATCHAT_STREAM_FLAGS=1
 done

@@ -71,6 +71,26 @@ def test_streamed_program_keeps_float16_saves(dev, streamed):
     assert all(lay.dw_hh_n is None and lay.dw_hh.M == 48 for lay in full.bwd.layers)
 
 
+def test_mixed_sweeps_plan(dev, monkeypatch):
+    """"mixed" (the resident forward, the streamed backward: v3 on an H200) keeps float32 saves with dGh
+    over them, plans W_hh's float16 copy and the backward's dGh shadow but no h_prev shadow, and no
+    resident partial products; a forward-only program runs the resident forward alone. (The program
+    itself runs on GPUs only: lavapipe has no resident tensor-core forward; catchat parity's "v3
+    mixed" rows.)"""
+    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: "mixed" if precision == "fp16"
+                        else None)
+    layout, T, B, H = ParamLayout(ModelSpec(vocab_size=101, hidden=16, layers=2)), 5, 3, 16
+    train = plan.Geometry.of(layout, T, B, dev, True, "fp16")
+    assert train.products == "mixed" and not train.save16
+    assert plan.Geometry.of(layout, T, B, dev, False, "fp16").products == "resident"
+    scratch = dict(plan.kernel_scratch(train, True, dev, "fp16"))
+    assert scratch["streamed sweeps' float16 W_hh"] == 2 * 3 * H * H // 2
+    assert "backward sweeps' float16 dGh" in scratch and "forward sweeps' float16 h_prev" not in scratch
+    assert scratch["GRU backward sweep scratch"] == 2 * (B * H + gru.sync_words(B))
+    eval_only = plan.Geometry.of(layout, T, B, dev, False, "fp16")
+    assert not [w for w in plan.kernel_scratch(eval_only, False, dev, "fp16") if "streamed" in w[0]]
+
+
 def test_stepwise_path_on_streamed_sweeps(dev, streamed):
     """The per-timestep path (scheduled sampling) runs a streamed sweep's prologue before step 0:
     at tf = 1 it equals the batched path at fp16."""
@@ -117,20 +137,25 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.setenv(gru.COOP_ENV, "0")
     assert not gru.stream_sweeps(tc, 32, 2048, "fp16")
     monkeypatch.delenv(gru.COOP_ENV)
-    coop_tiles = gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132, None)  # W_hh on chip: resident wins
+    coop_tiles = gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132, None)  # W_hh on chip
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: coop_tiles)
-    assert not gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
-    assert gru.sweep_products(tc, 32, 2048, "fp16") == "resident"
-    monkeypatch.setenv(gru.COOP_ENV, "stream")  # to compare: streamed where the resident tiles fit
-    assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream"
+    # the forward on the resident tiles, the backward streamed (faster on the H200 at v3)
+    assert not gru.stream_sweeps(tc, 64, 512, "fp16") and gru.coop_sweeps(tc, 64, 512, "fp16")
+    assert gru.sweep_products(tc, 64, 512, "fp16") == "mixed" and gru.streams_backward("mixed")
+    assert gru.sweep_products(tc, 65, 512, "fp16") == "resident"  # past the streamed sweeps' lanes
+    assert gru.sweep_products(tc, 64, 520, "fp16") == "resident"  # H not a multiple of 16
+    monkeypatch.setenv(gru.COOP_ENV, "resident")  # to compare: the resident tiles both ways
+    assert gru.sweep_products(tc, 64, 512, "fp16") == "resident" and not gru.streams_backward("resident")
+    monkeypatch.setenv(gru.COOP_ENV, "stream")  # to compare: streamed both ways where the resident tiles fit
+    assert gru.sweep_products(tc, 64, 512, "fp16") == "stream"
     monkeypatch.setenv(gru.COOP_ENV, "yes")
     with pytest.raises(UsageError, match="CATCHAT_SWEEP_COOP"):
         gru.sweep_products(tc, 32, 2048, "fp16")
     monkeypatch.delenv(gru.COOP_ENV)
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2), gru.StreamTiles(2, 24, 4, 12))
-    assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 2, 2)  # one lane fragment: 8 k-groups
+    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2, flags=True), gru.StreamTiles(2, 24, 4, 12, flags=True))
+    assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 2, 2, flags=True)  # one lane fragment
     assert gru.stream_tiles(3, 48, True).resident == 2  # no more than a k-group's fragments
     assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments
     monkeypatch.setenv(gru.DEPTH_ENV, "2,16")
@@ -265,17 +290,20 @@ def test_streamed_sweeps_take_two_lane_groups(dev, monkeypatch, T, B, H, n_wg, f
 
 
 def test_block_flags_setting(monkeypatch):
-    """CATCHAT_STREAM_FLAGS: unset or 0 keeps the grid barrier, 1 asks for block flags, anything else
-    is refused with the fix."""
+    """CATCHAT_STREAM_FLAGS: unset, block flags on tensor cores and the grid barrier for the float32
+    sweeps; 0 the barrier and 1 flags for both; anything else is refused with the fix."""
     from catchat.vk.kernels.gru import stream
 
     def defines(backward: bool) -> dict:
         return stream.stream_defines(gru.stream_tiles(3, 16, backward), 16, backward, True)
 
     monkeypatch.delenv(gru.FLAGS_ENV, raising=False)
+    assert gru.stream_flags() and "KFLAGS" in defines(False) and "KFLAGS" in defines(True)
+    assert not gru.stream_flags(f32=True) and not gru.stream_tiles(3, 16, True, f32=True).flags
+    monkeypatch.setenv(gru.FLAGS_ENV, "0")
     assert not gru.stream_flags() and "KFLAGS" not in defines(False)
     monkeypatch.setenv(gru.FLAGS_ENV, "1")
-    assert gru.stream_flags() and "KFLAGS" in defines(False) and "KFLAGS" in defines(True)
+    assert gru.stream_flags(f32=True) and gru.stream_tiles(3, 16, True, f32=True).flags
     monkeypatch.setenv(gru.FLAGS_ENV, "yes")
     with pytest.raises(UsageError, match="CATCHAT_STREAM_FLAGS"):
         gru.stream_flags()

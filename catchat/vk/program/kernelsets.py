@@ -31,6 +31,7 @@ from catchat.vk.kernels.gru import (
     GruForward,
     state_rows,
     stream_f32_sweep,
+    streams_backward,
     w16_blocked,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
@@ -152,16 +153,18 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.sweep_products)
     coop, w16, refresh = products is not None, None, []
-    if products == "stream":  # W_hh streamed from a float16 copy, layer l at l*3H*H
+    if streams_backward(products):
+        # W_hh streamed from a float16 copy, layer l at l*3H*H ("mixed": the backward's alone)
         w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
         cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
     f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
+    w_fwd = w16 if products == "stream" else None  # "mixed": the forward keeps W_hh on chip
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=whh_offset(layout, l, w16), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop, w_half=w16,
-                      stream_f32=f32, save_half=g.save16)
+                      w_off=whh_offset(layout, l, w_fwd), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
+                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop,
+                      w_half=w_fwd, stream_f32=f32, save_half=g.save16)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)

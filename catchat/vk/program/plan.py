@@ -56,7 +56,14 @@ from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
-from catchat.vk.kernels.gru import backward_scratch_words, stream_f32_sweep, stream_tiles, sweep_products, sync_words
+from catchat.vk.kernels.gru import (
+    backward_scratch_words,
+    stream_f32_sweep,
+    stream_tiles,
+    streams_backward,
+    sweep_products,
+    sync_words,
+)
 from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
@@ -85,7 +92,7 @@ class Geometry:
     split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
     colsum: int = 1  # row splits of the bias gradients' column sums
     products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
-    # float16 saves and dGh's n third in dgh_n (`save16`)
+    # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone
 
     @classmethod
     def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True,
@@ -97,7 +104,7 @@ class Geometry:
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
-                   products=None if dev is None else sweep_products(dev, B, H, precision))
+                   products=None if dev is None else program_products(dev, B, H, precision, training))
 
     @property
     def save16(self) -> bool:
@@ -268,7 +275,8 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
                 ("RMSNorm backward dg partials", g.L * ResidualRmsNormBackward.scratch_words(g.R, g.H)),
-                ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H))]
+                ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H, streamed_backward(g, dev,
+                                                                                                          precision)))]
     return out
 
 
@@ -277,15 +285,27 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
     if dev is None:
         return []
-    f16 = g.products == "stream"
+    f16 = streams_backward(g.products)
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16 else []
     for backward in (False, True) if training else (False,):
         f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
-        if f16 or f32:
+        if (streams_backward(g.products) if backward else g.products == "stream") or f32:
             kind = "float32" if f32 else "float16"
             what = f"backward sweeps' {kind} dGh" if backward else f"forward sweeps' {kind} h_prev"
             out.append((what, g.L * shadow_words(stream_tiles(g.B, g.H, backward, f32), g.H, backward)))
     return out
+
+
+def program_products(dev: Device, B: int, H: int, precision: str, training: bool) -> str | None:
+    """gru.sweep_products for a program: a forward-only one runs "mixed"'s forward alone ("resident")."""
+    products = sweep_products(dev, B, H, precision)
+    return "resident" if products == "mixed" and not training else products
+
+
+def streamed_backward(g: Geometry, dev: Device | None, precision: str) -> bool:
+    """Whether the program's backward sweeps run streamed: on tensor cores ("stream", "mixed") or on
+    the threads' FMAs (gru.stream_f32_sweep)."""
+    return dev is not None and (streams_backward(g.products) or stream_f32_sweep(dev, g.B, g.H, True, precision))
 
 
 def planned_bytes(layout: ParamLayout, T: int, B: int, training: bool = True, dev: Device | None = None,

@@ -25,6 +25,7 @@ from catchat.vk.kernels.gru.plan import (
     resident_workgroups,
     stream_f32_sweep,
     stream_sweeps,
+    streams_backward,
     sweep_candidates,
     sweep_products,
     sweep_residency,
@@ -105,8 +106,8 @@ __all__ = [
     "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep", "resident_backward",
     "resident_candidate", "resident_defines", "resident_fits", "resident_registers", "resident_resources",
     "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices", "state_rows",
-    "stream_f32_sweep", "stream_flags", "stream_ok", "stream_sweeps", "stream_tiles", "sweep_candidates",
-    "sweep_products",
+    "stream_f32_sweep", "stream_flags", "stream_ok", "stream_sweeps", "stream_tiles", "streams_backward",
+    "sweep_candidates", "sweep_products",
     "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words", "table_tiles", "tile_count", "tile_extent",
     "tile_row", "tiled_tiles", "to_cache", "w16_blocked",
 ]

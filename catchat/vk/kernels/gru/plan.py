@@ -41,9 +41,10 @@ def tile_row(dev: Device) -> tiles.GruRow:
     return tiles.gru_row(dev.info.name, dev.info.type != "CPU")
 
 
-# =0: the threads' FMAs at fp16 too; =stream: the streamed sweeps even where the resident tiles fit (v3 at
-# B <= 32, W_hh then wholly in the stream kernels' registers); to compare (tools/gpu-check.sh)
+# =0: the threads' FMAs at fp16 too; =resident: the resident tiles both ways where they fit (no "mixed");
+# =stream: the streamed sweeps both ways even where the resident tiles fit; to compare (tools/gpu-check.sh)
 COOP_ENV = "CATCHAT_SWEEP_COOP"
+COOP_CHOICES = ("", "0", "1", "resident", "stream")
 
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
@@ -53,31 +54,44 @@ def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
 
 
 def stream_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
-    """Whether a program at `precision` runs the streamed tensor-core sweeps (stream.py: W_hh's
+    """Whether a program at `precision` runs the streamed tensor-core sweeps both ways (stream.py: W_hh's
     product from a float16 copy in memory): `sweep_products` says "stream"."""
     return sweep_products(dev, B, H, precision) == "stream"
 
 
+def streams_backward(products: str | None) -> bool:
+    """Whether a program's backward sweeps run streamed ("stream", or "mixed": forward resident)."""
+    return products in ("stream", "mixed")
+
+
 def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
-    """How a program at `precision` multiplies its sweeps' products on tensor cores: "resident" where
-    resident 16 x 16 tiles are planned for both directions with the tensor-core kernels' own threads
-    and shared memory (W_hh on chip: v3); else "stream" where [B, H] is a shape the streamed sweeps
-    take and both their persistent dispatches are shown co-resident (one dispatch per step would give
-    back what streaming wins: v5); None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative
-    matrices, or where neither fits (the threads' FMAs). CATCHAT_SWEEP_COOP=stream skips "resident"."""
+    """How a program at `precision` multiplies its sweeps' products on tensor cores:
+    - "mixed" where resident 16 x 16 tiles are planned for both directions (W_hh on chip: v3) and the
+      streamed backward is shown co-resident: the forward on the resident tiles, the backward streamed
+      (H200, v3 at 64 lanes: resident 5.1 ms forward, 7.2 backward; streamed 5.9 and 5.1);
+    - "resident" where the resident tiles fit and the streamed backward does not (or
+      CATCHAT_SWEEP_COOP=resident);
+    - "stream" where [B, H] is a shape the streamed sweeps take and both their persistent dispatches are
+      shown co-resident (one dispatch per step would give back what streaming wins: v5), or
+      CATCHAT_SWEEP_COOP=stream where they fit;
+    - None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative matrices, or where neither fits (the
+      threads' FMAs)."""
     choice = os.environ.get(COOP_ENV, "").strip()
-    if choice not in ("", "0", "1", "stream"):
-        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1 or stream", hint="unset it to let the program choose")
+    if choice not in COOP_CHOICES:
+        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1, resident or stream",
+                         hint="unset it to let the program choose")
     if precision != "fp16" or choice == "0" or not coopmat_runs(dev):
         return None
+    resident = resident_workgroups(dev)
+
+    def streamed(backward: bool) -> bool:
+        return bool(stream_ok(B, H) and resident and sweep_residency(dev, stream_tiles(B, H, backward), B, H,
+                                                                      backward, resident).ok)
+
     if choice != "stream" and all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles)
                                   for backward in (False, True)):
-        return "resident"
-    resident = resident_workgroups(dev)
-    if stream_ok(B, H) and resident and all(sweep_residency(dev, stream_tiles(B, H, backward), B, H, backward,
-                                                            resident).ok for backward in (False, True)):
-        return "stream"
-    return None
+        return "mixed" if choice != "resident" and streamed(True) else "resident"
+    return "stream" if streamed(False) and streamed(True) else None
 
 
 STREAM_F32_ENV = "CATCHAT_SWEEP_STREAM32"  # =0: fp32 sweeps stay on the tiled shaders (to compare)
@@ -97,10 +111,11 @@ def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str
     return sweep_residency(dev, stream_tiles(B, H, backward, f32=True), B, H, backward, resident).ok
 
 
-def backward_scratch_words(dev: Device | None, B: int, H: int) -> int:
+def backward_scratch_words(dev: Device | None, B: int, H: int, streamed: bool = False) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
-    the barrier words and, when resident, the partial products (no dev: as on a CPU device)."""
-    tiles = plan_sweep(dev, B, H, True).tiles if dev is not None else None
+    the barrier words and, when resident, the partial products (no dev: as on a CPU device);
+    streamed: a streamed backward's (its shadow is counted with the streamed sweeps' buffers)."""
+    tiles = plan_sweep(dev, B, H, True).tiles if dev is not None and not streamed else None
     return B * H + sync_words(B) + partial_words(B, H, tiles)
 
 

@@ -55,8 +55,10 @@ STREAM_SHARED = (0, 0)
 SHARED_ENV = "CATCHAT_STREAM_SHARED"
 # Block flags instead of the grid barrier between steps (the shaders' KFLAGS, persistent sweeps
 # only; glsl/include/grid_sync.glsl): each subgroup waits for the blocks of the shadow its k-group
-# reads, written by KPG of the workgroups, not for all of them. CATCHAT_STREAM_FLAGS=1 turns it on
-# (to measure: the barrier was ~30% of a v5 step at fp16 on the H200, 2026-12-03); off until measured.
+# reads, written by KPG of the workgroups, not for all of them. On by default on tensor cores, where the
+# barrier was ~30% of a v5 step (H200: v5 fp16 245,740 -> 255,173 tok/s, v3 at 64 lanes 1,360,507 ->
+# 1,423,615, 2026-12-05); off for the float32 sweeps, bound by their FMAs (63,726 against 64,505).
+# CATCHAT_STREAM_FLAGS=0 or 1 sets it for both (to compare).
 # Without the barrier's shared flag the forward at v5 has room for one k-fragment of W_hh in shared
 # memory per k-group (CATCHAT_STREAM_SHARED=1,B).
 FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
@@ -110,7 +112,7 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTil
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
         return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True,
-                           flags=stream_flags(), lane_groups=groups)
+                           flags=stream_flags(f32=True), lane_groups=groups)
     resident = min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward])
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), resident,
                        shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]),
@@ -183,12 +185,16 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     return elements if tiles.f32 else elements // 2
 
 
-def stream_flags() -> bool:
-    """Whether the persistent streamed sweeps wait on block flags (FLAGS_ENV = 1) instead of a grid barrier."""
+def stream_flags(f32: bool = False) -> bool:
+    """Whether the persistent streamed sweeps wait on block flags instead of a grid barrier: FLAGS_ENV
+    0 or 1, else on tensor cores and not on the float32 sweeps (measured, above)."""
     env = os.environ.get(FLAGS_ENV, "").strip()
-    if env in ("", "0", "1"):
+    if env in ("0", "1"):
         return env == "1"
-    raise UsageError(f"{FLAGS_ENV}={env!r} is not 0 or 1", hint="unset it, or set 1 for block flags")
+    if not env:
+        return not f32
+    raise UsageError(f"{FLAGS_ENV}={env!r} is not 0 or 1", hint="unset it for the default, 1 for block flags, "
+                     "0 for the grid barrier")
 
 
 def w16_blocked() -> bool:
