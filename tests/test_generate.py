@@ -255,6 +255,17 @@ def test_decode_step_must_be_named(dev, run_dir, monkeypatch):
         gen.generate(prompt_ids("BOB: "), 5, Sampling(), seed=1)
 
 
+def test_decode_step_default_follows_streams_and_width():
+    """Unset (or auto), the batched step from 32 streams where H >= 1024 (v5 on the H200: 3x the fused
+    step's speed at 64), the fused step elsewhere (batch 1, v3 at any batch); a named step always wins."""
+    from catchat.vk.program.decoder import decode_kind
+
+    assert decode_kind(64, 2048, {}) == decode_kind(32, 1024, {"CATCHAT_DECODE": "auto"}) == "batched"
+    assert decode_kind(31, 2048, {}) == decode_kind(64, 512, {}) == decode_kind(1, 2048, {}) == "fused"
+    assert decode_kind(1, 512, {"CATCHAT_DECODE": "batched"}) == "batched"
+    assert decode_kind(64, 2048, {"CATCHAT_DECODE": "fused"}) == "fused"
+
+
 # ------------------------------------------------------------------------------ catchat sample
 def test_sample_flags_are_used(cli, run_dir):
     base = ("sample", run_dir, "--speaker", "BOB", "--prompt", "Asleep", "--length", "80", "--seed", "3")

@@ -371,11 +371,12 @@ def main(argv=None):
                     help=f"decode steps per CUDA graph replay (default {GRAPH_CHUNK})")
     ap.add_argument("--decode", default=None,
                     help="comma-separated decode steps to time, each a catchat row: fused, batched "
-                         f"(catchat/vk/program/decoder.py; default: ${DECODE_ENV}'s, else fused)")
+                         f"(catchat/vk/program/decoder.py; default: ${DECODE_ENV}'s, else the Generator's "
+                         "choice at each batch)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
-    kinds = [k.strip() for k in args.decode.split(",") if k.strip()] if args.decode else [decode_kind()]
-    if not kinds or any(k not in DECODE_KINDS for k in kinds):
+    kinds = [k.strip() for k in args.decode.split(",") if k.strip()] if args.decode else None
+    if kinds is not None and (not kinds or any(k not in DECODE_KINDS for k in kinds)):
         ap.error(f"--decode takes a comma-separated list of {', '.join(DECODE_KINDS)}, got {args.decode!r}")
     try:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]
@@ -395,7 +396,7 @@ def main(argv=None):
                  "warmup": args.warmup, "repeats": args.repeats, "temperature": TEMPERATURE, "chunk": args.chunk,
                  "catchat": []}
     for B in batches:
-        for kind in kinds:
+        for kind in kinds or [decode_kind(B, spec.hidden)]:
             try:
                 with decode_step(kind):
                     c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats)

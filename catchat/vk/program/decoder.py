@@ -9,7 +9,8 @@ the host reads the other's tokens. The host never sees logits inside a call; it 
 the chosen tokens (NONE where a stream emitted nothing: it was being fed known tokens, or had
 stopped).
 
-A step is one of two programs of the same model (CATCHAT_DECODE chooses; default fused):
+A step is one of two programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
+rule from the H200's measurements: batched from 32 streams where H >= 1024, else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
@@ -43,8 +44,13 @@ from catchat.vk.program import sequences as sq
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
-DECODE_ENV = "CATCHAT_DECODE"  # "fused" (default) or "batched": the decode step's program
+DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", or unset / "auto": the decode step's program
 DECODE_KINDS = ("fused", "batched")
+# Where the batched step wins (H200, 2026-12-05, device us per step, docs/generation.md): v5 (H = 2048)
+# 858 against the fused step's 1,535 at 32 streams and 990 against 2,992 at 64, but 826 against 414 at
+# 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
+# 8 streams, so its cost grows with B x H^2; the batched step's is near flat in B.
+BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
 
 
 def default_chunk(dev) -> int:
@@ -52,12 +58,15 @@ def default_chunk(dev) -> int:
     return CPU_CHUNK if dev.info.type == "CPU" else DEFAULT_CHUNK
 
 
-def decode_kind(environ=os.environ) -> str:
-    """The decode step a Decoder records: CATCHAT_DECODE, default "fused"."""
-    raw = environ.get(DECODE_ENV, "").strip() or "fused"
+def decode_kind(B: int = 1, H: int = 0, environ=os.environ) -> str:
+    """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
+    "auto") batched from BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, fused otherwise."""
+    raw = environ.get(DECODE_ENV, "").strip() or "auto"
+    if raw == "auto":
+        return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
-                         f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)}, or unset it")
+                         f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)} or auto, or unset it")
     return raw
 
 
@@ -161,7 +170,7 @@ class Decoder:
         self.forced_cap = max(1, int(forced_cap or self.K))
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
-        self.kind = decode_kind()
+        self.kind = decode_kind(B, spec.hidden)
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
