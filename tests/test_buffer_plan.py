@@ -58,6 +58,37 @@ def test_split_k_partials_in_borrowed_buffers_match_the_reference(dev, monkeypat
     assert not bad, "\n".join(bad)
 
 
+def test_forward_of_few_rows_splits_its_gemms_over_k(dev, monkeypatch):
+    """A forward of a few rows (generation's batched step: T = 1) splits its input projections and head
+    over K = H into `ws` (a GPU's choice, `short_split_k`, forced here): the logits equal the unsplit
+    program's up to the sums' order, in a forward-only program and in a training step against the
+    reference; the per-timestep path's row blocks stay unsplit."""
+    spec, B = ModelSpec(vocab_size=101, hidden=12, layers=2), 4
+    layout = ParamLayout(spec)
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, 1, B, seed=2)
+
+    def logits() -> tuple:
+        prog = Program(dev, layout, 1, B, training=False)
+        prog.set_params(flat)
+        prog.set_carry(None)
+        return prog, prog.forward_logits(tokens, resets)
+
+    plain, want = logits()
+    assert plain.geometry.split_proj == plain.geometry.split_logits == 1
+    monkeypatch.setattr(plan, "short_split_k", lambda dev, M, N, K: 3)
+    split, got = logits()
+    g, b = split.geometry, split.buffers
+    assert (g.split_proj, g.split_logits) == (3, 3) and split.fwd.rows.head.split_k == 3
+    assert split.fwd.rows.head.work is b.ws and split.fwd.rows.proj[1].work is b.ws
+    assert b.ws.size() == 3 * B * max(3 * spec.hidden, spec.vocab_size)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    results = model_parity.model_parity(dev, spec, 3, B, HP, label="forward split-K")
+    assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    train = Program(dev, layout, 3, B)
+    train._stepwise_sequences()  # recorded on first use
+    assert train.fwd.rows.head.split_k == 3 and train.stepwise.rows.head.split_k == 1
+
+
 def test_backward_leaves_hprev_in_the_state_buffer(dev):
     """o[l] holds the state sequence: after a forward pass row 0 is the carried state (reset) and
     row t+1 the output of step t; after a training step rows [0, T) are the states entering each

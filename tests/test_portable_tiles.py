@@ -63,6 +63,10 @@ def test_counts_scale_with_the_sm_count():
     assert gemm.gemm_tiles(half, 2048, 1536) == gemm.GPU_TILE
     assert gemm.gemm_split_k(half, 1536, 512, 65536) == 6 and gemm.gemm_split_k(full, 1536, 512, 65536) == 11
     assert gemm.colsum_splits(half, 65536, 1536) == 11 and gemm.colsum_splits(full, 65536, 1536) == 22
+    # a forward of 64 rows (generation's batched step at v5): k-ranges of 256 over K = 2048, none past
+    # SHORT_ROWS rows (a training window's forward keeps its kernels)
+    assert gemm.short_split_k(full, 64, 101, 2048) == gemm.short_split_k(full, 64, 6144, 2048) == 8
+    assert gemm.short_split_k(full, 64, 1536, 512) == 2 and gemm.short_split_k(full, 32768, 101, 2048) == 1
     # forward per step at B=64, H=512: 256 tiles of (8,8,4,1,1,64) ... (4,16,4,2,2,64) gives 128 workgroups,
     # enough for 66 SMs (threshold 128), not for 132 (256)
     assert gru.table_tiles(full, 64, 512, False, 0) == (8, 16, 4, 1, 1, 64)

@@ -49,6 +49,7 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     gemm_tiles,
     pick_coop_tiles,
     products,
+    short_split_k,
     table_gemm_tiles,
 )
 

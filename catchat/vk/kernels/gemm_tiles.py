@@ -351,17 +351,31 @@ def _tuned(dev: Device, kind: str, shape: tuple, build, candidates, what: str, f
     return None
 
 
-def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20) -> int:
+def gemm_split_k(dev: Device, M: int, N: int, K: int, max_workspace_bytes: int = 256 << 20,
+                 min_k_range: int = 1024) -> int:
     """A split-K count for a long-K GEMM with few output tiles (weight gradients, K = T*B):
-    the row's workgroups in all (~512 on an H200, ~4 per SM), k-ranges of >= 1024, a workspace of at
-    most max_workspace_bytes; 1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms
+    the row's workgroups in all (~512 on an H200, ~4 per SM), k-ranges of >= min_k_range, a workspace
+    of at most max_workspace_bytes; 1 on a CPU device. (H200, dW [1536,512] over K = 65536: 7.4 ms
     unsplit -> 3.2 ms at 16.)"""
     if not _is_gpu(dev):
         return 1
     row = tiles.gemm_row(dev.info.name, True)
     target = tiles.scaled_workgroups(row.split_k_workgroups, device_sms(dev), row.measured_cus)
     s = ceil_div(target, ceil_div(M, 128) * ceil_div(N, 128))
-    return max(1, min(s, K // 1024, max_workspace_bytes // max(1, 4 * M * N)))
+    return max(1, min(s, K // min_k_range, max_workspace_bytes // max(1, 4 * M * N)))
+
+
+SHORT_K_RANGE = 256  # k-range per split of a short GEMM's (a forward of a few rows)
+SHORT_ROWS = 1024  # at most this many rows: a forward of a few timesteps (never a training window's)
+
+
+def short_split_k(dev: Device, M: int, N: int, K: int) -> int:
+    """A split-K count for a forward GEMM of few rows (generation's batched step: M = the streams,
+    K = H): 1 past SHORT_ROWS rows (a training window's M = T*B keeps the kernels it was measured
+    with) or where the output tiles fill the GPU; else k-ranges of >= SHORT_K_RANGE. (H200, v5 batched decode at 64 streams: the head [64, 2048] x [2048, 101] took
+    217 us and each input projection most of a layer's 266-323 us, a few output tiles each walking
+    K = 2048, 2026-12-05.)"""
+    return 1 if M > SHORT_ROWS else gemm_split_k(dev, M, N, K, min_k_range=SHORT_K_RANGE)
 
 
 def tuned_coop_tiles(dev: Device, M: int, N: int, K: int, split_k: int,

@@ -123,8 +123,12 @@ class StepwiseKernels:
 
 
 def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: int,
-               precision: str = "fp32") -> RowKernels:
+               precision: str = "fp32", split: bool = True) -> RowKernels:
+    """The forward's row kernels over `rows` rows; split: the GEMMs split over K as the geometry
+    says (a forward of a few rows: `ws` holds the partials), not for the per-timestep path's row
+    blocks (`op_at`)."""
     o, H, V = layout.offsets, g.H, g.V
+    s_proj, s_logits = (g.split_proj, g.split_logits) if split else (1, 1)
     emb = EmbeddingForward(dev, (b.tokens, 0), (b.params, o["embedding.weight"]), (b.x[0], 0), b.hyper, rows, V, H)
     proj, norm = [], []
     for l in range(g.L):
@@ -135,12 +139,12 @@ def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: 
         else:
             proj.append(Gemm(dev, (b.x[l], 0, H), (b.params, o[p + "gru.weight_ih"], H), (b.gi, 0, 3 * H),
                              rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"]),
-                             precision=precision))
+                             split_k=s_proj, workspace=b.ws if s_proj > 1 else None, precision=precision))
         norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
                                            T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
                                            eps=layout.spec.norm_eps, o_off=state_rows(g.B, H)))
     head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[head_name(layout.spec)], H), (b.logits, 0, V), rows, V, H,
-                trans_b=True, precision=precision)
+                trans_b=True, split_k=s_logits, workspace=b.ws if s_logits > 1 else None, precision=precision)
     return RowKernels(emb, proj, norm, head)
 
 
@@ -249,4 +253,4 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
 def build_stepwise(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, precision: str = "fp32"
                    ) -> StepwiseKernels:
     tf = TfSelect(dev, b.tokens, b.logits, b.resets, b.hyper, b.stats, T=g.T, B=g.B, V=g.V)
-    return StepwiseKernels(tf, build_rows(dev, layout, b, g, g.B, precision))
+    return StepwiseKernels(tf, build_rows(dev, layout, b, g, g.B, precision, split=False))

@@ -55,7 +55,7 @@ import numpy as np
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k
+from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k, short_split_k
 from catchat.vk.kernels.gru import (
     backward_scratch_words,
     stream_f32_sweep,
@@ -91,6 +91,8 @@ class Geometry:
     split_w: int = 1  # the [3H,H] weight gradients over K = T*B
     split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
     colsum: int = 1  # row splits of the bias gradients' column sums
+    split_proj: int = 1  # the forward's input projections [R,3H] over K = H: only where R is a few rows
+    split_logits: int = 1  # the head's logits [R,V] over K = H, likewise (generation's batched step)
     products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
     # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone
 
@@ -104,6 +106,8 @@ class Geometry:
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
+                   split_proj=short_split_k(dev, R, 3 * H, H) if dev is not None else 1,
+                   split_logits=short_split_k(dev, R, V, H) if dev is not None else 1,
                    products=None if dev is None else program_products(dev, B, H, precision, training))
 
     @property
@@ -127,11 +131,13 @@ class Geometry:
         return self.split_head * self.V * self.H <= self.R * 3 * self.H
 
     def ws_words(self) -> int:
-        """Words of `ws`: the split-K partials that fit neither x[L] nor gi (1 word when all do, or
-        nothing is split)."""
+        """Words of `ws`: the weight gradients' split-K partials that fit neither x[L] nor gi, and the
+        forward's (1 word when all fit, or nothing is split)."""
         layers = 0 if self.split_w == 1 or self.split_in_x else self.split_w * 3 * self.H * self.H
         head = 0 if self.split_head == 1 or self.split_in_gi else self.split_head * self.V * self.H
-        return max(layers, head, 1)
+        proj = 0 if self.split_proj == 1 else self.split_proj * self.R * 3 * self.H
+        logits = 0 if self.split_logits == 1 else self.split_logits * self.R * self.V
+        return max(layers, head, proj, logits, 1)
 
     def dim(self, name: str) -> int:
         """A dimension by name, with an optional multiplier: 'H', '3H', 'HP' (hyper words),
@@ -225,9 +231,9 @@ class Buffers:
     dh0: Tensor = buf("L B H", programs=TRAINING, doc="gradient on h0 (for checks)")
     dx: Tensor = buf("T B H", programs=TRAINING, doc="gradient on a layer's input (shared by the layers)")
     dtable0: Tensor = buf("V 3H", kind="storage", programs=TRAINING, doc="dGi0 summed by token")
-    ws: Tensor = buf("WS", kind="storage", programs=TRAINING,
-                     doc="split-K workspace of the weight gradients (they run one after another) where x[L] "
-                         "and gi are too small (one word when they are not)")
+    ws: Tensor = buf("WS", kind="storage",
+                     doc="split-K workspace of the GEMMs (they run one after another): the weight gradients' "
+                         "where x[L] and gi are too small, the forward's of a few rows (one word when none)")
     ws_cs: Tensor = buf("WSCS", kind="storage", programs=TRAINING, doc="row-split workspace of the bias gradients")
 
     def initialised(self) -> list[Tensor]:
