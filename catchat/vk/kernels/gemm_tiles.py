@@ -372,9 +372,9 @@ SHORT_ROWS = 1024  # at most this many rows: a forward of a few timesteps (never
 def short_split_k(dev: Device, M: int, N: int, K: int) -> int:
     """A split-K count for a forward GEMM of few rows (generation's batched step: M = the streams,
     K = H): 1 past SHORT_ROWS rows (a training window's M = T*B keeps the kernels it was measured
-    with) or where the output tiles fill the GPU; else k-ranges of >= SHORT_K_RANGE. (H200, v5 batched decode at 64 streams: the head [64, 2048] x [2048, 101] took
-    217 us and each input projection most of a layer's 266-323 us, a few output tiles each walking
-    K = 2048, 2026-12-05.)"""
+    with) or where the output tiles fill the GPU; else k-ranges of >= SHORT_K_RANGE. (H200, v5
+    batched decode at 64 streams: the head [64, 2048] x [2048, 101] took 217 us and each input
+    projection most of a layer's 266-323 us, a few output tiles each walking K = 2048, 2026-12-05.)"""
     return 1 if M > SHORT_ROWS else gemm_split_k(dev, M, N, K, min_k_range=SHORT_K_RANGE)
 
 
