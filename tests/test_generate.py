@@ -255,6 +255,31 @@ def test_decode_step_must_be_named(dev, run_dir, monkeypatch):
         gen.generate(prompt_ids("BOB: "), 5, Sampling(), seed=1)
 
 
+def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkeypatch):
+    """CATCHAT_DECODE_TILE (streams per subgroup in the fused layer and head kernels): 2, the default
+    8 and 16 over 17 streams give the same tokens and the same last logits and state, bit for bit
+    (each stream's sums are the same operations in the same order); a tile that is not a power of two
+    up to 32 is refused."""
+    from catchat.vk.kernels import decode
+
+    ckpt = ck.load_checkpoint(run_dir)
+    monkeypatch.setenv("CATCHAT_DECODE", "fused")
+    got = []
+    for tile in ("2", "", "16"):
+        monkeypatch.setenv(decode.TILE_ENV, tile)
+        gen = Generator.from_checkpoint(dev, ckpt, streams=17, chunk=4)
+        assert gen._decoder_for(1).step.layer.tile == (int(tile) if tile else decode.DECODE_TILE)
+        outs = gen.generate(prompt_ids("ALICE: Where"), 24, Sampling(temperature=1.3), seed=7)
+        got.append((outs, gen.logits.copy(), gen.prog.read("h0")[0].copy()))
+    for outs, logits, h in got[1:]:
+        assert outs == got[0][0]
+        np.testing.assert_array_equal(logits, got[0][1])
+        np.testing.assert_array_equal(h, got[0][2])
+    monkeypatch.setenv(decode.TILE_ENV, "12")
+    with pytest.raises(UsageError, match="CATCHAT_DECODE_TILE"):
+        decode.max_stream_tile()
+
+
 def test_decode_step_default_follows_streams_and_width():
     """Unset (or auto), the batched step from 32 streams where H >= 1024 (v5 on the H200: 3x the fused
     step's speed at 64), the fused step elsewhere (batch 1, v3 at any batch); a named step always wins."""

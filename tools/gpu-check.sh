@@ -194,9 +194,15 @@ xq fp32
 xq fp16
 # both decode steps (fused layer kernels, the batched forward at T = 1) beside PyTorch at batches
 # 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
+# (1,024 characters a stream, so the first chunk's wait weighs little; the batched step's short GEMMs
+# split over K since 2026-12-05), and the fused step's stream tile of 16 and 32 at 32 and 64 streams
 for c in v3 v5; do
-    part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 \
+    part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode fused,batched --compare-torch --json "$out/gen-decode-$c.json"
+    for tile in 16 32; do
+        part "gen-tile$tile-$c" env CATCHAT_DECODE_TILE=$tile $py tools/bench_generate.py "configs/catchat-$c.toml" \
+            --batches 32,64 --steps 1024 --decode fused --json "$out/gen-tile$tile-$c.json"
+    done
 done
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \

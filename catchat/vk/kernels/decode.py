@@ -12,8 +12,10 @@ the host inside a chunk of steps (catchat/vk/program/decoder.py records those).
 from __future__ import annotations
 
 import math
+import os
 
 from catchat.data import vocab
+from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
@@ -21,9 +23,29 @@ from catchat.vk.kernels import Kernel, ceil_div
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
 
+# The largest stream tile: each weight row a subgroup loads feeds this many streams' dot products
+# (6 partial sums per stream in each lane's registers). CATCHAT_DECODE_TILE=16 or 32 asks for more
+# (to measure on a GPU: at batch 64 a tile of 8 reads every weight 8 times a step; v3 on the H200
+# spent 60 us a layer there, 2026-12-05). The results do not depend on it (each stream's sums are
+# the same operations in the same order).
+DECODE_TILE = 8
+TILE_ENV = "CATCHAT_DECODE_TILE"
+
+
+def max_stream_tile() -> int:
+    """CATCHAT_DECODE_TILE (1, 2, 4, 8, 16 or 32), else DECODE_TILE."""
+    raw = os.environ.get(TILE_ENV, "").strip()
+    if not raw:
+        return DECODE_TILE
+    if raw in ("1", "2", "4", "8", "16", "32"):
+        return int(raw)
+    raise UsageError(f"{TILE_ENV}={raw!r} is not a stream tile", hint="set 1, 2, 4, 8, 16 or 32, or unset it")
+
+
 def stream_tile(B: int) -> int:
-    """Streams per subgroup in the layer kernel: a register tile of 1, 2, 4 or 8 partial sums."""
-    return min(8, 1 << max(0, math.ceil(math.log2(max(1, B)))))
+    """Streams per subgroup in the layer and head kernels: a register tile of a power of two partial
+    sums per gate, up to `max_stream_tile()`."""
+    return min(max_stream_tile(), 1 << max(0, math.ceil(math.log2(max(1, B)))))
 
 
 class DecodeLayer(Kernel):
