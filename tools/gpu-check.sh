@@ -121,6 +121,11 @@ part phases-v5-fp16-flags env CATCHAT_STREAM_FLAGS=1 $py tools/sweep_phases.py c
     --set train.precision=fp16 --steps 256 --reps 1
 # the float32 streamed sweeps (the threads' FMAs, W_hh straight from params: v5 at fp32): v5 on the tiled
 # sweeps they replace (CATCHAT_SWEEP_STREAM32=0), then on them beside PyTorch, and their phases
+# v3 at fp32 on the float32 streamed sweeps (two lane groups) instead of its register-resident FMA tiles:
+# parity at v3's shape, then the bench with its profile (each direction's sweep: a fp32 "mixed" if one wins)
+part parity-v3-stream32 env CATCHAT_SWEEP_STREAM32=1 $py -m catchat.cli parity --only model --summary
+part bench-v3-fp32-stream32 env CATCHAT_SWEEP_STREAM32=1 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 \
+    --warmup 1 --profile --json "$out/bench-v3-fp32-stream32.json"
 part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-tiled.json"
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \

@@ -229,4 +229,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out += model_parity(dev, v5, 4, 32, fp16_hp, label="v5 streamed", precision="fp16", wide=True)
     if all(stream_f32_sweep(dev, 32, v5.hidden, backward, "fp32") for backward in (False, True)):
         out += model_parity(dev, v5, 4, 32, MODEL_CASES[0][4], label="v5 float32 streamed")
+    if all(stream_f32_sweep(dev, 64, v3.hidden, backward, "fp32") for backward in (False, True)):
+        # v3's shape streamed in float32 (CATCHAT_SWEEP_STREAM32=1: two lane groups)
+        out += model_parity(dev, v3, 4, 64, MODEL_CASES[0][4], label="v3 float32 streamed")
     return out

@@ -404,6 +404,13 @@ def test_float32_stream_planning(dev, monkeypatch):
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan(gru.ResidentTiles(16, 16, 2, 2, 4), 132,
                                                                               None))
     assert not gru.stream_f32_sweep(gpu, 32, 512, False, "fp32")  # W_hh in registers wins (v3)
+    monkeypatch.setenv(gru.STREAM_F32_ENV, "1")  # to compare: streamed where the resident tiles fit
+    assert gru.stream_f32_sweep(gpu, 32, 512, False, "fp32") and gru.stream_f32_sweep(gpu, 64, 512, True, "fp32")
+    assert not gru.stream_f32_sweep(gpu, 32, 512, False, "fp16")
+    monkeypatch.setenv(gru.STREAM_F32_ENV, "yes")
+    with pytest.raises(UsageError, match="CATCHAT_SWEEP_STREAM32"):
+        gru.stream_f32_sweep(gpu, 32, 512, False, "fp32")
+    monkeypatch.delenv(gru.STREAM_F32_ENV)
     assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, 3, 0, True)
     assert gru.stream_tiles(32, 2048, False, f32=True) == gru.StreamTiles(2, 8, 0, 0, True)
 

@@ -94,19 +94,26 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     return "stream" if streamed(False) and streamed(True) else None
 
 
-STREAM_F32_ENV = "CATCHAT_SWEEP_STREAM32"  # =0: fp32 sweeps stay on the tiled shaders (to compare)
+STREAM_F32_ENV = "CATCHAT_SWEEP_STREAM32"  # =0: fp32 sweeps stay on the tiled or resident shaders; =1: streamed
+# even where the register-resident tiles fit (v3: to compare, as CATCHAT_SWEEP_COOP=stream at fp16)
 
 
 def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str) -> bool:
     """Whether a program's sweep at [B, H] (one direction) runs the float32 streamed split
     (stream.py's f32: W_hh straight from params, on the threads' FMAs): at fp32 on a GPU, where W_hh
-    fits no chip (the tables plan no register-resident tiles: v5), [B, H] is a shape the streamed
-    sweeps take and their persistent dispatch is shown co-resident; not with CATCHAT_SWEEP_STREAM32=0.
-    CPU devices keep the tiled shaders (they run one workgroup at a time)."""
-    if precision != "fp32" or dev.info.type == "CPU" or os.environ.get(STREAM_F32_ENV, "").strip() == "0":
+    fits no chip (the tables plan no register-resident tiles: v5; or anywhere with
+    CATCHAT_SWEEP_STREAM32=1), [B, H] is a shape the streamed sweeps take and their persistent
+    dispatch is shown co-resident; not with CATCHAT_SWEEP_STREAM32=0. CPU devices keep the tiled
+    shaders (they run one workgroup at a time)."""
+    env = os.environ.get(STREAM_F32_ENV, "").strip()
+    if env not in ("", "0", "1"):
+        raise UsageError(f"{STREAM_F32_ENV}={env!r} is not 0 or 1", hint="unset it to let the program choose")
+    if precision != "fp32" or dev.info.type == "CPU" or env == "0":
         return False
     resident = resident_workgroups(dev)
-    if not (stream_ok(B, H) and resident) or isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
+    if not (stream_ok(B, H) and resident):
+        return False
+    if env != "1" and isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
         return False
     return sweep_residency(dev, stream_tiles(B, H, backward, f32=True), B, H, backward, resident).ok
 
