@@ -153,6 +153,10 @@ part speedrun-screen $py tools/speedrun.py s1024 s1024-wd0:train.weight_decay=0 
     s1024-w512:data.window=512,data.batch_lanes=128 s1024-l4:model.layers=4 $steps1024
 # ... and 128 lanes of 1,024 with two sweep workgroups per SM (twice the tokens a step)
 part speedrun-screen-b128 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py s1024-b128:data.batch_lanes=128 $steps1024
+# the screen's best rows at the speedrun's own 300 s, one process (and one part: ~320 s, PART_TIMEOUT=400) each
+budget300="--set data.corpus=$corpus --runs-dir /tmp/sr"
+part speedrun-300-base $py tools/speedrun.py base $budget300
+part speedrun-300-l4 $py tools/speedrun.py l4:model.layers=4 $budget300
 # issue 32's quality check: 600 v5 steps at fp16 and at fp32 from the same seed on the built-in
 # Shakespeare (CORPUS_DIR built beforehand: catchat corpus build shakespeare -o DIR), each run's
 # last held-out eval and the final checkpoint scored again by `catchat eval` (fp32, the whole split)
