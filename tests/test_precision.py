@@ -99,7 +99,8 @@ def test_fp16_training_learns_like_fp32(dev, corpus, tmp_path):
         start = events(tmp_path / p, "start")[0]
         assert start["gemm_products"] == ("fp32" if p == "fp32" else products(dev, "fp16"))
         coop = p == "fp16" and gru.coop_sweeps(dev, cfg.data.batch_lanes, cfg.model.hidden, "fp16")
-        assert start["sweep_products"] == ("fp16 on tensor cores" if coop else "fp32")
+        design = gru.sweep_products(dev, cfg.data.batch_lanes, cfg.model.hidden, "fp16")
+        assert start["sweep_products"] == (f"fp16 on tensor cores ({design})" if coop else "fp32")
         rows = metrics(tmp_path / p)
         losses[p] = np.array([float(r["loss"]) for r in rows])
         assert all(r["skipped"] == "0" for r in rows)

@@ -131,9 +131,9 @@ class Program:
 
     @property
     def sweep_products(self) -> str:
-        """How the recurrent sweeps' per-step products multiply, for logs: "fp16 on tensor cores"
-        (train.precision fp16 where `gru.coop_sweeps` holds), else "fp32"."""
-        return "fp16 on tensor cores" if self.fwd.gru[0].coop else "fp32"
+        """How the sweeps' per-step products multiply (logs, the start event): "fp16 on tensor cores" and
+        the design (`gru.sweep_products`: resident, stream or mixed) where `gru.coop_sweeps`, else "fp32"."""
+        return f"fp16 on tensor cores ({self.geometry.products})" if self.fwd.gru[0].coop else "fp32"
 
     def _stepwise_sequences(self):
         """Scheduled-sampling training and free-running eval sequences (recorded on first use)."""
