@@ -1,6 +1,7 @@
 """`catchat bench` (catchat/analysis/) runs on lavapipe at a small config, its profile covers the whole
 micro-batch, --tune caches the fastest tiles the pickers then use; and the benchmark tools in tools/."""
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -210,6 +211,25 @@ def test_sweep_phases_stamps_every_phase_of_the_resident_sweeps(dev, monkeypatch
     assert sweep_phases.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--steps", "16"]) == 0
     out = capsys.readouterr().out
     assert all(label in out for label in sweep_phases.FORWARD_PHASES + sweep_phases.BACKWARD_PHASES)
+
+
+def test_bench_concurrency_times_each_group_alone_in_order_and_beside(dev, tmp_path, capsys):
+    """tools/bench_concurrency.py: every pair of the step's groups timed alone, in order and side by
+    side (kp patch 0007), a row each in the table and the JSON."""
+    import bench_concurrency
+
+    out_json = tmp_path / "c.json"
+    assert bench_concurrency.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set",
+                                   "data.window=8", "--set", "model.layers=3", "--reps", "1",
+                                   "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out_json.read_text())["rows"]
+    assert [r["groups"] for r in rows] == ["backward sweeps, layers 2 and 1", "forward sweeps, layers 1 and 2",
+                                           "layer 2's dW_hh beside layer 1's backward sweep",
+                                           "forward sweeps of all 3 layers"]
+    assert all(len(r["alone_ms"]) == len(r["workgroups"]) and r["ordered_ms"] > 0 and r["beside_ms"] > 0
+               for r in rows) and rows[2]["workgroups"][1] > 0
+    assert all(r["groups"] in out for r in rows) and "yes (kp patch 0007)" in out
 
 
 def test_bench_gemm_times_every_shape_and_checks_each_candidate(capsys):

@@ -22,3 +22,23 @@ def test_axpby_parity_odd_sizes(dev):
 def test_chained_dispatches_are_ordered(dev):
     result = ordering.ordering_check(dev, n_elements=4099, n_dispatches=2000)
     assert result.ok, str(result)
+
+
+def test_a_dispatch_beside_the_one_before(dev):
+    """kp patch 0007: `Device.beside(op)` records an independent dispatch without the barrier before it;
+    the next ordered dispatch still waits for both (x -> 2x and y -> 3y side by side, then y += x)."""
+    import dataclasses
+
+    import numpy as np
+
+    from catchat.vk.kernels import Axpby, run_ops
+
+    assert dev.dispatches_concurrent, "run `make setup` to build the patched kp"
+    x, y = dev.tensor(np.arange(5, dtype=np.float32)), dev.tensor(np.ones(5, dtype=np.float32))
+    double, triple, add = Axpby(dev, x, x, 5), Axpby(dev, y, y, 5), Axpby(dev, x, y, 5)
+    op = dev.beside(triple(0.0, 3.0))
+    assert op.barrier is False
+    (got,) = run_ops(dev, [x, y], [double(0.0, 2.0), op, add(1.0, 1.0)], [y])
+    np.testing.assert_array_equal(got, 3.0 + 2.0 * np.arange(5))
+    unpatched = dataclasses.replace(dev, kp=object())  # a kp without the marker: the op stays ordered
+    assert not unpatched.dispatches_concurrent and unpatched.beside(double(0.0, 2.0)).barrier is True

@@ -114,6 +114,15 @@ for lanes in 32 64; do
     v3lanes $lanes stream CATCHAT_SWEEP_COOP=stream
     v3lanes $lanes stream-flags CATCHAT_SWEEP_COOP=stream CATCHAT_STREAM_FLAGS=1
 done
+# issue 35's wavefront question: how much independent sweeps (and a dW GEMM beside a sweep) overlap when
+# recorded side by side (kp patch 0007), at v3's 64 lanes (mixed sweeps), 32 lanes (three streamed layers
+# fit the SMs together) and v5
+part concurrency-v3 $py tools/bench_concurrency.py configs/catchat-v3.toml --precision fp16 \
+    --json "$out/concurrency-v3.json"
+part concurrency-v3b32 $py tools/bench_concurrency.py configs/catchat-v3.toml --precision fp16 \
+    --set data.batch_lanes=32 --json "$out/concurrency-v3b32.json"
+part concurrency-v5 $py tools/bench_concurrency.py configs/catchat-v5.toml --precision fp16 \
+    --json "$out/concurrency-v5.json"
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"

@@ -71,7 +71,7 @@ fi
 # reinstall when the wheel (version + patches) changed or the installed kp lacks a patch's marker
 kp_stamp="$VENV/.kp-wheel"
 if [ "$(cat "$kp_stamp" 2>/dev/null)" != "$(basename "$wheel_dir")" ] \
-   || ! "$PY" -c 'import kp, sys; sys.exit(not (getattr(kp, "catchat_dispatch_barrier", 0) and getattr(kp, "catchat_host_view", 0) and getattr(kp, "catchat_eval_async", 0) and getattr(kp, "catchat_device_features", 0) and getattr(kp, "catchat_coopmat2", 0)))' 2>/dev/null; then
+   || ! "$PY" -c 'import kp, sys; sys.exit(not (getattr(kp, "catchat_dispatch_barrier", 0) and getattr(kp, "catchat_host_view", 0) and getattr(kp, "catchat_eval_async", 0) and getattr(kp, "catchat_device_features", 0) and getattr(kp, "catchat_coopmat2", 0) and getattr(kp, "catchat_dispatch_concurrent", 0)))' 2>/dev/null; then
     say "installing kp from $wheel_dir"
     "${PIP[@]}" install --force-reinstall --no-deps "$wheel_dir"/kp-*.whl
     basename "$wheel_dir" > "$kp_stamp"

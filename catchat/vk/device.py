@@ -23,7 +23,7 @@ MEMORY_HINT = ("lower model.hidden, data.batch_lanes or data.window in the confi
 _KP_DTYPES = (np.float32, np.uint32, np.int32)
 # module attributes of the kp that `make setup` builds, one per patch in tools/kp-patches/
 KP_PATCH_MARKERS = ("catchat_dispatch_barrier", "catchat_host_view", "catchat_eval_async", "catchat_device_features",
-                    "catchat_coopmat2")
+                    "catchat_coopmat2", "catchat_dispatch_concurrent")
 FLOAT16_FEATURES = frozenset({"shaderFloat16", "storageBuffer16BitAccess"})
 # VkComponentTypeNV values, as kp patch 0005 reports cooperative-matrix shapes
 COMPONENT_TYPES = ("f16", "f32", "f64", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64")
@@ -118,6 +118,20 @@ class Device:
     def evals_async(self) -> bool:
         """kp patch 0004: Sequence.eval_async() submits without waiting (eval_await() waits, GIL released)."""
         return bool(getattr(self.kp, "catchat_eval_async", 0))
+
+    @property
+    def dispatches_concurrent(self) -> bool:
+        """kp patch 0007: a dispatch can be recorded without the barrier before it (`beside`)."""
+        return bool(getattr(self.kp, "catchat_dispatch_concurrent", 0))
+
+    def beside(self, op):
+        """The dispatch `op` recorded without the barrier that orders it after everything before it,
+        so it may run beside the work recorded just before (which it must neither read the results of
+        nor write what that work touches). The next dispatch with its barrier waits for both. Where kp
+        lacks patch 0007, `op` unchanged (ordered: the same results)."""
+        if self.dispatches_concurrent:
+            op.barrier = False
+        return op
 
     @property
     def runs_float16(self) -> bool:
