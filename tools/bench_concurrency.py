@@ -30,15 +30,7 @@ from catchat import config as cfgmod  # noqa: E402
 from catchat.analysis.bench import ready_program  # noqa: E402
 from catchat.analysis.timing import timed_sequence  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
-
-
-def beside(dev, groups: list[list]) -> list:
-    """The groups' ops in order, each group's first dispatch recorded without the barrier before it
-    (the groups after the first may run beside the ones before)."""
-    ops = list(groups[0])
-    for group in groups[1:]:
-        ops += [dev.beside(group[0])] + list(group[1:])
-    return ops
+from catchat.vk.program.sequences import side_by_side  # noqa: E402
 
 
 def workgroups(kernel) -> int:
@@ -72,7 +64,7 @@ def measure(dev, groups: list[list], reps: int) -> dict:
     """Milliseconds: each group alone, all in order, all side by side."""
     alone = [timed_sequence(dev, g, reps) * 1e3 for g in groups]
     ordered = timed_sequence(dev, [op for g in groups for op in g], reps) * 1e3
-    together = timed_sequence(dev, beside(dev, groups), reps) * 1e3
+    together = timed_sequence(dev, side_by_side(dev, groups), reps) * 1e3
     saved = ordered - together
     return dict(alone_ms=[round(a, 3) for a in alone], ordered_ms=round(ordered, 3), beside_ms=round(together, 3),
                 saved_ms=round(saved, 3), overlap=round(saved / (sum(alone) - max(alone)), 3) if len(alone) > 1

@@ -123,6 +123,17 @@ part concurrency-v3b32 $py tools/bench_concurrency.py configs/catchat-v3.toml --
     --set data.batch_lanes=32 --json "$out/concurrency-v3b32.json"
 part concurrency-v5 $py tools/bench_concurrency.py configs/catchat-v5.toml --precision fp16 \
     --json "$out/concurrency-v5.json"
+# the wavefront forward (CATCHAT_WAVEFRONT=N chunks; catchat/vk/program/wavefront.py): the model parity with
+# its stages' dispatches side by side (a missed dependency is a race here, not on lavapipe), then v3 at fp16 on
+# the program's sweeps (the resident forward fills the GPU: no room to overlap), on streamed forwards at 64
+# lanes (two layers fit) and at 32 lanes (three fit), against the same without the wavefront
+part parity-wavefront env CATCHAT_WAVEFRONT=4 $py -m catchat.cli parity --only model --summary
+wf() { part "bench-v3-wave$1" env "${@:3}" $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
+    --precision fp16 --set "data.batch_lanes=$2" --profile --json "$out/bench-v3-wave$1.json"; }
+wf 8 64 CATCHAT_WAVEFRONT=8
+wf 8-stream 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream
+wf 8-stream-b32 32 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream
+wf 16-stream-b32 32 CATCHAT_WAVEFRONT=16 CATCHAT_SWEEP_COOP=stream
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"

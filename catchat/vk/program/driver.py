@@ -34,6 +34,7 @@ from catchat.vk.program.kernelsets import (
     build_stepwise,
 )
 from catchat.vk.program.plan import Geometry, allocate, planned_bytes
+from catchat.vk.program.wavefront import batched_forward_ops
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ class Program:
         self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer, precision,
                                                           self.fwd.gru[0].coop, self.fwd.w16) if training else None
         self.stepwise: StepwiseKernels | None = None
-        fwd = sq.forward_ops(self.fwd)
+        fwd = batched_forward_ops(dev, layout, b, g, self.fwd, precision)  # layer by layer, or a wavefront
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
         self.seq_first = self.seq_next = self.seq_apply = None
         self.grad_stages = GradStages(dev, b.grads, layout) if grad_groups else None

@@ -41,6 +41,16 @@ def forward_ops(f: ForwardKernels) -> list:
     return ops + r.head.ops()
 
 
+def side_by_side(dev, groups: list[list]) -> list:
+    """The groups' ops in order, each group's first dispatch recorded without the barrier before it
+    (`Device.beside`): groups that neither read nor write what another writes may run at once; the
+    next dispatch recorded with its barrier waits for all of them."""
+    ops = list(groups[0])
+    for group in groups[1:]:
+        ops += [dev.beside(group[0])] + list(group[1:])
+    return ops
+
+
 def backward_groups(k: BackwardKernels) -> list[list]:
     """The backward in groups, in order: the head with the top layer, each layer below (norm,
     recurrent sweep, batched weight gradients), then layer 0 in two: its norm and sweep with the

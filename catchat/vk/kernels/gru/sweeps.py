@@ -306,9 +306,16 @@ class GruForward(_Sweep):
 
     def sweep_ops(self):
         """The whole window, steps 0..T-1: one persistent dispatch, or T in this order."""
+        return self.steps_ops(0, self.T)
+
+    def steps_ops(self, t0: int, t1: int) -> list:
+        """Steps [t0, t1) after steps [0, t0): one persistent dispatch (a streamed sweep's prologue
+        inside it when t0 = 0), or a dispatch per step (the layer wavefront's chunks)."""
+        if not 0 <= t0 < t1 <= self.T:
+            raise ValueError(f"steps [{t0}, {t1}) outside [0, {self.T})")
         if self.sweep_workgroups:
-            return [self._steps_op(0, self.T, persistent=True)]
-        return [op for t in range(self.T) for op in self.step_ops(t)]
+            return [self._steps_op(t0, t1, persistent=True)]
+        return [op for t in range(t0, t1) for op in self.step_ops(t)]
 
 
 class GruBackward(_Sweep):

@@ -1,0 +1,77 @@
+"""The batched forward as a wavefront over the layers (CATCHAT_WAVEFRONT, catchat/vk/program/wavefront.py):
+the same results as the layer-by-layer pass, for eval and for a training step against the reference, on
+the per-step, persistent and streamed sweeps. Lavapipe runs dispatches one at a time, so what it checks
+is the schedule's order and row blocks; a GPU runs the stages' dispatches side by side (catchat parity)."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from catchat.errors import UsageError
+from catchat.model import ModelSpec, ParamLayout
+from catchat.parity import model as model_parity
+from catchat.vk.program import Program, plan, wavefront
+
+SPEC = ModelSpec(vocab_size=101, hidden=12, layers=3)
+
+
+def test_chunks_of_the_window(monkeypatch):
+    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    assert wavefront.wave_chunks(7) == 1
+    monkeypatch.setenv(wavefront.WAVE_ENV, "3")
+    assert wavefront.wave_chunks(7) == 3 and wavefront.wave_chunks(2) == 2
+    assert wavefront.chunk_bounds(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert wavefront.chunk_bounds(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(wavefront.WAVE_ENV, bad)
+        with pytest.raises(UsageError, match="CATCHAT_WAVEFRONT"):
+            wavefront.wave_chunks(7)
+
+
+def _logits_and_carry(dev, T: int, B: int) -> tuple:
+    layout = ParamLayout(SPEC)
+    flat, tokens, _, resets, _ = model_parity.model_inputs(SPEC, T, B, seed=5)
+    prog = Program(dev, layout, T, B, training=False)
+    prog.set_params(flat)
+    prog.set_carry(None)
+    logits = prog.forward_logits(tokens, resets)
+    return logits, prog.read("h0")[0].copy(), prog
+
+
+@pytest.mark.parametrize("persistent", ["0", "1"])
+def test_wavefront_eval_equals_the_layer_by_layer_pass(dev, monkeypatch, persistent):
+    """Three layers over three chunks of 7 steps (the last shorter), a dispatch per step or one
+    persistent dispatch per chunk (each continuing from the state the chunk before left)."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", persistent)
+    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    want, want_h, _ = _logits_and_carry(dev, 7, 3)
+    monkeypatch.setenv(wavefront.WAVE_ENV, "3")
+    got, got_h, prog = _logits_and_carry(dev, 7, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_h, want_h, rtol=1e-6, atol=1e-7)
+    assert bool(prog.fwd.gru[0].sweep_workgroups) == (persistent == "1")
+
+
+def test_wavefront_training_step_matches_the_reference(dev, monkeypatch):
+    """A whole training step (dropout, label smoothing, the optimizer) with the wavefront forward:
+    loss, logits, every gradient and the step against the reference at the model parity's tolerances."""
+    monkeypatch.setenv(wavefront.WAVE_ENV, "2")
+    _, _, T, B, hp = model_parity.MODEL_CASES[0]
+    results = model_parity.model_parity(dev, SPEC, T, B, hp, label="wavefront")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_wavefront_on_the_streamed_sweeps(dev, monkeypatch):
+    """fp16 on the streamed sweeps (emulated fragments, block flags): each chunk's persistent
+    dispatch continues from the float16 shadow the chunk before wrote; a training step against the
+    fp16 twin."""
+    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
+                        else None)
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setenv(wavefront.WAVE_ENV, "3")
+    label, _, T, B, hp = model_parity.MODEL_CASES[0]
+    spec = replace(SPEC, hidden=16)
+    results = model_parity.model_parity(dev, spec, T, B, replace(hp, loss_scale=model_parity.FP16_SCALE),
+                                        label=f"{label}, streamed wavefront", precision="fp16")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
