@@ -134,6 +134,10 @@ wf 8 64 CATCHAT_WAVEFRONT=8
 wf 8-stream 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream
 wf 8-stream-b32 32 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream
 wf 16-stream-b32 32 CATCHAT_WAVEFRONT=16 CATCHAT_SWEEP_COOP=stream
+# ... and at 64 lanes on streamed sweeps of 32 workgroups each (CATCHAT_PERSISTENT=44: two items a workgroup),
+# so that all three layers fit at once, with and without the wavefront
+wf 8-p44 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
+wf 1-p44 64 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"
