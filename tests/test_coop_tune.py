@@ -50,8 +50,8 @@ def coop_dev(dev, monkeypatch, tmp_path):
     monkeypatch.setenv(shaders.ENV_NEWER_GLSLC, str(tmp_path / "missing-glslc"))
     shaders.glslc_path.cache_clear()
     monkeypatch.setattr(driver, "sq", SimpleNamespace(
-        forward_ops=lambda fwd: [], record_forward=lambda *a: (None, None, None),
-        record_train=lambda *a: (None, None), record_apply=lambda *a: None))
+        record_forward=lambda *a: (None, None, None), record_train=lambda *a: (None, None),
+        record_apply=lambda *a: None))
     monkeypatch.setattr(driver, "batched_forward_ops", lambda *a: [])
     fake = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32, max_shared_memory_bytes=49152),
                                features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(gemm.COOP_SHAPE,))

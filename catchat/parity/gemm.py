@@ -223,6 +223,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out.append(gemm_case(dev, rng, 65, 33, 129, False, True, 0.0, True, alpha=-0.5))
     out.append(gemm_case(dev, rng, 37, 29, 300, True, False, 1.0, False, split_k=4))
     out.append(gemm_case(dev, rng, 7, 13, 40, True, False, 1.0, True, split_k=3))
+    # a forward of a few rows split over K (generation's batched step: `short_split_k`): A [M,K], B^T, bias
+    out.append(gemm_case(dev, rng, 20, 101, 1030, False, True, 0.0, True, split_k=4, vec4=True))
     for tiles in (GPU_TILE, GPU_SPLIT_K_TILE, GPU_SMALL_TILE):
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=tiles))
     # vec4 loads: every transpose variant with one operand or both aligned (N = 67 leaves
