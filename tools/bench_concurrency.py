@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
@@ -36,10 +38,7 @@ from catchat.vk.program.sequences import side_by_side  # noqa: E402
 def workgroups(kernel) -> int:
     """Workgroups of a sweep's persistent dispatch (0: a dispatch per step), or of a GEMM's main grid."""
     n = getattr(kernel, "sweep_workgroups", None)
-    if n is not None:
-        return int(n)
-    t = kernel.tiles
-    return -(-kernel.M // t.bm) * -(-kernel.N // t.bn) * kernel.split_k
+    return int(n) if n is not None else int(np.prod(kernel.grid))
 
 
 def pairs(prog) -> list[tuple[str, list, list]]:

@@ -81,13 +81,12 @@ def test_mixed_sweeps_plan(dev, monkeypatch):
                         else None)
     layout, T, B, H = ParamLayout(ModelSpec(vocab_size=101, hidden=16, layers=2)), 5, 3, 16
     train = plan.Geometry.of(layout, T, B, dev, True, "fp16")
-    assert train.products == "mixed" and not train.save16
-    assert plan.Geometry.of(layout, T, B, dev, False, "fp16").products == "resident"
+    eval_only = plan.Geometry.of(layout, T, B, dev, False, "fp16")
+    assert train.products == "mixed" and not train.save16 and eval_only.products == "resident"
     scratch = dict(plan.kernel_scratch(train, True, dev, "fp16"))
     assert scratch["streamed sweeps' float16 W_hh"] == 2 * 3 * H * H // 2
     assert "backward sweeps' float16 dGh" in scratch and "forward sweeps' float16 h_prev" not in scratch
     assert scratch["GRU backward sweep scratch"] == 2 * (B * H + gru.sync_words(B))
-    eval_only = plan.Geometry.of(layout, T, B, dev, False, "fp16")
     assert not [w for w in plan.kernel_scratch(eval_only, False, dev, "fp16") if "streamed" in w[0]]
 
 

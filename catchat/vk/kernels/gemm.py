@@ -194,7 +194,7 @@ class Gemm(Kernel):
         grid = [ceil_div(M, t.bm), ceil_div(N, t.bn), self.split_k]
         if max(grid) > MAX_GROUPS:
             raise ValueError(f"GEMM grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
-        grid = [max(1, g) for g in grid]
+        self.grid = grid = [max(1, g) for g in grid]  # workgroups of the main pass (x, y, k-range)
 
         defines = {}
         if half and not coopmat:

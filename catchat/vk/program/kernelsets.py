@@ -139,12 +139,12 @@ def build_rows(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, rows: 
         else:
             proj.append(Gemm(dev, (b.x[l], 0, H), (b.params, o[p + "gru.weight_ih"], H), (b.gi, 0, 3 * H),
                              rows, 3 * H, H, trans_b=True, bias=(b.params, o[p + "gru.bias_ih"]),
-                             split_k=s_proj, workspace=b.ws if s_proj > 1 else None, precision=precision))
+                             split_k=s_proj, workspace=b.ws, precision=precision))
         norm.append(ResidualRmsNormForward(dev, b.x[l], b.o[l], b.params, b.hyper, b.x[l + 1], b.rstd[l],
                                            T=rows // g.B, B=g.B, H=H, layer=l, g_off=o[p + "norm.weight"],
                                            eps=layout.spec.norm_eps, o_off=state_rows(g.B, H)))
     head = Gemm(dev, (b.x[g.L], 0, H), (b.params, o[head_name(layout.spec)], H), (b.logits, 0, V), rows, V, H,
-                trans_b=True, split_k=s_logits, workspace=b.ws if s_logits > 1 else None, precision=precision)
+                trans_b=True, split_k=s_logits, workspace=b.ws, precision=precision)
     return RowKernels(emb, proj, norm, head)
 
 

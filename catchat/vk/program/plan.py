@@ -291,11 +291,11 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
     if dev is None:
         return []
-    f16 = streams_backward(g.products)
-    out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16 else []
+    f16 = (g.products == "stream", streams_backward(g.products))  # per direction, on tensor cores
+    out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16[True] else []
     for backward in (False, True) if training else (False,):
         f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
-        if (streams_backward(g.products) if backward else g.products == "stream") or f32:
+        if f16[backward] or f32:
             kind = "float32" if f32 else "float16"
             what = f"backward sweeps' {kind} dGh" if backward else f"forward sweeps' {kind} h_prev"
             out.append((what, g.L * shadow_words(stream_tiles(g.B, g.H, backward, f32), g.H, backward)))
