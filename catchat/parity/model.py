@@ -87,11 +87,11 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     prog.set_carry(h0)
     prog.eval_window(tokens, targets, resets)
     (logits,) = prog.read("logits")
-    forced_eval = sweep_operands(prog, resets) if recurrent == "fp16" else None
+    forced_eval = sweep_operands(prog, resets, after_step=False) if recurrent == "fp16" else None
     prog.set_carry(h0)
     st = prog.train_step([(tokens, targets, resets)], hp, global_step=0)
     grads, new_params, h_next = prog.read("grads", "params", "h0")
-    forced_train = sweep_operands(prog, resets) if recurrent == "fp16" else None
+    forced_train = sweep_operands(prog, resets, after_step=True) if recurrent == "fp16" else None
 
     f64 = layout.unflatten(flat.astype(np.float64))
     n_valid = int(np.count_nonzero(targets))
@@ -135,31 +135,39 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     return out
 
 
-def sweep_operands(prog: Program, resets) -> list:
+def sweep_operands(prog: Program, resets, after_step: bool) -> list:
     """Per layer, what the program's tensor-core sweeps multiplied in its last pass, for the twin's
     `forced`: the state entering each step (rows [0, T) of the state buffer, the resets applied),
-    dGh (over save's r, z, n after a training step, at the loss scale it carries) and, with float16
-    saves, the saves as the backward read them. A float16 rounding is a step function: a float32
-    ulp between the GPU's sums and the twin's flips some, and the flips travel through the
-    recurrence; forced, what is compared is each step's arithmetic. With float16 saves dGh is whole
-    for layer 0 alone, the last one run (its r and z thirds in gi, its n third in dgh_n); the layers
-    above take the twin's own."""
+    dGh (over save's r, z, n after a training step, at the loss scale it carries; None after an eval
+    pass: the buffers hold no dGh then, dgh_n not even written) and, with float16 saves, the saves
+    as the backward read them. A float16 rounding is a step function: a float32 ulp between the
+    GPU's sums and the twin's flips some, and the flips travel through the recurrence; forced, what
+    is compared is each step's arithmetic. With float16 saves dGh is whole for layer 0 alone, the
+    last one run (its r and z thirds in gi, its n third in dgh_n); the layers above take the twin's
+    own. An operand that is not finite raises: the twin would carry it into its reference."""
     T, B, H = prog.T, prog.B, prog.spec.hidden
     b, L, half = prog.buffers, len(prog.buffers.o), prog.geometry.save16
-    arrays = run_ops(prog.dev, [], [], b.o + b.save + ([b.gi, b.dgh_n] if half and prog.training else []))
+    with_dgh = after_step and prog.training
+    arrays = run_ops(prog.dev, [], [], b.o + b.save + ([b.gi, b.dgh_n] if half and with_dgh else []))
     keep = 1.0 - resets.astype(np.float64)[:, :, None]
     out = []
     for l in range(L):
         h = arrays[l][:T * B * H].reshape(T, B, H) * keep
         if not half:
-            out.append((h, arrays[L + l].reshape(T, B, 4 * H)[..., :3 * H].astype(np.float64), None))
+            dgh = arrays[L + l].reshape(T, B, 4 * H)[..., :3 * H].astype(np.float64) if with_dgh else None
+            out.append((h, dgh, None))
             continue
         saves = unpack_half(arrays[L + l].view(np.uint32), T * B * 4 * H).reshape(T, B, 4 * H).astype(np.float64)
         dgh = None
-        if l == 0 and prog.training:
+        if l == 0 and with_dgh:
             gi, dgh_n = arrays[2 * L].reshape(T, B, 3 * H), arrays[2 * L + 1].reshape(T, B, H)
             dgh = ref.whole_dgh(gi, dgh_n).astype(np.float64)
         out.append((h, dgh, saves))
+    for l, parts in enumerate(out):
+        for name, a in zip(("h", "dGh", "saves"), parts):
+            if a is not None and not np.isfinite(a).all():
+                raise ValueError(f"layer {l}'s {name} as the sweeps multiplied it is not finite "
+                                 f"(first at {np.argwhere(~np.isfinite(a))[0].tolist()})")
     return out
 
 
