@@ -111,6 +111,7 @@ class BackwardKernels:
     optimizer: Optimizer
     spectral: SpectralProject
     unscale: list[Axpby]  # fp16: grads and dh0 *= hyper[HP_GRAD_UNSCALE] before the grad norm; fp32: none
+    overlap_dw_hh: bool = False  # Geometry.overlap_dw_hh: sequences.backward_groups records it so
 
 
 @dataclass
@@ -202,11 +203,11 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     for l in range(L):
         p = f"layers.{l}."
 
-        def gemm_w(dg, x, name, rows=3 * H, first=0, p=p):
+        def gemm_w(dg, x, name, rows=3 * H, first=0, p=p, ws=ws_layers):
             """Rows [first, first + rows) of a weight gradient over all timesteps, split over K; dg
             (tensor, off, ld)."""
             return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name] + first * H, H), rows, H, R, trans_a=True,
-                        beta=1.0, split_k=g.split_w, workspace=ws_layers, precision=pr)
+                        beta=1.0, split_k=g.split_w, workspace=ws, precision=pr)
 
         def colsum(dg, name, cols=3 * H, first=0, p=p):  # entries [first, first + cols) of a bias gradient
             return ColSum(dev, dg, (b.grads, o[p + name] + first), R, cols, g.colsum, b.ws_cs)
@@ -221,7 +222,9 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
                                        T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"], o_off=state_rows(B, H))
         # dGh's rows over save (r, z, n), or with save16 dGi's r and z, then dgh_n's n third apart
         dgh, rows = ((dgi, 0, 3 * H), 2 * H) if g.save16 else ((b.save[l], 0, 4 * H), 3 * H)
-        k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows),
+        # beside the sweep below (overlap_dw_hh), dW_hh's partials cannot go to x[L]: that sweep reads do there
+        ws_hh = b.ws if g.overlap_dw_hh else ws_layers
+        k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows, ws=ws_hh),
                           colsum((dgi, 0, 3 * H), "gru.bias_ih"), colsum(dgh, "gru.bias_hh", rows))
         if g.save16:
             k.dw_hh_n = gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H)
@@ -247,7 +250,8 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         cross_entropy=ce, head_dx=head_dx, head_dw=head_dw, layers=layers, embedding=emb_b, table0=table0,
         zero_grads=Axpby(dev, b.grads, b.grads, P), grad_norm=GradNorm(dev, b.grads, b.stats, P),
         optimizer=Optimizer(dev, b.params, b.grads, b.m, b.v, b.decay, b.hyper, b.stats, P, kind=optimizer),
-        spectral=SpectralProject(dev, b.params, layout, b.u, b.hyper, b.stats), unscale=unscale)
+        spectral=SpectralProject(dev, b.params, layout, b.u, b.hyper, b.stats), unscale=unscale,
+        overlap_dw_hh=g.overlap_dw_hh)
 
 
 def build_stepwise(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, precision: str = "fp32"

@@ -40,11 +40,13 @@ x[L] and gi also lend their words to the split-K partials of the weight gradient
 (dW_ih, dW_hh, after its sweep) go to x[L], whose do the sweep has used up and the next norm
 backward rewrites; the head's (dW_head, before the first norm backward) to gi, whose projections
 the forward has used up and whose dGi the first sweep writes. `ws` holds only what does not fit
-there (`Geometry.ws_words`): nothing at v3 or v5.
+there (`Geometry.ws_words`), and the dW_hh partials of a layer whose GEMM runs beside the sweep
+below it (`Geometry.overlap_dw_hh`: that sweep reads do from x[L] meanwhile).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -52,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from catchat.errors import UsageError
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
@@ -95,6 +98,7 @@ class Geometry:
     split_logits: int = 1  # the head's logits [R,V] over K = H, likewise (generation's batched step)
     products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
     # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone
+    overlap_dw_hh: bool = False  # layer l's dW_hh GEMM beside layer l-1's backward sweep (`overlaps_dw_hh`)
 
     @classmethod
     def of(cls, layout: ParamLayout, T: int, B: int, dev: Device | None, training: bool = True,
@@ -102,13 +106,14 @@ class Geometry:
         s, T, B = layout.spec, int(T), int(B)
         H, V, R = s.hidden, s.vocab_size, T * B
         gpu = dev is not None and training
+        products = None if dev is None else program_products(dev, B, H, precision, training)
         return cls(T, B, H, s.layers, V, layout.total,
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
                    split_proj=short_split_k(dev, R, 3 * H, H) if dev is not None else 1,
                    split_logits=short_split_k(dev, R, V, H) if dev is not None else 1,
-                   products=None if dev is None else program_products(dev, B, H, precision, training))
+                   products=products, overlap_dw_hh=gpu and overlaps_dw_hh(dev, products, s.layers))
 
     @property
     def save16(self) -> bool:
@@ -133,7 +138,8 @@ class Geometry:
     def ws_words(self) -> int:
         """Words of `ws`: the weight gradients' split-K partials that fit neither x[L] nor gi, and the
         forward's (1 word when all fit, or nothing is split)."""
-        layers = 0 if self.split_w == 1 or self.split_in_x else self.split_w * 3 * self.H * self.H
+        in_x = self.split_in_x and not self.overlap_dw_hh
+        layers = 0 if self.split_w == 1 or in_x else self.split_w * 3 * self.H * self.H
         head = 0 if self.split_head == 1 or self.split_in_gi else self.split_head * self.V * self.H
         proj = 0 if self.split_proj == 1 else self.split_proj * self.R * 3 * self.H
         logits = 0 if self.split_logits == 1 else self.split_logits * self.R * self.V
@@ -306,6 +312,22 @@ def program_products(dev: Device, B: int, H: int, precision: str, training: bool
     """gru.sweep_products for a program: a forward-only one runs "mixed"'s forward alone ("resident")."""
     products = sweep_products(dev, B, H, precision)
     return "resident" if products == "mixed" and not training else products
+
+
+OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 0: every layer's dW_hh in its own place (1 or unset: beside, where it can)
+
+
+def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
+    """Whether a training program records layer l's dW_hh GEMM beside layer l-1's backward sweep
+    (issue 35): the GEMM reads save[l] and o[l], which that sweep neither reads nor writes, and
+    its split-K partials go to `ws`. Not with float16 saves (`save16`): there dW_hh reads dGi's
+    r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers;
+    CATCHAT_OVERLAP_DW=0 keeps the layer-by-layer order (the same results: the same dispatches)."""
+    raw = os.environ.get(OVERLAP_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise UsageError(f"{OVERLAP_ENV}={raw!r} is not 0 or 1",
+                         hint="set 1 (dW_hh beside the sweep below, the default) or 0 (layer by layer)")
+    return raw != "0" and layers > 1 and products != "stream" and dev.dispatches_concurrent
 
 
 def streamed_backward(g: Geometry, dev: Device | None, precision: str) -> bool:

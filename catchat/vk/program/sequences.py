@@ -51,28 +51,43 @@ def side_by_side(dev, groups: list[list]) -> list:
     return ops
 
 
-def backward_groups(k: BackwardKernels) -> list[list]:
+def backward_groups(k: BackwardKernels, dev: Device | None = None) -> list[list]:
     """The backward in groups, in order: the head with the top layer, each layer below (norm,
     recurrent sweep, batched weight gradients), then layer 0 in two: its norm and sweep with the
     embedding and table0 (finishing the embedding and W_ih0, the flat layout's head), then its W_hh
     and bias gradients. Layer 0's own GEMMs go last so that the range exchanged after the GPU has
     finished is half a layer, not a layer and the embedding. Group g finishes the gradient's range
-    grad_slices.group_ranges(layout)[g]."""
-    def weight_grads(lay) -> list:
-        return [op for gemm in lay.weight_grad_gemms() for op in gemm.ops()] + lay.bias_grad_ops()
+    grad_slices.group_ranges(layout)[g]. With dev and `k.overlap_dw_hh` (the one-sequence backward,
+    `backward_ops`), each layer's dW_hh GEMM moves beside the persistent backward sweep of the layer
+    below, which runs while it does (that sweep's group then finishes it: no group ranges then)."""
+    def beside_below(l: int) -> bool:  # layer l's dW_hh runs beside layer l-1's sweep
+        return dev is not None and k.overlap_dw_hh and l > 0 and bool(k.layers[l - 1].gru.sweep_workgroups)
 
-    groups = [lay.norm.ops() + lay.gru.sweep_ops() + weight_grads(lay) + lay.dx.ops() for lay in reversed(k.layers[1:])]
+    def weight_grads(l: int) -> list:
+        lay = k.layers[l]
+        gemms = [g for g in lay.weight_grad_gemms() if not (g is lay.dw_hh and beside_below(l))]
+        return [op for gemm in gemms for op in gemm.ops()] + lay.bias_grad_ops()
+
+    def sweep(l: int) -> list:  # layer l's backward sweep, and layer l+1's dW_hh beside it
+        ops = k.layers[l].gru.sweep_ops()
+        if l + 1 < len(k.layers) and beside_below(l + 1):
+            return side_by_side(dev, [ops, k.layers[l + 1].dw_hh.ops()])
+        return ops
+
+    L = len(k.layers)
+    groups = [k.layers[l].norm.ops() + sweep(l) + weight_grads(l) + k.layers[l].dx.ops() for l in range(L - 1, 0, -1)]
     t0, lay0 = k.table0, k.layers[0]
-    groups.append(lay0.norm.ops() + lay0.gru.sweep_ops() + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]
+    groups.append(lay0.norm.ops() + sweep(0) + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]
                   + t0.dw_ih.ops() + t0.demb.ops())
-    groups.append(weight_grads(lay0))
+    groups.append(weight_grads(0))
     groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
     return groups
 
 
-def backward_ops(k: BackwardKernels) -> list:
-    """The whole backward: its groups one after another."""
-    return [op for group in backward_groups(k) for op in group]
+def backward_ops(k: BackwardKernels, dev: Device | None = None) -> list:
+    """The whole backward: its groups one after another (with dev: each dW_hh beside the sweep below
+    where `k.overlap_dw_hh`)."""
+    return [op for group in backward_groups(k, dev) for op in group]
 
 
 def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) -> list:
@@ -126,7 +141,7 @@ def record_forward(dev: Device, b: Buffers, f: ForwardKernels, fwd: list) -> For
 
 def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list) -> TrainSequences:
     """The first and next micro-batch around the forward ops `fwd` (batched or per-timestep)."""
-    micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + backward_ops(k) + [f.carry(1.0, 0.0)]
+    micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + backward_ops(k, dev) + [f.carry(1.0, 0.0)]
     return TrainSequences(first=dev.recorded([k.zero_grads(0.0, 0.0)] + micro, [b.hyper, b.stats] + _data(b)),
                           next=dev.recorded(micro, [b.hyper] + _data(b)))
 
