@@ -138,6 +138,16 @@ wf 16-stream-b32 32 CATCHAT_WAVEFRONT=16 CATCHAT_SWEEP_COOP=stream
 # so that all three layers fit at once, with and without the wavefront
 wf 8-p44 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
 wf 1-p44 64 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
+# layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, the default where the saves are
+# float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it (CATCHAT_OVERLAP_DW=0), one process each
+ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \
+    --precision "${2%%-*}" --profile --json "$out/bench-$1-$2.json"; }
+ov v3 fp16-overlap 4
+ov v3 fp16-nooverlap 4 CATCHAT_OVERLAP_DW=0
+ov v3 fp32-overlap 3
+ov v3 fp32-nooverlap 3 CATCHAT_OVERLAP_DW=0
+ov v5 fp32-overlap 2
+ov v5 fp32-nooverlap 2 CATCHAT_OVERLAP_DW=0
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-flags.json"
