@@ -93,3 +93,20 @@ def test_overlap_env_is_checked(dev, monkeypatch):
     monkeypatch.setenv(plan.OVERLAP_ENV, "1")
     assert not plan.overlaps_dw_hh(dev, "stream", 3)  # float16 saves: dW_hh reads gi, which the sweep writes
     assert not plan.overlaps_dw_hh(dev, None, 1)
+
+
+def test_split_dw_hh_beside_keeps_its_partials_in_ws(dev, persistent, monkeypatch):
+    """split-K 2 forced (T*B = 80 rows: the layers' partials would fit x[L]): beside the sweep below, dW_hh's
+    go to ws, dW_ih's still to x[L]; one training step against the reference."""
+    if not dev.dispatches_concurrent:
+        pytest.skip("kp without patch 0007 records every dispatch with its barrier")
+    monkeypatch.setattr(plan, "gemm_split_k", lambda dev, M, N, K: 2)
+    spec = ModelSpec(vocab_size=101, hidden=8, layers=2)
+    prog = Program(dev, ParamLayout(spec), 16, 5)
+    b, g = prog.buffers, prog.geometry
+    assert g.overlap_dw_hh and g.split_in_x
+    assert all(lay.dw_hh.work is b.ws for lay in prog.bwd.layers) and prog.bwd.layers[1].dw_ih.work is b.x[-1]
+    assert b.ws.size() == 2 * 24 * 8
+    hp = model_parity.MODEL_CASES[0][-1]
+    results = model_parity.model_parity(dev, spec, 16, 5, hp, label="split-K dW_hh beside")
+    assert not [r for r in results if not r.ok], "\n".join(str(r) for r in results if not r.ok)
