@@ -76,3 +76,21 @@ def test_wavefront_on_the_streamed_sweeps(dev, monkeypatch):
     results = model_parity.model_parity(dev, spec, T, B, replace(hp, loss_scale=model_parity.FP16_SCALE),
                                         label=f"{label}, streamed wavefront", precision="fp16")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+@pytest.mark.parametrize("n_wg, kind", [(0, "tiled"), (1, "tiled"), (0, "stream"), (1, "stream"), (1, "stream16"),
+                                        (1, "stream32")])
+def test_sweeps_in_chunks_give_the_whole_window(dev, n_wg, kind):
+    """Each sweep recorded as 3 pieces of a 7-step window (`steps_ops`: the wavefront's chunks; the backward
+    from the top chunk down, its running gradient and dGh's shadow carried in memory): the same bits as one
+    piece, a dispatch per step or persistent; tiled float32, streamed on (emulated) tensor cores with float32
+    and float16 saves, streamed float32."""
+    from catchat.parity import gru as gru_parity
+
+    case = gru_parity.make_case(7, 5, 16, seed=4)
+    kw = dict(tiled={}, stream=dict(w_half=True, coop=True), stream16=dict(w_half=True, coop=True, save_half=True),
+              stream32=dict(stream_f32=True))[kind]
+    whole = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), **kw)
+    chunked = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), chunks=3, **kw)
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0", "hits", "sync_timeouts"):
+        np.testing.assert_array_equal(chunked[k], whole[k], err_msg=k)

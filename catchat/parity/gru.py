@@ -56,7 +56,8 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
-                w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False):
+                w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False,
+                chunks: int = 1):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -75,7 +76,9 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     streamed sweeps (W_hh 8 halves in), compared as coop. stream_f32: the float32 streamed sweeps
     (W_hh in params), compared as the tiled ones. save_half (streamed only): the saves as float16 (pad
     halves in) and dGh's n third in a [T,B,H] buffer of its own; the returned save is the halves,
-    and dGh is whole again (r and z from dGi), for `expected_gru(..., saves="fp16")`.
+    and dGh is whole again (r and z from dGi), for `expected_gru(..., saves="fp16")`. chunks: each sweep
+    recorded as that many pieces of the window (`steps_ops`: the layer wavefront's), the forward's in
+    order and the backward's from the top chunk down.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -109,12 +112,14 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop,
                       stream_f32=stream_f32, save_half=save_half)
-    both = fwd.sweep_ops() + bwd.sweep_ops()
+    bounds = [(t0, min(t0 + -(-T // chunks), T)) for t0 in range(0, T, -(-T // chunks))]
+    fwd_ops = [op for t0, t1 in bounds for op in fwd.steps_ops(t0, t1)]
+    bwd_ops = [op for t0, t1 in reversed(bounds) for op in bwd.steps_ops(t0, t1)]
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
-                            + [t for t in (tdgh, tw16) if t is not None], both * (repeat - 1) + fwd.sweep_ops(),
+                            + [t for t in (tdgh, tw16) if t is not None], (fwd_ops + bwd_ops) * (repeat - 1) + fwd_ops,
                             [tseq, tsave, thT])
-    outs = run_ops(dev, [], bwd.sweep_ops(), [tseq, tsave if dgh_in_save and not save_half else tdgh, tdgi, tdh0,
-                                             tstats, fwd.sync, bwd.sync])
+    outs = run_ops(dev, [], bwd_ops, [tseq, tsave if dgh_in_save and not save_half else tdgh, tdgi, tdh0,
+                                      tstats, fwd.sync, bwd.sync])
     hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
     if save_half:
         save = unpack_half(save, pad + T * B * 4 * H)[pad:].astype(np.float32).reshape(T, B, 4 * H)

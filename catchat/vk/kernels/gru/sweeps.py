@@ -380,6 +380,17 @@ class GruBackward(_Sweep):
 
     def sweep_ops(self):
         """The whole window, s = T, T-1, ..., 0: one persistent dispatch, or T+1 in this order."""
+        return self.steps_ops(0, self.T)
+
+    def steps_ops(self, t0: int, t1: int) -> list:
+        """The gate backward of steps [t0, t1) after that of steps [t1, T): dispatches s = t1, ..., t0+1
+        (each finishes step s and runs the gate backward of s-1; the running gradient dhz and dGh's shadow
+        carry over in memory), and s = 0 (dh0) when t0 = 0. One persistent dispatch, or one per s in
+        this order (the layer wavefront's chunks, taken from the top chunk down). They read do's rows
+        [t0, t1) and write dGi's and dGh's."""
+        if not 0 <= t0 < t1 <= self.T:
+            raise ValueError(f"steps [{t0}, {t1}) outside [0, {self.T})")
+        n = t1 - t0 + (t0 == 0)
         if self.sweep_workgroups:
-            return [self._steps_op(self.T, self.T + 1, persistent=True)]
-        return [self.step(s) for s in range(self.T, -1, -1)]
+            return [self._steps_op(t1, n, persistent=True)]
+        return [self.step(s) for s in range(t1, t1 - n, -1)]
