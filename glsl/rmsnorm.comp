@@ -44,6 +44,7 @@ layout(set = 0, binding = 8) writeonly buffer Part { float dgpart[]; };  // [n_w
 layout(push_constant) uniform Push {
     uint R; uint B; uint H; uint layer; uint rows_per_wg;
     uint x_off; uint o_off; uint g_off; uint rstd_off; uint dout_off; uint dx_off; uint do_off;
+    uint row0;  // the dispatch's first row (a multiple of rows_per_wg): rows [row0, R), partial row0 / rows_per_wg on
 } pc;
 #elif defined(DG_REDUCE)
 layout(set = 0, binding = 0) readonly buffer Part { float dgpart[]; };  // [n_parts, H]
@@ -88,7 +89,8 @@ void main() {
 #elif defined(BACKWARD)
 void main() {
     uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
-    uint r0 = gl_WorkGroupID.x * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
+    uint part = pc.row0 / pc.rows_per_wg + gl_WorkGroupID.x;  // the whole window's partial, whatever the dispatch
+    uint r0 = part * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
     float dg[COLS];  // this workgroup's partial dg for the thread's columns, summed in row order
     for (uint c = 0u; c < COLS; ++c) dg[c] = 0.0;
     for (uint r = r0; r < r1; ++r) {
@@ -121,7 +123,7 @@ void main() {
     }
     for (uint c = 0u; c < COLS; ++c) {
         uint j = tid + c * WG;
-        if (j < pc.H) dgpart[gl_WorkGroupID.x * pc.H + j] = dg[c];
+        if (j < pc.H) dgpart[part * pc.H + j] = dg[c];
     }
 }
 #elif defined(DG_REDUCE)

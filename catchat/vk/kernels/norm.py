@@ -91,12 +91,36 @@ class ResidualRmsNormBackward:
         if self.n_parts > MAX_WORKGROUPS:
             raise ValueError(f"{self.n_parts} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")
         self.dgpart = dev.tensor(self.n_parts * H, kind="storage")  # [n_parts, H] scratch
-        self.rows_push = (R, B, H, layer, rpw, x_off, o_off, g_off, rstd_off, dout_off, dx_off, do_off)
-        self.rows = Kernel(dev, [x, o, params, hyper, rstd, dout, dx, do, self.dgpart], [self.n_parts],
-                           spec=[wg, cols], push=self.rows_push, defines={"BACKWARD": 1}, shader="rmsnorm")
+        self.rows_push = (R, B, H, layer, rpw, x_off, o_off, g_off, rstd_off, dout_off, dx_off, do_off, 0)
+        self._rows_args = (dev, [x, o, params, hyper, rstd, dout, dx, do, self.dgpart], [wg, cols])
+        self.rows = self._rows_kernel(self.n_parts)
         self.reduce_push = (H, self.n_parts, g_off)
         self.reduce = Kernel(dev, [self.dgpart, grads], [ceil_div(H, 64)], spec=[64, 1],
                              push=self.reduce_push, defines={"DG_REDUCE": 1}, shader="rmsnorm")
+        self._chunks: dict[int, Kernel] = {}
+
+    def _rows_kernel(self, groups: int) -> Kernel:
+        dev, tensors, spec = self._rows_args
+        return Kernel(dev, tensors, [groups], spec=spec, push=self.rows_push, defines={"BACKWARD": 1},
+                      shader="rmsnorm")
 
     def ops(self):
         return [self.rows.op(*self.rows_push), self.reduce.op(*self.reduce_push)]
+
+    def rows_op_at(self, row0: int, rows: int):
+        """The first dispatch over rows [row0, row0 + rows) alone (the layer wavefront's chunk; row0 a
+        multiple of B and of the rows per workgroup): each workgroup writes the whole window's partial of
+        its rows, so the chunks' dispatches and then `reduce_op()` give `ops()`'s bits."""
+        rpw, R = self.rows_push[4], self.rows_push[0]
+        if row0 % rpw or row0 % self.rows_push[1] or not 0 < rows <= R - row0:
+            raise ValueError(f"rows [{row0}, {row0 + rows}) are not a chunk of {R} rows in blocks of {rpw}")
+        groups = ceil_div(rows, rpw)
+        if groups not in self._chunks:
+            self._chunks[groups] = self._rows_kernel(groups)
+        p = list(self.rows_push)
+        p[0], p[-1] = row0 + rows, row0
+        return self._chunks[groups].op(*p)
+
+    def reduce_op(self):
+        """The second dispatch: the partials into the norm weight's gradient."""
+        return self.reduce.op(*self.reduce_push)
