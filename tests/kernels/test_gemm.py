@@ -210,3 +210,29 @@ def test_tensor_core_tiles_by_output_shape(dev):
     assert coop_tiles(h200, 64, 101) == coop_tiles(h200, 101, 1536) == COOP_SMALL_TILE  # a decode head, table0
     for t in (COOP_TILE, COOP_NARROW_TILE, COOP_SMALL_TILE):
         assert all(t.shared_bytes(a, b) <= 48 * 1024 for a in (False, True) for b in (False, True)), t
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_weight_gradient_over_chunks_of_rows(dev, split_k):
+    """C += A^T B (and colsum(A)) over rows [k0, k0 + K) of a 21-row window (`ops_k_at`: the layer wavefront's weight
+    gradients, chunk by chunk from the top down, the last chunk shorter): the sum over the window."""
+    from catchat.vk.kernels.gemm import ColSum, Gemm
+
+    R, M, N, pad = 21, 24, 8, 4
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((R, M)).astype(np.float32), rng.standard_normal((R, N)).astype(np.float32)
+    c0 = rng.standard_normal((M, N)).astype(np.float32)
+    ta, tb = dev.tensor(np.concatenate([np.zeros(pad, np.float32), a.ravel()])), dev.tensor(b)
+    tc = dev.tensor(c0)
+    gemms = {K: Gemm(dev, (ta, pad, M), (tb, 0, N), (tc, 0, N), M, N, K, trans_a=True, beta=1.0, split_k=split_k)
+             for K in (8, 5)}
+    chunks = ((16, 5), (8, 8), (0, 8))
+    ops = [op for k0, K in chunks for op in gemms[K].ops_k_at(k0)]
+    tsum = dev.tensor(np.ones(M, np.float32))  # ... and the column sums of A over the same chunks (a bias gradient)
+    sums = {K: ColSum(dev, (ta, pad, M), (tsum, 0), K, M, row_splits=split_k) for K in (8, 5)}
+    ops += [op for k0, K in chunks for op in sums[K].ops_at(k0)]
+    got, got_sum = run_ops(dev, [ta, tb, tc, tsum], ops, [tc, tsum])
+    np.testing.assert_allclose(got.reshape(M, N), c0 + a.T.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_sum, 1.0 + a.sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="trans_a"):
+        Gemm(dev, (ta, pad, 8), (tb, 0, N), (tc, 0, N), 8, N, 8).ops_k_at(0)

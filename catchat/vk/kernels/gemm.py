@@ -158,7 +158,7 @@ class Gemm(Kernel):
                              f"and VK_NV_cooperative_matrix2, or VK_NV_cooperative_matrix with {COOP_SHAPE} "
                              f"fragments on subgroups of {COOP_SUBGROUP}; {dev.info.name} offers "
                              f"{', '.join(dev.coop_shapes) or 'none'}")
-        self.M, self.N, self.K, self.trans_a = M, N, K, bool(trans_a)
+        self.M, self.N, self.K, self.trans_a, self.trans_b = M, N, K, bool(trans_a), bool(trans_b)
         # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
         k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
         self.split_k = ceil_div(max(K, 1), max(k_split, 1))
@@ -253,6 +253,17 @@ class Gemm(Kernel):
         main = super().op(*self.push)
         return [main] if self.reduce is None else [main, self.reduce.op()]
 
+    def ops_k_at(self, k0: int) -> list:
+        """`ops()` with the K rows of A and B moved down by k0 (A stored [K,M], B [K,N]: a weight gradient
+        over the rows [k0, k0 + K) of a longer window, the layer wavefront's chunk); the buffers must
+        hold those rows (the constructor checked rows [0, K))."""
+        if not self.trans_a or self.trans_b:
+            raise ValueError("ops_k_at needs A stored [K,M] (trans_a) and B stored [K,N]")
+        p = list(self.push)
+        p[3], p[5] = p[3] + int(k0) * p[4], p[5] + int(k0) * p[6]  # offset += k0 * leading dimension
+        main = super().op(*p)
+        return [main] if self.reduce is None else [main, self.reduce.op()]
+
 
 # ---------------------------------------------------------------------------------------------
 # Column sums (bias gradients)
@@ -315,7 +326,14 @@ class ColSum(Kernel):
         return super().op(*self.push)
 
     def ops(self) -> list:
-        first = super().op(*self.push)
+        return self.ops_at(0)
+
+    def ops_at(self, row0: int) -> list:
+        """`ops()` with A's rows moved down by row0: the sums over rows [row0, row0 + M) of a longer
+        matrix (the layer wavefront's bias gradients, chunk by chunk), added into out."""
+        p = list(self.push)
+        p[2] += int(row0) * p[3]
+        first = super().op(*p)
         return [first] if self.second is None else [first, self.second.op()]
 
 
