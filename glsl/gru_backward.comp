@@ -9,20 +9,22 @@
 //     if s == 0: dh0 = dh, done
 //   else (s == T): dh = 0 (truncated at the window edge)
 //   gate backward of step u = s - 1, elementwise on the same (b, k):
-//     hp = hprev[u] * (1 - reset[u,b])   (written back where the reset cut: see below)
+//     hp = hprev[u] * (1 - reset[u,b])   (zeroed in memory where the reset cut: see below)
 //     dhtot = dh + do[u];  dn = dhtot (1 - z);  dz = dhtot (hp - n);  dhz = dhtot z
 //     dan = dn (1 - n^2);  daz = dz z (1 - z);  dar = dan ghn r (1 - r)
 //     dGi[u] = (dar, daz, dan);  dGh[u] = (dar, daz, dan * r)
 // hprev is the state sequence of the forward sweep: row 0 the state entering the window (after
 // its reset), row u >= 1 the output o[u-1] (before the reset: the caller passes o's buffer one row
 // block earlier, gru_forward.comp). The reset is applied here, and where it cut (reset[u,b] = 1)
-// the row is written back as hp, so after the sweep rows [0, T) are exactly the states entering
-// each step: what the dW_hh GEMM reads. dGh rows are dgh_ld apart: 3H in a buffer of their own,
+// the row is written back as zeros by dispatch u (after dispatch u+1's gate backward read it, and
+// after the norm backward read it as o[u-1]: in the layer wavefront, that of the chunk below the one
+// ending at u), so after the sweep rows [0, T) are exactly the states entering each step: what the
+// dW_hh GEMM reads. dGh rows are dgh_ld apart: 3H in a buffer of their own,
 // or 4H when dGh is written over save's r, z, n (dgh_off = save_off): each element's gate
 // backward reads its r, z, n, ghn before it writes its dGh there, and nothing reads save[u]
 // after that (z[u] travels on as dhz), so dGh needs no buffer of its own.
 // Thread (b, k) owns element (b, k) in every dispatch: it is the only reader and writer of
-// dhz[b,k] (kept from one dispatch to the next), of hprev[u, b, k], of save[u, b, {k, H+k,
+// dhz[b,k] (kept from one dispatch to the next), of hprev[u, b, k] and hprev[s, b, k], of save[u, b, {k, H+k,
 // 2H+k, 3H+k}] and of dGi/dGh[u, b, {k, H+k, 2H+k}]. Dispatch s reads dGh[s] (all rows: written
 // by the previous dispatch) and writes dGh[s-1]: no two dispatches in flight touch the same words.
 // Matmul tiling: workgroup owns columns k in [wx*TK, +TK) for lanes [wy*TB, +TB); thread (tx, ty)
@@ -117,9 +119,7 @@ void gate_backward(uint u, uint b, uint k, float dh) {
     uint sb = pc.save_off + row * 4u * H;
     float r = save[sb + k], z = save[sb + H + k], n = save[sb + 2u * H + k], ghn = save[sb + 3u * H + k];
     uint hi = pc.hprev_off + row * H + k;
-    float keep = 1.0 - float(resets[row]);
-    float hp = hprev[hi] * keep;
-    if (keep == 0.0) hprev[hi] = hp;  // the state entering u is 0 here, not o[u-1]
+    float hp = hprev[hi] * (1.0 - float(resets[row]));  // the state entering u is 0 where reset, not o[u-1]
     dhz[b * H + k] = dht * z;
     float dn = dht * (1.0 - z);
     float dz = dht * (hp - n);
@@ -205,6 +205,9 @@ void step_tile(uint s, uint k0, uint b0) {
                 [[unroll]] for (uint i = 0u; i < 4u; ++i) {
                     uint k = k0 + 4u * (tx + q * NTK) + i;
                     if (k >= H) continue;
+                    // the row the reset cut, written as the state it stands for (for dW_hh): row s at
+                    // step s (step_inputs in gru_backward_stream.comp says why then)
+                    if (carry == 0.0) hprev[pc.hprev_off + (s * B + b) * H + k] = 0.0;
                     float d = (dhz[b * H + k] + dh[rb][q][i]) * carry;
                     if (clamping && abs(d) > c) { my_hits += 1u; d = clamp(d, -c, c); }
                     if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;

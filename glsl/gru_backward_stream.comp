@@ -326,13 +326,17 @@ float[7] step_inputs(uint s, uint b, uint k) {
     float[7] v = float[7](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     if (s > 0u) {
         uint H = pc.H, row = (s - 1u) * pc.B + b, sb = pc.save_off + row * 4u * H, hi = pc.hprev_off + row * H + k;
-        float keep = 1.0 - float(resets[row]);
-        float hp = hprev[hi] * keep;
-        if (keep == 0.0) hprev[hi] = hp;
+        float hp = hprev[hi] * (1.0 - float(resets[row]));
         v = float[7](dO[pc.do_off + row * H + k], SAVE_R(sb + k), SAVE_R(sb + H + k), SAVE_R(sb + 2u * H + k),
                      SAVE_R(sb + 3u * H + k), hp, 0.0);
     }
-    if (s < pc.T) v[6] = 1.0 - float(resets[s * pc.B + b]);
+    if (s < pc.T) {
+        v[6] = 1.0 - float(resets[s * pc.B + b]);
+        // the row the reset cut, written as the state it stands for (for dW_hh): row s at step s, after the
+        // gate backward of s read it, and after the norm backward of the chunk below the layer wavefront's
+        // chunk that ends at s read it as step s-1's output
+        if (v[6] == 0.0) hprev[pc.hprev_off + (s * pc.B + b) * pc.H + k] = 0.0;
+    }
     return v;
 }
 

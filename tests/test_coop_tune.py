@@ -52,7 +52,7 @@ def coop_dev(dev, monkeypatch, tmp_path):
     monkeypatch.setattr(driver, "sq", SimpleNamespace(
         record_forward=lambda *a: (None, None, None), record_train=lambda *a: (None, None),
         record_apply=lambda *a: None))
-    monkeypatch.setattr(driver, "batched_forward_ops", lambda *a: [])
+    monkeypatch.setattr(driver, "batched_ops", lambda *a: ([], None))
     fake = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32, max_shared_memory_bytes=49152),
                                features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(gemm.COOP_SHAPE,))
     assert gemm.coopmat_runs(fake) and gemm.coop_api(fake) == "nv" and not gemm.coopmat2_runs(fake)

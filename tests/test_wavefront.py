@@ -94,3 +94,56 @@ def test_sweeps_in_chunks_give_the_whole_window(dev, n_wg, kind):
     chunked = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), chunks=3, **kw)
     for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0", "hits", "sync_timeouts"):
         np.testing.assert_array_equal(chunked[k], whole[k], err_msg=k)
+
+
+def test_backward_chunks_start_on_the_norms_row_blocks():
+    assert wavefront.backward_bounds(8, 4, 4, 8) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    assert wavefront.backward_bounds(8, 3, 4, 8) == [(0, 4), (4, 8)]  # 3 steps rounded up to 2 row blocks
+    assert wavefront.backward_bounds(7, 3, 3, 8) == [(0, 7)]  # 8 steps a block boundary: one chunk
+    assert wavefront.backward_bounds(1024, 8, 64, 64) == [(t, t + 128) for t in range(0, 1024, 128)]
+
+
+class _Tag:
+    def __init__(self, name: str):
+        self.name, self.barrier = name, True
+
+
+def test_wavefront_backward_schedule(dev, monkeypatch):
+    """Three layers over four chunks of an 8-step window, from the top chunk down: wave w runs chunk
+    3 - (w - (2 - l)) of layer l, each stage's sweeps side by side."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setenv(wavefront.WAVE_ENV, "4")
+    prog = Program(dev, ParamLayout(SPEC), 8, 4)
+    for l, lay in enumerate(prog.bwd.layers):
+        monkeypatch.setattr(lay.gru, "steps_ops", lambda t0, t1, l=l: [_Tag(f"{l}:{t0}-{t1}")])
+    _, bwd = wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
+    sweeps = [f"{op.name}{'' if op.barrier else ' beside'}" for op in bwd if isinstance(op, _Tag)]
+    assert sweeps == ["2:6-8", "2:4-6", "1:6-8 beside", "2:2-4", "1:4-6 beside", "0:6-8 beside",
+                      "2:0-2", "1:2-4 beside", "0:4-6 beside", "1:0-2", "0:2-4 beside", "0:0-2"] \
+        if dev.dispatches_concurrent else sweeps
+
+
+@pytest.mark.parametrize("persistent", ["1", "0"])
+def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, persistent):
+    """A training step with the forward and backward as wavefronts of 4 chunks (persistent sweeps; a
+    dispatch per step keeps the layer-by-layer backward): the reference's loss, gradients and update at the
+    model parity's tolerances, and the layer-by-layer program's gradients to float32 rounding (the chunks'
+    dW_ih and db_ih are summed chunk by chunk)."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", persistent)
+    hp = model_parity.MODEL_CASES[0][-1]
+    monkeypatch.setenv(wavefront.WAVE_ENV, "4")
+    results = model_parity.model_parity(dev, SPEC, 8, 4, hp, label="wavefront backward")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+    def grads() -> np.ndarray:
+        layout = ParamLayout(SPEC)
+        flat, tokens, targets, resets, h0 = model_parity.model_inputs(SPEC, 8, 4, seed=6)
+        prog = Program(dev, layout, 8, 4, optimizer=hp.optimizer)
+        prog.set_params(flat)
+        prog.set_carry(h0)
+        prog.train_step([(tokens, targets, resets)], replace(hp, lr=0.0), global_step=0)
+        return prog.read("grads")[0].copy()
+
+    waved = grads()
+    monkeypatch.delenv(wavefront.WAVE_ENV)
+    np.testing.assert_allclose(waved, grads(), rtol=2e-5, atol=1e-7)

@@ -34,7 +34,7 @@ from catchat.vk.program.kernelsets import (
     build_stepwise,
 )
 from catchat.vk.program.plan import Geometry, allocate, planned_bytes
-from catchat.vk.program.wavefront import batched_forward_ops
+from catchat.vk.program.wavefront import batched_ops
 
 
 @dataclass(frozen=True)
@@ -115,14 +115,14 @@ class Program:
         self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer, precision,
                                                           self.fwd.gru[0].coop, self.fwd.w16) if training else None
         self.stepwise: StepwiseKernels | None = None
-        fwd = batched_forward_ops(dev, layout, b, g, self.fwd, precision)  # layer by layer, or a wavefront
+        fwd, bwd = batched_ops(dev, layout, b, g, self.fwd, self.bwd, precision)  # layer by layer, or wavefronts
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
         self.seq_first = self.seq_next = self.seq_apply = None
         self.grad_stages = GradStages(dev, b.grads, layout) if grad_groups else None
         self.exchange = StepExchange(dev, b.grads, layout, self.grad_stages, self._sync)  # train_step's reduce_grads
         self.seq_groups = self.seq_groups_tf = None  # TrainSequences of per-group sequences (grad_groups)
         if training:
-            self.seq_first, self.seq_next = sq.record_train(dev, b, self.fwd, self.bwd, fwd)
+            self.seq_first, self.seq_next = sq.record_train(dev, b, self.fwd, self.bwd, fwd, bwd)
             self.seq_apply = sq.record_apply(dev, b, self.fwd, self.bwd)
         if grad_groups:
             self.seq_groups = sq.record_train_groups(dev, b, self.fwd, self.bwd, fwd, self.grad_stages)

@@ -139,9 +139,12 @@ def record_forward(dev: Device, b: Buffers, f: ForwardKernels, fwd: list) -> For
         set_params=dev.recorded(f.derived_ops(), [b.params]))  # table0 (and w16) follow the params
 
 
-def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list) -> TrainSequences:
-    """The first and next micro-batch around the forward ops `fwd` (batched or per-timestep)."""
-    micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + backward_ops(k, dev) + [f.carry(1.0, 0.0)]
+def record_train(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels, fwd: list,
+                 bwd: list | None = None) -> TrainSequences:
+    """The first and next micro-batch around the forward ops `fwd` (batched or per-timestep) and the
+    backward's `bwd` (default `backward_ops`; the wavefront's: wavefront.py)."""
+    bwd = backward_ops(k, dev) if bwd is None else bwd
+    micro = fwd + [k.cross_entropy.op(), f.loss_reduce.op()] + bwd + [f.carry(1.0, 0.0)]
     return TrainSequences(first=dev.recorded([k.zero_grads(0.0, 0.0)] + micro, [b.hyper, b.stats] + _data(b)),
                           next=dev.recorded(micro, [b.hyper] + _data(b)))
 

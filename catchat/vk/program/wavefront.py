@@ -16,15 +16,30 @@ The operations are the batched forward's on row blocks, so the results are the l
 pass's (up to a GEMM tile's choice for the chunk's rows). Persistent sweeps side by side must fit
 on the GPU together to overlap; where they do not, the later ones wait (slower, never wrong):
 tools/bench_concurrency.py measures what overlaps.
+
+The backward runs the same way from the top chunk down (`WavefrontBackward`, with float32 saves:
+float16 saves keep dGh's n third in one buffer for all layers): after the head's gradients over the
+window, wave w runs chunk n-1 - (w - (L-1-l)) of every layer l in three stages: the norms' backward
+over the chunk's rows (side by side), the backward sweeps over its steps (side by side,
+`GruBackward.steps_ops`), then, one after another, each layer l > 0's input gradient (dx), dW_ih and
+db_ih over the chunk's rows, which read the chunk's dGi before the layer below overwrites it in the
+shared gi (split-K partials in x[L], whose do rows are dead by then). The rest waits for the window:
+the norms' dg reduce (the chunks wrote the whole window's partials), dW_hh and db_hh (from save[l]),
+layer 0's bias, table0 and embedding gradients (layer 0 writes gi and dx last). The chunks start on
+the norm's row blocks (`backward_bounds`); dW_ih and db_ih summed chunk by chunk change their
+rounding, the rest gives the layer-by-layer bits.
 """
 
 from __future__ import annotations
 
 import os
+from math import gcd
 
 from catchat.errors import UsageError
+from catchat.model import ParamLayout
+from catchat.vk.kernels.gemm import ColSum, Gemm, gemm_split_k
 from catchat.vk.program import sequences as sq
-from catchat.vk.program.kernelsets import ForwardKernels, build_rows
+from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build_rows
 
 WAVE_ENV = "CATCHAT_WAVEFRONT"  # chunks of the window (unset or 1: the layer-by-layer forward)
 
@@ -71,8 +86,72 @@ class Wavefront:
         return ops + f.rows.head.ops()
 
 
-def batched_forward_ops(dev, layout, b, g, f: ForwardKernels, precision: str) -> list:
-    """The batched forward's ops: layer by layer (`sequences.forward_ops`), or as a wavefront of
-    CATCHAT_WAVEFRONT chunks."""
+def backward_bounds(T: int, n: int, B: int, rows_per_part: int) -> list[tuple[int, int]]:
+    """chunk_bounds of the backward: chunks of a whole number of the norm backward's row blocks
+    (rows_per_part rows: each chunk starts on one), so at most n of them, maybe fewer."""
+    q = rows_per_part // gcd(rows_per_part, B)  # steps per row block boundary
+    per_chunk = -(-T // n)  # steps: chunk_bounds' size, rounded up to whole blocks
+    size = q * -(-per_chunk // q)
+    return [(t0, min(t0 + size, T)) for t0 in range(0, T, size)]
+
+
+class WavefrontBackward:
+    """The kernels of a wavefront backward over row chunks (the module docstring): per chunk size,
+    each layer l > 0's dx, dW_ih and db_ih over a chunk's rows."""
+
+    def __init__(self, dev, layout: ParamLayout, b, g, k: BackwardKernels, precision: str, n_chunks: int):
+        self.dev, self.B = dev, g.B
+        self.bounds = backward_bounds(g.T, n_chunks, g.B, k.layers[0].norm.rows_push[4])
+        o, H, L = layout.offsets, g.H, g.L
+        self.rows: dict[int, list] = {}
+        for size in sorted({t1 - t0 for t0, t1 in self.bounds}):
+            R = size * g.B
+            split = min(gemm_split_k(dev, 3 * H, H, R), max(1, g.R // (3 * H)))  # partials in x[L] [T,B,H]
+            per_layer = [None]
+            for l in range(1, L):
+                p = f"layers.{l}."
+                per_layer.append((
+                    Gemm(dev, (b.gi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,
+                         beta=1.0, precision=precision),
+                    Gemm(dev, (b.gi, 0, 3 * H), (b.x[l], 0, H), (b.grads, o[p + "gru.weight_ih"], H), 3 * H, H, R,
+                         trans_a=True, beta=1.0, split_k=split, workspace=b.x[L], precision=precision),
+                    ColSum(dev, (b.gi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs)))
+            self.rows[size] = per_layer
+
+    def _waves(self, L: int):
+        n = len(self.bounds)
+        for w in range(n + L - 1):
+            yield [(l, *self.bounds[n - 1 - (w - (L - 1 - l))]) for l in range(L - 1, -1, -1)
+                   if 0 <= w - (L - 1 - l) < n]
+
+    def backward_ops(self, k: BackwardKernels) -> list:
+        """The head's gradients, every wave's three stages, then what waits for the window."""
+        ops, L = k.head_dx.ops() + k.head_dw.ops(), len(k.layers)
+        for active in self._waves(L):
+            ops += sq.side_by_side(self.dev, [[k.layers[l].norm.rows_op_at(t0 * self.B, (t1 - t0) * self.B)]
+                                              for l, t0, t1 in active])
+            ops += sq.side_by_side(self.dev, [k.layers[l].gru.steps_ops(t0, t1) for l, t0, t1 in active])
+            for l, t0, t1 in active:
+                if l > 0:
+                    dx, dw_ih, db_ih = self.rows[t1 - t0][l]
+                    ops += [dx.op_at(t0 * self.B)] + dw_ih.ops_k_at(t0 * self.B) + db_ih.ops_at(t0 * self.B)
+        for lay in reversed(k.layers):
+            ops += [lay.norm.reduce_op()] + lay.dw_hh.ops() + lay.db_hh.ops()
+        t0 = k.table0
+        return ops + k.layers[0].db_ih.ops() + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] \
+            + t0.dw_ih.ops() + t0.demb.ops()
+
+
+def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None, precision: str) -> tuple:
+    """The batched forward's ops and the backward's (None for a forward-only program): layer by layer
+    (`sequences.forward_ops`, `sequences.backward_ops`), or as wavefronts of CATCHAT_WAVEFRONT chunks (the
+    backward's where its saves are float32 and its sweeps persistent, and the chunks at least two)."""
     n = wave_chunks(g.T)
-    return sq.forward_ops(f) if n < 2 else Wavefront(dev, layout, b, g, precision, n).forward_ops(f)
+    fwd = sq.forward_ops(f) if n < 2 else Wavefront(dev, layout, b, g, precision, n).forward_ops(f)
+    if k is None:
+        return fwd, None
+    bwd = None
+    if n >= 2 and not g.save16 and g.L > 1 and all(lay.gru.sweep_workgroups for lay in k.layers):
+        wb = WavefrontBackward(dev, layout, b, g, k, precision, n)
+        bwd = wb.backward_ops(k) if len(wb.bounds) > 1 else None
+    return fwd, sq.backward_ops(k, dev) if bwd is None else bwd
