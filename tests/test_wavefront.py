@@ -116,11 +116,18 @@ def test_wavefront_backward_schedule(dev, monkeypatch):
     prog = Program(dev, ParamLayout(SPEC), 8, 4)
     for l, lay in enumerate(prog.bwd.layers):
         monkeypatch.setattr(lay.gru, "steps_ops", lambda t0, t1, l=l: [_Tag(f"{l}:{t0}-{t1}")])
+        monkeypatch.setattr(lay.dw_hh, "ops", lambda l=l: [_Tag(f"dW_hh {l}")])
     _, bwd = wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
     sweeps = [f"{op.name}{'' if op.barrier else ' beside'}" for op in bwd if isinstance(op, _Tag)]
+    if not dev.dispatches_concurrent:
+        pytest.skip("kp without patch 0007: every dispatch in order")
+    # each layer's dW_hh beside the sweeps of the wave after its last chunk (layer 0's: after the window)
     assert sweeps == ["2:6-8", "2:4-6", "1:6-8 beside", "2:2-4", "1:4-6 beside", "0:6-8 beside",
-                      "2:0-2", "1:2-4 beside", "0:4-6 beside", "1:0-2", "0:2-4 beside", "0:0-2"] \
-        if dev.dispatches_concurrent else sweeps
+                      "2:0-2", "1:2-4 beside", "0:4-6 beside", "1:0-2", "0:2-4 beside", "dW_hh 2 beside",
+                      "0:0-2", "dW_hh 1 beside", "dW_hh 0"]
+    monkeypatch.setenv(wavefront.WAVE_BACKWARD_ENV, "0")  # the layer-by-layer backward, the wavefront forward
+    _, bwd = wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
+    assert [op.name for op in bwd if isinstance(op, _Tag)][:3] == ["2:0-8", "1:0-8", "dW_hh 2"]
 
 
 @pytest.mark.parametrize("persistent", ["1", "0"])

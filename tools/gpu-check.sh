@@ -138,6 +138,13 @@ wf 16-stream-b32 32 CATCHAT_WAVEFRONT=16 CATCHAT_SWEEP_COOP=stream
 # so that all three layers fit at once, with and without the wavefront
 wf 8-p44 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
 wf 1-p44 64 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
+# ... the backward as a wavefront too (the default with CATCHAT_WAVEFRONT where the saves are float32) against the
+# wavefront forward alone (CATCHAT_WAVEFRONT_BACKWARD=0): v3's mixed sweeps (two streamed backward sweeps fit at
+# 64 lanes) and the streamed ones of 32 workgroups; the wavefront backward's model parity on the GPU
+wf 8-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_WAVEFRONT_BACKWARD=0
+wf 8-p44-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44 CATCHAT_WAVEFRONT_BACKWARD=0
+wf 4 64 CATCHAT_WAVEFRONT=4
+part parity-wavefront-fp32 env CATCHAT_WAVEFRONT=4 CATCHAT_PERSISTENT=1 $py -m catchat.cli parity --only model --summary
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, the default where the saves are
 # float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it (CATCHAT_OVERLAP_DW=0), one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \

@@ -42,6 +42,7 @@ from catchat.vk.program import sequences as sq
 from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build_rows
 
 WAVE_ENV = "CATCHAT_WAVEFRONT"  # chunks of the window (unset or 1: the layer-by-layer forward)
+WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward with the layer-by-layer backward
 
 
 def wave_chunks(T: int) -> int:
@@ -125,18 +126,24 @@ class WavefrontBackward:
                    if 0 <= w - (L - 1 - l) < n]
 
     def backward_ops(self, k: BackwardKernels) -> list:
-        """The head's gradients, every wave's three stages, then what waits for the window."""
-        ops, L = k.head_dx.ops() + k.head_dw.ops(), len(k.layers)
+        """The head's gradients, every wave's three stages, then what waits for the window. With
+        `k.overlap_dw_hh` (dW_hh's split-K partials in ws) the dW_hh GEMM of the layer that finished
+        in a wave runs beside the next wave's sweeps (it reads save[l] and o[l], which are final)."""
+        ops, L, beside = k.head_dx.ops() + k.head_dw.ops(), len(k.layers), set()
         for active in self._waves(L):
             ops += sq.side_by_side(self.dev, [[k.layers[l].norm.rows_op_at(t0 * self.B, (t1 - t0) * self.B)]
                                               for l, t0, t1 in active])
-            ops += sq.side_by_side(self.dev, [k.layers[l].gru.steps_ops(t0, t1) for l, t0, t1 in active])
+            finished = [l for l in range(L) if l > active[0][0] and l not in beside] if k.overlap_dw_hh else []
+            beside.update(finished)
+            ops += sq.side_by_side(self.dev, [k.layers[l].gru.steps_ops(t0, t1) for l, t0, t1 in active]
+                                   + [k.layers[l].dw_hh.ops() for l in finished])
             for l, t0, t1 in active:
                 if l > 0:
                     dx, dw_ih, db_ih = self.rows[t1 - t0][l]
                     ops += [dx.op_at(t0 * self.B)] + dw_ih.ops_k_at(t0 * self.B) + db_ih.ops_at(t0 * self.B)
-        for lay in reversed(k.layers):
-            ops += [lay.norm.reduce_op()] + lay.dw_hh.ops() + lay.db_hh.ops()
+        for l in range(L - 1, -1, -1):
+            lay = k.layers[l]
+            ops += [lay.norm.reduce_op()] + ([] if l in beside else lay.dw_hh.ops()) + lay.db_hh.ops()
         t0 = k.table0
         return ops + k.layers[0].db_ih.ops() + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] \
             + t0.dw_ih.ops() + t0.demb.ops()
@@ -151,7 +158,8 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     if k is None:
         return fwd, None
     bwd = None
-    if n >= 2 and not g.save16 and g.L > 1 and all(lay.gru.sweep_workgroups for lay in k.layers):
+    if n >= 2 and not g.save16 and g.L > 1 and all(lay.gru.sweep_workgroups for lay in k.layers) \
+            and os.environ.get(WAVE_BACKWARD_ENV, "").strip() != "0":
         wb = WavefrontBackward(dev, layout, b, g, k, precision, n)
         bwd = wb.backward_ops(k) if len(wb.bounds) > 1 else None
     return fwd, sq.backward_ops(k, dev) if bwd is None else bwd
