@@ -154,3 +154,19 @@ def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, pe
     waved = grads()
     monkeypatch.delenv(wavefront.WAVE_ENV)
     np.testing.assert_allclose(waved, grads(), rtol=2e-5, atol=1e-7)
+
+
+def test_wavefront_backward_on_the_float32_streamed_sweeps(dev, monkeypatch):
+    """v5's fp32 sweeps (streamed on the threads' FMAs, block flags; planned on a GPU only, forced here):
+    both wavefronts over 4 chunks of an 8-step window at H = 32, a training step against the reference."""
+    from catchat.vk.program import kernelsets
+
+    monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
+    monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setenv(wavefront.WAVE_ENV, "4")
+    spec, hp = replace(SPEC, hidden=32), model_parity.MODEL_CASES[0][-1]
+    prog = Program(dev, ParamLayout(spec), 8, 4)
+    assert prog.bwd.layers[0].gru.stream and prog.bwd.layers[0].gru.sweep_workgroups
+    results = model_parity.model_parity(dev, spec, 8, 4, hp, label="float32 streamed wavefront")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
