@@ -110,9 +110,11 @@ class _Tag:
 
 def test_wavefront_backward_schedule(dev, monkeypatch):
     """Three layers over four chunks of an 8-step window, from the top chunk down: wave w runs chunk
-    3 - (w - (2 - l)) of layer l, each stage's sweeps side by side."""
+    3 - (w - (2 - l)) of layer l, each stage's sweeps side by side, with (CATCHAT_OVERLAP_DW=1) the dW_hh
+    of the layer that finished."""
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
     monkeypatch.setenv(wavefront.WAVE_ENV, "4")
+    monkeypatch.setenv(plan.OVERLAP_ENV, "1")
     prog = Program(dev, ParamLayout(SPEC), 8, 4)
     for l, lay in enumerate(prog.bwd.layers):
         monkeypatch.setattr(lay.gru, "steps_ops", lambda t0, t1, l=l: [_Tag(f"{l}:{t0}-{t1}")])

@@ -145,15 +145,15 @@ wf 8-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_WAVEFRONT_BACKWARD=0
 wf 8-p44-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44 CATCHAT_WAVEFRONT_BACKWARD=0
 wf 4 64 CATCHAT_WAVEFRONT=4
 part parity-wavefront-fp32 env CATCHAT_WAVEFRONT=4 CATCHAT_PERSISTENT=1 $py -m catchat.cli parity --only model --summary
-# layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, the default where the saves are
-# float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it (CATCHAT_OVERLAP_DW=0), one process each
+# layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
+# are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \
     --precision "${2%%-*}" --profile --json "$out/bench-$1-$2.json"; }
-ov v3 fp16-overlap 4
+ov v3 fp16-overlap 4 CATCHAT_OVERLAP_DW=1
 ov v3 fp16-nooverlap 4 CATCHAT_OVERLAP_DW=0
-ov v3 fp32-overlap 3
+ov v3 fp32-overlap 3 CATCHAT_OVERLAP_DW=1
 ov v3 fp32-nooverlap 3 CATCHAT_OVERLAP_DW=0
-ov v5 fp32-overlap 2
+ov v5 fp32-overlap 2 CATCHAT_OVERLAP_DW=1
 ov v5 fp32-nooverlap 2 CATCHAT_OVERLAP_DW=0
 part parity-sweeps-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli parity --only gru --summary
 part bench-v5-fp32-flags env CATCHAT_STREAM_FLAGS=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \

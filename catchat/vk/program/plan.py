@@ -314,20 +314,21 @@ def program_products(dev: Device, B: int, H: int, precision: str, training: bool
     return "resident" if products == "mixed" and not training else products
 
 
-OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 0: every layer's dW_hh in its own place (1 or unset: beside, where it can)
+OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 1: dW_hh beside the sweep below where it can (0 or unset: in its layer's place)
 
 
 def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
     """Whether a training program records layer l's dW_hh GEMM beside layer l-1's backward sweep
     (issue 35): the GEMM reads save[l] and o[l], which that sweep neither reads nor writes, and
     its split-K partials go to `ws`. Not with float16 saves (`save16`): there dW_hh reads dGi's
-    r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers;
-    CATCHAT_OVERLAP_DW=0 keeps the layer-by-layer order (the same results: the same dispatches)."""
+    r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers.
+    Opt-in (CATCHAT_OVERLAP_DW=1) until the H200 has timed it (gpu-check `bench-*-overlap`); the same
+    results either way (the same dispatches)."""
     raw = os.environ.get(OVERLAP_ENV, "").strip()
     if raw not in ("", "0", "1"):
         raise UsageError(f"{OVERLAP_ENV}={raw!r} is not 0 or 1",
-                         hint="set 1 (dW_hh beside the sweep below, the default) or 0 (layer by layer)")
-    return raw != "0" and layers > 1 and products != "stream" and dev.dispatches_concurrent
+                         hint="set 1 (dW_hh beside the sweep below) or 0 (layer by layer, the default)")
+    return raw == "1" and layers > 1 and products != "stream" and dev.dispatches_concurrent
 
 
 def streamed_backward(g: Geometry, dev: Device | None, precision: str) -> bool:
