@@ -86,7 +86,7 @@ class ResidualRmsNormBackward:
                  rows_per_wg: int | None = None):
         R = int(T) * int(B)
         wg, cols = _row_workgroup(dev, H, wg)
-        rpw = self.rows_per_workgroup(R, rows_per_wg)
+        self.rows_per_wg = rpw = self.rows_per_workgroup(R, rows_per_wg)
         self.n_parts = ceil_div(R, rpw)
         if self.n_parts > MAX_WORKGROUPS:
             raise ValueError(f"{self.n_parts} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")
@@ -111,7 +111,7 @@ class ResidualRmsNormBackward:
         """The first dispatch over rows [row0, row0 + rows) alone (the layer wavefront's chunk; row0 a
         multiple of B and of the rows per workgroup): each workgroup writes the whole window's partial of
         its rows, so the chunks' dispatches and then `reduce_op()` give `ops()`'s bits."""
-        rpw, R = self.rows_push[4], self.rows_push[0]
+        rpw, R = self.rows_per_wg, self.rows_push[0]
         if row0 % rpw or row0 % self.rows_push[1] or not 0 < rows <= R - row0:
             raise ValueError(f"rows [{row0}, {row0 + rows}) are not a chunk of {R} rows in blocks of {rpw}")
         groups = ceil_div(rows, rpw)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 from math import gcd
+from typing import NamedTuple
 
 from catchat.errors import UsageError
 from catchat.model import ParamLayout
@@ -96,22 +97,30 @@ def backward_bounds(T: int, n: int, B: int, rows_per_part: int) -> list[tuple[in
     return [(t0, min(t0 + size, T)) for t0 in range(0, T, size)]
 
 
+class ChunkGrads(NamedTuple):
+    """A layer's gradients over a chunk's rows that read its dGi (the wavefront backward's third stage)."""
+
+    dx: Gemm  # dx += dGi @ W_ih (op_at)
+    dw_ih: Gemm  # dW_ih += dGi^T x (ops_k_at; split-K partials in x[L])
+    db_ih: ColSum  # db_ih += column sums of dGi (ops_at)
+
+
 class WavefrontBackward:
     """The kernels of a wavefront backward over row chunks (the module docstring): per chunk size,
-    each layer l > 0's dx, dW_ih and db_ih over a chunk's rows."""
+    each layer l > 0's `ChunkGrads`."""
 
     def __init__(self, dev, layout: ParamLayout, b, g, k: BackwardKernels, precision: str, n_chunks: int):
         self.dev, self.B = dev, g.B
-        self.bounds = backward_bounds(g.T, n_chunks, g.B, k.layers[0].norm.rows_push[4])
+        self.bounds = backward_bounds(g.T, n_chunks, g.B, k.layers[0].norm.rows_per_wg)
         o, H, L = layout.offsets, g.H, g.L
-        self.rows: dict[int, list] = {}
+        self.rows: dict[int, list[ChunkGrads | None]] = {}
         for size in sorted({t1 - t0 for t0, t1 in self.bounds}):
             R = size * g.B
             split = min(gemm_split_k(dev, 3 * H, H, R), max(1, g.R // (3 * H)))  # partials in x[L] [T,B,H]
             per_layer = [None]
             for l in range(1, L):
                 p = f"layers.{l}."
-                per_layer.append((
+                per_layer.append(ChunkGrads(
                     Gemm(dev, (b.gi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,
                          beta=1.0, precision=precision),
                     Gemm(dev, (b.gi, 0, 3 * H), (b.x[l], 0, H), (b.grads, o[p + "gru.weight_ih"], H), 3 * H, H, R,
@@ -139,8 +148,8 @@ class WavefrontBackward:
                                    + [k.layers[l].dw_hh.ops() for l in finished])
             for l, t0, t1 in active:
                 if l > 0:
-                    dx, dw_ih, db_ih = self.rows[t1 - t0][l]
-                    ops += [dx.op_at(t0 * self.B)] + dw_ih.ops_k_at(t0 * self.B) + db_ih.ops_at(t0 * self.B)
+                    c, row = self.rows[t1 - t0][l], t0 * self.B
+                    ops += [c.dx.op_at(row)] + c.dw_ih.ops_k_at(row) + c.db_ih.ops_at(row)
         for l in range(L - 1, -1, -1):
             lay = k.layers[l]
             ops += [lay.norm.reduce_op()] + ([] if l in beside else lay.dw_hh.ops()) + lay.db_hh.ops()
