@@ -130,6 +130,16 @@ def test_wavefront_backward_schedule(dev, monkeypatch):
     monkeypatch.setenv(wavefront.WAVE_BACKWARD_ENV, "0")  # the layer-by-layer backward, the wavefront forward
     _, bwd = wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
     assert [op.name for op in bwd if isinstance(op, _Tag)][:3] == ["2:0-8", "1:0-8", "dW_hh 2"]
+    for l, lay in enumerate(prog.fwd.gru):
+        monkeypatch.setattr(lay, "steps_ops", lambda t0, t1, l=l: [_Tag(f"fwd {l}:{t0}-{t1}")])
+    monkeypatch.setenv(wavefront.WAVE_FORWARD_ENV, "0")  # ... and the other way round
+    monkeypatch.delenv(wavefront.WAVE_BACKWARD_ENV)
+    fwd, bwd = wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
+    assert [op.name for op in fwd if isinstance(op, _Tag)] == ["fwd 0:0-8", "fwd 1:0-8", "fwd 2:0-8"]
+    assert len([op for op in bwd if isinstance(op, _Tag)]) == 15  # the wavefront backward's, as above
+    monkeypatch.setenv(wavefront.WAVE_FORWARD_ENV, "yes")
+    with pytest.raises(UsageError, match="CATCHAT_WAVEFRONT_FORWARD"):
+        wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
 
 
 @pytest.mark.parametrize("persistent", ["1", "0"])

@@ -144,6 +144,7 @@ wf 1-p44 64 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44
 wf 8-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_WAVEFRONT_BACKWARD=0
 wf 8-p44-fwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_SWEEP_COOP=stream CATCHAT_PERSISTENT=44 CATCHAT_WAVEFRONT_BACKWARD=0
 wf 4 64 CATCHAT_WAVEFRONT=4
+wf 8-bwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_WAVEFRONT_FORWARD=0
 part parity-wavefront-fp32 env CATCHAT_WAVEFRONT=4 CATCHAT_PERSISTENT=1 $py -m catchat.cli parity --only model --summary
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each

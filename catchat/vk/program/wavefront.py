@@ -27,7 +27,9 @@ shared gi (split-K partials in x[L], whose do rows are dead by then). The rest w
 the norms' dg reduce (the chunks wrote the whole window's partials), dW_hh and db_hh (from save[l]),
 layer 0's bias, table0 and embedding gradients (layer 0 writes gi and dx last). The chunks start on
 the norm's row blocks (`backward_bounds`); dW_ih and db_ih summed chunk by chunk change their
-rounding, the rest gives the layer-by-layer bits.
+rounding, the rest gives the layer-by-layer bits. CATCHAT_WAVEFRONT_FORWARD=0 (or _BACKWARD=0) runs
+that direction layer by layer: at v3's 64 lanes the resident forward fills the GPU, two streamed
+backward sweeps fit it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build
 
 WAVE_ENV = "CATCHAT_WAVEFRONT"  # chunks of the window (unset or 1: the layer-by-layer forward)
 WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward with the layer-by-layer backward
+WAVE_FORWARD_ENV = "CATCHAT_WAVEFRONT_FORWARD"  # 0: the layer-by-layer forward with the wavefront backward
 
 
 def wave_chunks(T: int) -> int:
@@ -86,6 +89,15 @@ class Wavefront:
             ops += sq.side_by_side(self.dev, [[self.rows[t1 - t0].norm[l].op_at(t0 * self.B)]
                                               for l, t0, t1 in active])
         return ops + f.rows.head.ops()
+
+
+def _direction_on(env: str) -> bool:
+    """CATCHAT_WAVEFRONT_FORWARD / _BACKWARD: unset or 1 runs that direction as a wavefront, 0 layer by layer
+    (the wavefront of one direction alone: on the GPU, which one's sweeps overlap)."""
+    raw = os.environ.get(env, "").strip()
+    if raw not in ("", "0", "1"):
+        raise UsageError(f"{env}={raw!r} is not 0 or 1", hint="set 0 (layer by layer) or 1, or unset it")
+    return raw != "0"
 
 
 def backward_bounds(T: int, n: int, B: int, rows_per_part: int) -> list[tuple[int, int]]:
@@ -163,12 +175,13 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     (`sequences.forward_ops`, `sequences.backward_ops`), or as wavefronts of CATCHAT_WAVEFRONT chunks (the
     backward's where its saves are float32 and its sweeps persistent, and the chunks at least two)."""
     n = wave_chunks(g.T)
-    fwd = sq.forward_ops(f) if n < 2 else Wavefront(dev, layout, b, g, precision, n).forward_ops(f)
+    forward = n >= 2 and _direction_on(WAVE_FORWARD_ENV)
+    fwd = Wavefront(dev, layout, b, g, precision, n).forward_ops(f) if forward else sq.forward_ops(f)
     if k is None:
         return fwd, None
     bwd = None
     if n >= 2 and not g.save16 and g.L > 1 and all(lay.gru.sweep_workgroups for lay in k.layers) \
-            and os.environ.get(WAVE_BACKWARD_ENV, "").strip() != "0":
+            and _direction_on(WAVE_BACKWARD_ENV):
         wb = WavefrontBackward(dev, layout, b, g, k, precision, n)
         bwd = wb.backward_ops(k) if len(wb.bounds) > 1 else None
     return fwd, sq.backward_ops(k, dev) if bwd is None else bwd
