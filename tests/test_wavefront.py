@@ -164,6 +164,9 @@ def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, pe
         return prog.read("grads")[0].copy()
 
     waved = grads()
+    prog = Program(dev, ParamLayout(SPEC), 8, 4)
+    assert wavefront.recording_info(prog.geometry, prog.bwd) == dict(
+        wavefront_forward=4, wavefront_backward=4 if persistent == "1" else 1, dw_hh_beside=False)
     monkeypatch.delenv(wavefront.WAVE_ENV)
     np.testing.assert_allclose(waved, grads(), rtol=2e-5, atol=1e-7)
 

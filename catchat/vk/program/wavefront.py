@@ -179,9 +179,24 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     fwd = Wavefront(dev, layout, b, g, precision, n).forward_ops(f) if forward else sq.forward_ops(f)
     if k is None:
         return fwd, None
-    bwd = None
-    if n >= 2 and not g.save16 and g.L > 1 and all(lay.gru.sweep_workgroups for lay in k.layers) \
-            and _direction_on(WAVE_BACKWARD_ENV):
-        wb = WavefrontBackward(dev, layout, b, g, k, precision, n)
-        bwd = wb.backward_ops(k) if len(wb.bounds) > 1 else None
-    return fwd, sq.backward_ops(k, dev) if bwd is None else bwd
+    if not backward_wave(g, k, n):
+        return fwd, sq.backward_ops(k, dev)
+    return fwd, WavefrontBackward(dev, layout, b, g, k, precision, n).backward_ops(k)
+
+
+def backward_wave(g, k: BackwardKernels, n: int) -> bool:
+    """Whether the backward runs as a wavefront of n chunks: float32 saves, two layers or more, persistent
+    sweeps, CATCHAT_WAVEFRONT_BACKWARD not 0, and two chunks or more on the norm's row blocks."""
+    if n < 2 or g.save16 or g.L < 2 or not all(lay.gru.sweep_workgroups for lay in k.layers):
+        return False
+    return _direction_on(WAVE_BACKWARD_ENV) and len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) > 1
+
+
+def recording_info(g, k: BackwardKernels | None) -> dict:
+    """How a program's step is recorded beyond its kernels (a run's start event, so that a resume under
+    other settings shows in events.jsonl): the wavefront's chunks per direction (1: layer by layer) and
+    whether each dW_hh runs beside the sweep below."""
+    n = wave_chunks(g.T)
+    return dict(wavefront_forward=n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1,
+                wavefront_backward=n if k is not None and backward_wave(g, k, n) else 1,
+                dw_hh_beside=bool(g.overlap_dw_hh))
