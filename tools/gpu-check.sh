@@ -254,6 +254,10 @@ for c in v3 v5; do
         part "gen-tile$tile-$c" env CATCHAT_DECODE_TILE=$tile $py tools/bench_generate.py "configs/catchat-$c.toml" \
             --batches 32,64 --steps 1024 --decode fused --json "$out/gen-tile$tile-$c.json"
     done
+    # the batched step's one-timestep sweeps as a dispatch each instead of persistent ones (at T = 1 the
+    # persistent sweep's W_hh load and grid words are all overhead: its layers cost 53-58 us at v3)
+    part "gen-batched-perstep-$c" env CATCHAT_PERSISTENT=0 $py tools/bench_generate.py "configs/catchat-$c.toml" \
+        --batches 32,64 --steps 1024 --decode batched --json "$out/gen-batched-perstep-$c.json"
 done
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
