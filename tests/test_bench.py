@@ -424,3 +424,24 @@ def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, cap
     res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch"))
     assert "torch" not in res and res["torch_skipped"] == "torch is not importable (x)"
     assert "torch comparison skipped: torch is not importable (x)" in capsys.readouterr().out
+
+
+def test_results_table_puts_variants_side_by_side(tmp_path, capsys):
+    """tools/results_table.py: a row per bench file in a folder (other JSON skipped), the ratio to a base
+    file and to PyTorch's AMP bf16 row where present; an empty folder is an error (exit 2)."""
+    import results_table
+
+    def bench(name: str, tok: float, torch: dict | None = None) -> None:
+        c = dict(train_tokens_per_s=tok, step_ms=65536 / tok * 1e3, forward_ms=10.0, backward_ms=20.0,
+                 eval_tokens_per_s=2 * tok, device_bytes=2**30,
+                 profile=[["sweep", "L0 forward sweep", 5.0], ["gemm", "head", 1.5], ["sweep", "L0 backward", 6.0]])
+        (tmp_path / f"{name}.json").write_text(json.dumps(dict(catchat=c, torch=torch or {})))
+
+    bench("nooverlap", 1_000_000.0)
+    bench("overlap", 1_100_000.0, {"AMP bf16": {"train_tokens_per_s": 500_000.0}})
+    (tmp_path / "other.json").write_text("[1, 2]")
+    assert results_table.main([str(tmp_path), "--base", "nooverlap"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and lines[2].startswith("| nooverlap | 1,000,000 | 1.000 |  |")
+    assert "| overlap | 1,100,000 | 1.100 | 2.20 |" in lines[3] and "| 11.0 | 1.5 | 2,200,000 | 1.00 |" in lines[3]
+    assert results_table.main([str(tmp_path / "empty")]) == 2
