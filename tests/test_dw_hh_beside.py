@@ -110,3 +110,14 @@ def test_split_dw_hh_beside_keeps_its_partials_in_ws(dev, persistent, monkeypatc
     hp = model_parity.MODEL_CASES[0][-1]
     results = model_parity.model_parity(dev, spec, 16, 5, hp, label="split-K dW_hh beside")
     assert not [r for r in results if not r.ok], "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_dw_hh_and_the_sweep_below_are_independent(dev, persistent, monkeypatch):
+    """Lavapipe runs in the recorded order what a GPU runs at once: dW_hh recorded before the sweep below
+    instead of after it gives the same bits (neither reads what the other writes)."""
+    _, grads, params = _step(dev)
+    side_by_side = sequences.side_by_side
+    monkeypatch.setattr(sequences, "side_by_side", lambda dev, groups: side_by_side(dev, groups[::-1]))
+    _, grads_r, params_r = _step(dev)
+    np.testing.assert_array_equal(grads_r, grads)
+    np.testing.assert_array_equal(params_r, params)

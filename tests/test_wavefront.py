@@ -11,7 +11,7 @@ import pytest
 from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
-from catchat.vk.program import Program, plan, wavefront
+from catchat.vk.program import Program, plan, sequences, wavefront
 
 SPEC = ModelSpec(vocab_size=101, hidden=12, layers=3)
 
@@ -185,3 +185,29 @@ def test_wavefront_backward_on_the_float32_streamed_sweeps(dev, monkeypatch):
     assert prog.bwd.layers[0].gru.stream and prog.bwd.layers[0].gru.sweep_workgroups
     results = model_parity.model_parity(dev, spec, 8, 4, hp, label="float32 streamed wavefront")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
+def test_the_groups_recorded_side_by_side_are_independent(dev, monkeypatch):
+    """What a GPU runs at once, lavapipe runs in the recorded order. So each stage's groups recorded in the
+    reverse order must give the same bits: none reads what another writes, or writes what another touches
+    (a race on the GPU). Both wavefronts with dW_hh beside the sweeps, a training step."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setenv(wavefront.WAVE_ENV, "4")
+    monkeypatch.setenv(plan.OVERLAP_ENV, "1")
+    hp = replace(model_parity.MODEL_CASES[0][-1], lr=0.0)
+    layout = ParamLayout(SPEC)
+    flat, tokens, targets, resets, h0 = model_parity.model_inputs(SPEC, 8, 4, seed=9)
+    resets[4, 1] = resets[2, 3] = 1  # resets at chunk boundaries: the state rows the sweeps zero
+
+    def step() -> list:
+        prog = Program(dev, layout, 8, 4, optimizer=hp.optimizer)
+        prog.set_params(flat)
+        prog.set_carry(h0)
+        st = prog.train_step([(tokens, targets, resets)], hp, global_step=0)
+        return [np.array([st.loss]), *(a.copy() for a in prog.read("grads", "h0"))]
+
+    want = step()
+    side_by_side = sequences.side_by_side
+    monkeypatch.setattr(sequences, "side_by_side", lambda dev, groups: side_by_side(dev, groups[::-1]))
+    for got, exp in zip(step(), want):
+        np.testing.assert_array_equal(got, exp)
