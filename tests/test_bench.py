@@ -30,7 +30,8 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     res = bench.bench_catchat(cfg, dev, steps=1, warmup=1, want_profile=True)
     timings = ("train_tokens_per_s", "step_ms", "forward_ms", "backward_ms", "optimizer_ms", "eval_tokens_per_s",
                "build_s")
-    assert set(res) == {*timings, "device_bytes", "profile", "sweeps", "gemm_flop"}
+    assert set(res) == {*timings, "device_bytes", "profile", "sweeps", "gemm_flop", "recording"}
+    assert res["recording"] == dict(wavefront_forward=1, wavefront_backward=1, dw_hh_beside=False)  # the defaults
     assert [k for k in timings if not math.isfinite(res[k])] == []
     # the footprint holds at least the four model-sized float32 buffers: params, grads, AdamW's m and v
     spec = cfgmod.model_spec(cfg)
@@ -435,6 +436,7 @@ def test_results_table_puts_variants_side_by_side(tmp_path, capsys):
         c = dict(train_tokens_per_s=tok, step_ms=65536 / tok * 1e3, forward_ms=10.0, backward_ms=20.0,
                  eval_tokens_per_s=2 * tok, device_bytes=2**30,
                  profile=[["sweep", "L0 forward sweep", 5.0], ["gemm", "head", 1.5], ["sweep", "L0 backward", 6.0]])
+        c["recording"] = dict(wavefront_forward=1, wavefront_backward=8, dw_hh_beside=name == "overlap")
         (tmp_path / f"{name}.json").write_text(json.dumps(dict(catchat=c, torch=torch or {})))
 
     bench("nooverlap", 1_000_000.0)
@@ -442,6 +444,7 @@ def test_results_table_puts_variants_side_by_side(tmp_path, capsys):
     (tmp_path / "other.json").write_text("[1, 2]")
     assert results_table.main([str(tmp_path), "--base", "nooverlap"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 4 and lines[2].startswith("| nooverlap | 1,000,000 | 1.000 |  |")
-    assert "| overlap | 1,100,000 | 1.100 | 2.20 |" in lines[3] and "| 11.0 | 1.5 | 2,200,000 | 1.00 |" in lines[3]
+    assert len(lines) == 4 and lines[2].startswith("| nooverlap | wavefront 1/8 | 1,000,000 | 1.000 |  |")
+    assert "| overlap | wavefront 1/8, dW_hh beside | 1,100,000 | 1.100 | 2.20 |" in lines[3]
+    assert "| 11.0 | 1.5 | 2,200,000 | 1.00 |" in lines[3]
     assert results_table.main([str(tmp_path / "empty")]) == 2

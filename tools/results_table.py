@@ -3,7 +3,8 @@
 
     python tools/results_table.py OUT_DIR_OR_FILES... [--base NAME]
 
-A row per file: train and eval tokens/s, the step and its forward / backward split, the profile's
+A row per file: how the step was recorded (the wavefront's chunks forward/backward, 1 for layer by
+layer; dW_hh beside the sweep below), train and eval tokens/s, the step and its forward / backward split, the profile's
 sweeps and GEMMs (each group timed alone: overlap shows in the step, not here), device memory, the
 ratio to PyTorch's AMP bf16 row where the file has one (--compare-torch) and, with --base, each
 row's train tokens/s over the base file's (its name without .json).
@@ -38,7 +39,11 @@ def row(f: Path) -> dict:
     profile = c.get("profile") or []
     ms = {kind: sum(t for k, _, t in profile if k == kind) for kind in ("sweep", "gemm")}
     bf16 = (d.get("torch") or {}).get("AMP bf16") or {}
-    return dict(name=f.stem, train=c["train_tokens_per_s"], eval=c.get("eval_tokens_per_s"), step=c["step_ms"],
+    rec = c.get("recording") or {}  # how the step was recorded (files from 2026-12-05 on)
+    recording = (f"wavefront {rec['wavefront_forward']}/{rec['wavefront_backward']}"
+                 + (", dW_hh beside" if rec.get("dw_hh_beside") else "")) if rec else ""
+    return dict(name=f.stem, recording=recording, train=c["train_tokens_per_s"], eval=c.get("eval_tokens_per_s"),
+                step=c["step_ms"],
                 fwd=c.get("forward_ms"), bwd=c.get("backward_ms"), sweeps=ms["sweep"] if profile else None,
                 gemms=ms["gemm"] if profile else None, gib=c.get("device_bytes", 0) / 2**30,
                 vs_bf16=c["train_tokens_per_s"] / bf16["train_tokens_per_s"] if bf16 else None)
@@ -52,11 +57,12 @@ def table(rows: list[dict], base: str | None) -> str:
     def cell(v, fmt: str) -> str:
         return "" if v is None else format(v, fmt)
 
-    out = ["| file | train tok/s | vs base | vs AMP bf16 | step ms | fwd / bwd ms | sweeps ms | GEMMs ms "
-           "| eval tok/s | GiB |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| file | recorded | train tok/s | vs base | vs AMP bf16 | step ms | fwd / bwd ms | sweeps ms | GEMMs ms "
+           "| eval tok/s | GiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         split = f"{cell(r['fwd'], '.1f')} / {cell(r['bwd'], '.1f')}" if r["fwd"] is not None else ""
-        out.append(f"| {r['name']} | {r['train']:,.0f} | {cell(base_tok and r['train'] / base_tok, '.3f')} "
+        out.append(f"| {r['name']} | {r['recording']} | {r['train']:,.0f} "
+                   f"| {cell(base_tok and r['train'] / base_tok, '.3f')} "
                    f"| {cell(r['vs_bf16'], '.2f')} | {r['step']:.1f} | {split} | {cell(r['sweeps'], '.1f')} "
                    f"| {cell(r['gemms'], '.1f')} | {cell(r['eval'], ',.0f')} | {r['gib']:.2f} |")
     return "\n".join(out)
