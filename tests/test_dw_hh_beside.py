@@ -12,7 +12,7 @@ import pytest
 from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
-from catchat.vk.program import Program, plan, sequences
+from catchat.vk.program import Program, plan, sequences, wavefront
 
 SPEC = ModelSpec(vocab_size=101, hidden=12, layers=3)
 
@@ -49,6 +49,7 @@ def test_dw_hh_is_recorded_beside_the_sweep_below(dev, persistent, monkeypatch):
         pytest.skip("kp without patch 0007 records every dispatch with its barrier")
     prog = Program(dev, ParamLayout(SPEC), 5, 2)
     assert prog.geometry.overlap_dw_hh
+    assert wavefront.recording_info(prog.geometry, prog.bwd)["dw_hh_beside"]
     k = prog.bwd
     assert all(getattr(lay.dw_hh, "work", None) in (None, prog.buffers.ws) for lay in k.layers)
     for l, lay in enumerate(k.layers):  # tag the sweeps' and the dW_hh GEMMs' dispatches

@@ -196,7 +196,8 @@ def recording_info(g, k: BackwardKernels | None) -> dict:
     """How a program's step is recorded beyond its kernels (a run's start event, so that a resume under
     other settings shows in events.jsonl): the wavefront's chunks per direction (1: layer by layer) and
     whether each dW_hh runs beside the sweep below."""
-    n = wave_chunks(g.T)
+    n, training = wave_chunks(g.T), k is not None
+    waved = training and backward_wave(g, k, n)
     return dict(wavefront_forward=n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1,
-                wavefront_backward=n if k is not None and backward_wave(g, k, n) else 1,
-                dw_hh_beside=bool(g.overlap_dw_hh))
+                wavefront_backward=len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) if waved else 1,
+                dw_hh_beside=training and g.overlap_dw_hh and any(lay.gru.sweep_workgroups for lay in k.layers[:-1]))
