@@ -27,6 +27,7 @@ from catchat.vk.kernels.gru import (
     state_rows,
     w16_blocked,
 )
+from catchat.vk.program.wavefront import chunk_bounds
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
 BWD_ATOL, BWD_RTOL = 2e-6, 1e-5  # dGi, dGh, dh0: O(1) values after T steps of recursion
@@ -112,7 +113,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                       w_off=w_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=tw16, coop=coop,
                       stream_f32=stream_f32, save_half=save_half)
-    bounds = [(t0, min(t0 + -(-T // chunks), T)) for t0 in range(0, T, -(-T // chunks))]
+    bounds = chunk_bounds(T, chunks)
     fwd_ops = [op for t0, t1 in bounds for op in fwd.steps_ops(t0, t1)]
     bwd_ops = [op for t0, t1 in reversed(bounds) for op in bwd.steps_ops(t0, t1)]
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]

@@ -250,7 +250,10 @@ class Gemm(Kernel):
 
     def ops(self) -> list:
         """The dispatches to record, in order (two with split-K)."""
-        main = super().op(*self.push)
+        return self._ops(self.push)
+
+    def _ops(self, push) -> list:
+        main = super().op(*push)
         return [main] if self.reduce is None else [main, self.reduce.op()]
 
     def ops_k_at(self, k0: int) -> list:
@@ -261,8 +264,7 @@ class Gemm(Kernel):
             raise ValueError("ops_k_at needs A stored [K,M] (trans_a) and B stored [K,N]")
         p = list(self.push)
         p[3], p[5] = p[3] + int(k0) * p[4], p[5] + int(k0) * p[6]  # offset += k0 * leading dimension
-        main = super().op(*p)
-        return [main] if self.reduce is None else [main, self.reduce.op()]
+        return self._ops(p)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class BackwardKernels:
     optimizer: Optimizer
     spectral: SpectralProject
     unscale: list[Axpby]  # fp16: grads and dh0 *= hyper[HP_GRAD_UNSCALE] before the grad norm; fp32: none
-    overlap_dw_hh: bool = False  # Geometry.overlap_dw_hh: sequences.backward_groups records it so
+    overlap_dw_hh: bool = False  # Geometry.overlap_dw_hh (sequences.dw_hh_beside: where dW_hh is recorded)
 
 
 @dataclass

@@ -46,7 +46,6 @@ below it (`Geometry.overlap_dw_hh`: that sweep reads do from x[L] meanwhile).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -54,7 +53,6 @@ from typing import Any
 
 import numpy as np
 
-from catchat.errors import UsageError
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
@@ -71,6 +69,7 @@ from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
 from catchat.vk.kernels.optim import GradNorm, SpectralProject, decay_word_count, decay_words
 from catchat.vk.program.grad_slices import GradStages
+from catchat.vk.switches import env_switch
 
 Tensor = Any  # a kp tensor
 F32, U32 = np.float32, np.uint32
@@ -324,11 +323,8 @@ def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
     r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers.
     Opt-in (CATCHAT_OVERLAP_DW=1) until the H200 has timed it (gpu-check `bench-*-overlap`); the same
     results either way (the same dispatches)."""
-    raw = os.environ.get(OVERLAP_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise UsageError(f"{OVERLAP_ENV}={raw!r} is not 0 or 1",
-                         hint="set 1 (dW_hh beside the sweep below) or 0 (layer by layer, the default)")
-    return raw == "1" and layers > 1 and products != "stream" and dev.dispatches_concurrent
+    on = env_switch(OVERLAP_ENV, "set 1 (dW_hh beside the sweep below) or 0 (layer by layer, the default)")
+    return bool(on) and layers > 1 and products != "stream" and dev.dispatches_concurrent
 
 
 def streamed_backward(g: Geometry, dev: Device | None, precision: str) -> bool:

@@ -51,6 +51,12 @@ def side_by_side(dev, groups: list[list]) -> list:
     return ops
 
 
+def dw_hh_beside(k: BackwardKernels, l: int) -> bool:
+    """Whether layer l's dW_hh GEMM is recorded beside layer l-1's backward sweep: `k.overlap_dw_hh`
+    (its split-K partials in ws) and that sweep one persistent dispatch."""
+    return k.overlap_dw_hh and l > 0 and bool(k.layers[l - 1].gru.sweep_workgroups)
+
+
 def backward_groups(k: BackwardKernels, dev: Device | None = None) -> list[list]:
     """The backward in groups, in order: the head with the top layer, each layer below (norm,
     recurrent sweep, batched weight gradients), then layer 0 in two: its norm and sweep with the
@@ -61,7 +67,7 @@ def backward_groups(k: BackwardKernels, dev: Device | None = None) -> list[list]
     `backward_ops`), each layer's dW_hh GEMM moves beside the persistent backward sweep of the layer
     below, which runs while it does (that sweep's group then finishes it: no group ranges then)."""
     def beside_below(l: int) -> bool:  # layer l's dW_hh runs beside layer l-1's sweep
-        return dev is not None and k.overlap_dw_hh and l > 0 and bool(k.layers[l - 1].gru.sweep_workgroups)
+        return dev is not None and dw_hh_beside(k, l)
 
     def weight_grads(l: int) -> list:
         lay = k.layers[l]

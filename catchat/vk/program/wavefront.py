@@ -43,6 +43,7 @@ from catchat.model import ParamLayout
 from catchat.vk.kernels.gemm import ColSum, Gemm, gemm_split_k
 from catchat.vk.program import sequences as sq
 from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build_rows
+from catchat.vk.switches import env_switch
 
 WAVE_ENV = "CATCHAT_WAVEFRONT"  # chunks of the window (unset or 1: the layer-by-layer forward)
 WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward with the layer-by-layer backward
@@ -94,10 +95,7 @@ class Wavefront:
 def _direction_on(env: str) -> bool:
     """CATCHAT_WAVEFRONT_FORWARD / _BACKWARD: unset or 1 runs that direction as a wavefront, 0 layer by layer
     (the wavefront of one direction alone: on the GPU, which one's sweeps overlap)."""
-    raw = os.environ.get(env, "").strip()
-    if raw not in ("", "0", "1"):
-        raise UsageError(f"{env}={raw!r} is not 0 or 1", hint="set 0 (layer by layer) or 1, or unset it")
-    return raw != "0"
+    return env_switch(env, "set 0 (layer by layer) or 1, or unset it") is not False
 
 
 def backward_bounds(T: int, n: int, B: int, rows_per_part: int) -> list[tuple[int, int]]:
@@ -200,4 +198,4 @@ def recording_info(g, k: BackwardKernels | None) -> dict:
     waved = training and backward_wave(g, k, n)
     return dict(wavefront_forward=n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1,
                 wavefront_backward=len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) if waved else 1,
-                dw_hh_beside=training and g.overlap_dw_hh and any(lay.gru.sweep_workgroups for lay in k.layers[:-1]))
+                dw_hh_beside=training and any(sq.dw_hh_beside(k, l) for l in range(1, g.L)))

@@ -34,6 +34,7 @@ from catchat.vk.kernels.gru.stream import (
 )
 from catchat.vk.kernels.gru.tiled import _tiles_fit, n_workgroups, pick_tiles, shared_bytes
 from catchat.vk.occupancy import Residency, co_residency
+from catchat.vk.switches import env_switch
 
 
 def tile_row(dev: Device) -> tiles.GruRow:
@@ -105,15 +106,13 @@ def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str
     CATCHAT_SWEEP_STREAM32=1), [B, H] is a shape the streamed sweeps take and their persistent
     dispatch is shown co-resident; not with CATCHAT_SWEEP_STREAM32=0. CPU devices keep the tiled
     shaders (they run one workgroup at a time)."""
-    env = os.environ.get(STREAM_F32_ENV, "").strip()
-    if env not in ("", "0", "1"):
-        raise UsageError(f"{STREAM_F32_ENV}={env!r} is not 0 or 1", hint="unset it to let the program choose")
-    if precision != "fp32" or dev.info.type == "CPU" or env == "0":
+    forced = env_switch(STREAM_F32_ENV, "unset it to let the program choose")
+    if precision != "fp32" or dev.info.type == "CPU" or forced is False:
         return False
     resident = resident_workgroups(dev)
     if not (stream_ok(B, H) and resident):
         return False
-    if env != "1" and isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
+    if forced is not True and isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
         return False
     return sweep_residency(dev, stream_tiles(B, H, backward, f32=True), B, H, backward, resident).ok
 

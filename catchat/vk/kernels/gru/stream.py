@@ -25,6 +25,7 @@ import numpy as np
 
 from catchat.errors import UsageError
 from catchat.vk.kernels import ceil_div
+from catchat.vk.switches import env_switch
 
 STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups (subgroups) per lane fragment
@@ -188,13 +189,8 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
 def stream_flags(f32: bool = False) -> bool:
     """Whether the persistent streamed sweeps wait on block flags instead of a grid barrier: FLAGS_ENV
     0 or 1, else on tensor cores and not on the float32 sweeps (measured, above)."""
-    env = os.environ.get(FLAGS_ENV, "").strip()
-    if env in ("0", "1"):
-        return env == "1"
-    if not env:
-        return not f32
-    raise UsageError(f"{FLAGS_ENV}={env!r} is not 0 or 1", hint="unset it for the default, 1 for block flags, "
-                     "0 for the grid barrier")
+    on = env_switch(FLAGS_ENV, "unset it for the default, 1 for block flags, 0 for the grid barrier")
+    return not f32 if on is None else on
 
 
 def w16_blocked() -> bool:
