@@ -14,9 +14,11 @@
 // extent, leading dimension and, for a transposed operand, a transposed view). How those loads are
 // staged (through shared memory, asynchronously) and how the products are spread over the
 // subgroups is the driver's, which knows the hardware's fastest path; gemm_coopmat.comp does all of
-// that by hand on VK_NV_cooperative_matrix's subgroup fragments. The layouts clamp: elements
-// outside [M, K] / [K, N] (and past the split's k range) load as zero and stores outside [M, N] are
-// dropped, so any size, offset and leading dimension works.
+// that by hand on VK_NV_cooperative_matrix's subgroup fragments. A tile wholly inside the operands,
+// at 16-byte aligned offsets and strides, loads through unclamped layouts in an unrolled k loop (the
+// fast path of llama.cpp's mul_mm_cm2, which always clamping had cost). Any other tile clamps:
+// elements outside [M, K] / [K, N] (and past the split's k range) load as zero; stores outside
+// [M, N] are dropped, so any size, offset and leading dimension works.
 // Needs SPIR-V 1.6 and a glslang that knows GL_NV_cooperative_matrix2 (catchat.vk.shaders compiles
 // it with the newer compiler `make setup` fetches; Debian 12's glslc cannot).
 #extension GL_EXT_control_flow_attributes : enable
@@ -30,6 +32,9 @@ layout(local_size_x_id = 0) in;            // the workgroup size the driver's wo
 layout(constant_id = 1) const uint BM = 128;  // rows of C per workgroup
 layout(constant_id = 2) const uint BN = 128;  // columns of C per workgroup
 layout(constant_id = 3) const uint BK = 32;   // k-slice per product
+// k-slices per iteration of the in-bounds loop, so the next slices' loads are issued before a product
+// waits on the one before it (llama.cpp's mul_mm_cm2 unrolls 8)
+const uint UNROLL = 8;
 
 #ifdef FLOAT_IN
 #define ELEM float
@@ -62,52 +67,72 @@ float add_bias(const in uint row, const in uint col, const in float v, const in 
 }
 #endif
 
+// One k-slice of the product through layouts LA and LB (clamped or not), starting at k0.
+#ifdef TRANS_A
+#define LOAD_A(a, LA, A_OFF, k0) coopMatLoadTensorNV(a, A, A_OFF, sliceTensorLayoutNV(LA, k0, BK, m0, BM), transposed)
+#else
+#define LOAD_A(a, LA, A_OFF, k0) coopMatLoadTensorNV(a, A, A_OFF, sliceTensorLayoutNV(LA, m0, BM, k0, BK))
+#endif
+#ifdef TRANS_B
+#define LOAD_B(b, LB, B_OFF, k0) coopMatLoadTensorNV(b, B, B_OFF, sliceTensorLayoutNV(LB, n0, BN, k0, BK), transposed)
+#else
+#define LOAD_B(b, LB, B_OFF, k0) coopMatLoadTensorNV(b, B, B_OFF, sliceTensorLayoutNV(LB, k0, BK, n0, BN))
+#endif
+#ifdef FLOAT_IN
+// rounded to nearest even, as gemm.comp's ROUND_HALF and gemm_coopmat.comp's staging do
+#define MUL_ADD(a, b) acc = coopMatMulAdd(coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>(a), \
+                                          coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>(b), acc)
+#else
+#define MUL_ADD(a, b) acc = coopMatMulAdd(a, b, acc)
+#endif
+#define K_SLICE(LA, LB, A_OFF, B_OFF, k0) { \
+    coopmat<ELEM, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a; \
+    coopmat<ELEM, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b; \
+    LOAD_A(a, LA, A_OFF, k0); \
+    LOAD_B(b, LB, B_OFF, k0); \
+    MUL_ADD(a, b); }
+
+// Operand dimensions as stored: rows x columns of A and B, the k extent cut at the split's end.
+#ifdef TRANS_A
+#define A_DIMS(k_end) k_end, pc.M
+#else
+#define A_DIMS(k_end) pc.M, k_end
+#endif
+#ifdef TRANS_B
+#define B_DIMS(k_end) pc.N, k_end
+#else
+#define B_DIMS(k_end) k_end, pc.N
+#endif
+
 void main() {
     uint m0 = gl_WorkGroupID.x * BM, n0 = gl_WorkGroupID.y * BN, z = gl_WorkGroupID.z;
     uint k_begin = z * pc.k_split;
     uint k_end = min(pc.K, k_begin + pc.k_split);
-
-    // Each operand as stored, its k extent cut at the split's end (the clamp reads zeros past it).
-    tensorLayoutNV<2, CLAMP> tA = createTensorLayoutNV(2, CLAMP);
-    tensorLayoutNV<2, CLAMP> tB = createTensorLayoutNV(2, CLAMP);
     tensorViewNV<2, false, 1, 0> transposed = createTensorViewNV(2, false, 1, 0);
-#ifdef TRANS_A
-    tA = setTensorLayoutDimensionNV(tA, k_end, pc.M);
-#else
-    tA = setTensorLayoutDimensionNV(tA, pc.M, k_end);
-#endif
-#ifdef TRANS_B
-    tB = setTensorLayoutDimensionNV(tB, pc.N, k_end);
-#else
-    tB = setTensorLayoutDimensionNV(tB, k_end, pc.N);
-#endif
-    tA = setTensorLayoutStrideNV(tA, pc.lda, 1);
-    tB = setTensorLayoutStrideNV(tB, pc.ldb, 1);
-
     ACC acc = ACC(0.0);
-    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
-        coopmat<ELEM, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
-        coopmat<ELEM, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
-#ifdef TRANS_A
-        coopMatLoadTensorNV(a, A, pc.a_off, sliceTensorLayoutNV(tA, k0, BK, m0, BM), transposed);
-#else
-        coopMatLoadTensorNV(a, A, pc.a_off, sliceTensorLayoutNV(tA, m0, BM, k0, BK));
-#endif
-#ifdef TRANS_B
-        coopMatLoadTensorNV(b, B, pc.b_off, sliceTensorLayoutNV(tB, n0, BN, k0, BK), transposed);
-#else
-        coopMatLoadTensorNV(b, B, pc.b_off, sliceTensorLayoutNV(tB, k0, BK, n0, BN));
-#endif
-#ifdef FLOAT_IN
-        // rounded to nearest even, as gemm.comp's ROUND_HALF and gemm_coopmat.comp's staging do
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a16 =
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA>(a);
-        coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b16 =
-            coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB>(b);
-        acc = coopMatMulAdd(a16, b16, acc);
-#else
-        acc = coopMatMulAdd(a, b, acc);
-#endif
+
+    // The fast path, llama.cpp's: where the tile and every k-slice lie inside the operands and the
+    // offsets and strides are whole 16-byte groups, the loads need no bounds checks (an unclamped
+    // layout), the masks tell the compiler the alignment, and the k loop is unrolled.
+    bool aligned = ((pc.a_off | pc.lda | pc.b_off | pc.ldb) & 7u) == 0u;
+    if (m0 + BM <= pc.M && n0 + BN <= pc.N && (k_end - k_begin) % BK == 0u && aligned) {
+        uint a_off = pc.a_off & ~7u, b_off = pc.b_off & ~7u;
+        tensorLayoutNV<2> uA = createTensorLayoutNV(2);
+        tensorLayoutNV<2> uB = createTensorLayoutNV(2);
+        uA = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(uA, A_DIMS(k_end)), pc.lda & ~7u, 1);
+        uB = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(uB, B_DIMS(k_end)), pc.ldb & ~7u, 1);
+        uint k0 = k_begin;
+        for (; k0 + UNROLL * BK <= k_end; k0 += UNROLL * BK) {
+            [[unroll]] for (uint j = 0; j < UNROLL; ++j) K_SLICE(uA, uB, a_off, b_off, k0 + j * BK)
+        }
+        for (; k0 < k_end; k0 += BK) K_SLICE(uA, uB, a_off, b_off, k0)
+    } else {
+        // Clamped layouts: elements outside the operands (and past the split's k range) load as zero.
+        tensorLayoutNV<2, CLAMP> tA = createTensorLayoutNV(2, CLAMP);
+        tensorLayoutNV<2, CLAMP> tB = createTensorLayoutNV(2, CLAMP);
+        tA = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(tA, A_DIMS(k_end)), pc.lda, 1);
+        tB = setTensorLayoutStrideNV(setTensorLayoutDimensionNV(tB, B_DIMS(k_end)), pc.ldb, 1);
+        for (uint k0 = k_begin; k0 < k_end; k0 += BK) K_SLICE(tA, tB, pc.a_off, pc.b_off, k0)
     }
 
     // Epilogue: alpha * acc (+ beta * C) (+ bias), stored through C's layout (clamped to [M, N]).

@@ -147,3 +147,18 @@ def test_both_extensions_compile_from_one_source():
                         {"FLOAT_IN": 1, "PROBE_MMA_ONLY": 1}):
             words = np.frombuffer(shaders.compile_shader(name, defines)[:8], np.uint32)
             assert words[0] == 0x07230203 and (words[1] >> 8) & 0xFF == minor
+
+
+def test_split_k_ranges_are_whole_slices_for_the_workgroup_scope_kernel():
+    """gemm.k_ranges: ranges a multiple of 4 (vec4 loads along k), or of a coopmat2 tile's k-slice so
+    that every range takes the shader's unclamped loads; never more ranges than asked, none empty."""
+    assert gemm.k_ranges(1000, 1) == (1000, 1)
+    assert gemm.k_ranges(1000, 3) == (336, 3)
+    assert gemm.k_ranges(1000, 3, 32) == (352, 3)
+    assert gemm.k_ranges(8, 5) == (4, 2)
+    assert gemm.k_ranges(40, 5, 32) == (32, 2)
+    for K in (1, 31, 64, 1000, 32768):
+        for split in (2, 3, 5, 8):
+            for multiple in (4, 16, 32, 64):
+                k, n = gemm.k_ranges(K, split, multiple)
+                assert k % multiple == 0 and 1 <= n <= split and (n - 1) * k < K <= n * k

@@ -54,6 +54,9 @@ part bench-v5-fp16-nv env CATCHAT_COOP_API=nv $py -m catchat.cli bench configs/c
     --precision fp16 --profile --json "$out/bench-v5-fp16-nv.json"
 part gemm-khr-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat-khr --reps 5 --repeat 20 \
     --compare-torch --json "$out/gemm-khr-v3.json"
+# the workgroup-scope GEMM's parity with it picked first (its unclamped fast path: inner tiles of aligned
+# operands, split-K in whole k-slices), then its rows at v5 and v3 beside cuBLAS
+part parity-gemm-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli parity --only gemm --summary
 part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
     --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
 part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \

@@ -45,18 +45,21 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
               alpha=1.0, tiles=None, vec4=False, half=False, coopmat=False, precision="fp32",
-              coopmat2=None) -> ParityResult:
+              coopmat2=None, aligned=False) -> ParityResult:
     """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
     ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
-    contiguous extents allow); also checks that nothing outside C's [M,N] window changed.
+    contiguous extents allow; aligned, multiples of 8: 16-byte groups of halves, which
+    glsl/gemm_coopmat2.comp's unclamped fast path needs); also checks that nothing outside C's
+    [M,N] window changed.
     half: A and B in float16 (the twin multiplies the same float16 values exactly); precision
     "fp16": float32 A and B that the kernel rounds to float16 (the twin rounds them the same way,
     to nearest even); coopmat: on cooperative matrices (coopmat2 False: glsl/gemm_coopmat.comp's
     subgroup fragments; True: glsl/gemm_coopmat2.comp's workgroup-scope matrices)."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
-    pad = (lambda n, p: n + p) if not vec4 else (lambda n, p: 4 * ceil_div(n, 4) + 4)  # noqa: E731
-    a_off, b_off = (5, 17) if not vec4 else (8, 16)
+    q = 8 if aligned else 4 if vec4 else 0  # the leading dimensions' multiple (0: odd ones)
+    pad = (lambda n, p: n + p) if not q else (lambda n, p: q * ceil_div(n, q) + q)  # noqa: E731
+    a_off, b_off = (8, 16) if q else (5, 17)
     a_buf, a = _embed(rng, ar, ac, pad(ac, 3), a_off)
     b_buf, b = _embed(rng, br, bc, pad(bc, 1), b_off)
     c_buf, c = _embed(rng, M, N, N + 2, 9)
@@ -170,6 +173,17 @@ def _coopmat2_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
             out.append(gemm_case(dev, rng, 129, 101, 64, False, True, 1.0, True, alpha=-0.5, tiles=t, **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, **kw))
     out.append(gemm_case(dev, rng, 140, 260, 1000, True, False, 0.0, False, split_k=3, **kw))
+    # Aligned operands: the grid's inner tiles take the unclamped, unrolled loop (10 k-slices: one
+    # unrolled pass of 8, then 2), its last row and column of tiles the clamped one; split-K in whole
+    # k-slices, so every split takes the fast path.
+    for t in (kg.COOP2_TILE, kg.COOP2_NARROW_TILE, kg.Coop2Tiles(128, 128, 64)):
+        if t.problem(dev) is None:
+            for ta in (False, True):
+                for tb in (False, True):
+                    out.append(gemm_case(dev, rng, 2 * t.bm + 44, 2 * t.bn + 8, 10 * t.bk, ta, tb, 1.0, True,
+                                         tiles=t, aligned=True, **kw))
+            out.append(gemm_case(dev, rng, 2 * t.bm, t.bn, 24 * t.bk, True, False, 0.0, False, split_k=3,
+                                 alpha=0.5, tiles=t, aligned=True, **kw))
     return out
 
 

@@ -71,6 +71,16 @@ def _check_vector(tensor, off: int, n: int, what: str) -> None:
         raise ValueError(f"{what}: [{n}] at offset {off} exceeds its buffer of {tensor.size()} elements")
 
 
+def k_ranges(K: int, split_k: int, multiple: int = 4) -> tuple[int, int]:
+    """(k per range, ranges) of a GEMM split over K in at most split_k ranges: each a multiple of
+    `multiple` (4: vec4 loads along k stay whole; a workgroup-scope tile's k-slice: every range takes
+    its unclamped loads), fewer ranges where K is short. Not split: (K, 1)."""
+    if split_k <= 1:
+        return K, 1
+    k_split = multiple * ceil_div(ceil_div(K, split_k), multiple)
+    return k_split, ceil_div(max(K, 1), max(k_split, 1))
+
+
 def _vec4_ok(operand, contiguous_extent: int, along_k: bool, k_split: int) -> bool:
     """Whether a (tensor, offset, ld) operand can be read as whole vec4s: offset, leading
     dimension and the extent of its contiguous direction are multiples of 4 (along k, so is the
@@ -159,9 +169,7 @@ class Gemm(Kernel):
                              f"fragments on subgroups of {COOP_SUBGROUP}; {dev.info.name} offers "
                              f"{', '.join(dev.coop_shapes) or 'none'}")
         self.M, self.N, self.K, self.trans_a, self.trans_b = M, N, K, bool(trans_a), bool(trans_b)
-        # k-range per split, a multiple of 4 so that vec4 loads along k stay whole; S shrinks if K < S
-        k_split = K if split_k == 1 else 4 * ceil_div(ceil_div(K, split_k), 4)
-        self.split_k = ceil_div(max(K, 1), max(k_split, 1))
+        k_split, self.split_k = k_ranges(K, split_k)
         trans = (self.trans_a, bool(trans_b))
         t = tiles
         if coopmat:
@@ -183,6 +191,8 @@ class Gemm(Kernel):
             raise ValueError(problem)
         self.precision, self.coopmat, self.tiles = ("fp16" if half else precision), bool(coopmat), t
         self.coopmat2 = isinstance(t, Coop2Tiles)
+        if self.coopmat2:  # whole k-slices per split: each takes the shader's unclamped loads
+            k_split, self.split_k = k_ranges(K, split_k, t.bk)
         spec = t.spec()
         per_word = 2 if half else 1
         _check_matrix(a[0], a[1], *((K, M) if trans_a else (M, K)), a[2], "gemm A", per_word)

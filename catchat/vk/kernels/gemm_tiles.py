@@ -263,7 +263,8 @@ ENV_COOP_API = "CATCHAT_COOP_API"
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on
-# 128 threads with float16 ones (134-168); both below the subgroup fragments' 165-203, hence not the default
+# 128 threads with float16 ones (134-168); both below the subgroup fragments' 165-203, hence not the default.
+# Those rows predate the shader's unclamped, unrolled fast path (llama.cpp's), not yet measured.
 COOP2_TILE = Coop2Tiles(128, 256, 32)
 COOP2_NARROW_TILE = Coop2Tiles(128, 128, 32, 128)
 
