@@ -3,6 +3,7 @@ micro-batch, --tune caches the fastest tiles the pickers then use; and the bench
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -272,6 +273,20 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
     assert sum(line.startswith("  ") for line in out.splitlines()) >= 11
     with pytest.raises(VulkanUnavailable, match="vkCreate"):
         compute_pipeline_statistics(b"\x03\x02\x23\x07" + bytes(20), 1, 0)
+
+
+def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch, capsys):
+    """--decode: generation's layer and head pipelines at 8, 16 and 32 streams per tile (at 20 streams
+    the 32 tile is the batch's power of two); the user's CATCHAT_DECODE_TILE is left as it was."""
+    import shader_stats
+
+    monkeypatch.setenv("CATCHAT_DECODE_TILE", "4")
+    args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=12", "--decode", "--decode-batch", "20"]
+    assert shader_stats.main(args) == 0
+    out = capsys.readouterr().out
+    for tile in (8, 16, 32):
+        assert f"decode_layer, 20 streams: tile {tile}, " in out and f"decode_head, 20 streams: tile {tile}, " in out
+    assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 
 # ------------------------------------------------------------------------- tools/bench_generate.py

@@ -253,6 +253,8 @@ xq fp16
 for c in v3 v5; do
     part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode fused,batched --compare-torch --json "$out/gen-decode-$c.json"
+    # the fused step's registers and local memory (spills) at 64 streams for tiles of 8, 16 and 32
+    part "shader-stats-decode-$c" $py tools/shader_stats.py "configs/catchat-$c.toml" --decode
     for tile in 16 32; do
         part "gen-tile$tile-$c" env CATCHAT_DECODE_TILE=$tile $py tools/bench_generate.py "configs/catchat-$c.toml" \
             --batches 32,64 --steps 1024 --decode fused --json "$out/gen-tile$tile-$c.json"

@@ -13,7 +13,9 @@ a tile shape spills its W_hh slice. --coop builds the sweeps with their products
 (what fp16 runs on a GPU with cooperative matrices): how many registers are left for a second
 workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
-GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?). Drivers
+GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
+--decode generation's fused decode layer and head at --decode-batch streams for each stream tile
+(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?). Drivers
 without the extension
 (lavapipe) still compile and create the pipelines.
 """
@@ -64,6 +66,32 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     return fwd, bwd
 
 
+def decode_kernels(dev, cfg, B: int, tile: int):
+    """Generation's fused decode layer and head for B streams at CONFIG's shape, built with stream tile
+    `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
+    import os
+
+    from catchat.vk.kernels import decode
+
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    s = layout.spec
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    params, ysum, ctl = f32(layout.total), f32(s.layers * B * s.hidden), u32(B * slots.DS_WORDS)
+    before = os.environ.get(decode.TILE_ENV)
+    os.environ[decode.TILE_ENV] = str(tile)
+    try:
+        layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
+                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B)
+        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
+    finally:
+        if before is None:
+            os.environ.pop(decode.TILE_ENV)
+        else:
+            os.environ[decode.TILE_ENV] = before
+    return layer, head
+
+
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
     """Create `kernel`'s pipeline (with `defines` over its own) with statistics capture; print them."""
     spirv = compile_shader(kernel.shader, {**kernel.defines, **defines})
@@ -86,6 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--coop", action="store_true", help="the sweeps' products on tensor cores (fp16)")
     ap.add_argument("--coop-gemm", action="store_true",
                     help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
+    ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
+    ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode (default 64)")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -115,6 +145,11 @@ def main(argv=None) -> int:
         for t in gemm.coop_candidates(dev, (False, True)):
             g = gemm.Gemm(dev, tiles=t, precision="fp16", coopmat=True, **kw)
             print_statistics(dev, g, f"{t.shader}, input projection: {t}, {t.threads} threads", {})
+    if args.decode:
+        for tile in (8, 16, 32):
+            for k in decode_kernels(dev, cfg, args.decode_batch, tile):
+                print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: tile {k.tile}, "
+                                 f"{k.workgroup} threads", {})
     return 0
 
 
