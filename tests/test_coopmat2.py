@@ -162,3 +162,24 @@ def test_split_k_ranges_are_whole_slices_for_the_workgroup_scope_kernel():
             for multiple in (4, 16, 32, 64):
                 k, n = gemm.k_ranges(K, split, multiple)
                 assert k % multiple == 0 and 1 <= n <= split and (n - 1) * k < K <= n * k
+
+
+def test_the_share_of_workgroups_on_the_unclamped_path():
+    """Gemm.unclamped_share, what tools/bench_gemm.py prints beside a workgroup-scope row: inner tiles of
+    aligned operands whose k range is whole slices; none where an offset or stride is not 16-byte groups;
+    None for the other kernels. (The values themselves are checked by `catchat parity` on a GPU.)"""
+    def fake(M, N, K, tiles, split_k=1, offsets=(8, 264, 16, 520), coopmat2=True):
+        g = object.__new__(gemm.Gemm)
+        k_split, g.split_k = gemm.k_ranges(K, split_k, tiles.bk)
+        g.M, g.N, g.K, g.tiles, g.coopmat2 = M, N, K, tiles, coopmat2
+        g.grid = [-(-M // tiles.bm), -(-N // tiles.bn), g.split_k]
+        g.push = (M, N, K, *offsets, 0, N, 0, 1.0, 0.0, k_split, 0)
+        return g
+
+    t = gemm.COOP2_TILE  # 128 x 256, 32-deep slices
+    assert fake(32768, 6144, 2048, t).unclamped_share() == 1.0  # v5's input projection: every tile
+    assert fake(300, 520, 320, t).unclamped_share() == 4 / 9  # 2 x 2 inner tiles of 3 x 3
+    assert fake(300, 520, 330, t).unclamped_share() == 0.0  # k not whole slices
+    assert fake(256, 256, 1000, t, split_k=3).unclamped_share() == 2 / 3  # 352, 352, then 296
+    assert fake(256, 256, 1024, t, offsets=(5, 264, 16, 520)).unclamped_share() == 0.0
+    assert fake(256, 256, 1024, t, coopmat2=False).unclamped_share() is None

@@ -271,6 +271,8 @@ def main(argv=None) -> int:
                 ref = refs.setdefault(p != "f32", got)  # float16 rows against the first float16 one
                 diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
                 kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
+                if g.unclamped_share() is not None:  # the workgroup-scope kernel: how much took its fast path
+                    kind += f" ({g.unclamped_share():.0%} unclamped)"
                 if isinstance(g.tiles, ProbeTiles):
                     diff, kind = 0.0, f"{kind} {g.tiles.probe}"  # not the product: nothing to compare
                 program = current and p in ("f32", "coopmat2" if gemm.coopmat2_runs(dev) else "coopmat")

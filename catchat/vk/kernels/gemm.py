@@ -243,6 +243,19 @@ class Gemm(Kernel):
         super().__init__(dev, tensors, grid, spec=spec, push=self.push, defines=defines,
                          shader=("gemm_coopmat2" if self.coopmat2 else t.shader) if coopmat else None)
 
+    def unclamped_share(self) -> float | None:
+        """The share of glsl/gemm_coopmat2.comp's workgroups that take its unclamped fast path (a tile
+        inside [M, N], its k range whole slices, operand offsets and strides in 16-byte groups): what a
+        benchmark row measured. None for the other kernels."""
+        if not self.coopmat2:
+            return None
+        M, N, K, t = self.M, self.N, self.K, self.tiles
+        k_split = self.push[12]
+        if any(v % 8 for v in self.push[3:7]):
+            return 0.0
+        whole = sum((min(K, z * k_split + k_split) - z * k_split) % t.bk == 0 for z in range(self.split_k))
+        return (M // t.bm) * (N // t.bn) * whole / (self.grid[0] * self.grid[1] * self.split_k)
+
     def op(self):
         """The one dispatch (split_k == 1)."""
         if self.reduce is not None:
