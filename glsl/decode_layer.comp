@@ -14,7 +14,13 @@
 // Work split: a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
 // (coalesced weight rows), each lane keeps 6 x SB partial dot products (3 gates x {ih, hh}) in
 // registers, and one subgroupAdd per partial ends it. No shared memory, no barriers.
-// Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs. H and B are
+// Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs.
+// UNIT_PER_LANE (CATCHAT_DECODE=lanes) splits the other way: a lane owns one unit for the tile's
+// streams, so no subgroup reduction ends its sums. Each subgroup of the workgroup takes every NSUB-th
+// k step (the streams' inputs are one address for all lanes: a broadcast; the weights a row per
+// lane), and the NSUB partial sums meet in shared memory, added in subgroup order by subgroup 0,
+// which finishes the cell. Workgroup w: units [(w % units_wgs) * lanes, ...) of stream tile
+// w / units_wgs. The same sums as the subgroup split, in another order (not the same bits). H and B are
 // specialization constants (the k loop's trip count is known when the pipeline is built) and, with
 // VEC4, lanes read 4 consecutive k as one vec4 (H % 4 == 0; every offset is then a multiple of 4).
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -72,6 +78,7 @@ float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2,
     return (1.0 - z) * n + z * hold;
 }
 
+#ifndef UNIT_PER_LANE
 void main() {
     uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x;
@@ -144,3 +151,89 @@ void main() {
         }
     }
 }
+#else
+// The partial sums of the workgroup's subgroups: quantity q (ah, ai by gate and stream, then ss by
+// stream) of invocation i at q * WG + i (consecutive invocations, consecutive words).
+const uint QN = 7u * SB;
+shared float part[QN * gl_WorkGroupSize.x];
+
+void main() {
+    uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
+    uint sg = gl_SubgroupID, me = gl_LocalInvocationIndex, WG = gl_WorkGroupSize.x;
+    uint wg = gl_WorkGroupID.x;
+    uint j_own = (wg % pc.units_wgs) * lanes + lane;
+    uint j = min(j_own, H - 1u);  // lanes past H compute a copy of the last unit and store nothing
+    uint b0 = (wg / pc.units_wgs) * SB;
+    uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
+    bool first = l == 0u;
+    const uint HW = H / W;  // k steps of W floats
+
+    float ai[3][SB], ah[3][SB], ss[SB], keep[SB];
+    [[unroll]] for (uint s = 0u; s < SB; ++s) {
+        ss[s] = 0.0;
+        uint b = min(b0 + s, B - 1u);
+        keep[s] = token[b] != pc.bos ? 1.0 : 0.0;  // <bos>: the state entering is zero
+        [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
+    }
+    uint wh = pc.w_hh / W + j * HW, wi = pc.w_ih / W + j * HW;
+    for (uint k = sg; k < HW; k += nsub) {
+        VT wh0 = params[wh + k], wh1 = params[wh + H * HW + k], wh2 = params[wh + 2u * H * HW + k];
+        VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
+        if (!first) {
+            wi0 = params[wi + k]; wi1 = params[wi + H * HW + k]; wi2 = params[wi + 2u * H * HW + k];
+            gk = params[pc.g_prev / W + k];
+        }
+        [[unroll]] for (uint s = 0u; s < SB; ++s) {
+            uint b = min(b0 + s, B - 1u);  // streams past B: a copy of the last, never stored
+            VT hold = state[st(oldh, l, b) / W + k] * keep[s];
+            ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
+            if (!first) {
+                VT y = ysum[((l - 1u) * B + b) * HW + k];
+                ss[s] += DOT(y, y);
+                VT yg = y * gk;
+                ai[0][s] += DOT(wi0, yg); ai[1][s] += DOT(wi1, yg); ai[2][s] += DOT(wi2, yg);
+            }
+        }
+    }
+    [[unroll]] for (uint s = 0u; s < SB; ++s) {
+        [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+            part[(g * SB + s) * WG + me] = ah[g][s];
+            part[((3u + g) * SB + s) * WG + me] = ai[g][s];
+        }
+        part[(6u * SB + s) * WG + me] = ss[s];
+    }
+    barrier();
+    if (sg != 0u) return;
+
+    float bi0 = params1[pc.b_ih + j], bi1 = params1[pc.b_ih + H + j], bi2 = params1[pc.b_ih + 2u * H + j];
+    float bh0 = params1[pc.b_hh + j], bh1 = params1[pc.b_hh + H + j], bh2 = params1[pc.b_hh + 2u * H + j];
+    float gj = first ? 0.0 : params1[pc.g_prev + j];
+    [[unroll]] for (uint s = 0u; s < SB; ++s) {
+        uint b = b0 + s;
+        if (b >= B) break;  // uniform in the subgroup
+        float sum[7];
+        [[unroll]] for (uint q = 0u; q < 7u; ++q) {
+            float t = 0.0;
+            for (uint g = 0u; g < nsub; ++g) t += part[(q * SB + s) * WG + g * lanes + lane];
+            sum[q] = t;
+        }
+        float hold_j = state1[st(oldh, l, b) + j];
+        float gi0, gi1, gi2, x;
+        if (first) {
+            layer0_input(token[b], j, gi0, gi1, gi2, x);
+        } else {
+            float rstd = 1.0 / sqrt(sum[6] / float(H) + pc.eps);
+            gi0 = sum[3] * rstd; gi1 = sum[4] * rstd; gi2 = sum[5] * rstd;
+            x = ysum1[((l - 1u) * B + b) * H + j] * rstd * gj;
+        }
+        if (j_own < H) {
+            float h = ctl[b * DS_WORDS + DS_DONE] != 0u
+                          ? hold_j
+                          : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, sum[0] + bh0, sum[1] + bh1, sum[2] + bh2,
+                                     hold_j * keep[s]);
+            state1[st(newh, l, b) + j] = h;
+            ysum1[(l * B + b) * H + j] = x + h;
+        }
+    }
+}
+#endif

@@ -2,7 +2,7 @@
 """Generation speed of catchat beside PyTorch: characters per second and time to the first character.
 
     python tools/bench_generate.py configs/catchat-v3.toml [--batches 1,64] [--steps 200] [--chunk N]
-                                   [--decode fused,batched] [--compare-torch [--graph-chunk 64]]
+                                   [--decode fused,batched,lanes] [--compare-torch [--graph-chunk 64]]
                                    [--json out.json]
 
 For each batch size B (independent streams generated at once) every variant generates --steps
@@ -370,7 +370,7 @@ def main(argv=None):
     ap.add_argument("--graph-chunk", type=int, default=GRAPH_CHUNK,
                     help=f"decode steps per CUDA graph replay (default {GRAPH_CHUNK})")
     ap.add_argument("--decode", default=None,
-                    help="comma-separated decode steps to time, each a catchat row: fused, batched "
+                    help=f"comma-separated decode steps to time, each a catchat row: {', '.join(DECODE_KINDS)} "
                          f"(catchat/vk/program/decoder.py; default: ${DECODE_ENV}'s, else the Generator's "
                          "choice at each batch)")
     ap.add_argument("--json", type=Path, help="also write the results here")

@@ -48,27 +48,45 @@ def stream_tile(B: int) -> int:
     return min(max_stream_tile(), 1 << max(0, math.ceil(math.log2(max(1, B)))))
 
 
+LANE_SPLIT_SUBGROUPS = 4  # split="lanes": subgroups per workgroup, each every 4th k step of the lanes' units
+SPLITS = ("subgroup", "lanes")
+
+
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
     `step(layer, parity)` for each layer: one pipeline serves them all (the shader reads which
-    layer, the first one's input included, from the push constants)."""
+    layer, the first one's input included, from the push constants). split "subgroup": a subgroup
+    per unit and stream tile, its lanes over k; "lanes": a lane per unit, the workgroup's subgroups
+    over k, summed in shared memory (glsl/decode_layer.comp's UNIT_PER_LANE; its tile is capped
+    where the partial sums would not fit the device's shared memory)."""
 
     shader = "decode_layer"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int):
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
+                 split: str = "subgroup"):
+        if split not in SPLITS:
+            raise ValueError(f"decode layer split {split!r}: expected one of {', '.join(SPLITS)}")
         s = layout.spec
-        self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
-        sub = max(1, dev.info.subgroup_size)  # a subgroup per unit and stream tile
-        # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
-        # streams: eight, which share their stream tile's inputs through L1
-        self.workgroup = (2 if self.B == 1 else 8) * sub
-        self.units_wgs = ceil_div(self.H, self.workgroup // sub)
+        self.layout, self.B, self.H, self.L, self.split = layout, int(B), s.hidden, s.layers, split
+        sub = max(1, dev.info.subgroup_size)
         self.tile = stream_tile(self.B)
+        defines = {"VEC4": 1} if self.H % 4 == 0 else {}
+        if split == "lanes":
+            self.workgroup = LANE_SPLIT_SUBGROUPS * sub
+            self.units_wgs = ceil_div(self.H, sub)
+            while self.tile > 1 and 7 * self.tile * self.workgroup * 4 > dev.info.max_shared_memory_bytes:
+                self.tile //= 2
+            defines["UNIT_PER_LANE"] = 1
+        else:
+            # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
+            # streams: eight, which share their stream tile's inputs through L1
+            self.workgroup = (2 if self.B == 1 else 8) * sub
+            self.units_wgs = ceil_div(self.H, self.workgroup // sub)
         wgs = self.units_wgs * ceil_div(self.B, self.tile)
         super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
                          spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0, 0),
-                         defines={"VEC4": 1} if self.H % 4 == 0 else None)
+                         defines=defines or None)
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
