@@ -15,12 +15,14 @@
 // (coalesced weight rows), each lane keeps 6 x SB partial dot products (3 gates x {ih, hh}) in
 // registers, and one subgroupAdd per partial ends it. No shared memory, no barriers.
 // Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs.
-// UNIT_PER_LANE (CATCHAT_DECODE=lanes) splits the other way: a lane owns one unit for the tile's
-// streams, so no subgroup reduction ends its sums. Each subgroup of the workgroup takes every NSUB-th
-// k step (the streams' inputs are one address for all lanes: a broadcast; the weights a row per
-// lane), and the NSUB partial sums meet in shared memory, added in subgroup order by subgroup 0,
-// which finishes the cell. Workgroup w: units [(w % units_wgs) * lanes, ...) of stream tile
-// w / units_wgs. The same sums as the subgroup split, in another order (not the same bits). H and B are
+// UNIT_PER_LANE (CATCHAT_DECODE=lanes) splits the other way: a lane owns one unit for a tile's
+// streams, so no subgroup reduction ends its sums. A workgroup is KS x TS subgroups: TS stream tiles
+// (each weight row a lane loads serves the TS tiles' subgroups through L1), each split over k in
+// KS subgroups taking every KS-th k step (the streams' inputs are one address for all lanes: a
+// broadcast; the weights a row per lane). The KS partial sums meet in shared memory, added in split
+// order by the first, which finishes the cell. Workgroup w: units [(w % units_wgs) * SUB, ...) of
+// stream tiles (w / units_wgs) * TS + [0, TS). The same sums as the subgroup split in another order
+// (not the same bits). H and B are
 // specialization constants (the k loop's trip count is known when the pipeline is built) and, with
 // VEC4, lanes read 4 consecutive k as one vec4 (H % 4 == 0; every offset is then a multiple of 4).
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -152,18 +154,24 @@ void main() {
     }
 }
 #else
-// The partial sums of the workgroup's subgroups: quantity q (ah, ai by gate and stream, then ss by
-// stream) of invocation i at q * WG + i (consecutive invocations, consecutive words).
+// Workgroup shape of the lane split: KS subgroups over k for each of TS stream tiles (KS x TS
+// subgroups of SUB lanes, SUB the device's subgroup size).
+layout(constant_id = 4) const uint KS = 1;
+layout(constant_id = 5) const uint TS = 1;
+layout(constant_id = 6) const uint SUB = 32;
+// The partial sums of the subgroups past the first of each k split: quantity q (ah, ai by gate and
+// stream, then ss by stream) of slot i (one per lane of those subgroups) at q * NP + i.
 const uint QN = 7u * SB;
-shared float part[QN * gl_WorkGroupSize.x];
+const uint NP = (KS > 1u ? KS - 1u : 1u) * TS * SUB;
+shared float part[QN * NP];
 
 void main() {
-    uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
-    uint sg = gl_SubgroupID, me = gl_LocalInvocationIndex, WG = gl_WorkGroupSize.x;
+    uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
+    uint ks = sg % KS, ts = sg / KS;  // this subgroup's k split and stream tile
     uint wg = gl_WorkGroupID.x;
-    uint j_own = (wg % pc.units_wgs) * lanes + lane;
+    uint j_own = (wg % pc.units_wgs) * SUB + lane;
     uint j = min(j_own, H - 1u);  // lanes past H compute a copy of the last unit and store nothing
-    uint b0 = (wg / pc.units_wgs) * SB;
+    uint b0 = ((wg / pc.units_wgs) * TS + ts) * SB;
     uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
     bool first = l == 0u;
     const uint HW = H / W;  // k steps of W floats
@@ -171,12 +179,12 @@ void main() {
     float ai[3][SB], ah[3][SB], ss[SB], keep[SB];
     [[unroll]] for (uint s = 0u; s < SB; ++s) {
         ss[s] = 0.0;
-        uint b = min(b0 + s, B - 1u);
+        uint b = min(b0 + s, B - 1u);  // streams past B: a copy of the last, never stored
         keep[s] = token[b] != pc.bos ? 1.0 : 0.0;  // <bos>: the state entering is zero
         [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
     }
     uint wh = pc.w_hh / W + j * HW, wi = pc.w_ih / W + j * HW;
-    for (uint k = sg; k < HW; k += nsub) {
+    for (uint k = ks; k < HW; k += KS) {
         VT wh0 = params[wh + k], wh1 = params[wh + H * HW + k], wh2 = params[wh + 2u * H * HW + k];
         VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
         if (!first) {
@@ -184,7 +192,7 @@ void main() {
             gk = params[pc.g_prev / W + k];
         }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            uint b = min(b0 + s, B - 1u);  // streams past B: a copy of the last, never stored
+            uint b = min(b0 + s, B - 1u);
             VT hold = state[st(oldh, l, b) / W + k] * keep[s];
             ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
             if (!first) {
@@ -195,45 +203,53 @@ void main() {
             }
         }
     }
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-            part[(g * SB + s) * WG + me] = ah[g][s];
-            part[((3u + g) * SB + s) * WG + me] = ai[g][s];
+    if (KS > 1u) {
+        if (ks > 0u) {
+            uint slot = (ts * (KS - 1u) + ks - 1u) * SUB + lane;
+            [[unroll]] for (uint s = 0u; s < SB; ++s) {
+                [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+                    part[(g * SB + s) * NP + slot] = ah[g][s];
+                    part[((3u + g) * SB + s) * NP + slot] = ai[g][s];
+                }
+                part[(6u * SB + s) * NP + slot] = ss[s];
+            }
         }
-        part[(6u * SB + s) * WG + me] = ss[s];
+        barrier();
+        if (ks > 0u) return;
+        // the k splits' sums, added in split order to the first's
+        [[unroll]] for (uint s = 0u; s < SB; ++s) {
+            for (uint r = 1u; r < KS; ++r) {
+                uint slot = (ts * (KS - 1u) + r - 1u) * SUB + lane;
+                [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+                    ah[g][s] += part[(g * SB + s) * NP + slot];
+                    ai[g][s] += part[((3u + g) * SB + s) * NP + slot];
+                }
+                ss[s] += part[(6u * SB + s) * NP + slot];
+            }
+        }
     }
-    barrier();
-    if (sg != 0u) return;
 
     float bi0 = params1[pc.b_ih + j], bi1 = params1[pc.b_ih + H + j], bi2 = params1[pc.b_ih + 2u * H + j];
     float bh0 = params1[pc.b_hh + j], bh1 = params1[pc.b_hh + H + j], bh2 = params1[pc.b_hh + 2u * H + j];
     float gj = first ? 0.0 : params1[pc.g_prev + j];
     [[unroll]] for (uint s = 0u; s < SB; ++s) {
         uint b = b0 + s;
-        if (b >= B) break;  // uniform in the subgroup
-        float sum[7];
-        [[unroll]] for (uint q = 0u; q < 7u; ++q) {
-            float t = 0.0;
-            for (uint g = 0u; g < nsub; ++g) t += part[(q * SB + s) * WG + g * lanes + lane];
-            sum[q] = t;
-        }
+        if (b >= B || j_own >= H) break;  // nothing to store
         float hold_j = state1[st(oldh, l, b) + j];
         float gi0, gi1, gi2, x;
         if (first) {
             layer0_input(token[b], j, gi0, gi1, gi2, x);
         } else {
-            float rstd = 1.0 / sqrt(sum[6] / float(H) + pc.eps);
-            gi0 = sum[3] * rstd; gi1 = sum[4] * rstd; gi2 = sum[5] * rstd;
+            float rstd = 1.0 / sqrt(ss[s] / float(H) + pc.eps);
+            gi0 = ai[0][s] * rstd; gi1 = ai[1][s] * rstd; gi2 = ai[2][s] * rstd;
             x = ysum1[((l - 1u) * B + b) * H + j] * rstd * gj;
         }
-        if (j_own < H) {
-            float h = ctl[b * DS_WORDS + DS_DONE] != 0u
-                          ? hold_j
-                          : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, sum[0] + bh0, sum[1] + bh1, sum[2] + bh2,
-                                     hold_j * keep[s]);
-            state1[st(newh, l, b) + j] = h;
-            ysum1[(l * B + b) * H + j] = x + h;
-        }
+        float h = ctl[b * DS_WORDS + DS_DONE] != 0u
+                      ? hold_j
+                      : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, ah[0][s] + bh0, ah[1][s] + bh1, ah[2][s] + bh2,
+                                 hold_j * keep[s]);
+        state1[st(newh, l, b) + j] = h;
+        ysum1[(l * B + b) * H + j] = x + h;
     }
 }
 #endif

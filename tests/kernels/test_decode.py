@@ -84,3 +84,20 @@ def test_a_failed_submit_is_a_device_lost_error(dev):
     gen._decoder.seq_chunks = [Lost(), Lost()]
     with pytest.raises(DeviceLost, match="failed while running generation: vk::Queue::submit"):
         gen.generate(np.array([vocab.BOS], np.uint32), 40, Sampling(), stop_at=None)
+
+
+def test_the_lane_split_shapes_its_workgroups_from_the_grid():
+    """decode.lane_split: at v3's 64 streams on an H200 (132 SMs) one stream tile a workgroup over 4 k
+    splits (128 workgroups: the weights stay in L2), at v5's four tiles over 2 (each row read by one
+    workgroup per 4 tiles: they do not stay in L2); never more than 8 subgroups or the batch's tiles; a
+    CPU (0 SMs) takes the most tiles, so lavapipe's parity rows reach both the k splits' sums and
+    several tiles a workgroup."""
+    from catchat.vk.kernels.decode import lane_split
+
+    assert lane_split(512, 64, 8, 32, 132) == (4, 1)
+    assert lane_split(2048, 64, 8, 32, 132) == (2, 4)
+    assert lane_split(2048, 1, 1, 32, 132) == (4, 1)
+    for H, B, tile in ((37, 70, 8), (64, 17, 8), (48, 3, 4), (33, 9, 8), (512, 64, 8)):
+        ks, ts = lane_split(H, B, tile, 8, 0)
+        assert 1 <= ks <= 4 and ts <= -(-B // tile) and ks * ts <= 8 and ts & (ts - 1) == 0
+    assert lane_split(64, 17, 8, 8, 0) == (4, 2) and lane_split(37, 70, 8, 8, 0) == (1, 8)

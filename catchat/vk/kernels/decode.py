@@ -18,7 +18,7 @@ from catchat.data import vocab
 from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
-from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.kernels import Kernel, ceil_div, device_sms
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
@@ -48,8 +48,21 @@ def stream_tile(B: int) -> int:
     return min(max_stream_tile(), 1 << max(0, math.ceil(math.log2(max(1, B)))))
 
 
-LANE_SPLIT_SUBGROUPS = 4  # split="lanes": subgroups per workgroup, each every 4th k step of the lanes' units
 SPLITS = ("subgroup", "lanes")
+LANE_SPLIT_SUBGROUPS = 8  # split="lanes": at most this many subgroups per workgroup (KS x TS)
+LANE_SPLIT_K = 4  # and at most this many over k
+
+
+def lane_split(H: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]:
+    """(KS, TS) of the lane split: TS stream tiles per workgroup, the most (a power of two, at most
+    the batch's tiles) that keeps the grid at half the SMs or more (each weight row then serves TS
+    tiles from L1: v5's rows do not stay in L2 across tiles), and KS subgroups over k for each, to
+    LANE_SPLIT_SUBGROUPS subgroups. sms 0 (a CPU, or not reported): the most stream tiles."""
+    tiles, units_wgs = ceil_div(B, tile), ceil_div(H, sub)
+    ts = 1
+    while 2 * ts <= min(tiles, LANE_SPLIT_SUBGROUPS) and units_wgs * ceil_div(tiles, 2 * ts) >= sms / 2:
+        ts *= 2
+    return max(1, min(LANE_SPLIT_K, LANE_SPLIT_SUBGROUPS // ts)), ts
 
 
 class DecodeLayer(Kernel):
@@ -57,9 +70,9 @@ class DecodeLayer(Kernel):
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
     `step(layer, parity)` for each layer: one pipeline serves them all (the shader reads which
     layer, the first one's input included, from the push constants). split "subgroup": a subgroup
-    per unit and stream tile, its lanes over k; "lanes": a lane per unit, the workgroup's subgroups
-    over k, summed in shared memory (glsl/decode_layer.comp's UNIT_PER_LANE; its tile is capped
-    where the partial sums would not fit the device's shared memory)."""
+    per unit and stream tile, its lanes over k; "lanes": a lane per unit, a workgroup of `lane_split`'s
+    TS stream tiles, each over k in KS subgroups summed in shared memory (glsl/decode_layer.comp's
+    UNIT_PER_LANE; the tile is capped where those sums would not fit the device's shared memory)."""
 
     shader = "decode_layer"
 
@@ -72,20 +85,26 @@ class DecodeLayer(Kernel):
         sub = max(1, dev.info.subgroup_size)
         self.tile = stream_tile(self.B)
         defines = {"VEC4": 1} if self.H % 4 == 0 else {}
+        spec_more, tiles_per_wg = [], 1
         if split == "lanes":
-            self.workgroup = LANE_SPLIT_SUBGROUPS * sub
-            self.units_wgs = ceil_div(self.H, sub)
-            while self.tile > 1 and 7 * self.tile * self.workgroup * 4 > dev.info.max_shared_memory_bytes:
+            self.ks, tiles_per_wg = lane_split(self.H, self.B, self.tile, sub, device_sms(dev))
+            # the partial sums of the subgroups past each tile's first: 7 x tile floats a lane
+            while self.tile > 1 and 28 * self.tile * max(1, self.ks - 1) * tiles_per_wg * sub \
+                    > dev.info.max_shared_memory_bytes:
                 self.tile //= 2
+            self.workgroup = self.ks * tiles_per_wg * sub
+            self.units_wgs = ceil_div(self.H, sub)
+            spec_more = [self.ks, tiles_per_wg, sub]
             defines["UNIT_PER_LANE"] = 1
         else:
             # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
             # streams: eight, which share their stream tile's inputs through L1
             self.workgroup = (2 if self.B == 1 else 8) * sub
             self.units_wgs = ceil_div(self.H, self.workgroup // sub)
-        wgs = self.units_wgs * ceil_div(self.B, self.tile)
+        self.tiles_per_wg = tiles_per_wg
+        wgs = self.units_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
         super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
-                         spec=[self.workgroup, self.tile, self.H, self.B], push=self._push(0, 0),
+                         spec=[self.workgroup, self.tile, self.H, self.B] + spec_more, push=self._push(0, 0),
                          defines=defines or None)
 
     def _push(self, layer: int, parity: int) -> tuple:
