@@ -314,10 +314,15 @@ def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, cap
         assert json.loads(out.read_text())["catchat"] == res["catchat"]
         for r in res["catchat"]:
             assert r["chars"] == 40 * r["batch"] and r["short_streams"] == 0
+            assert r["layer_kernel"]["split"] == "subgroup" and r["layer_kernel"]["workgroups"] >= 1
             assert 0 < r["first_char_ms"] <= r["step_ms"] * 40 and sum(r["device_us"].values()) > 0
     text = capsys.readouterr().out
     assert "batch 5, 40 per stream" in text and "chars/s" in text and "first char ms" in text
     assert "vs graph" not in text  # no torch asked for
+    # the lane split's row says how its layer kernel was shaped (lavapipe: the most tiles, k splits)
+    (r,) = bench_generate.main(_bench_generate_args("--batches", "5", "--steps", "8", "--decode", "lanes"))["catchat"]
+    assert r["decode"] == "lanes" and r["chars"] == 40
+    assert r["layer_kernel"]["split"] == "lanes" and r["layer_kernel"]["k_splits"] >= 1
 
 
 def _fake_vulkan(monkeypatch, mod):

@@ -102,7 +102,7 @@ class DecodeLayer(Kernel):
             self.workgroup = (2 if self.B == 1 else 8) * sub
             self.units_wgs = ceil_div(self.H, self.workgroup // sub)
         self.tiles_per_wg = tiles_per_wg
-        wgs = self.units_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
+        self.workgroups = wgs = self.units_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
         super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
                          spec=[self.workgroup, self.tile, self.H, self.B] + spec_more, push=self._push(0, 0),
                          defines=defines or None)
