@@ -101,3 +101,25 @@ def test_the_lane_split_shapes_its_workgroups_from_the_grid():
         ks, ts = lane_split(H, B, tile, 8, 0)
         assert 1 <= ks <= 4 and ts <= -(-B // tile) and ks * ts <= 8 and ts & (ts - 1) == 0
     assert lane_split(64, 17, 8, 8, 0) == (4, 2) and lane_split(37, 70, 8, 8, 0) == (1, 8)
+
+
+def test_a_forced_lane_split_gives_the_same_model(dev, monkeypatch):
+    """CATCHAT_DECODE_LANES=KS,TS forces the lane split's workgroup (what the GPU's own rule never picks
+    at parity's sizes: tools/gpu-check.sh part parity-decode-lanes): each shape passes the decode
+    parity's step rows; a bad value is a one-line UsageError."""
+    import pytest
+
+    from catchat.errors import UsageError
+    from catchat.vk.kernels import decode
+    from catchat.vk.program.decoder import decode_step
+
+    for shape in ("2,4", "4,2", "1,1", "3,1"):
+        monkeypatch.setenv("CATCHAT_DECODE_LANES", shape)
+        with decode_step("lanes"):
+            rows = decode_parity._step_case(dev, 37, 2, 20, False, 11)
+            rows += decode_parity._step_case(dev, 64, 3, 70, True, 12)
+        assert all(r.ok for r in rows), (shape, [str(r) for r in rows if not r.ok])
+    for bad in ("5,1", "2,3", "4,4", "x"):
+        monkeypatch.setenv("CATCHAT_DECODE_LANES", bad)
+        with pytest.raises(UsageError, match="is not a lane split"):
+            decode.lane_split(64, 8, 8, 32, 132)

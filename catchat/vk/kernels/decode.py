@@ -53,11 +53,34 @@ LANE_SPLIT_SUBGROUPS = 8  # split="lanes": at most this many subgroups per workg
 LANE_SPLIT_K = 4  # and at most this many over k
 
 
+LANES_ENV = "CATCHAT_DECODE_LANES"  # "KS,TS": the lane split's workgroup forced (parity, measurements)
+
+
+def forced_lane_split() -> tuple[int, int] | None:
+    """CATCHAT_DECODE_LANES as (KS, TS): KS in 1..4 subgroups over k, TS in 1, 2, 4 or 8 stream tiles, at
+    most LANE_SPLIT_SUBGROUPS subgroups in all; None where unset."""
+    raw = os.environ.get(LANES_ENV, "").strip()
+    if not raw:
+        return None
+    parts = raw.split(",")
+    if len(parts) == 2 and all(p.strip().isdigit() for p in parts):
+        ks, ts = (int(p) for p in parts)
+        if 1 <= ks <= LANE_SPLIT_K and ts in (1, 2, 4, 8) and ks * ts <= LANE_SPLIT_SUBGROUPS:
+            return ks, ts
+    raise UsageError(f"{LANES_ENV}={raw!r} is not a lane split",
+                     hint=f"set KS,TS: 1-{LANE_SPLIT_K} subgroups over k and 1, 2, 4 or 8 stream tiles, "
+                          f"KS x TS <= {LANE_SPLIT_SUBGROUPS} (e.g. 2,4), or unset it")
+
+
 def lane_split(H: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]:
-    """(KS, TS) of the lane split: TS stream tiles per workgroup, the most (a power of two, at most
-    the batch's tiles) that keeps the grid at half the SMs or more (each weight row then serves TS
-    tiles from L1: v5's rows do not stay in L2 across tiles), and KS subgroups over k for each, to
-    LANE_SPLIT_SUBGROUPS subgroups. sms 0 (a CPU, or not reported): the most stream tiles."""
+    """(KS, TS) of the lane split: CATCHAT_DECODE_LANES where set; else TS stream tiles per workgroup,
+    the most (a power of two, at most the batch's tiles) that keeps the grid at half the SMs or more
+    (each weight row then serves TS tiles from L1: v5's rows do not stay in L2 across tiles), and KS
+    subgroups over k for each, to LANE_SPLIT_SUBGROUPS subgroups. sms 0 (a CPU, or not reported): the
+    most stream tiles."""
+    forced = forced_lane_split()
+    if forced:
+        return forced
     tiles, units_wgs = ceil_div(B, tile), ceil_div(H, sub)
     ts = 1
     while 2 * ts <= min(tiles, LANE_SPLIT_SUBGROUPS) and units_wgs * ceil_div(tiles, 2 * ts) >= sms / 2:
