@@ -19,7 +19,8 @@
 // streams, so no subgroup reduction ends its sums. A workgroup is KS x TS subgroups: TS stream tiles
 // (each weight row a lane loads serves the TS tiles' subgroups through L1), each split over k in
 // KS subgroups taking every KS-th k step (the streams' inputs are one address for all lanes: a
-// broadcast; the weights a row per lane). The KS partial sums meet in shared memory, added in split
+// broadcast; the weights k-major, so a k's weights of the lanes' units are consecutive words). The KS
+// partial sums meet in shared memory, added in split
 // order by the first, which finishes the cell. Workgroup w: units [(w % units_wgs) * SUB, ...) of
 // stream tiles (w / units_wgs) * TS + [0, TS). The same sums as the subgroup split in another order
 // (not the same bits). H and B are
@@ -159,6 +160,18 @@ void main() {
 layout(constant_id = 4) const uint KS = 1;
 layout(constant_id = 5) const uint TS = 1;
 layout(constant_id = 6) const uint SUB = 32;
+// The weights k-major (transpose.comp at each call's start): [L][ih, hh][H (k)][3H (gate, unit)], so
+// that one k's weights of a subgroup's units are consecutive words (one memory transaction a load).
+layout(set = 0, binding = 6) readonly buffer WT { float wt[]; };
+
+// The weights of unit j's gate row at k steps k4 * W .. + W - 1 (a = the matrix's word of k4 * W).
+VT wcol(uint a) {
+#ifdef VEC4
+    return vec4(wt[a], wt[a + 3u * H], wt[a + 6u * H], wt[a + 9u * H]);
+#else
+    return wt[a];
+#endif
+}
 // The partial sums of the subgroups past the first of each k split: quantity q (ah, ai by gate and
 // stream, then ss by stream) of slot i (one per lane of those subgroups) at q * NP + i.
 const uint QN = 7u * SB;
@@ -183,12 +196,13 @@ void main() {
         keep[s] = token[b] != pc.bos ? 1.0 : 0.0;  // <bos>: the state entering is zero
         [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
     }
-    uint wh = pc.w_hh / W + j * HW, wi = pc.w_ih / W + j * HW;
+    uint wi = (2u * l) * H * 3u * H + j, wh = wi + H * 3u * H;  // unit j's column of W_ih^T, W_hh^T
     for (uint k = ks; k < HW; k += KS) {
-        VT wh0 = params[wh + k], wh1 = params[wh + H * HW + k], wh2 = params[wh + 2u * H * HW + k];
+        uint a = k * W * 3u * H;
+        VT wh0 = wcol(wh + a), wh1 = wcol(wh + a + H), wh2 = wcol(wh + a + 2u * H);
         VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
         if (!first) {
-            wi0 = params[wi + k]; wi1 = params[wi + H * HW + k]; wi2 = params[wi + 2u * H * HW + k];
+            wi0 = wcol(wi + a); wi1 = wcol(wi + a + H); wi2 = wcol(wi + a + 2u * H);
             gk = params[pc.g_prev / W + k];
         }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {

@@ -83,7 +83,8 @@ def decode_kernels(dev, cfg, B: int, tile: int, split: str = "subgroup"):
     os.environ[decode.TILE_ENV] = str(tile)
     try:
         layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
-                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split)
+                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split,
+                                   wt=f32(decode.k_major_words(layout)) if split == "lanes" else None)
         head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
     finally:
         if before is None:

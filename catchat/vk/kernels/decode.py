@@ -18,7 +18,7 @@ from catchat.data import vocab
 from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
-from catchat.vk.kernels import Kernel, ceil_div, device_sms
+from catchat.vk.kernels import Kernel, Transpose, ceil_div, device_sms
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
@@ -100,9 +100,11 @@ class DecodeLayer(Kernel):
     shader = "decode_layer"
 
     def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
-                 split: str = "subgroup"):
+                 split: str = "subgroup", wt=None):
         if split not in SPLITS:
             raise ValueError(f"decode layer split {split!r}: expected one of {', '.join(SPLITS)}")
+        if (split == "lanes") != (wt is not None):
+            raise ValueError("the lane split reads its weights k-major (wt: `weights_k_major`), the other not")
         s = layout.spec
         self.layout, self.B, self.H, self.L, self.split = layout, int(B), s.hidden, s.layers, split
         sub = max(1, dev.info.subgroup_size)
@@ -126,7 +128,7 @@ class DecodeLayer(Kernel):
             self.units_wgs = ceil_div(self.H, self.workgroup // sub)
         self.tiles_per_wg = tiles_per_wg
         self.workgroups = wgs = self.units_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
-        super().__init__(dev, [params, table0, state, ysum, token, ctl], [wgs],
+        super().__init__(dev, [params, table0, state, ysum, token, ctl] + ([wt] if wt is not None else []), [wgs],
                          spec=[self.workgroup, self.tile, self.H, self.B] + spec_more, push=self._push(0, 0),
                          defines=defines or None)
 
@@ -141,6 +143,27 @@ class DecodeLayer(Kernel):
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""
         return self.op(*self._push(layer, parity))
+
+
+def k_major_words(layout: ParamLayout) -> int:
+    """Floats of the lane split's k-major weights: [L][W_ih, W_hh][H][3H]."""
+    s = layout.spec
+    return s.layers * 2 * s.hidden * 3 * s.hidden
+
+
+def weights_k_major(dev: Device, layout: ParamLayout, params, wt) -> list:
+    """The dispatches that write every layer's W_hh and (past layer 0, whose input is table0) W_ih
+    into `wt` transposed (`k_major_words` floats): the lane split's weights, rewritten at each call's
+    start because the parameters may have changed between calls."""
+    s, o = layout.spec, layout.offsets
+    H = s.hidden
+    t = Transpose(dev, params, wt, 3 * H, H)
+    ops = []
+    for l in range(s.layers):
+        for m, name in enumerate(("weight_ih", "weight_hh")):
+            if (l, m) != (0, 0):
+                ops.append(t.op_for(o[f"layers.{l}.gru.{name}"], (2 * l + m) * H * 3 * H))
+    return ops
 
 
 class DecodeHead(Kernel):

@@ -40,7 +40,14 @@ from catchat.errors import UsageError
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import DecodeCarry, DecodeHead, DecodeLayer, DecodeSample
+from catchat.vk.kernels.decode import (
+    DecodeCarry,
+    DecodeHead,
+    DecodeLayer,
+    DecodeSample,
+    k_major_words,
+    weights_k_major,
+)
 from catchat.vk.program import sequences as sq
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
@@ -96,13 +103,18 @@ class FusedStep:
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
         self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
+        self.k_major = []  # the lane split's weights, rewritten at each call's start
+        wt = None
+        if split == "lanes":
+            wt = dev.tensor(k_major_words(prog.layout), kind="storage")
+            self.k_major = weights_k_major(dev, prog.layout, b.params, wt)
         self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B,
-                                 split=split)
+                                 split=split, wt=wt)
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
-        return [self.from_carry(1.0, 0.0)]
+        return self.k_major + [self.from_carry(1.0, 0.0)]
 
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
