@@ -289,6 +289,7 @@ def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch,
         assert f"decode_layer (subgroup split), 20 streams: tile {tile}, " in out
         assert f"decode_head, 20 streams: tile {tile}, " in out
     assert "decode_layer (lanes split), 20 streams: tile 8, " in out
+    assert "decode_head (lanes split), 20 streams: tile 8, " in out
     assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 

@@ -81,11 +81,11 @@ def decode_kernels(dev, cfg, B: int, tile: int, split: str = "subgroup"):
     params, ysum, ctl = f32(layout.total), f32(s.layers * B * s.hidden), u32(B * slots.DS_WORDS)
     before = os.environ.get(decode.TILE_ENV)
     os.environ[decode.TILE_ENV] = str(tile)
+    wt = f32(decode.k_major_words(layout)) if split == "lanes" else None
     try:
         layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
-                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split,
-                                   wt=f32(decode.k_major_words(layout)) if split == "lanes" else None)
-        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
+                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split, wt=wt)
+        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B, split=split, wt=wt)
     finally:
         if before is None:
             os.environ.pop(decode.TILE_ENV)
@@ -150,8 +150,8 @@ def main(argv=None) -> int:
     if args.decode:
         for tile, split in ((8, "subgroup"), (16, "subgroup"), (32, "subgroup"), (8, "lanes")):
             layer, head = decode_kernels(dev, cfg, args.decode_batch, tile, split)
-            for k in (layer, head) if split == "subgroup" else (layer,):
-                what = f" ({split} split)" if k is layer else ""
+            for k in (layer, head):
+                what = f" ({split} split)" if k is layer or split == "lanes" else ""
                 print_statistics(dev, k, f"{k.shader}{what}, {args.decode_batch} streams: tile {k.tile}, "
                                  f"{k.workgroup} threads", {})
     return 0

@@ -88,6 +88,18 @@ def lane_split(H: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]
     return max(1, min(LANE_SPLIT_K, LANE_SPLIT_SUBGROUPS // ts)), ts
 
 
+def lane_shape(dev: Device, units: int, B: int, sums_per_stream: int) -> tuple[int, int, int, int]:
+    """(stream tile, KS, TS, subgroup size) of a lane-split kernel over `units` rows (a lane each):
+    `lane_split`'s workgroup, and the tile capped where the partial sums of the k splits past the
+    first (`sums_per_stream` floats a lane per stream) would not fit the device's shared memory."""
+    sub = max(1, dev.info.subgroup_size)
+    tile = stream_tile(B)
+    ks, ts = lane_split(units, B, tile, sub, device_sms(dev))
+    while tile > 1 and 4 * sums_per_stream * tile * max(1, ks - 1) * ts * sub > dev.info.max_shared_memory_bytes:
+        tile //= 2
+    return tile, ks, ts, sub
+
+
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
@@ -111,12 +123,8 @@ class DecodeLayer(Kernel):
         self.tile = stream_tile(self.B)
         defines = {"VEC4": 1} if self.H % 4 == 0 else {}
         spec_more, tiles_per_wg = [], 1
-        if split == "lanes":
-            self.ks, tiles_per_wg = lane_split(self.H, self.B, self.tile, sub, device_sms(dev))
-            # the partial sums of the subgroups past each tile's first: 7 x tile floats a lane
-            while self.tile > 1 and 28 * self.tile * max(1, self.ks - 1) * tiles_per_wg * sub \
-                    > dev.info.max_shared_memory_bytes:
-                self.tile //= 2
+        if split == "lanes":  # 7 partial sums a stream: 3 gates x {ih, hh} and the norm's sum of squares
+            self.tile, self.ks, tiles_per_wg, sub = lane_shape(dev, self.H, self.B, 7)
             self.workgroup = self.ks * tiles_per_wg * sub
             self.units_wgs = ceil_div(self.H, sub)
             spec_more = [self.ks, tiles_per_wg, sub]
@@ -146,15 +154,21 @@ class DecodeLayer(Kernel):
 
 
 def k_major_words(layout: ParamLayout) -> int:
-    """Floats of the lane split's k-major weights: [L][W_ih, W_hh][H][3H]."""
+    """Floats of the lane split's k-major weights: [L][W_ih, W_hh][H][3H], then the head's [H][V]
+    (at `k_major_head`)."""
+    s = layout.spec
+    return k_major_head(layout) + s.hidden * s.vocab_size
+
+
+def k_major_head(layout: ParamLayout) -> int:
     s = layout.spec
     return s.layers * 2 * s.hidden * 3 * s.hidden
 
 
 def weights_k_major(dev: Device, layout: ParamLayout, params, wt) -> list:
-    """The dispatches that write every layer's W_hh and (past layer 0, whose input is table0) W_ih
-    into `wt` transposed (`k_major_words` floats): the lane split's weights, rewritten at each call's
-    start because the parameters may have changed between calls."""
+    """The dispatches that write every layer's W_hh and (past layer 0, whose input is table0) W_ih,
+    and the head's weight, into `wt` transposed (`k_major_words` floats): the lane split's weights,
+    rewritten at each call's start because the parameters may have changed between calls."""
     s, o = layout.spec, layout.offsets
     H = s.hidden
     t = Transpose(dev, params, wt, 3 * H, H)
@@ -163,28 +177,41 @@ def weights_k_major(dev: Device, layout: ParamLayout, params, wt) -> list:
         for m, name in enumerate(("weight_ih", "weight_hh")):
             if (l, m) != (0, 0):
                 ops.append(t.op_for(o[f"layers.{l}.gru.{name}"], (2 * l + m) * H * 3 * H))
-    return ops
+    head = Transpose(dev, params, wt, s.vocab_size, H)
+    return ops + [head.op_for(o[head_name(s)], k_major_head(layout))]
 
 
 class DecodeHead(Kernel):
     """The head for every stream: logits = W_head (RMSNorm of the last layer's x + h), a subgroup per
-    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits)."""
+    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits);
+    split "lanes": a lane per row, shaped as DecodeLayer's lane split, W_head read k-major from wt."""
 
     shader = "decode_head"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int):
-        s = layout.spec
+    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int,
+                 split: str = "subgroup", wt=None):
+        if (split == "lanes") != (wt is not None):
+            raise ValueError("the lane split reads its weights k-major (wt: `weights_k_major`), the other not")
+        s, o = layout.spec, layout.offsets
         self.B, self.V = int(B), s.vocab_size
         sub = max(1, dev.info.subgroup_size)
-        self.workgroup = 2 * sub  # two rows per workgroup: the 101 rows spread over the GPU
-        self.rows_wgs = ceil_div(self.V, self.workgroup // sub)
-        self.tile = stream_tile(self.B)
-        o = layout.offsets
-        self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
+        defines = {"VEC4": 1} if s.hidden % 4 == 0 else {}
+        spec_more, tiles_per_wg, w_head = [], 1, o[head_name(s)]
+        if split == "lanes":  # 2 partial sums a stream: the logit and the norm's sum of squares
+            self.tile, ks, tiles_per_wg, sub = lane_shape(dev, self.V, self.B, 2)
+            self.workgroup, self.rows_wgs = ks * tiles_per_wg * sub, ceil_div(self.V, sub)
+            spec_more, w_head = [ks, tiles_per_wg, sub], k_major_head(layout)
+            defines["UNIT_PER_LANE"] = 1
+        else:
+            self.tile = stream_tile(self.B)
+            self.workgroup = 2 * sub  # two rows per workgroup: the 101 rows spread over the GPU
+            self.rows_wgs = ceil_div(self.V, self.workgroup // sub)
+        self.push = (s.layers, self.V, w_head, o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
                      float(s.norm_eps))
-        super().__init__(dev, [params, ysum, logits, ctl], [self.rows_wgs * ceil_div(self.B, self.tile)],
-                         spec=[self.workgroup, self.tile, s.hidden, self.B], push=self.push,
-                         defines={"VEC4": 1} if s.hidden % 4 == 0 else None)
+        wgs = self.rows_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
+        super().__init__(dev, [params, ysum, logits, ctl] + ([wt] if wt is not None else []), [wgs],
+                         spec=[self.workgroup, self.tile, s.hidden, self.B] + spec_more, push=self.push,
+                         defines=defines or None)
 
     def step(self):
         return self.op(*self.push)

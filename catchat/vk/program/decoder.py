@@ -110,7 +110,7 @@ class FusedStep:
             self.k_major = weights_k_major(dev, prog.layout, b.params, wt)
         self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B,
                                  split=split, wt=wt)
-        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
+        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B, split=split, wt=wt)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
