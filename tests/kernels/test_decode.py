@@ -123,3 +123,20 @@ def test_a_forced_lane_split_gives_the_same_model(dev, monkeypatch):
         monkeypatch.setenv("CATCHAT_DECODE_LANES", bad)
         with pytest.raises(UsageError, match="is not a lane split"):
             decode.lane_split(64, 8, 8, 32, 132)
+
+
+def test_the_lane_split_needs_its_k_major_weights_and_the_other_refuses_them(dev):
+    import pytest
+
+    from catchat.model import ParamLayout
+    from catchat.vk.kernels import decode
+
+    layout = ParamLayout(ModelSpec(hidden=8, layers=1))
+    t = dev.tensor(64)
+    layer_args = (dev, layout, t, t, t, t, dev.tensor(2, np.uint32), dev.tensor(8, np.uint32))
+    with pytest.raises(ValueError, match="k-major"):
+        decode.DecodeLayer(*layer_args, B=2, split="lanes")
+    with pytest.raises(ValueError, match="k-major"):
+        decode.DecodeHead(dev, layout, t, t, t, dev.tensor(8, np.uint32), B=2, wt=t)
+    with pytest.raises(ValueError, match="split 'rows'"):
+        decode.DecodeLayer(*layer_args, B=2, split="rows")
