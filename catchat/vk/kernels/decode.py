@@ -51,8 +51,6 @@ def stream_tile(B: int) -> int:
 SPLITS = ("subgroup", "lanes")
 LANE_SPLIT_SUBGROUPS = 8  # split="lanes": at most this many subgroups per workgroup (KS x TS)
 LANE_SPLIT_K = 4  # and at most this many over k
-
-
 LANES_ENV = "CATCHAT_DECODE_LANES"  # "KS,TS": the lane split's workgroup forced (parity, measurements)
 
 
@@ -72,8 +70,9 @@ def forced_lane_split() -> tuple[int, int] | None:
                           f"KS x TS <= {LANE_SPLIT_SUBGROUPS} (e.g. 2,4), or unset it")
 
 
-def lane_split(H: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]:
-    """(KS, TS) of the lane split: CATCHAT_DECODE_LANES where set; else TS stream tiles per workgroup,
+def lane_split(units: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]:
+    """(KS, TS) of the lane split over `units` rows (a lane each: H units, or the head's V rows):
+    CATCHAT_DECODE_LANES where set; else TS stream tiles per workgroup,
     the most (a power of two, at most the batch's tiles) that keeps the grid at half the SMs or more
     (each weight row then serves TS tiles from L1: v5's rows do not stay in L2 across tiles), and KS
     subgroups over k for each, to LANE_SPLIT_SUBGROUPS subgroups. sms 0 (a CPU, or not reported): the
@@ -81,7 +80,7 @@ def lane_split(H: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, int]
     forced = forced_lane_split()
     if forced:
         return forced
-    tiles, units_wgs = ceil_div(B, tile), ceil_div(H, sub)
+    tiles, units_wgs = ceil_div(B, tile), ceil_div(units, sub)
     ts = 1
     while 2 * ts <= min(tiles, LANE_SPLIT_SUBGROUPS) and units_wgs * ceil_div(tiles, 2 * ts) >= sms / 2:
         ts *= 2
