@@ -14,8 +14,9 @@ rule from the H200's measurements: batched from 32 streams where H >= 1024, else
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
-- lanes: the fused step with the layers' work split the other way (a lane per unit, the workgroup's
-  subgroups over k: no subgroup reduction per stream), opt-in until measured on a GPU.
+- lanes: the fused step with its layer and head kernels split the other way (a lane per unit or
+  vocabulary row, the workgroup's subgroups over k: no subgroup reduction per stream), reading a
+  k-major copy of the weights made at each call's start; opt-in until measured on a GPU.
 - batched (`BatchedStep`): the batched forward's own kernels at T = 1 (a second forward-only
   Program, its weights copied from the first at each call's start): the input projections as
   GEMMs, the recurrent sweeps (register-resident or streamed where the training sweeps are),
@@ -96,7 +97,8 @@ def decode_step(kind: str):
 class FusedStep:
     """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
     step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h; the
-    layers' work split `split` (DecodeLayer's: "subgroup", or "lanes" for the decode kind "lanes")."""
+    kernels' work split `split` ("subgroup", or "lanes" for the decode kind "lanes", whose k-major
+    weights `start_ops` rewrites first)."""
 
     def __init__(self, prog, logits, ctl, split: str = "subgroup"):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
