@@ -1,15 +1,22 @@
 """`catchat parity`: every check passes here, the table and the per-family summary are printed."""
 
+import json
+
 from catchat import parity
 from catchat.parity import compare
 
 
-def test_parity_command_passes_and_summarises(cli):
-    code, out, _ = cli("parity", "--summary")
+def test_parity_command_passes_and_summarises(cli, tmp_path):
+    record = tmp_path / "parity.json"
+    code, out, _ = cli("parity", "--summary", "--json", record)
     assert code == 0, out
     assert "0 failed" in out
     for group in ("axpby", "gemm", "gru", "norm", "loss", "optim", "sampling", "ordering", "model"):
         assert group in out
+    # every group's checks make a JSON record (plain numbers, whatever the checks hold)
+    r = json.loads(record.read_text())
+    assert r["groups"] == list(parity.GROUPS) and r["failed"] == 0 and f"{r['passed']} passed" in out
+    assert {c["group"] for c in r["checks"]} == set(parity.GROUPS)
 
 
 def test_summarise_counts_failures():
@@ -20,10 +27,17 @@ def test_summarise_counts_failures():
     assert s[0]["max_abs"] == 1.0
 
 
-def test_only_runs_the_named_groups_and_refuses_unknown_ones(cli):
-    code, out, _ = cli("parity", "--summary", "--only", "gemm", "--only", "norm")
+def test_only_runs_the_named_groups_and_refuses_unknown_ones(cli, tmp_path):
+    record = tmp_path / "parity.json"
+    code, out, _ = cli("parity", "--summary", "--only", "gemm", "--only", "norm", "--json", record)
     assert code == 0, out
     assert "gemm" in out and "norm" in out and "0 failed" in out
     assert "ordering" not in out and "model" not in out
+    # --json: the run as a record, every check with its group, the totals the table printed
+    r = json.loads(record.read_text())
+    assert r["tool"] == "catchat parity" and r["groups"] == ["gemm", "norm"] and r["device"]
+    assert {c["group"] for c in r["checks"]} == {"gemm", "norm"} and all(c["ok"] for c in r["checks"])
+    assert r["passed"] == len(r["checks"]) and r["failed"] == 0 and f"{r['passed']} passed" in out
+    assert [g["group"] for g in r["summary"]] == ["gemm", "norm"]
     code, _, err = cli("parity", "--only", "gem")
     assert code == 2 and "gem is not a parity group" in err and "Traceback" not in err

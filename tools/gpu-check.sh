@@ -13,7 +13,7 @@ py=${PYTHON:-python3}
 wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
 part() { local name=$1; shift; wanted "$name" || return 0; echo "== $name"; ( time timeout "${PART_TIMEOUT:-300}" "$@" ) > "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"; tail -3 "$out/$name.txt"; }
 part doctor $py -m catchat.cli doctor
-part parity $py -m catchat.cli parity
+part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
     tests/test_buffer_plan.py tests/test_persistent.py tests/kernels
 part bench-v3 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --compare-torch --profile --json "$out/bench-v3.json"
@@ -56,7 +56,7 @@ part gemm-khr-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coop
     --compare-torch --json "$out/gemm-khr-v3.json"
 # the workgroup-scope GEMM's parity with it picked first (its unclamped fast path: inner tiles of aligned
 # operands, split-K in whole k-slices), then its rows at v5 and v3 beside cuBLAS
-part parity-gemm-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli parity --only gemm --summary
+part parity-gemm-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli parity --only gemm --summary --json "$out/parity-gemm-coop2.json"
 part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
     --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
 part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \
@@ -130,7 +130,8 @@ part concurrency-v5 $py tools/bench_concurrency.py configs/catchat-v5.toml --pre
 # its stages' dispatches side by side (a missed dependency is a race here, not on lavapipe), then v3 at fp16 on
 # the program's sweeps (the resident forward fills the GPU: no room to overlap), on streamed forwards at 64
 # lanes (two layers fit) and at 32 lanes (three fit), against the same without the wavefront
-part parity-wavefront env CATCHAT_WAVEFRONT=4 $py -m catchat.cli parity --only model --summary
+part parity-wavefront env CATCHAT_WAVEFRONT=4 $py -m catchat.cli parity --only model --summary \
+    --json "$out/parity-wavefront.json"
 wf() { part "bench-v3-wave$1" env "${@:3}" $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --set "data.batch_lanes=$2" --profile --json "$out/bench-v3-wave$1.json"; }
 wf 8 64 CATCHAT_WAVEFRONT=8
@@ -253,8 +254,9 @@ xq fp16
 # step's stream tile of 16 and 32 at 32 and 64 streams
 # the lane split's workgroup shapes the H200's own rule does not pick at parity's sizes (v5's 2,4 and 4,2;
 # parity itself covers 4,1), against numpy: docs/generation.md
-part parity-decode-lanes bash -c "CATCHAT_DECODE_LANES=2,4 $py -m catchat.cli parity --only decode --summary && \
-    CATCHAT_DECODE_LANES=4,2 $py -m catchat.cli parity --only decode --summary"
+part parity-decode-lanes bash -c "CATCHAT_DECODE_LANES=2,4 $py -m catchat.cli parity --only decode --summary \
+    --json $out/parity-decode-lanes24.json && CATCHAT_DECODE_LANES=4,2 $py -m catchat.cli parity --only decode \
+    --summary --json $out/parity-decode-lanes42.json"
 for c in v3 v5; do
     part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode fused,batched,lanes --compare-torch --json "$out/gen-decode-$c.json"

@@ -41,10 +41,16 @@ def doctor():
 @click.option("--summary", is_flag=True, help="One row per kernel family (worst errors) instead of every check.")
 @click.option("--only", multiple=True, metavar="GROUP",
               help="Run only this group's checks (repeatable), e.g. --only gemm after a GEMM shader change.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              help="Also write every check and the totals here (a record for docs/results/).")
 @DEVICE_OPTION
-def parity(summary, only, device):
+def parity(summary, only, json_path, device):
     """Run every kernel and the whole model against numpy on a device; exit 1 on any mismatch."""
-    from catchat.parity import GROUPS, summarise, timed_run
+    import json
+    import sys
+    from pathlib import Path
+
+    from catchat.parity import GROUPS, report, summarise, timed_run
     from catchat.vk.device import open_device
 
     unknown = [g for g in only if g not in GROUPS]
@@ -67,6 +73,9 @@ def parity(summary, only, device):
     console.print(table)
     failed = sum(not r.ok for _, r in results)
     console.print(f"{len(results) - failed} passed, {failed} failed in {seconds:.1f} s")
+    if json_path:
+        record = report(dev, results, seconds, tuple(only), sys.argv[1:])
+        Path(json_path).write_text(json.dumps(record, indent=1) + "\n")
     if failed:
         raise SystemExit(1)
 

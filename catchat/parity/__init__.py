@@ -101,6 +101,21 @@ def timed_run(dev, only: tuple[str, ...] = ()):
     return results, time.perf_counter() - start
 
 
+def report(dev, results: list[tuple[str, ParityResult]], seconds: float, only: tuple[str, ...], argv) -> dict:
+    """A parity run as a record (`catchat parity --json`): the device, what ran, every check (plain
+    Python numbers: some checks hold numpy scalars), the totals."""
+    import os
+
+    failed = sum(not r.ok for _, r in results)
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("CATCHAT_") and k != "CATCHAT_CACHE"}
+    return dict(tool="catchat parity", argv=list(argv), date=time.strftime("%Y-%m-%d"), device=dev.info.name,
+                device_type=dev.info.type, driver=dev.info.driver, env=env, groups=list(only) or list(GROUPS),
+                seconds=seconds, passed=len(results) - failed, failed=failed, summary=summarise(results),
+                checks=[dict(group=g, kernel=r.kernel, shape=r.shape, max_abs=float(r.max_abs),
+                             max_rel=float(r.max_rel), atol=float(r.atol), rtol=float(r.rtol), ok=bool(r.ok))
+                        for g, r in results])
+
+
 def summarise(results: list[tuple[str, ParityResult]]) -> list[dict]:
     """Per group, in order: number of checks, failures, and the worst absolute and relative errors."""
     groups: dict[str, dict] = {}
@@ -108,6 +123,6 @@ def summarise(results: list[tuple[str, ParityResult]]) -> list[dict]:
         g = groups.setdefault(group, dict(group=group, checks=0, failed=0, max_abs=0.0, max_rel=0.0))
         g["checks"] += 1
         g["failed"] += not r.ok
-        g["max_abs"] = max(g["max_abs"], r.max_abs)
-        g["max_rel"] = max(g["max_rel"], r.max_rel)
+        g["max_abs"] = max(g["max_abs"], float(r.max_abs))
+        g["max_rel"] = max(g["max_rel"], float(r.max_rel))
     return list(groups.values())
