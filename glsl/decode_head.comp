@@ -59,17 +59,12 @@ void main() {
     }
 }
 #else
-layout(constant_id = 4) const uint KS = 1;
-layout(constant_id = 5) const uint TS = 1;
-layout(constant_id = 6) const uint SUB = 32;
+#define LANE_SUMS (2u * SB)  // per stream: the logit, then the norm's sum of squares
+#include "lane_split.glsl"
 layout(set = 0, binding = 4) readonly buffer WT { float wt[]; };  // W_head^T [H][V] at pc.w_head
-// the k splits' partial sums past the first (acc, then ss, by stream) of slot i at q * NP + i
-const uint NP = (KS > 1u ? KS - 1u : 1u) * TS * SUB;
-shared float part[2u * SB * NP];
 
 void main() {
-    uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID, wg = gl_WorkGroupID.x;
-    uint ks = sg % KS, ts = sg / KS;
+    uint lane = gl_SubgroupInvocationID, wg = gl_WorkGroupID.x, ks = split_k(), ts = split_tile();
     uint v_own = (wg % pc.rows_wgs) * SUB + lane;
     uint v = min(v_own, pc.V - 1u);  // lanes past V compute a copy of the last row and store nothing
     uint b0 = ((wg / pc.rows_wgs) * TS + ts) * SB;
@@ -92,22 +87,15 @@ void main() {
             acc[s] += DOT(wk, y);
         }
     }
-    if (KS > 1u) {
-        uint mine = (ts * (KS - 1u) + ks - 1u) * SUB + lane;
+    if (KS > 1u) {  // the k splits' sums meet in the first
         if (ks > 0u) {
-            [[unroll]] for (uint s = 0u; s < SB; ++s) {
-                part[s * NP + mine] = acc[s];
-                part[(SB + s) * NP + mine] = ss[s];
-            }
+            [[unroll]] for (uint s = 0u; s < SB; ++s) { split_put(s, acc[s]); split_put(SB + s, ss[s]); }
         }
         barrier();
         if (ks > 0u) return;
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            for (uint r = 1u; r < KS; ++r) {
-                uint slot = (ts * (KS - 1u) + r - 1u) * SUB + lane;
-                acc[s] += part[s * NP + slot];
-                ss[s] += part[(SB + s) * NP + slot];
-            }
+            acc[s] = split_total(s, acc[s]);
+            ss[s] = split_total(SB + s, ss[s]);
         }
     }
     [[unroll]] for (uint s = 0u; s < SB; ++s) {

@@ -155,11 +155,8 @@ void main() {
     }
 }
 #else
-// Workgroup shape of the lane split: KS subgroups over k for each of TS stream tiles (KS x TS
-// subgroups of SUB lanes, SUB the device's subgroup size).
-layout(constant_id = 4) const uint KS = 1;
-layout(constant_id = 5) const uint TS = 1;
-layout(constant_id = 6) const uint SUB = 32;
+#define LANE_SUMS (7u * SB)  // per stream: ah and ai by gate, then the norm's sum of squares
+#include "lane_split.glsl"
 // The weights k-major (transpose.comp at each call's start): [L][ih, hh][H (k)][3H (gate, unit)], so
 // that one k's weights of a subgroup's units are consecutive words (one memory transaction a load).
 layout(set = 0, binding = 6) readonly buffer WT { float wt[]; };
@@ -172,15 +169,9 @@ VT wcol(uint a) {
     return wt[a];
 #endif
 }
-// The partial sums of the subgroups past the first of each k split: quantity q (ah, ai by gate and
-// stream, then ss by stream) of slot i (one per lane of those subgroups) at q * NP + i.
-const uint QN = 7u * SB;
-const uint NP = (KS > 1u ? KS - 1u : 1u) * TS * SUB;
-shared float part[QN * NP];
 
 void main() {
-    uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
-    uint ks = sg % KS, ts = sg / KS;  // this subgroup's k split and stream tile
+    uint lane = gl_SubgroupInvocationID, ks = split_k(), ts = split_tile();
     uint wg = gl_WorkGroupID.x;
     uint j_own = (wg % pc.units_wgs) * SUB + lane;
     uint j = min(j_own, H - 1u);  // lanes past H compute a copy of the last unit and store nothing
@@ -217,29 +208,24 @@ void main() {
             }
         }
     }
-    if (KS > 1u) {
+    if (KS > 1u) {  // the k splits' sums meet in the first
         if (ks > 0u) {
-            uint slot = (ts * (KS - 1u) + ks - 1u) * SUB + lane;
             [[unroll]] for (uint s = 0u; s < SB; ++s) {
                 [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-                    part[(g * SB + s) * NP + slot] = ah[g][s];
-                    part[((3u + g) * SB + s) * NP + slot] = ai[g][s];
+                    split_put(g * SB + s, ah[g][s]);
+                    split_put((3u + g) * SB + s, ai[g][s]);
                 }
-                part[(6u * SB + s) * NP + slot] = ss[s];
+                split_put(6u * SB + s, ss[s]);
             }
         }
         barrier();
         if (ks > 0u) return;
-        // the k splits' sums, added in split order to the first's
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            for (uint r = 1u; r < KS; ++r) {
-                uint slot = (ts * (KS - 1u) + r - 1u) * SUB + lane;
-                [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-                    ah[g][s] += part[(g * SB + s) * NP + slot];
-                    ai[g][s] += part[((3u + g) * SB + s) * NP + slot];
-                }
-                ss[s] += part[(6u * SB + s) * NP + slot];
+            [[unroll]] for (uint g = 0u; g < 3u; ++g) {
+                ah[g][s] = split_total(g * SB + s, ah[g][s]);
+                ai[g][s] = split_total((3u + g) * SB + s, ai[g][s]);
             }
+            ss[s] = split_total(6u * SB + s, ss[s]);
         }
     }
 
