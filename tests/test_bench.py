@@ -324,6 +324,7 @@ def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, cap
     (r,) = bench_generate.main(_bench_generate_args("--batches", "5", "--steps", "8", "--decode", "lanes"))["catchat"]
     assert r["decode"] == "lanes" and r["chars"] == 40
     assert r["layer_kernel"]["split"] == "lanes" and r["layer_kernel"]["k_splits"] >= 1
+    assert r["layer_kernel"]["workgroups"] >= 1
 
 
 def _fake_vulkan(monkeypatch, mod):
@@ -353,6 +354,9 @@ class _FakeGenerator:
 
     def profile(self):
         return {"layer 0": 1.0, "head + choice": 2.0}
+
+    def layer_shape(self):
+        return None
 
     def generate(self, prompt, length, sampling, seed=0, *, stop_at=(2,), on_tokens=None):
         import time

@@ -270,7 +270,7 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
     for tile in ("2", "", "16"):
         monkeypatch.setenv(decode.TILE_ENV, tile)
         gen = Generator.from_checkpoint(dev, ckpt, streams=17, chunk=4)
-        assert gen._decoder_for(1).step.layer.tile == (int(tile) if tile else decode.DECODE_TILE)
+        assert gen._decoder_for(1).step.layer.shape.tile == (int(tile) if tile else decode.DECODE_TILE)
         outs = gen.generate(prompt_ids("ALICE: Where"), 24, Sampling(temperature=1.3), seed=7)
         got.append((outs, gen.logits.copy(), gen.prog.read("h0")[0].copy()))
     for outs, logits, h in got[1:]:

@@ -159,18 +159,7 @@ def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None 
     return dict(batch=B, steps=steps, chunk=chunk, generator_chunk=gen.chunk, chars=chars,
                 short_streams=max(r[3] for r in runs), chars_per_s=chars / total, step_ms=total / steps * 1e3,
                 first_char_ms=_median(r[1] for r in runs) * 1e3, device_us=profile,
-                layer_kernel=layer_kernel(gen))
-
-
-def layer_kernel(gen) -> dict | None:
-    """How the fused step's layer kernel was shaped (split, stream tile, workgroup, and for the lane
-    split its k splits and tiles per workgroup): what a row measured. None for the batched step."""
-    decoder_for = getattr(gen, "_decoder_for", None)  # absent from the tests' stand-in generator
-    layer = getattr(decoder_for(1).step, "layer", None) if decoder_for else None
-    if layer is None:
-        return None
-    return dict(split=layer.split, tile=layer.tile, workgroup=layer.workgroup, workgroups=layer.workgroups,
-                k_splits=getattr(layer, "ks", None), tiles_per_workgroup=layer.tiles_per_wg)
+                layer_kernel=gen.layer_shape())
 
 
 # ---------------------------------------------------------------------------------------------

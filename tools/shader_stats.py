@@ -152,8 +152,8 @@ def main(argv=None) -> int:
             layer, head = decode_kernels(dev, cfg, args.decode_batch, tile, split)
             for k in (layer, head):
                 what = f" ({split} split)" if k is layer or split == "lanes" else ""
-                print_statistics(dev, k, f"{k.shader}{what}, {args.decode_batch} streams: tile {k.tile}, "
-                                 f"{k.workgroup} threads", {})
+                print_statistics(dev, k, f"{k.shader}{what}, {args.decode_batch} streams: tile {k.shape.tile}, "
+                                 f"{k.shape.workgroup} threads", {})
     return 0
 
 

@@ -232,6 +232,14 @@ class Generator:
         run from the current state, which they advance: call reset() before generating again)."""
         return self._decoder_for(1).profile(steps)
 
+    def layer_shape(self) -> dict | None:
+        """How the decode step's layer kernel covers the streams (`DecodeShape`'s fields and workgroup
+        count), or None for the batched step: what a benchmark row measured."""
+        layer = getattr(self._decoder_for(1).step, "layer", None)  # FusedStep's; BatchedStep has none
+        if layer is None:
+            return None
+        return {**dataclasses.asdict(layer.shape), "workgroups": layer.shape.workgroups(self.streams)}
+
     def feed(self, ids) -> np.ndarray:
         """Feed tokens [n, streams] (or [n]: the same for every stream) in order; return the last
         logits [streams, V] (also kept in `self.logits`)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
 from catchat.data import vocab
 from catchat.errors import UsageError
@@ -87,16 +88,50 @@ def lane_split(units: int, B: int, tile: int, sub: int, sms: int) -> tuple[int, 
     return max(1, min(LANE_SPLIT_K, LANE_SPLIT_SUBGROUPS // ts)), ts
 
 
-def lane_shape(dev: Device, units: int, B: int, sums_per_stream: int) -> tuple[int, int, int, int]:
-    """(stream tile, KS, TS, subgroup size) of a lane-split kernel over `units` rows (a lane each):
-    `lane_split`'s workgroup, and the tile capped where the partial sums of the k splits past the
-    first (`sums_per_stream` floats a lane per stream) would not fit the device's shared memory."""
-    sub = max(1, dev.info.subgroup_size)
-    tile = stream_tile(B)
-    ks, ts = lane_split(units, B, tile, sub, device_sms(dev))
+@dataclass(frozen=True)
+class DecodeShape:
+    """How a decode kernel (a layer, or the head) covers its rows (units, or vocabulary rows) for B
+    streams: `tile` streams a subgroup, `workgroup` threads, `row_wgs` workgroups along the rows, and
+    for the lane split (`k_splits` set) its KS subgroups over k and TS stream tiles a workgroup."""
+
+    split: str
+    tile: int
+    workgroup: int
+    row_wgs: int
+    tiles_per_wg: int = 1
+    k_splits: int | None = None
+    sub: int = 32
+
+    def workgroups(self, B: int) -> int:
+        return self.row_wgs * ceil_div(ceil_div(B, self.tile), self.tiles_per_wg)
+
+    def spec(self, H: int, B: int) -> list[int]:
+        lanes = [self.k_splits, self.tiles_per_wg, self.sub] if self.split == "lanes" else []
+        return [self.workgroup, self.tile, H, B] + lanes
+
+    def defines(self, H: int) -> dict | None:
+        d = ({"VEC4": 1} if H % 4 == 0 else {}) | ({"UNIT_PER_LANE": 1} if self.split == "lanes" else {})
+        return d or None
+
+
+def decode_shape(dev: Device, split: str, rows: int, B: int, *, subgroups: int, sums_per_stream: int,
+                 k_major: bool) -> DecodeShape:
+    """The shape of a decode kernel over `rows` rows. "subgroup": `subgroups` rows a workgroup, a
+    subgroup each. "lanes": a lane a row, `lane_split`'s workgroup, the stream tile capped where the
+    partial sums of the k splits past the first (`sums_per_stream` floats a lane per stream) would not
+    fit the device's shared memory; its weights k-major (`k_major`: the lane split needs them, the
+    other refuses them)."""
+    if split not in SPLITS:
+        raise ValueError(f"decode split {split!r}: expected one of {', '.join(SPLITS)}")
+    if (split == "lanes") != k_major:
+        raise ValueError("the lane split reads its weights k-major (wt: `weights_k_major`), the other not")
+    sub, tile = max(1, dev.info.subgroup_size), stream_tile(B)
+    if split == "subgroup":
+        return DecodeShape(split, tile, subgroups * sub, ceil_div(rows, subgroups), sub=sub)
+    ks, ts = lane_split(rows, B, tile, sub, device_sms(dev))
     while tile > 1 and 4 * sums_per_stream * tile * max(1, ks - 1) * ts * sub > dev.info.max_shared_memory_bytes:
         tile //= 2
-    return tile, ks, ts, sub
+    return DecodeShape(split, tile, ks * ts * sub, ceil_div(rows, sub), ts, ks, sub)
 
 
 class DecodeLayer(Kernel):
@@ -106,45 +141,29 @@ class DecodeLayer(Kernel):
     layer, the first one's input included, from the push constants). split "subgroup": a subgroup
     per unit and stream tile, its lanes over k; "lanes": a lane per unit, a workgroup of `lane_split`'s
     TS stream tiles, each over k in KS subgroups summed in shared memory (glsl/decode_layer.comp's
-    UNIT_PER_LANE; the tile is capped where those sums would not fit the device's shared memory)."""
+    UNIT_PER_LANE, glsl/include/lane_split.glsl); `decode_shape` says which."""
 
     shader = "decode_layer"
 
     def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
                  split: str = "subgroup", wt=None):
-        if split not in SPLITS:
-            raise ValueError(f"decode layer split {split!r}: expected one of {', '.join(SPLITS)}")
-        if (split == "lanes") != (wt is not None):
-            raise ValueError("the lane split reads its weights k-major (wt: `weights_k_major`), the other not")
         s = layout.spec
-        self.layout, self.B, self.H, self.L, self.split = layout, int(B), s.hidden, s.layers, split
-        sub = max(1, dev.info.subgroup_size)
-        self.tile = stream_tile(self.B)
-        defines = {"VEC4": 1} if self.H % 4 == 0 else {}
-        spec_more, tiles_per_wg = [], 1
-        if split == "lanes":  # 7 partial sums a stream: 3 gates x {ih, hh} and the norm's sum of squares
-            self.tile, self.ks, tiles_per_wg, sub = lane_shape(dev, self.H, self.B, 7)
-            self.workgroup = self.ks * tiles_per_wg * sub
-            self.units_wgs = ceil_div(self.H, sub)
-            spec_more = [self.ks, tiles_per_wg, sub]
-            defines["UNIT_PER_LANE"] = 1
-        else:
-            # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
-            # streams: eight, which share their stream tile's inputs through L1
-            self.workgroup = (2 if self.B == 1 else 8) * sub
-            self.units_wgs = ceil_div(self.H, self.workgroup // sub)
-        self.tiles_per_wg = tiles_per_wg
-        self.workgroups = wgs = self.units_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
-        super().__init__(dev, [params, table0, state, ysum, token, ctl] + ([wt] if wt is not None else []), [wgs],
-                         spec=[self.workgroup, self.tile, self.H, self.B] + spec_more, push=self._push(0, 0),
-                         defines=defines or None)
+        self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
+        # subgroup split, batch 1: two subgroups (units) per workgroup, so the step spreads over every
+        # SM; more streams: eight, which share their stream tile's inputs through L1. Lane split: 7
+        # partial sums a stream (3 gates x {ih, hh} and the norm's sum of squares).
+        self.shape = sh = decode_shape(dev, split, self.H, self.B, subgroups=2 if self.B == 1 else 8,
+                                       sums_per_stream=7, k_major=wt is not None)
+        super().__init__(dev, [params, table0, state, ysum, token, ctl] + ([wt] if wt is not None else []),
+                         [sh.workgroups(self.B)], spec=sh.spec(self.H, self.B), push=self._push(0, 0),
+                         defines=sh.defines(self.H))
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
         g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
         w_ih = o[p + "gru.weight_ih"]
         return (layer, parity, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
-                o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.units_wgs, vocab.BOS,
+                o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
                 float(math.sqrt(self.H)), float(s.norm_eps))
 
     def step(self, layer: int, parity: int):
@@ -189,28 +208,18 @@ class DecodeHead(Kernel):
 
     def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int,
                  split: str = "subgroup", wt=None):
-        if (split == "lanes") != (wt is not None):
-            raise ValueError("the lane split reads its weights k-major (wt: `weights_k_major`), the other not")
         s, o = layout.spec, layout.offsets
         self.B, self.V = int(B), s.vocab_size
-        sub = max(1, dev.info.subgroup_size)
-        defines = {"VEC4": 1} if s.hidden % 4 == 0 else {}
-        spec_more, tiles_per_wg, w_head = [], 1, o[head_name(s)]
-        if split == "lanes":  # 2 partial sums a stream: the logit and the norm's sum of squares
-            self.tile, ks, tiles_per_wg, sub = lane_shape(dev, self.V, self.B, 2)
-            self.workgroup, self.rows_wgs = ks * tiles_per_wg * sub, ceil_div(self.V, sub)
-            spec_more, w_head = [ks, tiles_per_wg, sub], k_major_head(layout)
-            defines["UNIT_PER_LANE"] = 1
-        else:
-            self.tile = stream_tile(self.B)
-            self.workgroup = 2 * sub  # two rows per workgroup: the 101 rows spread over the GPU
-            self.rows_wgs = ceil_div(self.V, self.workgroup // sub)
-        self.push = (s.layers, self.V, w_head, o[f"layers.{s.layers - 1}.norm.weight"], self.rows_wgs,
+        # subgroup split: two rows per workgroup, so the 101 rows spread over the GPU; lane split: 2
+        # partial sums a stream (the logit and the norm's sum of squares), W_head's copy in wt
+        self.shape = sh = decode_shape(dev, split, self.V, self.B, subgroups=2, sums_per_stream=2,
+                                       k_major=wt is not None)
+        w_head = k_major_head(layout) if split == "lanes" else o[head_name(s)]
+        self.push = (s.layers, self.V, w_head, o[f"layers.{s.layers - 1}.norm.weight"], sh.row_wgs,
                      float(s.norm_eps))
-        wgs = self.rows_wgs * ceil_div(ceil_div(self.B, self.tile), tiles_per_wg)
-        super().__init__(dev, [params, ysum, logits, ctl] + ([wt] if wt is not None else []), [wgs],
-                         spec=[self.workgroup, self.tile, s.hidden, self.B] + spec_more, push=self.push,
-                         defines=defines or None)
+        super().__init__(dev, [params, ysum, logits, ctl] + ([wt] if wt is not None else []),
+                         [sh.workgroups(self.B)], spec=sh.spec(s.hidden, self.B), push=self.push,
+                         defines=sh.defines(s.hidden))
 
     def step(self):
         return self.op(*self.push)
