@@ -70,27 +70,19 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
 def decode_kernels(dev, cfg, B: int, tile: int, split: str = "subgroup"):
     """Generation's fused decode layer (work split `split`) and head for B streams at CONFIG's shape,
     built with stream tile `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
-    import os
-
     from catchat.vk.kernels import decode
+    from catchat.vk.switches import env_override
 
     layout = ParamLayout(cfgmod.model_spec(cfg))
     s = layout.spec
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
     params, ysum, ctl = f32(layout.total), f32(s.layers * B * s.hidden), u32(B * slots.DS_WORDS)
-    before = os.environ.get(decode.TILE_ENV)
-    os.environ[decode.TILE_ENV] = str(tile)
     wt = f32(decode.k_major_words(layout)) if split == "lanes" else None
-    try:
+    with env_override(decode.TILE_ENV, str(tile)):
         layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
                                    f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split, wt=wt)
         head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B, split=split, wt=wt)
-    finally:
-        if before is None:
-            os.environ.pop(decode.TILE_ENV)
-        else:
-            os.environ[decode.TILE_ENV] = before
     return layer, head
 
 

@@ -1,10 +1,13 @@
 """On/off environment switches of the Vulkan layer (CATCHAT_STREAM_FLAGS, CATCHAT_SWEEP_STREAM32,
 CATCHAT_OVERLAP_DW, CATCHAT_WAVEFRONT_FORWARD / _BACKWARD): "1" on, "0" off, unset the program's
-choice; anything else is the user's mistake, said in one line with how to fix it."""
+choice; anything else is the user's mistake, said in one line with how to fix it. `env_override`:
+a variable set for the length of a `with` (what the tools and parity use to run one variant)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from catchat.errors import UsageError
 
@@ -18,3 +21,18 @@ def env_switch(name: str, hint: str) -> bool | None:
     if not raw:
         return None
     raise UsageError(f"{name}={raw!r} is not 0 or 1", hint=hint)
+
+
+@contextmanager
+def env_override(name: str, value: str) -> Iterator[None]:
+    """The environment variable `name` set to `value` inside the `with`, then as it was (unset again
+    if it was unset)."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from catchat.fsutil import atomic_write_bytes, atomic_write_text
 from catchat.vk.shaders import cache_root
+from catchat.vk.switches import env_override
 
 VERSION = 1
 ENV_TUNE = "CATCHAT_TUNE"
@@ -61,18 +62,9 @@ def note(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-@contextmanager
 def disabled():
     """The pickers ignore the cache inside the `with` (CATCHAT_TUNE=0): the tables' choices."""
-    prev = os.environ.get(ENV_TUNE)
-    os.environ[ENV_TUNE] = "0"
-    try:
-        yield
-    finally:
-        if prev is None:
-            os.environ.pop(ENV_TUNE, None)
-        else:
-            os.environ[ENV_TUNE] = prev
+    return env_override(ENV_TUNE, "0")
 
 
 def snapshot(info) -> bytes | None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 
@@ -50,6 +49,7 @@ from catchat.vk.kernels.decode import (
     weights_k_major,
 )
 from catchat.vk.program import sequences as sq
+from catchat.vk.switches import env_override
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
@@ -80,18 +80,9 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ) -> str:
     return raw
 
 
-@contextmanager
 def decode_step(kind: str):
     """Decoders made inside record `kind`'s step (CATCHAT_DECODE set, then restored)."""
-    saved = os.environ.get(DECODE_ENV)
-    os.environ[DECODE_ENV] = kind
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ[DECODE_ENV]
-        else:
-            os.environ[DECODE_ENV] = saved
+    return env_override(DECODE_ENV, kind)
 
 
 class FusedStep:

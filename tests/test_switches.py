@@ -1,0 +1,32 @@
+"""catchat/vk/switches.py: the 0/1 environment switches and a variable set for one `with`."""
+
+import pytest
+
+from catchat.errors import UsageError
+from catchat.vk.switches import env_override, env_switch
+
+
+def test_a_switch_is_on_off_or_unset_and_anything_else_is_a_usage_error(monkeypatch):
+    monkeypatch.delenv("CATCHAT_TEST_SWITCH", raising=False)
+    assert env_switch("CATCHAT_TEST_SWITCH", "hint") is None
+    for raw, on in (("1", True), (" 0 ", False), ("", None)):
+        monkeypatch.setenv("CATCHAT_TEST_SWITCH", raw)
+        assert env_switch("CATCHAT_TEST_SWITCH", "hint") is on
+    monkeypatch.setenv("CATCHAT_TEST_SWITCH", "yes")
+    with pytest.raises(UsageError, match="CATCHAT_TEST_SWITCH='yes' is not 0 or 1"):
+        env_switch("CATCHAT_TEST_SWITCH", "hint")
+
+
+def test_an_override_lasts_for_its_with_and_restores_set_and_unset_values(monkeypatch):
+    import os
+
+    monkeypatch.delenv("CATCHAT_TEST_OVERRIDE", raising=False)
+    with env_override("CATCHAT_TEST_OVERRIDE", "a"):
+        assert os.environ["CATCHAT_TEST_OVERRIDE"] == "a"
+    assert "CATCHAT_TEST_OVERRIDE" not in os.environ
+    monkeypatch.setenv("CATCHAT_TEST_OVERRIDE", "before")
+    with pytest.raises(RuntimeError):
+        with env_override("CATCHAT_TEST_OVERRIDE", "b"):
+            assert os.environ["CATCHAT_TEST_OVERRIDE"] == "b"
+            raise RuntimeError("inside")
+    assert os.environ["CATCHAT_TEST_OVERRIDE"] == "before"
