@@ -9,9 +9,9 @@ setup:            ## system packages, patched kp (cached wheel), .venv with catc
 demo: setup       ## check the device, then train configs/tiny.toml on Shakespeare and sample from it
 	@bash tools/demo.sh
 
-test: setup       ## lint (ruff, pyproject's config), then the whole suite (real shaders on the default Vulkan device, lavapipe in CI) and its 10 slowest tests
+test: setup       ## lint (ruff, pyproject's config), then the whole suite on every core (pytest-xdist; real shaders on the default Vulkan device, lavapipe in CI) and its 10 slowest tests
 	$(PY) -m ruff check catchat tests tools
-	$(PY) -m pytest --durations=10
+	$(PY) -m pytest -n auto --durations=10
 
 parity: setup     ## every kernel and the whole model against numpy on this machine's device
 	$(VENV)/bin/catchat parity
