@@ -1,6 +1,7 @@
 """Checkpoints: round trip, atomicity, `latest`, pruning, and clear refusals of bad files."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -117,18 +118,20 @@ def test_latest_naming_a_partial_checkpoint_is_refused(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- readers (issue 39)
+@pytest.mark.parametrize("rotations", [1, 2])
 @pytest.mark.parametrize("moment", ["after latest was read", "while the files are read"])
-def test_a_checkpoint_rotated_away_under_a_reader_is_retried_once(tmp_path, monkeypatch, moment):
-    """The race `catchat inspect RUN` lost during training with keep_last 1, made to happen every time:
-    a newer save prunes the checkpoint the reader chose before it reads it. The reader loads the newer
-    one; a step-N directory the user named is never swapped for another."""
+def test_a_checkpoint_rotated_away_under_a_reader_is_retried(tmp_path, monkeypatch, moment, rotations):
+    """The race `catchat inspect RUN` lost during training with keep_last 1, made to happen on the
+    first read, or on the first two (a loaded machine lost two in a row): a newer save prunes the
+    checkpoint the reader chose before it reads it. The reader loads the newest; a step-N directory
+    the user named is never swapped for another."""
     _save(tmp_path, 1, keep_last=1)
     hook = "_load_resolved" if moment == "while the files are read" else "resolve"
     real, calls = getattr(ck, hook), []
 
     def rotate_first(path, **kw):
         calls.append(path)
-        if len(calls) == 1:
+        if len(calls) <= rotations:
             chosen = real(path, **kw) if hook == "resolve" else path
             _save(tmp_path, ck.dir_step(ck.list_checkpoints(tmp_path)[-1]) + 1, keep_last=1)  # the older one retired
             if hook == "resolve":  # resolve's own check, made after the retire, as the race had it
@@ -137,12 +140,25 @@ def test_a_checkpoint_rotated_away_under_a_reader_is_retried_once(tmp_path, monk
         return real(path, **kw)
 
     monkeypatch.setattr(ck, hook, rotate_first)
-    assert ck.load_checkpoint(tmp_path).global_step == 2
-    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["step-0000002"]
+    assert ck.load_checkpoint(tmp_path).global_step == 1 + rotations
+    assert len(calls) == rotations + 1
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == [f"step-000000{1 + rotations}"]
     calls.clear()
-    step2 = tmp_path / "step-0000002"
+    newest = tmp_path / f"step-000000{1 + rotations}"
     with pytest.raises((UsageError, OSError)):  # the named checkpoint went: its error, no stand-in
-        ck.load_checkpoint(step2)
+        ck.load_checkpoint(newest)
+
+
+def test_a_run_whose_latest_checkpoint_went_without_a_newer_save_is_an_error_at_once(tmp_path, monkeypatch):
+    """No newer save explains the loss (latest did not move): one read, then the error."""
+    _save(tmp_path, 1)
+    shutil.rmtree(tmp_path / "step-0000001")
+    reads = []
+    real = ck.resolve
+    monkeypatch.setattr(ck, "resolve", lambda path: reads.append(path) or real(path))
+    with pytest.raises(UsageError, match="not a complete checkpoint"):
+        ck.load_checkpoint(tmp_path)
+    assert len(reads) == 1
 
 
 def test_reads_in_a_loop_while_a_writer_rotates_checkpoints(tmp_path):

@@ -364,19 +364,27 @@ def load_checkpoint(path: str | Path, *, with_optimizer: bool = False, allow_unv
 
     A reader given a run (not one step-N directory) while it trains can lose a race with keep_last:
     the checkpoint `latest` named is retired between reading `latest` and reading its files (inspect
-    failed so about once in 245 calls with keep_last 1). Such a failure is retried once, with the
-    checkpoint the run names then; a second failure is the error."""
+    failed so about once in 245 calls with keep_last 1; a loaded machine lost two in a row). Such a
+    failure is retried, with the checkpoint the run names then, for as long as each lost read is
+    explained by a newer save (`latest` moved while it read); a failure without one is the error."""
     kwargs = dict(with_optimizer=with_optimizer, allow_unverified=allow_unverified, warn=warn)
     if _is_step_dir(path):  # the user chose this checkpoint: no other one may stand in for it
         return _load_resolved(resolve(path), **kwargs)
-    chosen = None
-    try:
-        chosen = resolve(path)
-        return _load_resolved(chosen, **kwargs)
-    except (UsageError, OSError):
-        if chosen is not None and (chosen / STATE_FILE).exists():
-            raise  # still there: not rotated away, so the error is the checkpoint's own
-    return _load_resolved(resolve(path), **kwargs)
+    while True:
+        named, chosen = _latest_names(path), None
+        try:
+            chosen = resolve(path)
+            return _load_resolved(chosen, **kwargs)
+        except (UsageError, OSError):
+            still_there = chosen is not None and (chosen / STATE_FILE).exists()
+            if still_there or _latest_names(path) == named:
+                raise  # not rotated away by a newer save: the error is the checkpoint's own
+
+
+def _latest_names(path: str | Path) -> tuple[str | None, str | None]:
+    """What `latest` names in a run directory given as `path` or in its checkpoints/ (None where absent)."""
+    p = Path(path)
+    return tuple(latest_name(root.parent if root.name == LATEST else root) for root in (p, p / "checkpoints"))
 
 
 def _is_step_dir(path: str | Path) -> bool:
