@@ -76,6 +76,7 @@ def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkey
     res = json.loads(out.read_text())
     assert res["catchat"]["profile"] and len(res["catchat"]["sweeps"]) == 4
     assert res["torch_status"] == "torch is not importable (test)" and "torch" not in res
+    assert res["env"]["CATCHAT_TUNE"] == "0"  # the switches the run was made under (conftest sets this one)
 
 
 def test_catchat_bench_precision(cli):

@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
+from catchat import environment  # noqa: E402
 from catchat.analysis.bench import ready_program  # noqa: E402
 from catchat.analysis.timing import timed_sequence  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
               f"{row['beside_ms']:>9.2f}{row['saved_ms']:>8.2f}{overlap:>9}")
     print("overlap: the time saved over what the shorter groups took alone (1: fully hidden)")
     if args.json:
-        args.json.write_text(json.dumps(dict(config=str(args.config), device=dev.info.name,
+        args.json.write_text(json.dumps(dict(config=str(args.config), device=dev.info.name, env=environment.settings(),
                                              precision=cfg.train.precision, hidden=prog.spec.hidden,
                                              layers=prog.spec.layers, lanes=prog.B, window=prog.T,
                                              concurrent=dev.dispatches_concurrent, rows=rows), indent=1))

@@ -40,6 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
+from catchat import environment  # noqa: E402
 from catchat.analysis.timing import timed  # noqa: E402
 from catchat.analysis.torch_twin import torch_status  # noqa: E402
 from catchat.vk.device import coop2_dimension_name, host_view, open_device  # noqa: E402
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
         print(status)
     report = dict(tool="tools/bench_gemm.py", argv=list(sys.argv[1:] if argv is None else argv),
                   date=time.strftime("%Y-%m-%d"), device=dev.info.name, driver=getattr(dev.info, "driver", ""),
-                  config=args.config, hidden=cfg.model.hidden, shapes={})
+                  env=environment.settings(), config=args.config, hidden=cfg.model.hidden, shapes={})
     for name in problems[next(iter(problems))]:
         rows, refs = [], {}
         for p in operands:

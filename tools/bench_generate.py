@@ -57,6 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
+from catchat import environment  # noqa: E402
 from catchat.analysis.torch_twin import torch_model  # noqa: E402
 from catchat.data import vocab  # noqa: E402
 from catchat.errors import UsageError  # noqa: E402
@@ -395,7 +396,7 @@ def main(argv=None):
     res: dict = {"config": str(args.config), "hidden": spec.hidden, "layers": spec.layers,
                  "vocab_size": spec.vocab_size, "vulkan_device": dev.info.name, "steps": args.steps,
                  "warmup": args.warmup, "repeats": args.repeats, "temperature": TEMPERATURE, "chunk": args.chunk,
-                 "catchat": []}
+                 "env": environment.settings(), "catchat": []}
     for B in batches:
         for kind in kinds or [decode_kind(B, spec.hidden)]:
             try:

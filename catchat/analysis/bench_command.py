@@ -10,6 +10,7 @@ import gc
 from rich.markup import escape
 
 from catchat import config as cfgmod
+from catchat import environment
 from catchat.analysis import torch_twin
 from catchat.analysis.bench import bench_catchat
 from catchat.analysis.tuner import tune
@@ -57,7 +58,8 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
     say(escape(f"config {config_path}: H={m.hidden} L={m.layers} B={cfg.data.batch_lanes} T={cfg.data.window} "
                f"optimizer={cfg.train.optimizer} precision={precision} on {dev.info.name} "
                f"({dev.info.type}, {dev.info.driver})"))
-    res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver}
+    res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver,
+           "env": environment.settings()}  # the switches that made this run differ from the defaults
     with _Steps(err_console) as progress:
         if want_tune:
             saved = tunecache.snapshot(dev.info)

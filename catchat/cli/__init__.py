@@ -52,6 +52,11 @@ def with_precision(overrides, precision: str | None) -> tuple:
 @click.version_option(__version__, prog_name="catchat")
 def cli():
     """catchat: character-level GRU language models trained on Vulkan compute."""
+    from catchat.environment import unknown_lines
+
+    if click.get_current_context().invoked_subcommand != "doctor":  # doctor has a check of its own
+        for line in unknown_lines():  # a misspelt switch would otherwise change nothing, silently
+            _warn(f"warning: {line}")
 
 
 def _warn(message: str) -> None:

@@ -99,6 +99,19 @@ def sweep_check(dev, label: str) -> Check:
                  "shared memory, 64K registers per SM assumed), else one dispatch per timestep")
 
 
+def environment_check() -> Check:
+    """The CATCHAT_ variables set here: switches that make this process differ from the default, and
+    names catchat never reads (a typo: the check fails, naming the nearest real one)."""
+    from catchat import environment
+
+    bad = environment.unknown_lines()
+    if bad:
+        return Check("environment", False, "; ".join(bad), "unset it, or spell it as docs/environment.md does")
+    settings = [f"{k}={v}" for k, v in environment.settings().items()]
+    return Check("environment", True, ("set: " + ", ".join(settings) + " (unset them for the defaults)")
+                 if settings else "no catchat variables set (the defaults)")
+
+
 def checks() -> list[Check]:
     """Every check in order; later ones are skipped when what they need is missing."""
     from catchat.vk import device as vkdev
@@ -125,6 +138,7 @@ def checks() -> list[Check]:
         if not shaders.prebuilt_count():  # a wheel carries its SPIR-V: glslc is needed only for new variants
             return out + [Check("glslc", False, e.message, e.hint or "")]
         out.append(Check("glslc", True, f"not found; {shaders.prebuilt_count()} prebuilt shader variants installed"))
+    out.append(environment_check())
     for info in devices:
         label = f"device {info.index}: {info.name}"
         try:

@@ -104,10 +104,10 @@ def timed_run(dev, only: tuple[str, ...] = ()):
 def report(dev, results: list[tuple[str, ParityResult]], seconds: float, only: tuple[str, ...], argv) -> dict:
     """A parity run as a record (`catchat parity --json`): the device, what ran, every check (plain
     Python numbers: some checks hold numpy scalars), the totals."""
-    import os
+    from catchat import environment
 
     failed = sum(not r.ok for _, r in results)
-    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("CATCHAT_") and k != "CATCHAT_CACHE"}
+    env = environment.settings()
     return dict(tool="catchat parity", argv=list(argv), date=time.strftime("%Y-%m-%d"), device=dev.info.name,
                 device_type=dev.info.type, driver=dev.info.driver, env=env, groups=list(only) or list(GROUPS),
                 seconds=seconds, passed=len(results) - failed, failed=failed, summary=summarise(results),

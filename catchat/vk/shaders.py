@@ -39,6 +39,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from catchat.environment import cache_root
 from catchat.errors import ShaderCompileError, VulkanUnavailable
 from catchat.vk import slots
 
@@ -65,12 +66,6 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 _ERROR_RE = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): error: (?P<msg>.*)$", re.MULTILINE)
 _recorded: set[str] = set()
 _record_lock = threading.Lock()
-
-
-def cache_root() -> Path:
-    """catchat's user cache: $CATCHAT_CACHE, else $XDG_CACHE_HOME/catchat or ~/.cache/catchat."""
-    return Path(os.environ.get("CATCHAT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "catchat"))
 
 
 def cache_dir() -> Path:

@@ -30,8 +30,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from catchat.environment import cache_root
 from catchat.fsutil import atomic_write_bytes, atomic_write_text
-from catchat.vk.shaders import cache_root
 from catchat.vk.switches import env_override
 
 VERSION = 1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from catchat import environment
 from catchat.data import vocab
 from catchat.data.corpus import holdout
 from catchat.data.corpus.builder import DEFAULT_EVAL_FRACTION, BuildSummary, build, hold_out_line, unk_line
@@ -177,11 +178,11 @@ def info(path: str | os.PathLike) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 def cache_root() -> Path:
-    """$CATCHAT_CACHE_DIR, else $XDG_CACHE_HOME/catchat, else ~/.cache/catchat."""
-    if os.environ.get("CATCHAT_CACHE_DIR"):
+    """Where built corpora are cached: catchat's cache (environment.cache_root), or $CATCHAT_CACHE_DIR,
+    the older name, where only it is set."""
+    if os.environ.get("CATCHAT_CACHE_DIR") and not os.environ.get("CATCHAT_CACHE"):
         return Path(os.environ["CATCHAT_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "catchat"
+    return environment.cache_root()
 
 
 def shakespeare_cache_dir(cache: str | os.PathLike | None = None, hold_out: Sequence[Play] = ()) -> Path:
