@@ -52,8 +52,10 @@ FP16_GRAD = 2.0**-11 / 8
 # measured up to 0.78u * max in a gradient (layers.0.gru.weight_hh) and 1.97e-4 in a logit,
 # 1.06e-4 in hT (2026-12-03). So that case is held to FP16_WIDE_GRAD = 2u of each gradient's max and its
 # logits and hT to u of their max: a wrong or missing term (~max) still fails it. v3's width (K = 512 ..
-# 1536) flips its logits too (1.9e-4 of 0.59 on the H200, 2026-12-05), but its gradients stayed within
-# 1e-6 of their max, so its rows take the wide state tolerance alone (`wide="state"`).
+# 1536) flips them too: its logits by 1.9e-4 of 0.59, and its weight gradients (the GEMMs' outputs) by up
+# to 0.45u of their max (layers.0.gru.weight_ih; head.weight 0.43u) on the H200 (2026-12-05,
+# docs/results/2026-12-05-h200-parity.json: 8 rows failed the strict u/8 a review had set without a
+# device), so its rows are held to the same wide tolerances (`wide=True`).
 FP16_WIDE_GRAD = 2.0**-10
 FP16_WIDE_STATE = 2.0**-11
 FP16_SCALE = 2.0**16  # the loss scale fp16's rows run at (a run's first)
@@ -69,14 +71,12 @@ def model_inputs(spec: ModelSpec, T: int, B: int, seed: int = 0):
 
 
 def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, seed: int = 0,
-                 label: str = "model", precision: str = "fp32", wide: str = "") -> list[ParityResult]:
+                 label: str = "model", precision: str = "fp32", wide: bool = False) -> list[ParityResult]:
     """One training step on the GPU against the float64 reference: loss, logits, hT, every parameter
     gradient, the clamp hit count, and every parameter after the optimizer step. precision "fp16":
     the program's GEMMs and the twin's round their operands to float16, the step runs at the loss
     scale in hp (the GPU's unscaled gradients against the unscaled twin), at the FP16 tolerances
-    (wide "state": FP16_WIDE_STATE for logits and hT, v3's width; "all": FP16_WIDE_GRAD too, v5's)."""
-    if wide not in ("", "state", "all"):
-        raise ValueError(f"wide must be '', 'state' or 'all', got {wide!r}")
+    (wide: FP16_WIDE_GRAD for the gradients, FP16_WIDE_STATE for logits and hT, at v3's and v5's widths)."""
     layout = ParamLayout(spec)
     flat, tokens, targets, resets, h0 = model_inputs(spec, T, B, seed)
     prog = Program(dev, layout, T, B, optimizer=hp.optimizer, precision=precision)
@@ -116,7 +116,7 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     shape = f"{label} H={spec.hidden} L={spec.layers} T={T} B={B}" + (f" {precision} S={hp.loss_scale:g}"
                                                                       if precision != "fp32" else "")
     def state_atol(ref) -> float:
-        return FP16_WIDE_STATE * float(np.abs(ref).max()) if wide else 1e-5  # "state" or "all"
+        return FP16_WIDE_STATE * float(np.abs(ref).max()) if wide else 1e-5
 
     out = [compare("logits", shape, logits, plain.logits.reshape(-1), state_atol(plain.logits), 1e-4),
            compare("loss", shape, [st.loss], [res.loss], 1e-6, 1e-5),
@@ -127,7 +127,7 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     g = layout.unflatten(grads)
     for name in layout.names:
         exp = res.grads[name]
-        fp16_grad = FP16_WIDE_GRAD if wide == "all" else FP16_GRAD
+        fp16_grad = FP16_WIDE_GRAD if wide else FP16_GRAD
         atol, rtol = (GRAD_ATOL, GRAD_RTOL) if precision == "fp32" else (fp16_grad * np.abs(exp).max(), 0.0)
         out.append(compare(f"grad {name}", shape, g[name], exp, atol, rtol))
     out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
@@ -234,11 +234,10 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     fp16_hp = replace(MODEL_CASES[0][4], loss_scale=FP16_SCALE)
     v3 = ModelSpec(vocab_size=101, hidden=512, layers=3)
     if sweep_products(dev, 64, v3.hidden, "fp16") == "mixed":  # v3's shape: resident forward, streamed backward
-        out += model_parity(dev, v3, 4, 64, fp16_hp, label="v3 mixed", precision="fp16",
-                            wide="state")
+        out += model_parity(dev, v3, 4, 64, fp16_hp, label="v3 mixed", precision="fp16", wide=True)
     v5 = ModelSpec(vocab_size=101, hidden=2048, layers=3)
     if stream_sweeps(dev, 32, v5.hidden, "fp16"):  # v5's shape on the streamed tensor-core sweeps
-        out += model_parity(dev, v5, 4, 32, fp16_hp, label="v5 streamed", precision="fp16", wide="all")
+        out += model_parity(dev, v5, 4, 32, fp16_hp, label="v5 streamed", precision="fp16", wide=True)
     if all(stream_f32_sweep(dev, 32, v5.hidden, backward, "fp32") for backward in (False, True)):
         out += model_parity(dev, v5, 4, 32, MODEL_CASES[0][4], label="v5 float32 streamed")
     if all(stream_f32_sweep(dev, 64, v3.hidden, backward, "fp32") for backward in (False, True)):
