@@ -93,3 +93,8 @@ def settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     other than by default (doctor shows them; `catchat bench --json` and `catchat parity --json` record them)."""
     env = os.environ if environ is None else environ
     return {name: env[name] for name in sorted(env) if name in VARIABLES and name not in PATHS}
+
+
+def settings_text(environ: Mapping[str, str] | None = None) -> str:
+    """`settings` as one "NAME=VALUE, ..." phrase ("" where none is set), as doctor and bench print it."""
+    return ", ".join(f"{k}={v}" for k, v in settings(environ).items())

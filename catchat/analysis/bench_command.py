@@ -61,8 +61,7 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
     res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver,
            "env": environment.settings()}  # the switches that made this run differ from the defaults
     if res["env"]:
-        say(escape("set here: " + ", ".join(f"{k}={v}" for k, v in res["env"].items())
-                   + " (docs/environment.md)"))
+        say(escape(f"set here: {environment.settings_text()} (docs/environment.md)"))
     with _Steps(err_console) as progress:
         if want_tune:
             saved = tunecache.snapshot(dev.info)

@@ -107,9 +107,9 @@ def environment_check() -> Check:
     bad = environment.unknown_lines()
     if bad:
         return Check("environment", False, "; ".join(bad), "unset it, or spell it as docs/environment.md does")
-    settings = [f"{k}={v}" for k, v in environment.settings().items()]
-    return Check("environment", True, ("set: " + ", ".join(settings) + " (unset them for the defaults)")
-                 if settings else "no catchat variables set (the defaults)")
+    settings = environment.settings_text()
+    return Check("environment", True, f"set: {settings} (unset them for the defaults)" if settings
+                 else "no catchat variables set (the defaults)")
 
 
 def checks() -> list[Check]:
