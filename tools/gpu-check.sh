@@ -89,6 +89,12 @@ part bench-v5-fp16-stream $py -m catchat.cli bench configs/catchat-v5.toml --ste
 # no W_hh loads, no h_prev / dGh loads
 part bench-v5-fp16-rowmajor env CATCHAT_STREAM_BLOCKED=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
+# ... and the same build without a probe, for the probes' baseline on the same machine
+part bench-v5-fp16-base $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile \
+    --json "$out/bench-v5-fp16-base.json"
+# L2 read bandwidth when 1..132 SMs read one small buffer at once (the sweeps' shadows) or their own: CUDA, a
+# measurement aid (tools/l2_probe.cu)
+part l2-probe bash -c "nvcc -O3 -arch=sm_90 -o /tmp/l2_probe tools/l2_probe.cu && /tmp/l2_probe"
 part bench-v5-fp16-probe-now env CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
 part bench-v5-fp16-probe-noa env CATCHAT_STREAM_PROBE=2 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
