@@ -3,9 +3,7 @@
 // y = ysum[L-1] (x + h of the last layer) and g its norm weight. Spread over the GPU like the layer
 // kernel (glsl/decode_layer.comp): a subgroup owns one vocabulary row v and a tile of SB streams,
 // its lanes stride over k, sum(y^2) is gathered in the same pass. The choice of the next token
-// (glsl/decode_sample.comp) reads the logits in the next dispatch. UNIT_PER_LANE (the lane split,
-// CATCHAT_DECODE=lanes): a lane owns one row v, the layer kernel's way (KS subgroups over k for
-// each of TS stream tiles, the splits' sums in shared memory, W_head read k-major: [H][V]).
+// (glsl/decode_sample.comp) reads the logits in the next dispatch.
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_control_flow_attributes : require
@@ -30,7 +28,6 @@ layout(push_constant) uniform Push {
     float eps;
 } pc;
 
-#ifndef UNIT_PER_LANE
 void main() {
     uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize, wg = gl_WorkGroupID.x;
     uint v = (wg % pc.rows_wgs) * gl_NumSubgroups + gl_SubgroupID;
@@ -58,51 +55,3 @@ void main() {
         if (lane == 0u && live) logits[b * pc.V + v] = l;
     }
 }
-#else
-#define LANE_SUMS (2u * SB)  // per stream: the logit, then the norm's sum of squares
-#include "lane_split.glsl"
-layout(set = 0, binding = 4) readonly buffer WT { float wt[]; };  // W_head^T [H][V] at pc.w_head
-
-void main() {
-    uint lane = gl_SubgroupInvocationID, wg = gl_WorkGroupID.x, ks = split_k(), ts = split_tile();
-    uint v_own = (wg % pc.rows_wgs) * SUB + lane;
-    uint v = min(v_own, pc.V - 1u);  // lanes past V compute a copy of the last row and store nothing
-    uint b0 = ((wg / pc.rows_wgs) * TS + ts) * SB;
-    const uint HW = H / W;
-    float acc[SB], ss[SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) { acc[s] = 0.0; ss[s] = 0.0; }
-    uint y0 = (pc.L - 1u) * B * HW;
-    for (uint k = ks; k < HW; k += KS) {
-        uint a = pc.w_head + k * W * pc.V + v;
-#ifdef VEC4
-        VT wk = vec4(wt[a], wt[a + pc.V], wt[a + 2u * pc.V], wt[a + 3u * pc.V]);
-#else
-        VT wk = wt[a];
-#endif
-        wk *= params[pc.g_last / W + k];
-        [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            uint b = min(b0 + s, B - 1u);  // streams past B: a copy of the last, never stored
-            VT y = ysum[y0 + b * HW + k];
-            ss[s] += DOT(y, y);
-            acc[s] += DOT(wk, y);
-        }
-    }
-    if (KS > 1u) {  // the k splits' sums meet in the first
-        if (ks > 0u) {
-            [[unroll]] for (uint s = 0u; s < SB; ++s) { split_put(s, acc[s]); split_put(SB + s, ss[s]); }
-        }
-        barrier();
-        if (ks > 0u) return;
-        [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            acc[s] = split_total(s, acc[s]);
-            ss[s] = split_total(SB + s, ss[s]);
-        }
-    }
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        uint b = b0 + s;
-        if (b >= B || v_own >= pc.V) break;
-        bool live = ctl[b * DS_WORDS + DS_DONE] == 0u;  // a stopped stream keeps the logits it stopped with
-        if (live) logits[b * pc.V + v] = acc[s] * (1.0 / sqrt(ss[s] / float(H) + pc.eps));
-    }
-}
-#endif

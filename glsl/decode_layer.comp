@@ -14,16 +14,7 @@
 // Work split: a subgroup owns one unit j and a tile of SB streams; its lanes stride over k
 // (coalesced weight rows), each lane keeps 6 x SB partial dot products (3 gates x {ih, hh}) in
 // registers, and one subgroupAdd per partial ends it. No shared memory, no barriers.
-// Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs.
-// UNIT_PER_LANE (CATCHAT_DECODE=lanes) splits the other way: a lane owns one unit for a tile's
-// streams, so no subgroup reduction ends its sums. A workgroup is KS x TS subgroups: TS stream tiles
-// (each weight row a lane loads serves the TS tiles' subgroups through L1), each split over k in
-// KS subgroups taking every KS-th k step (the streams' inputs are one address for all lanes: a
-// broadcast; the weights k-major, so a k's weights of the lanes' units are consecutive words). The KS
-// partial sums meet in shared memory, added in split
-// order by the first, which finishes the cell. Workgroup w: units [(w % units_wgs) * SUB, ...) of
-// stream tiles (w / units_wgs) * TS + [0, TS). The same sums as the subgroup split in another order
-// (not the same bits). H and B are
+// Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs. H and B are
 // specialization constants (the k loop's trip count is known when the pipeline is built) and, with
 // VEC4, lanes read 4 consecutive k as one vec4 (H % 4 == 0; every offset is then a multiple of 4).
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -81,7 +72,6 @@ float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2,
     return (1.0 - z) * n + z * hold;
 }
 
-#ifndef UNIT_PER_LANE
 void main() {
     uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x;
@@ -154,102 +144,3 @@ void main() {
         }
     }
 }
-#else
-#define LANE_SUMS (7u * SB)  // per stream: ah and ai by gate, then the norm's sum of squares
-#include "lane_split.glsl"
-// The weights k-major (transpose.comp at each call's start): [L][ih, hh][H (k)][3H (gate, unit)], so
-// that one k's weights of a subgroup's units are consecutive words (one memory transaction a load).
-layout(set = 0, binding = 6) readonly buffer WT { float wt[]; };
-
-// The weights of unit j's gate row at k steps k4 * W .. + W - 1 (a = the matrix's word of k4 * W).
-VT wcol(uint a) {
-#ifdef VEC4
-    return vec4(wt[a], wt[a + 3u * H], wt[a + 6u * H], wt[a + 9u * H]);
-#else
-    return wt[a];
-#endif
-}
-
-void main() {
-    uint lane = gl_SubgroupInvocationID, ks = split_k(), ts = split_tile();
-    uint wg = gl_WorkGroupID.x;
-    uint j_own = (wg % pc.units_wgs) * SUB + lane;
-    uint j = min(j_own, H - 1u);  // lanes past H compute a copy of the last unit and store nothing
-    uint b0 = ((wg / pc.units_wgs) * TS + ts) * SB;
-    uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
-    bool first = l == 0u;
-    const uint HW = H / W;  // k steps of W floats
-
-    float ai[3][SB], ah[3][SB], ss[SB], keep[SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        ss[s] = 0.0;
-        uint b = min(b0 + s, B - 1u);  // streams past B: a copy of the last, never stored
-        keep[s] = token[b] != pc.bos ? 1.0 : 0.0;  // <bos>: the state entering is zero
-        [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
-    }
-    uint wi = (2u * l) * H * 3u * H + j, wh = wi + H * 3u * H;  // unit j's column of W_ih^T, W_hh^T
-    for (uint k = ks; k < HW; k += KS) {
-        uint a = k * W * 3u * H;
-        VT wh0 = wcol(wh + a), wh1 = wcol(wh + a + H), wh2 = wcol(wh + a + 2u * H);
-        VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
-        if (!first) {
-            wi0 = wcol(wi + a); wi1 = wcol(wi + a + H); wi2 = wcol(wi + a + 2u * H);
-            gk = params[pc.g_prev / W + k];
-        }
-        [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            uint b = min(b0 + s, B - 1u);
-            VT hold = state[st(oldh, l, b) / W + k] * keep[s];
-            ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
-            if (!first) {
-                VT y = ysum[((l - 1u) * B + b) * HW + k];
-                ss[s] += DOT(y, y);
-                VT yg = y * gk;
-                ai[0][s] += DOT(wi0, yg); ai[1][s] += DOT(wi1, yg); ai[2][s] += DOT(wi2, yg);
-            }
-        }
-    }
-    if (KS > 1u) {  // the k splits' sums meet in the first
-        if (ks > 0u) {
-            [[unroll]] for (uint s = 0u; s < SB; ++s) {
-                [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-                    split_put(g * SB + s, ah[g][s]);
-                    split_put((3u + g) * SB + s, ai[g][s]);
-                }
-                split_put(6u * SB + s, ss[s]);
-            }
-        }
-        barrier();
-        if (ks > 0u) return;
-        [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            [[unroll]] for (uint g = 0u; g < 3u; ++g) {
-                ah[g][s] = split_total(g * SB + s, ah[g][s]);
-                ai[g][s] = split_total((3u + g) * SB + s, ai[g][s]);
-            }
-            ss[s] = split_total(6u * SB + s, ss[s]);
-        }
-    }
-
-    float bi0 = params1[pc.b_ih + j], bi1 = params1[pc.b_ih + H + j], bi2 = params1[pc.b_ih + 2u * H + j];
-    float bh0 = params1[pc.b_hh + j], bh1 = params1[pc.b_hh + H + j], bh2 = params1[pc.b_hh + 2u * H + j];
-    float gj = first ? 0.0 : params1[pc.g_prev + j];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        uint b = b0 + s;
-        if (b >= B || j_own >= H) break;  // nothing to store
-        float hold_j = state1[st(oldh, l, b) + j];
-        float gi0, gi1, gi2, x;
-        if (first) {
-            layer0_input(token[b], j, gi0, gi1, gi2, x);
-        } else {
-            float rstd = 1.0 / sqrt(ss[s] / float(H) + pc.eps);
-            gi0 = ai[0][s] * rstd; gi1 = ai[1][s] * rstd; gi2 = ai[2][s] * rstd;
-            x = ysum1[((l - 1u) * B + b) * H + j] * rstd * gj;
-        }
-        float h = ctl[b * DS_WORDS + DS_DONE] != 0u
-                      ? hold_j
-                      : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, ah[0][s] + bh0, ah[1][s] + bh1, ah[2][s] + bh2,
-                                 hold_j * keep[s]);
-        state1[st(newh, l, b) + j] = h;
-        ysum1[(l * B + b) * H + j] = x + h;
-    }
-}
-#endif

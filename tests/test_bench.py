@@ -279,8 +279,7 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
 
 def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch, capsys):
     """--decode: generation's layer and head pipelines at 8, 16 and 32 streams per tile (at 20 streams
-    the 32 tile is the batch's power of two), and the lane-per-unit layer; the user's CATCHAT_DECODE_TILE
-    is left as it was."""
+    the 32 tile is the batch's power of two); the user's CATCHAT_DECODE_TILE is left as it was."""
     import shader_stats
 
     monkeypatch.setenv("CATCHAT_DECODE_TILE", "4")
@@ -288,10 +287,7 @@ def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch,
     assert shader_stats.main(args) == 0
     out = capsys.readouterr().out
     for tile in (8, 16, 32):
-        assert f"decode_layer (subgroup split), 20 streams: tile {tile}, " in out
-        assert f"decode_head, 20 streams: tile {tile}, " in out
-    assert "decode_layer (lanes split), 20 streams: tile 8, " in out
-    assert "decode_head (lanes split), 20 streams: tile 8, " in out
+        assert f"decode_layer, 20 streams: tile {tile}, " in out and f"decode_head, 20 streams: tile {tile}, " in out
     assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 
@@ -317,16 +313,12 @@ def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, cap
         assert json.loads(out.read_text())["catchat"] == res["catchat"]
         for r in res["catchat"]:
             assert r["chars"] == 40 * r["batch"] and r["short_streams"] == 0
-            assert r["layer_kernel"]["split"] == "subgroup" and r["layer_kernel"]["workgroups"] >= 1
+            lk = r["layer_kernel"]  # the fused step: batch 1 a stream tile of 1, batch 5 one tile of 8
+            assert lk["tile"] == (1 if r["batch"] == 1 else 8) and lk["workgroups"] == lk["row_wgs"] >= 1
             assert 0 < r["first_char_ms"] <= r["step_ms"] * 40 and sum(r["device_us"].values()) > 0
     text = capsys.readouterr().out
     assert "batch 5, 40 per stream" in text and "chars/s" in text and "first char ms" in text
     assert "vs graph" not in text  # no torch asked for
-    # the lane split's row says how its layer kernel was shaped (lavapipe: the most tiles, k splits)
-    (r,) = bench_generate.main(_bench_generate_args("--batches", "5", "--steps", "8", "--decode", "lanes"))["catchat"]
-    assert r["decode"] == "lanes" and r["chars"] == 40
-    assert r["layer_kernel"]["split"] == "lanes" and r["layer_kernel"]["k_splits"] >= 1
-    assert r["layer_kernel"]["workgroups"] >= 1
 
 
 def _fake_vulkan(monkeypatch, mod):

@@ -2,7 +2,7 @@
 """Generation speed of catchat beside PyTorch: characters per second and time to the first character.
 
     python tools/bench_generate.py configs/catchat-v3.toml [--batches 1,64] [--steps 200] [--chunk N]
-                                   [--decode fused,batched,lanes] [--compare-torch [--graph-chunk 64]]
+                                   [--decode fused,batched] [--compare-torch [--graph-chunk 64]]
                                    [--json out.json]
 
 For each batch size B (independent streams generated at once) every variant generates --steps

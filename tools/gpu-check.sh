@@ -256,16 +256,10 @@ xq fp16
 # both decode steps (fused layer kernels, the batched forward at T = 1) beside PyTorch at batches
 # 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
 # (1,024 characters a stream, so the first chunk's wait weighs little; the batched step's short GEMMs
-# split over K since 2026-12-05; "lanes": the fused step with a lane per unit, 2026-12-05), and the fused
-# step's stream tile of 16 and 32 at 32 and 64 streams
-# the lane split's workgroup shapes the H200's own rule does not pick at parity's sizes (v5's 2,4 and 4,2;
-# parity itself covers 4,1), against numpy: docs/generation.md
-part parity-decode-lanes bash -c "CATCHAT_DECODE_LANES=2,4 $py -m catchat.cli parity --only decode --summary \
-    --json $out/parity-decode-lanes24.json && CATCHAT_DECODE_LANES=4,2 $py -m catchat.cli parity --only decode \
-    --summary --json $out/parity-decode-lanes42.json"
+# split over K since 2026-12-05), and the fused step's stream tile of 16 and 32 at 32 and 64 streams
 for c in v3 v5; do
     part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
-        --decode fused,batched,lanes --compare-torch --json "$out/gen-decode-$c.json"
+        --decode fused,batched --compare-torch --json "$out/gen-decode-$c.json"
     # the fused step's registers and local memory (spills) at 64 streams for tiles of 8, 16 and 32
     part "shader-stats-decode-$c" $py tools/shader_stats.py "configs/catchat-$c.toml" --decode
     for tile in 16 32; do

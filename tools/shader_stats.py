@@ -15,8 +15,7 @@ workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
 --decode generation's fused decode layer and head at --decode-batch streams for each stream tile
-(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?), and the
-layer with its lane-per-unit split (CATCHAT_DECODE=lanes). Drivers
+(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?). Drivers
 without the extension
 (lavapipe) still compile and create the pipelines.
 """
@@ -67,9 +66,9 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     return fwd, bwd
 
 
-def decode_kernels(dev, cfg, B: int, tile: int, split: str = "subgroup"):
-    """Generation's fused decode layer (work split `split`) and head for B streams at CONFIG's shape,
-    built with stream tile `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
+def decode_kernels(dev, cfg, B: int, tile: int):
+    """Generation's fused decode layer and head for B streams at CONFIG's shape, built with stream tile
+    `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
     from catchat.vk.kernels import decode
     from catchat.vk.switches import env_override
 
@@ -78,11 +77,10 @@ def decode_kernels(dev, cfg, B: int, tile: int, split: str = "subgroup"):
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
     params, ysum, ctl = f32(layout.total), f32(s.layers * B * s.hidden), u32(B * slots.DS_WORDS)
-    wt = f32(decode.k_major_words(layout)) if split == "lanes" else None
     with env_override(decode.TILE_ENV, str(tile)):
         layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
-                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B, split=split, wt=wt)
-        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B, split=split, wt=wt)
+                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B)
+        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
     return layer, head
 
 
@@ -140,11 +138,9 @@ def main(argv=None) -> int:
             g = gemm.Gemm(dev, tiles=t, precision="fp16", coopmat=True, **kw)
             print_statistics(dev, g, f"{t.shader}, input projection: {t}, {t.threads} threads", {})
     if args.decode:
-        for tile, split in ((8, "subgroup"), (16, "subgroup"), (32, "subgroup"), (8, "lanes")):
-            layer, head = decode_kernels(dev, cfg, args.decode_batch, tile, split)
-            for k in (layer, head):
-                what = f" ({split} split)" if k is layer or split == "lanes" else ""
-                print_statistics(dev, k, f"{k.shader}{what}, {args.decode_batch} streams: tile {k.shape.tile}, "
+        for tile in (8, 16, 32):
+            for k in decode_kernels(dev, cfg, args.decode_batch, tile):
+                print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: tile {k.shape.tile}, "
                                  f"{k.shape.workgroup} threads", {})
     return 0
 

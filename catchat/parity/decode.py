@@ -1,5 +1,4 @@
-"""Generation's decode step and on-device sampling (glsl/decode_layer.comp, both splits, and
-glsl/transpose.comp for the lane split's weights;
+"""Generation's decode step and on-device sampling (glsl/decode_layer.comp, both variants;
 glsl/decode_head.comp; glsl/decode_sample.comp; the batched step: the forward's kernels at T = 1,
 glsl/decode_carry.comp, decode_sample.comp's RESETS) against catchat.model.reference: the state and logits
 after feeding tokens (odd H, partial stream tiles, one to three layers, tied head, a <bos> reset
@@ -24,7 +23,6 @@ from catchat.model import ModelSpec, ParamLayout, head_name, init_params
 from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
-from catchat.vk.kernels import Transpose, run_ops
 from catchat.vk.program.decoder import DECODE_KINDS, decode_step
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
@@ -125,20 +123,6 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
     return [choices("decode generation", shape, got, exp, margin), end]
 
 
-def _transpose_cases(dev: Device) -> list[ParityResult]:
-    """glsl/transpose.comp (the lane split's k-major weights) against numpy: odd shapes at offsets,
-    nothing outside the written matrix changed."""
-    out, rng = [], np.random.default_rng(21)
-    for rows, cols in ((37, 53), (1, 5), (96, 288), (17, 16)):
-        x = rng.standard_normal(7 + rows * cols + 3).astype(np.float32)
-        y = np.full(5 + rows * cols + 2, 9.0, np.float32)
-        tx, ty = dev.tensor(x), dev.tensor(y)
-        (got,) = run_ops(dev, [tx, ty], [Transpose(dev, tx, ty, rows, cols).op_for(7, 5)], [ty])
-        y[5:5 + rows * cols] = x[7:7 + rows * cols].reshape(rows, cols).T.ravel()
-        out.append(compare("decode weights k-major (transpose)", f"[{rows}, {cols}] at offsets", got, y, 0.0, 0.0))
-    return out
-
-
 def parity_checks(dev: Device) -> list[ParityResult]:
     """Decode steps at odd sizes and whole generations with blocking and stops, on both decode steps
     (the batched one's rows named "(batched)"); every sampling rule."""
@@ -160,4 +144,4 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out += [replace(r, kernel=r.kernel.replace("decode ", f"decode{tag} ", 1)) for r in rows]
     for B, seed in ((1, 5), (67, 6)):
         out += _choice_case(dev, B, seed)
-    return out + _transpose_cases(dev)
+    return out

@@ -121,22 +121,6 @@ class Axpby(Kernel):
         return self.op(self.n, float(a), float(b), float(c))
 
 
-class Transpose(Kernel):
-    """y[y_off:] = x[x_off:] seen as [rows, cols], transposed to [cols, rows] (glsl/transpose.comp):
-    `op_for(x_off, y_off)` moves the same shape between other offsets of the same two tensors."""
-
-    shader = "transpose"
-    TILE = 16
-
-    def __init__(self, dev: Device, x, y, rows: int, cols: int):
-        self.rows, self.cols = int(rows), int(cols)
-        super().__init__(dev, [x, y], [ceil_div(self.cols, self.TILE), ceil_div(self.rows, self.TILE)],
-                         push=(self.rows, self.cols, 0, 0))
-
-    def op_for(self, x_off: int, y_off: int):
-        return self.op(self.rows, self.cols, int(x_off), int(y_off))
-
-
 class ToHalf(Kernel):
     """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
     float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). block_cols > 0: x is a

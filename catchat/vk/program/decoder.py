@@ -14,9 +14,6 @@ rule from the H200's measurements: batched from 32 streams where H >= 1024, else
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
-- lanes: the fused step with its layer and head kernels split the other way (a lane per unit or
-  vocabulary row, the workgroup's subgroups over k: no subgroup reduction per stream), reading a
-  k-major copy of the weights made at each call's start; opt-in until measured on a GPU.
 - batched (`BatchedStep`): the batched forward's own kernels at T = 1 (a second forward-only
   Program, its weights copied from the first at each call's start): the input projections as
   GEMMs, the recurrent sweeps (register-resident or streamed where the training sweeps are),
@@ -40,22 +37,15 @@ from catchat.errors import UsageError
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import (
-    DecodeCarry,
-    DecodeHead,
-    DecodeLayer,
-    DecodeSample,
-    k_major_words,
-    weights_k_major,
-)
+from catchat.vk.kernels.decode import DecodeCarry, DecodeHead, DecodeLayer, DecodeSample
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
-DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", "lanes", or unset / "auto": the decode step's program
-DECODE_KINDS = ("fused", "batched", "lanes")
+DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", or unset / "auto": the decode step's program
+DECODE_KINDS = ("fused", "batched")
 # Where the batched step wins (H200, 2026-12-05, device us per step, docs/generation.md): v5 (H = 2048)
 # 858 against the fused step's 1,535 at 32 streams and 990 against 2,992 at 64, but 826 against 414 at
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
@@ -87,27 +77,19 @@ def decode_step(kind: str):
 
 class FusedStep:
     """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
-    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h; the
-    kernels' work split `split` ("subgroup", or "lanes" for the decode kind "lanes", whose k-major
-    weights `start_ops` rewrites first)."""
+    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h."""
 
-    def __init__(self, prog, logits, ctl, split: str = "subgroup"):
+    def __init__(self, prog, logits, ctl):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
         self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
-        self.k_major = []  # the lane split's weights, rewritten at each call's start
-        wt = None
-        if split == "lanes":
-            wt = dev.tensor(k_major_words(prog.layout), kind="storage")
-            self.k_major = weights_k_major(dev, prog.layout, b.params, wt)
-        self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B,
-                                 split=split, wt=wt)
-        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B, split=split, wt=wt)
+        self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
+        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
-        return self.k_major + [self.from_carry(1.0, 0.0)]
+        return [self.from_carry(1.0, 0.0)]
 
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
@@ -186,10 +168,7 @@ class Decoder:
         self.forced = dev.tensor(self.forced_cap * B, u32)
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
-        if self.kind == "batched":
-            self.step = step = BatchedStep(prog, self.logits, self.ctl)
-        else:
-            self.step = step = FusedStep(prog, self.logits, self.ctl, "lanes" if self.kind == "lanes" else "subgroup")
+        self.step = step = (BatchedStep if self.kind == "batched" else FusedStep)(prog, self.logits, self.ctl)
         self.token = step.token
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
