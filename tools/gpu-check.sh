@@ -160,6 +160,8 @@ part parity-wavefront-fp32 env CATCHAT_WAVEFRONT=4 CATCHAT_PERSISTENT=1 $py -m c
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \
     --precision "${2%%-*}" --profile --json "$out/bench-$1-$2.json"; }
+part parity-overlap-dw env CATCHAT_OVERLAP_DW=1 $py -m catchat.cli parity --only model --summary \
+    --json "$out/parity-overlap-dw.json"
 ov v3 fp16-overlap 4 CATCHAT_OVERLAP_DW=1
 ov v3 fp16-nooverlap 4 CATCHAT_OVERLAP_DW=0
 ov v3 fp32-overlap 3 CATCHAT_OVERLAP_DW=1
