@@ -18,6 +18,7 @@ from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
     FORWARD_TILES,
+    KSPLIT_ENV,
     GruBackward,
     GruForward,
     ResidentTiles,
@@ -28,6 +29,7 @@ from catchat.vk.kernels.gru import (
     w16_blocked,
 )
 from catchat.vk.program.wavefront import chunk_bounds
+from catchat.vk.switches import env_override
 
 FWD_ATOL, FWD_RTOL = 2e-6, 1e-5  # o, hprev, save: O(1) values, float32
 BWD_ATOL, BWD_RTOL = 2e-6, 1e-5  # dGi, dGh, dh0: O(1) values after T steps of recursion
@@ -248,6 +250,21 @@ STREAM_F32_CASES = STREAM_CASES + [((3, 9, 512, AUTO, 0.02), 1)]
 STREAM_F32_GPU_CASES = STREAM_GPU_CASES
 
 
+# The k-split backward (CATCHAT_STREAM_KSPLIT, glsl/gru_backward_ksplit.comp; persistent only): one lane
+# fragment (8 k-parts) and two (16), a workgroup walking every item and, on a GPU, a few walking several,
+# one per item at v5's and v3's widths; with the plain streamed forward before it.
+KSPLIT_CASES = [
+    ((3, 3, 128, AUTO, 0.0), 1),
+    ((3, 20, 256, AUTO, 0.03), 1),
+    ((2, 9, 256, AUTO, 0.02), 1),  # one lane fragment, two column groups
+]
+KSPLIT_GPU_CASES = [
+    ((6, 32, 256, AUTO, 0.0), -1),
+    ((5, 32, 512, AUTO, 0.02), 3),
+    ((4, 32, 2048, AUTO, 0.02), -1),
+]
+
+
 def persistent_counts(dev: Device) -> tuple[int, ...]:
     """Workgroup counts of the persistent parity cases: 1 on any device (a CPU device may run one
     workgroup at a time); on a GPU that reports its SMs also 3 and one per SM."""
@@ -270,13 +287,20 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
+    if dev.runs_float16:
+        ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
+        runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        coop, half_saves = variant in ("coop", "stream", "stream16"), variant == "stream16"
-        got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
-                          w_half=variant in ("f16w", "stream", "stream16"), coop=coop,
-                          stream_f32=variant == "stream32", save_half=half_saves)
+        streamed = variant in ("stream", "stream16", "ksplit", "ksplit16")
+        coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "ksplit16")
+        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
+            got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
+                              w_half=variant == "f16w" or streamed, coop=coop,
+                              stream_f32=variant == "stream32", save_half=half_saves)
+        if variant.startswith("ksplit") and not got["tiles"][1].ksplit:
+            raise AssertionError(f"the {variant} case T={T} B={B} H={H} did not run the k-split backward")
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None

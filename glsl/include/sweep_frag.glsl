@@ -9,12 +9,13 @@
 // works. The sums of a product run in k order in float32 (the hardware's order is its own).
 // The includer defines A_BUF and B_BUF (float16_t arrays the A and B operands are loaded from) and
 // ACC_SHARED (the shared float array accumulators are stored to and loaded from); and B_SHARED (a
-// shared float16_t array) where B operands also come from shared memory (LOAD_B_SHARED).
+// shared float16_t array) where B operands also come from shared memory (LOAD_B_SHARED), A_SHARED
+// likewise for A operands (LOAD_A_SHARED). ACC_STORE_BUF stores an accumulator into a float buffer.
 #ifndef CATCHAT_SWEEP_FRAG_GLSL
 #define CATCHAT_SWEEP_FRAG_GLSL
 
 #ifdef EMU
-struct FragRef { uint off; uint stride; bool col; bool sh; };  // sh: in B_SHARED
+struct FragRef { uint off; uint stride; bool col; bool sh; };  // sh: in B_SHARED (A: A_SHARED)
 struct Acc { float v[8]; };
 #define FRAG_A FragRef
 #define FRAG_B FragRef
@@ -22,6 +23,7 @@ struct Acc { float v[8]; };
 #define LOAD_A(m, off, stride, col) m = FragRef(off, stride, col, false)
 #define LOAD_B(m, off, stride, col) m = FragRef(off, stride, col, false)
 #define LOAD_B_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
+#define LOAD_A_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 
 Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
 
@@ -36,11 +38,17 @@ float b_at(FragRef b, uint row, uint col) {
     return float(B_BUF[frag_index(b, row, col)]);
 }
 
+#ifdef A_SHARED
+#define A_AT(a, row, col) ((a).sh ? float(A_SHARED[frag_index(a, row, col)]) : float(A_BUF[frag_index(a, row, col)]))
+#else
+#define A_AT(a, row, col) float(A_BUF[frag_index(a, row, col)])
+#endif
+
 Acc mul_add(FragRef a, FragRef b, Acc c) {
     uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
     for (uint e = 0u; e < 8u; ++e) {
         float s = c.v[e];
-        for (uint k = 0u; k < 16u; ++k) s += float(A_BUF[frag_index(a, row, k)]) * b_at(b, k, c0 + e);
+        for (uint k = 0u; k < 16u; ++k) s += A_AT(a, row, k) * b_at(b, k, c0 + e);
         c.v[e] = s;
     }
     return c;
@@ -69,6 +77,9 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_ADD(a, b) acc_add(a, b)
 #define ACC_STORE(m, off, stride) acc_store(m, off, stride)
 #define ACC_LOAD(m, off, stride) m = acc_load(off, stride)
+#define ACC_STORE_BUF(m, BUF, off, stride) { \
+    uint l_ = gl_LocalInvocationIndex % 32u, at_ = (off) + (l_ / 2u) * (stride) + (l_ % 2u) * 8u; \
+    for (uint e_ = 0u; e_ < 8u; ++e_) BUF[at_ + e_] = (m).v[e_]; }
 #else
 #define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define FRAG_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
@@ -76,11 +87,13 @@ Acc acc_load(uint off, uint stride) {
 #define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, off, stride, col)
 #define LOAD_B(m, off, stride, col) coopMatLoadNV(m, B_BUF, off, stride, col)
 #define LOAD_B_SHARED(m, off, stride, col) coopMatLoadNV(m, B_SHARED, off, stride, col)
+#define LOAD_A_SHARED(m, off, stride, col) coopMatLoadNV(m, A_SHARED, off, stride, col)
 #define ACC_ZERO() ACC_T(0.0)
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
 #define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
 #define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
+#define ACC_STORE_BUF(m, BUF, off, stride) coopMatStoreNV(m, BUF, off, stride, false)
 #endif
 
 // The float16 shadows of h_prev and dGh (the A operands): [2 parities][LF lane fragments][cols / 16]

@@ -19,10 +19,12 @@ def test_parity(dev):
     # the cases counted per variant: a variant whose rows went missing would pass all() alone
     stream = (len(gru_parity.STREAM_CASES) + (len(gru_parity.STREAM_GPU_CASES) if coopmat_runs(dev) else 0)
               if dev.runs_float16 else 0)
+    ksplit = (len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES) if coopmat_runs(dev) else 0)
+              if dev.runs_float16 else 0)
     runs = {"": len(gru_parity.CASES) + len(gru_parity.PERSISTENT_CASES) * len(gru_parity.persistent_counts(dev)),
             "_f16w": len(gru_parity.HALF_W_CASES) if dev.runs_float16 else 0,
             "_coop": len(gru_parity.COOP_CASES) if coopmat_runs(dev) else 0,
-            "_stream": stream, "_stream16": stream,
+            "_stream": stream, "_stream16": stream, "_ksplit": ksplit, "_ksplit16": ksplit,
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0)}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {

@@ -422,3 +422,33 @@ def test_float32_stream_planning(dev, monkeypatch):
         gru.GruForward(dev, *args, w_off=2, **kw)
     with pytest.raises(ValueError, match="its own split"):
         gru.GruForward(dev, *args, w_off=0, coop=True, **kw)
+
+
+def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
+    """CATCHAT_STREAM_KSPLIT=1: the backward's k-split where B fits one lane group and H whole column
+    groups of 8 * lane_frags blocks (v5: 16 k-parts of 24 fragments, 12 resident); never the forward,
+    nor float32; a value other than 0 or 1 is refused."""
+    assert gru.ksplit_ok(32, 2048) and gru.ksplit_ok(32, 512) and gru.ksplit_ok(9, 128)
+    assert not gru.ksplit_ok(20, 128) and not gru.ksplit_ok(40, 256) and not gru.ksplit_ok(3, 48)
+    assert not gru.stream_tiles(32, 2048, True).ksplit  # off unless asked
+    monkeypatch.setenv(gru.KSPLIT_ENV, "1")
+    t = gru.stream_tiles(32, 2048, True)
+    assert (t.ksplit, t.lane_frags, t.k_per_group, t.resident, t.flags) == (True, 2, 24, 12, True)
+    assert not gru.stream_tiles(32, 2048, False).ksplit and not gru.stream_tiles(32, 2048, True, f32=True).ksplit
+    assert not gru.stream_tiles(32, 2048 - 16, True).ksplit  # H not whole column groups: the plain split
+    monkeypatch.setenv(gru.KSPLIT_ENV, "yes")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM_KSPLIT"):
+        gru.stream_tiles(32, 2048, True)
+
+
+@pytest.mark.parametrize("n_wg,ksplit", [(0, False), (1, True)])
+def test_ksplit_backward_runs_persistent_only(dev, monkeypatch, n_wg, ksplit):
+    """The k-split's items meet inside a step, so a sweep of a dispatch per step falls back to the plain
+    split; persistent over one workgroup (every item on it, W_hh not resident): the twin's results
+    either way, the same hit counts, no barrier timeout. (Several workgroups at once: the GPU parity's
+    KSPLIT_GPU_CASES; a CPU device may run one workgroup at a time.)"""
+    monkeypatch.setenv(gru.KSPLIT_ENV, "1")
+    got = _streamed_like_the_twin(dev, 3, 20, 256, n_wg)
+    assert got["tiles"][1].ksplit == ksplit and not got["tiles"][0].ksplit
+    if n_wg:  # 16 items on one workgroup: nothing stays resident
+        assert got["tiles"][1].resident == 0

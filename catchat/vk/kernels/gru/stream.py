@@ -63,6 +63,13 @@ SHARED_ENV = "CATCHAT_STREAM_SHARED"
 # Without the barrier's shared flag the forward at v5 has room for one k-fragment of W_hh in shared
 # memory per k-group (CATCHAT_STREAM_SHARED=1,B).
 FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
+# The backward's product split over k between workgroups (glsl/gru_backward_ksplit.comp): a workgroup per
+# (k-part, column group) stages its k-part of dGh[s] in shared memory once and sums partials through
+# memory, where the plain split has every workgroup read all of dGh[s] (v5: 50 MB a step from L2; a
+# probe skipping those loads took the backward sweep from ~12.5 to 5.6 ms a layer on an H100,
+# 2026-12-05). Persistent sweeps of one lane group only; CATCHAT_STREAM_KSPLIT=1 asks for it (opt-in
+# until an H200 has timed it: tools/gpu-check.sh bench-v5-fp16-ksplit).
+KSPLIT_ENV = "CATCHAT_STREAM_KSPLIT"
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -87,7 +94,11 @@ class StreamTiles(NamedTuple):
     2 row quads, 0 forward: its loads go straight to the invocations that multiply them). `flags`:
     a persistent sweep waits on block flags instead of the grid barrier (no shared flag either).
     `lane_groups`: past 32 lanes, groups of 16 * lane_frags lanes, each a recurrence of its own with
-    its own shadow and flags; a workgroup per (slice, lane group): B <= 16 * lane_frags * lane_groups."""
+    its own shadow and flags; a workgroup per (slice, lane group): B <= 16 * lane_frags * lane_groups.
+    `ksplit` (backward, one lane group): the product split over k between workgroups instead
+    (glsl/gru_backward_ksplit.comp): `k_per_group` is then a k-part's fragments (KPW: 8 * lane_frags
+    k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
+    memory but the staged k-part of dGh."""
 
     lane_frags: int
     k_per_group: int
@@ -97,6 +108,7 @@ class StreamTiles(NamedTuple):
     shared: int = 0
     flags: bool = False
     lane_groups: int = 1
+    ksplit: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -104,11 +116,29 @@ def stream_ok(B: int, H: int) -> bool:
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
-def stream_tiles(B: int, H: int, backward: bool, f32: bool = False) -> StreamTiles:
+def ksplit_ok(B: int, H: int) -> bool:
+    """Whether the k-split backward takes [B, H]: one lane group (B <= 32) and H whole column groups of
+    8 * lane_frags column blocks, so the 3H rows fall into as many whole k-parts."""
+    kp = 8 * ceil_div(min(max(B, 1), STREAM_GROUP_LANES), 16)
+    return 1 <= B <= STREAM_GROUP_LANES and H > 0 and H % (16 * kp) == 0
+
+
+def stream_ksplit() -> bool:
+    """Whether CATCHAT_STREAM_KSPLIT asks for the k-split backward (off unless set to 1)."""
+    return bool(env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the default), or unset it"))
+
+
+def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None) -> StreamTiles:
+    """The streamed split of a [B, H] sweep. ksplit: the k-split backward where it takes the shape (None:
+    as CATCHAT_STREAM_KSPLIT says); the caller falls back to ksplit=False where its sweep is not persistent."""
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
+    if backward and not f32 and (stream_ksplit() if ksplit is None else ksplit) and ksplit_ok(B, H):
+        kpw = 3 * H // 16 // (8 * lane_frags)
+        res = min(kpw, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[1])
+        return StreamTiles(lane_frags, kpw, min(kpw, stream_depth()[1]), res, flags=True, ksplit=True)
     groups = ceil_div(B, 16 * lane_frags)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
@@ -161,6 +191,8 @@ def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     x lane fragments of 16 x 16 floats (plus the grid barrier's flag, none with block flags). f32
     backward: or, where larger, `stage` (the same words): each k-group's vec4s of 2 row quads (32 of
     W_hh, 32 per lane fragment)."""
+    if tiles.ksplit:  # `ash`: the item's k-part of dGh, both lane fragments
+        return tiles.lane_frags * tiles.k_per_group * 512
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
     if tiles.f32 and backward:  # the stage and red share `smem4` (a barrier apart)
         red = max(red, 16 * STREAM_KGROUPS * tiles.lane_frags * (32 + 32 * tiles.lane_frags))
@@ -213,6 +245,10 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     the grid barrier; the shaders ignore it in a dispatch per step); LG (lane groups, past 32 lanes).
     f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
     32 wide (its stage synced by subgroup barriers)."""
+    if tiles.ksplit:  # glsl/gru_backward_ksplit.comp: block flags always, every k-part whole
+        return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
+                **({"RES": tiles.resident} if tiles.resident else {}),
+                **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"EMU": 1} if emulate else {})}
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
@@ -227,6 +263,11 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
             **({"FULL": "true"} if full else {}),
             **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
             **({"EMU": 1} if emulate else {})}
+
+
+def ksplit_partial_words(tiles: StreamTiles, H: int) -> int:
+    """Floats of the k-split backward's partials: [2 parities][k-parts][H / 16 column blocks][lane_frags][16 x 16]."""
+    return 2 * 8 * tiles.lane_frags * (H // 16) * tiles.lane_frags * 256
 
 
 def stream_slices(H: int) -> int:

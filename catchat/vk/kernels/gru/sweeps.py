@@ -55,6 +55,7 @@ from catchat.vk.kernels.gru.resident import (
 from catchat.vk.kernels.gru.stream import (
     W16_ALIGN,
     fit_shared,
+    ksplit_partial_words,
     shadow_words,
     stream_defines,
     stream_items,
@@ -180,6 +181,11 @@ class _Sweep(Kernel):
                              f"of {align} {unit}")
         self.stream = True
         self.tiles = fit_shared(stream_tiles(B, H, backward, f32), backward, info.max_shared_memory_bytes)
+        resident = self._stream_resident(dev, persistent)
+        if self.tiles.ksplit and not resident:  # its items meet inside a step: one persistent dispatch only
+            self.tiles = fit_shared(stream_tiles(B, H, backward, f32, ksplit=False), backward,
+                                    info.max_shared_memory_bytes)
+            resident = self._stream_resident(dev, persistent)
         w = tensors[4 if backward else 1] if f32 else self.w_half  # f32: params again, as vec4
         nt, self.shared_bytes = stream_threads(self.tiles), stream_shared_bytes(self.tiles, backward)
         if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
@@ -187,15 +193,13 @@ class _Sweep(Kernel):
                              f"(limits {info.max_workgroup_invocations}, {info.max_shared_memory_bytes})")
         self.shadow = dev.tensor(np.zeros(shadow_words(self.tiles, H, backward), np.uint32), np.uint32)
         dev.upload([self.shadow])
-        if backward:  # the dGh shadow, W_hh at bindings 12, 13
+        if backward:  # the dGh shadow, W_hh at bindings 12, 13 (k-split: its partials at 14)
             tensors = tensors + [self.shadow, w]
+            if self.tiles.ksplit:
+                self.partial = dev.tensor(ksplit_partial_words(self.tiles, H), kind="storage")
+                tensors = tensors + [self.partial]
         else:  # the h_prev shadow at 8 (the resident shader's second view of o), W_hh at 11
             tensors = tensors[:8] + [self.shadow] + tensors[9:] + [w]
-        resident = resident_workgroups(dev) if persistent is None else int(persistent)
-        self.residency = None
-        if resident and persistent is None:
-            self.residency = sweep_residency(dev, self.tiles, B, H, backward, resident)
-            resident = resident if self.residency.ok else 0
         items = stream_items(self.tiles, H)
         if (self.tiles.resident or self.tiles.shared) and 0 < sweep_workgroups(resident, items) < items:
             # W_hh kept on chip needs one item (one slice) per workgroup
@@ -204,8 +208,18 @@ class _Sweep(Kernel):
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
                    **({"SAVE16": 1} if self.save_half else {})}
         tensors = self._extra_bindings(tensors, defines)
-        self._algorithms(dev, tensors, items, [nt], push, defines,
-                         (GruBackward if backward else GruForward).shader + "_stream", resident)
+        shader = (GruBackward if backward else GruForward).shader + ("_ksplit" if self.tiles.ksplit else "_stream")
+        self._algorithms(dev, tensors, items, [nt], push, defines, shader, resident)
+
+    def _stream_resident(self, dev: Device, persistent: int | None) -> int:
+        """Workgroups of the streamed sweep's persistent dispatch at self.tiles (0: a dispatch per step):
+        `persistent`, else one per SM where that is shown co-resident (self.residency says why)."""
+        resident = resident_workgroups(dev) if persistent is None else int(persistent)
+        self.residency = None
+        if resident and persistent is None:
+            self.residency = sweep_residency(dev, self.tiles, self.B, self.H, self.backward, resident)
+            resident = resident if self.residency.ok else 0
+        return resident
 
     def _extra_bindings(self, tensors: list, defines: dict) -> list:
         """The bindings of a resident or streamed sweep's shaders (defines updated in place for any added):
