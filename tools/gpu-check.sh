@@ -91,8 +91,9 @@ part bench-v5-fp16-rowmajor env CATCHAT_STREAM_BLOCKED=0 $py -m catchat.cli benc
     --warmup 1 --precision fp16 --profile
 # the backward's product split over k between workgroups (CATCHAT_STREAM_KSPLIT=1, glsl/gru_backward_ksplit.comp):
 # the sweep parity (its rows run whatever the switch), the model parity with it, then v5 at fp16 with it
-part parity-ksplit env CATCHAT_STREAM_KSPLIT=1 bash -c "$py -m catchat.cli parity --only gru --summary \
-    --json $out/parity-ksplit-gru.json && $py -m catchat.cli parity --only model --summary --json $out/parity-ksplit-model.json"
+part parity-ksplit-model env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli parity --only model --summary \
+    --json "$out/parity-ksplit-model.json"
+part parity-ksplit-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-ksplit-gru.json"
 part bench-v5-fp16-ksplit env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-ksplit.json"
 # ... and the same build without a probe, for the probes' baseline on the same machine
