@@ -430,6 +430,7 @@ def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
     nor float32; a value other than 0 or 1 is refused."""
     assert gru.ksplit_ok(32, 2048) and gru.ksplit_ok(32, 512) and gru.ksplit_ok(9, 128)
     assert not gru.ksplit_ok(20, 128) and not gru.ksplit_ok(40, 256) and not gru.ksplit_ok(3, 48)
+    assert gru.ksplit_ok(32, 4096) and not gru.ksplit_ok(32, 8192)  # flag words: 16 k-parts + 16 column groups
     assert not gru.stream_tiles(32, 2048, True).ksplit  # off unless asked
     monkeypatch.setenv(gru.KSPLIT_ENV, "1")
     t = gru.stream_tiles(32, 2048, True)

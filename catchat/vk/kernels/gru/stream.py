@@ -116,11 +116,16 @@ def stream_ok(B: int, H: int) -> bool:
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
+KSPLIT_MAX_WORDS = 32  # the k-split's flag words (k-parts + column groups): what `sync_words` holds
+
+
 def ksplit_ok(B: int, H: int) -> bool:
-    """Whether the k-split backward takes [B, H]: one lane group (B <= 32) and H whole column groups of
-    8 * lane_frags column blocks, so the 3H rows fall into as many whole k-parts."""
+    """Whether the k-split backward takes [B, H]: one lane group (B <= 32), H whole column groups of
+    8 * lane_frags column blocks (so the 3H rows fall into as many whole k-parts), and its k-parts and
+    column groups within the flag words (H <= 4096 at 32 lanes)."""
     kp = 8 * ceil_div(min(max(B, 1), STREAM_GROUP_LANES), 16)
-    return 1 <= B <= STREAM_GROUP_LANES and H > 0 and H % (16 * kp) == 0
+    return (1 <= B <= STREAM_GROUP_LANES and H > 0 and H % (16 * kp) == 0
+            and kp + H // (16 * kp) <= KSPLIT_MAX_WORDS)
 
 
 def stream_ksplit() -> bool:

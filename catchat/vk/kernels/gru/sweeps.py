@@ -182,7 +182,8 @@ class _Sweep(Kernel):
         self.stream = True
         self.tiles = fit_shared(stream_tiles(B, H, backward, f32), backward, info.max_shared_memory_bytes)
         resident = self._stream_resident(dev, persistent)
-        if self.tiles.ksplit and not resident:  # its items meet inside a step: one persistent dispatch only
+        # the k-split's items meet inside a step (one persistent dispatch only), and its stage must fit
+        if self.tiles.ksplit and (not resident or stream_shared_bytes(self.tiles, True) > info.max_shared_memory_bytes):
             self.tiles = fit_shared(stream_tiles(B, H, backward, f32, ksplit=False), backward,
                                     info.max_shared_memory_bytes)
             resident = self._stream_resident(dev, persistent)
