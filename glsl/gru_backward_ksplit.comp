@@ -119,11 +119,17 @@ void stage(uint s, uint kp) {
     }
 }
 
-// Subgroup sg's partial of item (kp, cg): ash's lane fragments @ W_hh's rows of k-part kp at column block
-// cb, stored to part (parity s % 2).
-void product(uint s, uint kp, uint cb) {
+// Subgroup sg's partial of item (kp, cg): dGh[s]'s rows of k-part kp (staged in ash once the k-part's
+// blocks have counted to wait_blocks, 0: no wait) @ W_hh's rows of k-part kp at column block cb, stored
+// to part (parity s % 2). The ring's first W_hh loads are issued before the wait: their latency hides
+// behind it. Uniform per workgroup (the stage's barrier).
+void product(uint s, uint kp, uint cb, uint wait_blocks) {
     FRAG_B w[PD];  // ring over the k-fragments past RES: fragment i in slot (i - RES) % PD
     [[unroll]] for (uint i = RES; i < KPW && i < RES + PD; ++i) load_w(kp, i, cb, w[i - RES]);
+    if (wait_blocks > 0u) kgroup_wait(wait_blocks, kp);
+    stage(s, kp);
+    barrier();
+    PHASE(pc.s - s, 1u);
     ACC_T p = ACC_ZERO();
 #if LF == 2
     ACC_T q = ACC_ZERO();
@@ -177,11 +183,7 @@ void main() {
             for (uint it = wg; it < n_it; it += n_wg) {
                 uint kp = it % KP, cg = it / KP;
                 PHASE(i, 0u);
-                if (i > 0u) kgroup_wait(i * KPW, kp);  // k-part kp's blocks of dGh[s], written in this dispatch
-                stage(s, kp);
-                barrier();
-                PHASE(i, 1u);
-                product(s, kp, cg * KP + sg);
+                product(s, kp, cg * KP + sg, i * KPW);  // k-part kp's blocks of dGh[s] written in this dispatch
                 PHASE(i, 2u);
                 blocks_arrive(uvec3(KP + cg), 1u);  // the item's partials written (and ash free again)
             }

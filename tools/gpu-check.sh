@@ -96,6 +96,8 @@ part parity-ksplit-model env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli parity -
 part parity-ksplit-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-ksplit-gru.json"
 part bench-v5-fp16-ksplit env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-ksplit.json"
+part phases-v5-fp16-ksplit env CATCHAT_STREAM_KSPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml \
+    --set train.precision=fp16 --steps 256 --reps 1
 # ... and the same build without a probe, for the probes' baseline on the same machine
 part bench-v5-fp16-base $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile \
     --json "$out/bench-v5-fp16-base.json"

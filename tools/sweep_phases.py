@@ -40,6 +40,9 @@ STREAM_FORWARD_PHASES = ("W_hh ring loads, grid barrier wait", "product, k-group
                          "barrier arrival, deferred writes, next inputs")
 STREAM_BACKWARD_PHASES = ("W_hh ring loads, grid barrier wait", "product, k-group sums",
                           "element: dh, gate backward, g16 writes", "barrier arrival, deferred writes, next inputs")
+KSPLIT_BACKWARD_PHASES = ("W_hh ring loads, k-part wait, dGh staged", "product, partial stores",
+                          "arrival, next inputs, partials' wait and sums", "element, g16 writes, arrival, writes",
+                          "to the next step")
 
 
 class _Clocked:
@@ -125,6 +128,8 @@ def main(argv=None) -> int:
           f"tiles {fwd.tiles} / {bwd.tiles}; workgroup 0, steps {steps // 10}..{steps - 1}")
     labels_f, labels_b = ((STREAM_FORWARD_PHASES, STREAM_BACKWARD_PHASES) if fwd.stream
                           else (FORWARD_PHASES, BACKWARD_PHASES))
+    if getattr(bwd.tiles, "ksplit", False):
+        labels_b = KSPLIT_BACKWARD_PHASES
     for name, kernel, clock, labels, n_steps in (("forward", fwd, clocks[0], labels_f, prog.T),
                                                  ("backward", bwd, clocks[1], labels_b, prog.T + 1)):
         ops = kernel.sweep_ops()
