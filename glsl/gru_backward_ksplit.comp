@@ -85,9 +85,18 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
-shared float16_t ash[LF * KPW * 256u];  // the item's k-part of dGh[s]: lane fragment lf's fragment kf at (lf * KPW + kf) * 256
+// The item's k-part of dGh[s], lane fragment lf's fragment kf at (lf * KPW + kf) * 64: 8-byte words
+// (4 halves), as the tensor-core GEMM's shared tiles, so the stage's 16-byte loads land in two
+// conflict-free stores; fragment loads count in words (ASH_UNIT halves), the emulation in halves.
+shared uvec2 ash[LF * KPW * 64u];
+#ifdef EMU
+#define ASH_UNIT 1u
+#else
+#define ASH_UNIT 4u
+#endif
 #define A_BUF g16
 #define A_SHARED ash
+#define A_SHARED_AT(i) float(unpackFloat2x16(ash[(i) / 4u][((i) % 4u) / 2u])[(i) % 2u])
 #define B_BUF w16
 #define ACC_SHARED part  // the emulation's accumulator store (unused: accumulators go to `part` by ACC_STORE_BUF)
 #include "sweep_frag.glsl"
@@ -104,17 +113,20 @@ FRAG_B rw[RES];  // W_hh's first RES fragments of this subgroup's column block i
 // W_hh's fragment kf of k-part kp at column block cb.
 void load_w(uint kp, uint kf, uint cb, out FRAG_B w) { LOAD_B(w, w_block(16u * (kp * KPW + kf), 16u * cb), W_LD, false); }
 
-// dGh[s]'s rows of k-part kp, both lane fragments, into ash: LF * KPW blocks of 512 bytes, 16 bytes a load.
+// dGh[s]'s rows of k-part kp, both lane fragments, into ash: LF * KPW blocks of 512 bytes, 16 bytes a
+// load, every load of the invocation issued before its stores.
 void stage(uint s, uint kp) {
-    const uint N = LF * KPW * 32u;  // uvec4s
-    for (uint e = gl_LocalInvocationIndex; e < N; e += 256u * LF) {
-        uint blk = e / 32u, lf = blk / KPW, kf = blk % KPW;
-        uvec4 v = g16v[(shadow_frag(s % 2u, lf, kp * KPW + kf, 3u * pc.H) + (e % 32u) * 8u) / 8u];
-        uint at = blk * 256u + (e % 32u) * 8u;
-        [[unroll]] for (uint q = 0u; q < 4u; ++q) {
-            f16vec2 h = unpackFloat2x16(v[q]);
-            ash[at + 2u * q] = h.x;
-            ash[at + 2u * q + 1u] = h.y;
+    const uint N = LF * KPW * 32u, NT = 256u * LF, PER = (N + NT - 1u) / NT;  // uvec4s, in all and per invocation
+    uvec4 v[PER];
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + j * NT, blk = e / 32u;
+        if (e < N) v[j] = g16v[(shadow_frag(s % 2u, blk / KPW, kp * KPW + blk % KPW, 3u * pc.H) + (e % 32u) * 8u) / 8u];
+    }
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + j * NT;
+        if (e < N) {
+            ash[2u * e] = v[j].xy;  // block e / 32 at word (e / 32) * 64, its 16-byte piece e % 32 at 2 (e % 32)
+            ash[2u * e + 1u] = v[j].zw;
         }
     }
 }
@@ -136,10 +148,10 @@ void product(uint s, uint kp, uint cb, uint wait_blocks) {
 #endif
     [[unroll]] for (uint i = 0u; i < KPW; ++i) {
         FRAG_A x;
-        LOAD_A_SHARED(x, i * 256u, 16u, false);
+        LOAD_A_SHARED(x, i * 256u / ASH_UNIT, 16u / ASH_UNIT, false);
 #if LF == 2
         FRAG_A y;
-        LOAD_A_SHARED(y, (KPW + i) * 256u, 16u, false);
+        LOAD_A_SHARED(y, (KPW + i) * 256u / ASH_UNIT, 16u / ASH_UNIT, false);
 #endif
 #if RES > 0
         if (i < RES) {

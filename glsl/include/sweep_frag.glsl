@@ -39,7 +39,10 @@ float b_at(FragRef b, uint row, uint col) {
 }
 
 #ifdef A_SHARED
-#define A_AT(a, row, col) ((a).sh ? float(A_SHARED[frag_index(a, row, col)]) : float(A_BUF[frag_index(a, row, col)]))
+#ifndef A_SHARED_AT  // element i of A_SHARED, counted in halves (the includer may pack them)
+#define A_SHARED_AT(i) float(A_SHARED[i])
+#endif
+#define A_AT(a, row, col) ((a).sh ? A_SHARED_AT(frag_index(a, row, col)) : float(A_BUF[frag_index(a, row, col)]))
 #else
 #define A_AT(a, row, col) float(A_BUF[frag_index(a, row, col)])
 #endif
