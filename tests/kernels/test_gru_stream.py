@@ -453,3 +453,31 @@ def test_ksplit_backward_runs_persistent_only(dev, monkeypatch, n_wg, ksplit):
     assert got["tiles"][1].ksplit == ksplit and not got["tiles"][0].ksplit
     if n_wg:  # 16 items on one workgroup: nothing stays resident
         assert got["tiles"][1].resident == 0
+
+
+@pytest.mark.parametrize("B,H,exact", [(3, 128, True), (20, 256, False)])
+def test_ksplit_program_step_matches_the_plain_split(dev, streamed, monkeypatch, B, H, exact):
+    """A whole fp16 training step on persistent streamed sweeps with the k-split backward against the
+    same step on the plain split: one lane fragment's k-parts are the plain split's k-groups, summed in
+    the same order, so every gradient is bitwise equal; two lane fragments sum 16 k-parts in order
+    where the plain split folds its k-groups in pairs: equal up to the order of float32 sums."""
+    label, base, T, _, hp = model_parity.MODEL_CASES[0]
+    spec = replace(base, hidden=H)
+    layout = ParamLayout(spec)
+    flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, T, B)
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")  # a CPU device runs one workgroup: every item on it
+    grads = {}
+    for ksplit in ("0", "1"):
+        monkeypatch.setenv(gru.KSPLIT_ENV, ksplit)
+        prog = Program(dev, layout, T, B, precision="fp16")
+        assert all(k.gru.tiles.ksplit == (ksplit == "1") for k in prog.bwd.layers)
+        prog.set_params(flat)
+        prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
+        prog.set_carry(None)
+        prog.train_step([(tokens, targets, resets)], replace(hp, loss_scale=model_parity.FP16_SCALE), global_step=0)
+        (grads[ksplit],) = prog.read("grads")
+    if exact:
+        np.testing.assert_array_equal(grads["1"], grads["0"])
+    else:
+        np.testing.assert_allclose(grads["1"], grads["0"], rtol=0, atol=1e-5 * np.abs(grads["0"]).max())
+        assert not np.array_equal(grads["1"], grads["0"])  # the k-split ran: another order of sums
