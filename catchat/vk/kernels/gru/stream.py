@@ -70,6 +70,7 @@ FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 # 2026-12-05). Persistent sweeps of one lane group only; CATCHAT_STREAM_KSPLIT=1 asks for it (opt-in
 # until an H200 has timed it: tools/gpu-check.sh bench-v5-fp16-ksplit).
 KSPLIT_ENV = "CATCHAT_STREAM_KSPLIT"
+KSPLIT_DEFAULT = False  # where it applies and CATCHAT_STREAM_KSPLIT is unset
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -129,8 +130,9 @@ def ksplit_ok(B: int, H: int) -> bool:
 
 
 def stream_ksplit() -> bool:
-    """Whether CATCHAT_STREAM_KSPLIT asks for the k-split backward (off unless set to 1)."""
-    return bool(env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the default), or unset it"))
+    """Whether the k-split backward is asked for: CATCHAT_STREAM_KSPLIT 0 or 1, else KSPLIT_DEFAULT."""
+    on = env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the plain split), or unset it")
+    return KSPLIT_DEFAULT if on is None else on
 
 
 def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None) -> StreamTiles:
