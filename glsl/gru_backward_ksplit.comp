@@ -24,8 +24,7 @@
 // depend on each other. Word kp (< KP) counts dGh blocks, word KP + cg partial items; GROUP_STRIDE
 // spreads them over cache lines. Needs H a multiple of 16 * KP / gcd(3, KP), B <= 16 * LF (one lane
 // group), w_off a multiple of 8.
-#define BLOCK_FLAGS
-#define KFLAGS
+#define KFLAGS  // block flags (glsl/include/grid_sync.glsl): no grid barrier
 #define GROUP_STRIDE 32u
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require

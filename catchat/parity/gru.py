@@ -299,8 +299,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
                               stream_f32=variant == "stream32", save_half=half_saves)
-        if variant.startswith("ksplit") and not got["tiles"][1].ksplit:
-            raise AssertionError(f"the {variant} case T={T} B={B} H={H} did not run the k-split backward")
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None
@@ -316,6 +314,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         for k in ("dgi", "dgh", "dh0"):
             out.append(compare(f"{bwd}.{k}", shape, got[k], exp[k], BWD_ATOL, BWD_RTOL))
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
+        if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
+            out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
         if n_wg:
             out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own

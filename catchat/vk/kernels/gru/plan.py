@@ -25,6 +25,7 @@ from catchat.vk.kernels.gru.resident import (
     resident_shape,
 )
 from catchat.vk.kernels.gru.stream import (
+    SYNC_GROUPS,
     StreamTiles,
     stream_items,
     stream_ok,
@@ -297,7 +298,6 @@ def tile_count(tiles, B: int, H: int, backward: bool) -> int:
 
 def sync_words(B: int) -> int:
     """Words of a sweep's grid-barrier buffer: abort, finished, and arrivals of at most a group per
-    lane, or per k-group of a streamed sweep's block flags (16 per lane group at most, 2 lane groups;
-    the k-split backward's k-parts and column groups, 32 at most: stream.KSPLIT_MAX_WORDS), each word
-    in a 128-byte line of its own: GROUP_STRIDE 32; glsl/include/grid_sync.glsl)."""
-    return 2 + max(int(B), 2 * 16 * 32)
+    lane, or the block flags of a streamed sweep (stream.SYNC_GROUPS), each word in a 128-byte line of
+    its own: GROUP_STRIDE 32; glsl/include/grid_sync.glsl)."""
+    return 2 + max(int(B), SYNC_GROUPS * 32)

@@ -97,7 +97,7 @@ class StreamTiles(NamedTuple):
     `lane_groups`: past 32 lanes, groups of 16 * lane_frags lanes, each a recurrence of its own with
     its own shadow and flags; a workgroup per (slice, lane group): B <= 16 * lane_frags * lane_groups.
     `ksplit` (backward, one lane group): the product split over k between workgroups instead
-    (glsl/gru_backward_ksplit.comp): `k_per_group` is then a k-part's fragments (KPW: 8 * lane_frags
+    (glsl/gru_backward_ksplit.comp): `k_per_group` is then a k-part's fragments (KPW: `ksplit_parts`
     k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
     memory but the staged k-part of dGh."""
 
@@ -117,16 +117,23 @@ def stream_ok(B: int, H: int) -> bool:
     return H > 0 and H % STREAM_UNITS == 0 and 1 <= B <= STREAM_MAX_LANES
 
 
-KSPLIT_MAX_WORDS = 32  # the k-split's flag words (k-parts + column groups): what `sync_words` holds
+# Flag words a streamed sweep may count in (`plan.sync_words` allocates them): a k-group's of each lane
+# group (STREAM_KGROUPS per lane fragment, two lane groups), or the k-split's k-parts and column groups.
+SYNC_GROUPS = 2 * STREAM_KGROUPS * 2
+
+
+def ksplit_parts(lane_frags: int) -> int:
+    """The k-split's k-parts, and its column blocks per column group: one per subgroup."""
+    return STREAM_KGROUPS * lane_frags
 
 
 def ksplit_ok(B: int, H: int) -> bool:
     """Whether the k-split backward takes [B, H]: one lane group (B <= 32), H whole column groups of
-    8 * lane_frags column blocks (so the 3H rows fall into as many whole k-parts), and its k-parts and
-    column groups within the flag words (H <= 4096 at 32 lanes)."""
-    kp = 8 * ceil_div(min(max(B, 1), STREAM_GROUP_LANES), 16)
+    `ksplit_parts` column blocks (so the 3H rows fall into as many whole k-parts), and its k-parts and
+    column groups within SYNC_GROUPS flag words (H <= 4096 at 32 lanes)."""
+    kp = ksplit_parts(ceil_div(min(max(B, 1), STREAM_GROUP_LANES), 16))
     return (1 <= B <= STREAM_GROUP_LANES and H > 0 and H % (16 * kp) == 0
-            and kp + H // (16 * kp) <= KSPLIT_MAX_WORDS)
+            and kp + H // (16 * kp) <= SYNC_GROUPS)
 
 
 def stream_ksplit() -> bool:
@@ -143,7 +150,7 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
     if backward and not f32 and (stream_ksplit() if ksplit is None else ksplit) and ksplit_ok(B, H):
-        kpw = 3 * H // 16 // (8 * lane_frags)
+        kpw = 3 * H // 16 // ksplit_parts(lane_frags)
         res = min(kpw, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[1])
         return StreamTiles(lane_frags, kpw, min(kpw, stream_depth()[1]), res, flags=True, ksplit=True)
     groups = ceil_div(B, 16 * lane_frags)
@@ -274,7 +281,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
 
 def ksplit_partial_words(tiles: StreamTiles, H: int) -> int:
     """Floats of the k-split backward's partials: [2 parities][k-parts][H / 16 column blocks][lane_frags][16 x 16]."""
-    return 2 * 8 * tiles.lane_frags * (H // 16) * tiles.lane_frags * 256
+    return 2 * ksplit_parts(tiles.lane_frags) * (H // 16) * tiles.lane_frags * 256
 
 
 def stream_slices(H: int) -> int:
