@@ -64,16 +64,21 @@ VARIABLES: dict[str, tuple[str, str]] = {
 }
 
 
+def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    """The environment to read: the one given (tests), else this process's."""
+    return os.environ if environ is None else environ
+
+
 def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     """catchat's user cache: $CATCHAT_CACHE, else $XDG_CACHE_HOME/catchat, else ~/.cache/catchat."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     return Path(env.get("CATCHAT_CACHE") or os.path.join(
         env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "catchat"))
 
 
 def unknown(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
     """(name, the nearest variable catchat reads or None) for every set CATCHAT_ name it never reads."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     return [(name, next(iter(difflib.get_close_matches(name, VARIABLES, n=1, cutoff=0.75)), None))
             for name in sorted(env) if name.startswith(PREFIX) and name not in VARIABLES]
 
@@ -91,7 +96,7 @@ PATHS = ("CATCHAT_CACHE", "CATCHAT_CACHE_DIR", "CATCHAT_GLSLC_NEWER", "CATCHAT_S
 def settings(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """Every variable catchat reads that is set here, but those naming paths: what makes this process run
     other than by default (doctor shows them; `catchat bench --json` and `catchat parity --json` record them)."""
-    env = os.environ if environ is None else environ
+    env = _env(environ)
     return {name: env[name] for name in sorted(env) if name in VARIABLES and name not in PATHS}
 
 

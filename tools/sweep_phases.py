@@ -126,10 +126,10 @@ def main(argv=None) -> int:
     fwd, bwd, clocks = clocked_twins(prog, args.layer, steps)
     print(f"{args.config}: H={prog.spec.hidden} B={prog.B} T={prog.T} layer {args.layer} on {dev.info.name}; "
           f"tiles {fwd.tiles} / {bwd.tiles}; workgroup 0, steps {steps // 10}..{steps - 1}")
-    labels_f, labels_b = ((STREAM_FORWARD_PHASES, STREAM_BACKWARD_PHASES) if fwd.stream
-                          else (FORWARD_PHASES, BACKWARD_PHASES))
-    if getattr(bwd.tiles, "ksplit", False):
-        labels_b = KSPLIT_BACKWARD_PHASES
+    # each sweep's labels by its own design (v3's mixed sweeps: a resident forward, a streamed backward)
+    labels_f = STREAM_FORWARD_PHASES if fwd.stream else FORWARD_PHASES
+    labels_b = (KSPLIT_BACKWARD_PHASES if bwd.tiles.ksplit else STREAM_BACKWARD_PHASES) if bwd.stream \
+        else BACKWARD_PHASES
     for name, kernel, clock, labels, n_steps in (("forward", fwd, clocks[0], labels_f, prog.T),
                                                  ("backward", bwd, clocks[1], labels_b, prog.T + 1)):
         ops = kernel.sweep_ops()

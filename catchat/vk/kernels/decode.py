@@ -65,6 +65,11 @@ class DecodeShape:
     def spec(self, H: int, B: int) -> list[int]:
         return [self.workgroup, self.tile, H, B]
 
+    @staticmethod
+    def defines(H: int) -> dict | None:
+        """VEC4 where the rows are whole vec4s (the kernels' k loops read four at a time)."""
+        return {"VEC4": 1} if H % 4 == 0 else None
+
 
 def decode_shape(dev: Device, rows: int, B: int, subgroups: int) -> DecodeShape:
     """The shape of a decode kernel over `rows` rows: `subgroups` rows a workgroup, a subgroup each,
@@ -89,8 +94,7 @@ class DecodeLayer(Kernel):
         # streams: eight, which share their stream tile's inputs through L1
         self.shape = sh = decode_shape(dev, self.H, self.B, subgroups=2 if self.B == 1 else 8)
         super().__init__(dev, [params, table0, state, ysum, token, ctl], [sh.workgroups(self.B)],
-                         spec=sh.spec(self.H, self.B), push=self._push(0, 0),
-                         defines={"VEC4": 1} if self.H % 4 == 0 else None)
+                         spec=sh.spec(self.H, self.B), push=self._push(0, 0), defines=sh.defines(self.H))
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
@@ -119,7 +123,7 @@ class DecodeHead(Kernel):
         self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], sh.row_wgs,
                      float(s.norm_eps))
         super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)], spec=sh.spec(s.hidden, self.B),
-                         push=self.push, defines={"VEC4": 1} if s.hidden % 4 == 0 else None)
+                         push=self.push, defines=sh.defines(s.hidden))
 
     def step(self):
         return self.op(*self.push)
