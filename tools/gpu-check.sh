@@ -89,7 +89,7 @@ part bench-v5-fp16-stream $py -m catchat.cli bench configs/catchat-v5.toml --ste
 # no W_hh loads, no h_prev / dGh loads
 part bench-v5-fp16-rowmajor env CATCHAT_STREAM_BLOCKED=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
-# the backward's product split over k between workgroups (CATCHAT_STREAM_KSPLIT=1, glsl/gru_backward_ksplit.comp):
+# the backward's product split over k between workgroups (the default; CATCHAT_STREAM_KSPLIT, glsl/gru_backward_ksplit.comp):
 # the sweep parity (its rows run whatever the switch), the model parity with it, then v5 at fp16 with it
 part parity-ksplit-model env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli parity --only model --summary \
     --json "$out/parity-ksplit-model.json"
@@ -98,6 +98,9 @@ part bench-v5-fp16-ksplit env CATCHAT_STREAM_KSPLIT=1 $py -m catchat.cli bench c
     --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-ksplit.json"
 part phases-v5-fp16-ksplit env CATCHAT_STREAM_KSPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml \
     --set train.precision=fp16 --steps 256 --reps 1
+# ... the plain split (the k-split turned off), the k-split's baseline on the same machine
+part bench-v5-fp16-noksplit env CATCHAT_STREAM_KSPLIT=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
+    --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-noksplit.json"
 # ... and the same build without a probe, for the probes' baseline on the same machine
 part bench-v5-fp16-base $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile \
     --json "$out/bench-v5-fp16-base.json"

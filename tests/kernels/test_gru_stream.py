@@ -153,7 +153,7 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.delenv(gru.COOP_ENV)
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
-    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2, flags=True), gru.StreamTiles(2, 24, 4, 12, flags=True))
+    assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2, flags=True), gru.StreamTiles(2, 24, 4, 12, flags=True, ksplit=gru.stream.KSPLIT_DEFAULT))
     assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 2, 2, flags=True)  # one lane fragment
     assert gru.stream_tiles(3, 48, True).resident == 2  # no more than a k-group's fragments
     assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments
@@ -425,13 +425,16 @@ def test_float32_stream_planning(dev, monkeypatch):
 
 
 def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
-    """CATCHAT_STREAM_KSPLIT=1: the backward's k-split where B fits one lane group and H whole column
-    groups of 8 * lane_frags blocks (v5: 16 k-parts of 24 fragments, 12 resident); never the forward,
-    nor float32; a value other than 0 or 1 is refused."""
+    """The backward's k-split (the default; CATCHAT_STREAM_KSPLIT=0 turns it off) where B fits one lane
+    group and H whole column groups of 8 * lane_frags blocks (v5: 16 k-parts of 24 fragments, 12
+    resident); never the forward, nor float32; a value other than 0 or 1 is refused."""
     assert gru.ksplit_ok(32, 2048) and gru.ksplit_ok(32, 512) and gru.ksplit_ok(9, 128)
     assert not gru.ksplit_ok(20, 128) and not gru.ksplit_ok(40, 256) and not gru.ksplit_ok(3, 48)
     assert gru.ksplit_ok(32, 4096) and not gru.ksplit_ok(32, 8192)  # flag words: 16 k-parts + 16 column groups
-    assert not gru.stream_tiles(32, 2048, True).ksplit  # off unless asked
+    monkeypatch.delenv(gru.KSPLIT_ENV, raising=False)
+    assert gru.stream_tiles(32, 2048, True).ksplit == gru.stream.KSPLIT_DEFAULT
+    monkeypatch.setenv(gru.KSPLIT_ENV, "0")
+    assert not gru.stream_tiles(32, 2048, True).ksplit
     monkeypatch.setenv(gru.KSPLIT_ENV, "1")
     t = gru.stream_tiles(32, 2048, True)
     assert (t.ksplit, t.lane_frags, t.k_per_group, t.resident, t.flags) == (True, 2, 24, 12, True)

@@ -67,10 +67,11 @@ FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 # (k-part, column group) stages its k-part of dGh[s] in shared memory once and sums partials through
 # memory, where the plain split has every workgroup read all of dGh[s] (v5: 50 MB a step from L2; a
 # probe skipping those loads took the backward sweep from ~12.5 to 5.6 ms a layer on an H100,
-# 2026-12-05). Persistent sweeps of one lane group only; CATCHAT_STREAM_KSPLIT=1 asks for it (opt-in
-# until an H200 has timed it: tools/gpu-check.sh bench-v5-fp16-ksplit).
+# 2026-12-05). Persistent sweeps of one lane group only. On by default: on an H100 it took v5's fp16
+# backward sweeps from 13.4-13.7 to 12.2-12.4 ms a layer and the step from 124.5 to 120.8 ms (same call,
+# docs/results/2026-12-05-h100-catchat-v5-fp16-{base,ksplit}.json); CATCHAT_STREAM_KSPLIT=0 turns it off.
 KSPLIT_ENV = "CATCHAT_STREAM_KSPLIT"
-KSPLIT_DEFAULT = False  # where it applies and CATCHAT_STREAM_KSPLIT is unset
+KSPLIT_DEFAULT = True  # where it applies and CATCHAT_STREAM_KSPLIT is unset
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
