@@ -28,10 +28,10 @@ def run_dir(dev, tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
 
 
-@pytest.fixture(params=["fused", "batched"])
+@pytest.fixture(params=["fused", "batched", "coop"])
 def decode_step(request, monkeypatch):
-    """Each generator test on both decode steps (catchat/vk/program/decoder.py): the fused layer
-    kernels, and the batched forward at T = 1."""
+    """Each generator test on every decode step (catchat/vk/program/decoder.py): the fused layer
+    kernels, the batched forward at T = 1, and the layers on tensor cores (emulated fragments here)."""
     monkeypatch.setenv("CATCHAT_DECODE", request.param)
     return request.param
 
@@ -281,14 +281,23 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
 
 
 def test_decode_step_default_follows_streams_and_width():
-    """Unset (or auto), the batched step from 32 streams where H >= 1024 (v5 on the H200: 3x the fused
-    step's speed at 64), the fused step elsewhere (batch 1, v3 at any batch); a named step always wins."""
+    """Unset (or auto): at fp16 the tensor-core step where it runs; else the batched step from 32 streams
+    where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
+    1, v3 at any batch); a named step always wins, coop only where H is whole fragments."""
     from catchat.vk.program.decoder import decode_kind
 
     assert decode_kind(64, 2048, {}) == decode_kind(32, 1024, {"CATCHAT_DECODE": "auto"}) == "batched"
     assert decode_kind(31, 2048, {}) == decode_kind(64, 512, {}) == decode_kind(1, 2048, {}) == "fused"
     assert decode_kind(1, 512, {"CATCHAT_DECODE": "batched"}) == "batched"
     assert decode_kind(64, 2048, {"CATCHAT_DECODE": "fused"}) == "fused"
+    # fp16: the tensor-core step where the device has tensor cores and H is whole 16 x 16 fragments
+    assert decode_kind(1, 512, {}, precision="fp16", tensor_cores=True) == "coop"
+    assert decode_kind(64, 2048, {}, precision="fp16", tensor_cores=False) == "batched"
+    assert decode_kind(64, 520, {}, precision="fp16", tensor_cores=True) == "fused"
+    assert decode_kind(64, 2048, {}, precision="fp32", tensor_cores=True) == "batched"
+    assert decode_kind(64, 512, {"CATCHAT_DECODE": "coop"}) == "coop"
+    with pytest.raises(UsageError, match="multiple of 16"):
+        decode_kind(64, 520, {"CATCHAT_DECODE": "coop"})
 
 
 # ------------------------------------------------------------------------------ catchat sample

@@ -267,13 +267,15 @@ xq() { local d=$1; wanted "exchange-quality-v3-$d" && mpi_venv
     part "exchange-quality-v3-$d-eval" $py -m catchat.cli eval "/tmp/exchange-quality-v3-$d" --json; }
 xq fp32
 xq fp16
-# both decode steps (fused layer kernels, the batched forward at T = 1) beside PyTorch at batches
-# 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
+# the decode steps' parity (the tensor-core step's against its float16-operand twin included)
+part parity-decode $py -m catchat.cli parity --only decode --summary --json "$out/parity-decode.json"
+# the three decode steps (fused layer kernels, the batched forward at T = 1, the layers on tensor cores)
+# beside PyTorch at batches 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
 # (1,024 characters a stream, so the first chunk's wait weighs little; the batched step's short GEMMs
 # split over K since 2026-12-05), and the fused step's stream tile of 16 and 32 at 32 and 64 streams
 for c in v3 v5; do
     part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
-        --decode fused,batched --compare-torch --json "$out/gen-decode-$c.json"
+        --decode fused,batched,coop --compare-torch --json "$out/gen-decode-$c.json"
     # the fused step's registers and local memory (spills) at 64 streams for tiles of 8, 16 and 32
     part "shader-stats-decode-$c" $py tools/shader_stats.py "configs/catchat-$c.toml" --decode
     for tile in 16 32; do

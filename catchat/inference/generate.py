@@ -134,27 +134,27 @@ class Generator:
     samples after it. A `<bos>` token always starts from a zero state (as in training: reset = 1)."""
 
     def __init__(self, dev, layout: ParamLayout, flat_params: np.ndarray, streams: int = 1,
-                 prefill: int = PREFILL_WINDOW, chunk: int | None = None):
+                 prefill: int = PREFILL_WINDOW, chunk: int | None = None, precision: str = "fp32"):
         self.dev, self.layout, self.spec, self.streams = dev, layout, layout.spec, int(streams)
         self.prefill = max(1, int(prefill))
         self.chunk = int(chunk or default_chunk(dev))
         if self.chunk < 2 or self.chunk % 2:
             raise UsageError(f"chunk {self.chunk} is out of range", "give an even number of tokens per submit, >= 2")
-        self.prog = Program(dev, layout, self.prefill, self.streams, training=False)
+        self.prog = Program(dev, layout, self.prefill, self.streams, training=False, precision=precision)
         self._decoder: Decoder | None = None
         self.logits: np.ndarray | None = None  # [streams, V] after the last fed token
         self.set_params(flat_params)
 
     @classmethod
     def from_checkpoint(cls, dev, ckpt, streams: int = 1, prefill: int = PREFILL_WINDOW,
-                        chunk: int | None = None) -> Generator:
+                        chunk: int | None = None, precision: str = "fp32") -> Generator:
         spec = checkpoint_spec(ckpt)
         from catchat.model import param_specs
         from catchat.run import checkpoint as ck
 
         ck.check_shapes(ckpt.params, {p.name: p.shape for p in param_specs(spec)}, str(ckpt.path))
         layout = ParamLayout(spec)
-        return cls(dev, layout, layout.flatten(ckpt.params, np.float32), streams, prefill, chunk)
+        return cls(dev, layout, layout.flatten(ckpt.params, np.float32), streams, prefill, chunk, precision)
 
     def set_params(self, flat_params: np.ndarray) -> None:
         """Swap in other weights of the same spec (e.g. the trainer's samples at each eval)."""

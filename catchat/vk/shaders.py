@@ -56,8 +56,8 @@ FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror"
 NEWER_SHADERS = frozenset({"gemm_coopmat2", "gemm_coopmat_khr"})
 NEWER_FLAGS = ("-fshader-stage=compute", "--target-env=vulkan1.3", "-O", "-Werror")
 # Shaders compiled without spirv-opt's -O: Debian 12's crashes on the sum of two cooperative-matrix
-# accumulators (glsl/gru_*_stream.comp). The driver optimises the SPIR-V it is given anyway.
-UNOPTIMISED_SHADERS = frozenset({"gru_forward_stream", "gru_backward_stream"})
+# accumulators (glsl/gru_*_stream.comp, decode_layer_coop.comp). The driver optimises the SPIR-V it is given anyway.
+UNOPTIMISED_SHADERS = frozenset({"gru_forward_stream", "gru_backward_stream", "decode_layer_coop"})
 # The newer compiler: $CATCHAT_GLSLC_NEWER, else what `make setup` fetched (Debian 13's glslc with its
 # own C runtime, tools/fetch-newer-glslc.sh) into the user cache.
 ENV_NEWER_GLSLC = "CATCHAT_GLSLC_NEWER"

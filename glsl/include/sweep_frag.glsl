@@ -99,6 +99,7 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_STORE_BUF(m, BUF, off, stride) coopMatStoreNV(m, BUF, off, stride, false)
 #endif
 
+#ifndef FRAG_ONLY  // the sweeps' layouts (an includer with its own, e.g. decode_layer_coop.comp, defines FRAG_ONLY)
 // The float16 shadows of h_prev and dGh (the A operands): [2 parities][LF lane fragments][cols / 16]
 // blocks of 16 lanes x 16 columns, each 512 contiguous bytes, row-major inside (a fragment is one
 // run of memory: loaded row by row at stride `cols` they were what bounded the sweeps). Element
@@ -129,4 +130,5 @@ void w_block_to_shared(uint r0, uint c0, uint dst, uint lane) {
     for (uint e = lane; e < 256u; e += 32u) B_SHARED[dst + e] = B_BUF[src + (e / 16u) * W_LD + e % 16u];
 }
 #endif
+#endif  // FRAG_ONLY
 #endif

@@ -124,9 +124,10 @@ class Axpby(Kernel):
 class ToHalf(Kernel):
     """y[y_off + i] = float16(x[x_off + i]) for i < n (glsl/to_half.comp, round to nearest even): x
     float32, y uint32 words of float16 pairs (`pack_half`; y_off in halves). block_cols > 0: x is a
-    matrix with rows of block_cols (both dimensions multiples of 16) and y gets its 16 x 16 blocks
-    (`stream.block_halves`' layout). The program's float16 copy of W_hh for the streamed sweeps;
-    needs `Device.runs_float16`."""
+    matrix with rows of block_cols (a multiple of 16) and y gets its 16 x 16 blocks
+    (`stream.block_halves`' layout; a last band of fewer than 16 rows leaves the rest of its blocks
+    as they were). The program's float16 copy of W_hh for the streamed sweeps, the tensor-core decode
+    step's weights and shadows; needs `Device.runs_float16`."""
 
     shader = "to_half"
     WORKGROUP = 256
@@ -138,9 +139,9 @@ class ToHalf(Kernel):
         for what, size, need in (("x", x.size(), x_off + n), ("y", 2 * y.size(), y_off + n)):
             if size < need:
                 raise ValueError(f"to_half: {what} holds {size} elements, needs {need}")
-        if block_cols and (block_cols % 16 or n % (16 * block_cols)):
+        if block_cols and (block_cols % 16 or n % block_cols):
             raise ValueError(f"to_half: blocks of 16 x 16 need rows of a multiple of 16 ({block_cols}) and whole "
-                             f"16-row bands ({n} elements)")
+                             f"rows ({n} elements)")
         self.push = (int(n), int(x_off), int(y_off), int(block_cols))
         super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(int(n), self.WORKGROUP)))],
                          spec=[self.WORKGROUP], push=self.push)

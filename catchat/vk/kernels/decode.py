@@ -15,6 +15,8 @@ import math
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from catchat.data import vocab
 from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
@@ -103,6 +105,90 @@ class DecodeLayer(Kernel):
         return (layer, parity, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
                 float(math.sqrt(self.H)), float(s.norm_eps))
+
+    def step(self, layer: int, parity: int):
+        """The dispatch of `layer` reading state half `parity` and writing the other."""
+        return self.op(*self._push(layer, parity))
+
+
+def coop_decode_ok(H: int) -> bool:
+    """Whether glsl/decode_layer_coop.comp takes hidden size H (whole 16 x 16 fragments)."""
+    return H % 16 == 0
+
+
+@dataclass(frozen=True)
+class CoopShape:
+    """How decode_layer_coop.comp covers B streams: `sf` 16-stream fragments a workgroup (up to 64
+    streams), `ks` k halves a fragment (2 where H / 16 is even), `tiles` workgroups of streams for
+    each of the `row_wgs` slices of 16 units; `workgroup` threads."""
+
+    sf: int
+    ks: int
+    tiles: int
+    row_wgs: int
+    workgroup: int
+
+    @staticmethod
+    def of(H: int, B: int) -> CoopShape:
+        frags = ceil_div(B, 16)
+        sf = min(4, frags)
+        ks = 2 if (H // 16) % 2 == 0 else 1
+        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks)
+
+    def workgroups(self, B: int) -> int:
+        return self.row_wgs * self.tiles
+
+
+class DecodeLayerCoop(Kernel):
+    """One layer's decode step for every stream with its products on tensor cores
+    (glsl/decode_layer_coop.comp; emulated fragments where the device has none): W_hh and W_ih as
+    float16 blocks (`w16`, `weights16_ops`), the state's and the layer inputs' float16 shadows
+    (`act16`), and each slice's sums of y^2 (`ssq`) beside the float32 state and x + h that
+    DecodeLayer keeps. A workgroup per slice of 16 units and tile of up to 64 streams."""
+
+    shader = "decode_layer_coop"
+
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int):
+        from catchat.vk.kernels import ToHalf
+        from catchat.vk.kernels.gemm_tiles import coopmat_runs
+
+        s = layout.spec
+        self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
+        H, L = self.H, self.L
+        if not coop_decode_ok(H):
+            raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
+        self.shape = sh = CoopShape.of(H, self.B)
+        sp = ceil_div(self.B, 16) * 16
+        self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
+        self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
+        self.ssq = dev.tensor(L * (H // 16) * self.B)
+        dev.upload([self.act16])
+        defines = {"SF": sh.sf, "KS": sh.ks, **({} if coopmat_runs(dev) else {"EMU": 1})}
+        super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
+                         [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
+                         defines=defines)
+        o, hh = layout.offsets, 3 * H * H
+        self._weights = [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_hh"], l * hh, block_cols=H)
+                         for l in range(L)]
+        self._weights += [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_ih"], (L + l - 1) * hh,
+                                 block_cols=H) for l in range(1, L)]
+        # the state's shadow of parity 0 from the float32 state (a call's start: the carry taken)
+        self._h16 = [ToHalf(dev, state, self.act16, self.B * H, l * self.B * H, l * sp * H, block_cols=H)
+                     for l in range(L)]
+
+    def _push(self, layer: int, parity: int) -> tuple:
+        o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
+        g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
+        return (layer, parity, self.L, s.vocab_size, o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev,
+                o[p + "norm.weight"], vocab.BOS, float(math.sqrt(self.H)), float(s.norm_eps))
+
+    def weights16_ops(self) -> list:
+        """The float16 copies of W_hh and W_ih, from the parameters (a call's start)."""
+        return [op for k in self._weights for op in k.ops()]
+
+    def shadow_ops(self) -> list:
+        """The state's float16 shadow of parity 0, from state half 0 (after the carry is taken)."""
+        return [op for k in self._h16 for op in k.ops()]
 
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""

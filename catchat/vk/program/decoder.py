@@ -9,11 +9,15 @@ the host reads the other's tokens. The host never sees logits inside a call; it 
 the chosen tokens (NONE where a stream emitted nothing: it was being fed known tokens, or had
 stopped).
 
-A step is one of two programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
-rule from the H200's measurements: batched from 32 streams where H >= 1024, else fused):
+A step is one of three programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
+rule: at precision fp16 coop where the device has tensor cores; else from the H200's measurements,
+batched from 32 streams where H >= 1024, else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
+- coop (`FusedStep(coop=True)`): the same dispatches with the layers' products on tensor cores
+  (glsl/decode_layer_coop.comp: float16 operands, float32 sums, as an fp16 training step's), every
+  weight read once per step for up to 64 streams.
 - batched (`BatchedStep`): the batched forward's own kernels at T = 1 (a second forward-only
   Program, its weights copied from the first at each call's start): the input projections as
   GEMMs, the recurrent sweeps (register-resident or streamed where the training sweeps are),
@@ -37,15 +41,17 @@ from catchat.errors import UsageError
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import DecodeCarry, DecodeHead, DecodeLayer, DecodeSample
+from catchat.vk.kernels.decode import (DecodeCarry, DecodeHead, DecodeLayer, DecodeLayerCoop, DecodeSample,
+                                       coop_decode_ok)
+from catchat.vk.kernels.gemm_tiles import coopmat_runs
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
 
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
-DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", or unset / "auto": the decode step's program
-DECODE_KINDS = ("fused", "batched")
+DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", "coop", or unset / "auto": the decode step's program
+DECODE_KINDS = ("fused", "batched", "coop")
 # Where the batched step wins (H200, 2026-12-05, device us per step, docs/generation.md): v5 (H = 2048)
 # 858 against the fused step's 1,535 at 32 streams and 990 against 2,992 at 64, but 826 against 414 at
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
@@ -58,15 +64,23 @@ def default_chunk(dev) -> int:
     return CPU_CHUNK if dev.info.type == "CPU" else DEFAULT_CHUNK
 
 
-def decode_kind(B: int = 1, H: int = 0, environ=os.environ) -> str:
+def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
+                tensor_cores: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
-    "auto") batched from BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, fused otherwise."""
+    "auto") at precision fp16 the tensor-core step where the device has tensor cores and H is whole
+    fragments, else batched from BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, else fused.
+    Only fp16 rounds the products' operands to float16 (the coop step; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
+        if precision == "fp16" and tensor_cores and coop_decode_ok(H):
+            return "coop"
         return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
                          f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)} or auto, or unset it")
+    if raw == "coop" and not coop_decode_ok(H):
+        raise UsageError(f"{DECODE_ENV}=coop needs a hidden size that is a multiple of 16, not {H}",
+                         f"set {DECODE_ENV} to fused, batched or auto")
     return raw
 
 
@@ -77,19 +91,25 @@ def decode_step(kind: str):
 
 class FusedStep:
     """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
-    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h."""
+    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h. coop:
+    the layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow
+    each call's start makes after taking the carry."""
 
-    def __init__(self, prog, logits, ctl):
+    def __init__(self, prog, logits, ctl, coop: bool = False):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
         self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
-        self.layer = DecodeLayer(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
+        kind = DecodeLayerCoop if coop else DecodeLayer
+        self.layer = kind(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
+        self.coop = coop
 
     def start_ops(self) -> list:
-        return [self.from_carry(1.0, 0.0)]
+        if not self.coop:
+            return [self.from_carry(1.0, 0.0)]
+        return [self.from_carry(1.0, 0.0)] + self.layer.weights16_ops() + self.layer.shadow_ops()
 
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
@@ -161,14 +181,15 @@ class Decoder:
         self.forced_cap = max(1, int(forced_cap or self.K))
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
-        self.kind = decode_kind(B, spec.hidden)
+        self.kind = decode_kind(B, spec.hidden, precision=prog.precision, tensor_cores=coopmat_runs(dev))
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
         self.forced = dev.tensor(self.forced_cap * B, u32)
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
-        self.step = step = (BatchedStep if self.kind == "batched" else FusedStep)(prog, self.logits, self.ctl)
+        self.step = step = (BatchedStep(prog, self.logits, self.ctl) if self.kind == "batched"
+                            else FusedStep(prog, self.logits, self.ctl, coop=self.kind == "coop"))
         self.token = step.token
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,

@@ -1,0 +1,224 @@
+#version 450
+// One decode step of GRU layer l for B streams with both products on tensor cores: the throughput
+// form of decode_layer.comp (read its header for the maths), for many streams at once. Its products
+// take float16 operands with float32 sums, as an fp16 training step's do:
+//   gh = h16_old @ W_hh^T            (h16: float16 shadow of the state; a <bos> stream's gh = b_hh)
+//   gi = (y16 @ W_ih^T) * rstd(y)    (y16 = float16((x + h) * g) of the layer below, l > 0)
+// where W_hh and W_ih are float16 copies in 16 x 16 blocks (w16: [L] W_hh, then [L-1] W_ih of layers
+// 1..L-1, each 3H x H; ToHalf at a call's start) and rstd(y) comes from the layer below's sums of
+// y^2 over each slice of 16 units (ssq). So every weight is read once per step for up to 64 streams,
+// as a GEMM reads it, and each workgroup still does all its layer's work for its units: no grid
+// barrier, no second dispatch. Layer 0's input side is table0's row, as in decode_layer.comp.
+// Workgroup (u, st): units [16 u, 16 u + 16) of streams [64 st, 64 st + 64) (SF = 16-stream
+// fragments of them, fewer where B is small); subgroup s owns stream fragment s % SF and k half
+// s / SF (KS = 2 halves where H / 16 is even): its 3 (layer 0) or 6 accumulators of 16 streams x 16
+// units walk its k half, each operand fragment one 512-byte block (include/sweep_frag.glsl). The k
+// halves meet in shared memory (half 1 stores, half 0 adds it in a fixed order), then every thread
+// takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
+// decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
+// h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
+// Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
+// 16] for y16 (SP = B rounded up to 16; rows past B are zeros the host wrote and stay zero: a row of
+// a product depends only on its own row, so they never reach a real stream).
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef EMU
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#endif
+#include "common.glsl"
+#include "slots.glsl"
+
+#ifndef SF
+#define SF 4    // 16-stream fragments per workgroup (1..4)
+#endif
+#ifndef KS
+#define KS 2    // k halves per stream fragment (1 or 2; 2 needs H / 16 even)
+#endif
+#define NSUB (SF * KS)
+
+layout(local_size_x_id = 0) in;  // 32 * NSUB
+layout(constant_id = 1) const uint H = 16;
+layout(constant_id = 2) const uint B = 1;
+
+layout(set = 0, binding = 0) readonly buffer P { float params[]; };   // flat ParamLayout
+layout(set = 0, binding = 1) readonly buffer T0 { float table0[]; };  // [V, 3H]  E W_ih0^T
+layout(set = 0, binding = 2) buffer S { float state[]; };             // [2, L, B, H] ping-pong
+layout(set = 0, binding = 3) buffer Y { float ysum[]; };              // [L, B, H] x + h_new of each layer
+layout(set = 0, binding = 4) readonly buffer Tok { uint token[]; };   // [B] this step's input
+layout(set = 0, binding = 5) readonly buffer Ctl { uint ctl[]; };     // [B, DS_WORDS]
+layout(set = 0, binding = 6) readonly buffer W16 { float16_t w16[]; };  // blocked float16 W_hh, W_ih
+layout(set = 0, binding = 7) buffer A16 { float16_t act16[]; };        // h16 and y16 shadows
+layout(set = 0, binding = 8) buffer Ssq { float ssq[]; };             // [L, H/16, B] sums of y^2
+
+layout(push_constant) uniform Push {
+    uint layer, parity;  // state half `parity` is old, 1 - parity new
+    uint L, V;
+    uint b_ih, b_hh;     // offsets in params
+    uint g_prev;         // layer l-1's norm weight (l > 0); for l = 0, embedding.weight
+    uint g_self;         // layer l's norm weight (y16 for the layer above)
+    uint bos;
+    float sqrt_h, eps;
+} pc;
+
+#define A_BUF act16
+#define B_BUF w16
+#define ACC_SHARED acc
+#define FRAG_ONLY
+shared float acc[SF * 6 * 256];      // [SF][6 products][16 x 16]: the k halves' sums, then the gates' input
+shared float ss_part[SF * 16 * 4];   // [stream][4 quarters]: sums of y^2 of the layer below
+shared float yy[SF * 16 * 16];       // [stream][unit]: (x + h)^2 of this slice, summed per stream
+#include "sweep_frag.glsl"
+
+const uint KF = H / 16u;             // k fragments
+const uint SP = (B + 15u) / 16u * 16u;
+const uint BLOCK = 256u;             // halves in a 16 x 16 block
+
+// first half of act16 at block (stream fragment fb, k fragment kf) of layer l's h16, parity p
+uint h16_block(uint p, uint l, uint fb, uint kf) { return (((p * pc.L + l) * (SP / 16u) + fb) * KF + kf) * BLOCK; }
+uint y16_block(uint l, uint fb, uint kf) { return ((2u * pc.L * (SP / 16u) + l * (SP / 16u) + fb) * KF + kf) * BLOCK; }
+// W_hh of layer l (w_ih false) or W_ih (l > 0): block (row block r, k fragment kf)
+uint w_at(uint l, bool w_ih, uint r, uint kf) {
+    uint mat = w_ih ? pc.L + l - 1u : l;
+    return mat * 3u * H * H + (r * KF + kf) * BLOCK;
+}
+uint st(uint half_, uint l, uint b) { return ((half_ * pc.L + l) * B + b) * H; }
+
+float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2, float hold) {
+    float r = sigmoid(ai0 + ah0), z = sigmoid(ai1 + ah1);
+    float n = tanh_safe(ai2 + r * ah2);
+    return (1.0 - z) * n + z * hold;
+}
+
+void main() {
+    const uint nthreads = 32u * NSUB;
+    uint tid = gl_LocalInvocationIndex, sub = tid / 32u;
+    uint sf = sub % SF, kh = sub / SF;
+    uint u = gl_WorkGroupID.x % KF, stile = gl_WorkGroupID.x / KF;
+    uint b0 = stile * 16u * SF, j0 = u * 16u;
+    uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
+    bool first = l == 0u;
+
+    // the layer below's sums of y^2 for this tile's streams: 4 quarters of the H/16 slices each
+    if (!first) {
+        for (uint i = tid; i < SF * 16u * 4u; i += nthreads) {
+            uint bl = i / 4u, q = i % 4u, b = b0 + bl;
+            float s = 0.0;
+            if (b < B)
+                for (uint p = q; p < KF; p += 4u) s += ssq[((l - 1u) * KF + p) * B + b];
+            ss_part[i] = s;
+        }
+    }
+
+    // the products: stream fragment sf, k half kh
+    uint fb = b0 / 16u + sf;
+    bool live = fb * 16u < B;
+    uint k_lo = kh * (KF / KS), k_hi = k_lo + KF / KS;
+    ACC_T gh0 = ACC_ZERO(), gh1 = ACC_ZERO(), gh2 = ACC_ZERO();
+    ACC_T gi0 = ACC_ZERO(), gi1 = ACC_ZERO(), gi2 = ACC_ZERO();
+    if (live) {
+        uint r0 = j0 / 16u, r1 = (H + j0) / 16u, r2 = (2u * H + j0) / 16u;  // row blocks of the 3 gates
+        for (uint kf = k_lo; kf < k_hi; ++kf) {
+            FRAG_A ah; FRAG_B w0, w1, w2;
+            LOAD_A(ah, h16_block(oldh, l, fb, kf), 16u, false);
+            LOAD_B(w0, w_at(l, false, r0, kf), 16u, true);
+            LOAD_B(w1, w_at(l, false, r1, kf), 16u, true);
+            LOAD_B(w2, w_at(l, false, r2, kf), 16u, true);
+            gh0 = MUL_ADD(ah, w0, gh0); gh1 = MUL_ADD(ah, w1, gh1); gh2 = MUL_ADD(ah, w2, gh2);
+            if (!first) {
+                FRAG_A ay; FRAG_B v0, v1, v2;
+                LOAD_A(ay, y16_block(l - 1u, fb, kf), 16u, false);
+                LOAD_B(v0, w_at(l, true, r0, kf), 16u, true);
+                LOAD_B(v1, w_at(l, true, r1, kf), 16u, true);
+                LOAD_B(v2, w_at(l, true, r2, kf), 16u, true);
+                gi0 = MUL_ADD(ay, v0, gi0); gi1 = MUL_ADD(ay, v1, gi1); gi2 = MUL_ADD(ay, v2, gi2);
+            }
+        }
+    }
+    // the k halves meet: half 1 stores, half 0 adds it (a fixed order), then stores the whole
+    uint a0 = sf * 6u * BLOCK;
+    if (KS == 2u) {
+        if (live && kh == 1u) {
+            ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
+            if (!first) {
+                ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
+                ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
+            }
+        }
+        barrier();
+        if (live && kh == 0u) {
+            ACC_T t;
+            ACC_LOAD(t, a0, 16u); gh0 = ACC_ADD(gh0, t);
+            ACC_LOAD(t, a0 + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
+            ACC_LOAD(t, a0 + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
+            if (!first) {
+                ACC_LOAD(t, a0 + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
+                ACC_LOAD(t, a0 + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
+                ACC_LOAD(t, a0 + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
+            }
+        }
+        barrier();  // every half-1 load done before half 0 overwrites its slots
+    }
+    if (live && kh == 0u) {
+        ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
+        if (!first) {
+            ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
+            ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
+        }
+    }
+    barrier();
+
+    // the gates: element (stream bl, unit jl) of the tile, 16 consecutive threads a stream
+    for (uint e = tid; e < SF * 256u; e += nthreads) {
+        uint bl = e / 16u, jl = e % 16u, b = b0 + bl, j = j0 + jl;
+        float y2 = 0.0;
+        if (b < B) {
+            uint at = (bl / 16u) * 6u * BLOCK + (bl % 16u) * 16u + jl;  // (row, col) of fragment bl / 16
+            uint tok = token[b];
+            bool keep = tok != pc.bos, done = ctl[b * DS_WORDS + DS_DONE] != 0u;
+            float hold = state[st(oldh, l, b) + j];
+            float bh0 = params[pc.b_hh + j], bh1 = params[pc.b_hh + H + j], bh2 = params[pc.b_hh + 2u * H + j];
+            // a <bos> stream starts from a zero state: its product is zero, gh its bias
+            float ah0 = bh0 + (keep ? acc[at] : 0.0), ah1 = bh1 + (keep ? acc[at + BLOCK] : 0.0);
+            float ah2 = bh2 + (keep ? acc[at + 2u * BLOCK] : 0.0);
+            float ai0, ai1, ai2, x;
+            if (first) {
+                float t0 = 0.0, t1 = 0.0, t2 = 0.0, emb = 0.0;
+                if (tok < pc.V) {  // a token outside the vocabulary is a zero row (as the batched gather)
+                    t0 = table0[tok * 3u * H + j]; t1 = table0[tok * 3u * H + H + j];
+                    t2 = table0[tok * 3u * H + 2u * H + j]; emb = params[pc.g_prev + tok * H + j];
+                }
+                ai0 = t0 * pc.sqrt_h; ai1 = t1 * pc.sqrt_h; ai2 = t2 * pc.sqrt_h;
+                x = emb * pc.sqrt_h;
+            } else {
+                uint q = bl * 4u;
+                float ss = ss_part[q] + ss_part[q + 1u] + ss_part[q + 2u] + ss_part[q + 3u];
+                float rstd = 1.0 / sqrt(ss / float(H) + pc.eps);
+                ai0 = acc[at + 3u * BLOCK] * rstd; ai1 = acc[at + 4u * BLOCK] * rstd;
+                ai2 = acc[at + 5u * BLOCK] * rstd;
+                x = ysum[((l - 1u) * B + b) * H + j] * rstd * params[pc.g_prev + j];
+            }
+            float bi0 = params[pc.b_ih + j], bi1 = params[pc.b_ih + H + j], bi2 = params[pc.b_ih + 2u * H + j];
+            float h = done ? hold : gru_cell(ai0 + bi0, ai1 + bi1, ai2 + bi2, ah0, ah1, ah2, keep ? hold : 0.0);
+            float y = x + h;
+            state[st(newh, l, b) + j] = h;
+            ysum[(l * B + b) * H + j] = y;
+            uint blk = (b / 16u) * KF + u, in_blk = (b % 16u) * 16u + jl;
+            act16[((newh * pc.L + l) * (SP / 16u)) * KF * BLOCK + blk * BLOCK + in_blk] = float16_t(h);
+            act16[(2u * pc.L * (SP / 16u) + l * (SP / 16u)) * KF * BLOCK + blk * BLOCK + in_blk] =
+                float16_t(y * params[pc.g_self + j]);
+            y2 = y * y;
+        }
+        yy[e] = y2;
+    }
+    barrier();
+    // this slice's sums of y^2, a stream each, in unit order
+    for (uint bl = tid; bl < SF * 16u; bl += nthreads) {
+        uint b = b0 + bl;
+        if (b >= B) continue;
+        float s = 0.0;
+        for (uint jl = 0u; jl < 16u; ++jl) s += yy[bl * 16u + jl];
+        ssq[(l * KF + u) * B + b] = s;
+    }
+}
