@@ -151,7 +151,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     16 x 16 fragments); every sampling rule."""
     out = []
     for kind in DECODE_KINDS:
-        def h_(H: int) -> int:
+        def h_(H: int, kind: str = kind) -> int:  # coop: whole 16 x 16 fragments
             return H if kind != "coop" else -(-H // 16) * 16
 
         with decode_step(kind):

@@ -41,8 +41,14 @@ from catchat.errors import UsageError
 from catchat.vk import slots
 from catchat.vk.device import host_view
 from catchat.vk.kernels import Axpby
-from catchat.vk.kernels.decode import (DecodeCarry, DecodeHead, DecodeLayer, DecodeLayerCoop, DecodeSample,
-                                       coop_decode_ok)
+from catchat.vk.kernels.decode import (
+    DecodeCarry,
+    DecodeHead,
+    DecodeLayer,
+    DecodeLayerCoop,
+    DecodeSample,
+    coop_decode_ok,
+)
 from catchat.vk.kernels.gemm_tiles import coopmat_runs
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
