@@ -317,6 +317,32 @@ def test_sample_flags_are_used(cli, run_dir):
     assert cli(*base, "--top-p", "0.5")[1] != a
 
 
+def test_sample_talk_and_chat_take_a_precision(cli, run_dir, monkeypatch, tmp_path):
+    """--precision fp16: the prompt's forward at fp16 and, with CATCHAT_DECODE=coop (what a GPU with
+    tensor cores picks at fp16), the tensor-core decode step; fp32 the default; anything else exit 2."""
+    from catchat.inference import generate
+
+    made = []
+    real = generate.Generator.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        made.append(self.prog.precision)
+
+    monkeypatch.setattr(generate.Generator, "__init__", spy)
+    monkeypatch.setenv("CATCHAT_DECODE", "coop")
+    code, out, _ = cli("sample", run_dir, "--speaker", "BOB", "--length", "40", "--seed", "3", "--precision", "fp16")
+    assert code == 0 and out.startswith("BOB: ") and made == ["fp16"]
+    code, out, _ = cli("talk", run_dir, "--user", "ALICE", "--speaker", "BOB", "--length", "20", "--precision",
+                       "fp16", stdin="Hello there.\n")
+    assert code == 0 and out.strip() and made[-1] == "fp16"
+    code, _, _ = cli("chat", run_dir, run_dir, "--turns", "2", "--length", "20", "--out", str(tmp_path / "c.jsonl"),
+                     "--precision", "fp16", "--quiet")
+    assert code == 0 and made[-2:] == ["fp16", "fp16"]
+    code, _, err = cli("sample", run_dir, "--precision", "fp8")
+    assert code == 2 and "--precision" in err and len(made) == 4
+
+
 def test_sample_ngram_block_on_the_model(cli, run_dir):
     args = ("sample", run_dir, "--greedy", "--length", "150", "--prompt", "B",
             "--stop-at-turn")  # no <turn> shown as \n

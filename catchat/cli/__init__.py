@@ -39,6 +39,11 @@ PRECISION_OPTION = click.option(
     help="Set train.precision: fp16 rounds the GEMMs' operands to float16 (float32 sums, loss scaling), "
          "on tensor cores where the GPU has them, and there the recurrent sweeps' products too; an unknown "
          "value is an error.")
+GEN_PRECISION_OPTION = click.option(
+    "--precision", "precision", type=click.Choice(["fp32", "fp16"]), default="fp32", show_default=True,
+    help="fp16: the prompt's forward and the decode step multiply float16 operands with float32 sums, the "
+         "decode step's layers on tensor cores where the GPU has them (docs/generation.md); fp32: float32 "
+         "throughout.")
 DEVICE_OPTION = click.option("--device", "device", default=None, metavar="INDEX|NAME",
                              help="Vulkan device by index or name substring (env CATCHAT_DEVICE).")
 

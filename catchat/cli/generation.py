@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from catchat.cli import ALLOW_UNVERIFIED_OPTION, DEVICE_OPTION, _warn, cli
+from catchat.cli import ALLOW_UNVERIFIED_OPTION, DEVICE_OPTION, GEN_PRECISION_OPTION, _warn, cli
 
 
 # ------------------------------------------------------------------------------ generation
@@ -57,8 +57,10 @@ def _sampling_options(ngram_default: int, suffix: str = "", who: str = ""):
 @click.option("--num", default=1, show_default=True, type=click.IntRange(min=1),
               help="Samples generated at once (one batch on the GPU).")
 @ALLOW_UNVERIFIED_OPTION
+@GEN_PRECISION_OPTION
 @DEVICE_OPTION
-def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, allow_unverified, device):
+def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, num, allow_unverified, precision,
+           device):
     """Generate text from a checkpoint, streaming it as it comes (docs/generation.md)."""
     from catchat.data import vocab
     from catchat.inference.generate import Generator, check_speaker, prompt_ids
@@ -67,7 +69,7 @@ def sample(checkpoint, prompt, speaker, length, sampling, stop_at_turn, seed, nu
 
     speaker = check_speaker(speaker) if speaker is not None else None
     ckpt = ck.load_checkpoint(checkpoint, allow_unverified=allow_unverified, warn=_warn)
-    gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num)
+    gen = Generator.from_checkpoint(open_device(device), ckpt, streams=num, precision=precision)
     text = (f"{speaker}: " if speaker else "") + prompt
     ids = prompt_ids(text)
     unk = vocab.unknown_characters(text)
@@ -135,8 +137,9 @@ def _tty_lines(prompt: str):
               help="Rolling context in characters (a model trained without carried state: at most data.window).")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Sampling seed: the same lines and seed give the same answers.")
+@GEN_PRECISION_OPTION
 @DEVICE_OPTION
-def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device):
+def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, precision, device):
     """Talk with a checkpoint: you write one speaker's lines, the model answers as another.
 
     Interactive at a terminal (/help lists the commands); with stdin from a pipe, each input line is
@@ -155,7 +158,7 @@ def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device)
     note = lambda m: click.echo(m, err=True)  # noqa: E731
     if capped:
         note(capped)
-    dialogue = talk_mod.Dialogue(Generator.from_checkpoint(open_device(device), ckpt), budget)
+    dialogue = talk_mod.Dialogue(Generator.from_checkpoint(open_device(device), ckpt, precision=precision), budget)
     st = talk_mod.TalkState(user=user, speaker=speaker, sampling=sampling, length=length)
     interactive = sys.stdin.isatty()
     if interactive:
@@ -184,9 +187,10 @@ def talk_cmd(checkpoint, user, speaker, length, sampling, context, seed, device)
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0),
               help="Sampling seed: the same command writes the same chat.")
 @click.option("--quiet", is_flag=True, help="Do not show the turns on the terminal.")
+@GEN_PRECISION_OPTION
 @DEVICE_OPTION
 def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_b, sampling_a, sampling_b, length,
-             context, opening, seed, quiet, device):
+             context, opening, seed, quiet, precision, device):
     """Two checkpoints, both resident on one GPU, talk to each other; each turn is logged as JSONL."""
     from pathlib import Path
 
@@ -209,7 +213,8 @@ def chat_cmd(checkpoint_a, checkpoint_b, turns, out, append, speaker_a, speaker_
         budget, capped = talk_mod.context_budget(checkpoint_config(c), context)
         if capped:
             click.echo(f"{sp}: {capped}", err=True)
-        sides.append(talk_mod.Side(sp, talk_mod.Dialogue(Generator.from_checkpoint(dev, c), budget), s,
+        gen = Generator.from_checkpoint(dev, c, precision=precision)
+        sides.append(talk_mod.Side(sp, talk_mod.Dialogue(gen, budget), s,
                                    talk_mod.checkpoint_info(c)))
     show = (lambda x: None) if quiet else (lambda x: click.echo(x, nl=False))  # noqa: E731
     written = talk_mod.chat(sides, turns, Path(out), append=append, length=length, seed=seed, opening=opening,
