@@ -46,7 +46,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM_PROBE": (MEASURE, "timing probes that skip loads (1: W_hh, 2: h_prev / dGh): wrong results"),
     "CATCHAT_STREAM32_DEPTH": (MEASURE, "N: the streamed fp32 backward's register ring depth"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
-    "CATCHAT_OVERLAP_DW": (MEASURE, "1: layer l's dW_hh recorded beside layer l-1's backward sweep (float32 saves)"),
+    "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and backward as a wavefront over the layers, in N chunks"),
     "CATCHAT_WAVEFRONT_FORWARD": (MEASURE, "0: the wavefront's forward layer by layer"),
     "CATCHAT_WAVEFRONT_BACKWARD": (MEASURE, "0: the wavefront's backward layer by layer"),

@@ -10,10 +10,11 @@
 // as a GEMM reads it, and each workgroup still does all its layer's work for its units: no grid
 // barrier, no second dispatch. Layer 0's input side is table0's row, as in decode_layer.comp.
 // Workgroup (u, st): units [16 u, 16 u + 16) of streams [64 st, 64 st + 64) (SF = 16-stream
-// fragments of them, fewer where B is small); subgroup s owns stream fragment s % SF and k half
-// s / SF (KS = 2 halves where H / 16 is even): its 3 (layer 0) or 6 accumulators of 16 streams x 16
-// units walk its k half, each operand fragment one 512-byte block (include/sweep_frag.glsl). The k
-// halves meet in shared memory (half 1 stores, half 0 adds it in a fixed order), then every thread
+// fragments of them, fewer where B is small); subgroup s owns stream fragment s % SF and k part
+// s / SF (KS parts): its 3 (layer 0) or 6 accumulators of 16 streams x 16 units walk its k part,
+// each operand fragment one 512-byte block (include/sweep_frag.glsl), the next PD - 1 fragments'
+// loads issued before each product (a ring of PD stages: the loads' latency, not the tensor
+// cores, bounds a step). The k parts meet in shared memory (in a fixed order), then every thread
 // takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
@@ -34,9 +35,21 @@
 #define SF 4    // 16-stream fragments per workgroup (1..4)
 #endif
 #ifndef KS
-#define KS 2    // k halves per stream fragment (1 or 2; 2 needs H / 16 even)
+#define KS 2    // k parts per stream fragment (1, 2 or 4; H / 16 a multiple of it; SF * KS <= 8)
+#endif
+#ifndef PD
+#define PD 3    // stages of fragments in the ring: the loads of PD - 1 k fragments ahead in flight
 #endif
 #define NSUB (SF * KS)
+// Real fragments live in registers: the ring's loops unroll so every stage index is a constant.
+// Emulated ones are references: a loop keeps lavapipe's compile of the pipeline short (unrolled, the
+// emulated products' loops made it ~50 s) and runs the same stages in the same order.
+#ifdef EMU
+#define RING_LOOP [[dont_unroll]]
+#else
+#define RING_LOOP [[unroll]]
+#endif
+#define ACC_PARTS (KS > 1 ? KS - 1 : 1)
 
 layout(local_size_x_id = 0) in;  // 32 * NSUB
 layout(constant_id = 1) const uint H = 16;
@@ -66,7 +79,7 @@ layout(push_constant) uniform Push {
 #define B_BUF w16
 #define ACC_SHARED acc
 #define FRAG_ONLY
-shared float acc[SF * 6 * 256];      // [SF][6 products][16 x 16]: the k halves' sums, then the gates' input
+shared float acc[ACC_PARTS * SF * 6 * 256];  // [k part - 1][SF][6 products][16 x 16]; then the whole sums
 shared float ss_part[SF * 16 * 4];   // [stream][4 quarters]: sums of y^2 of the layer below
 shared float yy[SF * 16 * 16];       // [stream][unit]: (x + h)^2 of this slice, summed per stream
 #include "sweep_frag.glsl"
@@ -111,54 +124,71 @@ void main() {
         }
     }
 
-    // the products: stream fragment sf, k half kh
+    // the products: stream fragment sf, k part kh, the loads of PD - 1 fragments' stages in flight
     uint fb = b0 / 16u + sf;
     bool live = fb * 16u < B;
-    uint k_lo = kh * (KF / KS), k_hi = k_lo + KF / KS;
+    const uint NK = KF / KS;
+    uint k_lo = kh * NK;
+    uint r0 = j0 / 16u, r1 = (H + j0) / 16u, r2 = (2u * H + j0) / 16u;  // row blocks of the 3 gates
     ACC_T gh0 = ACC_ZERO(), gh1 = ACC_ZERO(), gh2 = ACC_ZERO();
     ACC_T gi0 = ACC_ZERO(), gi1 = ACC_ZERO(), gi2 = ACC_ZERO();
+    FRAG_A rh[PD], ry[PD];
+    FRAG_B rw[PD * 6u];  // stage s: W_hh's 3 gates at 6 s, W_ih's at 6 s + 3
+#define LOAD_STAGE(s, kf) { \
+        LOAD_A(rh[s], h16_block(oldh, l, fb, kf), 16u, false); \
+        LOAD_B(rw[6u * (s)], w_at(l, false, r0, kf), 16u, true); \
+        LOAD_B(rw[6u * (s) + 1u], w_at(l, false, r1, kf), 16u, true); \
+        LOAD_B(rw[6u * (s) + 2u], w_at(l, false, r2, kf), 16u, true); \
+        if (!first) { \
+            LOAD_A(ry[s], y16_block(l - 1u, fb, kf), 16u, false); \
+            LOAD_B(rw[6u * (s) + 3u], w_at(l, true, r0, kf), 16u, true); \
+            LOAD_B(rw[6u * (s) + 4u], w_at(l, true, r1, kf), 16u, true); \
+            LOAD_B(rw[6u * (s) + 5u], w_at(l, true, r2, kf), 16u, true); } }
     if (live) {
-        uint r0 = j0 / 16u, r1 = (H + j0) / 16u, r2 = (2u * H + j0) / 16u;  // row blocks of the 3 gates
-        for (uint kf = k_lo; kf < k_hi; ++kf) {
-            FRAG_A ah; FRAG_B w0, w1, w2;
-            LOAD_A(ah, h16_block(oldh, l, fb, kf), 16u, false);
-            LOAD_B(w0, w_at(l, false, r0, kf), 16u, true);
-            LOAD_B(w1, w_at(l, false, r1, kf), 16u, true);
-            LOAD_B(w2, w_at(l, false, r2, kf), 16u, true);
-            gh0 = MUL_ADD(ah, w0, gh0); gh1 = MUL_ADD(ah, w1, gh1); gh2 = MUL_ADD(ah, w2, gh2);
-            if (!first) {
-                FRAG_A ay; FRAG_B v0, v1, v2;
-                LOAD_A(ay, y16_block(l - 1u, fb, kf), 16u, false);
-                LOAD_B(v0, w_at(l, true, r0, kf), 16u, true);
-                LOAD_B(v1, w_at(l, true, r1, kf), 16u, true);
-                LOAD_B(v2, w_at(l, true, r2, kf), 16u, true);
-                gi0 = MUL_ADD(ay, v0, gi0); gi1 = MUL_ADD(ay, v1, gi1); gi2 = MUL_ADD(ay, v2, gi2);
+        RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
+            if (s < NK) LOAD_STAGE(s, k_lo + s);
+        for (uint i = 0u; i < NK; i += PD) {
+            RING_LOOP for (uint s = 0u; s < PD; ++s) {  // stage s holds fragment i + s
+                if (i + s < NK) {
+                    if (i + s + PD - 1u < NK) LOAD_STAGE((s + PD - 1u) % PD, k_lo + i + s + PD - 1u);
+                    gh0 = MUL_ADD(rh[s], rw[6u * s], gh0); gh1 = MUL_ADD(rh[s], rw[6u * s + 1u], gh1);
+                    gh2 = MUL_ADD(rh[s], rw[6u * s + 2u], gh2);
+                    if (!first) {
+                        gi0 = MUL_ADD(ry[s], rw[6u * s + 3u], gi0); gi1 = MUL_ADD(ry[s], rw[6u * s + 4u], gi1);
+                        gi2 = MUL_ADD(ry[s], rw[6u * s + 5u], gi2);
+                    }
+                }
             }
         }
     }
-    // the k halves meet: half 1 stores, half 0 adds it (a fixed order), then stores the whole
+    // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
+    // and stores the whole into the first slots, which the gates read
     uint a0 = sf * 6u * BLOCK;
-    if (KS == 2u) {
-        if (live && kh == 1u) {
-            ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
+    if (KS > 1u) {
+        if (live && kh > 0u) {
+            uint a = ((kh - 1u) * SF + sf) * 6u * BLOCK;
+            ACC_STORE(gh0, a, 16u); ACC_STORE(gh1, a + BLOCK, 16u); ACC_STORE(gh2, a + 2u * BLOCK, 16u);
             if (!first) {
-                ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
-                ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
+                ACC_STORE(gi0, a + 3u * BLOCK, 16u); ACC_STORE(gi1, a + 4u * BLOCK, 16u);
+                ACC_STORE(gi2, a + 5u * BLOCK, 16u);
             }
         }
         barrier();
         if (live && kh == 0u) {
-            ACC_T t;
-            ACC_LOAD(t, a0, 16u); gh0 = ACC_ADD(gh0, t);
-            ACC_LOAD(t, a0 + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
-            ACC_LOAD(t, a0 + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
-            if (!first) {
-                ACC_LOAD(t, a0 + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
-                ACC_LOAD(t, a0 + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
-                ACC_LOAD(t, a0 + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
+            for (uint k2 = 1u; k2 < KS; ++k2) {
+                uint a = ((k2 - 1u) * SF + sf) * 6u * BLOCK;
+                ACC_T t;
+                ACC_LOAD(t, a, 16u); gh0 = ACC_ADD(gh0, t);
+                ACC_LOAD(t, a + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
+                ACC_LOAD(t, a + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
+                if (!first) {
+                    ACC_LOAD(t, a + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
+                    ACC_LOAD(t, a + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
+                    ACC_LOAD(t, a + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
+                }
             }
         }
-        barrier();  // every half-1 load done before half 0 overwrites its slots
+        barrier();  // every part's slots read before part 0 overwrites the first ones
     }
     if (live && kh == 0u) {
         ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);

@@ -1,7 +1,7 @@
 """Layer l's dW_hh GEMM beside layer l-1's backward sweep (Geometry.overlap_dw_hh, issue 35): recorded
 right after that sweep without the barrier between them, its split-K partials in `ws` (the sweep reads
 do from x[L] meanwhile), and the same gradients bit for bit as the layer-by-layer order
-(CATCHAT_OVERLAP_DW=0, the default until the H200 has timed it). Lavapipe runs the two one after the
+(CATCHAT_OVERLAP_DW=0; beside is the default). Lavapipe runs the two one after the
 other, so what it checks is the order, the workspace and the results; the GPU runs them side by side."""
 
 from dataclasses import replace
@@ -34,7 +34,7 @@ def _step(dev, T=7, B=3):
 @pytest.fixture
 def persistent(monkeypatch):
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")  # the overlap needs a persistent sweep below
-    monkeypatch.setenv(plan.OVERLAP_ENV, "1")  # opt-in until measured
+    monkeypatch.setenv(plan.OVERLAP_ENV, "1")
 
 
 class Tag:
@@ -94,6 +94,8 @@ def test_overlap_env_is_checked(dev, monkeypatch):
     monkeypatch.setenv(plan.OVERLAP_ENV, "1")
     assert not plan.overlaps_dw_hh(dev, "stream", 3)  # float16 saves: dW_hh reads gi, which the sweep writes
     assert not plan.overlaps_dw_hh(dev, None, 1)
+    monkeypatch.delenv(plan.OVERLAP_ENV)
+    assert plan.overlaps_dw_hh(dev, "resident", 3) == (plan.OVERLAP_DEFAULT and dev.dispatches_concurrent)
 
 
 def test_split_dw_hh_beside_keeps_its_partials_in_ws(dev, persistent, monkeypatch):

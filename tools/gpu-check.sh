@@ -276,6 +276,9 @@ part parity-decode $py -m catchat.cli parity --only decode --summary --json "$ou
 for c in v3 v5; do
     part "gen-decode-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode fused,batched,coop --compare-torch --json "$out/gen-decode-$c.json"
+    # the tensor-core step alone beside PyTorch (after a change to it)
+    part "gen-coop-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
+        --decode coop --compare-torch --json "$out/gen-coop-$c.json"
     # the fused step's registers and local memory (spills) at 64 streams for tiles of 8, 16 and 32
     part "shader-stats-decode-$c" $py tools/shader_stats.py "configs/catchat-$c.toml" --decode
     for tile in 16 32; do

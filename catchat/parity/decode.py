@@ -147,19 +147,19 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
 
 def parity_checks(dev: Device) -> list[ParityResult]:
     """Decode steps at odd sizes and whole generations with blocking and stops, on every decode step
-    (the batched and coop ones' rows named "(batched)", "(coop)"; coop's H rounded up to whole
-    16 x 16 fragments); every sampling rule."""
+    (the batched and coop ones' rows named "(batched)", "(coop)"; coop's odd H rounded up to 64,
+    which takes four k parts; H = 112 walks 7 k fragments through its ring of 3); every sampling rule."""
     out = []
     for kind in DECODE_KINDS:
-        def h_(H: int, kind: str = kind) -> int:  # coop: whole 16 x 16 fragments
-            return H if kind != "coop" else -(-H // 16) * 16
+        def h_(H: int, kind: str = kind) -> int:  # coop: whole 16 x 16 fragments (odd H: 64, four k parts)
+            return H if kind != "coop" or H % 16 == 0 else -(-H // 64) * 64
 
         with decode_step(kind):
             rows = []
-            # odd H (no vec4), partial stream tiles (B = 9, 17, 20, 70), L = 1-3, tied heads
+            # odd H (no vec4), partial stream tiles (B = 9, 17, 20, 70), L = 1-3, tied heads, a long k walk
             for H, L, B, tied, seed in ((37, 1, 1, False, 1), (48, 3, 3, False, 2), (33, 2, 9, True, 3),
                                         (64, 2, 17, False, 4), (37, 2, 20, False, 11), (64, 3, 70, True, 12),
-                                        (96, 1, 16, False, 13)):
+                                        (96, 1, 16, False, 13), (112, 2, 5, False, 14)):
                 rows += _step_case(dev, h_(H), L, B, tied, seed, kind)
             rows += _generation_case(dev, h_(40), 2, 3, Sampling(temperature=1.0, ngram_block=3), 60, 7, kind=kind)
             rows += _generation_case(dev, h_(40), 2, 2, Sampling(temperature=0.8, top_k=8, top_p=0.9), 50, 8,

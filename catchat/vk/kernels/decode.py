@@ -119,8 +119,9 @@ def coop_decode_ok(H: int) -> bool:
 @dataclass(frozen=True)
 class CoopShape:
     """How decode_layer_coop.comp covers B streams: `sf` 16-stream fragments a workgroup (up to 64
-    streams), `ks` k halves a fragment (2 where H / 16 is even), `tiles` workgroups of streams for
-    each of the `row_wgs` slices of 16 units; `workgroup` threads."""
+    streams), `ks` k parts a fragment (4, 2 or 1: as many as 8 subgroups hold and H / 16 divides;
+    each walks its part with its loads in flight, what bounds a step), `tiles` workgroups of streams
+    for each of the `row_wgs` slices of 16 units; `workgroup` threads."""
 
     sf: int
     ks: int
@@ -132,7 +133,7 @@ class CoopShape:
     def of(H: int, B: int) -> CoopShape:
         frags = ceil_div(B, 16)
         sf = min(4, frags)
-        ks = 2 if (H // 16) % 2 == 0 else 1
+        ks = next(k for k in (4, 2, 1) if k * sf <= 8 and (H // 16) % k == 0)
         return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks)
 
     def workgroups(self, B: int) -> int:

@@ -313,7 +313,11 @@ def program_products(dev: Device, B: int, H: int, precision: str, training: bool
     return "resident" if products == "mixed" and not training else products
 
 
-OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 1: dW_hh beside the sweep below where it can (0 or unset: in its layer's place)
+OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 0: dW_hh in its layer's place; 1 or unset: beside the sweep below where it can
+# On where it can: on an H100, v3 at fp16 (64 lanes) went from 1,524,027 to 1,570,640 tok/s and, in a
+# later call, from 1,546,411 to 1,577,977 (docs/results/2026-12-05-h100-catchat-v3-fp16-{nooverlap,overlap}*.json),
+# its model parity 162 of 162 on the GPU (-h100-parity-overlap-dw.json).
+OVERLAP_DEFAULT = True
 
 
 def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
@@ -321,10 +325,10 @@ def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
     (issue 35): the GEMM reads save[l] and o[l], which that sweep neither reads nor writes, and
     its split-K partials go to `ws`. Not with float16 saves (`save16`): there dW_hh reads dGi's
     r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers.
-    Opt-in (CATCHAT_OVERLAP_DW=1) until the H200 has timed it (gpu-check `bench-*-overlap`); the same
-    results either way (the same dispatches)."""
-    on = env_switch(OVERLAP_ENV, "set 1 (dW_hh beside the sweep below) or 0 (layer by layer, the default)")
-    return bool(on) and layers > 1 and products != "stream" and dev.dispatches_concurrent
+    OVERLAP_DEFAULT where CATCHAT_OVERLAP_DW is unset; the same results either way (the same dispatches)."""
+    on = env_switch(OVERLAP_ENV, "set 1 (dW_hh beside the sweep below, the default) or 0 (layer by layer)")
+    on = OVERLAP_DEFAULT if on is None else on
+    return on and layers > 1 and products != "stream" and dev.dispatches_concurrent
 
 
 def streamed_backward(g: Geometry, dev: Device | None, precision: str) -> bool:
