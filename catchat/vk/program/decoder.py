@@ -10,8 +10,8 @@ the chosen tokens (NONE where a stream emitted nothing: it was being fed known t
 stopped).
 
 A step is one of three programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
-rule: at precision fp16 coop where the device has tensor cores; else from the H200's measurements,
-batched from 32 streams where H >= 1024, else fused):
+rule: at precision fp16 coop from 8 streams where the device has tensor cores; else from the H200's
+measurements, batched from 32 streams where H >= 1024, else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
@@ -63,6 +63,12 @@ DECODE_KINDS = ("fused", "batched", "coop")
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
 # 8 streams, so its cost grows with B x H^2; the batched step's is near flat in B.
 BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
+# At fp16, the tensor-core step from 8 streams (H100, 2026-12-05, device us per step,
+# docs/results/2026-12-05-h100-catchat-v{3,5}-gen-coop-ring.json against -gen-coop.json's fused and
+# batched rows): v3 48.5 against the fused step's 96.9 at 8 streams and 79.7 against 160.4 (batched)
+# at 64; v5 156.3 against 439.8 at 8 and 295.6 against 633.9 at 64; but at 1 stream the fused step
+# wins (v3 32.3 against 44.3, v5 120.3 against 146.2). Between 2 and 7 streams: not measured.
+COOP_MIN_STREAMS = 8
 
 
 def default_chunk(dev) -> int:
@@ -73,12 +79,13 @@ def default_chunk(dev) -> int:
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
                 tensor_cores: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
-    "auto") at precision fp16 the tensor-core step where the device has tensor cores and H is whole
-    fragments, else batched from BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, else fused.
-    Only fp16 rounds the products' operands to float16 (the coop step; the batched step's GEMMs)."""
+    "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams where the device has
+    tensor cores and H is whole fragments, else batched from BATCHED_MIN_STREAMS streams where H >=
+    BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16 (the coop
+    step; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
-        if precision == "fp16" and tensor_cores and coop_decode_ok(H):
+        if precision == "fp16" and tensor_cores and coop_decode_ok(H) and B >= COOP_MIN_STREAMS:
             return "coop"
         return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
