@@ -84,3 +84,23 @@ def test_a_failed_submit_is_a_device_lost_error(dev):
     gen._decoder.seq_chunks = [Lost(), Lost()]
     with pytest.raises(DeviceLost, match="failed while running generation: vk::Queue::submit"):
         gen.generate(np.array([vocab.BOS], np.uint32), 40, Sampling(), stop_at=None)
+
+
+def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatch):
+    """CATCHAT_DECODE_COOP_STREAMS: 16, 32 or 64 streams a workgroup (so 4, 4 and 2 k parts at H = 64),
+    each within the coop rows' tolerances of the float16-operand twin over 40 streams; other values refused."""
+    import pytest
+
+    from catchat.errors import UsageError
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    for streams, shape in ((16, (1, 4, 3)), (32, (2, 4, 2)), (64, (3, 2, 1))):
+        monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
+        assert (lambda s: (s.sf, s.ks, s.tiles))(dk.CoopShape.of(64, 40, dk.coop_streams())) == shape
+        with decode_step("coop"):
+            rows = decode_parity._step_case(dev, 64, 2, 40, False, 21, "coop")
+        assert all(r.ok for r in rows), "\n".join(str(r) for r in rows)
+    monkeypatch.setenv(dk.COOP_STREAMS_ENV, "48")
+    with pytest.raises(UsageError, match="CATCHAT_DECODE_COOP_STREAMS"):
+        dk.coop_streams()

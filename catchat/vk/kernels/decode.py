@@ -111,6 +111,24 @@ class DecodeLayer(Kernel):
         return self.op(*self._push(layer, parity))
 
 
+# The tensor-core step's streams per workgroup: 64 (four 16-stream fragments, two k parts: its shared
+# memory holds no more) or 32 (two fragments, four k parts, two workgroups reading each weight at 64
+# streams). At 64 streams on an H100 its layers took ~1.5 us per k fragment a subgroup walks
+# (docs/generation.md), so 32 may win there: CATCHAT_DECODE_COOP_STREAMS=32 (to measure).
+COOP_STREAMS = 64
+COOP_STREAMS_ENV = "CATCHAT_DECODE_COOP_STREAMS"
+
+
+def coop_streams() -> int:
+    """CATCHAT_DECODE_COOP_STREAMS (16, 32 or 64), else COOP_STREAMS."""
+    raw = os.environ.get(COOP_STREAMS_ENV, "").strip()
+    if not raw:
+        return COOP_STREAMS
+    if raw in ("16", "32", "64"):
+        return int(raw)
+    raise UsageError(f"{COOP_STREAMS_ENV}={raw!r} is not 16, 32 or 64", hint="set 16, 32 or 64, or unset it")
+
+
 def coop_decode_ok(H: int) -> bool:
     """Whether glsl/decode_layer_coop.comp takes hidden size H (whole 16 x 16 fragments)."""
     return H % 16 == 0
@@ -130,9 +148,10 @@ class CoopShape:
     workgroup: int
 
     @staticmethod
-    def of(H: int, B: int) -> CoopShape:
+    def of(H: int, B: int, streams: int = COOP_STREAMS) -> CoopShape:
+        """The shape for B streams at hidden size H, at most `streams` (16, 32 or 64) a workgroup."""
         frags = ceil_div(B, 16)
-        sf = min(4, frags)
+        sf = min(streams // 16, frags)
         ks = next(k for k in (4, 2, 1) if k * sf <= 8 and (H // 16) % k == 0)
         return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks)
 
@@ -158,7 +177,7 @@ class DecodeLayerCoop(Kernel):
         H, L = self.H, self.L
         if not coop_decode_ok(H):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
-        self.shape = sh = CoopShape.of(H, self.B)
+        self.shape = sh = CoopShape.of(H, self.B, coop_streams())
         sp = ceil_div(self.B, 16) * 16
         self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
