@@ -88,7 +88,8 @@ def test_a_failed_submit_is_a_device_lost_error(dev):
 
 def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatch):
     """CATCHAT_DECODE_COOP_STREAMS: 16, 32 or 64 streams a workgroup (so 4, 4 and 2 k parts at H = 64),
-    each within the coop rows' tolerances of the float16-operand twin over 40 streams; other values refused."""
+    each within the coop rows' tolerances of the float16-operand twin over 40 streams; other values
+    refused; unset, by H."""
     import pytest
 
     from catchat.errors import UsageError
@@ -97,10 +98,12 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
 
     for streams, shape in ((16, (1, 4, 3)), (32, (2, 4, 2)), (64, (3, 2, 1))):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
-        assert (lambda s: (s.sf, s.ks, s.tiles))(dk.CoopShape.of(64, 40, dk.coop_streams())) == shape
+        assert (lambda s: (s.sf, s.ks, s.tiles))(dk.CoopShape.of(64, 40, dk.coop_streams(64))) == shape
         with decode_step("coop"):
             rows = decode_parity._step_case(dev, 64, 2, 40, False, 21, "coop")
         assert all(r.ok for r in rows), "\n".join(str(r) for r in rows)
     monkeypatch.setenv(dk.COOP_STREAMS_ENV, "48")
     with pytest.raises(UsageError, match="CATCHAT_DECODE_COOP_STREAMS"):
-        dk.coop_streams()
+        dk.coop_streams(64)
+    monkeypatch.delenv(dk.COOP_STREAMS_ENV)  # unset: 32 where a layer's weights fit L2 (v3), 64 above (v5)
+    assert dk.coop_streams(512) == dk.coop_streams(1024) == 32 and dk.coop_streams(2048) == 64

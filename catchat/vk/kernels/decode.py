@@ -112,18 +112,20 @@ class DecodeLayer(Kernel):
 
 
 # The tensor-core step's streams per workgroup: 64 (four 16-stream fragments, two k parts: its shared
-# memory holds no more) or 32 (two fragments, four k parts, two workgroups reading each weight at 64
-# streams). At 64 streams on an H100 its layers took ~1.5 us per k fragment a subgroup walks
-# (docs/generation.md), so 32 may win there: CATCHAT_DECODE_COOP_STREAMS=32 (to measure).
-COOP_STREAMS = 64
+# memory holds no more) or 32 (two fragments, four k parts, each weight read by two workgroups at 64
+# streams). Its layers take ~1.5 us per k fragment a subgroup walks, so 32 halves that walk, and wins
+# where the second read comes from L2; where a layer's float16 weights do not fit L2 the second read
+# costs more. H100, 64 streams, one call (docs/results/2026-12-05-h100-catchat-v{3,5}-gen-coop{32,64}.json):
+# v3 (H = 512) 14.2 us a layer with 32 against 29.7 with 64; v5 (H = 2048) 106 against 100.
+COOP_STREAMS_L2_HIDDEN = 1024  # up to this H, 32 streams a workgroup; above, 64
 COOP_STREAMS_ENV = "CATCHAT_DECODE_COOP_STREAMS"
 
 
-def coop_streams() -> int:
-    """CATCHAT_DECODE_COOP_STREAMS (16, 32 or 64), else COOP_STREAMS."""
+def coop_streams(H: int) -> int:
+    """CATCHAT_DECODE_COOP_STREAMS (16, 32 or 64), else 32 up to COOP_STREAMS_L2_HIDDEN and 64 above."""
     raw = os.environ.get(COOP_STREAMS_ENV, "").strip()
     if not raw:
-        return COOP_STREAMS
+        return 32 if H <= COOP_STREAMS_L2_HIDDEN else 64
     if raw in ("16", "32", "64"):
         return int(raw)
     raise UsageError(f"{COOP_STREAMS_ENV}={raw!r} is not 16, 32 or 64", hint="set 16, 32 or 64, or unset it")
@@ -148,7 +150,7 @@ class CoopShape:
     workgroup: int
 
     @staticmethod
-    def of(H: int, B: int, streams: int = COOP_STREAMS) -> CoopShape:
+    def of(H: int, B: int, streams: int = 64) -> CoopShape:
         """The shape for B streams at hidden size H, at most `streams` (16, 32 or 64) a workgroup."""
         frags = ceil_div(B, 16)
         sf = min(streams // 16, frags)
@@ -177,7 +179,7 @@ class DecodeLayerCoop(Kernel):
         H, L = self.H, self.L
         if not coop_decode_ok(H):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
-        self.shape = sh = CoopShape.of(H, self.B, coop_streams())
+        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H))
         sp = ceil_div(self.B, 16) * 16
         self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
