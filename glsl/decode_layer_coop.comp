@@ -6,12 +6,13 @@
 //   gi = (y16 @ W_ih^T) * rstd(y)    (y16 = float16((x + h) * g) of the layer below, l > 0)
 // where W_hh and W_ih are float16 copies in 16 x 16 blocks (w16: [L] W_hh, then [L-1] W_ih of layers
 // 1..L-1, each 3H x H; ToHalf at a call's start) and rstd(y) comes from the layer below's sums of
-// y^2 over each slice of 16 units (ssq). So every weight is read once per step for up to 64 streams,
-// as a GEMM reads it, and each workgroup still does all its layer's work for its units: no grid
-// barrier, no second dispatch. Layer 0's input side is table0's row, as in decode_layer.comp.
-// Workgroup (u, st): units [16 u, 16 u + 16) of streams [64 st, 64 st + 64) (SF = 16-stream
-// fragments of them, fewer where B is small); subgroup s owns stream fragment s % SF and k part
-// s / SF (KS parts): its 3 (layer 0) or 6 accumulators of 16 streams x 16 units walk its k part,
+// y^2 over each slice of 16 units (ssq). So every weight is read once per step for each tile of up
+// to 64 streams, as a GEMM reads it, and each workgroup still does all its layer's work for its
+// units: no grid barrier, no second dispatch. Layer 0's input side is table0's row, as in
+// decode_layer.comp. Workgroup (u, st): units [16 u, 16 u + 16) of the stream tile [16 SF st,
+// 16 SF (st + 1)) (SF 16-stream fragments; the host picks SF and KS, catchat.vk.kernels.decode.CoopShape:
+// the more fragments, the fewer k parts shared memory holds); subgroup s owns stream fragment s % SF
+// and k part s / SF (KS parts): its 3 (layer 0) or 6 accumulators of 16 streams x 16 units walk its k part,
 // each operand fragment one 512-byte block (include/sweep_frag.glsl), the next PD - 1 fragments'
 // loads issued before each product (a ring of PD stages: the loads' latency, not the tensor
 // cores, bounds a step). The k parts meet in shared memory (in a fixed order), then every thread

@@ -320,7 +320,8 @@ def test_sample_flags_are_used(cli, run_dir):
 
 def test_sample_talk_and_chat_take_a_precision(cli, run_dir, monkeypatch, tmp_path):
     """--precision fp16: the prompt's forward at fp16 and, with CATCHAT_DECODE=coop (what a GPU with
-    tensor cores picks at fp16), the tensor-core decode step; fp32 the default; anything else exit 2."""
+    tensor cores picks at fp16 from 8 streams), the tensor-core decode step; fp32 the default; anything
+    else exit 2."""
     from catchat.inference import generate
 
     made = []

@@ -279,7 +279,7 @@ for c in v3 v5; do
     # the tensor-core step alone beside PyTorch (after a change to it)
     part "gen-coop-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode coop --compare-torch --json "$out/gen-coop-$c.json"
-    # ... with 32 streams a workgroup (four k parts each) instead of 64 (two) at 32 and 64 streams
+    # ... with 32 streams a workgroup (four k parts; the default up to H = 1024) at 32 and 64 streams
     part "gen-coop32-$c" env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop32-$c.json"
     # the fused step's registers and local memory (spills) at 64 streams for tiles of 8, 16 and 32
