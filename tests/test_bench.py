@@ -333,11 +333,12 @@ class _FakeGenerator:
     made: list = []
     decode: list = []  # CATCHAT_DECODE as each was made
 
-    def __init__(self, dev, layout, flat, streams=1, prefill=64, chunk=None):
+    def __init__(self, dev, layout, flat, streams=1, prefill=64, chunk=None, precision="fp32"):
         import os
 
         self.streams, self.chunk = streams, chunk
-        _FakeGenerator.made.append({"streams": streams, "chunk": chunk})
+        _FakeGenerator.made.append({"streams": streams, "chunk": chunk, **({"precision": precision}
+                                                                          if precision != "fp32" else {})})
         _FakeGenerator.decode.append(os.environ.get("CATCHAT_DECODE"))
 
     def feed(self, ids):
@@ -410,8 +411,9 @@ def test_bench_generate_times_each_decode_step_asked_for(monkeypatch, capsys):
 
 def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, capsys):
     """The table: catchat, torch eager, eager + host copy and the CUDA graph, each row's chars/s and
-    first-char time over the graph's; no graph off CUDA (a clear line says so); no torch at all: a
-    clear line and catchat alone."""
+    first-char time over the graph's; with --precision fp16 the Generator at fp16 and torch's model in
+    float16, its rows named so; no graph off CUDA (a clear line says so); no torch at all: a clear
+    line and catchat alone."""
     import bench_generate
 
     _fake_vulkan(monkeypatch, bench_generate)
@@ -421,13 +423,13 @@ def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, cap
                  step_ms_host_copy=10.0, first_char_ms_host_copy=7.0)
     graph = dict(batch=2, steps=64, chunk=64, chars_per_s=800.0, step_ms=2.5, first_char_ms=60.0)
     calls = []
-    monkeypatch.setattr(bench_generate, "bench_torch", lambda spec, B, *a: calls.append(("eager", B)) or eager)
+    monkeypatch.setattr(bench_generate, "bench_torch", lambda spec, B, *a: calls.append(("eager", B, a)) or eager)
     monkeypatch.setattr(bench_generate, "bench_torch_graph", lambda spec, B, *a: calls.append(("graph", B, a)) or graph)
 
     monkeypatch.setattr(bench_generate, "_torch_device", lambda want: ("cuda", "torch 9 on a GPU"))
     res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch",
                                                    "--graph-chunk", "64"))
-    assert calls == [("eager", 2), ("graph", 2, (4, 1, "cuda", 64, 1))]
+    assert calls == [("eager", 2, (4, 1, "cuda", 1, False)), ("graph", 2, (4, 1, "cuda", 64, 1, False))]
     rows = {r["variant"]: r for r in res["tables"][0]["rows"]}
     assert list(rows) == ["catchat", "torch eager", "torch eager + host copy", "torch CUDA graph (64/replay)"]
     assert rows["torch eager"]["chars_per_s_vs_graph"] == 0.5
@@ -436,10 +438,23 @@ def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, cap
     out = capsys.readouterr().out
     assert "chars/s vs graph" in out and "the graph ran 64 steps (whole chunks)" in out
 
+    # --precision fp16: the Generator at fp16, PyTorch's model in float16 (half=True), rows named so
+    calls.clear()
+    _FakeGenerator.made.clear()
+    monkeypatch.setattr(bench_generate, "coopmat_runs", lambda dev: False)
+    res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch",
+                                                   "--precision", "fp16"))
+    assert calls[1][2][-1] is True and _FakeGenerator.made == [{"streams": 2, "chunk": None, "precision": "fp16"}]
+    assert res["precision"] == "fp16"
+    assert [r["variant"] for r in res["tables"][0]["rows"]][1:] == [
+        "torch eager fp16", "torch eager + host copy fp16", "torch CUDA graph (64/replay) fp16"]
+    capsys.readouterr()
+
     calls.clear()
     monkeypatch.setattr(bench_generate, "_torch_device", lambda want: ("cpu", "torch 9 on cpu"))
     res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch"))
-    assert calls == [("eager", 2)] and "torch_graph" not in res and "CUDA" in res["torch_graph_skipped"]
+    assert [c[:2] for c in calls] == [("eager", 2)] and "torch_graph" not in res
+    assert "CUDA" in res["torch_graph_skipped"]
     out = capsys.readouterr().out
     assert "torch CUDA graph skipped" in out and "torch eager + host copy" in out and "vs graph" not in out
 

@@ -2,8 +2,8 @@
 """Generation speed of catchat beside PyTorch: characters per second and time to the first character.
 
     python tools/bench_generate.py configs/catchat-v3.toml [--batches 1,64] [--steps 200] [--chunk N]
-                                   [--decode fused,batched] [--compare-torch [--graph-chunk 64]]
-                                   [--json out.json]
+                                   [--decode fused,batched,coop] [--precision fp16]
+                                   [--compare-torch [--graph-chunk 64]] [--json out.json]
 
 For each batch size B (independent streams generated at once) every variant generates --steps
 characters per stream from the prompt <bos> alone (so "state ready" is the zero state: nothing to
@@ -22,6 +22,9 @@ Sampling(temperature=0.8), seed=0, stop_at=(), on_tokens=...)` timed end to end 
 public API alone, whatever the Generator does underneath; the first character is the first
 call of on_tokens. --chunk (characters per submit) is passed only when given: by default the
 Generator chooses. --decode: a catchat row per decode step (CATCHAT_DECODE set around each).
+--precision fp16: the Generator's precision (its prompt forward and decode step on float16 operands,
+the tensor-core step from 8 streams where the GPU has tensor cores), and PyTorch's model in float16
+(`.half()`: cuDNN's GRU and the GEMMs on float16), so each ratio compares like with like.
 Weights are random (init_params) but for a few rows that make <eos>
 unchoosable (`bench_params`): <eos> always ends a stream, the speed does not depend on the
 weights' values, and so every stream generates all `steps` characters (chars/s counts the
@@ -64,6 +67,7 @@ from catchat.errors import UsageError  # noqa: E402
 from catchat.inference.generate import Generator, Sampling  # noqa: E402
 from catchat.model import ParamLayout, head_name, init_params  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
+from catchat.vk.kernels.gemm_tiles import coopmat_runs  # noqa: E402
 from catchat.vk.program.decoder import DECODE_ENV, DECODE_KINDS, decode_kind, decode_step  # noqa: E402
 
 TEMPERATURE = 0.8
@@ -128,11 +132,13 @@ def bench_talk_reply(spec, dev, repeats: int = 3) -> dict:
     return dict(first_char_ms=_median(waits) * 1e3 if waits else float("nan"), turns=len(waits))
 
 
-def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None = None, repeats: int = 3) -> dict:
+def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None = None, repeats: int = 3,
+                  precision: str = "fp32") -> dict:
     """catchat's generation through the public Generator API: `generate` from <bos>, end to end."""
     layout = ParamLayout(spec)
     extra = {} if chunk is None else {"chunk": chunk}
-    gen = Generator(dev, layout, layout.flatten(bench_params(spec), np.float32), streams=B, **extra)
+    gen = Generator(dev, layout, layout.flatten(bench_params(spec), np.float32), streams=B, precision=precision,
+                    **extra)
     sampling = Sampling(temperature=TEMPERATURE)
 
     def run(n: int) -> tuple[float, float, int, int]:
@@ -167,24 +173,32 @@ def bench_catchat(spec, dev, B: int, steps: int, warmup: int, chunk: int | None 
 # PyTorch
 # ---------------------------------------------------------------------------------------------
 
-def _torch_model(spec, dev):
-    """The architecture in PyTorch (default init, seed 0), eval mode, TF32 off; `.step(tok, hs)`
-    is one decode step: tok [B] long, hs L x [1, B, H] -> logits [B, V], new hs."""
+def _torch_model(spec, dev, half: bool = False):
+    """The architecture in PyTorch (default init, seed 0), eval mode, TF32 off, float16 weights with
+    `half`; `.step(tok, hs)` is one decode step: tok [B] long, hs L x [1, B, H] -> logits [B, V], new hs."""
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    return torch_model(spec, dev).eval()
+    model = torch_model(spec, dev).eval()
+    return model.half() if half else model
 
 
-def bench_torch(spec, B: int, steps: int, warmup: int, device: str, repeats: int = 3) -> dict:
+def _zero_states(model, spec, B: int, dev) -> list:
+    """L zero hidden states [1, B, H] in the model's dtype."""
+    import torch
+
+    dtype = next(model.parameters()).dtype
+    return [torch.zeros(1, B, spec.hidden, device=dev, dtype=dtype) for _ in range(spec.layers)]
+
+
+def bench_torch(spec, B: int, steps: int, warmup: int, device: str, repeats: int = 3, half: bool = False) -> dict:
     """PyTorch eager: softmax + multinomial on the device, with and without a host copy per step."""
     import torch
 
     dev = torch.device(device)
-    model = _torch_model(spec, dev)
-    H, L = spec.hidden, spec.layers
+    model = _torch_model(spec, dev, half)
 
     def sync():
         if dev.type == "cuda":
@@ -194,13 +208,13 @@ def bench_torch(spec, B: int, steps: int, warmup: int, device: str, repeats: int
         """(whole time, time until the first token is on the host) for n steps from <bos>."""
         with torch.no_grad():
             tok = torch.full((B,), vocab.BOS, dtype=torch.long, device=dev)
-            hs = [torch.zeros(1, B, H, device=dev) for _ in range(L)]
+            hs = _zero_states(model, spec, B, dev)
             sync()
             t0 = time.perf_counter()
             first = None
             for i in range(n):
                 logits, hs = model.step(tok, hs)
-                probs = torch.softmax(logits / TEMPERATURE, dim=-1)
+                probs = torch.softmax(logits.float() / TEMPERATURE, dim=-1)
                 tok = torch.multinomial(probs, 1)[:, 0]
                 if host_copy or i == 0:
                     tok.cpu()
@@ -233,10 +247,10 @@ class TorchGraphDecoder:
         if dev.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, not {device!r}")
         self.dev, self.chunk = dev, chunk
-        H, L, V = spec.hidden, spec.layers, spec.vocab_size
+        V = spec.vocab_size
         # static tensors: the graph reads and writes these same addresses at every replay
         self.tok_in = torch.full((B,), vocab.BOS, dtype=torch.long, device=dev)  # the next step's input
-        self.hs = [torch.zeros(1, B, H, device=dev) for _ in range(L)]  # hidden states between replays
+        self.hs = _zero_states(model, spec, B, dev)  # hidden states between replays
         self.out = torch.empty(chunk, B, dtype=torch.long, device=dev)  # the chunk's sampled tokens
         self.host = torch.empty(chunk, B, dtype=torch.long, pin_memory=True)
 
@@ -245,7 +259,7 @@ class TorchGraphDecoder:
             for i in range(chunk):
                 logits, h = model.step(tok, h)
                 u = torch.rand(B, V, device=dev)  # default CUDA generator: graph-safe, fresh numbers each replay
-                tok = torch.argmax(logits / temperature - torch.log(-torch.log(u)), dim=-1)
+                tok = torch.argmax(logits.float() / temperature - torch.log(-torch.log(u)), dim=-1)
                 self.out[i].copy_(tok)
             self.tok_in.copy_(tok)
             for s, n in zip(self.hs, h):
@@ -278,12 +292,12 @@ class TorchGraphDecoder:
 
 
 def bench_torch_graph(spec, B: int, steps: int, warmup: int, device: str, chunk: int = GRAPH_CHUNK,
-                      repeats: int = 3) -> dict:
+                      repeats: int = 3, half: bool = False) -> dict:
     """PyTorch with one CUDA graph of `chunk` decode steps (Gumbel-max sampling on the device),
     replayed back to back with the chunk's tokens copied to the host after every replay."""
     import torch
 
-    dec = TorchGraphDecoder(_torch_model(spec, torch.device(device)), spec, B, device, chunk)
+    dec = TorchGraphDecoder(_torch_model(spec, torch.device(device), half), spec, B, device, chunk)
     replays = -(-steps // chunk)
 
     def run(n_replays: int) -> tuple[float, float]:
@@ -322,19 +336,22 @@ def _torch_device(want: str) -> tuple[str | None, str]:
 # Output
 # ---------------------------------------------------------------------------------------------
 
-def table_rows(cs: list[dict], eager: dict | None, graph: dict | None) -> list[dict]:
+def table_rows(cs: list[dict], eager: dict | None, graph: dict | None, torch_tag: str = "") -> list[dict]:
     """The rows of one batch size's table: name, chars/s, step ms, first char ms and, with the
     CUDA graph measured, each row's chars/s and first-char time over the graph's. cs: catchat's
-    results at this batch, one per decode step measured ("catchat (fused)", ... when several)."""
+    results at this batch, one per decode step measured ("catchat (fused)", ... when several);
+    torch_tag follows the torch rows' names (" fp16")."""
     rows = [dict(variant="catchat" if len(cs) == 1 else f"catchat ({c['decode']})", chars_per_s=c["chars_per_s"],
                  step_ms=c["step_ms"], first_char_ms=c["first_char_ms"]) for c in cs]
     if eager is not None:
         for key, name in (("", "torch eager"), ("_host_copy", "torch eager + host copy")):
-            rows.append(dict(variant=name, chars_per_s=eager[f"chars_per_s{key}"], step_ms=eager[f"step_ms{key}"],
+            rows.append(dict(variant=name + torch_tag, chars_per_s=eager[f"chars_per_s{key}"],
+                             step_ms=eager[f"step_ms{key}"],
                              first_char_ms=eager[f"first_char_ms{key}"]))
     if graph is not None:
-        rows.append(dict(variant=f"torch CUDA graph ({graph['chunk']}/replay)", chars_per_s=graph["chars_per_s"],
-                         step_ms=graph["step_ms"], first_char_ms=graph["first_char_ms"]))
+        rows.append(dict(variant=f"torch CUDA graph ({graph['chunk']}/replay){torch_tag}",
+                         chars_per_s=graph["chars_per_s"], step_ms=graph["step_ms"],
+                         first_char_ms=graph["first_char_ms"]))
         for r in rows:
             r["chars_per_s_vs_graph"] = r["chars_per_s"] / graph["chars_per_s"]
             r["first_char_vs_graph"] = r["first_char_ms"] / graph["first_char_ms"]
@@ -375,6 +392,9 @@ def main(argv=None):
                     help=f"comma-separated decode steps to time, each a catchat row: {', '.join(DECODE_KINDS)} "
                          f"(catchat/vk/program/decoder.py; default: ${DECODE_ENV}'s, else the Generator's "
                          "choice at each batch)")
+    ap.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
+                    help="fp16: catchat's Generator at fp16 (the tensor-core decode step where it runs) and "
+                         "PyTorch's model in float16 (default fp32: both float32, TF32 off)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     kinds = [k.strip() for k in args.decode.split(",") if k.strip()] if args.decode else None
@@ -396,12 +416,14 @@ def main(argv=None):
     res: dict = {"config": str(args.config), "hidden": spec.hidden, "layers": spec.layers,
                  "vocab_size": spec.vocab_size, "vulkan_device": dev.info.name, "steps": args.steps,
                  "warmup": args.warmup, "repeats": args.repeats, "temperature": TEMPERATURE, "chunk": args.chunk,
-                 "env": environment.settings(), "catchat": []}
+                 "precision": args.precision, "env": environment.settings(), "catchat": []}
+    half = args.precision == "fp16"
     for B in batches:
-        for kind in kinds or [decode_kind(B, spec.hidden)]:
+        for kind in kinds or [decode_kind(B, spec.hidden, precision=args.precision,
+                                          tensor_cores=half and coopmat_runs(dev))]:
             try:
                 with decode_step(kind):
-                    c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats)
+                    c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats, args.precision)
             except UsageError as exc:  # e.g. a --chunk the Generator refuses
                 ap.error(str(exc))
             res["catchat"].append({**c, "decode": kind})
@@ -417,11 +439,11 @@ def main(argv=None):
             print(f"torch comparison skipped: {what}")
         else:
             res["torch_device"] = what
-            res["torch"] = eager = [bench_torch(spec, B, args.steps, args.warmup, where, args.repeats)
+            res["torch"] = eager = [bench_torch(spec, B, args.steps, args.warmup, where, args.repeats, half)
                                     for B in batches]
             if where.startswith("cuda"):
                 res["torch_graph"] = graph = [
-                    bench_torch_graph(spec, B, args.steps, args.warmup, where, args.graph_chunk, args.repeats)
+                    bench_torch_graph(spec, B, args.steps, args.warmup, where, args.graph_chunk, args.repeats, half)
                     for B in batches]
             else:
                 res["torch_graph_skipped"] = f"CUDA graphs need a CUDA device (torch runs on {where})"
@@ -430,7 +452,7 @@ def main(argv=None):
     res["tables"] = []
     for B, e, g in zip(batches, eager, graph):
         cs = [c for c in res["catchat"] if c["batch"] == B]
-        rows = table_rows(cs, e, g)
+        rows = table_rows(cs, e, g, " fp16" if half else "")
         res["tables"].append({"batch": B, "rows": rows})
         print()
         print(format_table(B, args.steps, rows))

@@ -279,6 +279,10 @@ for c in v3 v5; do
     # the tensor-core step alone beside PyTorch (after a change to it)
     part "gen-coop-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --decode coop --compare-torch --json "$out/gen-coop-$c.json"
+    # generation at fp16 as a user gets it (--precision fp16: the tensor-core step from 8 streams) beside
+    # PyTorch's model in float16 (its CUDA graph too): like against like
+    part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
+        --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
     # ... with 32 streams a workgroup (four k parts; the default up to H = 1024) at 32 and 64 streams
     part "gen-coop32-$c" env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop32-$c.json"
