@@ -19,6 +19,8 @@
 // takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
+// WSH (opt-in, where its buffers fit): W's blocks of each k fragment staged once per workgroup in
+// shared memory for all its subgroups, below; without it each subgroup loads its own.
 // Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
 // 16] for y16 (SP = B rounded up to 16; rows past B are zeros the host wrote and stay zero: a row of
 // a product depends only on its own row, so they never reach a real stream).
@@ -80,6 +82,23 @@ layout(push_constant) uniform Push {
 #define B_BUF w16
 #define ACC_SHARED acc
 #define FRAG_ONLY
+#ifdef WSH
+// WSH: each k fragment's W blocks staged once per workgroup in shared memory (two buffers: the next
+// fragment's copied while this one's are multiplied), where without it each stream fragment's
+// subgroup loads them itself (SF times the bytes from L2). Words of 4 halves, as the GEMM keeps its
+// tiles; a block is 64 words. Fragments load from it in words (real) or halves (emulated).
+layout(set = 0, binding = 6) readonly buffer W16v { uvec2 w16v[]; };
+shared uvec2 wsh[2 * KS * 6 * 64];
+#define B_SHARED wsh
+#define B_SHARED_AT(i) unpackHalf2x16(wsh[(i) / 4u][((i) % 4u) / 2u])[(i) % 2u]
+#ifdef EMU
+#define WSH_OFF(q) ((q) * 256u)
+#define WSH_LD 16u
+#else
+#define WSH_OFF(q) ((q) * 64u)
+#define WSH_LD 4u
+#endif
+#endif
 shared float acc[ACC_PARTS * SF * 6 * 256];  // [k part - 1][SF][6 products][16 x 16]; then the whole sums
 shared float ss_part[SF * 16 * 4];   // [stream][4 quarters]: sums of y^2 of the layer below
 shared float yy[SF * 16 * 16];       // [stream][unit]: (x + h)^2 of this slice, summed per stream
@@ -145,6 +164,47 @@ void main() {
             LOAD_B(rw[6u * (s) + 3u], w_at(l, true, r0, kf), 16u, true); \
             LOAD_B(rw[6u * (s) + 4u], w_at(l, true, r1, kf), 16u, true); \
             LOAD_B(rw[6u * (s) + 5u], w_at(l, true, r2, kf), 16u, true); } }
+#ifdef WSH
+    // every subgroup stages (uniform loop and barriers); the live ones multiply
+    const uint NB = first ? 3u : 6u, WORDS = KS * 6u * 64u;
+    uvec2 held[(WORDS + 32u * NSUB - 1u) / (32u * NSUB)];  // this thread's words of the next fragment
+#define STAGE_LOAD(i) { \
+        [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
+            uint w = tid + c * 32u * NSUB, q = w / 64u, g6 = q % 6u; \
+            if (w < WORDS && g6 < NB) { \
+                uint r = g6 % 3u == 0u ? r0 : (g6 % 3u == 1u ? r1 : r2); \
+                held[c] = w16v[w_at(l, g6 >= 3u, r, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } }
+#define STAGE_STORE(buf) { \
+        [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
+            uint w = tid + c * 32u * NSUB; \
+            if (w < WORDS && (w / 64u) % 6u < NB) wsh[(buf) * WORDS + w] = held[c]; } }
+    STAGE_LOAD(0u);
+    STAGE_STORE(0u);
+    barrier();
+    for (uint i = 0u; i < NK; ++i) {
+        uint buf = i % 2u;
+        if (i + 1u < NK) STAGE_LOAD(i + 1u);  // in flight while this fragment multiplies
+        if (live) {
+            uint q = buf * KS * 6u + kh * 6u;
+            FRAG_A ah; FRAG_B w0, w1, w2;
+            LOAD_A(ah, h16_block(oldh, l, fb, k_lo + i), 16u, false);
+            LOAD_B_SHARED(w0, WSH_OFF(q), WSH_LD, true);
+            LOAD_B_SHARED(w1, WSH_OFF(q + 1u), WSH_LD, true);
+            LOAD_B_SHARED(w2, WSH_OFF(q + 2u), WSH_LD, true);
+            gh0 = MUL_ADD(ah, w0, gh0); gh1 = MUL_ADD(ah, w1, gh1); gh2 = MUL_ADD(ah, w2, gh2);
+            if (!first) {
+                FRAG_A ay; FRAG_B v0, v1, v2;
+                LOAD_A(ay, y16_block(l - 1u, fb, k_lo + i), 16u, false);
+                LOAD_B_SHARED(v0, WSH_OFF(q + 3u), WSH_LD, true);
+                LOAD_B_SHARED(v1, WSH_OFF(q + 4u), WSH_LD, true);
+                LOAD_B_SHARED(v2, WSH_OFF(q + 5u), WSH_LD, true);
+                gi0 = MUL_ADD(ay, v0, gi0); gi1 = MUL_ADD(ay, v1, gi1); gi2 = MUL_ADD(ay, v2, gi2);
+            }
+        }
+        if (i + 1u < NK) STAGE_STORE(1u - buf);  // the buffer read an iteration ago: a barrier since
+        barrier();
+    }
+#else
     if (live) {
         RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
             if (s < NK) LOAD_STAGE(s, k_lo + s);
@@ -162,6 +222,7 @@ void main() {
             }
         }
     }
+#endif
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
     // and stores the whole into the first slots, which the gates read
     uint a0 = sf * 6u * BLOCK;

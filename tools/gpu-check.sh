@@ -269,6 +269,9 @@ xq fp32
 xq fp16
 # the decode steps' parity (the tensor-core step's against its float16-operand twin included)
 part parity-decode $py -m catchat.cli parity --only decode --summary --json "$out/parity-decode.json"
+# ... with W staged in shared memory at 64 streams a workgroup (CATCHAT_DECODE_COOP_WSHARED=1; a race shows on a GPU only)
+part parity-decode-wsh env CATCHAT_DECODE_COOP_STREAMS=64 CATCHAT_DECODE_COOP_WSHARED=1 $py -m catchat.cli parity \
+    --only decode --summary --json "$out/parity-decode-wsh.json"
 # the three decode steps (fused layer kernels, the batched forward at T = 1, the layers on tensor cores)
 # beside PyTorch at batches 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
 # (1,024 characters a stream, so the first chunk's wait weighs little; the batched step's short GEMMs
@@ -283,6 +286,9 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
+    # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
+    part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
+        --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"
     # ... with 32 streams a workgroup (four k parts; the default up to H = 1024) at 32 and 64 streams
     part "gen-coop32-$c" env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop32-$c.json"

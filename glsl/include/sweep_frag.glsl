@@ -33,7 +33,10 @@ uint frag_index(FragRef m, uint row, uint col) { return m.col ? m.off + col * m.
 
 float b_at(FragRef b, uint row, uint col) {
 #ifdef B_SHARED
-    if (b.sh) return float(B_SHARED[frag_index(b, row, col)]);
+#ifndef B_SHARED_AT  // element i of B_SHARED, counted in halves (the includer may pack them)
+#define B_SHARED_AT(i) float(B_SHARED[i])
+#endif
+    if (b.sh) return B_SHARED_AT(frag_index(b, row, col));
 #endif
     return float(B_BUF[frag_index(b, row, col)]);
 }

@@ -107,3 +107,33 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
         dk.coop_streams(64)
     monkeypatch.delenv(dk.COOP_STREAMS_ENV)  # unset: 32 where a layer's weights fit L2 (v3), 64 above (v5)
     assert dk.coop_streams(512) == dk.coop_streams(1024) == 32 and dk.coop_streams(2048) == 64
+
+
+def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
+    """CATCHAT_DECODE_COOP_WSHARED=1 (W's blocks staged once per workgroup in shared memory, two
+    buffers): the same tokens, logits and state bit for bit as each subgroup loading them (the same
+    products in the same order): 16 streams a workgroup at H = 96 (2 k parts of 3 fragments) and 32
+    at H = 48 (20 streams: 2 stream fragments, one part); where the buffers do not fit the device's
+    shared memory (64 streams a workgroup here: lavapipe has 32 KB), the plain step."""
+    from catchat.data import vocab
+    from catchat.inference.generate import Sampling
+    from catchat.model import ModelSpec
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    limit = dev.info.max_shared_memory_bytes
+    for H, L, B, streams, fits in ((96, 2, 16, "16", True), (48, 2, 20, "32", True),
+                                   (64, 2, 40, "64", dk.coop_shared_bytes(3, 2, True) <= limit)):
+        monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)
+        got = {}
+        for wsh in ("0", "1"):
+            monkeypatch.setenv(dk.WSHARED_ENV, wsh)
+            with decode_step("coop"):
+                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
+                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
+                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
+                assert gen._decoder.step.layer.wshared == (wsh == "1" and fits)
+                got[wsh] = outs, gen.logits.copy(), gen.prog.get_carry()
+        assert got["0"][0] == got["1"][0]
+        np.testing.assert_array_equal(got["0"][1], got["1"][1])
+        np.testing.assert_array_equal(got["0"][2], got["1"][2])

@@ -22,6 +22,7 @@ from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.switches import env_switch
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
@@ -131,6 +132,20 @@ def coop_streams(H: int) -> int:
     raise UsageError(f"{COOP_STREAMS_ENV}={raw!r} is not 16, 32 or 64", hint="set 16, 32 or 64, or unset it")
 
 
+# CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
+# (decode_layer_coop.comp's WSH) instead of loaded by each stream fragment's subgroup, where its two
+# buffers fit beside the k parts' slots (at 64 streams a workgroup: v5). Opt-in until a GPU has timed
+# it (gpu-check gen-coop-wsh-v5); the same results either way.
+WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
+
+
+def coop_shared_bytes(sf: int, ks: int, wshared: bool) -> int:
+    """Shared memory of decode_layer_coop.comp: the k parts' slots, the norm's and the y^2 sums, and
+    with WSH two buffers of KS x 6 W blocks."""
+    acc = max(1, ks - 1) * sf * 6 * 256 * 4
+    return acc + sf * 16 * 4 * 4 + sf * 256 * 4 + (2 * ks * 6 * 512 if wshared else 0)
+
+
 def coop_decode_ok(H: int) -> bool:
     """Whether glsl/decode_layer_coop.comp takes hidden size H (whole 16 x 16 fragments)."""
     return H % 16 == 0
@@ -185,7 +200,10 @@ class DecodeLayerCoop(Kernel):
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
-        defines = {"SF": sh.sf, "KS": sh.ks, **({} if coopmat_runs(dev) else {"EMU": 1})}
+        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0") is True
+                        and coop_shared_bytes(sh.sf, sh.ks, True) <= dev.info.max_shared_memory_bytes)
+        defines = {"SF": sh.sf, "KS": sh.ks, **({"WSH": 1} if self.wshared else {}),
+                   **({} if coopmat_runs(dev) else {"EMU": 1})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)
