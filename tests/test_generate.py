@@ -394,3 +394,13 @@ def test_bench_generate_runs(dev, tmp_path, capsys, monkeypatch):
     assert all(r["chars_per_s"] > 0 and sum(r["device_us"].values()) > 0 for r in res["catchat"])
     assert "chars/s" in capsys.readouterr().out
     assert "torch" in res or "torch_skipped" in res
+
+
+def test_coop_step_needs_float16(dev, run_dir, monkeypatch):
+    """CATCHAT_DECODE=coop on a device without float16 arithmetic and 16-bit storage: a usage error
+    that says so, not a traceback from the kernel."""
+    monkeypatch.setenv("CATCHAT_DECODE", "coop")
+    monkeypatch.setattr(type(dev), "runs_float16", property(lambda self: False))
+    gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir))
+    with pytest.raises(UsageError, match="float16 arithmetic"):
+        gen.generate(prompt_ids("BOB: "), 5, Sampling(), seed=1)

@@ -81,6 +81,13 @@ def decode_shape(dev: Device, rows: int, B: int, subgroups: int) -> DecodeShape:
     return DecodeShape(stream_tile(B), subgroups * sub, ceil_div(rows, subgroups))
 
 
+def layer_input_offset(layout: ParamLayout, layer: int) -> int:
+    """Where a decode layer kernel's input weights start in params: layer 0's embedding (its rows are
+    the input), else the norm weight g of the layer below (its input is that layer's x + h, normed)."""
+    o = layout.offsets
+    return o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
+
+
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
@@ -101,7 +108,7 @@ class DecodeLayer(Kernel):
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
-        g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
+        g_prev = layer_input_offset(self.layout, layer)
         w_ih = o[p + "gru.weight_ih"]
         return (layer, parity, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
@@ -218,7 +225,7 @@ class DecodeLayerCoop(Kernel):
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
-        g_prev = o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
+        g_prev = layer_input_offset(self.layout, layer)
         return (layer, parity, self.L, s.vocab_size, o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev,
                 o[p + "norm.weight"], vocab.BOS, float(math.sqrt(self.H)), float(s.norm_eps))
 

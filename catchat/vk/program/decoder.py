@@ -195,6 +195,9 @@ class Decoder:
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
         self.kind = decode_kind(B, spec.hidden, precision=prog.precision, tensor_cores=coopmat_runs(dev))
+        if self.kind == "coop" and not dev.runs_float16:
+            raise UsageError(f"{DECODE_ENV}=coop needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
+                             "does not offer", f"set {DECODE_ENV} to fused, batched or auto")
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
