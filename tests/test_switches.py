@@ -3,7 +3,7 @@
 import pytest
 
 from catchat.errors import UsageError
-from catchat.vk.switches import env_override, env_switch
+from catchat.vk.switches import env_choice, env_override, env_switch
 
 
 def test_a_switch_is_on_off_or_unset_and_anything_else_is_a_usage_error(monkeypatch):
@@ -12,9 +12,24 @@ def test_a_switch_is_on_off_or_unset_and_anything_else_is_a_usage_error(monkeypa
     for raw, on in (("1", True), (" 0 ", False), ("", None)):
         monkeypatch.setenv("CATCHAT_TEST_SWITCH", raw)
         assert env_switch("CATCHAT_TEST_SWITCH", "hint") is on
+    for raw, on in (("1", True), ("0", False), ("", True)):  # a default stands only where unset
+        monkeypatch.setenv("CATCHAT_TEST_SWITCH", raw)
+        assert env_switch("CATCHAT_TEST_SWITCH", "hint", True) is on
     monkeypatch.setenv("CATCHAT_TEST_SWITCH", "yes")
     with pytest.raises(UsageError, match="CATCHAT_TEST_SWITCH='yes' is not 0 or 1"):
         env_switch("CATCHAT_TEST_SWITCH", "hint")
+
+
+def test_a_choice_is_one_of_its_numbers_or_the_default(monkeypatch):
+    monkeypatch.delenv("CATCHAT_TEST_CHOICE", raising=False)
+    assert env_choice("CATCHAT_TEST_CHOICE", (16, 32, 64), 32) == 32
+    for raw, got in ((" 64 ", 64), ("16", 16), ("", 32)):
+        monkeypatch.setenv("CATCHAT_TEST_CHOICE", raw)
+        assert env_choice("CATCHAT_TEST_CHOICE", (16, 32, 64), 32) == got
+    for raw in ("48", "x", "032"):
+        monkeypatch.setenv("CATCHAT_TEST_CHOICE", raw)
+        with pytest.raises(UsageError, match=f"CATCHAT_TEST_CHOICE='{raw}' is not one of 16, 32, 64"):
+            env_choice("CATCHAT_TEST_CHOICE", (16, 32, 64), 32)
 
 
 def test_an_override_lasts_for_its_with_and_restores_set_and_unset_values(monkeypatch):

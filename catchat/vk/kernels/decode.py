@@ -12,17 +12,15 @@ the host inside a chunk of steps (catchat/vk/program/decoder.py records those).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from catchat.data import vocab
-from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
-from catchat.vk.switches import env_switch
+from catchat.vk.switches import env_choice, env_switch
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
@@ -38,12 +36,7 @@ TILE_ENV = "CATCHAT_DECODE_TILE"
 
 def max_stream_tile() -> int:
     """CATCHAT_DECODE_TILE (1, 2, 4, 8, 16 or 32), else DECODE_TILE."""
-    raw = os.environ.get(TILE_ENV, "").strip()
-    if not raw:
-        return DECODE_TILE
-    if raw in ("1", "2", "4", "8", "16", "32"):
-        return int(raw)
-    raise UsageError(f"{TILE_ENV}={raw!r} is not a stream tile", hint="set 1, 2, 4, 8, 16 or 32, or unset it")
+    return env_choice(TILE_ENV, (1, 2, 4, 8, 16, 32), DECODE_TILE)
 
 
 def stream_tile(B: int) -> int:
@@ -131,12 +124,7 @@ COOP_STREAMS_ENV = "CATCHAT_DECODE_COOP_STREAMS"
 
 def coop_streams(H: int) -> int:
     """CATCHAT_DECODE_COOP_STREAMS (16, 32 or 64), else 32 up to COOP_STREAMS_L2_HIDDEN and 64 above."""
-    raw = os.environ.get(COOP_STREAMS_ENV, "").strip()
-    if not raw:
-        return 32 if H <= COOP_STREAMS_L2_HIDDEN else 64
-    if raw in ("16", "32", "64"):
-        return int(raw)
-    raise UsageError(f"{COOP_STREAMS_ENV}={raw!r} is not 16, 32 or 64", hint="set 16, 32 or 64, or unset it")
+    return env_choice(COOP_STREAMS_ENV, (16, 32, 64), 32 if H <= COOP_STREAMS_L2_HIDDEN else 64)
 
 
 # CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
@@ -207,7 +195,7 @@ class DecodeLayerCoop(Kernel):
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
-        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0") is True
+        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
                         and coop_shared_bytes(sh.sf, sh.ks, True) <= dev.info.max_shared_memory_bytes)
         defines = {"SF": sh.sf, "KS": sh.ks, **({"WSH": 1} if self.wshared else {}),
                    **({} if coopmat_runs(dev) else {"EMU": 1})}

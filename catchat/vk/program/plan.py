@@ -326,8 +326,8 @@ def overlaps_dw_hh(dev: Device, products: str | None, layers: int) -> bool:
     its split-K partials go to `ws`. Not with float16 saves (`save16`): there dW_hh reads dGi's
     r and z thirds from gi, which the sweep below overwrites. Needs kp patch 0007 and two layers.
     OVERLAP_DEFAULT where CATCHAT_OVERLAP_DW is unset; the same results either way (the same dispatches)."""
-    on = env_switch(OVERLAP_ENV, "set 1 (dW_hh beside the sweep below, the default) or 0 (layer by layer)")
-    on = OVERLAP_DEFAULT if on is None else on
+    on = env_switch(OVERLAP_ENV, "set 1 (dW_hh beside the sweep below, the default) or 0 (layer by layer)",
+                    OVERLAP_DEFAULT)
     return on and layers > 1 and products != "stream" and dev.dispatches_concurrent
 
 

@@ -95,7 +95,7 @@ class Wavefront:
 def _direction_on(env: str) -> bool:
     """CATCHAT_WAVEFRONT_FORWARD / _BACKWARD: unset or 1 runs that direction as a wavefront, 0 layer by layer
     (the wavefront of one direction alone: on the GPU, which one's sweeps overlap)."""
-    return env_switch(env, "set 0 (layer by layer) or 1, or unset it") is not False
+    return env_switch(env, "set 0 (layer by layer) or 1, or unset it", True)
 
 
 def backward_bounds(T: int, n: int, B: int, rows_per_part: int) -> list[tuple[int, int]]:

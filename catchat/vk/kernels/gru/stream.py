@@ -139,8 +139,8 @@ def ksplit_ok(B: int, H: int) -> bool:
 
 def stream_ksplit() -> bool:
     """Whether the k-split backward is asked for: CATCHAT_STREAM_KSPLIT 0 or 1, else KSPLIT_DEFAULT."""
-    on = env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the plain split), or unset it")
-    return KSPLIT_DEFAULT if on is None else on
+    return env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the plain split), or unset it",
+                      KSPLIT_DEFAULT)
 
 
 def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None) -> StreamTiles:
@@ -236,8 +236,7 @@ def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
 def stream_flags(f32: bool = False) -> bool:
     """Whether the persistent streamed sweeps wait on block flags instead of a grid barrier: FLAGS_ENV
     0 or 1, else on tensor cores and not on the float32 sweeps (measured, above)."""
-    on = env_switch(FLAGS_ENV, "unset it for the default, 1 for block flags, 0 for the grid barrier")
-    return not f32 if on is None else on
+    return env_switch(FLAGS_ENV, "unset it for the default, 1 for block flags, 0 for the grid barrier", not f32)
 
 
 def w16_blocked() -> bool:
