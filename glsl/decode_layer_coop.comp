@@ -149,9 +149,10 @@ void main() {
     bool live = fb * 16u < B;
     const uint NK = KF / KS;
     uint k_lo = kh * NK;
-    uint r0 = j0 / 16u, r1 = (H + j0) / 16u, r2 = (2u * H + j0) / 16u;  // row blocks of the 3 gates
+    uint r0 = u, r1 = u + KF, r2 = u + 2u * KF;  // row blocks of the 3 gates' units j0..j0+15
     ACC_T gh0 = ACC_ZERO(), gh1 = ACC_ZERO(), gh2 = ACC_ZERO();
     ACC_T gi0 = ACC_ZERO(), gi1 = ACC_ZERO(), gi2 = ACC_ZERO();
+#ifndef WSH
     FRAG_A rh[PD], ry[PD];
     FRAG_B rw[PD * 6u];  // stage s: W_hh's 3 gates at 6 s, W_ih's at 6 s + 3
 #define LOAD_STAGE(s, kf) { \
@@ -164,7 +165,24 @@ void main() {
             LOAD_B(rw[6u * (s) + 3u], w_at(l, true, r0, kf), 16u, true); \
             LOAD_B(rw[6u * (s) + 4u], w_at(l, true, r1, kf), 16u, true); \
             LOAD_B(rw[6u * (s) + 5u], w_at(l, true, r2, kf), 16u, true); } }
-#ifdef WSH
+    if (live) {
+        RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
+            if (s < NK) LOAD_STAGE(s, k_lo + s);
+        for (uint i = 0u; i < NK; i += PD) {
+            RING_LOOP for (uint s = 0u; s < PD; ++s) {  // stage s holds fragment i + s
+                if (i + s < NK) {
+                    if (i + s + PD - 1u < NK) LOAD_STAGE((s + PD - 1u) % PD, k_lo + i + s + PD - 1u);
+                    gh0 = MUL_ADD(rh[s], rw[6u * s], gh0); gh1 = MUL_ADD(rh[s], rw[6u * s + 1u], gh1);
+                    gh2 = MUL_ADD(rh[s], rw[6u * s + 2u], gh2);
+                    if (!first) {
+                        gi0 = MUL_ADD(ry[s], rw[6u * s + 3u], gi0); gi1 = MUL_ADD(ry[s], rw[6u * s + 4u], gi1);
+                        gi2 = MUL_ADD(ry[s], rw[6u * s + 5u], gi2);
+                    }
+                }
+            }
+        }
+    }
+#else
     // every subgroup stages (uniform loop and barriers); the live ones multiply
     const uint NB = first ? 3u : 6u, WORDS = KS * 6u * 64u;
     uvec2 held[(WORDS + 32u * NSUB - 1u) / (32u * NSUB)];  // this thread's words of the next fragment
@@ -172,8 +190,7 @@ void main() {
         [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
             uint w = tid + c * 32u * NSUB, q = w / 64u, g6 = q % 6u; \
             if (w < WORDS && g6 < NB) { \
-                uint r = g6 % 3u == 0u ? r0 : (g6 % 3u == 1u ? r1 : r2); \
-                held[c] = w16v[w_at(l, g6 >= 3u, r, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } }
+                held[c] = w16v[w_at(l, g6 >= 3u, r0 + (g6 % 3u) * KF, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } }
 #define STAGE_STORE(buf) { \
         [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
             uint w = tid + c * 32u * NSUB; \
@@ -203,24 +220,6 @@ void main() {
         }
         if (i + 1u < NK) STAGE_STORE(1u - buf);  // the buffer read an iteration ago: a barrier since
         barrier();
-    }
-#else
-    if (live) {
-        RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
-            if (s < NK) LOAD_STAGE(s, k_lo + s);
-        for (uint i = 0u; i < NK; i += PD) {
-            RING_LOOP for (uint s = 0u; s < PD; ++s) {  // stage s holds fragment i + s
-                if (i + s < NK) {
-                    if (i + s + PD - 1u < NK) LOAD_STAGE((s + PD - 1u) % PD, k_lo + i + s + PD - 1u);
-                    gh0 = MUL_ADD(rh[s], rw[6u * s], gh0); gh1 = MUL_ADD(rh[s], rw[6u * s + 1u], gh1);
-                    gh2 = MUL_ADD(rh[s], rw[6u * s + 2u], gh2);
-                    if (!first) {
-                        gi0 = MUL_ADD(ry[s], rw[6u * s + 3u], gi0); gi1 = MUL_ADD(ry[s], rw[6u * s + 4u], gi1);
-                        gi2 = MUL_ADD(ry[s], rw[6u * s + 5u], gi2);
-                    }
-                }
-            }
-        }
     }
 #endif
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
@@ -296,10 +295,9 @@ void main() {
             float y = x + h;
             state[st(newh, l, b) + j] = h;
             ysum[(l * B + b) * H + j] = y;
-            uint blk = (b / 16u) * KF + u, in_blk = (b % 16u) * 16u + jl;
-            act16[((newh * pc.L + l) * (SP / 16u)) * KF * BLOCK + blk * BLOCK + in_blk] = float16_t(h);
-            act16[(2u * pc.L * (SP / 16u) + l * (SP / 16u)) * KF * BLOCK + blk * BLOCK + in_blk] =
-                float16_t(y * params[pc.g_self + j]);
+            uint in_blk = (b % 16u) * 16u + jl;  // this slice u is k fragment u of the products that read these
+            act16[h16_block(newh, l, b / 16u, u) + in_blk] = float16_t(h);
+            act16[y16_block(l, b / 16u, u) + in_blk] = float16_t(y * params[pc.g_self + j]);
             y2 = y * y;
         }
         yy[e] = y2;

@@ -107,6 +107,11 @@ class DecodeLayer(Kernel):
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
                 float(math.sqrt(self.H)), float(s.norm_eps))
 
+    def start_ops(self) -> list:
+        """What a call's start records after taking the carry into state half 0: nothing (the kernel reads
+        params and the state as they are)."""
+        return []
+
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""
         return self.op(*self._push(layer, parity))
@@ -174,7 +179,7 @@ class CoopShape:
 class DecodeLayerCoop(Kernel):
     """One layer's decode step for every stream with its products on tensor cores
     (glsl/decode_layer_coop.comp; emulated fragments where the device has none): W_hh and W_ih as
-    float16 blocks (`w16`, `weights16_ops`), the state's and the layer inputs' float16 shadows
+    float16 blocks (`w16`, made by `start_ops`), the state's and the layer inputs' float16 shadows
     (`act16`), and each slice's sums of y^2 (`ssq`) beside the float32 state and x + h that
     DecodeLayer keeps. A workgroup per slice of 16 units and tile of up to 64 streams."""
 
@@ -217,13 +222,10 @@ class DecodeLayerCoop(Kernel):
         return (layer, parity, self.L, s.vocab_size, o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev,
                 o[p + "norm.weight"], vocab.BOS, float(math.sqrt(self.H)), float(s.norm_eps))
 
-    def weights16_ops(self) -> list:
-        """The float16 copies of W_hh and W_ih, from the parameters (a call's start)."""
-        return [op for k in self._weights for op in k.ops()]
-
-    def shadow_ops(self) -> list:
-        """The state's float16 shadow of parity 0, from state half 0 (after the carry is taken)."""
-        return [op for k in self._h16 for op in k.ops()]
+    def start_ops(self) -> list:
+        """What a call's start records after taking the carry into state half 0: the float16 copies of
+        W_hh and W_ih from the parameters, and the state's float16 shadow of parity 0."""
+        return [op for k in self._weights + self._h16 for op in k.ops()]
 
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""

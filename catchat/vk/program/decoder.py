@@ -117,12 +117,9 @@ class FusedStep:
         self.layer = kind(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
-        self.coop = coop
 
     def start_ops(self) -> list:
-        if not self.coop:
-            return [self.from_carry(1.0, 0.0)]
-        return [self.from_carry(1.0, 0.0)] + self.layer.weights16_ops() + self.layer.shadow_ops()
+        return [self.from_carry(1.0, 0.0)] + self.layer.start_ops()
 
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
