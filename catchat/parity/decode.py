@@ -30,12 +30,14 @@ from catchat.vk.program.decoder import DECODE_KINDS, decode_step
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
 # The tensor-core step (coop) against its float16-operand twin: most elements agree to float32 sum order
-# (lavapipe: 1e-6), but a state element that lands within a float32 ulp of a float16 rounding boundary
-# rounds the other way on one side and moves that stream by ~1e-4 (lavapipe worst: 8.6e-5 over 7 steps,
-# H=32 B=70, 3 of 70 streams). The fp32 twin is ~4e-4 away, so COOP_SHARE also asks that nearly every
-# element agree closely (COOP_CLOSE).
+# (lavapipe: 1e-6), but an operand that lands within a float32 ulp of a float16 rounding boundary rounds
+# the other way on one side and moves that stream by up to ~1e-4 (lavapipe worst: 8.6e-5 over 7
+# free-running steps, H=32 B=70). The step cases run both twins from the GPU's state each step, so such
+# a rounding cannot carry over, and ask the float16 twin to explain the GPU: its median distance at most
+# COOP_CLOSER of the float32 twin's. Whole generations cannot be run so (the twin replays its own
+# state), hence their wider choice margin.
 COOP_ATOL, COOP_RTOL, COOP_MARGIN = 3e-4, 1e-3, 3e-4
-COOP_CLOSE, COOP_SHARE = 1e-5, 0.9
+COOP_CLOSER = 0.1
 
 
 def _generator(dev: Device, spec: ModelSpec, B: int, seed: int, chunk: int = 4, peaky: float = 1.0):
@@ -51,7 +53,7 @@ def _ref_step(params, spec, tok, h, kind: str = "fused"):
     """One token per stream through the numpy model: (logits [B,V], state [L,B,H]); the coop step's
     twin rounds the products' operands to float16."""
     if kind == "coop":
-        return decode_step_half(params, spec, np.asarray(tok, np.uint32), h)
+        return decode_step_half(params, spec, tok, h)
     B = tok.shape[0]
     tok = np.asarray(tok, np.uint32)[None, :]
     r = ref.model_forward_backward(params, spec, tok, np.zeros((1, B), np.uint32),
@@ -68,13 +70,6 @@ def choices(kernel: str, shape: str, got, expected, margin, min_margin: float = 
                         0.0, 0.0, wrong == 0 and decisive.sum() > 0)
 
 
-def _close_share(kernel: str, shape: str, got, expected) -> ParityResult:
-    """The share of elements within COOP_CLOSE of the twin (max_abs = 1 - share): >= COOP_SHARE."""
-    share = float(np.mean(np.abs(np.asarray(got, np.float64) - expected) <= COOP_CLOSE))
-    return ParityResult(kernel, f"{shape}, {share:.1%} within {COOP_CLOSE:g}", 1.0 - share, 0.0, 0.0, 0.0,
-                        share >= COOP_SHARE)
-
-
 def _step_case(dev, H, L, B, tied, seed, kind: str = "fused") -> list[ParityResult]:
     spec = ModelSpec(hidden=H, layers=L, tie_embeddings=tied)
     gen, params = _generator(dev, spec, B, seed)
@@ -83,16 +78,39 @@ def _step_case(dev, H, L, B, tied, seed, kind: str = "fused") -> list[ParityResu
     ids = rng.integers(vocab.FIRST_PRINTABLE, spec.vocab_size, (7, B)).astype(np.uint32)
     ids[3, B // 2] = vocab.BOS  # one stream starts a conversation in the middle: zero state there
     gen.prog.set_carry(h0)
+    shape = f"H={H} L={L} B={B}{' tied' if tied else ''}, 7 steps"
+    if kind == "coop":
+        return _coop_steps(gen, params, spec, ids, h0, shape)
     got_logits = gen.feed(ids)
     got_h = gen.prog.get_carry()
     h, lg = h0, None
     for t in ids:
-        lg, h = _ref_step(params, spec, t, h, kind)
-    shape = f"H={H} L={L} B={B}{' tied' if tied else ''}, 7 steps"
-    atol, rtol = (COOP_ATOL, COOP_RTOL) if kind == "coop" else (ATOL, RTOL)
-    rows = [compare("decode step: state", shape, got_h, h, atol, rtol),
-            compare("decode step: logits", shape, got_logits, lg, atol, rtol)]
-    return rows + ([_close_share("decode step: state", shape, got_h, h)] if kind == "coop" else [])
+        lg, h = _ref_step(params, spec, t, h)
+    return [compare("decode step: state", shape, got_h, h, ATOL, RTOL),
+            compare("decode step: logits", shape, got_logits, lg, ATOL, RTOL)]
+
+
+def _coop_steps(gen, params, spec, ids, h0, shape) -> list[ParityResult]:
+    """The tensor-core step one token at a time, each step's state and logits against both twins run
+    from the GPU's own state before it (so a float16 rounding the two sides take apart cannot carry
+    into the steps after): within COOP_ATOL / COOP_RTOL of the float16-operand twin, and closer to it
+    than to the float32 twin by COOP_CLOSER in the median (a step that rounded nothing would be as
+    far from both)."""
+    got, half, full = [], [], []
+    h = h0
+    for t in ids:
+        logits = gen.feed(t[None])
+        got.append(np.concatenate([gen.prog.get_carry().ravel(), logits.ravel()]))
+        half.append(np.concatenate([a.ravel() for a in decode_step_half(params, spec, t, h)[::-1]]))
+        full.append(np.concatenate([a.ravel() for a in _ref_step(params, spec, t, h)[::-1]]))
+        h = gen.prog.get_carry()
+    got, half, full = np.stack(got), np.stack(half), np.stack(full)
+    n = h0.size  # each step's row: the state [L, B, H], then the logits [B, V]
+    to_half, to_full = np.median(np.abs(got - half)), np.median(np.abs(got - full))
+    closer = ParityResult("decode step: nearer the float16 twin", f"{shape}, median {to_half:.1e} against "
+                          f"{to_full:.1e}", float(to_half), 0.0, 0.0, 0.0, bool(to_half <= COOP_CLOSER * to_full))
+    return [compare("decode step: state", shape, got[:, :n], half[:, :n], COOP_ATOL, COOP_RTOL),
+            compare("decode step: logits", shape, got[:, n:], half[:, n:], COOP_ATOL, COOP_RTOL), closer]
 
 
 SAMPLINGS = [Sampling(greedy=True), Sampling(temperature=1.0), Sampling(temperature=0.7, top_k=5),
