@@ -33,8 +33,10 @@ layout(constant_id = 1) const uint BM = 128;  // rows of C per workgroup
 layout(constant_id = 2) const uint BN = 128;  // columns of C per workgroup
 layout(constant_id = 3) const uint BK = 32;   // k-slice per product
 // k-slices per iteration of the in-bounds loop, so the next slices' loads are issued before a product
-// waits on the one before it (llama.cpp's mul_mm_cm2 unrolls 8)
-const uint UNROLL = 8;
+// waits on the one before it (llama.cpp's mul_mm_cm2 unrolls 8; 1 until the H200 has timed more)
+layout(constant_id = 4) const uint UNROLL = 1;
+// 0: every tile takes the clamped loop (what the workgroup-scope GEMM measured first), for comparison
+layout(constant_id = 5) const bool UNCLAMPED = true;
 
 #ifdef FLOAT_IN
 #define ELEM float
@@ -115,7 +117,7 @@ void main() {
     // offsets and strides are whole 16-byte groups, the loads need no bounds checks (an unclamped
     // layout), the masks tell the compiler the alignment, and the k loop is unrolled.
     bool aligned = ((pc.a_off | pc.lda | pc.b_off | pc.ldb) & 7u) == 0u;
-    if (m0 + BM <= pc.M && n0 + BN <= pc.N && (k_end - k_begin) % BK == 0u && aligned) {
+    if (UNCLAMPED && m0 + BM <= pc.M && n0 + BN <= pc.N && (k_end - k_begin) % BK == 0u && aligned) {
         uint a_off = pc.a_off & ~7u, b_off = pc.b_off & ~7u;
         tensorLayoutNV<2> uA = createTensorLayoutNV(2);
         tensorLayoutNV<2> uB = createTensorLayoutNV(2);

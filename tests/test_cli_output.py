@@ -45,6 +45,11 @@ def test_parity_rows_whole_through_a_pipe(tmp_path):
     assert len(widest[2]) > 150 and widest[0] == "gru"  # gru's resident tiles: a cell far wider than 80 columns
     assert max(map(len, r.stdout.splitlines())) > 200
     assert r.stdout.startswith("device: ") and len(r.stdout.splitlines()[0]) > 0
+    # a line per group on stderr as it ends (a slow or stuck group is named before the table)
+    progress = re.findall(r"^  (\w+) \((\d+)/(\d+)\): (\d+) checks, 0 failed, [\d.]+ s$", r.stderr, re.M)
+    assert [p[0] for p in progress] == list(FAST_PARITY_GROUPS), r.stderr
+    assert [(int(p[1]), int(p[2])) for p in progress] == [(i + 1, len(FAST_PARITY_GROUPS)) for i in range(8)]
+    assert sum(int(p[3]) for p in progress) == passed
 
 
 def test_devices_rows_whole_through_a_pipe():

@@ -132,7 +132,7 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     splits = [kw.get("split_k", 1)] + (args.split_k if "split_k" in kw else [])
     loads = {"vec4": [True], "float": [False], "both": [True, False]}[args.loads]
     if OPERANDS[operands].get("coopmat2"):
-        own = COOP2_CANDIDATES
+        own = tuple(args.coop2) or COOP2_CANDIDATES
     elif operands == "coopmat-khr":  # the subgroup-fragment kernel's best tiles on either extension
         own = tuple(dataclasses.replace(t, api=api) for t in COOP_KHR_CANDIDATES for api in ("khr", "nv"))
     elif OPERANDS[operands].get("coopmat"):
@@ -145,11 +145,15 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]
     cands, seen = [], set()  # no repeats
     for t, s, vec4 in grid:
+        start = time.perf_counter()
         try:
             g = gemm.Gemm(dev, tiles=t, vec4=vec4, **OPERANDS[operands], **{**kw, "split_k": s})
         except ValueError as exc:  # too many threads or too much shared memory here
             print(f"  {name}: tiles {t} skipped ({exc})")
             continue
+        built_s = time.perf_counter() - start
+        if built_s > 2.0:  # a slow shader or pipeline build is named as it ends (a stuck one: the last line)
+            print(f"  {name}: tiles {g.tiles} split-K {s} built in {built_s:.1f} s", flush=True)
         if (g.tiles, g.split_k, g.vec4_a, g.vec4_b) not in seen:
             seen.add((g.tiles, g.split_k, g.vec4_a, g.vec4_b))
             cands.append((g, not cands))
@@ -196,6 +200,17 @@ def parse_coop(text: str) -> gemm.CoopTiles:
     return gemm.CoopTiles(*nums)
 
 
+def parse_coop2(text: str) -> gemm.Coop2Tiles:
+    """BM,BN,BK,THREADS[,UNROLL[,UNCLAMPED]] -> Coop2Tiles"""
+    try:
+        nums = [int(v) for v in text.split(",")]
+    except ValueError:
+        nums = []
+    if not 4 <= len(nums) <= 6:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected BM,BN,BK,THREADS[,UNROLL[,UNCLAMPED 0|1]]")
+    return gemm.Coop2Tiles(*nums[:5], *(bool(v) for v in nums[5:]))
+
+
 def parse_tiles(text: str) -> gemm.GemmTiles:
     try:
         return gemm.GemmTiles(*(int(v) for v in text.split(",")))
@@ -210,6 +225,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
     ap.add_argument("--coop", action="append", type=parse_coop, default=[], metavar="WM,WN,FM,FN,BK,STAGES",
                     help="tensor-core tiles to time instead of the grid")
+    ap.add_argument("--coop2", action="append", type=parse_coop2, default=[],
+                    metavar="BM,BN,BK,THREADS[,UNROLL[,UNCLAMPED]]",
+                    help="workgroup-scope tiles to time instead of the grid (UNROLL: k-slices per iteration of "
+                         "the unclamped loop; UNCLAMPED 0: every tile clamped)")
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")

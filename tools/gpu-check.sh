@@ -59,6 +59,14 @@ part gemm-khr-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands coop
 part parity-gemm-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli parity --only gemm --summary --json "$out/parity-gemm-coop2.json"
 part gemm-coop2-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 5 \
     --repeat 6 --compare-torch --json "$out/gemm-coop2-v5.json"
+# the same GEMM with a name per pipeline build that runs long (a build that never ends is the last line):
+# the clamped loop alone, the unclamped one at 1 slice per iteration (the default), then unrolled by 2
+# and by 8 (llama.cpp's); and the whole parity without the workgroup-scope GEMM (CATCHAT_COOPMAT2=0)
+c2() { part "gemm-coop2-$1-v5" $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2 --reps 3 \
+    --repeat 3 "${@:2}" --json "$out/gemm-coop2-$1-v5.json"; }
+c2 u1 --coop2 128,256,32,256,1,0 --coop2 128,256,32,256,1 --coop2 128,128,64,256,1 --compare-torch
+c2 u8 --coop2 128,256,32,256,2 --coop2 128,256,32,256,8
+part parity-nocoop2 env CATCHAT_COOPMAT2=0 $py -m catchat.cli parity --summary --json "$out/parity-nocoop2.json"
 part gemm-coop2f16-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat2-f16 --reps 5 \
     --repeat 6 --json "$out/gemm-coop2f16-v5.json"
 part gemm-coop2-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operands coopmat2 --reps 5 \

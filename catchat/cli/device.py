@@ -59,7 +59,14 @@ def parity(summary, only, json_path, device):
                                  param_hint="--only")
     dev = open_device(device)
     console.print(f"device: {dev.info.name} ({dev.info.type}, {dev.info.driver})")
-    results, seconds = timed_run(dev, tuple(only))
+    groups = [g for g in GROUPS if not only or g in only]
+
+    def group_done(group, results, seconds):  # on stderr, as each group ends: the table comes at the end
+        failed = sum(not r.ok for r in results)
+        err_console.print(f"  {group} ({groups.index(group) + 1}/{len(groups)}): {len(results)} checks, "
+                          f"{failed} failed, {seconds:.1f} s", highlight=False)
+
+    results, seconds = timed_run(dev, tuple(only), group_done)
     if summary:
         table = new_table("group", "checks", "worst max abs err", "worst max rel err", "result")
         for g in summarise(results):

@@ -82,22 +82,24 @@ def check_groups(dev, only: tuple[str, ...] = ()) -> Iterator[tuple[str, Callabl
         yield name, (lambda m=module: m.parity_checks(dev))
 
 
-def run_all(dev, on_result: Callable[[str, ParityResult], None] | None = None,
+def run_all(dev, on_group: Callable[[str, list[ParityResult], float], None] | None = None,
             only: tuple[str, ...] = ()) -> list[tuple[str, ParityResult]]:
-    """Run every group (or those in `only`); returns (group, result) pairs in order."""
+    """Run every group (or those in `only`); returns (group, result) pairs in order. `on_group(name,
+    results, seconds)` hears of each group as it ends, so a slow or stuck group can be named."""
     out = []
     for group, thunk in check_groups(dev, only):
-        for r in thunk():
-            out.append((group, r))
-            if on_result:
-                on_result(group, r)
+        start = time.perf_counter()
+        results = thunk()
+        out.extend((group, r) for r in results)
+        if on_group:
+            on_group(group, results, time.perf_counter() - start)
     return out
 
 
-def timed_run(dev, only: tuple[str, ...] = ()):
+def timed_run(dev, only: tuple[str, ...] = (), on_group=None):
     """Run all checks (or the groups in `only`) and return (results, seconds)."""
     start = time.perf_counter()
-    results = run_all(dev, only=only)
+    results = run_all(dev, on_group, only=only)
     return results, time.perf_counter() - start
 
 

@@ -251,7 +251,7 @@ class Gemm(Kernel):
             return None
         M, N, K, t = self.M, self.N, self.K, self.tiles
         k_split = self.push[12]
-        if any(v % 8 for v in self.push[3:7]):
+        if not t.unclamped or any(v % 8 for v in self.push[3:7]):
             return 0.0
         whole = sum((min(K, z * k_split + k_split) - z * k_split) % t.bk == 0 for z in range(self.split_k))
         return (M // t.bm) * (N // t.bn) * whole / (self.grid[0] * self.grid[1] * self.split_k)

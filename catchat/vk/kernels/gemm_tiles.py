@@ -222,9 +222,11 @@ class Coop2Tiles:
     bn: int
     bk: int
     threads: int = 256
+    unroll: int = 1  # k-slices per iteration of the unclamped loop
+    unclamped: bool = True  # False: every tile on the clamped loop (for comparison)
 
     def spec(self) -> list[int]:
-        return [self.threads, self.bm, self.bn, self.bk]
+        return [self.threads, self.bm, self.bn, self.bk, self.unroll, int(self.unclamped)]
 
     def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
         """Why these tiles cannot run glsl/gemm_coopmat2.comp on dev (None: they can): the device's
