@@ -114,6 +114,8 @@ part bench-v5-fp16-base $py -m catchat.cli bench configs/catchat-v5.toml --steps
     --json "$out/bench-v5-fp16-base.json"
 # L2 read bandwidth when 1..132 SMs read one small buffer at once (the sweeps' shadows) or their own: CUDA, a
 # measurement aid (tools/l2_probe.cu)
+# how many workgroups of each size and shared memory the driver holds per SM at once (tools/residency_probe.py)
+part residency-probe $py tools/residency_probe.py --json "$out/residency-probe.json"
 part l2-probe bash -c "nvcc -O3 -arch=sm_90 -o /tmp/l2_probe tools/l2_probe.cu && /tmp/l2_probe"
 part bench-v5-fp16-probe-now env CATCHAT_STREAM_PROBE=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --precision fp16 --profile
