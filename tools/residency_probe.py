@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from catchat.console import make_console, new_table  # noqa: E402
 from catchat.vk import slots  # noqa: E402
-from catchat.vk.device import host_view, open_device  # noqa: E402
+from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import Kernel, device_sms, run_ops  # noqa: E402
 
 SYNC_WORDS = 3  # grid_sync.glsl: abort flag, finished count, group 0's arrivals
