@@ -95,6 +95,33 @@ def test_subgroup_fragments_first_unless_asked(newer_glslc, monkeypatch):
     assert gemm.pick_coop_tiles(dev, 32768, 101, 1, (False, True)) == gemm.COOP2_NARROW_TILE
 
 
+def test_parity_checks_it_only_where_the_program_runs_it(newer_glslc, monkeypatch):
+    """coopmat2_first: asked for (CATCHAT_COOPMAT2=1), or the device's only tensor-core GEMM; the
+    parity's workgroup-scope cases follow it (they cost the NVIDIA driver ~1 min of pipeline builds)."""
+
+    monkeypatch.delenv(gemm.ENV_COOPMAT2, raising=False)
+    dev = FakeDevice()
+    assert gemm.coopmat2_runs(dev) and not gemm.coopmat2_first(dev)
+    assert gemm.coopmat2_first(replace(dev, features=frozenset(gemm.COOP2_FEATURES), coop_shapes=()))
+    monkeypatch.setenv(gemm.ENV_COOPMAT2, "1")
+    assert gemm.coopmat2_first(dev)
+    monkeypatch.setenv(gemm.ENV_COOPMAT2, "0")
+    assert not gemm.coopmat2_first(replace(dev, features=frozenset(gemm.COOP2_FEATURES), coop_shapes=()))
+
+
+
+def test_parity_runs_its_cases_where_the_rule_says(dev, monkeypatch):
+    from catchat.parity import gemm as parity_gemm
+
+    ran = []
+    monkeypatch.setattr(parity_gemm, "_coopmat2_cases", lambda d, rng, half: ran.append(half) or [])
+    for first in (False, True):
+        monkeypatch.setattr(gemm, "coopmat2_first", lambda d, first=first: first)
+        ran.clear()
+        parity_gemm._float16_cases(dev, np.random.default_rng(0), half=True)
+        assert ran == [True] * first
+
+
 def test_without_the_extension_or_the_compiler_or_when_turned_off(newer_glslc, monkeypatch):
     assert not gemm.coopmat2_runs(FakeDevice(features=frozenset({"cooperativeMatrixNV"})))
     assert "does not run" in gemm.COOP2_TILE.problem(FakeDevice(features=frozenset()))

@@ -41,6 +41,7 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     coop_api,
     coop_candidates,
     coop_tiles,
+    coopmat2_first,
     coopmat2_runs,
     coopmat_khr_runs,
     coopmat_runs,

@@ -278,6 +278,13 @@ def coopmat2_runs(dev: Device) -> bool:
     return os.environ.get(ENV_COOPMAT2, "1") != "0" and COOP2_FEATURES <= dev.features and newer_glslc_present()
 
 
+def coopmat2_first(dev: Device) -> bool:
+    """Whether the program's GEMMs take glsl/gemm_coopmat2.comp first on dev: where it runs and either
+    CATCHAT_COOPMAT2=1 asks for it or the device has no subgroup fragments (measured slower than them
+    at every shape on the H200 and the H100: docs/benchmarks.md). `catchat parity` checks it then."""
+    return coopmat2_runs(dev) and (os.environ.get(ENV_COOPMAT2) == "1" or not coopmat_runs(dev))
+
+
 def coop2_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> Coop2Tiles | None:
     """COOP2_TILE where its grid fills the GPU and the output is wider than 128 columns, else
     COOP2_NARROW_TILE; the first that the device offers, or None."""
@@ -400,7 +407,7 @@ def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool
     `coop_tiles`. None where nothing fits."""
     if coopmat2 is None:
         coopmat2 = True if os.environ.get(ENV_COOPMAT2) == "1" else None
-    first = coopmat2 is True or (coopmat2 is None and not coopmat_runs(dev))
+    first = coopmat2 is True or (coopmat2 is None and coopmat2_first(dev))
     t = coop2_tiles(dev, M, N, split_k) if first and coopmat2_runs(dev) else None
     if t is None and not coopmat2 and coopmat_runs(dev):
         t = tuned_coop_tiles(dev, M, N, K, split_k, trans) if K is not None else None
