@@ -56,6 +56,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_DECODE": (MEASURE, "generation's step: fused, batched, coop (tensor cores) or auto"),
     "CATCHAT_DECODE_TILE": (MEASURE, "the fused decode step's stream tile: 1, 2, 4, 8, 16 or 32"),
     "CATCHAT_DECODE_COOP_STREAMS": (MEASURE, "the tensor-core decode step's streams per workgroup: 16, 32 or 64"),
+    "CATCHAT_DECODE_COOP_SUBGROUPS": (MEASURE, "the tensor-core decode step's subgroups per workgroup at most: 8 or "
+                                               "16 (more k parts at once)"),
     "CATCHAT_DECODE_COOP_WSHARED": (MEASURE, "1: the tensor-core decode step stages W in shared memory"),
     # fault injection and the tests' hooks
     "CATCHAT_FAULT": (TEST, "faults a real run meets on purpose, e.g. nan_grad@step=3 (docs/reliability.md)"),

@@ -38,8 +38,11 @@
 #define SF 4    // 16-stream fragments per workgroup (1..4)
 #endif
 #ifndef KS
-#define KS 2    // k parts per stream fragment (1, 2 or 4; H / 16 a multiple of it; SF * KS <= 8)
+#define KS 2    // k parts per stream fragment (1, 2, 4 or 8; H / 16 a multiple of it; SF * KS <= 16)
 #endif
+// SEQ (more than 8 subgroups): the k parts meet through one slot per stream fragment, one part after
+// another, instead of a slot per part (which would not fit shared memory); part 0 adds them in the
+// same order either way, so the sums are the same bits.
 #ifndef PD
 #define PD 3    // stages of fragments in the ring: the loads of PD - 1 k fragments ahead in flight
 #endif
@@ -52,7 +55,11 @@
 #else
 #define RING_LOOP [[unroll]]
 #endif
+#ifdef SEQ
+#define ACC_PARTS 1
+#else
 #define ACC_PARTS (KS > 1 ? KS - 1 : 1)
+#endif
 
 layout(local_size_x_id = 0) in;  // 32 * NSUB
 layout(constant_id = 1) const uint H = 16;
@@ -225,6 +232,31 @@ void main() {
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
     // and stores the whole into the first slots, which the gates read
     uint a0 = sf * 6u * BLOCK;
+#ifdef SEQ
+    // part k2 stores into fragment sf's one slot, part 0 adds it, then the next part (2 barriers each)
+    for (uint k2 = 1u; k2 < KS; ++k2) {
+        if (live && kh == k2) {
+            ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
+            if (!first) {
+                ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
+                ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
+            }
+        }
+        barrier();
+        if (live && kh == 0u) {
+            ACC_T t;
+            ACC_LOAD(t, a0, 16u); gh0 = ACC_ADD(gh0, t);
+            ACC_LOAD(t, a0 + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
+            ACC_LOAD(t, a0 + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
+            if (!first) {
+                ACC_LOAD(t, a0 + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
+                ACC_LOAD(t, a0 + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
+                ACC_LOAD(t, a0 + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
+            }
+        }
+        barrier();  // the slot read before the next part overwrites it
+    }
+#else
     if (KS > 1u) {
         if (live && kh > 0u) {
             uint a = ((kh - 1u) * SF + sf) * 6u * BLOCK;
@@ -251,6 +283,7 @@ void main() {
         }
         barrier();  // every part's slots read before part 0 overwrites the first ones
     }
+#endif
     if (live && kh == 0u) {
         ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
         if (!first) {

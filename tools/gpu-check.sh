@@ -282,6 +282,9 @@ part parity-decode $py -m catchat.cli parity --only decode --summary --json "$ou
 # ... with W staged in shared memory at 64 streams a workgroup (CATCHAT_DECODE_COOP_WSHARED=1; a race shows on a GPU only)
 part parity-decode-wsh env CATCHAT_DECODE_COOP_STREAMS=64 CATCHAT_DECODE_COOP_WSHARED=1 $py -m catchat.cli parity \
     --only decode --summary --json "$out/parity-decode-wsh.json"
+# ... with up to 16 subgroups a workgroup (CATCHAT_DECODE_COOP_SUBGROUPS=16: twice the k parts, meeting in turn)
+part parity-decode-sg16 env CATCHAT_DECODE_COOP_SUBGROUPS=16 $py -m catchat.cli parity --only decode --summary \
+    --json "$out/parity-decode-sg16.json"
 # the three decode steps (fused layer kernels, the batched forward at T = 1, the layers on tensor cores)
 # beside PyTorch at batches 1, 8, 32 and 64 (CATCHAT_DECODE; docs/generation.md)
 # (1,024 characters a stream, so the first chunk's wait weighs little; the batched step's short GEMMs
@@ -299,6 +302,9 @@ for c in v3 v5; do
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
     part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"
+    # ... with up to 16 subgroups a workgroup (twice the k parts walking a layer at once)
+    part "gen-coop-sg16-$c" env CATCHAT_DECODE_COOP_SUBGROUPS=16 $py tools/bench_generate.py \
+        "configs/catchat-$c.toml" --batches 8,32,64 --steps 1024 --precision fp16 --json "$out/gen-coop-sg16-$c.json"
     # ... with 32 streams a workgroup (four k parts; the default up to H = 1024) at 32 and 64 streams
     part "gen-coop32-$c" env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop32-$c.json"

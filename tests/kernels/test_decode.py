@@ -109,6 +109,64 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
     assert dk.coop_streams(512) == dk.coop_streams(1024) == 32 and dk.coop_streams(2048) == 64
 
 
+def test_coop_step_with_16_subgroups(dev, monkeypatch):
+    """CATCHAT_DECODE_COOP_SUBGROUPS=16: twice the k parts where the streams leave room (past 8
+    subgroups, or 8 parts, they meet through one shared slot in turn: SEQ, a ring of 2 stages), each
+    shape within the coop rows' tolerances of the float16-operand twin; 8 (unset) keeps the shapes."""
+    import pytest
+
+    from catchat.errors import UsageError
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    assert dk.coop_subgroups() == 8
+    assert [(s.sf, s.ks, s.seq) for s in (dk.CoopShape.of(2048, 64, 64), dk.CoopShape.of(512, 64, 32))] == [
+        (4, 2, False), (2, 4, False)]
+    monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, "16")
+    v5, v3 = dk.CoopShape.of(2048, 64, 64, dk.coop_subgroups()), dk.CoopShape.of(512, 64, 32, dk.coop_subgroups())
+    assert (v5.sf, v5.ks, v5.seq, v5.workgroup) == (4, 4, True, 512) and (v3.sf, v3.ks, v3.seq) == (2, 8, True)
+    assert v5.defines() == {"SF": 4, "KS": 4, "SEQ": 1, "PD": 2}
+    assert dk.coop_shared_bytes(4, 4, False, True) < 32 * 1024 < dk.coop_shared_bytes(4, 4, False)
+    # H = 128: 8 k fragments; 16 streams a workgroup -> 8 parts of 1, 32 -> 2 x 8, 64 -> 3 fragments x 4
+    for streams, shape in ((16, (1, 8, True)), (32, (2, 8, True)), (64, (3, 4, True))):
+        monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
+        got = dk.CoopShape.of(128, 40, dk.coop_streams(128), dk.coop_subgroups())
+        assert (got.sf, got.ks, got.seq) == shape
+        with decode_step("coop"):
+            rows = decode_parity._step_case(dev, 128, 2, 40, False, 21, "coop")
+        assert all(r.ok for r in rows), "\n".join(str(r) for r in rows)
+    monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, "12")
+    with pytest.raises(UsageError, match="CATCHAT_DECODE_COOP_SUBGROUPS"):
+        dk.coop_subgroups()
+
+
+def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
+    """SEQ (the k parts through one slot in turn) adds them in the same order as a slot per part: the
+    same tokens, logits and state bit for bit (16 streams a workgroup, 4 parts, H = 128)."""
+    from catchat.data import vocab
+    from catchat.inference.generate import Sampling
+    from catchat.model import ModelSpec
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    monkeypatch.setenv(dk.COOP_STREAMS_ENV, "16")
+    plain = dk.CoopShape.of(128, 16, 16)
+    assert (plain.sf, plain.ks, plain.seq) == (1, 4, False)
+    got = []
+    for seq in (False, True):
+        forced = dk.CoopShape(1, 4, 1, 128 // 16, 128, seq)
+        monkeypatch.setattr(dk.CoopShape, "of", staticmethod(lambda *a, forced=forced: forced))
+        with decode_step("coop"):
+            gen, _ = decode_parity._generator(dev, ModelSpec(hidden=128, layers=2), 16, 7)
+            prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
+            outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
+            assert gen._decoder.step.layer.shape.seq == seq
+            got.append((outs, gen.logits.copy(), gen.prog.get_carry()))
+    assert got[0][0] == got[1][0]
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    np.testing.assert_array_equal(got[0][2], got[1][2])
+
+
 def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
     """CATCHAT_DECODE_COOP_WSHARED=1 (W's blocks staged once per workgroup in shared memory, two
     buffers): the same tokens, logits and state bit for bit as each subgroup loading them (the same

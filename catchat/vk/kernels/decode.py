@@ -132,6 +132,19 @@ def coop_streams(H: int) -> int:
     return env_choice(COOP_STREAMS_ENV, (16, 32, 64), 32 if H <= COOP_STREAMS_L2_HIDDEN else 64)
 
 
+# CATCHAT_DECODE_COOP_SUBGROUPS=16: up to 16 subgroups a workgroup (512 threads) instead of 8, so twice
+# the k parts walk a layer's fragments at once (at v5's 64 streams a workgroup: 4 parts instead of 2;
+# a layer's time follows the fragments each part walks, docs/generation.md). Past 8 the parts meet
+# through one shared slot in turn (the shader's SEQ: the same sums) and the ring keeps 2 stages (the
+# registers of 512 threads). Opt-in until a GPU has timed it (gpu-check gen-coop-sg16-v5).
+COOP_SUBGROUPS_ENV = "CATCHAT_DECODE_COOP_SUBGROUPS"
+
+
+def coop_subgroups() -> int:
+    """CATCHAT_DECODE_COOP_SUBGROUPS (8 or 16), else 8."""
+    return env_choice(COOP_SUBGROUPS_ENV, (8, 16), 8)
+
+
 # CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
 # (decode_layer_coop.comp's WSH) instead of loaded by each stream fragment's subgroup, where its two
 # buffers fit beside the k parts' slots (at 64 streams a workgroup: v5). Opt-in until a GPU has timed
@@ -139,10 +152,10 @@ def coop_streams(H: int) -> int:
 WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
 
 
-def coop_shared_bytes(sf: int, ks: int, wshared: bool) -> int:
-    """Shared memory of decode_layer_coop.comp: the k parts' slots, the norm's and the y^2 sums, and
-    with WSH two buffers of KS x 6 W blocks."""
-    acc = max(1, ks - 1) * sf * 6 * 256 * 4
+def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:
+    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ), the
+    norm's and the y^2 sums, and with WSH two buffers of KS x 6 W blocks."""
+    acc = (1 if seq else max(1, ks - 1)) * sf * 6 * 256 * 4
     return acc + sf * 16 * 4 * 4 + sf * 256 * 4 + (2 * ks * 6 * 512 if wshared else 0)
 
 
@@ -154,23 +167,32 @@ def coop_decode_ok(H: int) -> bool:
 @dataclass(frozen=True)
 class CoopShape:
     """How decode_layer_coop.comp covers B streams: `sf` 16-stream fragments a workgroup (up to 64
-    streams), `ks` k parts a fragment (4, 2 or 1: as many as 8 subgroups hold and H / 16 divides;
-    each walks its part with its loads in flight, what bounds a step), `tiles` workgroups of streams
-    for each of the `row_wgs` slices of 16 units; `workgroup` threads."""
+    streams), `ks` k parts a fragment (8, 4, 2 or 1: as many as `subgroups` hold, at most 4 with 8 of
+    them, and H / 16 divides; each walks its part with its loads in flight, what bounds a step),
+    `tiles` workgroups of streams for each of the `row_wgs` slices of 16 units; `workgroup` threads;
+    `seq`: past the 8-subgroup shapes (more subgroups, or 8 parts), so the parts meet through one
+    slot in turn (the shader's SEQ)."""
 
     sf: int
     ks: int
     tiles: int
     row_wgs: int
     workgroup: int
+    seq: bool = False
 
     @staticmethod
-    def of(H: int, B: int, streams: int = 64) -> CoopShape:
-        """The shape for B streams at hidden size H, at most `streams` (16, 32 or 64) a workgroup."""
+    def of(H: int, B: int, streams: int = 64, subgroups: int = 8) -> CoopShape:
+        """The shape for B streams at hidden size H, at most `streams` (16, 32 or 64) and `subgroups`
+        (8 or 16) a workgroup."""
         frags = ceil_div(B, 16)
         sf = min(streams // 16, frags)
-        ks = next(k for k in (4, 2, 1) if k * sf <= 8 and (H // 16) % k == 0)
-        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks)
+        ks = next(k for k in (8, 4, 2, 1) if k * sf <= subgroups and (k <= 4 or subgroups > 8)
+                  and (H // 16) % k == 0)
+        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks, sf * ks > 8 or ks > 4)
+
+    def defines(self) -> dict:
+        """The shader's defines for this shape (SEQ's ring of 2 stages: 512 threads' registers)."""
+        return {"SF": self.sf, "KS": self.ks, **({"SEQ": 1, "PD": 2} if self.seq else {})}
 
     def workgroups(self, B: int) -> int:
         return self.row_wgs * self.tiles
@@ -194,15 +216,15 @@ class DecodeLayerCoop(Kernel):
         H, L = self.H, self.L
         if not coop_decode_ok(H):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
-        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H))
+        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups())
         sp = ceil_div(self.B, 16) * 16
         self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
         self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
-                        and coop_shared_bytes(sh.sf, sh.ks, True) <= dev.info.max_shared_memory_bytes)
-        defines = {"SF": sh.sf, "KS": sh.ks, **({"WSH": 1} if self.wshared else {}),
+                        and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
+        defines = {**sh.defines(), **({"WSH": 1} if self.wshared else {}),
                    **({} if coopmat_runs(dev) else {"EMU": 1})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
