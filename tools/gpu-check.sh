@@ -29,6 +29,9 @@ part phases-v3 $py tools/sweep_phases.py configs/catchat-v3.toml
 part phases-v3-fp16 $py tools/sweep_phases.py configs/catchat-v3.toml --set train.precision=fp16
 # the tensor-core sweeps' registers: room for a second workgroup per SM (B = 128 lanes, or H = 768)?
 part shader-stats-coop $py tools/shader_stats.py configs/catchat-v3.toml --coop
+# the speedrun's step as shipped (issue 35's target: <= 32 ms), beside torch
+part bench-speedrun $py -m catchat.cli bench configs/speedrun.toml --steps 4 --warmup 1 --profile --compare-torch \
+    --set "data.corpus=$corpus" --json "$out/bench-speedrun.json"
 # the speedrun's model at 128 lanes, two resident workgroups per SM forced (unchecked: the barrier's
 # timeout guard reports it if they are not co-resident)
 part bench-speedrun-b128 env CATCHAT_PERSISTENT=256 $py -m catchat.cli bench configs/speedrun.toml --steps 3 \
