@@ -33,6 +33,7 @@ from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import Kernel, device_sms, run_ops  # noqa: E402
 
 SYNC_WORDS = 3  # grid_sync.glsl: abort flag, finished count, group 0's arrivals
+HEADROOM_WORDS = 16  # the barrier's own shared flag: "48 KB" is 64 bytes short of the 49,152 a workgroup may have
 
 
 def held_all(dev, threads: int, shared_words: int, workgroups: int) -> tuple[bool, float]:
@@ -55,7 +56,12 @@ def max_per_sm(dev, threads: int, shared_kb: int, sms: int, per_sm: range) -> tu
     were all resident, and (k, held, seconds) per k tried."""
     best, tries = 0, []
     for k in per_sm:
-        ok, seconds = held_all(dev, threads, shared_kb * 1024 // 4, sms * k)
+        try:
+            ok, seconds = held_all(dev, threads, max(1, shared_kb * 256 - HEADROOM_WORDS), sms * k)
+        except RuntimeError as exc:  # a pipeline the driver would not build: the row ends, the others run
+            print(f"  {threads} threads, {shared_kb} KB, {k} per SM: {exc}")
+            tries.append((k, False, 0.0))
+            break
         tries.append((k, ok, seconds))
         if not ok:
             break
