@@ -231,66 +231,37 @@ void main() {
 #endif
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
     // and stores the whole into the first slots, which the gates read
+    // (a part's 3 or 6 sums: stored at word a of acc, or added from there)
+#define STORE_SUMS(a) { \
+        ACC_STORE(gh0, a, 16u); ACC_STORE(gh1, (a) + BLOCK, 16u); ACC_STORE(gh2, (a) + 2u * BLOCK, 16u); \
+        if (!first) { ACC_STORE(gi0, (a) + 3u * BLOCK, 16u); ACC_STORE(gi1, (a) + 4u * BLOCK, 16u); \
+                      ACC_STORE(gi2, (a) + 5u * BLOCK, 16u); } }
+#define ADD_SUMS(a) { \
+        ACC_T t; \
+        ACC_LOAD(t, a, 16u); gh0 = ACC_ADD(gh0, t); ACC_LOAD(t, (a) + BLOCK, 16u); gh1 = ACC_ADD(gh1, t); \
+        ACC_LOAD(t, (a) + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t); \
+        if (!first) { ACC_LOAD(t, (a) + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t); \
+                      ACC_LOAD(t, (a) + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t); \
+                      ACC_LOAD(t, (a) + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t); } }
     uint a0 = sf * 6u * BLOCK;
 #ifdef SEQ
     // part k2 stores into fragment sf's one slot, part 0 adds it, then the next part (2 barriers each)
     for (uint k2 = 1u; k2 < KS; ++k2) {
-        if (live && kh == k2) {
-            ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
-            if (!first) {
-                ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
-                ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
-            }
-        }
+        if (live && kh == k2) STORE_SUMS(a0)
         barrier();
-        if (live && kh == 0u) {
-            ACC_T t;
-            ACC_LOAD(t, a0, 16u); gh0 = ACC_ADD(gh0, t);
-            ACC_LOAD(t, a0 + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
-            ACC_LOAD(t, a0 + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
-            if (!first) {
-                ACC_LOAD(t, a0 + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
-                ACC_LOAD(t, a0 + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
-                ACC_LOAD(t, a0 + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
-            }
-        }
+        if (live && kh == 0u) ADD_SUMS(a0)
         barrier();  // the slot read before the next part overwrites it
     }
 #else
     if (KS > 1u) {
-        if (live && kh > 0u) {
-            uint a = ((kh - 1u) * SF + sf) * 6u * BLOCK;
-            ACC_STORE(gh0, a, 16u); ACC_STORE(gh1, a + BLOCK, 16u); ACC_STORE(gh2, a + 2u * BLOCK, 16u);
-            if (!first) {
-                ACC_STORE(gi0, a + 3u * BLOCK, 16u); ACC_STORE(gi1, a + 4u * BLOCK, 16u);
-                ACC_STORE(gi2, a + 5u * BLOCK, 16u);
-            }
-        }
+        if (live && kh > 0u) STORE_SUMS(((kh - 1u) * SF + sf) * 6u * BLOCK)
         barrier();
-        if (live && kh == 0u) {
-            for (uint k2 = 1u; k2 < KS; ++k2) {
-                uint a = ((k2 - 1u) * SF + sf) * 6u * BLOCK;
-                ACC_T t;
-                ACC_LOAD(t, a, 16u); gh0 = ACC_ADD(gh0, t);
-                ACC_LOAD(t, a + BLOCK, 16u); gh1 = ACC_ADD(gh1, t);
-                ACC_LOAD(t, a + 2u * BLOCK, 16u); gh2 = ACC_ADD(gh2, t);
-                if (!first) {
-                    ACC_LOAD(t, a + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t);
-                    ACC_LOAD(t, a + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t);
-                    ACC_LOAD(t, a + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t);
-                }
-            }
-        }
+        if (live && kh == 0u)
+            for (uint k2 = 1u; k2 < KS; ++k2) ADD_SUMS(((k2 - 1u) * SF + sf) * 6u * BLOCK)
         barrier();  // every part's slots read before part 0 overwrites the first ones
     }
 #endif
-    if (live && kh == 0u) {
-        ACC_STORE(gh0, a0, 16u); ACC_STORE(gh1, a0 + BLOCK, 16u); ACC_STORE(gh2, a0 + 2u * BLOCK, 16u);
-        if (!first) {
-            ACC_STORE(gi0, a0 + 3u * BLOCK, 16u); ACC_STORE(gi1, a0 + 4u * BLOCK, 16u);
-            ACC_STORE(gi2, a0 + 5u * BLOCK, 16u);
-        }
-    }
+    if (live && kh == 0u) STORE_SUMS(a0)
     barrier();
 
     // the gates: element (stream bl, unit jl) of the tile, 16 consecutive threads a stream
