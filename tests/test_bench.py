@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from catchat import config as cfgmod  # noqa: E402
 from catchat.analysis import bench, torch_twin, tuner  # noqa: E402
 from catchat.model import ParamLayout  # noqa: E402
-from catchat.vk.program import Program, sequences  # noqa: E402
+from catchat.vk.program import Program, decoder, sequences  # noqa: E402
 
 
 def small(layers: int = 2):
@@ -441,7 +441,7 @@ def test_bench_generate_torch_rows_and_ratios_against_the_graph(monkeypatch, cap
     # --precision fp16: the Generator at fp16, PyTorch's model in float16 (half=True), rows named so
     calls.clear()
     _FakeGenerator.made.clear()
-    monkeypatch.setattr(bench_generate, "coopmat_runs", lambda dev: False)
+    monkeypatch.setattr(decoder, "coopmat_runs", lambda dev: False)
     res = bench_generate.main(_bench_generate_args("--batches", "2", "--steps", "4", "--compare-torch",
                                                    "--precision", "fp16"))
     assert calls[1][2][-1] is True and _FakeGenerator.made == [{"streams": 2, "chunk": None, "precision": "fp16"}]

@@ -67,8 +67,7 @@ from catchat.errors import UsageError  # noqa: E402
 from catchat.inference.generate import Generator, Sampling  # noqa: E402
 from catchat.model import ParamLayout, head_name, init_params  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
-from catchat.vk.kernels.gemm_tiles import coopmat_runs  # noqa: E402
-from catchat.vk.program.decoder import DECODE_ENV, DECODE_KINDS, decode_kind, decode_step  # noqa: E402
+from catchat.vk.program.decoder import DECODE_ENV, DECODE_KINDS, decode_step, device_decode_kind  # noqa: E402
 
 TEMPERATURE = 0.8
 SEED = 0
@@ -419,8 +418,7 @@ def main(argv=None):
                  "precision": args.precision, "env": environment.settings(), "catchat": []}
     half = args.precision == "fp16"
     for B in batches:
-        for kind in kinds or [decode_kind(B, spec.hidden, precision=args.precision,
-                                          tensor_cores=half and coopmat_runs(dev))]:
+        for kind in kinds or [device_decode_kind(dev, B, spec.hidden, args.precision)]:
             try:
                 with decode_step(kind):
                     c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats, args.precision)

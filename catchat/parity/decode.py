@@ -100,10 +100,11 @@ def _coop_steps(gen, params, spec, ids, h0, shape) -> list[ParityResult]:
     h = h0
     for t in ids:
         logits = gen.feed(t[None])
-        got.append(np.concatenate([gen.prog.get_carry().ravel(), logits.ravel()]))
-        half.append(np.concatenate([a.ravel() for a in decode_step_half(params, spec, t, h)[::-1]]))
+        h_gpu = gen.prog.get_carry()
+        got.append(np.concatenate([h_gpu.ravel(), logits.ravel()]))
+        half.append(np.concatenate([a.ravel() for a in _ref_step(params, spec, t, h, "coop")[::-1]]))
         full.append(np.concatenate([a.ravel() for a in _ref_step(params, spec, t, h)[::-1]]))
-        h = gen.prog.get_carry()
+        h = h_gpu
     got, half, full = np.stack(got), np.stack(half), np.stack(full)
     n = h0.size  # each step's row: the state [L, B, H], then the logits [B, V]
     to_half, to_full = np.median(np.abs(got - half)), np.median(np.abs(got - full))

@@ -154,7 +154,7 @@ def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
     assert (plain.sf, plain.ks, plain.seq) == (1, 4, False)
     got = []
     for seq in (False, True):
-        forced = dk.CoopShape(1, 4, 1, 128 // 16, 128, seq)
+        forced = dk.CoopShape(1, 4, 1, 128 // 16, seq)
         monkeypatch.setattr(dk.CoopShape, "of", staticmethod(lambda *a, forced=forced: forced))
         with decode_step("coop"):
             gen, _ = decode_parity._generator(dev, ModelSpec(hidden=128, layers=2), 16, 7)

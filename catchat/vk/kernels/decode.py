@@ -169,16 +169,20 @@ class CoopShape:
     """How decode_layer_coop.comp covers B streams: `sf` 16-stream fragments a workgroup (up to 64
     streams), `ks` k parts a fragment (8, 4, 2 or 1: as many as `subgroups` hold, at most 4 with 8 of
     them, and H / 16 divides; each walks its part with its loads in flight, what bounds a step),
-    `tiles` workgroups of streams for each of the `row_wgs` slices of 16 units; `workgroup` threads;
-    `seq`: past the 8-subgroup shapes (more subgroups, or 8 parts), so the parts meet through one
-    slot in turn (the shader's SEQ)."""
+    `tiles` workgroups of streams for each of the `row_wgs` slices of 16 units; `seq`: past the
+    8-subgroup shapes (more subgroups, or 8 parts), so the parts meet through one slot in turn (the
+    shader's SEQ)."""
 
     sf: int
     ks: int
     tiles: int
     row_wgs: int
-    workgroup: int
     seq: bool = False
+
+    @property
+    def workgroup(self) -> int:
+        """Threads: a subgroup per (stream fragment, k part)."""
+        return 32 * self.sf * self.ks
 
     @staticmethod
     def of(H: int, B: int, streams: int = 64, subgroups: int = 8) -> CoopShape:
@@ -188,7 +192,7 @@ class CoopShape:
         sf = min(streams // 16, frags)
         ks = next(k for k in (8, 4, 2, 1) if k * sf <= subgroups and (k <= 4 or subgroups > 8)
                   and (H // 16) % k == 0)
-        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, 32 * sf * ks, sf * ks > 8 or ks > 4)
+        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, sf * ks > 8 or ks > 4)
 
     def defines(self) -> dict:
         """The shader's defines for this shape (SEQ's ring of 2 stages: 512 threads' registers)."""

@@ -97,6 +97,12 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
     return raw
 
 
+def device_decode_kind(dev, B: int, H: int, precision: str) -> str:
+    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores asked about at fp16,
+    the only precision that uses them)."""
+    return decode_kind(B, H, precision=precision, tensor_cores=precision == "fp16" and coopmat_runs(dev))
+
+
 def decode_step(kind: str):
     """Decoders made inside record `kind`'s step (CATCHAT_DECODE set, then restored)."""
     return env_override(DECODE_ENV, kind)
@@ -191,7 +197,7 @@ class Decoder:
         self.forced_cap = max(1, int(forced_cap or self.K))
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
-        self.kind = decode_kind(B, spec.hidden, precision=prog.precision, tensor_cores=coopmat_runs(dev))
+        self.kind = device_decode_kind(dev, B, spec.hidden, prog.precision)
         if self.kind == "coop" and not dev.runs_float16:
             raise UsageError(f"{DECODE_ENV}=coop needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
                              "does not offer", f"set {DECODE_ENV} to fused, batched or auto")
