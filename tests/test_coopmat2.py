@@ -98,7 +98,6 @@ def test_subgroup_fragments_first_unless_asked(newer_glslc, monkeypatch):
 def test_parity_checks_it_only_where_the_program_runs_it(newer_glslc, monkeypatch):
     """coopmat2_first: asked for (CATCHAT_COOPMAT2=1), or the device's only tensor-core GEMM; the
     parity's workgroup-scope cases follow it (they cost the NVIDIA driver ~1 min of pipeline builds)."""
-
     monkeypatch.delenv(gemm.ENV_COOPMAT2, raising=False)
     dev = FakeDevice()
     assert gemm.coopmat2_runs(dev) and not gemm.coopmat2_first(dev)
@@ -107,7 +106,6 @@ def test_parity_checks_it_only_where_the_program_runs_it(newer_glslc, monkeypatc
     assert gemm.coopmat2_first(dev)
     monkeypatch.setenv(gemm.ENV_COOPMAT2, "0")
     assert not gemm.coopmat2_first(replace(dev, features=frozenset(gemm.COOP2_FEATURES), coop_shapes=()))
-
 
 
 def test_parity_runs_its_cases_where_the_rule_says(dev, monkeypatch):

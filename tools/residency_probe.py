@@ -31,15 +31,15 @@ from catchat.console import make_console, new_table  # noqa: E402
 from catchat.vk import slots  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
 from catchat.vk.kernels import Kernel, device_sms, run_ops  # noqa: E402
+from catchat.vk.kernels.gru.plan import sync_words  # noqa: E402
 
-SYNC_WORDS = 3  # grid_sync.glsl: abort flag, finished count, group 0's arrivals
 HEADROOM_WORDS = 16  # the barrier's own shared flag: "48 KB" is 64 bytes short of the 49,152 a workgroup may have
 
 
 def held_all(dev, threads: int, shared_words: int, workgroups: int) -> tuple[bool, float]:
     """Whether every one of `workgroups` probe workgroups passed the grid barrier, and the run's seconds."""
     stats = dev.tensor(np.zeros(slots.ST_WORDS, np.uint32), np.uint32)
-    sync = dev.tensor(np.zeros(SYNC_WORDS, np.uint32), np.uint32)
+    sync = dev.tensor(np.zeros(sync_words(1), np.uint32), np.uint32)  # the sweeps' grid-barrier words
     held = dev.tensor(np.zeros(workgroups, np.uint32), np.uint32)
     k = Kernel(dev, [stats, sync, held], (workgroups, 1, 1), spec=[threads, max(1, shared_words)], push=(1,),
                shader="residency_probe")
