@@ -73,7 +73,7 @@ layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CL
 // dGh's float16 shadow [2][BP][3H] in 16 x 16 blocks (shadow_at), and the same words as uvec4 (staging)
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16v { uvec4 g16v[]; };
-layout(set = 0, binding = 13) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+layout(set = 0, binding = 13) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 layout(set = 0, binding = 14) SWEEP_COHERENT buffer Part { float part[]; };  // [2][KP][H/16][LF][16 x 16]
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;

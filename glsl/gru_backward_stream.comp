@@ -104,7 +104,7 @@ layout(set = 0, binding = 12) SWEEP_COHERENT buffer G4 { vec4 g4[]; };   // [2][
 layout(set = 0, binding = 13) readonly buffer W32 { vec4 w4[]; };        // params again: W_hh [3H,H] at w_off
 #else
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };  // [2][BP][3H] in blocks (shadow_at)
-layout(set = 0, binding = 13) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+layout(set = 0, binding = 13) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 #endif
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;

@@ -110,7 +110,7 @@ layout(set = 0, binding = 8) SWEEP_COHERENT buffer H4 { vec4 h4[]; };   // [2][H
 layout(set = 0, binding = 11) readonly buffer W32 { vec4 w4[]; };       // params again: W_hh [3H,H] at w_off
 #else
 layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
-layout(set = 0, binding = 11) readonly buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+layout(set = 0, binding = 11) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 #endif
 layout(push_constant) uniform Push {
     uint t; uint T; uint B; uint H;

@@ -22,6 +22,14 @@ part bench-v3-fp16-torch $py -m catchat.cli bench configs/catchat-v3.toml --step
 part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 \
     --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
+# v5's fp16 sweeps with W_hh's float16 copy read as the shaders declare it (readonly), readonly restrict,
+# and past L1 (coherent): whether a workgroup's slice is served from L1 between steps (CATCHAT_STREAM_WCACHE)
+for wc in default restrict l2; do
+    part "bench-v5-fp16-wcache-$wc" env CATCHAT_STREAM_WCACHE="${wc#default}" $py -m catchat.cli bench \
+        configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-wcache-$wc.json"
+done
+part parity-gru-wcache-restrict env CATCHAT_STREAM_WCACHE=restrict $py -m catchat.cli parity --only gru --summary \
+    --json "$out/parity-gru-wcache-restrict.json"
 # fp16 with the sweeps' products on the threads' FMAs instead of tensor cores (CATCHAT_SWEEP_COOP=0)
 part bench-v3-fp16-simt env CATCHAT_SWEEP_COOP=0 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --profile

@@ -29,4 +29,16 @@ float sigmoid(float a) { return 0.5 * (1.0 + tanh_safe(0.5 * a)); }
 #define SWEEP_COHERENT
 #endif
 
+// How the float16 streamed sweeps read W_hh's copy, which nothing writes during a sweep (W16_CACHE, a
+// measurement knob: catchat/vk/kernels/gru/stream.py): 1 = readonly restrict, 2 = coherent (past L1).
+#ifdef W16_CACHE
+#if W16_CACHE == 1
+#define W16_QUAL readonly restrict
+#else
+#define W16_QUAL coherent readonly
+#endif
+#else
+#define W16_QUAL readonly
+#endif
+
 #endif

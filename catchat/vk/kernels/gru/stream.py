@@ -75,6 +75,11 @@ KSPLIT_DEFAULT = True  # where it applies and CATCHAT_STREAM_KSPLIT is unset
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
+# How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
+# buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
+# (bypassing L1: whether W_hh's slice, 144-196 KB a workgroup, is now served from L1 between steps).
+WCACHE_ENV = "CATCHAT_STREAM_WCACHE"
+WCACHE_DEFINES = {"": {}, "restrict": {"W16_CACHE": 1}, "l2": {"W16_CACHE": 2}}
 # The float32 backward's register ring: chunks of 2 row quads loaded ahead of the one multiplied
 # (the forward loads what it multiplies straight); CATCHAT_STREAM32_DEPTH=N sets it (to measure).
 # v5 on the H200: 3, 4 and 6 within 6% of each other (64.7, 65.2, 68.9 us per step).
@@ -239,6 +244,14 @@ def stream_flags(f32: bool = False) -> bool:
     return env_switch(FLAGS_ENV, "unset it for the default, 1 for block flags, 0 for the grid barrier", not f32)
 
 
+def w16_cache() -> dict:
+    """The W16_CACHE define WCACHE_ENV asks for ({} unset)."""
+    value = os.environ.get(WCACHE_ENV, "").strip()
+    if value not in WCACHE_DEFINES:
+        raise ValueError(f"{WCACHE_ENV}={value!r}: use restrict or l2, or unset it for the default")
+    return WCACHE_DEFINES[value]
+
+
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"
@@ -255,14 +268,15 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     """The shaders' defines: LF, KPG, PD (the ring's depth); RES (resident W_hh fragments) and SRES
     (fragments in shared memory; the caller keeps both only where a workgroup has one slice); FULL
     where every k-group has KPG fragments (no bound checks in the product loop); BLOCKED_W (W_hh's
-    copy in blocks); PROBE (timing probes); EMU (emulated fragments); KFLAGS (block flags instead of
-    the grid barrier; the shaders ignore it in a dispatch per step); LG (lane groups, past 32 lanes).
+    copy in blocks); PROBE (timing probes); W16_CACHE (how W_hh's copy is read); EMU (emulated fragments);
+    KFLAGS (block flags instead of the grid barrier; the shaders ignore it in a dispatch per step); LG
+    (lane groups, past 32 lanes).
     f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
     32 wide (its stage synced by subgroup barriers)."""
     if tiles.ksplit:  # glsl/gru_backward_ksplit.comp: block flags always, every k-part whole
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
                 **({"RES": tiles.resident} if tiles.resident else {}),
-                **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"EMU": 1} if emulate else {})}
+                **({"BLOCKED_W": 1} if w16_blocked() else {}), **w16_cache(), **({"EMU": 1} if emulate else {})}
     k_groups = STREAM_KGROUPS * tiles.lane_frags
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
@@ -276,7 +290,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
             **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
-            **({"EMU": 1} if emulate else {})}
+            **w16_cache(), **({"EMU": 1} if emulate else {})}
 
 
 def ksplit_partial_words(tiles: StreamTiles, H: int) -> int:
