@@ -110,34 +110,37 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
 
 
 def test_coop_step_with_16_subgroups(dev, monkeypatch):
-    """CATCHAT_DECODE_COOP_SUBGROUPS=16: twice the k parts where the streams leave room (past 8
-    subgroups, or 8 parts, they meet through one shared slot in turn: SEQ, a ring of 2 stages), each
-    shape within the coop rows' tolerances of the float16-operand twin; 8 (unset) keeps the shapes."""
+    """16 subgroups a workgroup: twice the k parts where the streams leave room (past 8 subgroups, or
+    8 parts, they meet through one shared slot in turn: SEQ, a ring of 2 stages), each shape within
+    the coop rows' tolerances of the float16-operand twin. Unset, 16 above H = 1024 (the 64-stream
+    workgroups) and 8 up to it; CATCHAT_DECODE_COOP_SUBGROUPS sets it."""
     import pytest
 
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
     from catchat.vk.program.decoder import decode_step
 
-    assert dk.coop_subgroups() == 8
-    assert [(s.sf, s.ks, s.seq) for s in (dk.CoopShape.of(2048, 64, 64), dk.CoopShape.of(512, 64, 32))] == [
-        (4, 2, False), (2, 4, False)]
+    assert (dk.coop_subgroups(2048), dk.coop_subgroups(1024), dk.coop_subgroups(512)) == (16, 8, 8)
+    v5, v3 = dk.CoopShape.of(2048, 64, 64, 16), dk.CoopShape.of(512, 64, 32, 8)
+    assert (v5.sf, v5.ks, v5.seq, v5.workgroup) == (4, 4, True, 512) and (v3.sf, v3.ks, v3.seq) == (2, 4, False)
+    monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, "8")
+    assert (dk.CoopShape.of(2048, 64, 64, dk.coop_subgroups(2048)).ks, dk.coop_subgroups(512)) == (2, 8)
     monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, "16")
-    v5, v3 = dk.CoopShape.of(2048, 64, 64, dk.coop_subgroups()), dk.CoopShape.of(512, 64, 32, dk.coop_subgroups())
-    assert (v5.sf, v5.ks, v5.seq, v5.workgroup) == (4, 4, True, 512) and (v3.sf, v3.ks, v3.seq) == (2, 8, True)
+    v3 = dk.CoopShape.of(512, 64, 32, dk.coop_subgroups(512))
+    assert (v3.sf, v3.ks, v3.seq) == (2, 8, True)
     assert v5.defines() == {"SF": 4, "KS": 4, "SEQ": 1, "PD": 2}
     assert dk.coop_shared_bytes(4, 4, False, True) < 32 * 1024 < dk.coop_shared_bytes(4, 4, False)
     # H = 128: 8 k fragments; 16 streams a workgroup -> 8 parts of 1, 32 -> 2 x 8, 64 -> 3 fragments x 4
     for streams, shape in ((16, (1, 8, True)), (32, (2, 8, True)), (64, (3, 4, True))):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
-        got = dk.CoopShape.of(128, 40, dk.coop_streams(128), dk.coop_subgroups())
+        got = dk.CoopShape.of(128, 40, dk.coop_streams(128), dk.coop_subgroups(128))
         assert (got.sf, got.ks, got.seq) == shape
         with decode_step("coop"):
             rows = decode_parity._step_case(dev, 128, 2, 40, False, 21, "coop")
         assert all(r.ok for r in rows), "\n".join(str(r) for r in rows)
     monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, "12")
     with pytest.raises(UsageError, match="CATCHAT_DECODE_COOP_SUBGROUPS"):
-        dk.coop_subgroups()
+        dk.coop_subgroups(128)
 
 
 def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):

@@ -132,17 +132,20 @@ def coop_streams(H: int) -> int:
     return env_choice(COOP_STREAMS_ENV, (16, 32, 64), 32 if H <= COOP_STREAMS_L2_HIDDEN else 64)
 
 
-# CATCHAT_DECODE_COOP_SUBGROUPS=16: up to 16 subgroups a workgroup (512 threads) instead of 8, so twice
-# the k parts walk a layer's fragments at once (at v5's 64 streams a workgroup: 4 parts instead of 2;
-# a layer's time follows the fragments each part walks, docs/generation.md). Past 8 the parts meet
-# through one shared slot in turn (the shader's SEQ: the same sums) and the ring keeps 2 stages (the
-# registers of 512 threads). Opt-in until a GPU has timed it (gpu-check gen-coop-sg16-v5).
+# Subgroups a workgroup of the tensor-core step at most: 16 (512 threads) where a workgroup takes 64
+# streams (H above COOP_STREAMS_L2_HIDDEN), so twice the k parts walk a layer's fragments at once (v5: 4
+# parts instead of 2; past 8 the parts meet through one shared slot in turn, the shader's SEQ, the same
+# sums, with a ring of 2 stages); 8 below, where the 32-stream workgroups' 4 parts would become 8. H100,
+# --precision fp16, one call each (docs/results/2026-12-05-h100-catchat-v{3,5}-gen-{fp16,coop-sg16}*.json):
+# v5 at 8 / 32 / 64 streams 51,732 / 177,234 / 219,046 chars/s with 8 against 69,411 / 203,863 / 269,216
+# with 16; v3 at 32 / 64 streams 576,433 / 1,151,833 with 8 against 530,144 / 1,059,781 with 16.
+# CATCHAT_DECODE_COOP_SUBGROUPS=8 or 16 sets it (to compare).
 COOP_SUBGROUPS_ENV = "CATCHAT_DECODE_COOP_SUBGROUPS"
 
 
-def coop_subgroups() -> int:
-    """CATCHAT_DECODE_COOP_SUBGROUPS (8 or 16), else 8."""
-    return env_choice(COOP_SUBGROUPS_ENV, (8, 16), 8)
+def coop_subgroups(H: int) -> int:
+    """CATCHAT_DECODE_COOP_SUBGROUPS (8 or 16), else 16 above COOP_STREAMS_L2_HIDDEN and 8 up to it."""
+    return env_choice(COOP_SUBGROUPS_ENV, (8, 16), 16 if H > COOP_STREAMS_L2_HIDDEN else 8)
 
 
 # CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
@@ -220,7 +223,7 @@ class DecodeLayerCoop(Kernel):
         H, L = self.H, self.L
         if not coop_decode_ok(H):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
-        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups())
+        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups(H))
         sp = ceil_div(self.B, 16) * 16
         self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
