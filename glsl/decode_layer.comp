@@ -17,9 +17,18 @@
 // Workgroup w: units [(w % units_wgs) * NSUB, ...) of stream tile w / units_wgs. H and B are
 // specialization constants (the k loop's trip count is known when the pipeline is built) and, with
 // VEC4, lanes read 4 consecutive k as one vec4 (H % 4 == 0; every offset is then a multiple of 4).
+// HALF (the "fused16" step, precision fp16): W_ih and W_hh come from a float16 copy (binding 6, the
+// layout DecodeLayer's start makes: W_hh of layer l at l 3H^2 halves, W_ih of layer l > 0 at
+// (L + l - 1) 3H^2; w_ih and w_hh in the push constants are offsets there), half the bytes a step
+// reads, and the products' other operands are rounded to float16 as they are loaded (h_old; the layer
+// below's (x + h) g): the numerics of the tensor-core step, float32 sums, the same twin.
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_control_flow_attributes : require
+#ifdef HALF
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -29,6 +38,19 @@ layout(constant_id = 2) const uint H = 1;   // hidden size: compile-time, so the
 layout(constant_id = 3) const uint B = 1;   // streams
 
 #include "vec4_loads.glsl"
+#ifdef HALF
+#ifdef VEC4
+#define HT f16vec4
+#else
+#define HT float16_t
+#endif
+layout(set = 0, binding = 6) readonly buffer W16 { HT w16[]; };  // float16 W_hh, W_ih copies
+#define WLOAD(i) VT(w16[i])
+#define ROUND16(v) VT(HT(v))
+#else
+#define WLOAD(i) params[i]
+#define ROUND16(v) (v)
+#endif
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };      // flat ParamLayout
 layout(set = 0, binding = 0) readonly buffer P1 { float params1[]; };  // the same, by float
@@ -43,7 +65,7 @@ layout(set = 0, binding = 5) readonly buffer Ctl { uint ctl[]; };     // [B, DS_
 layout(push_constant) uniform Push {
     uint layer, parity;  // state half `parity` is old, 1 - parity new
     uint L, V;
-    uint w_ih, w_hh, b_ih, b_hh;  // offsets in params (w_ih unused for layer 0)
+    uint w_ih, w_hh, b_ih, b_hh;  // offsets in params (w_ih unused for layer 0); HALF: the weights' in w16
     uint g_prev;  // offset of layer l-1's norm weight (l > 0); for l = 0, of embedding.weight
     uint units_wgs;  // workgroups along units: ceil(H / subgroups per workgroup)
     uint bos;
@@ -103,21 +125,21 @@ void main() {
     }
     uint wh = pc.w_hh / W + j * HW, wi = pc.w_ih / W + j * HW;
     [[unroll]] for (uint k = lane; k < HW; k += lanes) {
-        VT wh0 = params[wh + k], wh1 = params[wh + H * HW + k], wh2 = params[wh + 2u * H * HW + k];
+        VT wh0 = WLOAD(wh + k), wh1 = WLOAD(wh + H * HW + k), wh2 = WLOAD(wh + 2u * H * HW + k);
         VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
         if (!first) {
-            wi0 = params[wi + k]; wi1 = params[wi + H * HW + k]; wi2 = params[wi + 2u * H * HW + k];
+            wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k);
             gk = params[pc.g_prev / W + k];
         }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
             uint b = b0 + s;
             if (b >= B) break;  // uniform in the subgroup
-            VT hold = state[st(oldh, l, b) / W + k] * keep[s];
+            VT hold = ROUND16(state[st(oldh, l, b) / W + k] * keep[s]);
             ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
             if (!first) {
                 VT y = ysum[((l - 1u) * B + b) * HW + k];
                 ss[s] += DOT(y, y);
-                VT yg = y * gk;
+                VT yg = ROUND16(y * gk);
                 ai[0][s] += DOT(wi0, yg); ai[1][s] += DOT(wi1, yg); ai[2][s] += DOT(wi2, yg);
             }
         }

@@ -310,6 +310,10 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
+    # the fused step on float32 weights against float16 ones (fused16, what --precision fp16 runs below 8
+    # streams) beside PyTorch's float16 model and CUDA graph
+    part "gen-fused16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,4 --steps 1024 \
+        --precision fp16 --decode fused,fused16 --compare-torch --json "$out/gen-fused16-$c.json"
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
     part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"

@@ -1,5 +1,6 @@
 """Generation's decode step and on-device sampling (glsl/decode_layer.comp, both variants;
-glsl/decode_layer_coop.comp against its float16-operand twin, catchat.model.reference.decode;
+glsl/decode_layer_coop.comp and decode_layer.comp's HALF (fused16) against their float16-operand twin,
+catchat.model.reference.decode;
 glsl/decode_head.comp; glsl/decode_sample.comp; the batched step: the forward's kernels at T = 1,
 glsl/decode_carry.comp, decode_sample.comp's RESETS) against catchat.model.reference: the state and logits
 after feeding tokens (odd H, partial stream tiles, one to three layers, tied head, a <bos> reset
@@ -25,7 +26,7 @@ from catchat.model import reference as ref
 from catchat.model.reference.decode import decode_step_half
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
-from catchat.vk.program.decoder import DECODE_KINDS, decode_step
+from catchat.vk.program.decoder import DECODE_KINDS, HALF_KINDS, decode_step
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
@@ -50,9 +51,9 @@ def _generator(dev: Device, spec: ModelSpec, B: int, seed: int, chunk: int = 4, 
 
 
 def _ref_step(params, spec, tok, h, kind: str = "fused"):
-    """One token per stream through the numpy model: (logits [B,V], state [L,B,H]); the coop step's
-    twin rounds the products' operands to float16."""
-    if kind == "coop":
+    """One token per stream through the numpy model: (logits [B,V], state [L,B,H]); the float16 steps'
+    twin (coop, fused16) rounds the products' operands to float16."""
+    if kind in HALF_KINDS:
         return decode_step_half(params, spec, tok, h)
     B = tok.shape[0]
     tok = np.asarray(tok, np.uint32)[None, :]
@@ -79,8 +80,8 @@ def _step_case(dev, H, L, B, tied, seed, kind: str = "fused") -> list[ParityResu
     ids[3, B // 2] = vocab.BOS  # one stream starts a conversation in the middle: zero state there
     gen.prog.set_carry(h0)
     shape = f"H={H} L={L} B={B}{' tied' if tied else ''}, 7 steps"
-    if kind == "coop":
-        return _coop_steps(gen, params, spec, ids, h0, shape)
+    if kind in HALF_KINDS:
+        return _half_steps(gen, params, spec, ids, h0, shape)
     got_logits = gen.feed(ids)
     got_h = gen.prog.get_carry()
     h, lg = h0, None
@@ -90,8 +91,8 @@ def _step_case(dev, H, L, B, tied, seed, kind: str = "fused") -> list[ParityResu
             compare("decode step: logits", shape, got_logits, lg, ATOL, RTOL)]
 
 
-def _coop_steps(gen, params, spec, ids, h0, shape) -> list[ParityResult]:
-    """The tensor-core step one token at a time, each step's state and logits against both twins run
+def _half_steps(gen, params, spec, ids, h0, shape) -> list[ParityResult]:
+    """A float16 step (coop, fused16) one token at a time, each step's state and logits against both twins run
     from the GPU's own state before it (so a float16 rounding the two sides take apart cannot carry
     into the steps after): within COOP_ATOL / COOP_RTOL of the float16-operand twin, and closer to it
     than to the float32 twin by COOP_CLOSER in the median (a step that rounded nothing would be as
@@ -161,12 +162,13 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
         ends_ok &= all(t not in stops for t in o[:-1])
     shape = f"H={H} L={L} B={B} {length} tokens {s.describe()}"
     end = ParityResult("decode generation: stops", shape, 0.0 if ends_ok else 1.0, 0.0, 0.0, 0.0, bool(ends_ok))
-    return [choices("decode generation", shape, got, exp, margin, COOP_MARGIN if kind == "coop" else MARGIN), end]
+    return [choices("decode generation", shape, got, exp, margin, COOP_MARGIN if kind in HALF_KINDS else MARGIN),
+            end]
 
 
 def parity_checks(dev: Device) -> list[ParityResult]:
     """Decode steps at odd sizes and whole generations with blocking and stops, on every decode step
-    (the batched and coop ones' rows named "(batched)", "(coop)"; coop's odd H rounded up to 64,
+    (the other steps' rows named "(fused16)", "(batched)", "(coop)"; coop's odd H rounded up to 64,
     which takes four k parts; H = 112 walks 7 k fragments through its ring of 3); every sampling rule."""
     out = []
     for kind in DECODE_KINDS:

@@ -86,31 +86,53 @@ class DecodeLayer(Kernel):
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
     `step(layer, parity)` for each layer: one pipeline serves them all (the shader reads which
     layer, the first one's input included, from the push constants). A subgroup per unit and stream
-    tile, its lanes over k (`decode_shape`)."""
+    tile, its lanes over k (`decode_shape`). half (the "fused16" step): the weights from a float16
+    copy (`w16`, made by `start_ops`: half the bytes a step reads) and the products' other operands
+    rounded to float16, the tensor-core step's numerics (decode_layer.comp's HALF)."""
 
     shader = "decode_layer"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int):
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
+                 half: bool = False):
+        from catchat.vk.kernels import ToHalf
+
         s = layout.spec
-        self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
+        self.layout, self.B, self.H, self.L, self.half = layout, int(B), s.hidden, s.layers, bool(half)
         # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
         # streams: eight, which share their stream tile's inputs through L1
         self.shape = sh = decode_shape(dev, self.H, self.B, subgroups=2 if self.B == 1 else 8)
-        super().__init__(dev, [params, table0, state, ysum, token, ctl], [sh.workgroups(self.B)],
-                         spec=sh.spec(self.H, self.B), push=self._push(0, 0), defines=sh.defines(self.H))
+        tensors, defines, self._weights = [params, table0, state, ysum, token, ctl], sh.defines(self.H), []
+        if self.half:
+            L, hh, o = self.L, 3 * self.H * self.H, layout.offsets
+            self.w16 = dev.tensor(ceil_div((2 * L - 1) * hh, 2), np.uint32)
+            self._weights = [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_hh"], l * hh)
+                             for l in range(L)]
+            self._weights += [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_ih"], (L + l - 1) * hh)
+                              for l in range(1, L)]
+            tensors, defines = tensors + [self.w16], {**(defines or {}), "HALF": 1}
+        super().__init__(dev, tensors, [sh.workgroups(self.B)], spec=sh.spec(self.H, self.B), push=self._push(0, 0),
+                         defines=defines)
+
+    def _weight_offsets(self, layer: int) -> tuple[int, int]:
+        """Where `layer`'s W_ih and W_hh start: in params, or (half) in w16's halves."""
+        o, p = self.layout.offsets, f"layers.{layer}."
+        if not self.half:
+            return o[p + "gru.weight_ih"], o[p + "gru.weight_hh"]
+        hh = 3 * self.H * self.H
+        return (self.L + layer - 1) * hh if layer else 0, layer * hh
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
         g_prev = layer_input_offset(self.layout, layer)
-        w_ih = o[p + "gru.weight_ih"]
-        return (layer, parity, self.L, s.vocab_size, w_ih, o[p + "gru.weight_hh"],
+        w_ih, w_hh = self._weight_offsets(layer)
+        return (layer, parity, self.L, s.vocab_size, w_ih, w_hh,
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
                 float(math.sqrt(self.H)), float(s.norm_eps))
 
     def start_ops(self) -> list:
-        """What a call's start records after taking the carry into state half 0: nothing (the kernel reads
-        params and the state as they are)."""
-        return []
+        """What a call's start records after taking the carry into state half 0: half, the float16
+        copies of W_hh and W_ih from the parameters; else nothing (the kernel reads params as they are)."""
+        return [op for k in self._weights for op in k.ops()]
 
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""

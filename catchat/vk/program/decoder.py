@@ -9,13 +9,16 @@ the host reads the other's tokens. The host never sees logits inside a call; it 
 the chosen tokens (NONE where a stream emitted nothing: it was being fed known tokens, or had
 stopped).
 
-A step is one of three programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
+A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
 rule: at precision fp16 coop from 8 streams where the device has tensor cores; else from the H200's
-measurements, batched from 32 streams where H >= 1024, else fused):
+measurements, batched from 32 streams where H >= 1024, else fused, or fused16 at fp16):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
-- coop (`FusedStep(coop=True)`): the same dispatches with the layers' products on tensor cores
+- fused16 (`FusedStep(kind="fused16")`): the same kernels reading float16 copies of the weights (half
+  the bytes of a step that reads every weight from memory) with the coop step's numerics: its
+  products' operands rounded to float16, float32 sums.
+- coop (`FusedStep(kind="coop")`): the same dispatches with the layers' products on tensor cores
   (glsl/decode_layer_coop.comp: float16 operands, float32 sums, as an fp16 training step's), every
   weight read once per step for up to 64 streams.
 - batched (`BatchedStep`): the batched forward's own kernels at T = 1 (a second forward-only
@@ -56,8 +59,9 @@ from catchat.vk.switches import env_override
 NONE = 0xFFFFFFFF  # an output slot where the stream emitted no token
 DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on an H200) spread over 64 steps
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
-DECODE_ENV = "CATCHAT_DECODE"  # "fused", "batched", "coop", or unset / "auto": the decode step's program
-DECODE_KINDS = ("fused", "batched", "coop")
+DECODE_ENV = "CATCHAT_DECODE"  # "fused", "fused16", "batched", "coop", or unset / "auto": the decode step's program
+DECODE_KINDS = ("fused", "fused16", "batched", "coop")
+HALF_KINDS = ("fused16", "coop")  # the steps on float16 operands (float16 arithmetic and 16-bit storage)
 # Where the batched step wins (H200, 2026-12-05, device us per step, docs/generation.md): v5 (H = 2048)
 # 858 against the fused step's 1,535 at 32 streams and 990 against 2,992 at 64, but 826 against 414 at
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
@@ -77,17 +81,19 @@ def default_chunk(dev) -> int:
 
 
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
-                tensor_cores: bool = False) -> str:
+                tensor_cores: bool = False, float16: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
     "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams where the device has
     tensor cores and H is whole fragments, else batched from BATCHED_MIN_STREAMS streams where H >=
-    BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16 (the coop
-    step; the batched step's GEMMs)."""
+    BATCHED_MIN_HIDDEN, else fused: fused16 at fp16 where the device runs float16. Only fp16 rounds
+    the products' operands to float16 (the coop and fused16 steps; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
         if precision == "fp16" and tensor_cores and coop_decode_ok(H) and B >= COOP_MIN_STREAMS:
             return "coop"
-        return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
+        if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN:
+            return "batched"
+        return "fused16" if precision == "fp16" and float16 else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
                          f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)} or auto, or unset it")
@@ -98,9 +104,11 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
 
 
 def device_decode_kind(dev, B: int, H: int, precision: str) -> str:
-    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores asked about at fp16,
-    the only precision that uses them)."""
-    return decode_kind(B, H, precision=precision, tensor_cores=precision == "fp16" and coopmat_runs(dev))
+    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores and float16
+    asked about at fp16, the only precision that uses them)."""
+    fp16 = precision == "fp16"
+    return decode_kind(B, H, precision=precision, tensor_cores=fp16 and coopmat_runs(dev),
+                       float16=fp16 and dev.runs_float16)
 
 
 def decode_step(kind: str):
@@ -110,17 +118,19 @@ def decode_step(kind: str):
 
 class FusedStep:
     """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
-    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h. coop:
-    the layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow
-    each call's start makes after taking the carry."""
+    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h. kind
+    "fused16": the layers on float16 copies of the weights, which each call's start makes; "coop": the
+    layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow each
+    call's start makes after taking the carry."""
 
-    def __init__(self, prog, logits, ctl, coop: bool = False):
+    def __init__(self, prog, logits, ctl, kind: str = "fused"):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
         self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
-        kind = DecodeLayerCoop if coop else DecodeLayer
-        self.layer = kind(dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl, B=B)
+        layer_args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl)
+        self.layer = (DecodeLayerCoop(*layer_args, B=B) if kind == "coop"
+                      else DecodeLayer(*layer_args, B=B, half=kind == "fused16"))
         self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
@@ -198,9 +208,9 @@ class Decoder:
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
         self.kind = device_decode_kind(dev, B, spec.hidden, prog.precision)
-        if self.kind == "coop" and not dev.runs_float16:
-            raise UsageError(f"{DECODE_ENV}=coop needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
-                             "does not offer", f"set {DECODE_ENV} to fused, batched or auto")
+        if self.kind in HALF_KINDS and not dev.runs_float16:
+            raise UsageError(f"{DECODE_ENV}={self.kind} needs float16 arithmetic and 16-bit storage, which "
+                             f"{dev.info.name} does not offer", f"set {DECODE_ENV} to fused, batched or auto")
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
@@ -208,7 +218,7 @@ class Decoder:
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
         self.step = step = (BatchedStep(prog, self.logits, self.ctl) if self.kind == "batched"
-                            else FusedStep(prog, self.logits, self.ctl, coop=self.kind == "coop"))
+                            else FusedStep(prog, self.logits, self.ctl, kind=self.kind))
         self.token = step.token
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
