@@ -28,10 +28,11 @@ def run_dir(dev, tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
 
 
-@pytest.fixture(params=["fused", "batched", "coop"])
+@pytest.fixture(params=["fused", "fused16", "batched", "coop"])
 def decode_step(request, monkeypatch):
     """Each generator test on every decode step (catchat/vk/program/decoder.py): the fused layer
-    kernels, the batched forward at T = 1, and the layers on tensor cores (emulated fragments here)."""
+    kernels, on float32 and on float16 weights, the batched forward at T = 1, and the layers on tensor
+    cores (emulated fragments here)."""
     monkeypatch.setenv("CATCHAT_DECODE", request.param)
     return request.param
 
