@@ -324,8 +324,7 @@ def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, cap
 def _fake_vulkan(monkeypatch, mod):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(mod, "open_device", lambda device=None: SimpleNamespace(info=SimpleNamespace(name="fake"),
-                                                                                 runs_float16=False))
+    monkeypatch.setattr(mod, "open_device", lambda device=None: SimpleNamespace(info=SimpleNamespace(name="fake")))
 
 
 class _FakeGenerator:

@@ -11,13 +11,14 @@ stopped).
 
 A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
 rule: at precision fp16 coop from 8 streams where the device has tensor cores; else from the H200's
-measurements, batched from 32 streams where H >= 1024, else fused, or fused16 at fp16):
+measurements, batched from 32 streams where H >= 1024, else fused; fused16 when CATCHAT_DECODE names it):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
 - fused16 (`FusedStep(kind="fused16")`): the same kernels reading float16 copies of the weights (half
   the bytes of a step that reads every weight from memory) with the coop step's numerics: its
-  products' operands rounded to float16, float32 sums.
+  products' operands rounded to float16, float32 sums. Opt-in until a GPU has timed it against the
+  fused step at batch 1 (gpu-check parts gen-fused16-v3, -v5).
 - coop (`FusedStep(kind="coop")`): the same dispatches with the layers' products on tensor cores
   (glsl/decode_layer_coop.comp: float16 operands, float32 sums, as an fp16 training step's), every
   weight read once per step for up to 64 streams.
@@ -81,19 +82,17 @@ def default_chunk(dev) -> int:
 
 
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
-                tensor_cores: bool = False, float16: bool = False) -> str:
+                tensor_cores: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
     "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams where the device has
     tensor cores and H is whole fragments, else batched from BATCHED_MIN_STREAMS streams where H >=
-    BATCHED_MIN_HIDDEN, else fused: fused16 at fp16 where the device runs float16. Only fp16 rounds
-    the products' operands to float16 (the coop and fused16 steps; the batched step's GEMMs)."""
+    BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16 (the coop
+    step; the batched step's GEMMs), and fused16 where CATCHAT_DECODE names it."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
         if precision == "fp16" and tensor_cores and coop_decode_ok(H) and B >= COOP_MIN_STREAMS:
             return "coop"
-        if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN:
-            return "batched"
-        return "fused16" if precision == "fp16" and float16 else "fused"
+        return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
                          f"set {DECODE_ENV} to one of {', '.join(DECODE_KINDS)} or auto, or unset it")
@@ -104,11 +103,9 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
 
 
 def device_decode_kind(dev, B: int, H: int, precision: str) -> str:
-    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores and float16
-    asked about at fp16, the only precision that uses them)."""
-    fp16 = precision == "fp16"
-    return decode_kind(B, H, precision=precision, tensor_cores=fp16 and coopmat_runs(dev),
-                       float16=fp16 and dev.runs_float16)
+    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores asked about at fp16,
+    the only precision that uses them)."""
+    return decode_kind(B, H, precision=precision, tensor_cores=precision == "fp16" and coopmat_runs(dev))
 
 
 def decode_step(kind: str):
