@@ -244,6 +244,9 @@ part speedrun-screen-b128 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py s1024
 budget300="--set data.corpus=$corpus --runs-dir /tmp/sr"
 part speedrun-300-base $py tools/speedrun.py base $budget300
 part speedrun-300-l4 $py tools/speedrun.py l4:model.layers=4 $budget300
+# second seeds of both (a seed moves a 300 s score by ~0.01)
+part speedrun-300-base-s4 $py tools/speedrun.py base-s4:train.seed=4 $budget300
+part speedrun-300-l4-s4 $py tools/speedrun.py l4-s4:model.layers=4,train.seed=4 $budget300
 # issue 32's quality check: 600 v5 steps at fp16 and at fp32 from the same seed on the built-in
 # Shakespeare (CORPUS_DIR built beforehand: catchat corpus build shakespeare -o DIR), each run's
 # last held-out eval and the final checkpoint scored again by `catchat eval` (fp32, the whole split)
