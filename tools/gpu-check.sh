@@ -28,8 +28,6 @@ for wc in default restrict l2; do
     part "bench-v5-fp16-wcache-$wc" env CATCHAT_STREAM_WCACHE="${wc#default}" $py -m catchat.cli bench \
         configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile --json "$out/bench-v5-fp16-wcache-$wc.json"
 done
-part parity-gru-wcache-restrict env CATCHAT_STREAM_WCACHE=restrict $py -m catchat.cli parity --only gru --summary \
-    --json "$out/parity-gru-wcache-restrict.json"
 # fp16 with the sweeps' products on the threads' FMAs instead of tensor cores (CATCHAT_SWEEP_COOP=0)
 part bench-v3-fp16-simt env CATCHAT_SWEEP_COOP=0 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 \
     --precision fp16 --profile
@@ -313,8 +311,8 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
-    # the fused step on float32 weights against float16 ones (fused16, what --precision fp16 runs below 8
-    # streams) beside PyTorch's float16 model and CUDA graph
+    # the fused step on float32 weights against float16 ones (fused16, opt-in: CATCHAT_DECODE=fused16)
+    # beside PyTorch's float16 model and CUDA graph
     part "gen-fused16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,4 --steps 1024 \
         --precision fp16 --decode fused,fused16 --compare-torch --json "$out/gen-fused16-$c.json"
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)

@@ -81,6 +81,26 @@ def layer_input_offset(layout: ParamLayout, layer: int) -> int:
     return o["embedding.weight"] if layer == 0 else o[f"layers.{layer - 1}.norm.weight"]
 
 
+def half_weight_offset(L: int, H: int, layer: int, input_side: bool) -> int:
+    """Where a layer's W_hh (or, input_side, W_ih: layers above the first) starts in the decode steps'
+    float16 weight copy, in halves: every layer's W_hh, then W_ih of layers 1 .. L-1, 3H x H each."""
+    return (L + layer - 1 if input_side else layer) * 3 * H * H
+
+
+def half_weights(dev: Device, layout: ParamLayout, params, block_cols: int = 0):
+    """The float16 copy of every decode layer's W_hh and W_ih (`half_weight_offset`'s layout; 16 x 16
+    blocks where block_cols): (its uint32 tensor, the ToHalf kernels that refresh it from params)."""
+    from catchat.vk.kernels import ToHalf
+
+    s, o = layout.spec, layout.offsets
+    L, H, hh = s.layers, s.hidden, 3 * s.hidden * s.hidden
+    w16 = dev.tensor(ceil_div((2 * L - 1) * hh, 2), np.uint32)
+    copies = [(f"layers.{l}.gru.weight_hh", l, False) for l in range(L)]
+    copies += [(f"layers.{l}.gru.weight_ih", l, True) for l in range(1, L)]
+    return w16, [ToHalf(dev, params, w16, hh, o[name], half_weight_offset(L, H, l, ih), block_cols=block_cols)
+                 for name, l, ih in copies]
+
+
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
@@ -94,8 +114,6 @@ class DecodeLayer(Kernel):
 
     def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int,
                  half: bool = False):
-        from catchat.vk.kernels import ToHalf
-
         s = layout.spec
         self.layout, self.B, self.H, self.L, self.half = layout, int(B), s.hidden, s.layers, bool(half)
         # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
@@ -103,23 +121,17 @@ class DecodeLayer(Kernel):
         self.shape = sh = decode_shape(dev, self.H, self.B, subgroups=2 if self.B == 1 else 8)
         tensors, defines, self._weights = [params, table0, state, ysum, token, ctl], sh.defines(self.H), []
         if self.half:
-            L, hh, o = self.L, 3 * self.H * self.H, layout.offsets
-            self.w16 = dev.tensor(ceil_div((2 * L - 1) * hh, 2), np.uint32)
-            self._weights = [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_hh"], l * hh)
-                             for l in range(L)]
-            self._weights += [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_ih"], (L + l - 1) * hh)
-                              for l in range(1, L)]
+            self.w16, self._weights = half_weights(dev, layout, params)
             tensors, defines = tensors + [self.w16], {**(defines or {}), "HALF": 1}
         super().__init__(dev, tensors, [sh.workgroups(self.B)], spec=sh.spec(self.H, self.B), push=self._push(0, 0),
                          defines=defines)
 
     def _weight_offsets(self, layer: int) -> tuple[int, int]:
-        """Where `layer`'s W_ih and W_hh start: in params, or (half) in w16's halves."""
+        """Where `layer`'s W_ih (unread for layer 0) and W_hh start: in params, or (half) in w16's halves."""
         o, p = self.layout.offsets, f"layers.{layer}."
         if not self.half:
             return o[p + "gru.weight_ih"], o[p + "gru.weight_hh"]
-        hh = 3 * self.H * self.H
-        return (self.L + layer - 1) * hh if layer else 0, layer * hh
+        return tuple(half_weight_offset(self.L, self.H, layer, ih) for ih in (True, False))
 
     def _push(self, layer: int, parity: int) -> tuple:
         o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
@@ -247,7 +259,7 @@ class DecodeLayerCoop(Kernel):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
         self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups(H))
         sp = ceil_div(self.B, 16) * 16
-        self.w16 = dev.tensor((2 * L - 1) * 3 * H * H // 2, np.uint32)
+        self.w16, self._weights = half_weights(dev, layout, params, block_cols=H)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
@@ -258,11 +270,6 @@ class DecodeLayerCoop(Kernel):
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)
-        o, hh = layout.offsets, 3 * H * H
-        self._weights = [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_hh"], l * hh, block_cols=H)
-                         for l in range(L)]
-        self._weights += [ToHalf(dev, params, self.w16, hh, o[f"layers.{l}.gru.weight_ih"], (L + l - 1) * hh,
-                                 block_cols=H) for l in range(1, L)]
         # the state's shadow of parity 0 from the float32 state (a call's start: the carry taken)
         self._h16 = [ToHalf(dev, state, self.act16, self.B * H, l * self.B * H, l * sp * H, block_cols=H)
                      for l in range(L)]
