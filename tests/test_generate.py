@@ -282,7 +282,8 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
 
 
 def test_decode_step_default_follows_streams_and_width():
-    """Unset (or auto): at fp16 the tensor-core step from 8 streams where it runs; else the batched step from 32 streams
+    """Unset (or auto): at fp16 the tensor-core step from 8 streams where it runs and the fused step on float16
+    weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32 streams
     where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
     1, v3 at any batch); a named step always wins, coop only where H is whole fragments."""
     from catchat.vk.program.decoder import decode_kind
@@ -297,8 +298,14 @@ def test_decode_step_default_follows_streams_and_width():
     assert decode_kind(64, 2048, {}, precision="fp16", tensor_cores=False) == "batched"
     assert decode_kind(64, 520, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(64, 2048, {}, precision="fp32", tensor_cores=True) == "batched"
-    # the fused step on float16 weights only where named (opt-in until a GPU has timed it)
-    assert decode_kind(1, 2048, {}, precision="fp16", tensor_cores=True) == "fused"
+    # the fused step on float16 weights: fp16, 1 stream, H >= 1024, a device with float16
+    assert decode_kind(1, 2048, {}, precision="fp16", tensor_cores=True, float16=True) == "fused16"
+    assert decode_kind(1, 1024, {}, precision="fp16", float16=True) == "fused16"
+    assert decode_kind(1, 2048, {}, precision="fp16", tensor_cores=True) == "fused"  # no float16
+    assert decode_kind(2, 2048, {}, precision="fp16", float16=True) == "fused"
+    assert decode_kind(1, 512, {}, precision="fp16", float16=True) == "fused"
+    assert decode_kind(1, 2048, {}, precision="fp32", float16=True) == "fused"
+    assert decode_kind(1, 2048, {"CATCHAT_DECODE": "fused"}, precision="fp16", float16=True) == "fused"
     assert decode_kind(1, 512, {"CATCHAT_DECODE": "fused16"}) == "fused16"
     assert decode_kind(64, 512, {"CATCHAT_DECODE": "coop"}) == "coop"
     with pytest.raises(UsageError, match="multiple of 16"):

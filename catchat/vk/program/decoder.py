@@ -74,6 +74,11 @@ BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
 # at 64; v5 156.3 against 439.8 at 8 and 295.6 against 633.9 at 64; but at 1 stream the fused step
 # wins (v3 32.3 against 44.3, v5 120.3 against 146.2). Between 2 and 7 streams: not measured.
 COOP_MIN_STREAMS = 8
+# At fp16 and 1 stream, the fused step on float16 copies of the weights where the layers are bound by
+# the weights' bytes (H100, 2026-12-05, docs/results/2026-12-05-h100-catchat-v5-gen-fused16.json): v5
+# 11,381 chars/s against the fused step's 8,535 (layers 17-29 us against 23-40), but at 4 streams
+# 13,565 against 16,660, and v3 (H = 512, bound by latency) 35,829 against 36,795 at 1 stream.
+FUSED16_MAX_STREAMS, FUSED16_MIN_HIDDEN = 1, 1024
 
 
 def default_chunk(dev) -> int:
@@ -82,16 +87,19 @@ def default_chunk(dev) -> int:
 
 
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
-                tensor_cores: bool = False) -> str:
+                tensor_cores: bool = False, float16: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
     "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams where the device has
-    tensor cores and H is whole fragments, else batched from BATCHED_MIN_STREAMS streams where H >=
-    BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16 (the coop
-    step; the batched step's GEMMs), and fused16 where CATCHAT_DECODE names it."""
+    tensor cores and H is whole fragments, and fused16 up to FUSED16_MAX_STREAMS streams where H >=
+    FUSED16_MIN_HIDDEN and the device has float16 arithmetic and storage; else batched from
+    BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the
+    products' operands to float16 (the coop and fused16 steps; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
         if precision == "fp16" and tensor_cores and coop_decode_ok(H) and B >= COOP_MIN_STREAMS:
             return "coop"
+        if precision == "fp16" and float16 and B <= FUSED16_MAX_STREAMS and H >= FUSED16_MIN_HIDDEN:
+            return "fused16"
         return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
@@ -103,9 +111,11 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
 
 
 def device_decode_kind(dev, B: int, H: int, precision: str) -> str:
-    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores asked about at fp16,
-    the only precision that uses them)."""
-    return decode_kind(B, H, precision=precision, tensor_cores=precision == "fp16" and coopmat_runs(dev))
+    """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores and float16 support
+    asked about at fp16, the only precision that uses them)."""
+    half = precision == "fp16"
+    return decode_kind(B, H, precision=precision, tensor_cores=half and coopmat_runs(dev),
+                       float16=half and dev.runs_float16)
 
 
 def decode_step(kind: str):
