@@ -39,6 +39,10 @@ layout(constant_id = 2) const uint BN = 64;  // tile cols of C
 layout(constant_id = 3) const uint BK = 8;   // k-slice staged per iteration
 layout(constant_id = 4) const uint TM = 4;   // rows per thread
 layout(constant_id = 5) const uint TN = 4;   // cols per thread
+// WX > 0: a subgroup's 32 threads cover a block of WX thread columns x 32 / WX thread rows of the
+// tile (fewer distinct shared words per load: 32 / WX of A, WX of B) instead of 32 consecutive
+// threads along the rows of RN; only which thread owns which outputs changes, never a sum's order.
+layout(constant_id = 6) const uint WX = 0;
 
 // VEC4_A / VEC4_B: the operand is read as vec4s along its contiguous direction (A: k, or m with
 // TRANS_A; B: n, or k with TRANS_B). The host sets it only when the offset, the leading dimension,
@@ -207,6 +211,11 @@ void store(uint tid, uint buf) {
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint tx = tid % RN, ty = tid / RN;
+    if (WX > 0u) {
+        uint lane = tid % 32u, sg = tid / 32u, sg_cols = RN / WX;
+        tx = (sg % sg_cols) * WX + lane % WX;
+        ty = (sg / sg_cols) * (32u / WX) + lane / WX;
+    }
     uint m0 = gl_WorkGroupID.x * BM, n0 = gl_WorkGroupID.y * BN, z = gl_WorkGroupID.z;
     uint k_begin = z * pc.k_split;
     uint k_end = min(pc.K, k_begin + pc.k_split);

@@ -215,14 +215,14 @@ def parse_tiles(text: str) -> gemm.GemmTiles:
     try:
         return gemm.GemmTiles(*(int(v) for v in text.split(",")))
     except (TypeError, ValueError):
-        raise SystemExit(f"--tiles {text!r}: expected BM,BN,BK,TM,TN, e.g. 128,128,8,8,8") from None
+        raise SystemExit(f"--tiles {text!r}: expected BM,BN,BK,TM,TN[,WX], e.g. 128,128,8,8,8") from None
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN")
+    ap.add_argument("--tiles", action="append", type=parse_tiles, default=[], metavar="BM,BN,BK,TM,TN[,WX]")
     ap.add_argument("--coop", action="append", type=parse_coop, default=[], metavar="WM,WN,FM,FN,BK,STAGES",
                     help="tensor-core tiles to time instead of the grid")
     ap.add_argument("--coop2", action="append", type=parse_coop2, default=[],

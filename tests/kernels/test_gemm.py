@@ -144,6 +144,36 @@ def test_gpu_tiles_at_odd_sizes(dev, rng):
             assert r.ok, str(r)
 
 
+def _gemm_out(dev, a, b, M, N, K, trans_a, trans_b, tiles):
+    ta, tb, tc = dev.tensor(a), dev.tensor(b), dev.tensor(np.zeros(M * N, np.float32))
+    g = Gemm(dev, (ta, 0, M if trans_a else K), (tb, 0, K if trans_b else N), (tc, 0, N), M, N, K,
+             trans_a, trans_b, beta=0.0, tiles=tiles, vec4=True)
+    (got,) = run_ops(dev, [ta, tb, tc], g.ops(), [tc])
+    return got
+
+
+@pytest.mark.parametrize("wx", [4, 8, 16])
+def test_subgroup_layouts_give_the_same_bits(dev, rng, wx):
+    """Tiles with wx (a subgroup covering wx x 32 / wx threads of the tile) change which thread owns
+    which outputs, never a sum's order: the same bits as the row layout, at odd sizes and transposes."""
+    tiles = dataclasses.replace(GPU_TILE, wx=wx)
+    assert tiles.problem(dev) is None and tuple(tiles)[-1] == wx
+    M, N, K = 132, 136, 36
+    for ta, tb in ((False, False), (True, True), (False, True)):
+        a = rng.standard_normal(M * K).astype(np.float32)
+        b = rng.standard_normal(K * N).astype(np.float32)
+        want = _gemm_out(dev, a, b, M, N, K, ta, tb, GPU_TILE)
+        np.testing.assert_array_equal(_gemm_out(dev, a, b, M, N, K, ta, tb, tiles), want)
+        exp = (a.reshape(K, M).T if ta else a.reshape(M, K)).astype(np.float64) @ (
+            b.reshape(N, K).T if tb else b.reshape(K, N)).astype(np.float64)
+        np.testing.assert_allclose(want.reshape(M, N), exp, atol=1e-4)
+
+
+def test_bad_subgroup_layouts_are_refused(dev):
+    for wx in (3, 32, 64):  # not a power of two; more columns than the tile's 16 thread columns; past 32
+        assert "bad GEMM tiles" in dataclasses.replace(GPU_TILE, wx=wx).problem(dev)
+
+
 def test_colsum_deterministic_with_row_splits(dev, rng):
     M, N = 4000, 19
     a = (rng.standard_normal((M, N)) * 100).astype(np.float32)

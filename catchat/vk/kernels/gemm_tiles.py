@@ -27,13 +27,16 @@ def _is_gpu(dev: Device) -> bool:
 @dataclass(frozen=True)
 class GemmTiles:
     """Workgroup tile BM x BN over k-slices of BK; each thread computes TM x TN outputs, in 4 x 4
-    blocks (TM and TN multiples of 4: the shader reads its operands as vec4s)."""
+    blocks (TM and TN multiples of 4: the shader reads its operands as vec4s). wx > 0: each subgroup
+    of 32 threads covers wx thread columns x 32 / wx thread rows (the shader's WX), else 32
+    consecutive threads along the rows."""
 
     bm: int
     bn: int
     bk: int
     tm: int
     tn: int
+    wx: int = 0
 
     @property
     def threads(self) -> int:
@@ -44,20 +47,26 @@ class GemmTiles:
         return 4 * 2 * self.bk * (self.bm + 4 + self.bn + 4)  # double-buffered A and B slices
 
     def spec(self) -> list[int]:
-        return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn]
+        return [self.threads, self.bm, self.bn, self.bk, self.tm, self.tn, self.wx]
+
+    def _bad_wx(self) -> bool:
+        """Whether wx does not tile the threads into whole subgroups of 32."""
+        rn, rm = self.bn // self.tn, self.bm // self.tm
+        return bool(self.wx) and (self.wx not in (1, 2, 4, 8, 16, 32) or rn % self.wx
+                                  or rm % (32 // self.wx) or self.threads % 32)
 
     def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
         """Why these tiles cannot run glsl/gemm.comp on dev (None: they can)."""
         if self.bm % self.tm or self.bn % self.tn or self.tm % 4 or self.tn % 4 or self.bk % 4 \
-                or self.threads > dev.info.max_workgroup_invocations:
+                or self.threads > dev.info.max_workgroup_invocations or self._bad_wx():
             return f"bad GEMM tiles {self}"
         if self.shared_bytes > dev.info.max_shared_memory_bytes:
             return f"GEMM tiles {self} need {self.shared_bytes} B of shared memory"
         return None
 
     def __iter__(self):
-        """(BM, BN, BK, TM, TN), the tables' and the tuning cache's form."""
-        return iter((self.bm, self.bn, self.bk, self.tm, self.tn))
+        """(BM, BN, BK, TM, TN[, WX]), the tables' and the tuning cache's form (WX where it is set)."""
+        return iter((self.bm, self.bn, self.bk, self.tm, self.tn) + ((self.wx,) if self.wx else ()))
 
 
 # The measured tiles live in catchat/vk/tiles.py (a row per device family, with the measurement).
