@@ -43,6 +43,15 @@ part bench-speedrun $py -m catchat.cli bench configs/speedrun.toml --steps 4 --w
 part bench-speedrun-b128 env CATCHAT_PERSISTENT=256 $py -m catchat.cli bench configs/speedrun.toml --steps 3 \
     --warmup 1 --profile --set data.batch_lanes=128 --set "data.corpus=$corpus"
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
+# the FP32 GEMM's subgroup layouts (GemmTiles.wx) and slice depths beside cuBLAS FP32, and its registers
+wx_tiles="--tiles 128,128,8,16,8 --tiles 128,128,8,16,8,8 --tiles 128,128,8,16,8,4 --tiles 128,128,16,16,8
+    --tiles 128,128,16,16,8,8 --tiles 128,128,16,16,8,4 --tiles 128,128,8,8,16,8 --tiles 128,64,8,8,4,8
+    --tiles 128,128,8,8,8,8"
+part stats-gemm-v5 $py tools/shader_stats.py configs/catchat-v5.toml --gemm
+part gemm-f32-wx-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --loads vec4 --reps 5 --repeat 3 $wx_tiles \
+    --compare-torch --json "$out/gemm-f32-wx-v5.json"
+part gemm-f32-wx-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --loads vec4 --reps 5 --repeat 5 $wx_tiles \
+    --compare-torch --json "$out/gemm-f32-wx-v3.json"
 # float16 operands and tensor cores (VK_NV_cooperative_matrix) against FP32 at v3's and v5's shapes
 part gemm-v3-f16 $py tools/bench_gemm.py configs/catchat-v3.toml --operands all --loads vec4 --tiles 128,128,8,16,8
 # the tensor-core GEMM's tile and depth candidates alone (gemm.coop_candidates)
