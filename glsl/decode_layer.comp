@@ -41,30 +41,15 @@ layout(constant_id = 3) const uint B = 1;   // streams
 #ifdef HALF
 #ifdef VEC4
 #define HT f16vec4
-#define UVT uvec4
-#define LESS(a, b) lessThan(a, b)
 #else
 #define HT float16_t
-#define UVT uint
-#define LESS(a, b) ((a) < (b))
 #endif
 layout(set = 0, binding = 6) readonly buffer W16 { HT w16[]; };  // float16 W_hh, W_ih copies
 #define WLOAD(i) VT(w16[i])
-// x rounded to the nearest float16 value (ties to even), kept as float32, by integer operations: a
-// float32 -> float16 -> float32 conversion in registers was dropped by NVIDIA's compiler (the "(fused16)"
-// parity rows on an H100, 2026-12-05: the GPU as far from the float16 twin as from the float32 one).
-// Below float16's normal range, to a multiple of 2^-24 as float16's subnormals; no value here nears
-// float16's largest.
-VT round16(VT x) {
-    VT sub = roundEven(x * 16777216.0) * 5.9604644775390625e-08;
-    UVT u = floatBitsToUint(x);
-    VT normal = uintBitsToFloat((u + 0xFFFu + ((u >> 13u) & 1u)) & 0xFFFFE000u);
-    return mix(normal, sub, LESS(abs(x), VT(6.103515625e-05)));
-}
-#define ROUND16(v) round16(v)
+#include "round_half.glsl"  // the products' other operands, as loaded
 #else
 #define WLOAD(i) params[i]
-#define ROUND16(v) (v)
+#define round_half(v) (v)
 #endif
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };      // flat ParamLayout
@@ -149,12 +134,12 @@ void main() {
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
             uint b = b0 + s;
             if (b >= B) break;  // uniform in the subgroup
-            VT hold = ROUND16(state[st(oldh, l, b) / W + k] * keep[s]);
+            VT hold = round_half(state[st(oldh, l, b) / W + k] * keep[s]);
             ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
             if (!first) {
                 VT y = ysum[((l - 1u) * B + b) * HW + k];
                 ss[s] += DOT(y, y);
-                VT yg = ROUND16(y * gk);
+                VT yg = round_half(y * gk);
                 ai[0][s] += DOT(wi0, yg); ai[1][s] += DOT(wi1, yg); ai[2][s] += DOT(wi2, yg);
             }
         }

@@ -142,19 +142,7 @@ BT load_b(uint k, uint n, uint k_end) {
 }
 
 #ifdef ROUND_HALF
-// Round to the nearest float16 (ties to even) in integer and exact float arithmetic: the NVIDIA
-// compiler folds unpackHalf2x16(packHalf2x16(x)) into x (measured on the H200: the rounded rows
-// matched unrounded products), and nothing may fold this. Normal range: drop 13 mantissa bits
-// (the carry may bump the exponent; past 65504 is inf); below 2^-14: multiples of 2^-24.
-float round_half(float x) {
-    if (abs(x) < 6.103515625e-05) return roundEven(x * 16777216.0) * 5.9604644775390625e-08;
-    uint u = floatBitsToUint(x);
-    if ((u & 0x7F800000u) == 0x7F800000u) return x;  // inf, NaN
-    u = (u + 0xFFFu + ((u >> 13) & 1u)) & 0xFFFFE000u;
-    if ((u & 0x7FFFFFFFu) > 0x477FE000u) u = (u & 0x80000000u) | 0x7F800000u;
-    return uintBitsToFloat(u);
-}
-vec4 round_half(vec4 v) { return vec4(round_half(v.x), round_half(v.y), round_half(v.z), round_half(v.w)); }
+#include "round_half.glsl"  // A and B as staged
 #else
 #define round_half(v) (v)
 #endif

@@ -266,3 +266,26 @@ def test_weight_gradient_over_chunks_of_rows(dev, split_k):
     np.testing.assert_allclose(got_sum, 1.0 + a.sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="trans_a"):
         Gemm(dev, (ta, pad, 8), (tb, 0, N), (tc, 0, N), 8, N, 8).ops_k_at(0)
+
+
+def test_rounding_loads_round_like_numpy_float16(dev, rng):
+    """glsl/include/round_half.glsl (gemm.comp's ROUND_HALF, decode_layer.comp's HALF) against numpy's
+    float32 -> float16 -> float32 on random bit patterns and the edges: ties both ways, float16's
+    largest and what rounds past it, subnormals, zeros, inf and NaN. C = A x [1]: each output is its
+    rounded A alone, added to the sum's +0 (so a -0 comes out +0 on both sides)."""
+    edges = np.array([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, -65520.0, 1e9, 6.1035156e-05, 6.1e-05,
+                      5.9604645e-08, 2.9802322e-08, 8.940697e-08, 1e-10, 1.0 + 2.0 ** -11, 1.0 + 3 * 2.0 ** -11,
+                      np.inf, -np.inf, np.nan], np.float32)
+    bits = rng.integers(0, 2 ** 32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    scaled = (rng.standard_normal(1 << 14) * np.float32(10.0) ** rng.integers(-9, 6, 1 << 14)).astype(np.float32)
+    a = np.concatenate([edges, bits, scaled]).astype(np.float32)
+    M = a.size
+    ta, tb, tc = dev.tensor(a), dev.tensor(np.ones(1, np.float32)), dev.tensor(np.zeros(M, np.float32))
+    g = Gemm(dev, (ta, 0, 1), (tb, 0, 1), (tc, 0, 1), M, 1, 1, False, False, beta=0.0, precision="fp16",
+             coopmat=False)
+    (got,) = run_ops(dev, [ta, tb, tc], g.ops(), [tc])
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = a.astype(np.float16).astype(np.float32) + np.float32(0.0)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
