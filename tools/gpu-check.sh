@@ -320,7 +320,7 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
-    # the fused step on float32 weights against float16 ones (fused16, opt-in: CATCHAT_DECODE=fused16)
+    # the fused step on float32 weights against float16 ones (fused16: --precision fp16's step for one stream where H >= 1024)
     # beside PyTorch's float16 model and CUDA graph
     part "gen-fused16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,4 --steps 1024 \
         --precision fp16 --decode fused,fused16 --compare-torch --json "$out/gen-fused16-$c.json"

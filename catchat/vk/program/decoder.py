@@ -10,15 +10,16 @@ the chosen tokens (NONE where a stream emitted nothing: it was being fed known t
 stopped).
 
 A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
-rule: at precision fp16 coop from 8 streams where the device has tensor cores; else from the H200's
-measurements, batched from 32 streams where H >= 1024, else fused; fused16 when CATCHAT_DECODE names it):
+rule: at precision fp16 coop from 8 streams where the device has tensor cores and fused16 for one
+stream where H >= 1024; else from the H200's measurements, batched from 32 streams where H >= 1024,
+else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
 - fused16 (`FusedStep(kind="fused16")`): the same kernels reading float16 copies of the weights (half
   the bytes of a step that reads every weight from memory) with the coop step's numerics: its
-  products' operands rounded to float16, float32 sums. Opt-in until a GPU has timed it against the
-  fused step at batch 1 (gpu-check parts gen-fused16-v3, -v5).
+  products' operands rounded to float16, float32 sums. The race at batch 1 where the weights' bytes
+  bound it (v5), not their latency (v3).
 - coop (`FusedStep(kind="coop")`): the same dispatches with the layers' products on tensor cores
   (glsl/decode_layer_coop.comp: float16 operands, float32 sums, as an fp16 training step's), every
   weight read once per step for up to 64 streams.
