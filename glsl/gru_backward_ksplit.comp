@@ -24,15 +24,28 @@
 // depend on each other. Word kp (< KP) counts dGh blocks, word KP + cg partial items; GROUP_STRIDE
 // spreads them over cache lines. Needs H a multiple of 16 * KP / gcd(3, KP), B <= 16 * LF (one lane
 // group), w_off a multiple of 8.
+// F32: the same items in float32 on the threads' FMAs (gru_backward_stream.comp's F32: W_hh's rows as
+// vec4 straight from params, w_off in floats, a multiple of 4; dGh[s] from the float32 shadow `g4` in
+// include/sweep_simt.glsl's layout). A k-part of dGh[s] is 24H bytes in float32 (v5: 48 KB, all of a
+// workgroup's shared memory), so it is staged in NPASS passes of its row quads, each a contiguous run
+// of the shadow; subgroup sg's column block of W_hh streams through a register ring of PD chunks (8
+// rows x 16 columns, a vec4 per invocation) and the subgroup's slot of `wst`, as the plain split's F32
+// does; invocation (lg, cg) takes lanes lg + 8 i and columns 4 cg .. +3. SUBGROUP32 as there.
 #define KFLAGS  // block flags (glsl/include/grid_sync.glsl): no grid barrier
 #define GROUP_STRIDE 32u
 #extension GL_EXT_control_flow_attributes : require
+#ifdef F32
+#ifdef SUBGROUP32
+#extension GL_KHR_memory_scope_semantics : require
+#endif
+#else
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #ifndef EMU
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_KHR_shader_subgroup_basic : require
+#endif
 #endif
 #include "phase_clock.glsl"
 #ifndef LF
@@ -42,7 +55,10 @@
 #define KPW 24  // 16-deep fragments of the 3H rows per k-part: KP * KPW * 16 == 3H
 #endif
 #ifndef PD
-#define PD 4    // W_hh fragments whose loads are in flight ahead of the product
+#define PD 4    // W_hh fragments (F32: chunks) whose loads are in flight ahead of the product
+#endif
+#ifndef NPASS
+#define NPASS 1 // F32: passes of the k-part's rows through the stage per step
 #endif
 #ifndef RES
 #define RES 0   // k-fragments whose W_hh fragments stay in registers (one item per workgroup)
@@ -70,10 +86,15 @@ layout(set = 0, binding = 7) writeonly buffer Dgi { float dgi[]; };     // [T,B,
 layout(set = 0, binding = 8) writeonly buffer Dgh { float dgh[]; };     // [T,B,3H] rows dgh_ld apart at dgh_off
 layout(set = 0, binding = 9) writeonly buffer Dh0 { float dh0[]; };     // [B,H] at dh0_off
 layout(set = 0, binding = 10) buffer Stats { uint stats[]; };           // ST_CLAMP_HITS (+=)
+#ifdef F32
+layout(set = 0, binding = 12) SWEEP_COHERENT buffer G4 { vec4 g4[]; };  // dGh's float32 shadow [2][3H/4][BP] (shadow_q)
+layout(set = 0, binding = 13) readonly buffer W32 { vec4 w4[]; };       // params again: W_hh [3H,H] at w_off
+#else
 // dGh's float16 shadow [2][BP][3H] in 16 x 16 blocks (shadow_at), and the same words as uvec4 (staging)
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16 { float16_t g16[]; };
 layout(set = 0, binding = 12) SWEEP_COHERENT buffer G16v { uvec4 g16v[]; };
 layout(set = 0, binding = 13) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+#endif
 layout(set = 0, binding = 14) SWEEP_COHERENT buffer Part { float part[]; };  // [2][KP][H/16][LF][16 x 16]
 layout(push_constant) uniform Push {
     uint s; uint T; uint B; uint H;
@@ -84,6 +105,78 @@ layout(push_constant) uniform Push {
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
 
+// Where the partial of k-part kp for column block cb starts (parity p), a [LF][16 x 16] block.
+uint part_at(uint p, uint kp, uint cb) { return ((p * KP + kp) * (pc.H / 16u) + cb) * (LF * 256u); }
+
+#ifdef F32
+#include "sweep_simt.glsl"
+#define G_STORE(p, b, c, cols, v) g4[shadow_q(p, b, c, cols)][(c) % 4u] = (v)
+const uint RB = BP / 8u;   // lanes per invocation in the product: lg, lg + 8, ...
+const uint KQ = KPW * 4u;  // row quads of a k-part
+const uint PQ = KQ / NPASS;  // of them staged per pass (even: whole chunks)
+const uint NC = KQ / 2u;   // chunks of 2 row quads per k-part
+const uint NCP = PQ / 2u;  // of them per pass
+shared vec4 dst[PQ * BP];  // the pass's row quads of dGh[s], [quad][lane] as in the shadow
+shared vec4 wst[KP * 32u];  // subgroup sg's chunk of W_hh at 32 sg: row e / 4's column quad e % 4 at e
+
+// Vec4 e (< 32) of the chunk from row quad q: W_hh's row 4 q + e / 4 at columns k0 + 4 (e % 4) .. +3.
+vec4 w_vec(uint e, uint q, uint k0) { return w4[pc.w_off / 4u + (4u * q + e / 4u) * (pc.H / 4u) + k0 / 4u + e % 4u]; }
+
+// Pass `pass` of dGh[s]'s rows of k-part kp into dst: PQ quads of every lane, one contiguous run of
+// the shadow, every load of the invocation issued before its stores.
+void stage(uint s, uint kp, uint pass) {
+    const uint N = PQ * BP, NT = 256u * LF, PER = (N + NT - 1u) / NT;
+    uint src = ((s % 2u) * (3u * pc.H / 4u) + kp * KQ + pass * PQ) * BP;
+    vec4 v[PER];
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + j * NT;
+        if (e < N) v[j] = g4[src + e];
+    }
+    [[unroll]] for (uint j = 0u; j < PER; ++j) {
+        uint e = gl_LocalInvocationIndex + j * NT;
+        if (e < N) dst[e] = v[j];
+    }
+}
+
+// Subgroup sg's partial of item (kp, cg) in float32: dGh[s]'s rows of k-part kp (staged pass by
+// pass once the k-part's blocks have counted to wait_blocks, 0: no wait) @ W_hh's rows of k-part kp
+// at column block cb, in k order, stored to part (parity s % 2). The ring's first chunks are loaded
+// before the wait. Uniform per workgroup (the stage's barriers).
+void product(uint s, uint kp, uint cb, uint wait_blocks) {
+    uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u, k0 = 16u * cb, q0 = kp * KQ;
+    uint st = (gl_LocalInvocationIndex / 32u) * 32u;
+    vec4 ring[PD];  // chunk c in slot c % PD
+    [[unroll]] for (uint c = 0u; c < PD && c < NC; ++c) ring[c] = w_vec(lane, q0 + 2u * c, k0);
+    if (wait_blocks > 0u) kgroup_wait(wait_blocks, kp);
+    vec4 acc[RB];
+    [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = vec4(0.0);
+    [[unroll]] for (uint pass = 0u; pass < NPASS; ++pass) {
+        barrier();  // dst is free: the pass (or item) before multiplied
+        stage(s, kp, pass);
+        barrier();
+        if (pass == 0u) PHASE(pc.s - s, 1u);
+        [[unroll]] for (uint c = 0u; c < NCP; ++c) {
+            uint gc = pass * NCP + c, r = gc % PD;
+            KG_BARRIER();  // the subgroup's slot of wst is free: chunk gc - 1 multiplied
+            wst[st + lane] = ring[r];
+            if (gc + PD < NC) ring[r] = w_vec(lane, q0 + 2u * (gc + PD), k0);
+            KG_BARRIER();  // chunk gc staged
+            [[unroll]] for (uint qq = 0u; qq < 2u; ++qq) {
+                uint wr = st + 16u * qq + cg;  // row 4 qq + j's column quad cg at wr + 4 j
+                vec4 w0 = wst[wr], w1 = wst[wr + 4u], w2 = wst[wr + 8u], w3 = wst[wr + 12u];
+                [[unroll]] for (uint i = 0u; i < RB; ++i) {
+                    acc[i] = fma4(dst[(2u * c + qq) * BP + lg + 8u * i], w0, w1, w2, w3, acc[i]);
+                }
+            }
+        }
+    }
+    uint at = part_at(s % 2u, kp, cb);
+    [[unroll]] for (uint i = 0u; i < RB; ++i) {
+        uint b = lg + 8u * i, e = at + (b / 16u) * 256u + (b % 16u) * 16u + 4u * cg;
+        [[unroll]] for (uint c = 0u; c < 4u; ++c) part[e + c] = acc[i][c];
+    }
+}
+#else  // tensor cores
 // The item's k-part of dGh[s], lane fragment lf's fragment kf at (lf * KPW + kf) * 64: 8-byte words
 // (4 halves), as the tensor-core GEMM's shared tiles, so the stage's 16-byte loads land in two
 // conflict-free stores; fragment loads count in words (ASH_UNIT halves), the emulation in halves.
@@ -100,10 +193,6 @@ shared uvec2 ash[LF * KPW * 64u];
 #define ACC_SHARED part  // the emulation's accumulator store (unused: accumulators go to `part` by ACC_STORE_BUF)
 #include "sweep_frag.glsl"
 #define G_STORE(p, b, c, cols, v) g16[shadow_at(p, b, c, cols)] = float16_t(v)
-#include "gru_backward_element.glsl"
-
-// Where the partial of k-part kp for column block cb starts (parity p), a [LF][16 x 16] block.
-uint part_at(uint p, uint kp, uint cb) { return ((p * KP + kp) * (pc.H / 16u) + cb) * (LF * 256u); }
 
 #if RES > 0
 FRAG_B rw[RES];  // W_hh's first RES fragments of this subgroup's column block in the item's k-part
@@ -175,13 +264,15 @@ void product(uint s, uint kp, uint cb, uint wait_blocks) {
     ACC_STORE_BUF(q, part, at + 256u, 16u);
 #endif
 }
+#endif  // F32
+#include "gru_backward_element.glsl"
 
 void main() {
     uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, b = tid / 16u, H = pc.H;
     uint n_cb = H / 16u, n_it = n_cb, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
-#if RES > 0
+#if RES > 0 && !defined(F32)
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_it) load_w(wg % KP, i, (wg / KP) * KP + sg, rw[i]);
     }

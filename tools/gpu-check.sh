@@ -225,6 +225,18 @@ part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench c
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-stream.json"
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+# the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
+# parity (the ksplit32 rows run whatever the environment says), v5's fp32 step on the plain split and on
+# it with rings of W_hh chunks 4, 8 (its default) and 12 deep, and its phase clocks
+part parity-ksplit32-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-ksplit32-gru.json"
+part bench-v5-fp32-plain env CATCHAT_STREAM_KSPLIT=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
+    --warmup 1 --profile --json "$out/bench-v5-fp32-plain.json"
+for d in 8 4 12; do
+    part "bench-v5-fp32-ksplit-d$d" env CATCHAT_STREAM_KSPLIT=1 CATCHAT_STREAM32_DEPTH=$d $py -m catchat.cli bench \
+        configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-ksplit-d$d.json"
+done
+part phases-v5-fp32-ksplit env CATCHAT_STREAM_KSPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
+    --reps 1
 # their knobs: register rings (forward k quads, backward chunks) shallower and deeper; stages synced by
 # workgroup barriers instead of subgroup ones
 # (the backward's ring CATCHAT_STREAM32_DEPTH=N; its stages synced by the workgroup's barrier: CATCHAT_STREAM32_SUBGROUP=0)

@@ -263,6 +263,10 @@ KSPLIT_GPU_CASES = [
     ((5, 32, 512, AUTO, 0.02), 3),
     ((4, 32, 2048, AUTO, 0.02), -1),
 ]
+# The float32 k-split (ksplit32: stream_f32 with CATCHAT_STREAM_KSPLIT=1) against the fp32 reference:
+# the same shapes on any device (no tensor cores needed), and on a GPU at v5's width.
+KSPLIT_F32_CASES = KSPLIT_CASES
+KSPLIT_F32_GPU_CASES = KSPLIT_GPU_CASES
 
 
 def persistent_counts(dev: Device) -> tuple[int, ...]:
@@ -290,6 +294,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if dev.runs_float16:
         ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
+    ksplit32 = KSPLIT_F32_CASES + (KSPLIT_F32_GPU_CASES if dev.info.type != "CPU" else [])
+    runs += [(c, device_sms(dev) if n < 0 else n, "ksplit32") for c, n in ksplit32]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
@@ -298,7 +304,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
-                              stream_f32=variant == "stream32", save_half=half_saves)
+                              stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves)
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None

@@ -26,6 +26,8 @@ def test_parity(dev):
             "_coop": len(gru_parity.COOP_CASES) if coopmat_runs(dev) else 0,
             "_stream": stream, "_stream16": stream, "_ksplit": ksplit, "_ksplit16": ksplit,
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
+                                                             if dev.info.type != "CPU" else 0),
+            "_ksplit32": len(gru_parity.KSPLIT_F32_CASES) + (len(gru_parity.KSPLIT_F32_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0)}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}

@@ -439,11 +439,45 @@ def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
     monkeypatch.setenv(gru.KSPLIT_ENV, "1")
     t = gru.stream_tiles(32, 2048, True)
     assert (t.ksplit, t.lane_frags, t.k_per_group, t.resident, t.flags) == (True, 2, 24, 12, True)
-    assert not gru.stream_tiles(32, 2048, False).ksplit and not gru.stream_tiles(32, 2048, True, f32=True).ksplit
+    assert not gru.stream_tiles(32, 2048, False).ksplit
     assert not gru.stream_tiles(32, 2048 - 16, True).ksplit  # H not whole column groups: the plain split
     monkeypatch.setenv(gru.KSPLIT_ENV, "yes")
     with pytest.raises(UsageError, match="CATCHAT_STREAM_KSPLIT"):
         gru.stream_tiles(32, 2048, True)
+
+
+def test_float32_ksplit_is_asked_for_and_stages_its_k_part_in_passes(monkeypatch):
+    """The float32 k-split (off by default until a GPU measures it; CATCHAT_STREAM_KSPLIT=1): at v5 16
+    k-parts of 24 fragments (48 KB of dGh in float32) staged in 2 passes of 24 KB beside 16 subgroups'
+    W_hh chunks (8 KB), a ring of 8 chunks; the passes divide the chunks and fit the stage's bytes."""
+    monkeypatch.delenv(gru.KSPLIT_ENV, raising=False)
+    assert gru.stream_tiles(32, 2048, True, f32=True).ksplit == gru.stream.KSPLIT32_DEFAULT
+    monkeypatch.setenv(gru.KSPLIT_ENV, "1")
+    t = gru.stream_tiles(32, 2048, True, f32=True)
+    assert t == gru.StreamTiles(2, 24, 8, f32=True, flags=True, ksplit=True)
+    assert gru.stream.ksplit32_passes(t) == 2 and gru.stream.stream_shared_bytes(t, True) == 32 * 1024
+    defines = gru.stream.stream_defines(t, 2048, True, emulate=False, subgroup=32)
+    assert defines == {"LF": 2, "KPW": 24, "PD": 8, "F32": 1, "NPASS": 2, "SUBGROUP32": 1}
+    small = gru.stream_tiles(9, 256, True, f32=True)  # one lane fragment: 8 k-parts of 6 fragments, 6 KB
+    assert (small.lane_frags, small.k_per_group, gru.stream.ksplit32_passes(small)) == (1, 6, 1)
+    monkeypatch.setattr(gru.stream, "KSPLIT32_STAGE_BYTES", 1000)  # 6 KB in passes of at most 1000 bytes
+    assert gru.stream.ksplit32_passes(small) == 12  # the chunks' divisors skip 7..11: one chunk a pass
+    monkeypatch.setattr(gru.stream, "KSPLIT32_STAGE_BYTES", 2048)
+    assert gru.stream.ksplit32_passes(small) == 3
+    monkeypatch.setenv(gru.stream.DEPTH32_ENV, "2")
+    assert gru.stream_tiles(32, 2048, True, f32=True).depth == 2
+    monkeypatch.setenv(gru.KSPLIT_ENV, "0")
+    assert not gru.stream_tiles(32, 2048, True, f32=True).ksplit
+
+
+@pytest.mark.parametrize("stage_bytes,passes", [(3072, 2), (1024, 6)])
+def test_float32_ksplit_in_passes_matches_the_twin(dev, monkeypatch, stage_bytes, passes):
+    """The float32 k-split with its k-part staged in several passes (as v5's is in 2; here a smaller
+    stage forces them at a shape lavapipe runs): the float32 twin's results, hit counts, no timeout."""
+    monkeypatch.setenv(gru.KSPLIT_ENV, "1")
+    monkeypatch.setattr(gru.stream, "KSPLIT32_STAGE_BYTES", stage_bytes)
+    got = _streamed_like_the_twin(dev, 3, 20, 256, 1, f32=True)
+    assert got["tiles"][1].ksplit and got["tiles"][1].f32 and gru.stream.ksplit32_passes(got["tiles"][1]) == passes
 
 
 @pytest.mark.parametrize("n_wg,ksplit", [(0, False), (1, True)])

@@ -72,6 +72,17 @@ FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 # docs/results/2026-12-05-h100-catchat-v5-fp16-{base,ksplit}.json); CATCHAT_STREAM_KSPLIT=0 turns it off.
 KSPLIT_ENV = "CATCHAT_STREAM_KSPLIT"
 KSPLIT_DEFAULT = True  # where it applies and CATCHAT_STREAM_KSPLIT is unset
+# The same k-split in float32 (the shader's F32): every workgroup of the plain split reads all of dGh[s]
+# in float32 each step (v5: 786 KB a workgroup, 100 MB a step; the fp32 backward sweep takes 64.4 us a
+# step on the H200 against the forward's 39.6). Off until measured on a GPU; CATCHAT_STREAM_KSPLIT=1
+# asks for it.
+KSPLIT32_DEFAULT = False
+# Bytes of a k-part of dGh staged at a time in float32 (its passes: the shader's NPASS). A k-part is 24H
+# bytes whatever the lanes (v5: 48 KB); with the W_hh chunks' 8 KB beside it the stage fits 32 KB.
+KSPLIT32_STAGE_BYTES = 24 * 1024
+# The float32 k-split's ring of W_hh chunks (8 rows x 16 columns, a vec4 per invocation) loaded ahead;
+# deeper than the plain split's, whose chunks also carry dGh (CATCHAT_STREAM32_DEPTH sets both).
+KSPLIT32_DEPTH = 8
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
@@ -142,10 +153,24 @@ def ksplit_ok(B: int, H: int) -> bool:
             and kp + H // (16 * kp) <= SYNC_GROUPS)
 
 
-def stream_ksplit() -> bool:
-    """Whether the k-split backward is asked for: CATCHAT_STREAM_KSPLIT 0 or 1, else KSPLIT_DEFAULT."""
+def stream_ksplit(f32: bool = False) -> bool:
+    """Whether the k-split backward is asked for: CATCHAT_STREAM_KSPLIT 0 or 1, else KSPLIT_DEFAULT
+    (KSPLIT32_DEFAULT for the float32 sweeps)."""
     return env_switch(KSPLIT_ENV, "set 1 (the backward's product split over k) or 0 (the plain split), or unset it",
-                      KSPLIT_DEFAULT)
+                      KSPLIT32_DEFAULT if f32 else KSPLIT_DEFAULT)
+
+
+def ksplit32_stage_bytes(tiles: StreamTiles) -> int:
+    """Bytes of a float32 k-part of dGh: its 16 * k_per_group rows of 16 * lane_frags lanes (24H)."""
+    return tiles.lane_frags * tiles.k_per_group * 1024
+
+
+def ksplit32_passes(tiles: StreamTiles) -> int:
+    """The float32 k-split's passes of a k-part through its stage: the fewest that divide its chunks
+    (2 row quads each) and stage at most KSPLIT32_STAGE_BYTES at a time."""
+    chunks = 2 * tiles.k_per_group
+    return next(n for n in range(1, chunks + 1)
+                if chunks % n == 0 and ksplit32_stage_bytes(tiles) // n <= KSPLIT32_STAGE_BYTES or n == chunks)
 
 
 def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None) -> StreamTiles:
@@ -155,8 +180,11 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
-    if backward and not f32 and (stream_ksplit() if ksplit is None else ksplit) and ksplit_ok(B, H):
+    if backward and (stream_ksplit(f32) if ksplit is None else ksplit) and ksplit_ok(B, H):
         kpw = 3 * H // 16 // ksplit_parts(lane_frags)
+        if f32:  # the ring of W_hh chunks (2 row quads each) ahead
+            return StreamTiles(lane_frags, kpw, min(stream32_depth(KSPLIT32_DEPTH), 2 * kpw), f32=True, flags=True,
+                               ksplit=True)
         res = min(kpw, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[1])
         return StreamTiles(lane_frags, kpw, min(kpw, stream_depth()[1]), res, flags=True, ksplit=True)
     groups = ceil_div(B, 16 * lane_frags)
@@ -170,11 +198,11 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
                        flags=stream_flags(), lane_groups=groups)
 
 
-def stream32_depth() -> int:
-    """The float32 backward's ring depth: CATCHAT_STREAM32_DEPTH, else STREAM32_DEPTH."""
+def stream32_depth(default: int = STREAM32_DEPTH) -> int:
+    """The float32 backward's ring depth: CATCHAT_STREAM32_DEPTH, else `default`."""
     env = os.environ.get(DEPTH32_ENV, "").strip()
     if not env:
-        return STREAM32_DEPTH
+        return default
     if env.isdigit() and int(env) >= 1:
         return int(env)
     raise UsageError(f"{DEPTH32_ENV}={env!r} is not a count of at least 1",
@@ -211,6 +239,8 @@ def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
     x lane fragments of 16 x 16 floats (plus the grid barrier's flag, none with block flags). f32
     backward: or, where larger, `stage` (the same words): each k-group's vec4s of 2 row quads (32 of
     W_hh, 32 per lane fragment)."""
+    if tiles.ksplit and tiles.f32:  # `dst`: a pass of the k-part of dGh; `wst`: each subgroup's W_hh chunk
+        return ksplit32_stage_bytes(tiles) // ksplit32_passes(tiles) + ksplit_parts(tiles.lane_frags) * 512
     if tiles.ksplit:  # `ash`: the item's k-part of dGh, both lane fragments
         return tiles.lane_frags * tiles.k_per_group * 512
     red = 4 * 256 * (STREAM_KGROUPS * tiles.lane_frags if backward else 4 * tiles.lane_frags * 3)
@@ -273,6 +303,10 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     (lane groups, past 32 lanes).
     f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
     32 wide (its stage synced by subgroup barriers)."""
+    if tiles.ksplit and tiles.f32:
+        warp_sync = subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
+        return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
+                "NPASS": ksplit32_passes(tiles), **({"SUBGROUP32": 1} if warp_sync else {})}
     if tiles.ksplit:  # glsl/gru_backward_ksplit.comp: block flags always, every k-part whole
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
                 **({"RES": tiles.resident} if tiles.resident else {}),
