@@ -116,7 +116,9 @@ class StreamTiles(NamedTuple):
     `ksplit` (backward, one lane group): the product split over k between workgroups instead
     (glsl/gru_backward_ksplit.comp): `k_per_group` is then a k-part's fragments (KPW: `ksplit_parts`
     k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
-    memory but the staged k-part of dGh."""
+    memory but the staged k-part of dGh. With `f32` as well, the same split in float32: `depth` is the
+    ring of W_hh chunks (8 rows x 16 columns), and the k-part is staged in `ksplit32_passes` passes beside
+    each subgroup's chunk."""
 
     lane_frags: int
     k_per_group: int
