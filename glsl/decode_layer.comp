@@ -20,8 +20,12 @@
 // HALF (the "fused16" step, precision fp16): W_ih and W_hh come from a float16 copy (binding 6, the
 // layout DecodeLayer's start makes: W_hh of layer l at l 3H^2 halves, W_ih of layer l > 0 at
 // (L + l - 1) 3H^2; w_ih and w_hh in the push constants are offsets there), half the bytes a step
-// reads, and the products' other operands are rounded to float16 as they are loaded (h_old; the layer
-// below's (x + h) g): the numerics of the tensor-core step, float32 sums, the same twin.
+// reads, and the products' other operands are float16: the numerics of the tensor-core step, float32
+// sums, the same twin. Those operands come from float16 shadows (binding 7, `a16`), each element
+// rounded once where it is written, not in every unit's k loop: h16 [2 parities][L][B][H], the state
+// (h_new written beside the float32 state; parity 0 from the state at a call's start), then y16
+// [L][B][H] = float16((x + h) g_l), layer l's input to the layer above (g_self: layer l's norm weight).
+// The sum of y^2 for the norm still comes from the float32 x + h.
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_control_flow_attributes : require
@@ -45,11 +49,11 @@ layout(constant_id = 3) const uint B = 1;   // streams
 #define HT float16_t
 #endif
 layout(set = 0, binding = 6) readonly buffer W16 { HT w16[]; };  // float16 W_hh, W_ih copies
+layout(set = 0, binding = 7) buffer A16 { HT a16[]; };            // h16, then y16 (above)
+layout(set = 0, binding = 7) buffer A16s { float16_t a16s[]; };   // the same, by half
 #define WLOAD(i) VT(w16[i])
-#include "round_half.glsl"  // the products' other operands, as loaded
 #else
 #define WLOAD(i) params[i]
-#define round_half(v) (v)
 #endif
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };      // flat ParamLayout
@@ -70,9 +74,11 @@ layout(push_constant) uniform Push {
     uint units_wgs;  // workgroups along units: ceil(H / subgroups per workgroup)
     uint bos;
     float sqrt_h, eps;
+    uint g_self;  // offset of layer l's norm weight (HALF: y16 for the layer above)
 } pc;
 
 uint st(uint half_, uint l, uint b) { return ((half_ * pc.L + l) * B + b) * H; }  // in floats
+uint y16_at(uint l, uint b) { return ((2u * pc.L + l) * B + b) * H; }  // HALF: y16 in a16, in halves
 
 // Layer 0's input side at unit j for token `tok`: gi (table0 row times sqrt(H)) and x = E[tok, j] sqrt(H).
 // A token outside the vocabulary is a zero row (as the batched gather).
@@ -115,6 +121,9 @@ void main() {
     float bi0 = params1[pc.b_ih + j], bi1 = params1[pc.b_ih + H + j], bi2 = params1[pc.b_ih + 2u * H + j];
     float bh0 = params1[pc.b_hh + j], bh1 = params1[pc.b_hh + H + j], bh2 = params1[pc.b_hh + 2u * H + j];
     float gj = first ? 0.0 : params1[pc.g_prev + j];
+#ifdef HALF
+    float g_self = params1[pc.g_self + j];
+#endif
     float hold_j[SB], y_j[SB];
     bool done[SB];
     [[unroll]] for (uint s = 0u; s < SB; ++s) {
@@ -129,17 +138,27 @@ void main() {
         VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
         if (!first) {
             wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k);
+#ifndef HALF
             gk = params[pc.g_prev / W + k];
+#endif
         }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
             uint b = b0 + s;
             if (b >= B) break;  // uniform in the subgroup
-            VT hold = round_half(state[st(oldh, l, b) / W + k] * keep[s]);
+#ifdef HALF
+            VT hold = VT(a16[st(oldh, l, b) / W + k]) * keep[s];
+#else
+            VT hold = state[st(oldh, l, b) / W + k] * keep[s];
+#endif
             ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
             if (!first) {
                 VT y = ysum[((l - 1u) * B + b) * HW + k];
                 ss[s] += DOT(y, y);
-                VT yg = round_half(y * gk);
+#ifdef HALF
+                VT yg = VT(a16[y16_at(l - 1u, b) / W + k]);
+#else
+                VT yg = y * gk;
+#endif
                 ai[0][s] += DOT(wi0, yg); ai[1][s] += DOT(wi1, yg); ai[2][s] += DOT(wi2, yg);
             }
         }
@@ -163,6 +182,10 @@ void main() {
                                          hold_j[s] * keep[s]);
             state1[st(newh, l, b) + j] = h;
             ysum1[(l * B + b) * H + j] = x + h;
+#ifdef HALF
+            a16s[st(newh, l, b) + j] = float16_t(h);
+            a16s[y16_at(l, b) + j] = float16_t((x + h) * g_self);
+#endif
         }
     }
 }

@@ -336,6 +336,10 @@ for c in v3 v5; do
     # beside PyTorch's float16 model and CUDA graph
     part "gen-fused16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,4 --steps 1024 \
         --precision fp16 --decode fused,fused16 --compare-torch --json "$out/gen-fused16-$c.json"
+    # the few-stream steps since fused16 reads float16 shadows (rounded once where written): which of fused,
+    # fused16 and coop each batch of 1-8 should take (decode.FUSED16_MAX_STREAMS, COOP_MIN_STREAMS)
+    part "gen-small-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2,4,8 --steps 1024 \
+        --precision fp16 --decode fused,fused16,coop --compare-torch --json "$out/gen-small-$c.json"
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
     part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"

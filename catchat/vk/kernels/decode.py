@@ -108,7 +108,9 @@ class DecodeLayer(Kernel):
     layer, the first one's input included, from the push constants). A subgroup per unit and stream
     tile, its lanes over k (`decode_shape`). half (the "fused16" step): the weights from a float16
     copy (`w16`, made by `start_ops`: half the bytes a step reads) and the products' other operands
-    rounded to float16, the tensor-core step's numerics (decode_layer.comp's HALF)."""
+    from float16 shadows of the state and of each layer's normed x + h (`a16`, rounded once where
+    written; the state's of parity 0 made by `start_ops`), the tensor-core step's numerics
+    (decode_layer.comp's HALF)."""
 
     shader = "decode_layer"
 
@@ -119,10 +121,15 @@ class DecodeLayer(Kernel):
         # batch 1: two subgroups (units) per workgroup, so the step spreads over every SM; more
         # streams: eight, which share their stream tile's inputs through L1
         self.shape = sh = decode_shape(dev, self.H, self.B, subgroups=2 if self.B == 1 else 8)
-        tensors, defines, self._weights = [params, table0, state, ysum, token, ctl], sh.defines(self.H), []
+        tensors, defines, self._start_kernels = [params, table0, state, ysum, token, ctl], sh.defines(self.H), []
         if self.half:
-            self.w16, self._weights = half_weights(dev, layout, params)
-            tensors, defines = tensors + [self.w16], {**(defines or {}), "HALF": 1}
+            from catchat.vk.kernels import ToHalf
+
+            self.w16, self._start_kernels = half_weights(dev, layout, params)
+            n = self.L * self.B * self.H  # h16 of both parities, then y16: [3][L][B][H] halves
+            self.a16 = dev.tensor(ceil_div(3 * n, 2), np.uint32)
+            self._start_kernels.append(ToHalf(dev, state, self.a16, n))  # the state's shadow, parity 0
+            tensors, defines = tensors + [self.w16, self.a16], {**(defines or {}), "HALF": 1}
         super().__init__(dev, tensors, [sh.workgroups(self.B)], spec=sh.spec(self.H, self.B), push=self._push(0, 0),
                          defines=defines)
 
@@ -139,12 +146,13 @@ class DecodeLayer(Kernel):
         w_ih, w_hh = self._weight_offsets(layer)
         return (layer, parity, self.L, s.vocab_size, w_ih, w_hh,
                 o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
-                float(math.sqrt(self.H)), float(s.norm_eps))
+                float(math.sqrt(self.H)), float(s.norm_eps), o[p + "norm.weight"])
 
     def start_ops(self) -> list:
         """What a call's start records after taking the carry into state half 0: half, the float16
-        copies of W_hh and W_ih from the parameters; else nothing (the kernel reads params as they are)."""
-        return [op for k in self._weights for op in k.ops()]
+        copies of W_hh and W_ih from the parameters and the state's float16 shadow of parity 0; else
+        nothing (the kernel reads params and the state as they are)."""
+        return [op for k in self._start_kernels for op in k.ops()]
 
     def step(self, layer: int, parity: int):
         """The dispatch of `layer` reading state half `parity` and writing the other."""
