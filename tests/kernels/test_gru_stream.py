@@ -480,6 +480,24 @@ def test_float32_ksplit_in_passes_matches_the_twin(dev, monkeypatch, stage_bytes
     assert got["tiles"][1].ksplit and got["tiles"][1].f32 and gru.stream.ksplit32_passes(got["tiles"][1]) == passes
 
 
+def test_float32_ksplit_is_deterministic_and_not_the_plain_splits_order(dev, monkeypatch):
+    """Two runs of the float32 k-split give the same bits (its partials summed in k-part order); the
+    plain float32 split sums in another order, so its dh0 differs in the last bits somewhere."""
+    from catchat.parity import gru as gru_parity
+
+    case = gru_parity.make_case(3, 20, 256)
+    runs = {}
+    for ksplit in ("1", "1", "0"):
+        monkeypatch.setenv(gru.KSPLIT_ENV, ksplit)
+        got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(1, 1), stream_f32=True)
+        assert got["tiles"][1].ksplit == (ksplit == "1")
+        runs.setdefault(ksplit, []).append(got)
+    a, b = runs["1"]
+    for k in ("dgi", "dgh", "dh0"):
+        np.testing.assert_array_equal(a[k].view(np.uint32), b[k].view(np.uint32), err_msg=k)
+    assert not np.array_equal(a["dh0"], runs["0"][0]["dh0"])
+
+
 @pytest.mark.parametrize("n_wg,ksplit", [(0, False), (1, True)])
 def test_ksplit_backward_runs_persistent_only(dev, monkeypatch, n_wg, ksplit):
     """The k-split's items meet inside a step, so a sweep of a dispatch per step falls back to the plain
