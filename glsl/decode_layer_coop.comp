@@ -21,6 +21,8 @@
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
 // WSH (opt-in, where its buffers fit): W's blocks of each k fragment staged once per workgroup in
 // shared memory for all its subgroups, below; without it each subgroup loads its own.
+// PROBE (timing only, wrong results; without WSH, on real fragments): 1 = no W loads (constant W
+// fragments), 2 = no h16 / y16 loads: what a step costs without those bytes (tools/gpu-check.sh).
 // Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
 // 16] for y16 (SP = B rounded up to 16; rows past B are zeros the host wrote and stay zero: a row of
 // a product depends only on its own row, so they never reach a real stream).
@@ -45,6 +47,19 @@
 // same order either way, so the sums are the same bits.
 #ifndef PD
 #define PD 3    // stages of fragments in the ring: the loads of PD - 1 k fragments ahead in flight
+#endif
+#ifndef PROBE
+#define PROBE 0
+#endif
+#if PROBE == 1
+#define LOAD_W(m, off, stride, col) m = FRAG_B(float16_t(0.001))
+#else
+#define LOAD_W(m, off, stride, col) LOAD_B(m, off, stride, col)
+#endif
+#if PROBE == 2
+#define LOAD_ACT(m, off, stride, col) m = FRAG_A(float16_t(0.001))
+#else
+#define LOAD_ACT(m, off, stride, col) LOAD_A(m, off, stride, col)
 #endif
 #define NSUB (SF * KS)
 // Real fragments live in registers: the ring's loops unroll so every stage index is a constant.
@@ -163,15 +178,15 @@ void main() {
     FRAG_A rh[PD], ry[PD];
     FRAG_B rw[PD * 6u];  // stage s: W_hh's 3 gates at 6 s, W_ih's at 6 s + 3
 #define LOAD_STAGE(s, kf) { \
-        LOAD_A(rh[s], h16_block(oldh, l, fb, kf), 16u, false); \
-        LOAD_B(rw[6u * (s)], w_at(l, false, r0, kf), 16u, true); \
-        LOAD_B(rw[6u * (s) + 1u], w_at(l, false, r1, kf), 16u, true); \
-        LOAD_B(rw[6u * (s) + 2u], w_at(l, false, r2, kf), 16u, true); \
+        LOAD_ACT(rh[s], h16_block(oldh, l, fb, kf), 16u, false); \
+        LOAD_W(rw[6u * (s)], w_at(l, false, r0, kf), 16u, true); \
+        LOAD_W(rw[6u * (s) + 1u], w_at(l, false, r1, kf), 16u, true); \
+        LOAD_W(rw[6u * (s) + 2u], w_at(l, false, r2, kf), 16u, true); \
         if (!first) { \
-            LOAD_A(ry[s], y16_block(l - 1u, fb, kf), 16u, false); \
-            LOAD_B(rw[6u * (s) + 3u], w_at(l, true, r0, kf), 16u, true); \
-            LOAD_B(rw[6u * (s) + 4u], w_at(l, true, r1, kf), 16u, true); \
-            LOAD_B(rw[6u * (s) + 5u], w_at(l, true, r2, kf), 16u, true); } }
+            LOAD_ACT(ry[s], y16_block(l - 1u, fb, kf), 16u, false); \
+            LOAD_W(rw[6u * (s) + 3u], w_at(l, true, r0, kf), 16u, true); \
+            LOAD_W(rw[6u * (s) + 4u], w_at(l, true, r1, kf), 16u, true); \
+            LOAD_W(rw[6u * (s) + 5u], w_at(l, true, r2, kf), 16u, true); } }
     if (live) {
         RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
             if (s < NK) LOAD_STAGE(s, k_lo + s);

@@ -361,6 +361,12 @@ for c in v3 v5; do
         --batches 32,64 --steps 1024 --decode batched --json "$out/gen-batched-perstep-$c.json"
 done
 # v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
+# what bounds the tensor-core decode step at v5's 64 streams (0.59x torch's float16 graph): its layers'
+# device time with and without their W loads (probe 1) and their h16 / y16 loads (probe 2); wrong tokens
+for p in 0 1 2; do
+    part "gen-coop-probe$p-v5" env CATCHAT_DECODE_COOP_PROBE=$p $py tools/bench_generate.py configs/catchat-v5.toml \
+        --batches 64 --steps 512 --decode coop --json "$out/gen-coop-probe$p-v5.json"
+done
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \

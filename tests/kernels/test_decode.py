@@ -2,6 +2,7 @@
 plus the edges a parity table does not show."""
 
 import numpy as np
+import pytest
 
 from catchat.data import vocab
 from catchat.inference.generate import Sampling
@@ -198,3 +199,22 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
         assert got["0"][0] == got["1"][0]
         np.testing.assert_array_equal(got["0"][1], got["1"][1])
         np.testing.assert_array_equal(got["0"][2], got["1"][2])
+
+
+def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):
+    """CATCHAT_DECODE_COOP_PROBE (1: no W loads, 2: no h16 / y16 loads; wrong results) runs only on real
+    fragments without W staged in shared memory; anything else is refused by name."""
+    from catchat.errors import UsageError
+    from catchat.vk.kernels import decode
+
+    monkeypatch.delenv(decode.PROBE_ENV, raising=False)
+    assert decode.coop_probe(real_fragments=False, wshared=False) == 0
+    for value in ("1", "2"):
+        monkeypatch.setenv(decode.PROBE_ENV, value)
+        assert decode.coop_probe(real_fragments=True, wshared=False) == int(value)
+        for real, wshared in ((False, False), (True, True)):
+            with pytest.raises(UsageError, match=decode.PROBE_ENV):
+                decode.coop_probe(real_fragments=real, wshared=wshared)
+    monkeypatch.setenv(decode.PROBE_ENV, "3")
+    with pytest.raises(UsageError, match="is not one of 0, 1, 2"):
+        decode.coop_probe(real_fragments=True, wshared=False)

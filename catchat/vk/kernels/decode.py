@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from catchat.data import vocab
+from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
@@ -195,6 +196,19 @@ def coop_subgroups(H: int) -> int:
 # buffers fit beside the k parts' slots (at 64 streams a workgroup: v5). Opt-in until a GPU has timed
 # it (gpu-check gen-coop-wsh-v5); the same results either way.
 WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
+# CATCHAT_DECODE_COOP_PROBE=1 or 2: timing probes of the tensor-core step that skip its W loads (1) or its
+# h16 / y16 loads (2), on real fragments without WSH (decode_layer_coop.comp's PROBE): wrong results,
+# for tools/gpu-check.sh to tell which bytes bound a step. 0 or unset: none.
+PROBE_ENV = "CATCHAT_DECODE_COOP_PROBE"
+
+
+def coop_probe(real_fragments: bool, wshared: bool) -> int:
+    """CATCHAT_DECODE_COOP_PROBE (0, 1 or 2), refused where the fragments are emulated or W is staged."""
+    probe = env_choice(PROBE_ENV, (0, 1, 2), 0)
+    if probe and (not real_fragments or wshared):
+        raise UsageError(f"{PROBE_ENV}={probe} probes the tensor-core decode step on real fragments without "
+                         f"W staged in shared memory", hint=f"unset {PROBE_ENV} (or {WSHARED_ENV})")
+    return probe
 
 
 def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:
@@ -273,8 +287,9 @@ class DecodeLayerCoop(Kernel):
         dev.upload([self.act16])
         self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
                         and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
+        probe = coop_probe(coopmat_runs(dev), self.wshared)
         defines = {**sh.defines(), **({"WSH": 1} if self.wshared else {}),
-                   **({} if coopmat_runs(dev) else {"EMU": 1})}
+                   **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)
