@@ -306,9 +306,8 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
     32 wide (its stage synced by subgroup barriers)."""
     if tiles.ksplit and tiles.f32:
-        warp_sync = subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
-                "NPASS": ksplit32_passes(tiles), **({"SUBGROUP32": 1} if warp_sync else {})}
+                "NPASS": ksplit32_passes(tiles), **_subgroup_stages(subgroup)}
     if tiles.ksplit:  # glsl/gru_backward_ksplit.comp: block flags always, every k-part whole
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
                 **({"RES": tiles.resident} if tiles.resident else {}),
@@ -317,9 +316,8 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
     if tiles.f32:
-        warp_sync = backward and subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0"
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
-                **({"FULL": "true"} if full else {}), **({"SUBGROUP32": 1} if warp_sync else {})}
+                **({"FULL": "true"} if full else {}), **(_subgroup_stages(subgroup) if backward else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
             **({"RES": tiles.resident} if tiles.resident else {}),
@@ -327,6 +325,12 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
             **({"FULL": "true"} if full else {}),
             **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
             **w16_cache(), **({"EMU": 1} if emulate else {})}
+
+
+def _subgroup_stages(subgroup: int) -> dict:
+    """SUBGROUP32 where the float32 backward's stages sync by subgroup barriers: subgroups 32 wide, unless
+    CATCHAT_STREAM32_SUBGROUP=0."""
+    return {"SUBGROUP32": 1} if subgroup == 32 and os.environ.get(SUBGROUP32_ENV, "").strip() != "0" else {}
 
 
 def ksplit_partial_words(tiles: StreamTiles, H: int) -> int:
