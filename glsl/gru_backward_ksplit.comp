@@ -119,9 +119,6 @@ const uint NCP = PQ / 2u;  // of them per pass
 shared vec4 dst[PQ * BP];  // the pass's row quads of dGh[s], [quad][lane] as in the shadow
 shared vec4 wst[KP * 32u];  // subgroup sg's chunk of W_hh at 32 sg: row e / 4's column quad e % 4 at e
 
-// Vec4 e (< 32) of the chunk from row quad q: W_hh's row 4 q + e / 4 at columns k0 + 4 (e % 4) .. +3.
-vec4 w_vec(uint e, uint q, uint k0) { return w4[pc.w_off / 4u + (4u * q + e / 4u) * (pc.H / 4u) + k0 / 4u + e % 4u]; }
-
 // Pass `pass` of dGh[s]'s rows of k-part kp into dst: PQ quads of every lane, one contiguous run of
 // the shadow, every load of the invocation issued before its stores.
 void stage(uint s, uint kp, uint pass) {
@@ -146,7 +143,7 @@ void product(uint s, uint kp, uint cb, uint wait_blocks) {
     uint lane = gl_LocalInvocationIndex % 32u, lg = lane % 8u, cg = lane / 8u, k0 = 16u * cb, q0 = kp * KQ;
     uint st = (gl_LocalInvocationIndex / 32u) * 32u;
     vec4 ring[PD];  // chunk c in slot c % PD
-    [[unroll]] for (uint c = 0u; c < PD && c < NC; ++c) ring[c] = w_vec(lane, q0 + 2u * c, k0);
+    [[unroll]] for (uint c = 0u; c < PD && c < NC; ++c) ring[c] = w_chunk_vec(lane, q0 + 2u * c, k0);
     if (wait_blocks > 0u) kgroup_wait(wait_blocks, kp);
     vec4 acc[RB];
     [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = vec4(0.0);
@@ -159,7 +156,7 @@ void product(uint s, uint kp, uint cb, uint wait_blocks) {
             uint gc = pass * NCP + c, r = gc % PD;
             KG_BARRIER();  // the subgroup's slot of wst is free: chunk gc - 1 multiplied
             wst[st + lane] = ring[r];
-            if (gc + PD < NC) ring[r] = w_vec(lane, q0 + 2u * (gc + PD), k0);
+            if (gc + PD < NC) ring[r] = w_chunk_vec(lane, q0 + 2u * (gc + PD), k0);
             KG_BARRIER();  // chunk gc staged
             [[unroll]] for (uint qq = 0u; qq < 2u; ++qq) {
                 uint wr = st + 16u * qq + cg;  // row 4 qq + j's column quad cg at wr + 4 j

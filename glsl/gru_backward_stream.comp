@@ -255,13 +255,9 @@ shared vec4 smem4[RED4 > KGS * SQ ? RED4 : KGS * SQ];
 // Vec4 e of the k-group's chunk from row quad qa (zero past 3H): W_hh's row 4 qa + e / 4 at columns
 // k0 + 4 (e % 4) .. +3, or dGh's (quad qa + (e - 32) / BP, lane (e - 32) % BP) from its shadow at gb.
 vec4 chunk_vec(uint e, uint qa, uint k0, uint gb) {
-    uint H4 = pc.H / 4u;
-    if (e < 32u) {
-        uint r = 4u * qa + e / 4u;
-        return (FULL || r < 3u * pc.H) ? w4[pc.w_off / 4u + r * H4 + k0 / 4u + e % 4u] : vec4(0.0);
-    }
+    if (e < 32u) return (FULL || 4u * qa + e / 4u < 3u * pc.H) ? w_chunk_vec(e, qa, k0) : vec4(0.0);
     uint q = qa + (e - 32u) / BP;
-    return (FULL || q < 3u * H4) ? g4[gb + q * BP + (e - 32u) % BP] : vec4(0.0);
+    return (FULL || q < 3u * pc.H / 4u) ? g4[gb + q * BP + (e - 32u) % BP] : vec4(0.0);
 }
 
 // The slice's product dGh[s] @ W_hh[:, k0 .. k0+15] into red, float32 on the threads' FMAs:

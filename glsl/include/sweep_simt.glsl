@@ -4,11 +4,16 @@
 // subgroup's load of one quad for consecutive lanes reads whole 32-byte sectors (the shadows are
 // coherent: their loads bypass L1, which would otherwise keep a sector's other half for the next
 // quad). Element (lane b, column c) of parity p is component c % 4 of vec4 shadow_q(p, b, c, cols).
-// BP (lanes, padded) is the includer's.
+// BP (lanes, padded), the float32 W_hh `w4` (vec4s) and the push constants pc (w_off, H) are the
+// includer's.
 #ifndef CATCHAT_SWEEP_SIMT_GLSL
 #define CATCHAT_SWEEP_SIMT_GLSL
 
 uint shadow_q(uint p, uint b, uint c, uint cols) { return (p * (cols / 4u) + c / 4u) * BP + b; }
+
+// Vec4 e (< 32) of the backward's chunk of W_hh from row quad q at columns k0 .. k0+15 (8 rows x 4
+// vec4s): row 4 q + e / 4, columns k0 + 4 (e % 4) .. +3.
+vec4 w_chunk_vec(uint e, uint q, uint k0) { return w4[pc.w_off / 4u + (4u * q + e / 4u) * (pc.H / 4u) + k0 / 4u + e % 4u]; }
 
 // A k-group's stage (the backward's staged product) is its own subgroup's. SUBGROUP32 (subgroups of
 // 32 consecutive invocations) syncs it with a subgroup barrier ordering shared memory alone (GLSL's
