@@ -148,7 +148,7 @@ void product(uint s, uint kp, uint cb, uint wait_blocks) {
     vec4 acc[RB];
     [[unroll]] for (uint i = 0u; i < RB; ++i) acc[i] = vec4(0.0);
     [[unroll]] for (uint pass = 0u; pass < NPASS; ++pass) {
-        barrier();  // dst is free: the pass (or item) before multiplied
+        if (pass > 0u) barrier();  // dst is free: the pass before multiplied (the item before: its arrival's barrier)
         stage(s, kp, pass);
         barrier();
         if (pass == 0u) PHASE(pc.s - s, 1u);
