@@ -135,13 +135,11 @@ void main() {
     uint wh = pc.w_hh / W + j * HW, wi = pc.w_ih / W + j * HW;
     [[unroll]] for (uint k = lane; k < HW; k += lanes) {
         VT wh0 = WLOAD(wh + k), wh1 = WLOAD(wh + H * HW + k), wh2 = WLOAD(wh + 2u * H * HW + k);
-        VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0), gk = VT(0.0);
-        if (!first) {
-            wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k);
+        VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0);
 #ifndef HALF
-            gk = params[pc.g_prev / W + k];
+        VT gk = first ? VT(0.0) : params[pc.g_prev / W + k];  // the norm weight at k (HALF: folded into y16)
 #endif
-        }
+        if (!first) { wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k); }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
             uint b = b0 + s;
             if (b >= B) break;  // uniform in the subgroup

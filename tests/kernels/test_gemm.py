@@ -269,7 +269,7 @@ def test_weight_gradient_over_chunks_of_rows(dev, split_k):
 
 
 def test_rounding_loads_round_like_numpy_float16(dev, rng):
-    """glsl/include/round_half.glsl (gemm.comp's ROUND_HALF, decode_layer.comp's HALF) against numpy's
+    """glsl/include/round_half.glsl (gemm.comp's ROUND_HALF) against numpy's
     float32 -> float16 -> float32 on random bit patterns and the edges: ties both ways, float16's
     largest and what rounds past it, subnormals, zeros, inf and NaN. C = A x [1]: each output is its
     rounded A alone, added to the sum's +0 (so a -0 comes out +0 on both sides)."""
