@@ -411,7 +411,9 @@ def test_float32_stream_planning(dev, monkeypatch):
     with pytest.raises(UsageError, match="CATCHAT_SWEEP_STREAM32"):
         gru.stream_f32_sweep(gpu, 32, 512, False, "fp32")
     monkeypatch.delenv(gru.STREAM_F32_ENV)
-    assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, 3, 0, True)
+    assert gru.stream_tiles(32, 2048, True, f32=True, ksplit=False) == gru.StreamTiles(2, 24, 3, 0, True)
+    assert gru.stream_tiles(32, 2048, True, f32=True) == gru.StreamTiles(2, 24, gru.stream.KSPLIT32_DEPTH, 0, True,
+                                                                          flags=True, ksplit=True)
     assert gru.stream_tiles(32, 2048, False, f32=True) == gru.StreamTiles(2, 8, 0, 0, True)
 
     case = gru_parity.make_case(2, 3, 16)
@@ -447,17 +449,17 @@ def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
 
 
 def test_float32_ksplit_is_asked_for_and_stages_its_k_part_in_passes(monkeypatch):
-    """The float32 k-split (off by default until a GPU measures it; CATCHAT_STREAM_KSPLIT=1): at v5 16
-    k-parts of 24 fragments (48 KB of dGh in float32) staged in 2 passes of 24 KB beside 16 subgroups'
-    W_hh chunks (8 KB), a ring of 8 chunks; the passes divide the chunks and fit the stage's bytes."""
+    """The float32 k-split (on by default; CATCHAT_STREAM_KSPLIT=0 turns it off): at v5 16 k-parts of 24
+    fragments (48 KB of dGh in float32) staged in 2 passes of 24 KB beside 16 subgroups' W_hh chunks
+    (8 KB), a ring of 4 chunks; the passes divide the chunks and fit the stage's bytes."""
     monkeypatch.delenv(gru.KSPLIT_ENV, raising=False)
     assert gru.stream_tiles(32, 2048, True, f32=True).ksplit == gru.stream.KSPLIT32_DEFAULT
     monkeypatch.setenv(gru.KSPLIT_ENV, "1")
     t = gru.stream_tiles(32, 2048, True, f32=True)
-    assert t == gru.StreamTiles(2, 24, 8, f32=True, flags=True, ksplit=True)
+    assert t == gru.StreamTiles(2, 24, 4, f32=True, flags=True, ksplit=True)
     assert gru.stream.ksplit32_passes(t) == 2 and gru.stream.stream_shared_bytes(t, True) == 32 * 1024
     defines = gru.stream.stream_defines(t, 2048, True, emulate=False, subgroup=32)
-    assert defines == {"LF": 2, "KPW": 24, "PD": 8, "F32": 1, "NPASS": 2, "SUBGROUP32": 1}
+    assert defines == {"LF": 2, "KPW": 24, "PD": 4, "F32": 1, "NPASS": 2, "SUBGROUP32": 1}
     small = gru.stream_tiles(9, 256, True, f32=True)  # one lane fragment: 8 k-parts of 6 fragments, 6 KB
     assert (small.lane_frags, small.k_per_group, gru.stream.ksplit32_passes(small)) == (1, 6, 1)
     monkeypatch.setattr(gru.stream, "KSPLIT32_STAGE_BYTES", 1000)  # 6 KB in passes of at most 1000 bytes

@@ -73,16 +73,18 @@ FLAGS_ENV = "CATCHAT_STREAM_FLAGS"
 KSPLIT_ENV = "CATCHAT_STREAM_KSPLIT"
 KSPLIT_DEFAULT = True  # where it applies and CATCHAT_STREAM_KSPLIT is unset
 # The same k-split in float32 (the shader's F32): every workgroup of the plain split reads all of dGh[s]
-# in float32 each step (v5: 786 KB a workgroup, 100 MB a step; the fp32 backward sweep takes 64.4 us a
-# step on the H200 against the forward's 39.6). Off until measured on a GPU; CATCHAT_STREAM_KSPLIT=1
-# asks for it.
-KSPLIT32_DEFAULT = False
+# in float32 each step (v5: 786 KB a workgroup, 100 MB a step). On by default: on an H100 it took v5's
+# fp32 backward sweeps from 66.6-68.9 to 37.2-37.5 ms a layer (ring 4; 38.7-39.1 at 8) and the step
+# from 540.3 to 479.6 ms (same call, docs/results/2026-12-06-h100-catchat-v5-fp32-{plain,ksplit-d4,
+# ksplit-d8}.json); CATCHAT_STREAM_KSPLIT=0 turns it off.
+KSPLIT32_DEFAULT = True
 # Bytes of a k-part of dGh staged at a time in float32 (its passes: the shader's NPASS). A k-part is 24H
 # bytes whatever the lanes (v5: 48 KB); with the W_hh chunks' 8 KB beside it the stage fits 32 KB.
 KSPLIT32_STAGE_BYTES = 24 * 1024
 # The float32 k-split's ring of W_hh chunks (8 rows x 16 columns, a vec4 per invocation) loaded ahead;
-# deeper than the plain split's, whose chunks also carry dGh (CATCHAT_STREAM32_DEPTH sets both).
-KSPLIT32_DEPTH = 8
+# deeper than the plain split's, whose chunks also carry dGh (CATCHAT_STREAM32_DEPTH sets both). 4 and 8
+# within 4% of each other at v5 on an H100 (37.4 against 39.0 ms a backward sweep).
+KSPLIT32_DEPTH = 4
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
 # 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
