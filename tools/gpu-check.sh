@@ -340,6 +340,12 @@ for c in v3 v5; do
     # fused16 and coop each batch of 1-8 should take (decode.FUSED16_MAX_STREAMS, COOP_MIN_STREAMS)
     part "gen-small-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2,4,8 --steps 1024 \
         --precision fp16 --decode fused,fused16,coop --compare-torch --json "$out/gen-small-$c.json"
+    # the tensor-core step's subgroups split by side (each W fragment loaded once a workgroup:
+    # CATCHAT_DECODE_COOP_SIDES=1) beside the split by stream fragments, one call, at 8, 32 and 64 streams
+    for sides in 0 1; do
+        part "gen-coop-sides$sides-$c" env CATCHAT_DECODE_COOP_SIDES=$sides $py tools/bench_generate.py \
+            "configs/catchat-$c.toml" --batches 8,32,64 --steps 512 --decode coop --json "$out/gen-coop-sides$sides-$c.json"
+    done
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
     part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"

@@ -201,6 +201,40 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
         np.testing.assert_array_equal(got["0"][2], got["1"][2])
 
 
+def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
+    """CATCHAT_DECODE_COOP_SIDES=1 (a subgroup per side and k part, each W fragment loaded once a
+    workgroup): the same tokens, logits and state bit for bit as the split by stream fragments with as
+    many k parts (the same products, parts met in the same order): one fragment and 4 parts (H = 128),
+    two fragments and one part with layer 0's fragments on both sides (H = 48, 20 streams), three and 4
+    parts (H = 64, 40 streams, the split by fragments at 16 subgroups)."""
+    from catchat.data import vocab
+    from catchat.inference.generate import Sampling
+    from catchat.model import ModelSpec
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    assert dk.CoopShape.of(2048, 64, 64, dk.SIDES_SUBGROUPS, sides=True) == dk.CoopShape(4, 4, 1, 128, True, True)
+    assert dk.CoopShape(4, 4, 1, 128, True, True).workgroup == 256
+    assert dk.CoopShape(4, 4, 1, 128, True, True).defines() == {"SF": 4, "KS": 4, "SIDES": 1}
+    for H, L, B, streams, subgroups, ks in ((128, 2, 16, "16", "8", 4), (48, 2, 20, "32", "8", 1),
+                                             (64, 3, 40, "64", "16", 4)):
+        monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)
+        monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, subgroups)
+        got = {}
+        for sides in ("0", "1"):
+            monkeypatch.setenv(dk.SIDES_ENV, sides)
+            with decode_step("coop"):
+                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
+                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
+                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
+                shape = gen._decoder.step.layer.shape
+                assert (shape.sides, shape.ks) == (sides == "1", ks)
+                got[sides] = outs, gen.logits.copy(), gen.prog.get_carry()
+        assert got["0"][0] == got["1"][0]
+        np.testing.assert_array_equal(got["0"][1], got["1"][1])
+        np.testing.assert_array_equal(got["0"][2], got["1"][2])
+
+
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):
     """CATCHAT_DECODE_COOP_PROBE (1: no W loads, 2: no h16 / y16 loads; wrong results) runs only on real
     fragments without W staged in shared memory; anything else is refused by name."""
