@@ -235,6 +235,39 @@ def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
         np.testing.assert_array_equal(got["0"][2], got["1"][2])
 
 
+def test_head_rows_per_subgroup_are_the_same_logits(dev, monkeypatch):
+    """CATCHAT_DECODE_HEAD_ROWS (vocabulary rows a subgroup of the head takes, the last subgroup's cut
+    short: 101 rows in 4s and 8s): the same tokens, logits and state bit for bit as one row a subgroup,
+    with whole vec4 rows (H = 48) and without (H = 37), partial stream tiles (17 streams); any other
+    value refused by name."""
+    import pytest
+
+    from catchat.data import vocab
+    from catchat.errors import UsageError
+    from catchat.inference.generate import Sampling
+    from catchat.model import ModelSpec
+    from catchat.vk.kernels import decode as dk
+    from catchat.vk.program.decoder import decode_step
+
+    for H, B in ((48, 17), (37, 3)):
+        got = {}
+        for rows in ("1", "4", "8"):
+            monkeypatch.setenv(dk.HEAD_ROWS_ENV, rows)
+            with decode_step("fused"):
+                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=2), B, 7)
+                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
+                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
+                assert gen._decoder.step.head.rows == int(rows)
+                got[rows] = outs, gen.logits.copy(), gen.prog.get_carry()
+        for rows in ("4", "8"):
+            assert got[rows][0] == got["1"][0]
+            np.testing.assert_array_equal(got[rows][1], got["1"][1])
+            np.testing.assert_array_equal(got[rows][2], got["1"][2])
+    monkeypatch.setenv(dk.HEAD_ROWS_ENV, "3")
+    with pytest.raises(UsageError, match="CATCHAT_DECODE_HEAD_ROWS"):
+        dk.head_rows()
+
+
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):
     """CATCHAT_DECODE_COOP_PROBE (1: no W loads, 2: no h16 / y16 loads; wrong results) runs only on real
     fragments without W staged in shared memory; anything else is refused by name."""

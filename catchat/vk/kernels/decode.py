@@ -339,21 +339,34 @@ class DecodeLayerCoop(Kernel):
         return self.op(*self._push(layer, parity))
 
 
+# Vocabulary rows per subgroup of the head (glsl/decode_head.comp's RB): with one, a stream's y is read
+# once per row (v5 at 64 streams: 101 x 64 x 8 KB, ~53 MB a step from L2; the head took 35 us a step
+# there on an H100, 2026-12-06, against 12 at one stream). CATCHAT_DECODE_HEAD_ROWS=2, 4 or 8 asks for
+# more (to measure: gpu-check gen-head-rows*); the logits are the same bits whatever it is.
+HEAD_ROWS = 1
+HEAD_ROWS_ENV = "CATCHAT_DECODE_HEAD_ROWS"
+
+
+def head_rows() -> int:
+    """CATCHAT_DECODE_HEAD_ROWS (1, 2, 4 or 8), else HEAD_ROWS."""
+    return env_choice(HEAD_ROWS_ENV, (1, 2, 4, 8), HEAD_ROWS)
+
+
 class DecodeHead(Kernel):
     """The head for every stream: logits = W_head (RMSNorm of the last layer's x + h), a subgroup per
-    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits)."""
+    `rows` vocabulary rows and stream tile, spread over the GPU (streams that stopped keep their logits)."""
 
     shader = "decode_head"
 
     def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int):
         s, o = layout.spec, layout.offsets
-        self.B, self.V = int(B), s.vocab_size
-        # two rows per workgroup: the 101 rows spread over the GPU
-        self.shape = sh = decode_shape(dev, self.V, self.B, subgroups=2)
+        self.B, self.V, self.rows = int(B), s.vocab_size, head_rows()
+        # two subgroups per workgroup: the 101 rows spread over the GPU
+        self.shape = sh = decode_shape(dev, ceil_div(self.V, self.rows), self.B, subgroups=2)
         self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], sh.row_wgs,
                      float(s.norm_eps))
-        super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)], spec=sh.spec(s.hidden, self.B),
-                         push=self.push, defines=sh.defines(s.hidden))
+        super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)],
+                         spec=[*sh.spec(s.hidden, self.B), self.rows], push=self.push, defines=sh.defines(s.hidden))
 
     def step(self):
         return self.op(*self.push)
