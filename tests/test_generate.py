@@ -282,7 +282,8 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
 
 
 def test_decode_step_default_follows_streams_and_width():
-    """Unset (or auto): at fp16 the tensor-core step from 8 streams where it runs and the fused step on float16
+    """Unset (or auto): at fp16 the tensor-core step from 8 streams where it runs (from 2 above H = 1024),
+    and the fused step on float16
     weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32 streams
     where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
     1, v3 at any batch); a named step always wins, coop only where H is whole fragments."""
@@ -295,6 +296,9 @@ def test_decode_step_default_follows_streams_and_width():
     # fp16: the tensor-core step from 8 streams where the device has tensor cores and H is whole fragments
     assert decode_kind(8, 512, {}, precision="fp16", tensor_cores=True) == "coop"
     assert decode_kind(7, 512, {}, precision="fp16", tensor_cores=True) == "fused"
+    assert decode_kind(7, 1024, {}, precision="fp16", tensor_cores=True) == "fused"
+    assert decode_kind(2, 2048, {}, precision="fp16", tensor_cores=True, float16=True) == "coop"
+    assert decode_kind(1, 2048, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(64, 2048, {}, precision="fp16", tensor_cores=False) == "batched"
     assert decode_kind(64, 520, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(64, 2048, {}, precision="fp32", tensor_cores=True) == "batched"

@@ -10,7 +10,7 @@ the chosen tokens (NONE where a stream emitted nothing: it was being fed known t
 stopped).
 
 A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
-rule: at precision fp16 coop from 8 streams where the device has tensor cores and fused16 for one
+rule: at precision fp16 coop from 8 streams (2 above H = 1024) where the device has tensor cores and fused16 for one
 stream where H >= 1024; else from the H200's measurements, batched from 32 streams where H >= 1024,
 else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
@@ -73,8 +73,11 @@ BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
 # docs/results/2026-12-05-h100-catchat-v{3,5}-gen-coop-ring.json against -gen-coop.json's fused and
 # batched rows): v3 48.5 against the fused step's 96.9 at 8 streams and 79.7 against 160.4 (batched)
 # at 64; v5 156.3 against 439.8 at 8 and 295.6 against 633.9 at 64; but at 1 stream the fused step
-# wins (v3 32.3 against 44.3, v5 120.3 against 146.2). Between 2 and 7 streams: not measured.
-COOP_MIN_STREAMS = 8
+# wins (v3 32.3 against 44.3, v5 120.3 against 146.2). Between 2 and 7 streams at v5 (H100, 2026-12-06,
+# docs/results/2026-12-06-h100-catchat-v5-gen-small.json, chars/s): coop 18,786 / 36,072 at 2 / 4 streams
+# against fused16's 16,065 / 15,816 (its layers ~35 us a step from 1 to 8 streams); so above H = 1024
+# from 2 streams; up to it (v3) 2-7 streams are not measured and keep the fused step.
+COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 8, 2, 1024
 # At fp16 and 1 stream, the fused step on float16 copies of the weights where the layers are bound by
 # the weights' bytes (H100, 2026-12-05, docs/results/2026-12-05-h100-catchat-v5-gen-fused16.json): v5
 # 11,381 chars/s against the fused step's 8,535 (layers 17-29 us against 23-40), but at 4 streams
@@ -93,14 +96,17 @@ def default_chunk(dev) -> int:
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
                 tensor_cores: bool = False, float16: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
-    "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams where the device has
+    "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams (COOP_MIN_STREAMS_WIDE
+    above H = COOP_WIDE_HIDDEN) where the device has
     tensor cores and H is whole fragments, and fused16 up to FUSED16_MAX_STREAMS streams where H >=
     FUSED16_MIN_HIDDEN and the device has float16 arithmetic and storage; else batched from
     BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the
     products' operands to float16 (the coop and fused16 steps; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
-        if precision == "fp16" and tensor_cores and coop_decode_ok(H) and B >= COOP_MIN_STREAMS:
+        wide = H > COOP_WIDE_HIDDEN
+        if (precision == "fp16" and tensor_cores and coop_decode_ok(H)
+                and B >= (COOP_MIN_STREAMS_WIDE if wide else COOP_MIN_STREAMS)):
             return "coop"
         if precision == "fp16" and float16 and B <= FUSED16_MAX_STREAMS and H >= FUSED16_MIN_HIDDEN:
             return "fused16"
