@@ -349,6 +349,12 @@ for c in v3 v5; do
         part "gen-coop-sides$sides-$c" env CATCHAT_DECODE_COOP_SIDES=$sides $py tools/bench_generate.py \
             "configs/catchat-$c.toml" --batches 8,32,64 --steps 512 --decode coop --json "$out/gen-coop-sides$sides-$c.json"
     done
+    # ... and with rings of 2 and 4 stages (CATCHAT_DECODE_COOP_SIDES_RING; 3 above)
+    for ring in 2 4; do
+        part "gen-coop-sides1-ring$ring-$c" env CATCHAT_DECODE_COOP_SIDES=1 CATCHAT_DECODE_COOP_SIDES_RING=$ring \
+            $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 8,32,64 --steps 512 --decode coop \
+            --json "$out/gen-coop-sides1-ring$ring-$c.json"
+    done
     # the head with 1, 4 and 8 vocabulary rows a subgroup (CATCHAT_DECODE_HEAD_ROWS; the same logits), at fp16
     for rows in 1 4 8; do
         part "gen-head-rows$rows-$c" env CATCHAT_DECODE_HEAD_ROWS=$rows $py tools/bench_generate.py \

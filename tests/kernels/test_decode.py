@@ -216,6 +216,9 @@ def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
     assert dk.CoopShape.of(2048, 64, 64, dk.SIDES_SUBGROUPS, sides=True) == dk.CoopShape(4, 4, 1, 128, True, True)
     assert dk.CoopShape(4, 4, 1, 128, True, True).workgroup == 256
     assert dk.CoopShape(4, 4, 1, 128, True, True).defines() == {"SF": 4, "KS": 4, "SIDES": 1}
+    monkeypatch.setenv(dk.SIDES_RING_ENV, "4")
+    assert dk.CoopShape(4, 4, 1, 128, True, True).defines() == {"SF": 4, "KS": 4, "SIDES": 1, "PD": 4}
+    monkeypatch.delenv(dk.SIDES_RING_ENV)
     for H, L, B, streams, subgroups, ks in ((128, 2, 16, "16", "8", 4), (48, 2, 20, "32", "8", 1),
                                              (64, 3, 40, "64", "16", 4)):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)

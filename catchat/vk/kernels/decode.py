@@ -212,6 +212,10 @@ PROBE_ENV = "CATCHAT_DECODE_COOP_PROBE"
 # (SEQ). Opt-in until a GPU has timed it (gpu-check gen-coop-sides-v5); the same results either way.
 SIDES_ENV = "CATCHAT_DECODE_COOP_SIDES"
 SIDES_SUBGROUPS = 8
+# Stages of the split by sides' ring (the shader's PD; each 3 W and SF activation fragments): 3, or
+# CATCHAT_DECODE_COOP_SIDES_RING=2 or 4 (to measure: at SF = 4 a stage is 28 registers a thread
+# beside 96 of sums).
+SIDES_RING, SIDES_RING_ENV = 3, "CATCHAT_DECODE_COOP_SIDES_RING"
 
 
 def coop_sides() -> bool:
@@ -278,7 +282,8 @@ class CoopShape:
         """The shader's defines for this shape (SEQ's ring of 2 stages: 512 threads' registers; SIDES
         keeps the shader's 3 with 256)."""
         if self.sides:
-            return {"SF": self.sf, "KS": self.ks, "SIDES": 1}
+            ring = env_choice(SIDES_RING_ENV, (2, 3, 4), SIDES_RING)
+            return {"SF": self.sf, "KS": self.ks, "SIDES": 1, **({} if ring == SIDES_RING else {"PD": ring})}
         return {"SF": self.sf, "KS": self.ks, **({"SEQ": 1, "PD": 2} if self.seq else {})}
 
     def workgroups(self, B: int) -> int:
