@@ -209,7 +209,7 @@ PROBE_ENV = "CATCHAT_DECODE_COOP_PROBE"
 # (docs/results/2026-12-06-h100-catchat-v5-gen-coop-probe{0,1,2}.json) v5's layers 1-2 took 76 us a
 # step, 26.5 without their W loads and 64 without their h16 / y16 loads. 8 subgroups (4 k parts: the
 # split by fragments' default at v5, so the same sums), 3 SF accumulators each; its parts meet in turn
-# (SEQ). Opt-in until a GPU has timed it (gpu-check gen-coop-sides-v5); the same results either way.
+# (SEQ). Opt-in until a GPU has timed it (gpu-check gen-coop-sides{0,1}-v{3,5}); the same results either way.
 SIDES_ENV = "CATCHAT_DECODE_COOP_SIDES"
 SIDES_SUBGROUPS = 8
 # Stages of the split by sides' ring (the shader's PD; each 3 W and SF activation fragments): 3, or
