@@ -11,6 +11,25 @@ from catchat.model import reference as ref
 from catchat.parity import decode as decode_parity
 
 
+def _generate(dev, H: int, L: int, B: int, kind: str = "coop"):
+    """12 tokens a stream of a seeded generation on `kind`'s step (the environment the test set):
+    (the generator, (its tokens, its last logits, its carried state))."""
+    from catchat.vk.program.decoder import decode_step
+
+    with decode_step(kind):
+        gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
+        prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
+        outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
+    return gen, (outs, gen.logits.copy(), gen.prog.get_carry())
+
+
+def _assert_same_bits(a, b):
+    """Two `_generate` results: the same tokens, logits and state bit for bit."""
+    assert a[0] == b[0]
+    np.testing.assert_array_equal(a[1], b[1])
+    np.testing.assert_array_equal(a[2], b[2])
+
+
 def test_parity(dev):
     results = decode_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
@@ -147,11 +166,7 @@ def test_coop_step_with_16_subgroups(dev, monkeypatch):
 def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
     """SEQ (the k parts through one slot in turn) adds them in the same order as a slot per part: the
     same tokens, logits and state bit for bit (16 streams a workgroup, 4 parts, H = 128)."""
-    from catchat.data import vocab
-    from catchat.inference.generate import Sampling
-    from catchat.model import ModelSpec
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     monkeypatch.setenv(dk.COOP_STREAMS_ENV, "16")
     plain = dk.CoopShape.of(128, 16, 16)
@@ -160,15 +175,10 @@ def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
     for seq in (False, True):
         forced = dk.CoopShape(1, 4, 1, 128 // 16, seq)
         monkeypatch.setattr(dk.CoopShape, "of", staticmethod(lambda *a, forced=forced: forced))
-        with decode_step("coop"):
-            gen, _ = decode_parity._generator(dev, ModelSpec(hidden=128, layers=2), 16, 7)
-            prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
-            outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
-            assert gen._decoder.step.layer.shape.seq == seq
-            got.append((outs, gen.logits.copy(), gen.prog.get_carry()))
-    assert got[0][0] == got[1][0]
-    np.testing.assert_array_equal(got[0][1], got[1][1])
-    np.testing.assert_array_equal(got[0][2], got[1][2])
+        gen, result = _generate(dev, 128, 2, 16)
+        assert gen._decoder.step.layer.shape.seq == seq
+        got.append(result)
+    _assert_same_bits(*got)
 
 
 def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
@@ -177,11 +187,7 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
     products in the same order): 16 streams a workgroup at H = 96 (2 k parts of 3 fragments) and 32
     at H = 48 (20 streams: 2 stream fragments, one part); where the buffers do not fit the device's
     shared memory (64 streams a workgroup here: lavapipe has 32 KB), the plain step."""
-    from catchat.data import vocab
-    from catchat.inference.generate import Sampling
-    from catchat.model import ModelSpec
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     limit = dev.info.max_shared_memory_bytes
     for H, L, B, streams, fits in ((96, 2, 16, "16", True), (48, 2, 20, "32", True),
@@ -190,15 +196,9 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
         got = {}
         for wsh in ("0", "1"):
             monkeypatch.setenv(dk.WSHARED_ENV, wsh)
-            with decode_step("coop"):
-                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
-                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
-                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
-                assert gen._decoder.step.layer.wshared == (wsh == "1" and fits)
-                got[wsh] = outs, gen.logits.copy(), gen.prog.get_carry()
-        assert got["0"][0] == got["1"][0]
-        np.testing.assert_array_equal(got["0"][1], got["1"][1])
-        np.testing.assert_array_equal(got["0"][2], got["1"][2])
+            gen, got[wsh] = _generate(dev, H, L, B)
+            assert gen._decoder.step.layer.wshared == (wsh == "1" and fits)
+        _assert_same_bits(got["0"], got["1"])
 
 
 def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
@@ -207,11 +207,7 @@ def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
     many k parts (the same products, parts met in the same order): one fragment and 4 parts (H = 128),
     two fragments and one part with layer 0's fragments on both sides (H = 48, 20 streams), three and 4
     parts (H = 64, 40 streams, the split by fragments at 16 subgroups)."""
-    from catchat.data import vocab
-    from catchat.inference.generate import Sampling
-    from catchat.model import ModelSpec
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     assert dk.CoopShape.of(2048, 64, 64, dk.SIDES_SUBGROUPS, sides=True) == dk.CoopShape(4, 4, 1, 128, True, True)
     assert dk.CoopShape(4, 4, 1, 128, True, True).workgroup == 256
@@ -226,16 +222,10 @@ def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
         got = {}
         for sides in ("0", "1"):
             monkeypatch.setenv(dk.SIDES_ENV, sides)
-            with decode_step("coop"):
-                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
-                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
-                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
-                shape = gen._decoder.step.layer.shape
-                assert (shape.sides, shape.ks) == (sides == "1", ks)
-                got[sides] = outs, gen.logits.copy(), gen.prog.get_carry()
-        assert got["0"][0] == got["1"][0]
-        np.testing.assert_array_equal(got["0"][1], got["1"][1])
-        np.testing.assert_array_equal(got["0"][2], got["1"][2])
+            gen, got[sides] = _generate(dev, H, L, B)
+            shape = gen._decoder.step.layer.shape
+            assert (shape.sides, shape.ks) == (sides == "1", ks)
+        _assert_same_bits(got["0"], got["1"])
 
 
 def test_head_rows_per_subgroup_are_the_same_logits(dev, monkeypatch):
@@ -245,27 +235,17 @@ def test_head_rows_per_subgroup_are_the_same_logits(dev, monkeypatch):
     value refused by name."""
     import pytest
 
-    from catchat.data import vocab
     from catchat.errors import UsageError
-    from catchat.inference.generate import Sampling
-    from catchat.model import ModelSpec
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     for H, B in ((48, 17), (37, 3)):
         got = {}
         for rows in ("1", "4", "8"):
             monkeypatch.setenv(dk.HEAD_ROWS_ENV, rows)
-            with decode_step("fused"):
-                gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=2), B, 7)
-                prompt = np.array([vocab.BOS] + list(vocab.encode("JULIET: ").ids), np.uint32)
-                outs = gen.generate(prompt, 12, Sampling(temperature=1.0), seed=3, stop_at=None)
-                assert gen._decoder.step.head.rows == int(rows)
-                got[rows] = outs, gen.logits.copy(), gen.prog.get_carry()
-        for rows in ("4", "8"):
-            assert got[rows][0] == got["1"][0]
-            np.testing.assert_array_equal(got[rows][1], got["1"][1])
-            np.testing.assert_array_equal(got[rows][2], got["1"][2])
+            gen, got[rows] = _generate(dev, H, 2, B, "fused")
+            assert gen._decoder.step.head.rows == int(rows)
+        _assert_same_bits(got["4"], got["1"])
+        _assert_same_bits(got["8"], got["1"])
     monkeypatch.setenv(dk.HEAD_ROWS_ENV, "3")
     with pytest.raises(UsageError, match="CATCHAT_DECODE_HEAD_ROWS"):
         dk.head_rows()
