@@ -40,8 +40,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM_FLAGS": (MEASURE, "1 or 0: the streamed sweeps wait on block flags, or on the grid barrier"),
     "CATCHAT_STREAM_DEPTH": (MEASURE, "F,B: the streamed fp16 sweeps' W_hh ring depths (forward, backward)"),
     "CATCHAT_STREAM_RESIDENT": (MEASURE, "F,B: W_hh fragments the streamed fp16 sweeps keep in registers"),
-    "CATCHAT_STREAM_KSPLIT": (MEASURE, "0: the streamed backward without its k-split (fp16: on where it applies); "
-                                       "1: with it (fp32 too)"),
+    "CATCHAT_STREAM_KSPLIT": (MEASURE, "0: the streamed backward without its k-split (fp16 and fp32: on where it "
+                                       "applies); 1: with it"),
     "CATCHAT_STREAM_SHARED": (MEASURE, "F,B: W_hh fragments the streamed fp16 sweeps keep in shared memory"),
     "CATCHAT_STREAM_BLOCKED": (MEASURE, "0: the streamed sweeps read W_hh row-major instead of in blocks"),
     "CATCHAT_STREAM_PROBE": (MEASURE, "timing probes that skip loads (1: W_hh, 2: h_prev / dGh): wrong results"),
