@@ -199,9 +199,9 @@ void main() {
         FRAG_LOOP for (uint f = 0u; f < SF; ++f) if (OWNS(f)) { \
             LOAD_ACT(ra[SF * (s) + f], hside ? h16_block(oldh, l, fb0 + f, kf) : y16_block(l - 1u, fb0 + f, kf), \
                      16u, false); } }
-    bool any = false;
-    FRAG_LOOP for (uint f = 0u; f < SF; ++f) any = any || OWNS(f);
-    if (any) {
+    bool owns_one = false;
+    FRAG_LOOP for (uint f = 0u; f < SF; ++f) owns_one = owns_one || OWNS(f);
+    if (owns_one) {
         RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
             if (s < NK) LOAD_SIDE(s, k_lo + s);
         for (uint i = 0u; i < NK; i += PD) {

@@ -298,7 +298,6 @@ def test_decode_step_default_follows_streams_and_width():
     assert decode_kind(7, 512, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(7, 1024, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(2, 2048, {}, precision="fp16", tensor_cores=True, float16=True) == "coop"
-    assert decode_kind(1, 2048, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(64, 2048, {}, precision="fp16", tensor_cores=False) == "batched"
     assert decode_kind(64, 520, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(64, 2048, {}, precision="fp32", tensor_cores=True) == "batched"

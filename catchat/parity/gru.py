@@ -263,10 +263,6 @@ KSPLIT_GPU_CASES = [
     ((5, 32, 512, AUTO, 0.02), 3),
     ((4, 32, 2048, AUTO, 0.02), -1),
 ]
-# The float32 k-split (ksplit32: stream_f32 with CATCHAT_STREAM_KSPLIT=1) against the fp32 reference:
-# the same shapes on any device (no tensor cores needed), and on a GPU at v5's width.
-KSPLIT_F32_CASES = KSPLIT_CASES
-KSPLIT_F32_GPU_CASES = KSPLIT_GPU_CASES
 
 
 def persistent_counts(dev: Device) -> tuple[int, ...]:
@@ -294,7 +290,9 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if dev.runs_float16:
         ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
-    ksplit32 = KSPLIT_F32_CASES + (KSPLIT_F32_GPU_CASES if dev.info.type != "CPU" else [])
+    # the float32 k-split (ksplit32) against the fp32 reference: the same shapes, on any device (no tensor
+    # cores needed), v5's width on a GPU
+    ksplit32 = KSPLIT_CASES + (KSPLIT_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "ksplit32") for c, n in ksplit32]
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)

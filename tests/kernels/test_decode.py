@@ -88,8 +88,6 @@ def test_ngram_blocking_over_a_long_output_grows_the_history(dev):
 def test_a_failed_submit_is_a_device_lost_error(dev):
     """kp's RuntimeError from a chunk's submit or wait reaches the caller as DeviceLost (a one-line
     error in the CLI), not a traceback."""
-    import pytest
-
     from catchat.errors import DeviceLost
 
     gen, _ = decode_parity._generator(dev, ModelSpec(hidden=16, layers=1), 1, 0)
@@ -110,8 +108,6 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
     """CATCHAT_DECODE_COOP_STREAMS: 16, 32 or 64 streams a workgroup (so 4, 4 and 2 k parts at H = 64),
     each within the coop rows' tolerances of the float16-operand twin over 40 streams; other values
     refused; unset, by H."""
-    import pytest
-
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
     from catchat.vk.program.decoder import decode_step
@@ -134,8 +130,6 @@ def test_coop_step_with_16_subgroups(dev, monkeypatch):
     8 parts, they meet through one shared slot in turn: SEQ, a ring of 2 stages), each shape within
     the coop rows' tolerances of the float16-operand twin. Unset, 16 above H = 1024 (the 64-stream
     workgroups) and 8 up to it; CATCHAT_DECODE_COOP_SUBGROUPS sets it."""
-    import pytest
-
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
     from catchat.vk.program.decoder import decode_step
@@ -233,8 +227,6 @@ def test_head_rows_per_subgroup_are_the_same_logits(dev, monkeypatch):
     short: 101 rows in 4s and 8s): the same tokens, logits and state bit for bit as one row a subgroup,
     with whole vec4 rows (H = 48) and without (H = 37), partial stream tiles (17 streams); any other
     value refused by name."""
-    import pytest
-
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
 

@@ -27,7 +27,7 @@ def test_parity(dev):
             "_stream": stream, "_stream16": stream, "_ksplit": ksplit, "_ksplit16": ksplit,
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0),
-            "_ksplit32": len(gru_parity.KSPLIT_F32_CASES) + (len(gru_parity.KSPLIT_F32_GPU_CASES)
+            "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0)}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}

@@ -202,6 +202,15 @@ WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
 PROBE_ENV = "CATCHAT_DECODE_COOP_PROBE"
 
 
+def coop_probe(real_fragments: bool, wshared: bool) -> int:
+    """CATCHAT_DECODE_COOP_PROBE (0, 1 or 2), refused where the fragments are emulated or W is staged."""
+    probe = env_choice(PROBE_ENV, (0, 1, 2), 0)
+    if probe and (not real_fragments or wshared):
+        raise UsageError(f"{PROBE_ENV}={probe} probes the tensor-core decode step on real fragments without "
+                         f"W staged in shared memory", hint=f"unset {PROBE_ENV} (or {WSHARED_ENV})")
+    return probe
+
+
 # CATCHAT_DECODE_COOP_SIDES=1: the tensor-core step's subgroups split by side (the h products with
 # W_hh, the y products with W_ih) and k part instead of by stream fragment and k part
 # (decode_layer_coop.comp's SIDES), so a workgroup loads each W fragment once instead of once per stream
@@ -222,15 +231,6 @@ def coop_sides() -> bool:
     """Whether CATCHAT_DECODE_COOP_SIDES asks for the split by sides (1) rather than by stream fragments
     (0, or unset)."""
     return env_switch(SIDES_ENV, "set 1 (subgroups split by side) or 0 (by stream fragment), or unset it", False)
-
-
-def coop_probe(real_fragments: bool, wshared: bool) -> int:
-    """CATCHAT_DECODE_COOP_PROBE (0, 1 or 2), refused where the fragments are emulated or W is staged."""
-    probe = env_choice(PROBE_ENV, (0, 1, 2), 0)
-    if probe and (not real_fragments or wshared):
-        raise UsageError(f"{PROBE_ENV}={probe} probes the tensor-core decode step on real fragments without "
-                         f"W staged in shared memory", hint=f"unset {PROBE_ENV} (or {WSHARED_ENV})")
-    return probe
 
 
 def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:

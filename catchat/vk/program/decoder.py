@@ -81,10 +81,10 @@ COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 8, 2, 1024
 # At fp16 and 1 stream, the fused step on float16 copies of the weights where the layers are bound by
 # the weights' bytes (H100, 2026-12-05, docs/results/2026-12-05-h100-catchat-v5-gen-fused16.json): v5
 # 11,381 chars/s against the fused step's 8,535 (layers 17-29 us against 23-40), but at 4 streams
-# 13,565 against 16,660, and v3 (H = 512, bound by latency) 35,829 against 36,795 at 1 stream. Those
-# numbers rounded the operands in every unit's k loop; since 2026-12-06 fused16 reads float16 shadows
-# rounded once where written (decode_layer.comp's HALF), not yet timed: gpu-check's gen-small-v5 decides
-# whether it serves 2-7 streams too.
+# 13,565 against 16,660, and v3 (H = 512, bound by latency) 35,829 against 36,795 at 1 stream. On float16
+# shadows rounded once where written (decode_layer.comp's HALF, H100, 2026-12-06, -gen-small.json): v5
+# 11,379 at 1 stream, 16,065 / 15,816 at 2 / 4, where the tensor-core step makes 18,786 / 36,072
+# (COOP_MIN_STREAMS_WIDE above): so still one stream.
 FUSED16_MAX_STREAMS, FUSED16_MIN_HIDDEN = 1, 1024
 
 
