@@ -19,12 +19,6 @@
 // takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
-// SIDES (opt-in): the subgroups split the other way, so each W fragment is loaded once per workgroup
-// instead of once per stream fragment: subgroup s takes side s % 2 (0: the three h products with W_hh,
-// 1: the three y products with W_ih; at layer 0, which has no y products, both sides take h products,
-// side s the stream fragments f with f % 2 == s) and k part s / 2, its 3 SF accumulators over every
-// stream fragment. Its k parts meet in turn through one slot as SEQ's do (the same sums in the same
-// order: the same bits as the split by stream fragments with as many k parts).
 // WSH (opt-in, where its buffers fit): W's blocks of each k fragment staged once per workgroup in
 // shared memory for all its subgroups, below; without it each subgroup loads its own.
 // PROBE (timing only, wrong results; without WSH, on real fragments): 1 = no W loads (constant W
@@ -67,12 +61,7 @@
 #else
 #define LOAD_ACT(m, off, stride, col) LOAD_A(m, off, stride, col)
 #endif
-#ifdef SIDES
-#define NSUB (2 * KS)
-#define SEQ
-#else
 #define NSUB (SF * KS)
-#endif
 // Real fragments live in registers: the ring's loops unroll so every stage index is a constant.
 // Emulated ones are references: a loop keeps lavapipe's compile of the pipeline short (unrolled, the
 // emulated products' loops made it ~50 s) and runs the same stages in the same order.
@@ -81,7 +70,6 @@
 #else
 #define RING_LOOP [[unroll]]
 #endif
-#define FRAG_LOOP RING_LOOP  // SIDES: over a stage's stream fragments and gates
 #ifdef SEQ
 #define ACC_PARTS 1
 #else
@@ -161,11 +149,7 @@ float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2,
 void main() {
     const uint nthreads = 32u * NSUB;
     uint tid = gl_LocalInvocationIndex, sub = tid / 32u;
-#ifdef SIDES
-    uint side = sub % 2u, kh = sub / 2u;
-#else
     uint sf = sub % SF, kh = sub / SF;
-#endif
     uint u = gl_WorkGroupID.x % KF, stile = gl_WorkGroupID.x / KF;
     uint b0 = stile * 16u * SF, j0 = u * 16u;
     uint l = pc.layer, oldh = pc.parity, newh = 1u - pc.parity;
@@ -182,44 +166,12 @@ void main() {
         }
     }
 
-    const uint NK = KF / KS;
-    uint k_lo = kh * NK;
-    uint r0 = u, r1 = u + KF, r2 = u + 2u * KF;  // row blocks of the 3 gates' units j0..j0+15
-#ifdef SIDES
-    // the products: side `side`, k part kh, every stream fragment it owns, PD - 1 stages in flight
-    bool hside = first || side == 0u;  // this subgroup's products: h16 by W_hh (else y16 by W_ih)
-    uint fb0 = b0 / 16u;
-#define OWNS(f) ((fb0 + (f)) * 16u < B && (!first || (f) % 2u == side))
-    ACC_T sums[3u * SF];  // [gate * SF + stream fragment]
-    FRAG_LOOP for (uint i = 0u; i < 3u * SF; ++i) sums[i] = ACC_ZERO();
-    FRAG_A ra[PD * SF];
-    FRAG_B rw[PD * 3u];
-#define LOAD_SIDE(s, kf) { \
-        FRAG_LOOP for (uint g = 0u; g < 3u; ++g) LOAD_W(rw[3u * (s) + g], w_at(l, !hside, r0 + g * KF, kf), 16u, true); \
-        FRAG_LOOP for (uint f = 0u; f < SF; ++f) if (OWNS(f)) { \
-            LOAD_ACT(ra[SF * (s) + f], hside ? h16_block(oldh, l, fb0 + f, kf) : y16_block(l - 1u, fb0 + f, kf), \
-                     16u, false); } }
-    bool owns_one = false;
-    FRAG_LOOP for (uint f = 0u; f < SF; ++f) owns_one = owns_one || OWNS(f);
-    if (owns_one) {
-        RING_LOOP for (uint s = 0u; s + 1u < PD; ++s)
-            if (s < NK) LOAD_SIDE(s, k_lo + s);
-        for (uint i = 0u; i < NK; i += PD) {
-            RING_LOOP for (uint s = 0u; s < PD; ++s) {  // stage s holds fragment i + s
-                if (i + s < NK) {
-                    if (i + s + PD - 1u < NK) LOAD_SIDE((s + PD - 1u) % PD, k_lo + i + s + PD - 1u);
-                    FRAG_LOOP for (uint f = 0u; f < SF; ++f) if (OWNS(f)) {
-                        FRAG_LOOP for (uint g = 0u; g < 3u; ++g)
-                            sums[g * SF + f] = MUL_ADD(ra[SF * s + f], rw[3u * s + g], sums[g * SF + f]);
-                    }
-                }
-            }
-        }
-    }
-#else
     // the products: stream fragment sf, k part kh, the loads of PD - 1 fragments' stages in flight
     uint fb = b0 / 16u + sf;
     bool live = fb * 16u < B;
+    const uint NK = KF / KS;
+    uint k_lo = kh * NK;
+    uint r0 = u, r1 = u + KF, r2 = u + 2u * KF;  // row blocks of the 3 gates' units j0..j0+15
     ACC_T gh0 = ACC_ZERO(), gh1 = ACC_ZERO(), gh2 = ACC_ZERO();
     ACC_T gi0 = ACC_ZERO(), gi1 = ACC_ZERO(), gi2 = ACC_ZERO();
 #ifndef WSH
@@ -292,7 +244,6 @@ void main() {
         barrier();
     }
 #endif
-#endif  // SIDES
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
     // and stores the whole into the first slots, which the gates read
     // (a part's 3 or 6 sums: stored at word a of acc, or added from there)
@@ -307,20 +258,6 @@ void main() {
         if (!first) { ACC_LOAD(t, (a) + 3u * BLOCK, 16u); gi0 = ACC_ADD(gi0, t); \
                       ACC_LOAD(t, (a) + 4u * BLOCK, 16u); gi1 = ACC_ADD(gi1, t); \
                       ACC_LOAD(t, (a) + 5u * BLOCK, 16u); gi2 = ACC_ADD(gi2, t); } }
-#ifdef SIDES
-    // the parts in turn through the slots of the sums' (fragment, product): part k2 stores, part 0 adds
-    // (no two subgroups of a part share a slot: the sides own other products, or at layer 0 other fragments)
-#define SIDE_SLOT(f, g) (((f) * 6u + (hside ? 0u : 3u) + (g)) * BLOCK)
-#define SIDE_SUMS(body) { FRAG_LOOP for (uint f = 0u; f < SF; ++f) if (OWNS(f)) { \
-        FRAG_LOOP for (uint g = 0u; g < 3u; ++g) { body } } }
-    for (uint k2 = 1u; k2 < KS; ++k2) {
-        if (kh == k2) SIDE_SUMS(ACC_STORE(sums[g * SF + f], SIDE_SLOT(f, g), 16u);)
-        barrier();
-        if (kh == 0u) SIDE_SUMS(ACC_T t; ACC_LOAD(t, SIDE_SLOT(f, g), 16u); sums[g * SF + f] = ACC_ADD(sums[g * SF + f], t);)
-        barrier();  // the slot read before the next part overwrites it
-    }
-    if (kh == 0u) SIDE_SUMS(ACC_STORE(sums[g * SF + f], SIDE_SLOT(f, g), 16u);)
-#else
     uint a0 = sf * 6u * BLOCK;
 #ifdef SEQ
     // part k2 stores into fragment sf's one slot, part 0 adds it, then the next part (2 barriers each)
@@ -340,7 +277,6 @@ void main() {
     }
 #endif
     if (live && kh == 0u) STORE_SUMS(a0)
-#endif  // SIDES
     barrier();
 
     // the gates: element (stream bl, unit jl) of the tile, 16 consecutive threads a stream

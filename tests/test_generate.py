@@ -282,7 +282,7 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
 
 
 def test_decode_step_default_follows_streams_and_width():
-    """Unset (or auto): at fp16 the tensor-core step from 8 streams where it runs (from 2 above H = 1024),
+    """Unset (or auto): at fp16 the tensor-core step from 4 streams where it runs (from 2 above H = 1024),
     and the fused step on float16
     weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32 streams
     where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
@@ -293,10 +293,10 @@ def test_decode_step_default_follows_streams_and_width():
     assert decode_kind(31, 2048, {}) == decode_kind(64, 512, {}) == decode_kind(1, 2048, {}) == "fused"
     assert decode_kind(1, 512, {"CATCHAT_DECODE": "batched"}) == "batched"
     assert decode_kind(64, 2048, {"CATCHAT_DECODE": "fused"}) == "fused"
-    # fp16: the tensor-core step from 8 streams where the device has tensor cores and H is whole fragments
-    assert decode_kind(8, 512, {}, precision="fp16", tensor_cores=True) == "coop"
-    assert decode_kind(7, 512, {}, precision="fp16", tensor_cores=True) == "fused"
-    assert decode_kind(7, 1024, {}, precision="fp16", tensor_cores=True) == "fused"
+    # fp16: the tensor-core step from 4 streams where the device has tensor cores and H is whole fragments
+    assert decode_kind(4, 512, {}, precision="fp16", tensor_cores=True) == "coop"
+    assert decode_kind(3, 512, {}, precision="fp16", tensor_cores=True) == "fused"
+    assert decode_kind(3, 1024, {}, precision="fp16", tensor_cores=True) == "fused"
     assert decode_kind(2, 2048, {}, precision="fp16", tensor_cores=True, float16=True) == "coop"
     assert decode_kind(64, 2048, {}, precision="fp16", tensor_cores=False) == "batched"
     assert decode_kind(64, 520, {}, precision="fp16", tensor_cores=True) == "fused"
@@ -334,7 +334,7 @@ def test_sample_flags_are_used(cli, run_dir):
 
 def test_sample_talk_and_chat_take_a_precision(cli, run_dir, monkeypatch, tmp_path):
     """--precision fp16: the prompt's forward at fp16 and, with CATCHAT_DECODE=coop (what a GPU with
-    tensor cores picks at fp16 from 8 streams), the tensor-core decode step; fp32 the default; anything
+    tensor cores picks at fp16 from 4 streams), the tensor-core decode step; fp32 the default; anything
     else exit 2."""
     from catchat.inference import generate
 

@@ -27,7 +27,6 @@ from catchat.model.reference.decode import decode_step_half
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
 from catchat.vk.program.decoder import DECODE_KINDS, HALF_KINDS, decode_step
-from catchat.vk.switches import env_override
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
@@ -190,22 +189,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
             rows += _generation_case(dev, h_(40), 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10, kind=kind)
         tag = "" if kind == "fused" else f" ({kind})"
         out += [replace(r, kernel=r.kernel.replace("decode ", f"decode{tag} ", 1)) for r in rows]
-    out += _sides_rows(dev)
     for B, seed in ((1, 5), (67, 6)):
         out += _choice_case(dev, B, seed)
     return out
-
-
-def _sides_rows(dev: Device) -> list[ParityResult]:
-    """The tensor-core step with its subgroups split by side (CATCHAT_DECODE_COOP_SIDES=1), rows named
-    "(coop sides)": one and several stream fragments a workgroup, partial ones, layer 0's fragments
-    alternating between the sides, 1-4 k parts, and a generation."""
-    from catchat.vk.kernels.decode import SIDES_ENV
-
-    rows = []
-    with decode_step("coop"), env_override(SIDES_ENV, "1"):
-        for H, L, B, tied, seed in ((48, 3, 3, False, 2), (64, 2, 17, False, 4), (48, 2, 20, False, 11),
-                                    (64, 3, 70, True, 12), (112, 2, 5, False, 14)):
-            rows += _step_case(dev, H, L, B, tied, seed, "coop")
-        rows += _generation_case(dev, 64, 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10, kind="coop")
-    return [replace(r, kernel=r.kernel.replace("decode ", "decode (coop sides) ", 1)) for r in rows]

@@ -211,28 +211,6 @@ def coop_probe(real_fragments: bool, wshared: bool) -> int:
     return probe
 
 
-# CATCHAT_DECODE_COOP_SIDES=1: the tensor-core step's subgroups split by side (the h products with
-# W_hh, the y products with W_ih) and k part instead of by stream fragment and k part
-# (decode_layer_coop.comp's SIDES), so a workgroup loads each W fragment once instead of once per stream
-# fragment: at v5's 64 streams a workgroup a quarter of its W bytes. Why: on an H100 at 64 streams
-# (docs/results/2026-12-06-h100-catchat-v5-gen-coop-probe{0,1,2}.json) v5's layers 1-2 took 76 us a
-# step, 26.5 without their W loads and 64 without their h16 / y16 loads. 8 subgroups (4 k parts: the
-# split by fragments' default at v5, so the same sums), 3 SF accumulators each; its parts meet in turn
-# (SEQ). Opt-in until a GPU has timed it (gpu-check gen-coop-sides{0,1}-v{3,5}); the same results either way.
-SIDES_ENV = "CATCHAT_DECODE_COOP_SIDES"
-SIDES_SUBGROUPS = 8
-# Stages of the split by sides' ring (the shader's PD; each 3 W and SF activation fragments): 3, or
-# CATCHAT_DECODE_COOP_SIDES_RING=2 or 4 (to measure: at SF = 4 a stage is 28 registers a thread
-# beside 96 of sums).
-SIDES_RING, SIDES_RING_ENV = 3, "CATCHAT_DECODE_COOP_SIDES_RING"
-
-
-def coop_sides() -> bool:
-    """Whether CATCHAT_DECODE_COOP_SIDES asks for the split by sides (1) rather than by stream fragments
-    (0, or unset)."""
-    return env_switch(SIDES_ENV, "set 1 (subgroups split by side) or 0 (by stream fragment), or unset it", False)
-
-
 def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:
     """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ), the
     norm's and the y^2 sums, and with WSH two buffers of KS x 6 W blocks."""
@@ -252,38 +230,31 @@ class CoopShape:
     them, and H / 16 divides; each walks its part with its loads in flight, what bounds a step),
     `tiles` workgroups of streams for each of the `row_wgs` slices of 16 units; `seq`: past the
     8-subgroup shapes (more subgroups, or 8 parts), so the parts meet through one slot in turn (the
-    shader's SEQ). `sides`: a subgroup per (side, k part) instead (the shader's SIDES: `subgroups` / 2
-    parts, always in turn)."""
+    shader's SEQ)."""
 
     sf: int
     ks: int
     tiles: int
     row_wgs: int
     seq: bool = False
-    sides: bool = False
 
     @property
     def workgroup(self) -> int:
-        """Threads: a subgroup per (stream fragment, k part), or per (side, k part)."""
-        return 32 * (2 if self.sides else self.sf) * self.ks
+        """Threads: a subgroup per (stream fragment, k part)."""
+        return 32 * self.sf * self.ks
 
     @staticmethod
-    def of(H: int, B: int, streams: int = 64, subgroups: int = 8, sides: bool = False) -> CoopShape:
+    def of(H: int, B: int, streams: int = 64, subgroups: int = 8) -> CoopShape:
         """The shape for B streams at hidden size H, at most `streams` (16, 32 or 64) and `subgroups`
-        (8 or 16) a workgroup, split by stream fragments or by `sides`."""
+        (8 or 16) a workgroup."""
         frags = ceil_div(B, 16)
         sf = min(streams // 16, frags)
-        per_part = 2 if sides else sf
-        ks = next(k for k in (8, 4, 2, 1) if k * per_part <= subgroups and (k <= 4 or subgroups > 8)
+        ks = next(k for k in (8, 4, 2, 1) if k * sf <= subgroups and (k <= 4 or subgroups > 8)
                   and (H // 16) % k == 0)
-        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, sides or per_part * ks > 8 or ks > 4, sides)
+        return CoopShape(sf, ks, ceil_div(frags, sf), H // 16, sf * ks > 8 or ks > 4)
 
     def defines(self) -> dict:
-        """The shader's defines for this shape (SEQ's ring of 2 stages: 512 threads' registers; SIDES
-        keeps the shader's 3 with 256)."""
-        if self.sides:
-            ring = env_choice(SIDES_RING_ENV, (2, 3, 4), SIDES_RING)
-            return {"SF": self.sf, "KS": self.ks, "SIDES": 1, **({} if ring == SIDES_RING else {"PD": ring})}
+        """The shader's defines for this shape (SEQ's ring of 2 stages: 512 threads' registers)."""
         return {"SF": self.sf, "KS": self.ks, **({"SEQ": 1, "PD": 2} if self.seq else {})}
 
     def workgroups(self, B: int) -> int:
@@ -308,15 +279,13 @@ class DecodeLayerCoop(Kernel):
         H, L = self.H, self.L
         if not coop_decode_ok(H):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
-        sides = coop_sides()
-        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), SIDES_SUBGROUPS if sides else coop_subgroups(H),
-                                       sides)
+        self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups(H))
         sp = ceil_div(self.B, 16) * 16
         self.w16, self._weights = half_weights(dev, layout, params, block_cols=H)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
-        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False) and not sides
+        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
                         and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
         probe = coop_probe(coopmat_runs(dev), self.wshared)
         defines = {**sh.defines(), **({"WSH": 1} if self.wshared else {}),
@@ -344,34 +313,21 @@ class DecodeLayerCoop(Kernel):
         return self.op(*self._push(layer, parity))
 
 
-# Vocabulary rows per subgroup of the head (glsl/decode_head.comp's RB): with one, a stream's y is read
-# once per row (v5 at 64 streams: 101 x 64 x 8 KB, ~53 MB a step from L2; the head took 35 us a step
-# there on an H100, 2026-12-06, against 12 at one stream). CATCHAT_DECODE_HEAD_ROWS=2, 4 or 8 asks for
-# more (to measure: gpu-check gen-head-rows*); the logits are the same bits whatever it is.
-HEAD_ROWS = 1
-HEAD_ROWS_ENV = "CATCHAT_DECODE_HEAD_ROWS"
-
-
-def head_rows() -> int:
-    """CATCHAT_DECODE_HEAD_ROWS (1, 2, 4 or 8), else HEAD_ROWS."""
-    return env_choice(HEAD_ROWS_ENV, (1, 2, 4, 8), HEAD_ROWS)
-
-
 class DecodeHead(Kernel):
     """The head for every stream: logits = W_head (RMSNorm of the last layer's x + h), a subgroup per
-    `rows` vocabulary rows and stream tile, spread over the GPU (streams that stopped keep their logits)."""
+    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits)."""
 
     shader = "decode_head"
 
     def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int):
         s, o = layout.spec, layout.offsets
-        self.B, self.V, self.rows = int(B), s.vocab_size, head_rows()
-        # two subgroups per workgroup: the 101 rows spread over the GPU
-        self.shape = sh = decode_shape(dev, ceil_div(self.V, self.rows), self.B, subgroups=2)
+        self.B, self.V = int(B), s.vocab_size
+        # two rows per workgroup: the 101 rows spread over the GPU
+        self.shape = sh = decode_shape(dev, self.V, self.B, subgroups=2)
         self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], sh.row_wgs,
                      float(s.norm_eps))
-        super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)],
-                         spec=[*sh.spec(s.hidden, self.B), self.rows], push=self.push, defines=sh.defines(s.hidden))
+        super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)], spec=sh.spec(s.hidden, self.B),
+                         push=self.push, defines=sh.defines(s.hidden))
 
     def step(self):
         return self.op(*self.push)

@@ -10,7 +10,7 @@ the chosen tokens (NONE where a stream emitted nothing: it was being fed known t
 stopped).
 
 A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
-rule: at precision fp16 coop from 8 streams (2 above H = 1024) where the device has tensor cores and fused16 for one
+rule: at precision fp16 coop from 4 streams (2 above H = 1024) where the device has tensor cores and fused16 for one
 stream where H >= 1024; else from the H200's measurements, batched from 32 streams where H >= 1024,
 else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
@@ -76,8 +76,10 @@ BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
 # wins (v3 32.3 against 44.3, v5 120.3 against 146.2). Between 2 and 7 streams at v5 (H100, 2026-12-06,
 # docs/results/2026-12-06-h100-catchat-v5-gen-small.json, chars/s): coop 18,786 / 36,072 at 2 / 4 streams
 # against fused16's 16,065 / 15,816 (its layers ~35 us a step from 1 to 8 streams); so above H = 1024
-# from 2 streams; up to it (v3) 2-7 streams are not measured and keep the fused step.
-COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 8, 2, 1024
+# from 2 streams. Up to it (v3, H100, 2026-12-06, -v3-gen-small.json, chars/s): coop 94,128 against the
+# fused step's 68,464 at 4 streams, but 48,772 against 52,556 at 2 (layers 9-12 us a step either way);
+# so from 4 streams.
+COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 4, 2, 1024
 # At fp16 and 1 stream, the fused step on float16 copies of the weights where the layers are bound by
 # the weights' bytes (H100, 2026-12-05, docs/results/2026-12-05-h100-catchat-v5-gen-fused16.json): v5
 # 11,381 chars/s against the fused step's 8,535 (layers 17-29 us against 23-40), but at 4 streams
