@@ -61,10 +61,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_DECODE_COOP_SUBGROUPS": (MEASURE, "the tensor-core decode step's subgroups per workgroup at most: 8 or "
                                                "16 (more k parts at once)"),
     "CATCHAT_DECODE_COOP_WSHARED": (MEASURE, "1: the tensor-core decode step stages W in shared memory"),
-    "CATCHAT_DECODE_COOP_SIDES": (MEASURE, "1: the tensor-core decode step's subgroups split by side (h or y "
-                                           "products), each W fragment loaded once a workgroup"),
-    "CATCHAT_DECODE_COOP_SIDES_RING": (MEASURE, "stages of the split by sides' ring of loads (2, 3 or 4)"),
-    "CATCHAT_DECODE_HEAD_ROWS": (MEASURE, "vocabulary rows per subgroup of the decode head (1, 2, 4 or 8)"),
     "CATCHAT_DECODE_COOP_PROBE": (MEASURE, "timing probes of the tensor-core decode step (1: no W loads, "
                                             "2: no h16 / y16 loads): wrong results"),
     # fault injection and the tests' hooks

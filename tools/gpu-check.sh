@@ -103,9 +103,6 @@ part gemm-table $py tools/gemm_table.py "$out/gemm-grid-v5.json" "$out/gemm-grid
 # the GEMM parity group alone (quick, after a GEMM shader change); v3 fp16 untuned, then tuned (`--tune`:
 # SIMT, tensor-core and sweep tiles measured and cached) beside PyTorch
 part parity-gemm $py -m catchat.cli parity --only gemm --summary
-# the decode parity with the head's rows 4 a subgroup and the coop step split by sides (both opt-in)
-part parity-decode-head4-sides env CATCHAT_DECODE_HEAD_ROWS=4 CATCHAT_DECODE_COOP_SIDES=1 $py -m catchat.cli parity \
-    --only decode --summary --json "$out/parity-decode-head4-sides.json"
 part bench-v3-fp16-untuned env CATCHAT_TUNE=0 $py -m catchat.cli bench configs/catchat-v3.toml --precision fp16 \
     --steps 4 --warmup 1 --json "$out/bench-v3-fp16-untuned.json"
 # the streamed tensor-core sweeps (W_hh from a float16 copy: v5): their parity (sweeps, then the whole model at
@@ -359,23 +356,6 @@ for c in v3 v5; do
     # fused16 and coop each batch of 1-8 should take (decode.FUSED16_MAX_STREAMS, COOP_MIN_STREAMS)
     part "gen-small-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2,4,8 --steps 1024 \
         --precision fp16 --decode fused,fused16,coop --compare-torch --json "$out/gen-small-$c.json"
-    # the tensor-core step's subgroups split by side (each W fragment loaded once a workgroup:
-    # CATCHAT_DECODE_COOP_SIDES=1) beside the split by stream fragments, one call, at 8, 32 and 64 streams
-    for sides in 0 1; do
-        part "gen-coop-sides$sides-$c" env CATCHAT_DECODE_COOP_SIDES=$sides $py tools/bench_generate.py \
-            "configs/catchat-$c.toml" --batches 8,32,64 --steps 512 --decode coop --json "$out/gen-coop-sides$sides-$c.json"
-    done
-    # ... and with rings of 2 and 4 stages (CATCHAT_DECODE_COOP_SIDES_RING; 3 above)
-    for ring in 2 4; do
-        part "gen-coop-sides1-ring$ring-$c" env CATCHAT_DECODE_COOP_SIDES=1 CATCHAT_DECODE_COOP_SIDES_RING=$ring \
-            $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 8,32,64 --steps 512 --decode coop \
-            --json "$out/gen-coop-sides1-ring$ring-$c.json"
-    done
-    # the head with 1, 4 and 8 vocabulary rows a subgroup (CATCHAT_DECODE_HEAD_ROWS; the same logits), at fp16
-    for rows in 1 4 8; do
-        part "gen-head-rows$rows-$c" env CATCHAT_DECODE_HEAD_ROWS=$rows $py tools/bench_generate.py \
-            "configs/catchat-$c.toml" --batches 1,8,64 --steps 512 --precision fp16 --json "$out/gen-head-rows$rows-$c.json"
-    done
     # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
     part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"

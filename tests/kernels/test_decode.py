@@ -195,54 +195,6 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
         _assert_same_bits(got["0"], got["1"])
 
 
-def test_coop_step_split_by_sides_is_the_same_step(dev, monkeypatch):
-    """CATCHAT_DECODE_COOP_SIDES=1 (a subgroup per side and k part, each W fragment loaded once a
-    workgroup): the same tokens, logits and state bit for bit as the split by stream fragments with as
-    many k parts (the same products, parts met in the same order): one fragment and 4 parts (H = 128),
-    two fragments and one part with layer 0's fragments on both sides (H = 48, 20 streams), three and 4
-    parts (H = 64, 40 streams, the split by fragments at 16 subgroups)."""
-    from catchat.vk.kernels import decode as dk
-
-    assert dk.CoopShape.of(2048, 64, 64, dk.SIDES_SUBGROUPS, sides=True) == dk.CoopShape(4, 4, 1, 128, True, True)
-    assert dk.CoopShape(4, 4, 1, 128, True, True).workgroup == 256
-    assert dk.CoopShape(4, 4, 1, 128, True, True).defines() == {"SF": 4, "KS": 4, "SIDES": 1}
-    monkeypatch.setenv(dk.SIDES_RING_ENV, "4")
-    assert dk.CoopShape(4, 4, 1, 128, True, True).defines() == {"SF": 4, "KS": 4, "SIDES": 1, "PD": 4}
-    monkeypatch.delenv(dk.SIDES_RING_ENV)
-    for H, L, B, streams, subgroups, ks in ((128, 2, 16, "16", "8", 4), (48, 2, 20, "32", "8", 1),
-                                             (64, 3, 40, "64", "16", 4)):
-        monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)
-        monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, subgroups)
-        got = {}
-        for sides in ("0", "1"):
-            monkeypatch.setenv(dk.SIDES_ENV, sides)
-            gen, got[sides] = _generate(dev, H, L, B)
-            shape = gen._decoder.step.layer.shape
-            assert (shape.sides, shape.ks) == (sides == "1", ks)
-        _assert_same_bits(got["0"], got["1"])
-
-
-def test_head_rows_per_subgroup_are_the_same_logits(dev, monkeypatch):
-    """CATCHAT_DECODE_HEAD_ROWS (vocabulary rows a subgroup of the head takes, the last subgroup's cut
-    short: 101 rows in 4s and 8s): the same tokens, logits and state bit for bit as one row a subgroup,
-    with whole vec4 rows (H = 48) and without (H = 37), partial stream tiles (17 streams); any other
-    value refused by name."""
-    from catchat.errors import UsageError
-    from catchat.vk.kernels import decode as dk
-
-    for H, B in ((48, 17), (37, 3)):
-        got = {}
-        for rows in ("1", "4", "8"):
-            monkeypatch.setenv(dk.HEAD_ROWS_ENV, rows)
-            gen, got[rows] = _generate(dev, H, 2, B, "fused")
-            assert gen._decoder.step.head.rows == int(rows)
-        _assert_same_bits(got["4"], got["1"])
-        _assert_same_bits(got["8"], got["1"])
-    monkeypatch.setenv(dk.HEAD_ROWS_ENV, "3")
-    with pytest.raises(UsageError, match="CATCHAT_DECODE_HEAD_ROWS"):
-        dk.head_rows()
-
-
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):
     """CATCHAT_DECODE_COOP_PROBE (1: no W loads, 2: no h16 / y16 loads; wrong results) runs only on real
     fragments without W staged in shared memory; anything else is refused by name."""
