@@ -44,6 +44,8 @@
 // through the same `red` slots in the same order. Staged once per k-group through shared memory as
 // the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
+// HALVES (F32, LF = 2; opt-in until timed): the subgroups split by lane half as well as by k, half the
+// accumulators a thread, and PD = 1 the next quad's loads in flight (product below).
 #if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
 #define BLOCK_FLAGS
 #define GROUP_STRIDE 32u  // each k-group's word in a 128-byte line of its own
@@ -273,7 +275,7 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     }
     return true;
 }
-#else  // F32
+#elif !defined(HALVES)  // F32
 const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 
 // The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
@@ -308,6 +310,73 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
                 uint b = lg + 4u * i;
                 [[unroll]] for (uint c = 0u; c < 6u; ++c) {
                     uint at = (((kg % RK) * LF + b / 16u) * 3u + c % 3u) * 256u + (b % 16u) * 16u + ug + 8u * (c / 3u);
+                    RED(at) = first ? acc[i][c] : RED(at) + acc[i][c];
+                }
+            }
+        }
+        barrier();
+    }
+    return true;
+}
+#else  // F32 and HALVES
+#if LF != 2
+#error "HALVES splits two lane fragments"
+#endif
+const uint KGH = KGS / 2u;  // k-groups of a lane half, each 2 KPG fragments deep
+
+// The quad q of W_hh's 6 rows and of the thread's 4 lanes of h_prev.
+void load_quad(uint q, uint wr[6], uint hb, out vec4 w[6], out vec4 x[4]) {
+    [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + q];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) x[i] = h4[hb + q * BP + 4u * i];
+}
+
+// The product as above with the subgroups split by lane half too: subgroup sg takes lane fragment
+// sg / KGH and k-group sg % KGH (2 KPG fragments: the k range of two of the plain split's k-groups),
+// its thread (lg, ug) lanes 16 lf + lg + 4 i (i < 4) and units ug, ug + 8, 3 gates each: 24 accumulators
+// instead of 48, so the next quad's 10 vec4s can be in flight while this one is multiplied (PD = 1;
+// PD = 0 loads each quad as it multiplies it). Each W_hh vec4 is loaded by both halves' subgroups (the
+// second from L1, in the same step). The KGH k-groups of each half fold into red's slots as the plain
+// split's do (slot s = kg s+4 + kg s at LF = 2): deterministic, another order of sums than the plain split.
+bool product(uint t, uint j0, uint grp, uint sg, uint wait_k) {
+    uint lf = sg / KGH, kg = sg % KGH, n_kf = pc.H / 16u;
+    if (!operand_wait(wait_k, 2u * kg, n_kf, KPG, grp * KGS)) return false;
+#ifdef BLOCK_FLAGS  // the second of the plain split's k-groups this one spans
+    operand_wait(wait_k, 2u * kg + 1u, n_kf, KPG, grp * KGS);
+#endif
+    PHASE(t, 1u);
+    uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
+    uint q0 = min(kg * 2u * KPG * 4u, H4), q1 = min(q0 + 2u * KPG * 4u, H4);
+    uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0
+    [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + ((c % 3u) * H + j0 + ug + 8u * (c / 3u)) * H4;
+    uint hb = grp * H_GROUP + (t % 2u) * H4 * BP + 16u * lf + lg;  // lane 16 lf + lg's vec4 at k quad 0
+    float acc[4][6];
+    [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+        [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
+    }
+    vec4 w[6], x[4];
+#if PD > 0
+    vec4 wn[6], xn[4];  // the next quad, in flight
+    if (q0 < q1) load_quad(q0, wr, hb, wn, xn);
+#endif
+    for (uint q = q0; q < q1; ++q) {
+#if PD > 0
+        w = wn;
+        x = xn;
+        if (q + 1u < q1) load_quad(q + 1u, wr, hb, wn, xn);
+#else
+        load_quad(q, wr, hb, w, x);
+#endif
+        [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+            [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x[i], w[c], acc[i][c]);
+        }
+    }
+    for (uint round = KGH / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
+        if (kg / RK == round) {
+            bool first = round + 1u == KGH / RK;
+            [[unroll]] for (uint i = 0u; i < 4u; ++i) {
+                uint r = lg + 4u * i;  // row of lane fragment lf
+                [[unroll]] for (uint c = 0u; c < 6u; ++c) {
+                    uint at = (((kg % RK) * LF + lf) * 3u + c % 3u) * 256u + r * 16u + ug + 8u * (c / 3u);
                     RED(at) = first ? acc[i][c] : RED(at) + acc[i][c];
                 }
             }

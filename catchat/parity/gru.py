@@ -18,6 +18,7 @@ from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
     FORWARD_TILES,
+    HALVES32_ENV,
     KSPLIT_ENV,
     GruBackward,
     GruForward,
@@ -249,6 +250,11 @@ STREAM_GPU_CASES = [
 STREAM_F32_CASES = STREAM_CASES + [((3, 9, 512, AUTO, 0.02), 1)]
 STREAM_F32_GPU_CASES = STREAM_GPU_CASES
 
+# The float32 forward split by lane half (CATCHAT_STREAM32_HALVES 1 and 2: "stream32h1", "stream32h2"):
+# the float32 cases with two lane fragments, and k-groups 4 fragments deep (H = 512); on a GPU v5's and
+# v3's lanes (two lane groups) and widths.
+HALVES32_CASES = [c for c in STREAM_F32_CASES if c[0][1] > 16] + [((3, 20, 512, AUTO, 0.02), 1)]
+HALVES32_GPU_CASES = [((4, 32, 2048, AUTO, 0.02), -1), ((4, 64, 512, AUTO, 0.02), -1)]
 
 # The k-split backward (CATCHAT_STREAM_KSPLIT, glsl/gru_backward_ksplit.comp; persistent only): one lane
 # fragment (8 k-parts) and two (16), a workgroup walking every item and, on a GPU, a few walking several,
@@ -287,6 +293,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
+    halves32 = HALVES32_CASES + (HALVES32_GPU_CASES if dev.info.type != "CPU" else [])
+    runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in halves32 for v in ("stream32h1", "stream32h2")]
     if dev.runs_float16:
         ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
@@ -299,10 +307,11 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
         streamed = variant in ("stream", "stream16", "ksplit", "ksplit16")
         coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "ksplit16")
-        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
+        halves = variant[-1] if variant.startswith("stream32h") else "0"
+        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"), env_override(HALVES32_ENV, halves):
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
-                              stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves)
+                              stream_f32=variant.startswith("stream32") or variant == "ksplit32", save_half=half_saves)
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None
@@ -320,6 +329,9 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
         if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
             out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
+        if halves != "0":  # likewise the plain forward
+            out.append(compare(f"{fwd}.ran_halves", shape, [got["tiles"][0].halves, got["tiles"][0].depth],
+                               [True, int(halves == "2")], 0.0, 0.0))
         if n_wg:
             out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own

@@ -289,6 +289,27 @@ def test_streamed_sweeps_take_two_lane_groups(dev, monkeypatch, T, B, H, n_wg, f
     assert not got["sync"].any()
 
 
+@pytest.mark.parametrize("T,B,H,n_wg,halves,flags", [
+    (4, 17, 48, 0, "1", "0"),  # a dispatch per step; the second half holds one lane; k-groups short and empty
+    (3, 20, 512, 1, "2", "0"),  # k-groups 4 fragments (16 quads) deep, the next quad in flight
+    (3, 40, 32, 1, "2", "1"),  # two lane groups, block flags (each k-group waits on two words)
+    (3, 32, 128, 1, "1", "1"),  # every k-group whole, block flags
+])
+def test_float32_forward_split_by_lane_halves(dev, monkeypatch, T, B, H, n_wg, halves, flags):
+    """CATCHAT_STREAM32_HALVES=1 or 2 (the float32 forward's subgroups split by lane half as well as by
+    k, with 2 the next quad's loads in flight): the same results as the float32 twin; only the forward
+    changes, and only with two lane fragments; other values refused."""
+    monkeypatch.setenv(gru.FLAGS_ENV, flags)
+    monkeypatch.setenv(gru.HALVES32_ENV, halves)
+    got = _streamed_like_the_twin(dev, T, B, H, n_wg, f32=True)
+    fwd, bwd = got["tiles"]
+    assert (fwd.halves, fwd.depth, bwd.halves) == (True, int(halves == "2"), False)
+    assert not gru.stream_tiles(16, 512, False, f32=True).halves  # one lane fragment: the plain split
+    monkeypatch.setenv(gru.HALVES32_ENV, "3")
+    with pytest.raises(UsageError, match="CATCHAT_STREAM32_HALVES"):
+        gru.stream_tiles(32, 512, False, f32=True)
+
+
 def test_block_flags_setting(monkeypatch):
     """CATCHAT_STREAM_FLAGS: unset, block flags on tensor cores and the grid barrier for the float32
     sweeps; 0 the barrier and 1 flags for both; anything else is refused with the fix."""
