@@ -69,7 +69,7 @@ HALF_KINDS = ("fused16", "coop")  # the steps on float16 operands (float16 arith
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
 # 8 streams, so its cost grows with B x H^2; the batched step's is near flat in B.
 BATCHED_MIN_STREAMS, BATCHED_MIN_HIDDEN = 32, 1024
-# At fp16, the tensor-core step from 8 streams (H100, 2026-12-05, device us per step,
+# At fp16, the tensor-core step where it wins (H100, 2026-12-05, device us per step,
 # docs/results/2026-12-05-h100-catchat-v{3,5}-gen-coop-ring.json against -gen-coop.json's fused and
 # batched rows): v3 48.5 against the fused step's 96.9 at 8 streams and 79.7 against 160.4 (batched)
 # at 64; v5 156.3 against 439.8 at 8 and 295.6 against 633.9 at 64; but at 1 stream the fused step
