@@ -276,6 +276,9 @@ part speedrun-300-l4 $py tools/speedrun.py l4:model.layers=4 $budget300
 # second seeds of both (a seed moves a 300 s score by ~0.01)
 part speedrun-300-base-s4 $py tools/speedrun.py base-s4:train.seed=4 $budget300
 part speedrun-300-l4-s4 $py tools/speedrun.py l4-s4:model.layers=4,train.seed=4 $budget300
+# third seeds (2026-12-06: L = 4 seed 4 1.3827, seed 3 1.3958; the 3-layer seed 3 1.3963)
+part speedrun-300-base-s5 $py tools/speedrun.py base-s5:train.seed=5 $budget300
+part speedrun-300-l4-s5 $py tools/speedrun.py l4-s5:model.layers=4,train.seed=5 $budget300
 # issue 36 item 1 at L = 4, seed 4: the three lane orders screened at 1,024 steps (~75 s each), then the best
 # of them at 300 s (~300 s; PART_TIMEOUT=580): longest_first or shuffle against l4-s4's corpus order
 # (2026-12-06: 1.3827); where corpus order screens best, the 3-layer config's seed 4 instead (base-s4).
