@@ -237,16 +237,16 @@ for d in 8 4 12; do
 done
 part phases-v5-fp32-ksplit env CATCHAT_STREAM_KSPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
     --reps 1
-# the float32 forward split by lane half (CATCHAT_STREAM32_HALVES=1: 24 accumulators a thread; 2: with the
-# next k quad's loads in flight) against the plain split (0): the sweep parity (its stream32h rows run
-# whatever the environment says), then v5's fp32 step on each, one process each (~45 s), and the phases
-part parity-halves32-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-halves32-gru.json"
-for h in 0 1 2; do
-    part "bench-v5-fp32-halves$h" env CATCHAT_STREAM32_HALVES=$h $py -m catchat.cli bench configs/catchat-v5.toml \
-        --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-halves$h.json"
+# the float32 forward's lane parts and k quads ahead (CATCHAT_STREAM32_LANE_SPLITS, CATCHAT_STREAM32_AHEAD; 1 and
+# 0 the plain split): the sweep parity (its stream32ls rows run whatever the environment says), then v5's fp32
+# step on each pair, one process each (~45 s: PART_TIMEOUT 60), and the phases of the parts
+part parity-split32-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-split32-gru.json"
+for sa in 1-0 2-0 2-1 4-0 4-1 4-2; do
+    part "bench-v5-fp32-ls$sa" env CATCHAT_STREAM32_LANE_SPLITS=${sa%-*} CATCHAT_STREAM32_AHEAD=${sa#*-} $py -m \
+        catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-ls$sa.json"
 done
-part phases-v5-fp32-halves2 env CATCHAT_STREAM32_HALVES=2 $py tools/sweep_phases.py configs/catchat-v5.toml \
-    --steps 256 --reps 1
+part phases-v5-fp32-ls2-1 env CATCHAT_STREAM32_LANE_SPLITS=2 CATCHAT_STREAM32_AHEAD=1 $py tools/sweep_phases.py \
+    configs/catchat-v5.toml --steps 256 --reps 1
 # their knobs: register rings (forward k quads, backward chunks) shallower and deeper; stages synced by
 # workgroup barriers instead of subgroup ones
 # (the backward's ring CATCHAT_STREAM32_DEPTH=N; its stages synced by the workgroup's barrier: CATCHAT_STREAM32_SUBGROUP=0)

@@ -29,8 +29,9 @@ def test_parity(dev):
                                                              if dev.info.type != "CPU" else 0),
             "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0)}
-    halves = len(gru_parity.HALVES32_CASES) + (len(gru_parity.HALVES32_GPU_CASES) if dev.info.type != "CPU" else 0)
-    runs.update({"_stream32h1": halves, "_stream32h2": halves})
+    split = len(gru_parity.LANE_SPLITS32_CASES) + (len(gru_parity.LANE_SPLITS32_GPU_CASES)
+                                                   if dev.info.type != "CPU" else 0)
+    runs.update({f"_stream32ls{v}": split for v in gru_parity.LANE_SPLITS32_VARIANTS})
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
 

@@ -62,7 +62,6 @@ from catchat.vk.kernels.gru.stream import (
     BLOCKED_ENV,
     DEPTH_ENV,
     FLAGS_ENV,
-    HALVES32_ENV,
     KSPLIT_ENV,
     PROBE_ENV,
     RESIDENT_ENV,
@@ -99,7 +98,7 @@ from catchat.vk.kernels.gru.tiled import (
 
 __all__ = [
     "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FLAGS_ENV",
-    "FORWARD_TILES", "HALVES32_ENV", "KSPLIT_ENV", "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES",
+    "FORWARD_TILES", "KSPLIT_ENV", "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES",
     "PERSISTENT_FORWARD_TILES",
     "PROBE_ENV",
     "REGISTER_FILE",
