@@ -220,6 +220,10 @@ part phases-v5-fp16-flags env CATCHAT_STREAM_FLAGS=1 $py tools/sweep_phases.py c
 part parity-v3-stream32 env CATCHAT_SWEEP_STREAM32=1 $py -m catchat.cli parity --only model --summary
 part bench-v3-fp32-stream32 env CATCHAT_SWEEP_STREAM32=1 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v3-fp32-stream32.json"
+# ... and with the float32 forward's lane parts and a quad ahead (v3's 64 lanes: two lane groups of 32)
+part bench-v3-fp32-stream32-ls2-1 env CATCHAT_SWEEP_STREAM32=1 CATCHAT_STREAM32_LANE_SPLITS=2 CATCHAT_STREAM32_AHEAD=1 \
+    $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --profile \
+    --json "$out/bench-v3-fp32-stream32-ls2-1.json"
 part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-tiled.json"
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
