@@ -280,6 +280,12 @@ part speedrun-300-l4 $py tools/speedrun.py l4:model.layers=4 $budget300
 # second seeds of both (a seed moves a 300 s score by ~0.01)
 part speedrun-300-base-s4 $py tools/speedrun.py base-s4:train.seed=4 $budget300
 part speedrun-300-l4-s4 $py tools/speedrun.py l4-s4:model.layers=4,train.seed=4 $budget300
+l4s4="model.layers=4,train.seed=4"
+# L = 4's recipe, screened at 1,024 steps (seed 4; ~75 s a row: PART_TIMEOUT 400): the 3-layer config's lr
+# 3e-3 against 2e-3 and 4e-3, the cooldown 25% against 40%, and hidden dropout 0.15 against 0.10 (4 layers:
+# more regularisation per step already?)
+part speedrun-screen-l4 $py tools/speedrun.py l4:$l4s4 l4-lr2:$l4s4,train.lr=2e-3 l4-lr4:$l4s4,train.lr=4e-3 \
+    l4-cd40:$l4s4,schedule.cooldown_fraction=0.4 l4-dh10:$l4s4,train.dropout_hidden=0.1 $steps1024
 # third seeds (2026-12-06: L = 4 seed 4 1.3827, seed 3 1.3958; the 3-layer seed 3 1.3963)
 part speedrun-300-base-s5 $py tools/speedrun.py base-s5:train.seed=5 $budget300
 part speedrun-300-l4-s5 $py tools/speedrun.py l4-s5:model.layers=4,train.seed=5 $budget300
@@ -287,7 +293,6 @@ part speedrun-300-l4-s5 $py tools/speedrun.py l4-s5:model.layers=4,train.seed=5 
 # of them at 300 s (~300 s; PART_TIMEOUT=580): longest_first or shuffle against l4-s4's corpus order
 # (2026-12-06: 1.3827); where corpus order screens best, the 3-layer config's seed 4 instead (base-s4).
 # The screen's rows are in speedrun-lanes-screen.md, the 300 s row last in the part's own file.
-l4s4="model.layers=4,train.seed=4"
 part speedrun-lanes bash -c '
     "$0" tools/speedrun.py lo-corpus:'"$l4s4"' lo-longest_first:'"$l4s4"',data.lane_order=longest_first \
         lo-shuffle:'"$l4s4"',data.lane_order=shuffle '"$steps1024"' | tee "$1"
