@@ -446,3 +446,24 @@ def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
     assert losses[0] != losses[1]  # the seeds draw different weights
     assert rows[2][1] == "train.precision=fp16, 2 seeds"
     assert rows[2][4] == f"{sum(losses) / 2:.4f} ({min(losses):.4f}-{max(losses):.4f})"
+
+
+def test_speedrun_tool_screens_then_confirms_the_best(tmp_path):
+    """--screen-steps N --confirm 1: every variant N steps (its own run, NAME-Nsteps), then the one with
+    the lowest held-out loss again at --budget (here 0: the config's own 2 steps); refused with --seeds."""
+    shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
+              "eval.eval_every_seqs=100000", "eval.free_running=false", "eval.sample_chars=0", "train.time_budget_s=0",
+              "train.cycles=0", "train.total_steps=2"]
+    sets = [arg for s in shrink for arg in ("--set", s)]
+    tool = [sys.executable, str(ROOT / "tools" / "speedrun.py"), "base", "hot:train.lr=0.05"]
+    r = subprocess.run([*tool, "--budget", "0", "--screen-steps", "3", "--runs-dir", str(tmp_path), *sets],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
+    assert [(row[0], row[2]) for row in rows[:2]] == [("base-3steps", "3"), ("hot-3steps", "3")], r.stdout
+    best = min(rows[:2], key=lambda row: float(row[4]))[0].removesuffix("-3steps")
+    assert len(rows) == 3 and (rows[2][0], rows[2][2]) == (best, "2"), r.stdout
+    assert events(tmp_path / best, "eval")[-1]["loss"] == pytest.approx(float(rows[2][4]), abs=1e-4)
+    refused = subprocess.run([*tool, "--screen-steps", "3", "--seeds", "3,4"], capture_output=True, text=True,
+                             timeout=60, cwd=ROOT)
+    assert refused.returncode == 2 and "--screen-steps" in refused.stderr

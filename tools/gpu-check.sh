@@ -290,20 +290,10 @@ part speedrun-screen-l4 $py tools/speedrun.py l4:$l4s4 l4-lr2:$l4s4,train.lr=2e-
 part speedrun-300-base-s5 $py tools/speedrun.py base-s5:train.seed=5 $budget300
 part speedrun-300-l4-s5 $py tools/speedrun.py l4-s5:model.layers=4,train.seed=5 $budget300
 # issue 36 item 1 at L = 4, seed 4: the three lane orders screened at 1,024 steps (~75 s each), then the best
-# of them at 300 s (~300 s; PART_TIMEOUT=580): longest_first or shuffle against l4-s4's corpus order
-# (2026-12-06: 1.3827); where corpus order screens best, the 3-layer config's seed 4 instead (base-s4).
-# The screen's rows are in speedrun-lanes-screen.md, the 300 s row last in the part's own file.
-part speedrun-lanes bash -c '
-    "$0" tools/speedrun.py lo-corpus:'"$l4s4"' lo-longest_first:'"$l4s4"',data.lane_order=longest_first \
-        lo-shuffle:'"$l4s4"',data.lane_order=shuffle '"$steps1024"' | tee "$1"
-    best=$(awk -F"|" "\$2 ~ /lo-/ {gsub(/[ *]/, \"\", \$2); gsub(/[ *]/, \"\", \$6); print \$6, \$2}" "$1" | sort -n | head -1)
-    echo "best at 1,024 steps: ${best:-none}"
-    case "$best" in
-        *lo-longest_first|*lo-shuffle) order=${best##*lo-}
-            "$0" tools/speedrun.py "l4-s4-$order:'"$l4s4"',data.lane_order=$order" '"$budget300"' ;;
-        *lo-corpus) "$0" tools/speedrun.py base-s4:train.seed=4 '"$budget300"' ;;
-        *) echo "no screen row: nothing run at 300 s"; exit 1 ;;
-    esac' "$py" "$out/speedrun-lanes-screen.md"
+# of them at 300 s (~300 s; PART_TIMEOUT=580; 2026-12-06: corpus 1.4430, longest_first 1.4383, shuffle 1.4497 at
+# 1,024 steps; longest_first 1.3859 at 300 s against corpus order's 1.3827)
+part speedrun-lanes $py tools/speedrun.py lo-corpus:$l4s4 lo-longest_first:$l4s4,data.lane_order=longest_first \
+    lo-shuffle:$l4s4,data.lane_order=shuffle --screen-steps 1024 --confirm 1 $budget300
 # issue 32's quality check: 600 v5 steps at fp16 and at fp32 from the same seed on the built-in
 # Shakespeare (CORPUS_DIR built beforehand: catchat corpus build shakespeare -o DIR), each run's
 # last held-out eval and the final checkpoint scored again by `catchat eval` (fp32, the whole split)

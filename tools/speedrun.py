@@ -20,6 +20,13 @@ eval split when eval.eval_windows = 0), and the run's wall clock from launch to 
 row NAME with the mean of each column and the held-out loss as mean (min-max): how a claim is reported
 (one config run twice gave 1.364 and 1.378, docs/speedrun.md).
 
+--screen-steps N screens first: every variant runs N steps (no time budget, the schedule over N steps,
+into RUNS_DIR/NAME-Nsteps, a row each), then the --confirm K (default 1) with the lowest held-out loss
+run again at --budget, a row each: docs/speedrun.md's way of spending a device call (screen at 1,024
+steps, ~1 min a row on an H200, then the best at 300 s).
+
+    python tools/speedrun.py corpus lf:data.lane_order=longest_first --screen-steps 1024 --confirm 1
+
 --torch VARIANT (repeatable, the same NAME[:CHANGES] syntax) adds PyTorch rows after catchat's: the same
 config, budget and --set changes trained by `python -m catchat.analysis.torch_train` (catchat's model and
 recipe in PyTorch: cuDNN GRU, AMP bf16 where the config trains at fp16 on CUDA, NAdam; the same corpus
@@ -37,6 +44,7 @@ catchat's venv has none.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -150,9 +158,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--set", dest="common", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--seeds", type=parse_seeds, default=[], metavar="N,N,...",
                     help="run every variant once per seed (train.seed) and add a mean row")
+    ap.add_argument("--screen-steps", type=int, default=0, metavar="N",
+                    help="first run every variant N steps, then the --confirm best at --budget")
+    ap.add_argument("--confirm", type=int, default=1, metavar="K",
+                    help="with --screen-steps: how many of the screened variants to run at --budget")
     args = ap.parse_args(argv)
     if not args.variants and not args.torch_variants:
         ap.error("name at least one variant (or --torch VARIANT)")
+    if args.screen_steps < 0 or args.confirm < 1:
+        ap.error("--screen-steps takes a number of steps (0: no screen) and --confirm at least 1")
+    if args.screen_steps and (args.seeds or args.torch_variants):
+        ap.error("--screen-steps screens catchat variants of one seed: leave out --seeds and --torch")
     names = [run for v in args.variants + args.torch_variants
              for run, _ in seed_runs(*parse_variant(v), args.seeds)]
     if len(set(names)) != len(names):
@@ -160,10 +176,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def screen_then_confirm(args: argparse.Namespace) -> None:
+    """Every variant at --screen-steps steps, a row each, then the --confirm with the lowest held-out
+    loss (ties, and runs without an eval: the order given) at --budget, a row each."""
+    steps = args.screen_steps
+    screen = ["train.time_budget_s=0", "train.cycles=0", f"train.total_steps={steps}"]
+
+    def row(run: str, changes: list[str], budget: float, extra: list[str]) -> dict:
+        run_dir = args.runs_dir / run
+        wall_s = run_variant(train_command("catchat", args.config, budget, run_dir, args.common + changes + extra),
+                             run_dir)
+        s = summarise(run_dir)
+        print(format_row(run, changes, s, wall_s), flush=True)
+        return s
+
+    ranked = []
+    for i, text in enumerate(args.variants):
+        name, changes = parse_variant(text)
+        loss = row(f"{name}-{steps}steps", changes, 0, screen)["loss"]
+        ranked.append((loss if math.isfinite(loss) else math.inf, i, name, changes))
+    for _, _, name, changes in sorted(ranked)[:args.confirm]:
+        row(name, changes, args.budget, [])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     print("| variant | changes | steps | train tok/s | held-out nats/char | wall s |")
     print("|---|---|---|---|---|---|")
+    if args.screen_steps:
+        screen_then_confirm(args)
+        return
     for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)):
         python = args.torch_python if engine == "torch" else sys.executable
         for text in texts:
