@@ -245,6 +245,7 @@ part phases-v5-fp32-ksplit env CATCHAT_STREAM_KSPLIT=1 $py tools/sweep_phases.py
 # 0 the plain split): the sweep parity (its stream32ls rows run whatever the environment says), then v5's fp32
 # step on each pair, one process each (~45 s: PART_TIMEOUT 60), and the phases of the parts
 part parity-split32-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-split32-gru.json"
+part stats-v5-fp32-split $py tools/shader_stats.py configs/catchat-v5.toml --stream32  # registers, spills per pair
 for sa in 1-0 2-0 2-1 4-0 4-1 4-2; do
     part "bench-v5-fp32-ls$sa" env CATCHAT_STREAM32_LANE_SPLITS=${sa%-*} CATCHAT_STREAM32_AHEAD=${sa#*-} $py -m \
         catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-ls$sa.json"
