@@ -51,9 +51,11 @@ def parse_tiles(text: str) -> gru.ResidentTiles:
         raise SystemExit(f"{text!r}: expected cols,lanes,per_thread,kv,batch,sl, e.g. 16,16,2,2,4,32") from None
 
 
-def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False):
+def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False,
+                  stream_f32: bool = False):
     """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
-    program's choice on this device; coop: products on tensor cores)."""
+    program's choice on this device; coop: products on tensor cores; stream_f32: the float32 streamed
+    sweeps)."""
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
@@ -62,9 +64,10 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
-                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop)
+                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop, stream_f32=stream_f32)
     bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
-                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop)
+                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop,
+                          stream_f32=stream_f32)
     return fwd, bwd
 
 
@@ -96,14 +99,8 @@ def stream32_forward(dev, B: int, H: int, splits: int, ahead: int):
     from catchat.vk.kernels.gru.stream import AHEAD32_ENV, LANE_SPLITS32_ENV
     from catchat.vk.switches import env_override
 
-    layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
-    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
-    rows = lambda w: f32(B * w * H)  # noqa: E731
-    w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     with env_override(LANE_SPLITS32_ENV, str(splits)), env_override(AHEAD32_ENV, str(ahead)):
-        resets = dev.tensor(np.zeros(B, np.uint32), np.uint32)
-        return gru.GruForward(dev, rows(3), f32(layout.total), f32(B * H), resets, rows(1), rows(1), rows(4),
-                              f32(B * H), T=1, B=B, H=H, w_off=w_off, b_off=b_off, stream_f32=True)
+        return sweep_kernels(dev, B, H, stream_f32=True)[0]
 
 
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
