@@ -176,27 +176,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_row(args: argparse.Namespace, run: str, changes: list[str], budget: float, engine: str = "catchat",
+            extra: tuple[str, ...] = ()) -> tuple[dict, float]:
+    """Train one run (RUNS_DIR/run: the common --set changes, then `changes`, then `extra`) at `budget`
+    and print its row; (its summary, its wall clock)."""
+    run_dir = args.runs_dir / run
+    python = args.torch_python if engine == "torch" else sys.executable
+    wall_s = run_variant(train_command(engine, args.config, budget, run_dir, args.common + changes + list(extra),
+                                       python), run_dir)
+    s = summarise(run_dir)
+    print(format_row(run, changes, s, wall_s, engine), flush=True)
+    return s, wall_s
+
+
 def screen_then_confirm(args: argparse.Namespace) -> None:
     """Every variant at --screen-steps steps, a row each, then the --confirm with the lowest held-out
     loss (ties, and runs without an eval: the order given) at --budget, a row each."""
     steps = args.screen_steps
-    screen = ["train.time_budget_s=0", "train.cycles=0", f"train.total_steps={steps}"]
-
-    def row(run: str, changes: list[str], budget: float, extra: list[str]) -> dict:
-        run_dir = args.runs_dir / run
-        wall_s = run_variant(train_command("catchat", args.config, budget, run_dir, args.common + changes + extra),
-                             run_dir)
-        s = summarise(run_dir)
-        print(format_row(run, changes, s, wall_s), flush=True)
-        return s
-
+    screen = ("train.time_budget_s=0", "train.cycles=0", f"train.total_steps={steps}")
     ranked = []
     for i, text in enumerate(args.variants):
         name, changes = parse_variant(text)
-        loss = row(f"{name}-{steps}steps", changes, 0, screen)["loss"]
+        loss = run_row(args, f"{name}-{steps}steps", changes, 0, extra=screen)[0]["loss"]
         ranked.append((loss if math.isfinite(loss) else math.inf, i, name, changes))
     for _, _, name, changes in sorted(ranked)[:args.confirm]:
-        row(name, changes, args.budget, [])
+        run_row(args, name, changes, args.budget)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -207,16 +211,10 @@ def main(argv: list[str] | None = None) -> None:
         screen_then_confirm(args)
         return
     for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)):
-        python = args.torch_python if engine == "torch" else sys.executable
         for text in texts:
             name, changes = parse_variant(text)
-            rows = []
-            for run, run_changes in seed_runs(name, changes, args.seeds):
-                run_dir = args.runs_dir / run
-                wall_s = run_variant(train_command(engine, args.config, args.budget, run_dir,
-                                                   args.common + run_changes, python), run_dir)
-                rows.append((summarise(run_dir), wall_s))
-                print(format_row(run, run_changes, *rows[-1], engine), flush=True)
+            rows = [run_row(args, run, run_changes, args.budget, engine)
+                    for run, run_changes in seed_runs(name, changes, args.seeds)]
             if args.seeds:
                 print(format_seeds_row(name, changes, rows, engine), flush=True)
 
