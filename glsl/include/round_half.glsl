@@ -4,8 +4,8 @@
 // (H200: gemm.comp's rounded rows matched unrounded products; H100: the fused16 decode step's parity
 // rows, when it rounded that way, as far from the float16 twin as from the float32 one), and nothing
 // may fold this. A value stored to a 16-bit buffer is rounded by the store (decode_layer.comp's HALF
-// now writes float16 shadows instead). Normal range: drop 13 mantissa bits (the carry may bump the exponent; past 65504 is inf);
-// below 2^-14: a multiple of 2^-24, as float16's subnormals; inf and NaN unchanged. Selects, no
+// now writes float16 shadows instead). Normal range: drop 13 mantissa bits (the carry may bump the
+// exponent; past 65504 is inf); below 2^-14: a multiple of 2^-24, as float16's subnormals; inf and NaN unchanged. Selects, no
 // branches: it sits in k loops.
 #ifndef CATCHAT_ROUND_HALF_GLSL
 #define CATCHAT_ROUND_HALF_GLSL

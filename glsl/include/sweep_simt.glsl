@@ -13,7 +13,9 @@ uint shadow_q(uint p, uint b, uint c, uint cols) { return (p * (cols / 4u) + c /
 
 // Vec4 e (< 32) of the backward's chunk of W_hh from row quad q at columns k0 .. k0+15 (8 rows x 4
 // vec4s): row 4 q + e / 4, columns k0 + 4 (e % 4) .. +3.
-vec4 w_chunk_vec(uint e, uint q, uint k0) { return w4[pc.w_off / 4u + (4u * q + e / 4u) * (pc.H / 4u) + k0 / 4u + e % 4u]; }
+vec4 w_chunk_vec(uint e, uint q, uint k0) {
+    return w4[pc.w_off / 4u + (4u * q + e / 4u) * (pc.H / 4u) + k0 / 4u + e % 4u];
+}
 
 // A k-group's stage (the backward's staged product) is its own subgroup's. SUBGROUP32 (subgroups of
 // 32 consecutive invocations) syncs it with a subgroup barrier ordering shared memory alone (GLSL's
