@@ -48,9 +48,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM_WCACHE": (MEASURE, "restrict or l2: the float16 sweeps' W_hh copy readonly restrict, or past L1"),
     "CATCHAT_STREAM32_DEPTH": (MEASURE, "N: the streamed fp32 backward's register ring depth (its k-split's too)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
-    "CATCHAT_STREAM32_LANE_SPLITS": (MEASURE, "1, 2 or 4: lane parts the streamed fp32 forward's subgroups "
-                                               "split the lanes into, as well as k"),
-    "CATCHAT_STREAM32_AHEAD": (MEASURE, "0, 1 or 2: k quads the streamed fp32 forward loads ahead"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and backward as a wavefront over the layers, in N chunks"),
     "CATCHAT_WAVEFRONT_FORWARD": (MEASURE, "0: the wavefront's forward layer by layer"),

@@ -44,9 +44,6 @@
 // through the same `red` slots in the same order. Staged once per k-group through shared memory as
 // the backward's F32 stages its operands, the forward measured slower on the H200 at v5 (46.9 us per
 // step with a ring of 1 quad, 59.7 with 2, 62.3 with 3, against 39.6 straight; 2026-12-04).
-// LS (F32, LF = 2; opt-in until timed): the subgroups split into LS lane parts as well as by k, 1 / LS
-// of the accumulators a thread, so PD (F32: the forward's quads in flight ahead, 0 by default) can be
-// more than 0 without spilling (product below).
 #if defined(KFLAGS) && defined(PERSISTENT)  // block flags instead of the grid barrier (a dispatch per step has neither)
 #define BLOCK_FLAGS
 #define GROUP_STRIDE 32u  // each k-group's word in a 128-byte line of its own
@@ -69,10 +66,7 @@
 #define KPG 2   // 16-deep k-fragments per k-group: 8 * LF * KPG * 16 >= H
 #endif
 #ifndef PD
-#define PD 4    // fragments whose loads are in flight ahead of the product (F32 forward: k quads)
-#endif
-#ifndef LS
-#define LS 1    // F32: lane parts the subgroups split the lanes into (1, 2 or 4; LF = 2 past 1)
+#define PD 4    // fragments whose loads are in flight ahead of the product
 #endif
 #ifndef LG
 #define LG 1    // lane groups of 16 * LF lanes, each its own recurrence: B <= 16 * LF * LG
@@ -280,63 +274,38 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     return true;
 }
 #else  // F32
-const uint LP = BP / LS;    // lanes of a lane part
-const uint RB = LP / 4u;    // lanes per thread: the part's lg, lg + 4, ...
-const uint KGP = KGS / LS;  // k-groups of a lane part, each LS * KPG fragments deep
-#if LS > 1 && LF != 2
-#error "lane parts split two lane fragments"
-#endif
+const uint RB = BP / 4u;  // lanes per thread: lg, lg + 4, ...
 
-// Quad q of W_hh's 6 rows (their vec4s at quad 0: wr) and of the thread's RB lanes of h_prev (hb).
-#define LOAD_QUAD(q, W, X) { \
-        [[unroll]] for (uint c = 0u; c < 6u; ++c) W[c] = w4[wr[c] + (q)]; \
-        [[unroll]] for (uint i = 0u; i < RB; ++i) X[i] = h4[hb + (q) * BP + 4u * i]; }
-
-// The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup sg takes
-// lane part sg / KGP (BP / LS lanes) and k-group sg % KGP (LS * KPG fragments: LS of the tensor-core
-// split's k-groups) of h_prev's columns; its thread (lg, ug) lanes lg + 4 i of the part and units ug,
-// ug + 8 of the slice, 3 gates each (6 rows of W_hh as vec4 along k), a k quad at a time: per quad
-// 6 + RB vec4 loads for 24 RB FMAs, the loads of the next PD quads in flight (a register ring; PD = 0:
-// each quad loaded as it is multiplied). LS = 1 (the default) holds 48 accumulators a thread at v5;
-// LS = 2 and 4 hold 24 and 12 and leave registers for a ring, each W_hh vec4 then loaded by LS
-// subgroups (all but the first from L1). A part's KGP k-groups fold into the slots in rounds, highest
-// first (slot s = ((kg s+12 + kg s+8) + kg s+4) + kg s at LS = 1): deterministic, an order of sums per
-// LS. wait_k and false as there.
-bool product(uint t, uint j0, uint grp, uint sg, uint wait_k) {
-    uint part = sg / KGP, kg = sg % KGP, n_kf = pc.H / 16u;
-    if (!operand_wait(wait_k, LS * kg, n_kf, KPG, grp * KGS)) return false;
-#ifdef BLOCK_FLAGS  // the other words of the k range: each of the LS k-groups of the flags' count
-    for (uint e = 1u; e < LS; ++e) operand_wait(wait_k, LS * kg + e, n_kf, KPG, grp * KGS);
-#endif
+// The slice's product at step t into red's RK slots, float32 on the threads' FMAs: subgroup kg
+// multiplies its k-group (columns kg * KPG * 16 .. of h_prev) for every lane; its thread (lg, ug)
+// takes lanes lg + 4 i and units ug, ug + 8 of the slice, 3 gates each (6 rows of W_hh as vec4
+// along k), a k quad at a time: per quad 6 + RB vec4 loads for 24 RB FMAs. The k-groups fold into
+// the slots in the fragments' rounds and order (deterministic). wait_k and false as there.
+bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
+    if (!operand_wait(wait_k, kg, pc.H / 16u, KPG, grp * KGS)) return false;
     PHASE(t, 1u);
     uint H = pc.H, H4 = H / 4u, lane = gl_LocalInvocationIndex % 32u, lg = lane % 4u, ug = lane / 4u;
-    uint q0 = kg * LS * KPG * 4u, q1 = min(q0 + LS * KPG * 4u, H4);
+    uint q0 = kg * KPG * 4u, q1 = min(q0 + KPG * 4u, H4);
     uint wr[6];  // row c = 3 e + g (unit ug + 8 e, gate g) of W_hh: its vec4 at k quad 0
     [[unroll]] for (uint c = 0u; c < 6u; ++c) wr[c] = pc.w_off / 4u + ((c % 3u) * H + j0 + ug + 8u * (c / 3u)) * H4;
-    uint hb = grp * H_GROUP + (t % 2u) * H4 * BP + part * LP + lg;  // the thread's first lane's vec4 at k quad 0
+    uint hb = grp * H_GROUP + (t % 2u) * H4 * BP + lg;  // lane lg's vec4 of h_prev at k quad 0 (shadow_q)
     float acc[RB][6];
     [[unroll]] for (uint i = 0u; i < RB; ++i) {
         [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = 0.0;
     }
-    vec4 w[PD + 1u][6], x[PD + 1u][RB];  // the ring: quad q0 + i in slot i % (PD + 1)
-    [[unroll]] for (uint s = 0u; s < PD; ++s) {
-        if (q0 + s < q1) LOAD_QUAD(q0 + s, w[s], x[s]);
-    }
-    for (uint q = q0; q < q1; q += PD + 1u) {
-        [[unroll]] for (uint s = 0u; s <= PD; ++s) {  // slot s holds quad q + s
-            if (q + s < q1) {
-                if (q + s + PD < q1) LOAD_QUAD(q + s + PD, w[(s + PD) % (PD + 1u)], x[(s + PD) % (PD + 1u)]);
-                [[unroll]] for (uint i = 0u; i < RB; ++i) {
-                    [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x[s][i], w[s][c], acc[i][c]);
-                }
-            }
+    for (uint q = q0; q < q1; ++q) {
+        vec4 w[6];
+        [[unroll]] for (uint c = 0u; c < 6u; ++c) w[c] = w4[wr[c] + q];
+        [[unroll]] for (uint i = 0u; i < RB; ++i) {
+            vec4 x = h4[hb + q * BP + 4u * i];
+            [[unroll]] for (uint c = 0u; c < 6u; ++c) acc[i][c] = fdot(x, w[c], acc[i][c]);
         }
     }
-    for (uint round = KGP / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
+    for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
         if (kg / RK == round) {
-            bool first = round + 1u == KGP / RK;
+            bool first = round + 1u == KGS / RK;
             [[unroll]] for (uint i = 0u; i < RB; ++i) {
-                uint b = part * LP + lg + 4u * i;  // the lane in the lane group
+                uint b = lg + 4u * i;
                 [[unroll]] for (uint c = 0u; c < 6u; ++c) {
                     uint at = (((kg % RK) * LF + b / 16u) * 3u + c % 3u) * 256u + (b % 16u) * 16u + ug + 8u * (c / 3u);
                     RED(at) = first ? acc[i][c] : RED(at) + acc[i][c];

@@ -291,19 +291,6 @@ def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch,
     assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 
-def test_shader_stats_builds_the_float32_forward_at_each_lane_split(capsys):
-    """--stream32: the float32 streamed forward's pipeline at each (lane parts, k quads ahead) pair
-    gpu-check times (two lane fragments: 20 lanes)."""
-    import shader_stats
-
-    args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=64", "--set", "data.batch_lanes=20",
-            "--stream32"]
-    assert shader_stats.main(args) == 0
-    out = capsys.readouterr().out
-    for splits, ahead in shader_stats.STREAM32_SPLITS:
-        assert f"gru_forward_stream (fp32), lane parts {splits}, {ahead} quads ahead: 512 threads" in out
-
-
 # ------------------------------------------------------------------------- tools/bench_generate.py
 def _bench_generate_args(*extra):
     return [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set", "model.layers=2",

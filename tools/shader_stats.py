@@ -15,9 +15,7 @@ workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
 --decode generation's fused decode layer and head at --decode-batch streams for each stream tile
-(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?); --stream32 the
-float32 streamed forward at each pair of lane parts and k quads ahead (CATCHAT_STREAM32_LANE_SPLITS,
-CATCHAT_STREAM32_AHEAD: which pairs spill?). Drivers
+(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?). Drivers
 without the extension
 (lavapipe) still compile and create the pipelines.
 """
@@ -51,11 +49,9 @@ def parse_tiles(text: str) -> gru.ResidentTiles:
         raise SystemExit(f"{text!r}: expected cols,lanes,per_thread,kv,batch,sl, e.g. 16,16,2,2,4,32") from None
 
 
-def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False,
-                  stream_f32: bool = False):
+def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False):
     """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
-    program's choice on this device; coop: products on tensor cores; stream_f32: the float32 streamed
-    sweeps)."""
+    program's choice on this device; coop: products on tensor cores)."""
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
@@ -64,10 +60,9 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
-                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop, stream_f32=stream_f32)
+                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop)
     bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
-                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop,
-                          stream_f32=stream_f32)
+                          f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop)
     return fwd, bwd
 
 
@@ -87,20 +82,6 @@ def decode_kernels(dev, cfg, B: int, tile: int):
                                    f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B)
         head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
     return layer, head
-
-
-# (lane parts, k quads ahead) of the float32 streamed forward: the pairs gpu-check times
-STREAM32_SPLITS = ((1, 0), (2, 0), (2, 1), (4, 0), (4, 1), (4, 2))
-
-
-def stream32_forward(dev, B: int, H: int, splits: int, ahead: int):
-    """The float32 streamed forward sweep kernel at [B, H] with `splits` lane parts and `ahead` k quads
-    in flight (what CATCHAT_STREAM32_LANE_SPLITS / _AHEAD ask for), on zero buffers."""
-    from catchat.vk.kernels.gru.stream import AHEAD32_ENV, LANE_SPLITS32_ENV
-    from catchat.vk.switches import env_override
-
-    with env_override(LANE_SPLITS32_ENV, str(splits)), env_override(AHEAD32_ENV, str(ahead)):
-        return sweep_kernels(dev, B, H, stream_f32=True)[0]
 
 
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
@@ -127,8 +108,6 @@ def main(argv=None) -> int:
                     help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
     ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode (default 64)")
-    ap.add_argument("--stream32", action="store_true",
-                    help="the float32 streamed forward at each pair of lane parts and k quads ahead")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -163,11 +142,6 @@ def main(argv=None) -> int:
             for k in decode_kernels(dev, cfg, args.decode_batch, tile):
                 print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: tile {k.shape.tile}, "
                                  f"{k.shape.workgroup} threads", {})
-    if args.stream32:
-        for splits, ahead in STREAM32_SPLITS:
-            k = stream32_forward(dev, B, H, splits, ahead)
-            print_statistics(dev, k, f"{k.shader} (fp32), lane parts {k.tiles.lane_splits}, {k.tiles.depth} quads "
-                             f"ahead: {k.spec[0]} threads", {"PERSISTENT": 1})
     return 0
 
 

@@ -28,7 +28,6 @@ from catchat.vk.kernels.gru import (
     state_rows,
     w16_blocked,
 )
-from catchat.vk.kernels.gru.stream import AHEAD32_ENV, LANE_SPLITS32_ENV
 from catchat.vk.program.wavefront import chunk_bounds
 from catchat.vk.switches import env_override
 
@@ -250,12 +249,6 @@ STREAM_GPU_CASES = [
 STREAM_F32_CASES = STREAM_CASES + [((3, 9, 512, AUTO, 0.02), 1)]
 STREAM_F32_GPU_CASES = STREAM_GPU_CASES
 
-# The float32 forward's lane parts and k quads ahead (CATCHAT_STREAM32_LANE_SPLITS / _AHEAD: variants
-# "stream32" + LS_AHEAD, below): the float32 cases with two lane fragments, and k-groups 4 fragments deep
-# (H = 512); on a GPU v5's and v3's lanes (two lane groups) and widths.
-LANE_SPLITS32_CASES = [c for c in STREAM_F32_CASES if c[0][1] > 16] + [((3, 20, 512, AUTO, 0.02), 1)]
-LANE_SPLITS32_GPU_CASES = [((4, 32, 2048, AUTO, 0.02), -1), ((4, 64, 512, AUTO, 0.02), -1)]
-LANE_SPLITS32_VARIANTS = ("1_1", "2_0", "2_1", "4_2")  # lane parts _ quads ahead
 
 # The k-split backward (CATCHAT_STREAM_KSPLIT, glsl/gru_backward_ksplit.comp; persistent only): one lane
 # fragment (8 k-parts) and two (16), a workgroup walking every item and, on a GPU, a few walking several,
@@ -294,8 +287,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
-    split32 = LANE_SPLITS32_CASES + (LANE_SPLITS32_GPU_CASES if dev.info.type != "CPU" else [])
-    runs += [(c, device_sms(dev) if n < 0 else n, f"stream32ls{v}") for c, n in split32 for v in LANE_SPLITS32_VARIANTS]
     if dev.runs_float16:
         ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
@@ -308,13 +299,10 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
         streamed = variant in ("stream", "stream16", "ksplit", "ksplit16")
         coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "ksplit16")
-        split = variant.startswith("stream32ls")
-        splits, ahead = variant.removeprefix("stream32ls").split("_") if split else ("1", "0")
-        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"), \
-                env_override(LANE_SPLITS32_ENV, splits), env_override(AHEAD32_ENV, ahead):
+        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
-                              stream_f32=variant.startswith("stream32") or variant == "ksplit32", save_half=half_saves)
+                              stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves)
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop else None
@@ -332,9 +320,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
         if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
             out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
-        if split:  # likewise the plain forward
-            out.append(compare(f"{fwd}.ran_split", shape, [got["tiles"][0].lane_splits, got["tiles"][0].depth],
-                               [int(splits), int(ahead)], 0.0, 0.0))
         if n_wg:
             out.append(compare("gru_sweep.barrier_timeouts", shape, [got["sync_timeouts"]], [0], 0.0, 0.0))
         # the weight gradients the post-sweep GEMMs will form from these dG, against reference's own

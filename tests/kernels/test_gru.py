@@ -29,9 +29,6 @@ def test_parity(dev):
                                                              if dev.info.type != "CPU" else 0),
             "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0)}
-    split = len(gru_parity.LANE_SPLITS32_CASES) + (len(gru_parity.LANE_SPLITS32_GPU_CASES)
-                                                   if dev.info.type != "CPU" else 0)
-    runs.update({f"_stream32ls{v}": split for v in gru_parity.LANE_SPLITS32_VARIANTS})
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
 

@@ -289,48 +289,6 @@ def test_streamed_sweeps_take_two_lane_groups(dev, monkeypatch, T, B, H, n_wg, f
     assert not got["sync"].any()
 
 
-@pytest.mark.parametrize("T,B,H,n_wg,splits,ahead,flags", [
-    (4, 17, 48, 0, "2", "0", "0"),  # a dispatch per step; the second part holds one lane; k-groups short, empty
-    (3, 20, 512, 1, "2", "1", "0"),  # k-groups 4 fragments (16 quads) deep, the next quad in flight
-    (3, 20, 512, 1, "4", "2", "0"),  # four parts, k-groups 8 fragments deep, two quads ahead
-    (3, 40, 32, 1, "2", "1", "1"),  # two lane groups, block flags (each k-group waits on two words)
-    (3, 32, 128, 1, "4", "1", "1"),  # every k-group whole, four words a k-group
-    (3, 20, 48, 1, "1", "2", "0"),  # the plain split with a ring (k-groups of one fragment, some empty)
-])
-def test_float32_forward_lane_parts_and_quads_ahead(dev, monkeypatch, T, B, H, n_wg, splits, ahead, flags):
-    """CATCHAT_STREAM32_LANE_SPLITS (the float32 forward's subgroups split into lane parts as well as by k)
-    and CATCHAT_STREAM32_AHEAD (k quads loaded ahead): the same results as the float32 twin; only the
-    forward changes, lane parts only with two lane fragments; other values refused."""
-    monkeypatch.setenv(gru.FLAGS_ENV, flags)
-    monkeypatch.setenv(gru.stream.LANE_SPLITS32_ENV, splits)
-    monkeypatch.setenv(gru.stream.AHEAD32_ENV, ahead)
-    got = _streamed_like_the_twin(dev, T, B, H, n_wg, f32=True)
-    fwd, bwd = got["tiles"]
-    assert (fwd.lane_splits, fwd.depth, bwd.lane_splits) == (int(splits), int(ahead), 1)
-    assert gru.stream_tiles(16, 512, False, f32=True).lane_splits == 1  # one lane fragment: no parts
-    for name, bad in ((gru.stream.LANE_SPLITS32_ENV, "3"), (gru.stream.AHEAD32_ENV, "3")):
-        monkeypatch.setenv(name, bad)
-        with pytest.raises(UsageError, match=name):
-            gru.stream_tiles(32, 512, False, f32=True)
-        monkeypatch.setenv(name, "1")
-
-
-def test_float32_forward_ring_ahead_keeps_the_plain_split_bits(dev, monkeypatch):
-    """One lane part (the plain split) gives the same bits with 0, 1 or 2 k quads loaded ahead: the
-    ring changes no sum's order; lane parts do (another order of the same sums)."""
-    from catchat.parity import gru as gru_parity
-
-    case = gru_parity.make_case(3, 20, 96)
-    got = {}
-    for splits, ahead in (("1", "0"), ("1", "1"), ("1", "2"), ("2", "1")):
-        monkeypatch.setenv(gru.stream.LANE_SPLITS32_ENV, splits)
-        monkeypatch.setenv(gru.stream.AHEAD32_ENV, ahead)
-        got[splits, ahead] = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(1, 1), stream_f32=True)["o"]
-    np.testing.assert_array_equal(got["1", "1"], got["1", "0"])
-    np.testing.assert_array_equal(got["1", "2"], got["1", "0"])
-    assert not np.array_equal(got["2", "1"], got["1", "0"])
-
-
 def test_block_flags_setting(monkeypatch):
     """CATCHAT_STREAM_FLAGS: unset, block flags on tensor cores and the grid barrier for the float32
     sweeps; 0 the barrier and 1 flags for both; anything else is refused with the fix."""

@@ -25,7 +25,7 @@ import numpy as np
 
 from catchat.errors import UsageError
 from catchat.vk.kernels import ceil_div
-from catchat.vk.switches import env_choice, env_switch
+from catchat.vk.switches import env_switch
 
 STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups (subgroups) per lane fragment
@@ -101,15 +101,6 @@ DEPTH32_ENV = "CATCHAT_STREAM32_DEPTH"
 # =0: the float32 backward's stages synced by workgroup barriers even where subgroups are 32 wide (to
 # compare; tools/gpu-check.sh)
 SUBGROUP32_ENV = "CATCHAT_STREAM32_SUBGROUP"
-# The float32 forward's subgroups split into lane parts as well as by k (the shader's LS; two lane
-# fragments only): 48 / LS accumulators a thread, so registers are left for the next k quads' loads in
-# flight (the shader's PD: quads ahead). Why: at v5 the float32 forward takes ~49 us a step on an H100
-# against the ~14.5 its FMAs need, and the plain split (LS = 1, PD = 0) leaves no register for a load
-# ahead (docs/benchmarks.md "v5 at fp32"). CATCHAT_STREAM32_LANE_SPLITS=1|2|4 and CATCHAT_STREAM32_AHEAD=
-# 0|1|2 set them (to measure: gpu-check bench-v5-fp32-ls*; registers a thread at v5 about 48 / LS
-# accumulators + (PD + 1) x (6 + 8 / LS) x 4 operands).
-LANE_SPLITS32_ENV, AHEAD32_ENV = "CATCHAT_STREAM32_LANE_SPLITS", "CATCHAT_STREAM32_AHEAD"
-LANE_SPLITS32, AHEAD32 = 1, 0
 
 
 class StreamTiles(NamedTuple):
@@ -124,9 +115,6 @@ class StreamTiles(NamedTuple):
     a persistent sweep waits on block flags instead of the grid barrier (no shared flag either).
     `lane_groups`: past 32 lanes, groups of 16 * lane_frags lanes, each a recurrence of its own with
     its own shadow and flags; a workgroup per (slice, lane group): B <= 16 * lane_frags * lane_groups.
-    `lane_splits` (f32 forward; past 1 with two lane fragments only): each subgroup one of that many
-    lane parts and a k range as many times as deep (the shader's LS); the f32 forward's `depth` is the
-    k quads whose loads are in flight ahead of the one multiplied.
     `ksplit` (backward, one lane group): the product split over k between workgroups instead
     (glsl/gru_backward_ksplit.comp): `k_per_group` is then a k-part's fragments (KPW: `ksplit_parts`
     k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
@@ -143,7 +131,6 @@ class StreamTiles(NamedTuple):
     flags: bool = False
     lane_groups: int = 1
     ksplit: bool = False
-    lane_splits: int = 1
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -206,23 +193,13 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
         return StreamTiles(lane_frags, kpw, min(kpw, stream_depth()[1]), res, flags=True, ksplit=True)
     groups = ceil_div(B, 16 * lane_frags)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
-    if f32:  # the backward's ring of chunks of 2 row quads; the forward's of k quads (0: none)
-        if backward:
-            return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg), f32=True,
-                               flags=stream_flags(f32=True), lane_groups=groups)
-        splits, ahead = stream32_forward_split()
-        return StreamTiles(lane_frags, kpg, ahead, f32=True, flags=stream_flags(f32=True), lane_groups=groups,
-                           lane_splits=splits if lane_frags == 2 else 1)
+    if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
+        return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True,
+                           flags=stream_flags(f32=True), lane_groups=groups)
     resident = min(kpg, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[backward])
     return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[backward]), resident,
                        shared=min(kpg - resident, _env_pair(SHARED_ENV, STREAM_SHARED, 0)[backward]),
                        flags=stream_flags(), lane_groups=groups)
-
-
-def stream32_forward_split() -> tuple[int, int]:
-    """The float32 forward's (lane parts, k quads ahead): CATCHAT_STREAM32_LANE_SPLITS (1, 2 or 4) and
-    CATCHAT_STREAM32_AHEAD (0, 1 or 2), else LANE_SPLITS32 and AHEAD32."""
-    return env_choice(LANE_SPLITS32_ENV, (1, 2, 4), LANE_SPLITS32), env_choice(AHEAD32_ENV, (0, 1, 2), AHEAD32)
 
 
 def stream32_depth(default: int = STREAM32_DEPTH) -> int:
@@ -328,8 +305,8 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     copy in blocks); PROBE (timing probes); W16_CACHE (how W_hh's copy is read); EMU (emulated fragments);
     KFLAGS (block flags instead of the grid barrier; the shaders ignore it in a dispatch per step); LG
     (lane groups, past 32 lanes).
-    f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, LS (the forward's lane parts), and
-    SUBGROUP32 where the backward runs on subgroups 32 wide (its stage synced by subgroup barriers)."""
+    f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
+    32 wide (its stage synced by subgroup barriers)."""
     if tiles.ksplit and tiles.f32:
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth, "F32": 1,
                 "NPASS": ksplit32_passes(tiles), **_subgroup_stages(subgroup)}
@@ -342,7 +319,6 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
     if tiles.f32:
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
-                **({"LS": tiles.lane_splits} if tiles.lane_splits > 1 else {}),
                 **({"FULL": "true"} if full else {}), **(_subgroup_stages(subgroup) if backward else {})}
     probe = os.environ.get(PROBE_ENV, "").strip()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
