@@ -49,7 +49,8 @@ def test_speedrun_recipe_is_v3_budgeted_on_held_out_plays():
     """configs/speedrun.toml (docs/speedrun.md): v3's width and data shape at 4 layers (the 300 s runs'
     pick), 300 s of wall clock, and a final eval over all of the held-out plays, none of which is trained on."""
     v3, run = config.load(CONFIGS / "catchat-v3.toml"), config.load(CONFIGS / "speedrun.toml")
-    assert run.model == dataclasses.replace(v3.model, layers=4) and (run.data.batch_lanes, run.data.window) == (v3.data.batch_lanes, v3.data.window)
+    assert run.model == dataclasses.replace(v3.model, layers=4)
+    assert (run.data.batch_lanes, run.data.window) == (v3.data.batch_lanes, v3.data.window)
     assert run.train.time_budget_s == 300 and run.train.total_steps == 0
     assert run.data.corpus == "shakespeare:hold-out" and run.data.eval_fraction == 0.0
     assert run.eval.eval_windows == 0 and not run.eval.free_running
