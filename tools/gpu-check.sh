@@ -42,6 +42,12 @@ part bench-speedrun $py -m catchat.cli bench configs/speedrun.toml --steps 4 --w
 # timeout guard reports it if they are not co-resident)
 part bench-speedrun-b128 env CATCHAT_PERSISTENT=256 $py -m catchat.cli bench configs/speedrun.toml --steps 3 \
     --warmup 1 --profile --set data.batch_lanes=128 --set "data.corpus=$corpus"
+# the speedrun's 4 layers as a wavefront of 8 and 4 chunks (CATCHAT_WAVEFRONT; at v3's 3 layers it was
+# within the run-to-run spread): one process each, beside bench-speedrun in the same call
+for n in 8 4; do
+    part "bench-speedrun-wave$n" env CATCHAT_WAVEFRONT=$n $py -m catchat.cli bench configs/speedrun.toml --steps 4 \
+        --warmup 1 --profile --set "data.corpus=$corpus" --json "$out/bench-speedrun-wave$n.json"
+done
 part gemm-v3 $py tools/bench_gemm.py configs/catchat-v3.toml
 # the FP32 GEMM's subgroup layouts (GemmTiles.wx) and slice depths beside cuBLAS FP32, and its registers
 wx_tiles="--tiles 128,128,8,16,8 --tiles 128,128,8,16,8,8 --tiles 128,128,8,16,8,4 --tiles 128,128,16,16,8
