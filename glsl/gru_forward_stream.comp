@@ -72,8 +72,8 @@
 #define LG 1    // lane groups of 16 * LF lanes, each its own recurrence: B <= 16 * LF * LG
 #endif
 #ifndef PROBE
-#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads
-#endif
+#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads,
+#endif          // 3 the cost of float32 products from float16 splits (SPLIT_PROBE below)
 #ifndef RES
 #define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
 #endif
@@ -177,6 +177,29 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
     c2 = MUL_ADD(x, w2, c2);
 }
 
+// PROBE 3, timing only (wrong results): what float32 products taken from float16 splits (x = hi + lo,
+// three products into two accumulators: tools/split16_error.py, docs/benchmarks.md "v5 at fp32") would
+// cost here. Beside each W_hh and h_prev fragment a second, "lo", fragment is loaded (the same rows at
+// k-fragment kf + n_kf / 2: as many bytes again from other addresses), then hi hi goes into the
+// accumulators and hi lo + lo hi into a second set, added at the fold. One lane fragment, every W_hh
+// fragment streamed (CATCHAT_STREAM_RESIDENT=0,B): two accumulator sets and the lo operands fit no more.
+#if PROBE == 3 && !defined(F32)
+#define SPLIT_PROBE
+#if LF != 1 || RES > 0 || SRES > 0
+#error "the split probe (PROBE 3) runs one lane fragment, no resident or shared W_hh fragments"
+#endif
+#define SPLIT_KF(kf) (((kf) + n_kf / 2u) % n_kf)
+#define SPLIT_LOAD_W(slot, kf) load_w(j0, SPLIT_KF(kf), v0[slot], v1[slot], v2[slot])
+#define SPLIT_LOAD_A(r, kf) load_a(a0, SPLIT_KF(kf), xl[r])
+#define SPLIT_MUL(r, wr) mul3(x[r], v0[wr], v1[wr], v2[wr], l0, l1, l2); mul3(xl[r], w0[wr], w1[wr], w2[wr], l0, l1, l2)
+#define SPLIT_SUM(p, l) ACC_ADD(p, l)
+#else
+#define SPLIT_LOAD_W(slot, kf)
+#define SPLIT_LOAD_A(r, kf)
+#define SPLIT_MUL(r, wr)
+#define SPLIT_SUM(p, l) (p)
+#endif
+
 // red block `off` = acc (first round) or red + acc.
 void fold(ACC_T acc, uint off, bool first) {
     if (first) {
@@ -214,21 +237,31 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = H / 16u, k1 = kg * KPG;
     const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
     FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
+#ifdef SPLIT_PROBE
+    FRAG_B v0[PD], v1[PD], v2[PD];  // the probe's lo fragments of W_hh
+#endif
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
-        if (FULL || k1 + i < n_kf) load_w(j0, k1 + i, w0[i - RS], w1[i - RS], w2[i - RS]);
+        if (FULL || k1 + i < n_kf) {
+            load_w(j0, k1 + i, w0[i - RS], w1[i - RS], w2[i - RS]);
+            SPLIT_LOAD_W(i - RS, k1 + i);
+        }
     }
     if (!operand_wait(wait_k, kg, H / 16u, KPG, grp * KGS)) return false;
     PHASE(t, 1u);
     uint a0 = grp * H_GROUP + shadow_frag(t % 2u, 0u, 0u, H);
     FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
     ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
+#ifdef SPLIT_PROBE
+    FRAG_A xl[PD];
+    ACC_T l0 = ACC_ZERO(), l1 = ACC_ZERO(), l2 = ACC_ZERO();
+#endif
 #if LF == 2
     uint a1 = grp * H_GROUP + shadow_frag(t % 2u, 1u, 0u, H);
     FRAG_A y[PD];
     ACC_T q0 = ACC_ZERO(), q1 = ACC_ZERO(), q2 = ACC_ZERO();  // lane fragment 1
 #endif
     [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
-        if (FULL || k1 + i < n_kf) { LOAD_LANES(i, k1 + i); }
+        if (FULL || k1 + i < n_kf) { LOAD_LANES(i, k1 + i); SPLIT_LOAD_A(i, k1 + i); }
     }
     [[unroll]] for (uint i = 0u; i < KPG; ++i) {
         uint kf = k1 + i, r = i % PD;
@@ -251,18 +284,22 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
             {
                 uint wr = (i - RS) % PD;
                 MUL_LANES(r, w0[wr], w1[wr], w2[wr]);
-                if (i + PD < KPG && (FULL || kf + PD < n_kf)) load_w(j0, kf + PD, w0[wr], w1[wr], w2[wr]);
+                SPLIT_MUL(r, wr);
+                if (i + PD < KPG && (FULL || kf + PD < n_kf)) {
+                    load_w(j0, kf + PD, w0[wr], w1[wr], w2[wr]);
+                    SPLIT_LOAD_W(wr, kf + PD);
+                }
             }
         }
-        if (i + PD < KPG && (FULL || kf + PD < n_kf)) { LOAD_LANES(r, kf + PD); }
+        if (i + PD < KPG && (FULL || kf + PD < n_kf)) { LOAD_LANES(r, kf + PD); SPLIT_LOAD_A(r, kf + PD); }
     }
     for (uint round = KGS / RK; round-- > 0u;) {  // uniform: the barrier is every subgroup's
         if (kg / RK == round) {
             uint b0 = (kg % RK) * LF * 3u * 256u;  // slot kg % RK: lane fragment 0's 3 blocks, then 1's
             bool first = round + 1u == KGS / RK;
-            fold(p0, b0, first);
-            fold(p1, b0 + 256u, first);
-            fold(p2, b0 + 512u, first);
+            fold(SPLIT_SUM(p0, l0), b0, first);
+            fold(SPLIT_SUM(p1, l1), b0 + 256u, first);
+            fold(SPLIT_SUM(p2, l2), b0 + 512u, first);
 #if LF == 2
             fold(q0, b0 + 768u, first);
             fold(q1, b0 + 1024u, first);

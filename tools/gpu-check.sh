@@ -231,6 +231,21 @@ part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench c
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-stream.json"
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+# float32 products from float16 splits on tensor cores, priced before it is built (docs/benchmarks.md "v5 at
+# fp32"; CATCHAT_STREAM_PROBE=3: the forward with a second fragment of each operand and three products
+# into two accumulators, wrong results): v5 at 16 lanes (one lane fragment), fp16 without resident W_hh,
+# the same with the probe, and fp32 on the threads' FMAs; one process each (~45 s). The split would run
+# v5's 32 lanes as two lane groups, two workgroups an SM: worth building if twice the probe's forward
+# sweep is well under the 32-lane fp32 forward's (46.5-47.2 ms a layer on an H100, 2026-12-06)
+for v in fp16-res0 split-probe fp32; do
+    case $v in
+        fp16-res0) e="CATCHAT_STREAM_RESIDENT=0,12"; p="--precision fp16";;
+        split-probe) e="CATCHAT_STREAM_RESIDENT=0,12 CATCHAT_STREAM_PROBE=3"; p="--precision fp16";;
+        fp32) e=""; p="";;
+    esac
+    part "bench-v5-b16-$v" env $e $py -m catchat.cli bench configs/catchat-v5.toml $p --set data.batch_lanes=16 \
+        --steps 3 --warmup 1 --profile --json "$out/bench-v5-b16-$v.json"
+done
 # the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
 # parity (the ksplit32 rows run whatever the environment says), v5's fp32 step on the plain split and on
 # it with rings of W_hh chunks 4, 8 (its default) and 12 deep, and its phase clocks

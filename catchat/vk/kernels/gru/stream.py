@@ -86,7 +86,9 @@ KSPLIT32_STAGE_BYTES = 24 * 1024
 # within 4% of each other at v5 on an H100 (37.4 against 39.0 ms a backward sweep).
 KSPLIT32_DEPTH = 4
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
-# 2 = no h_prev / dGh loads.
+# 2 = no h_prev / dGh loads, 3 = the forward at the cost of float32 products from float16 splits (a lo
+# fragment loaded beside each, three products into two accumulators; one lane fragment, no resident
+# W_hh: CATCHAT_STREAM_RESIDENT=0,B; the backward runs as it is).
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
@@ -320,13 +322,24 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     if tiles.f32:
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
                 **({"FULL": "true"} if full else {}), **(_subgroup_stages(subgroup) if backward else {})}
-    probe = os.environ.get(PROBE_ENV, "").strip()
+    probe = _probe(tiles, backward)
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
             **({"RES": tiles.resident} if tiles.resident else {}),
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
             **({"BLOCKED_W": 1} if w16_blocked() else {}), **({"PROBE": int(probe)} if probe else {}),
             **w16_cache(), **({"EMU": 1} if emulate else {})}
+
+
+def _probe(tiles: StreamTiles, backward: bool) -> str:
+    """CATCHAT_STREAM_PROBE's value for a float16 sweep ("" unset), refused where it cannot run."""
+    probe = os.environ.get(PROBE_ENV, "").strip()
+    if probe not in ("", "1", "2", "3"):
+        raise UsageError(f"{PROBE_ENV}={probe!r}: expected 1, 2 or 3 (timing probes; unset for the real sweeps)")
+    if probe == "3" and not backward and (tiles.lane_frags != 1 or tiles.resident or tiles.shared):
+        raise UsageError(f"{PROBE_ENV}=3 runs the forward with one lane fragment (at most 16 lanes a lane group) "
+                         f"and no resident W_hh: set CATCHAT_STREAM_RESIDENT=0,B (and {SHARED_ENV} unset)")
+    return probe
 
 
 def _subgroup_stages(subgroup: int) -> dict:
