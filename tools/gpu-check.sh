@@ -297,6 +297,11 @@ s4="train.seed=4"
 part speedrun-screen-recipe $py tools/speedrun.py l4:$s4 l4-lr2:$s4,train.lr=2e-3 l4-lr4:$s4,train.lr=4e-3 \
     l4-cd40:$s4,schedule.cooldown_fraction=0.4 l4-dh10:$s4,train.dropout_hidden=0.1 $steps1024
 part speedrun-300-dh20-s4 $py tools/speedrun.py dh20-s4:$s4,train.dropout_hidden=0.2 $budget300
+# 128 lanes with two sweep workgroups an SM forced (bench-speedrun-b128 first: worth its 300 s if its
+# tokens/s are well above 64 lanes'): twice the tokens a step, at the config's lr and at 4e-3
+part speedrun-300-b128-s4 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py b128-s4:$s4,data.batch_lanes=128 $budget300
+part speedrun-300-b128-lr4-s4 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py \
+    b128-lr4-s4:$s4,data.batch_lanes=128,train.lr=4e-3 $budget300
 # issue 36 item 1 at L = 4, seed 4: the three lane orders screened at 1,024 steps (~75 s each), then the best
 # of them at 300 s (~300 s; PART_TIMEOUT=580; 2026-12-06: corpus 1.4430, longest_first 1.4383, shuffle 1.4497 at
 # 1,024 steps; longest_first 1.3859 at 300 s against corpus order's 1.3827)
