@@ -17,7 +17,9 @@ theirs through `red`):
 Tensor cores add a product into their float32 accumulator with truncation (toward zero) rather than
 to nearest, so each split is taken both ways ("rn", "rz"): the truncating rows are the ones that say
 what the hardware would give. float16 x float16 products are exact in float32, so only the sums
-round. Prints the error of each as a fraction of the largest |y|; --json F writes the rows.
+round. Prints the error of each as a fraction of the largest |y|; --recurrence T also runs a GRU layer
+of --hidden units T steps with its product taken each way and prints how far its state drifts from
+the same layer in float64 (each step's error feeds the next); --json F writes the rows.
 """
 
 from __future__ import annotations
@@ -94,12 +96,41 @@ def study(rows: int, hidden: int, lanes: int, k_group: int, seed: int = 0) -> li
     return out
 
 
+def recurrence(hidden: int, lanes: int, steps: int, k_group: int, ways=WAYS[:4], seed: int = 0) -> list[dict]:
+    """A GRU layer run `steps` steps with its recurrent product taken each way (the gates in float32)
+    against the same layer in float64: how far h drifts when a product's error feeds the next step."""
+    rng = np.random.default_rng(seed)
+    W = rng.uniform(-1.0, 1.0, (3 * hidden, hidden)) / np.sqrt(hidden)
+    gi = rng.standard_normal((steps, 3 * hidden, lanes)) * 0.7
+
+    def run(prod, dtype):
+        h, out = np.zeros((hidden, lanes), dtype), []
+        for t in range(steps):
+            gh, g = prod(h).astype(dtype), gi[t].astype(dtype)
+            r = 1 / (1 + np.exp(-(g[:hidden] + gh[:hidden])))
+            z = 1 / (1 + np.exp(-(g[hidden:2 * hidden] + gh[hidden:2 * hidden])))
+            n = np.tanh(g[2 * hidden:] + r * gh[2 * hidden:])
+            h = ((1 - z) * n + z * h).astype(dtype)
+            out.append(h)
+        return np.stack(out)
+
+    ref = run(lambda h: W @ h, np.float64)
+    rows = []
+    for way, mode in ways:
+        got = run(lambda h, way=way, mode=mode: product(W, h, way, mode, k_group), np.float32)
+        err = np.abs(got.astype(np.float64) - ref)
+        rows.append(dict(way=way, sums=mode, max_error=float(err.max()), last_step_max_error=float(err[-1].max())))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=192, help="rows of W_hh taken (v5: 6144; a sample keeps it quick)")
     ap.add_argument("--hidden", type=int, default=2048, help="H: the product's depth")
     ap.add_argument("--lanes", type=int, default=32)
     ap.add_argument("--k-group", type=int, default=128, help="products summed in one accumulator")
+    ap.add_argument("--recurrence", type=int, default=0, metavar="T",
+                    help="also run a GRU layer of --hidden units T steps each way: h's drift from float64")
     ap.add_argument("--json", metavar="F", help="write the rows to F")
     args = ap.parse_args(argv)
     rows = study(args.rows, args.hidden, args.lanes, args.k_group)
@@ -107,9 +138,15 @@ def main(argv=None) -> int:
     print("| products | sums | max error | mean error |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['way']} | {r['sums']} | {r['max_error']:.2e} | {r['mean_error']:.2e} |")
+    drift = recurrence(args.hidden, args.lanes, args.recurrence, args.k_group) if args.recurrence else []
+    if drift:
+        print(f"GRU layer, H = {args.hidden}, {args.lanes} lanes, {args.recurrence} steps: |h - h(float64)|")
+        print("| products | sums | max over the steps | at the last step |\n|---|---|---|---|")
+        for r in drift:
+            print(f"| {r['way']} | {r['sums']} | {r['max_error']:.2e} | {r['last_step_max_error']:.2e} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), rows=rows), f, indent=1)
+            json.dump(dict(args=vars(args), rows=rows, recurrence=drift), f, indent=1)
     return 0
 
 
