@@ -11,7 +11,13 @@ mkdir -p "$out"; cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
-part() { local name=$1; shift; wanted "$name" || return 0; echo "== $name"; ( time timeout "${PART_TIMEOUT:-300}" "$@" ) > "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"; tail -3 "$out/$name.txt"; }
+# a part's text starts with its command line; the parts run are summed up last (tools/gpu_summary.py)
+ran=""
+part() {
+    local name=$1; shift; wanted "$name" || return 0; echo "== $name"; echo "cmd: $*" > "$out/$name.txt"
+    ( time timeout "${PART_TIMEOUT:-300}" "$@" ) >> "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"
+    tail -3 "$out/$name.txt"; ran="$ran $name"
+}
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -432,3 +438,5 @@ part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmu
 part spirv-record $py tools/build_spirv.py record --config configs/tiny.toml --config configs/catchat-v3.toml \
     --config configs/catchat-v5.toml --config configs/speedrun.toml --set "data.corpus=$corpus"
 cp tools/spirv-variants.txt "$out/" 2>/dev/null
+# the short table last: a row a part run, its exit status, seconds and headline
+if [ -n "$ran" ]; then $py tools/gpu_summary.py "$out" $ran || true; fi
