@@ -36,6 +36,13 @@
 // SAVE16 (not with F32): save holds float16 (save_off in halves), half the bytes of the largest
 // buffer a training step keeps (v5: 1.6 of 3.2 GB); the gates' own arithmetic stays float32, only
 // what the backward reads back is rounded (the twin's saves="fp16"; gru_backward_stream.comp).
+// SPLIT (not with F32, SAVE16, RES, SRES; one lane fragment): the product in float32 from float16 splits
+// on tensor cores (a float32 program's forward, CATCHAT_STREAM32_SPLIT): each layer's W_hh copy is hi =
+// float16(w), then lo = float16(2^11 (w - hi)) 3H*H halves on (ToHalf's LO), and each lane group's shadow
+// its hi, then its lo 2 * BP * H halves on, written so by the gates; a product takes hi hi into one set
+// of accumulators and hi lo + lo hi into another, summed as hi + 2^-11 lo at the fold (tools/
+// split16_error.py: float32's error where the sums round to nearest, ~7x it with the tensor cores'
+// truncation, against float16's ~1,000x).
 // F32: the same sweep in float32 on the threads' FMAs, for users who train at fp32 (v5's W_hh is 50
 // MB per layer as float32): W_hh read as vec4 along k straight from params (binding 11, w_off in
 // floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);
@@ -72,8 +79,8 @@
 #define LG 1    // lane groups of 16 * LF lanes, each its own recurrence: B <= 16 * LF * LG
 #endif
 #ifndef PROBE
-#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads,
-#endif          // 3 the cost of float32 products from float16 splits (SPLIT_PROBE below)
+#define PROBE 0 // timing probes (tools/gpu-check.sh; wrong results): 1 no W_hh loads, 2 no h_prev loads
+#endif
 #ifndef RES
 #define RES 0   // k-fragments per subgroup whose W_hh fragments stay in registers (one slice per workgroup)
 #endif
@@ -135,8 +142,19 @@ shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define B_SHARED wsm
 #endif
 #include "sweep_frag.glsl"
+#ifdef SPLIT  // a lane group's shadow: hi, then lo (H_LO halves on)
+#define H_LO (2u * BP * pc.H)
+#define H_GROUP (2u * H_LO)
+void h_store(uint at, float v) {
+    float16_t hi = float16_t(v);
+    h16[at] = hi;
+    h16[at + H_LO] = float16_t((v - float(hi)) * 2048.0);
+}
+#define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
+#else
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
 #define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)
+#endif
 #endif
 
 float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
@@ -177,22 +195,22 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
     c2 = MUL_ADD(x, w2, c2);
 }
 
-// PROBE 3, timing only (wrong results): what float32 products taken from float16 splits (x = hi + lo,
-// three products into two accumulators: tools/split16_error.py, docs/benchmarks.md "v5 at fp32") would
-// cost here. Beside each W_hh and h_prev fragment a second, "lo", fragment is loaded (the same rows at
-// k-fragment kf + n_kf / 2: as many bytes again from other addresses), then hi hi goes into the
-// accumulators and hi lo + lo hi into a second set, added at the fold. One lane fragment, every W_hh
-// fragment streamed (CATCHAT_STREAM_RESIDENT=0,B): two accumulator sets and the lo operands fit no more.
-#if PROBE == 3 && !defined(F32)
-#define SPLIT_PROBE
-#if LF != 1 || RES > 0 || SRES > 0
-#error "the split probe (PROBE 3) runs one lane fragment, no resident or shared W_hh fragments"
+// SPLIT: the lo fragments beside each hi one (the header), and their products into the second set of
+// accumulators (l0..l2), added to the first as 2^-11 of them at the fold.
+#ifdef SPLIT
+#if LF != 1 || RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0
+#error "SPLIT runs one lane fragment, no resident or shared W_hh fragments, float32 saves, no probe"
 #endif
-#define SPLIT_KF(kf) (((kf) + n_kf / 2u) % n_kf)
-#define SPLIT_LOAD_W(slot, kf) load_w(j0, SPLIT_KF(kf), v0[slot], v1[slot], v2[slot])
-#define SPLIT_LOAD_A(r, kf) load_a(a0, SPLIT_KF(kf), xl[r])
+void load_w_lo(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
+    uint H = pc.H, lo = 3u * H * H;
+    LOAD_B(w0, w_block(j0, 16u * kf) + lo, W_LD, true);
+    LOAD_B(w1, w_block(H + j0, 16u * kf) + lo, W_LD, true);
+    LOAD_B(w2, w_block(2u * H + j0, 16u * kf) + lo, W_LD, true);
+}
+#define SPLIT_LOAD_W(slot, kf) load_w_lo(j0, kf, v0[slot], v1[slot], v2[slot])
+#define SPLIT_LOAD_A(r, kf) load_a(a0 + H_LO, kf, xl[r])
 #define SPLIT_MUL(r, wr) mul3(x[r], v0[wr], v1[wr], v2[wr], l0, l1, l2); mul3(xl[r], w0[wr], w1[wr], w2[wr], l0, l1, l2)
-#define SPLIT_SUM(p, l) ACC_ADD(p, l)
+#define SPLIT_SUM(p, l) ACC_ADD(p, ACC_SCALE(l, 1.0 / 2048.0))
 #else
 #define SPLIT_LOAD_W(slot, kf)
 #define SPLIT_LOAD_A(r, kf)
@@ -237,8 +255,8 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     uint H = pc.H, n_kf = H / 16u, k1 = kg * KPG;
     const uint RS = RES + SRES;  // the first k-fragment whose W_hh streams through the ring
     FRAG_B w0[PD], w1[PD], w2[PD];  // ring over the k-fragments past RS: k-fragment i in slot (i - RS) % PD
-#ifdef SPLIT_PROBE
-    FRAG_B v0[PD], v1[PD], v2[PD];  // the probe's lo fragments of W_hh
+#ifdef SPLIT
+    FRAG_B v0[PD], v1[PD], v2[PD];  // W_hh's lo fragments
 #endif
     [[unroll]] for (uint i = RS; i < KPG && i < RS + PD; ++i) {
         if (FULL || k1 + i < n_kf) {
@@ -251,9 +269,9 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     uint a0 = grp * H_GROUP + shadow_frag(t % 2u, 0u, 0u, H);
     FRAG_A x[PD];  // h_prev, lane fragment 0 (ring slot i % PD)
     ACC_T p0 = ACC_ZERO(), p1 = ACC_ZERO(), p2 = ACC_ZERO();  // lane fragment 0, gates 0..2
-#ifdef SPLIT_PROBE
-    FRAG_A xl[PD];
-    ACC_T l0 = ACC_ZERO(), l1 = ACC_ZERO(), l2 = ACC_ZERO();
+#ifdef SPLIT
+    FRAG_A xl[PD];  // h_prev's lo fragments
+    ACC_T l0 = ACC_ZERO(), l1 = ACC_ZERO(), l2 = ACC_ZERO();  // hi lo + lo hi
 #endif
 #if LF == 2
     uint a1 = grp * H_GROUP + shadow_frag(t % 2u, 1u, 0u, H);

@@ -237,21 +237,29 @@ part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench c
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-stream.json"
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
-# float32 products from float16 splits on tensor cores, priced before it is built (docs/benchmarks.md "v5 at
-# fp32"; CATCHAT_STREAM_PROBE=3: the forward with a second fragment of each operand and three products
-# into two accumulators, wrong results): v5 at 16 lanes (one lane fragment), fp16 without resident W_hh,
-# the same with the probe, and fp32 on the threads' FMAs; one process each (~45 s). The split would run
-# v5's 32 lanes as two lane groups, two workgroups an SM: worth building if twice the probe's forward
-# sweep is well under the 32-lane fp32 forward's (46.5-47.2 ms a layer on an H100, 2026-12-06)
-for v in fp16-res0 split-probe fp32; do
-    case $v in
-        fp16-res0) e="CATCHAT_STREAM_RESIDENT=0,12"; p="--precision fp16";;
-        split-probe) e="CATCHAT_STREAM_RESIDENT=0,12 CATCHAT_STREAM_PROBE=3"; p="--precision fp16";;
-        fp32) e=""; p="";;
-    esac
-    part "bench-v5-b16-$v" env $e $py -m catchat.cli bench configs/catchat-v5.toml $p --set data.batch_lanes=16 \
-        --steps 3 --warmup 1 --profile --json "$out/bench-v5-b16-$v.json"
+# the float32 forward on tensor cores from float16 splits (CATCHAT_STREAM32_SPLIT=1; docs/benchmarks.md "v5
+# at fp32"): the sweep parity (its split32 rows run whatever the environment says), the model parity with it
+# on (its "v5 float32 streamed (forward from float16 splits)" rows), v5 at fp32 without and with it (one
+# process each, ~45 s), its phases; then beside torch, and v3 at fp32 forced onto it (four lane groups)
+part parity-split32 $py -m catchat.cli parity --only gru --summary --json "$out/parity-split32.json"
+part stats-v5-split $py tools/shader_stats.py configs/catchat-v5.toml --split  # its registers: two an SM?
+part parity-model-split32 env CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli parity --only model --summary \
+    --json "$out/parity-model-split32.json"
+for v in 0 1; do
+    part "bench-v5-fp32-split$v" env CATCHAT_STREAM32_SPLIT=$v $py -m catchat.cli bench configs/catchat-v5.toml \
+        --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split$v.json"
 done
+# ... and its 256 work items (128 slices x 2 lane groups) as 256 workgroups, two an SM (forced: the
+# co-residency check assumes 255 registers a thread where the driver may give a 256-invocation pipeline
+# 128; its barrier_timeouts say if they were not co-resident), against the default's one an SM walking two
+part bench-v5-fp32-split1-p256 env CATCHAT_STREAM32_SPLIT=1 CATCHAT_PERSISTENT=256 $py -m catchat.cli bench \
+    configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split1-p256.json"
+part phases-v5-fp32-split env CATCHAT_STREAM32_SPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
+    --reps 1
+part bench-v5-fp32-split-torch env CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
+    --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-split-torch.json"
+part bench-v3-fp32-split env CATCHAT_SWEEP_STREAM32=1 CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli bench \
+    configs/catchat-v3.toml --steps 3 --warmup 1 --profile --json "$out/bench-v3-fp32-split.json"
 # the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
 # parity (the ksplit32 rows run whatever the environment says), v5's fp32 step on the plain split and on
 # it with rings of W_hh chunks 4, 8 (its default) and 12 deep, and its phase clocks

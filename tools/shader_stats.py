@@ -49,9 +49,11 @@ def parse_tiles(text: str) -> gru.ResidentTiles:
         raise SystemExit(f"{text!r}: expected cols,lanes,per_thread,kv,batch,sl, e.g. 16,16,2,2,4,32") from None
 
 
-def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False):
+def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False,
+                  split: bool = False):
     """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
-    program's choice on this device; coop: products on tensor cores)."""
+    program's choice on this device; coop: products on tensor cores; split: the forward is the float32
+    one from float16 splits, CATCHAT_STREAM32_SPLIT's)."""
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
@@ -59,8 +61,10 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     rows, state = (lambda w: f32(B * w * H)), f32(B * H)
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
+    split_w = {"w_off": 0, "w_half": u32(3 * H * H), "coop": True, "split": True} if split else \
+        {"w_off": w_off, "coop": coop}  # split: W_hh's hi and lo copy
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
-                         w_off=w_off, b_off=b_off, tiles=forward_tiles, stats=stats, coop=coop)
+                         b_off=b_off, tiles=forward_tiles, stats=stats, **split_w)
     bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
                           f32(B * H), stats, T=1, B=B, H=H, w_off=w_off, tiles=backward_tiles, coop=coop)
     return fwd, bwd
@@ -106,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--coop", action="store_true", help="the sweeps' products on tensor cores (fp16)")
     ap.add_argument("--coop-gemm", action="store_true",
                     help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
+    ap.add_argument("--split", action="store_true",
+                    help="the float32 forward from float16 splits on tensor cores (CATCHAT_STREAM32_SPLIT)")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
     ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode (default 64)")
     ap.add_argument("--device", default=None)
@@ -126,6 +132,9 @@ def main(argv=None) -> int:
             print_statistics(dev, kernel, f"{kernel.shader} {kernel.tiles}: {kernel.spec[0]} threads, estimated "
                              f"{gru.resident_registers(kernel.tiles, kernel.backward)} registers per thread",
                              {"PERSISTENT": 1})
+    if args.split:
+        fwd, _ = sweep_kernels(dev, B, H, split=True)
+        print_statistics(dev, fwd, f"{fwd.shader} (split) {fwd.tiles}: {fwd.spec[0]} threads", {"PERSISTENT": 1})
     if args.gemm:
         for name, (kw, _) in bench_gemm.shapes(cfg, dev).items():
             for vec4 in (True, False):

@@ -74,6 +74,7 @@ def clocked_twins(prog, layer: int, steps: int):
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
     kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
     w16 = prog.fwd.w16 if kf.stream else None  # the streamed sweeps read W_hh's float16 copy (None: float32)
+    w_fwd = prog.fwd.w16_split if kf.split else w16  # the float32 forward from float16 splits: its hi and lo
     if not (kf.stream or isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
         raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
@@ -83,8 +84,8 @@ def clocked_twins(prog, layer: int, steps: int):
     fwd = ClockedForward(dev, b.gi, b.params, b.h0, b.resets, b.o[layer], b.o[layer], b.save[layer], b.hT,
                          T=T, B=B, H=H, w_off=w_off, b_off=b_off, gi_off=gi_off, h0_off=h0_off, o_off=o_off,
                          hprev_off=hprev_off, save_off=save_off, hT_off=hT_off,
-                         tiles=None if kf.stream_f32 else kf.tiles, stats=b.stats, coop=kf.coop, w_half=w16,
-                         stream_f32=kf.stream_f32, save_half=kf.save_half, clock=clocks[0])
+                         tiles=None if kf.stream_f32 else kf.tiles, stats=b.stats, coop=kf.coop, w_half=w_fwd,
+                         stream_f32=kf.stream_f32, save_half=kf.save_half, split=kf.split, clock=clocks[0])
     w_off, do_off, save_off, hprev_off, dgi_off, dgh_off, dh0_off = kb.offsets
     # the backward's do and dGi live in x[L] and gi, dGh over save or its n third in dgh_n (plan.py)
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,

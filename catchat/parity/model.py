@@ -15,7 +15,7 @@ from catchat.parity import ParityResult, compare
 from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops, unpack_half
-from catchat.vk.kernels.gru import stream_f32_sweep, stream_sweeps, sweep_products
+from catchat.vk.kernels.gru import split_forward, stream_f32_sweep, stream_sweeps, sweep_products
 from catchat.vk.program import Program, StepHyper
 
 
@@ -83,7 +83,8 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
     # eval pass (no dropout, plain CE) gives the logits; it also carries h0 -> hT, so reset after
-    recurrent = "fp16" if prog.fwd.gru[0].coop else "fp32"  # the tensor-core sweeps round h and W_hh
+    # the tensor-core sweeps round h and W_hh (not the float32 forward's splits: hi + 2^-11 lo is float32's)
+    recurrent = "fp16" if prog.geometry.products is not None else "fp32"
     prog.set_carry(h0)
     prog.eval_window(tokens, targets, resets)
     (logits,) = prog.read("logits")
@@ -239,7 +240,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if stream_sweeps(dev, 32, v5.hidden, "fp16"):  # v5's shape on the streamed tensor-core sweeps
         out += model_parity(dev, v5, 4, 32, fp16_hp, label="v5 streamed", precision="fp16", wide=True)
     if all(stream_f32_sweep(dev, 32, v5.hidden, backward, "fp32") for backward in (False, True)):
-        out += model_parity(dev, v5, 4, 32, MODEL_CASES[0][4], label="v5 float32 streamed")
+        split = " (forward from float16 splits)" if split_forward(dev, 32, v5.hidden, "fp32") else ""
+        out += model_parity(dev, v5, 4, 32, MODEL_CASES[0][4], label="v5 float32 streamed" + split)
     if all(stream_f32_sweep(dev, 64, v3.hidden, backward, "fp32") for backward in (False, True)):
         # v3's shape streamed in float32 (CATCHAT_SWEEP_STREAM32=1: two lane groups)
         out += model_parity(dev, v3, 4, 64, MODEL_CASES[0][4], label="v3 float32 streamed")

@@ -65,6 +65,11 @@ Acc acc_add(Acc a, Acc b) {
     return a;
 }
 
+Acc acc_scale(Acc a, float s) {
+    for (uint e = 0u; e < 8u; ++e) a.v[e] *= s;
+    return a;
+}
+
 // Row-major at off with this row stride, in ACC_SHARED.
 void acc_store(Acc c, uint off, uint stride) {
     uint lane = gl_LocalInvocationIndex % 32u, base = off + (lane / 2u) * stride + (lane % 2u) * 8u;
@@ -81,6 +86,7 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_ZERO() acc_zero()
 #define MUL_ADD(a, b, c) mul_add(a, b, c)
 #define ACC_ADD(a, b) acc_add(a, b)
+#define ACC_SCALE(a, s) acc_scale(a, s)
 #define ACC_STORE(m, off, stride) acc_store(m, off, stride)
 #define ACC_LOAD(m, off, stride) m = acc_load(off, stride)
 #define ACC_STORE_BUF(m, BUF, off, stride) { \
@@ -97,6 +103,7 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_ZERO() ACC_T(0.0)
 #define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
+#define ACC_SCALE(a, s) ((a) * float(s))
 #define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
 #define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
 #define ACC_STORE_BUF(m, BUF, off, stride) coopMatStoreNV(m, BUF, off, stride, false)

@@ -28,7 +28,8 @@ def test_parity(dev):
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0),
             "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
-                                                             if dev.info.type != "CPU" else 0)}
+                                                             if dev.info.type != "CPU" else 0),
+            "_split32": stream}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
 

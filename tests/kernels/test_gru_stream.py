@@ -540,25 +540,3 @@ def test_ksplit_program_step_matches_the_plain_split(dev, streamed, monkeypatch,
         np.testing.assert_allclose(grads["1"], grads["0"], rtol=0, atol=1e-5 * np.abs(grads["0"]).max())
         assert not np.array_equal(grads["1"], grads["0"])  # the k-split ran: another order of sums
 
-
-def test_split_cost_probe_runs_and_is_refused_where_it_cannot(dev, monkeypatch):
-    """CATCHAT_STREAM_PROBE=3 (timing only: the forward at the cost of float32 products from float16
-    splits) runs with one lane fragment and no resident W_hh, its extra products in the results (they
-    differ from the twin's, as a probe's may; finite); refused with a clear error at two lane fragments
-    or resident fragments, and unknown probe values too."""
-    from catchat.parity import gru as gru_parity
-    from catchat.vk.kernels.gru.stream import stream_defines
-
-    monkeypatch.setenv(gru.RESIDENT_ENV, "0,0")
-    case = gru_parity.make_case(2, 5, 64)
-    plain = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(1, 1), w_half=True, coop=True)
-    monkeypatch.setenv(gru.PROBE_ENV, "3")
-    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(1, 1), w_half=True, coop=True)
-    assert np.isfinite(got["o"]).all() and not np.allclose(got["o"], plain["o"], atol=1e-3)
-    for B, resident, why in ((20, "0,0", "one lane fragment"), (5, "1,0", "one lane fragment")):
-        monkeypatch.setenv(gru.RESIDENT_ENV, resident)
-        with pytest.raises(UsageError, match=why):
-            stream_defines(gru.stream_tiles(B, 64, False), 64, False, True)
-    monkeypatch.setenv(gru.PROBE_ENV, "4")
-    with pytest.raises(UsageError, match="expected 1, 2 or 3"):
-        stream_defines(gru.stream_tiles(5, 64, False), 64, False, True)

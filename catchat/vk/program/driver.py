@@ -114,7 +114,7 @@ class Program(ProgramIO):
             self._sync(b.initialised(), True)  # device tensors hold garbage until synced
         self.fwd: ForwardKernels = build_forward(dev, layout, b, g, precision)
         self.bwd: BackwardKernels | None = build_backward(dev, layout, b, g, optimizer, precision,
-                                                          self.fwd.gru[0].coop, self.fwd.w16) if training else None
+                                                          g.products is not None, self.fwd.w16) if training else None
         self.stepwise: StepwiseKernels | None = None
         fwd, bwd = batched_ops(dev, layout, b, g, self.fwd, self.bwd, precision)  # layer by layer, or wavefronts
         self.seq_eval, self.seq_logits, self.seq_set_params = sq.record_forward(dev, b, self.fwd, fwd)
@@ -134,8 +134,11 @@ class Program(ProgramIO):
     @property
     def sweep_products(self) -> str:
         """How the sweeps' per-step products multiply (logs, the start event): "fp16 on tensor cores" and
-        the design (`gru.sweep_products`: resident, stream or mixed) where `gru.coop_sweeps`, else "fp32"."""
-        return f"fp16 on tensor cores ({self.geometry.products})" if self.fwd.gru[0].coop else "fp32"
+        the design (`gru.sweep_products`: resident, stream or mixed) where `gru.coop_sweeps`, else "fp32"
+        (the forward's on tensor cores from float16 splits where `gru.split_forward`)."""
+        if self.geometry.products is not None:
+            return f"fp16 on tensor cores ({self.geometry.products})"
+        return "fp32 (the forward's from float16 splits on tensor cores)" if self.fwd.gru[0].split else "fp32"
 
     def _stepwise_sequences(self):
         """Scheduled-sampling training and free-running eval sequences (recorded on first use)."""

@@ -29,6 +29,7 @@ from catchat.vk.kernels.gemm import ColSum, Gemm
 from catchat.vk.kernels.gru import (
     GruBackward,
     GruForward,
+    split_forward,
     state_rows,
     stream_f32_sweep,
     streams_backward,
@@ -62,6 +63,7 @@ class ForwardKernels:
     carry: Axpby  # h0 = hT
     w16: object = None  # the streamed sweeps' float16 copy of every layer's W_hh [L,3H,H] (None: not streamed)
     w16_refresh: list = field(default_factory=list)  # per layer: W_hh -> w16 (after every parameter change)
+    w16_split: object = None  # the split forward's hi and lo of each W_hh [L,2,3H,H] (gru.split_forward)
 
     def derived_ops(self) -> list:
         """What follows the parameters: table0 and, for streamed sweeps, W_hh's float16 copy."""
@@ -164,17 +166,26 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
         refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
                           block_cols=cols) for l in range(g.L)]
-    f32 = stream_f32_sweep(dev, B, H, False, precision)  # fp32 where W_hh fits no chip: streamed on the FMAs
+    # fp32 where W_hh fits no chip: streamed on the FMAs, or the forward on tensor cores from float16 splits
+    split = split_forward(dev, B, H, precision)
+    f32 = stream_f32_sweep(dev, B, H, False, precision) and not split
     w_fwd = w16 if products == "stream" else None  # "mixed": the forward keeps W_hh on chip
+    w_split = None
+    if split:  # layer l's hi at 2l * 3H*H halves, its lo 3H*H on
+        w_split, cols = dev.tensor(g.L * 3 * H * H, np.uint32), H if w16_blocked() else 0
+        refresh += [ToHalf(dev, b.params, w_split, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"],
+                           y_off=(2 * l + lo) * 3 * H * H, block_cols=cols, lo=lo) for l in range(g.L) for lo in (0, 1)]
+        w_fwd = w_split
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=whh_offset(layout, l, w_fwd), b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H,
-                      o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats, coop=coop,
-                      w_half=w_fwd, stream_f32=f32, save_half=g.save16)
+                      w_off=2 * l * 3 * H * H if split else whh_offset(layout, l, w_fwd),
+                      b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0,
+                      hT_off=l * B * H, stats=b.stats, coop=coop or split, w_half=w_fwd, stream_f32=f32,
+                      save_half=g.save16, split=split)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
     reduce = LossReduce(dev, (b.row_loss, 0), (b.row_flags, 0), b.stats, g.R)
-    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh)
+    return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh, w_split)
 
 
 def whh_offset(layout: ParamLayout, layer: int, w16) -> int:

@@ -59,6 +59,7 @@ from catchat.vk.device import Device
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k, short_split_k
 from catchat.vk.kernels.gru import (
     backward_scratch_words,
+    split_forward,
     stream_f32_sweep,
     stream_tiles,
     streams_backward,
@@ -298,9 +299,15 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
         return []
     f16 = (g.products == "stream", streams_backward(g.products))  # per direction, on tensor cores
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16[True] else []
+    split = split_forward(dev, g.B, g.H, precision)  # the float32 forward from float16 splits (hi and lo)
+    if split:
+        out.append(("forward sweeps' float16 split W_hh", g.L * 3 * g.H * g.H))
     for backward in (False, True) if training else (False,):
         f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
-        if f16[backward] or f32:
+        if split and not backward:
+            tiles = stream_tiles(g.B, g.H, False, split=True)
+            out.append(("forward sweeps' float16 split h_prev", g.L * shadow_words(tiles, g.H, False)))
+        elif f16[backward] or f32:
             kind = "float32" if f32 else "float16"
             what = f"backward sweeps' {kind} dGh" if backward else f"forward sweeps' {kind} h_prev"
             out.append((what, g.L * shadow_words(stream_tiles(g.B, g.H, backward, f32), g.H, backward)))

@@ -30,6 +30,7 @@ from catchat.vk.kernels.gru.stream import (
     stream_items,
     stream_ok,
     stream_shared_bytes,
+    stream_split,
     stream_threads,
     stream_tiles,
 )
@@ -116,6 +117,15 @@ def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str
     if forced is not True and isinstance(plan_sweep(dev, B, H, backward).tiles, ResidentTiles):
         return False
     return sweep_residency(dev, stream_tiles(B, H, backward, f32=True), B, H, backward, resident).ok
+
+
+def split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program's forward sweeps at [B, H] take their product on tensor cores from float16
+    splits (stream.SPLIT_ENV): asked for, where the float32 streamed forward would run (fp32, W_hh on no
+    chip), on cooperative matrices, and with the split's persistent dispatch shown co-resident."""
+    if not stream_split() or not coopmat_runs(dev) or not stream_f32_sweep(dev, B, H, False, precision):
+        return False
+    return sweep_residency(dev, stream_tiles(B, H, False, split=True), B, H, False, resident_workgroups(dev)).ok
 
 
 def backward_scratch_words(dev: Device | None, B: int, H: int, streamed: bool = False) -> int:

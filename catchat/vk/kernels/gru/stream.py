@@ -86,10 +86,14 @@ KSPLIT32_STAGE_BYTES = 24 * 1024
 # within 4% of each other at v5 on an H100 (37.4 against 39.0 ms a backward sweep).
 KSPLIT32_DEPTH = 4
 # Timing probes of the streamed sweeps (wrong results: tools/gpu-check.sh only): 1 = no W_hh loads,
-# 2 = no h_prev / dGh loads, 3 = the forward at the cost of float32 products from float16 splits (a lo
-# fragment loaded beside each, three products into two accumulators; one lane fragment, no resident
-# W_hh: CATCHAT_STREAM_RESIDENT=0,B; the backward runs as it is).
+# 2 = no h_prev / dGh loads.
 PROBE_ENV = "CATCHAT_STREAM_PROBE"
+# A float32 program's forward sweeps on tensor cores from float16 splits of W_hh and h_prev (x = hi +
+# 2^-11 lo; three products into two sets of accumulators: the shaders' SPLIT; tools/split16_error.py,
+# docs/benchmarks.md "v5 at fp32"), where the float32 streamed sweeps would run (v5 at fp32) and the
+# device has cooperative matrices: CATCHAT_STREAM32_SPLIT=1 (opt-in until timed). One lane fragment a
+# lane group (16 lanes), nothing of W_hh resident; the backward stays float32 on the threads' FMAs.
+SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
 # (bypassing L1: whether W_hh's slice, 144-196 KB a workgroup, is now served from L1 between steps).
@@ -122,7 +126,8 @@ class StreamTiles(NamedTuple):
     k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
     memory but the staged k-part of dGh. With `f32` as well, the same split in float32: `depth` is the
     ring of W_hh chunks (8 rows x 16 columns), and the k-part is staged in `ksplit32_passes` passes beside
-    each subgroup's chunk."""
+    each subgroup's chunk. `split` (forward, one lane fragment a lane group): the product in float32 from
+    float16 hi and lo parts of W_hh and h_prev (`SPLIT_ENV`); the shadow twice as large."""
 
     lane_frags: int
     k_per_group: int
@@ -133,6 +138,7 @@ class StreamTiles(NamedTuple):
     flags: bool = False
     lane_groups: int = 1
     ksplit: bool = False
+    split: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -179,12 +185,26 @@ def ksplit32_passes(tiles: StreamTiles) -> int:
                 if chunks % n == 0 and ksplit32_stage_bytes(tiles) // n <= KSPLIT32_STAGE_BYTES or n == chunks)
 
 
-def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None) -> StreamTiles:
+def stream_split() -> bool:
+    """Whether a float32 program's forward runs on tensor cores from float16 splits (SPLIT_ENV; off)."""
+    return env_switch(SPLIT_ENV, "set 1 (the float32 forward from float16 splits on tensor cores) or 0, or unset it",
+                      False)
+
+
+def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None,
+                 split: bool = False) -> StreamTiles:
     """The streamed split of a [B, H] sweep. ksplit: the k-split backward where it takes the shape (None:
-    as CATCHAT_STREAM_KSPLIT says); the caller falls back to ksplit=False where its sweep is not persistent."""
+    as CATCHAT_STREAM_KSPLIT says); the caller falls back to ksplit=False where its sweep is not persistent.
+    split: the forward from float16 splits (`SPLIT_ENV`): one lane fragment a lane group of 16 lanes."""
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
+    if split:
+        if backward or f32:
+            raise ValueError("the split product is the tensor-core forward's (not backward, not f32)")
+        kpg = ceil_div(H // 16, STREAM_KGROUPS)
+        return StreamTiles(1, kpg, min(kpg, stream_depth()[0]), flags=stream_flags(), lane_groups=ceil_div(B, 16),
+                           split=True)
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
     if backward and (stream_ksplit(f32) if ksplit is None else ksplit) and ksplit_ok(B, H):
         kpw = 3 * H // 16 // ksplit_parts(lane_frags)
@@ -269,8 +289,8 @@ def fit_shared(tiles: StreamTiles, backward: bool, limit_bytes: int) -> StreamTi
 
 def shadow_words(tiles: StreamTiles, H: int, backward: bool) -> int:
     """uint32 words of the shadow: [lane groups][2][16 * lane_frags][H] halves forward (h_prev),
-    [..][3H] backward (dGh); floats where f32."""
-    elements = tiles.lane_groups * 2 * 16 * tiles.lane_frags * (3 * H if backward else H)
+    [..][3H] backward (dGh); floats where f32; with split, each lane group's hi then lo."""
+    elements = tiles.lane_groups * 2 * 16 * tiles.lane_frags * (3 * H if backward else H) * (2 if tiles.split else 1)
     return elements if tiles.f32 else elements // 2
 
 
@@ -291,6 +311,14 @@ def w16_cache() -> dict:
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"
+
+
+def split_halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x (float32) as float16 hi = float16(x) and lo = float16(2^11 (x - hi)): x = hi + 2^-11 lo to about
+    22 bits (ToHalf and ToHalf(lo=True); the shaders' SPLIT)."""
+    x = np.asarray(x, np.float32)
+    hi = x.astype(np.float16)
+    return hi, ((x - hi.astype(np.float32)) * np.float32(2048.0)).astype(np.float16)
 
 
 def block_halves(w: np.ndarray) -> np.ndarray:
@@ -322,8 +350,9 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     if tiles.f32:
         return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, "F32": 1, **flags,
                 **({"FULL": "true"} if full else {}), **(_subgroup_stages(subgroup) if backward else {})}
-    probe = _probe(tiles, backward)
+    probe = _probe()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
+            **({"SPLIT": 1} if tiles.split else {}),
             **({"RES": tiles.resident} if tiles.resident else {}),
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
@@ -331,14 +360,11 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
             **w16_cache(), **({"EMU": 1} if emulate else {})}
 
 
-def _probe(tiles: StreamTiles, backward: bool) -> str:
-    """CATCHAT_STREAM_PROBE's value for a float16 sweep ("" unset), refused where it cannot run."""
+def _probe() -> str:
+    """CATCHAT_STREAM_PROBE's value for a float16 sweep ("" unset)."""
     probe = os.environ.get(PROBE_ENV, "").strip()
-    if probe not in ("", "1", "2", "3"):
-        raise UsageError(f"{PROBE_ENV}={probe!r}: expected 1, 2 or 3 (timing probes; unset for the real sweeps)")
-    if probe == "3" and not backward and (tiles.lane_frags != 1 or tiles.resident or tiles.shared):
-        raise UsageError(f"{PROBE_ENV}=3 runs the forward with one lane fragment (at most 16 lanes a lane group) "
-                         f"and no resident W_hh: set CATCHAT_STREAM_RESIDENT=0,B (and {SHARED_ENV} unset)")
+    if probe not in ("", "1", "2"):
+        raise UsageError(f"{PROBE_ENV}={probe!r}: expected 1 or 2 (timing probes; unset for the real sweeps)")
     return probe
 
 

@@ -89,6 +89,7 @@ class _Sweep(Kernel):
     backward = False
     stream = False  # W_hh streamed (stream.py): on tensor cores (coop with a float16 W_hh), or stream_f32
     stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
+    split = False  # ... on tensor cores from float16 splits of W_hh and h_prev (forward; stream.SPLIT_ENV)
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
 
     def _whh_words(self, w_half, w_off: int) -> int:
@@ -96,8 +97,9 @@ class _Sweep(Kernel):
         copy w_half (uint32 words of `pack_half`, w_off in halves), whose size is checked here."""
         if w_half is None:
             return w_off + 3 * self.H * self.H
-        if 2 * w_half.size() < w_off + 3 * self.H * self.H:
-            raise ValueError(f"W_hh in float16: [3H,H] at half {w_off} exceeds its buffer of "
+        parts = 2 if self.split else 1  # split: hi, then lo
+        if 2 * w_half.size() < w_off + parts * 3 * self.H * self.H:
+            raise ValueError(f"W_hh in float16: {parts} x [3H,H] at half {w_off} exceeds its buffer of "
                              f"{2 * w_half.size()} halves")
         return 0
 
@@ -180,7 +182,8 @@ class _Sweep(Kernel):
             raise ValueError(f"a streamed sweep's {'float32' if f32 else 'float16'} W_hh must start at a multiple "
                              f"of {align} {unit}")
         self.stream = True
-        self.tiles = fit_shared(stream_tiles(B, H, backward, f32), backward, info.max_shared_memory_bytes)
+        self.tiles = fit_shared(stream_tiles(B, H, backward, f32, split=self.split), backward,
+                                info.max_shared_memory_bytes)
         resident = self._stream_resident(dev, persistent)
         # the k-split's items meet inside a step (one persistent dispatch only), and its stage must fit
         if self.tiles.ksplit and (not resident or stream_shared_bytes(self.tiles, True) > info.max_shared_memory_bytes):
@@ -273,7 +276,9 @@ class GruForward(_Sweep):
     without cooperative matrices. stream_f32: the same streamed split in float32 on the threads'
     FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`). save_half (the
     streamed tensor-core sweep only): save holds float16 (uint32 words of halves, save_off counted in
-    halves; SAVE16), half the bytes; the gates' arithmetic stays float32.
+    halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with coop and w_half,
+    not save_half): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
+    hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
     """
 
     shader = "gru_forward"
@@ -282,9 +287,12 @@ class GruForward(_Sweep):
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
                  persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
-                 save_half: bool = False):
+                 save_half: bool = False, split: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
+        self.coop, self.stream_f32, self.split = bool(coop), bool(stream_f32), bool(split)
+        if self.split and (not self.coop or w_half is None or save_half):
+            raise ValueError("GruForward: split is the streamed tensor-core sweep's: pass coop and w_half, "
+                             "float32 saves")
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         self.save_half = self._check_save_half(save_half)
         if T == 1 and h0 is hT and h0_off == hT_off:
