@@ -66,7 +66,8 @@ class ForwardKernels:
     w16_split: object = None  # the split forward's hi and lo of each W_hh [L,2,3H,H] (gru.split_forward)
 
     def derived_ops(self) -> list:
-        """What follows the parameters: table0 and, for streamed sweeps, W_hh's float16 copy."""
+        """What follows the parameters: table0 and, for streamed sweeps, W_hh's float16 copy (the split
+        forward's: its hi and lo)."""
         return self.table0.ops() + [op for k in self.w16_refresh for op in k.ops()]
 
 
