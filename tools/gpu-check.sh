@@ -254,6 +254,11 @@ done
 # 128; its barrier_timeouts say if they were not co-resident), against the default's one an SM walking two
 part bench-v5-fp32-split1-p256 env CATCHAT_STREAM32_SPLIT=1 CATCHAT_PERSISTENT=256 $py -m catchat.cli bench \
     configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split1-p256.json"
+# ... and its ring: 1 and 4 k-fragments' loads in flight (the default 2; CATCHAT_STREAM_DEPTH's forward)
+for d in 1 4; do
+    part "bench-v5-fp32-split1-d$d" env CATCHAT_STREAM32_SPLIT=1 CATCHAT_STREAM_DEPTH=$d,4 $py -m catchat.cli bench \
+        configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split1-d$d.json"
+done
 part phases-v5-fp32-split env CATCHAT_STREAM32_SPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
     --reps 1
 part bench-v5-fp32-split-torch env CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
