@@ -143,12 +143,12 @@ shared float16_t wsm[KGS * SRES * 3u * 256u];
 #endif
 #include "sweep_frag.glsl"
 #ifdef SPLIT  // a lane group's shadow: hi, then lo (H_LO halves on)
+#include "split_half.glsl"
 #define H_LO (2u * BP * pc.H)
 #define H_GROUP (2u * H_LO)
 void h_store(uint at, float v) {
-    float16_t hi = float16_t(v);
-    h16[at] = hi;
-    h16[at + H_LO] = float16_t((v - float(hi)) * 2048.0);
+    h16[at] = float16_t(v);
+    h16[at + H_LO] = split_lo(v);
 }
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
 #else
@@ -210,7 +210,7 @@ void load_w_lo(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
 #define SPLIT_LOAD_W(slot, kf) load_w_lo(j0, kf, v0[slot], v1[slot], v2[slot])
 #define SPLIT_LOAD_A(r, kf) load_a(a0 + H_LO, kf, xl[r])
 #define SPLIT_MUL(r, wr) mul3(x[r], v0[wr], v1[wr], v2[wr], l0, l1, l2); mul3(xl[r], w0[wr], w1[wr], w2[wr], l0, l1, l2)
-#define SPLIT_SUM(p, l) ACC_ADD(p, ACC_SCALE(l, 1.0 / 2048.0))
+#define SPLIT_SUM(p, l) ACC_ADD(p, ACC_SCALE(l, 1.0 / SPLIT_SCALE))
 #else
 #define SPLIT_LOAD_W(slot, kf)
 #define SPLIT_LOAD_A(r, kf)

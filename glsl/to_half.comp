@@ -1,11 +1,15 @@
 #version 450
 // y[y_off + i] = float16(x[x_off + i]) for i < n, rounded to nearest even (or, with cols, in 16 x 16 blocks): the float16 copy of W_hh
 // that the streamed sweeps multiply (glsl/gru_*_stream.comp), refreshed after every parameter
-// change. Grid-stride, so any n fits the dispatch. LO: y = float16(2^11 (x - float16(x))) instead,
-// what float16(x) left out, scaled into float16's range: the lo part of the split copy the float32
-// forward on tensor cores multiplies (gru_forward_stream.comp's SPLIT).
+// change. Grid-stride, so any n fits the dispatch. LO: y = split_lo(x) instead (include/split_half.glsl:
+// float16(2^11 (x - float16(x)))), the lo part of the split copy the float32 forward on tensor cores
+// multiplies (gru_forward_stream.comp's SPLIT).
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+#ifdef LO
+#include "split_half.glsl"
+#endif
 
 layout(local_size_x_id = 0) in;
 layout(set = 0, binding = 0) readonly buffer X { float x[]; };
@@ -24,8 +28,7 @@ void main() {
             d = ((r / 16u) * (pc.cols / 16u) + c / 16u) * 256u + (r % 16u) * 16u + c % 16u;
         }
 #ifdef LO
-        float v = x[pc.x_off + i];
-        y[pc.y_off + d] = float16_t((v - float(float16_t(v))) * 2048.0);
+        y[pc.y_off + d] = split_lo(x[pc.x_off + i]);
 #else
         y[pc.y_off + d] = float16_t(x[pc.x_off + i]);
 #endif

@@ -61,7 +61,7 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     rows, state = (lambda w: f32(B * w * H)), f32(B * H)
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
-    split_w = {"w_off": 0, "w_half": u32(3 * H * H), "coop": True, "split": True} if split else \
+    split_w = {"w_off": 0, "w_half": u32(3 * H * H), "split": True} if split else \
         {"w_off": w_off, "coop": coop}  # split: W_hh's hi and lo copy
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
                          b_off=b_off, tiles=forward_tiles, stats=stats, **split_w)

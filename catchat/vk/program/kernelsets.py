@@ -161,27 +161,20 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.sweep_products)
     coop, w16, refresh = products is not None, None, []
-    if streams_backward(products):
-        # W_hh streamed from a float16 copy, layer l at l*3H*H ("mixed": the backward's alone)
-        w16 = dev.tensor(g.L * 3 * H * H // 2, np.uint32)
-        cols = H if w16_blocked() else 0  # 16 x 16 blocks: a fragment is one run of memory
-        refresh = [ToHalf(dev, b.params, w16, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"], y_off=l * 3 * H * H,
-                          block_cols=cols) for l in range(g.L)]
+    if streams_backward(products):  # W_hh streamed from a float16 copy ("mixed": the backward's alone)
+        w16, refresh = whh_halves(dev, layout, b, g, split=False)
     # fp32 where W_hh fits no chip: streamed on the FMAs, or the forward on tensor cores from float16 splits
     split = split_forward(dev, B, H, precision)
     f32 = stream_f32_sweep(dev, B, H, False, precision) and not split
     w_fwd = w16 if products == "stream" else None  # "mixed": the forward keeps W_hh on chip
     w_split = None
-    if split:  # layer l's hi at 2l * 3H*H halves, its lo 3H*H on
-        w_split, cols = dev.tensor(g.L * 3 * H * H, np.uint32), H if w16_blocked() else 0
-        refresh += [ToHalf(dev, b.params, w_split, 3 * H * H, x_off=o[f"layers.{l}.gru.weight_hh"],
-                           y_off=(2 * l + lo) * 3 * H * H, block_cols=cols, lo=lo) for l in range(g.L) for lo in (0, 1)]
-        w_fwd = w_split
+    if split:
+        w_split, split_refresh = whh_halves(dev, layout, b, g, split=True)
+        w_fwd, refresh = w_split, refresh + split_refresh
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=2 * l * 3 * H * H if split else whh_offset(layout, l, w_fwd),
-                      b_off=o[f"layers.{l}.gru.bias_hh"], h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0,
-                      hT_off=l * B * H, stats=b.stats, coop=coop or split, w_half=w_fwd, stream_f32=f32,
-                      save_half=g.save16, split=split)
+                      w_off=whh_offset(layout, l, w_fwd, split), b_off=o[f"layers.{l}.gru.bias_hh"],
+                      h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats,
+                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
@@ -189,10 +182,25 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh, w_split)
 
 
-def whh_offset(layout: ParamLayout, layer: int, w16) -> int:
-    """Where a sweep reads layer `layer`'s W_hh: in params (words), or in the float16 copy w16 (halves)."""
-    H = layout.spec.hidden
-    return layer * 3 * H * H if w16 is not None else layout.offsets[f"layers.{layer}.gru.weight_hh"]
+def whh_halves(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, split: bool):
+    """Every layer's W_hh as float16 for the streamed sweeps, in 16 x 16 blocks where blocked (a fragment
+    is one run of memory), and the ToHalf kernels that refresh it after every parameter change: layer l
+    at l * 3H*H halves, or with split its hi and then its lo (`ToHalf(lo=True)`) at 2l * 3H*H."""
+    H, parts = g.H, (0, 1) if split else (0,)
+    w = dev.tensor(g.L * len(parts) * 3 * H * H // 2, np.uint32)
+    cols = H if w16_blocked() else 0
+    refresh = [ToHalf(dev, b.params, w, 3 * H * H, x_off=layout.offsets[f"layers.{l}.gru.weight_hh"],
+                      y_off=(len(parts) * l + lo) * 3 * H * H, block_cols=cols, lo=bool(lo))
+               for l in range(g.L) for lo in parts]
+    return w, refresh
+
+
+def whh_offset(layout: ParamLayout, layer: int, w16, split: bool = False) -> int:
+    """Where a sweep reads layer `layer`'s W_hh: in params (words), or in the float16 copy w16 (halves;
+    with split, the hi and lo copy: `whh_halves`)."""
+    if w16 is None:
+        return layout.offsets[f"layers.{layer}.gru.weight_hh"]
+    return (2 if split else 1) * layer * 3 * layout.spec.hidden ** 2
 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,

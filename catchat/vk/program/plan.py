@@ -303,14 +303,13 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     if split:
         out.append(("forward sweeps' float16 split W_hh", g.L * 3 * g.H * g.H))
     for backward in (False, True) if training else (False,):
-        f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision)
-        if split and not backward:
-            tiles = stream_tiles(g.B, g.H, False, split=True)
-            out.append(("forward sweeps' float16 split h_prev", g.L * shadow_words(tiles, g.H, False)))
-        elif f16[backward] or f32:
-            kind = "float32" if f32 else "float16"
+        sp = split and not backward
+        f32 = stream_f32_sweep(dev, g.B, g.H, backward, precision) and not sp
+        if f16[backward] or f32 or sp:
+            kind = "float16 split" if sp else "float32" if f32 else "float16"
             what = f"backward sweeps' {kind} dGh" if backward else f"forward sweeps' {kind} h_prev"
-            out.append((what, g.L * shadow_words(stream_tiles(g.B, g.H, backward, f32), g.H, backward)))
+            tiles = stream_tiles(g.B, g.H, backward, f32, split=sp)
+            out.append((what, g.L * shadow_words(tiles, g.H, backward)))
     return out
 
 

@@ -94,6 +94,7 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # device has cooperative matrices: CATCHAT_STREAM32_SPLIT=1 (opt-in until timed). One lane fragment a
 # lane group (16 lanes), nothing of W_hh resident; the backward stays float32 on the threads' FMAs.
 SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
+SPLIT_SCALE = 2048.0  # x = hi + lo / SPLIT_SCALE (glsl/include/split_half.glsl's)
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
 # (bypassing L1: whether W_hh's slice, 144-196 KB a workgroup, is now served from L1 between steps).
@@ -314,11 +315,11 @@ def w16_blocked() -> bool:
 
 
 def split_halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (float32) as float16 hi = float16(x) and lo = float16(2^11 (x - hi)): x = hi + 2^-11 lo to about
-    22 bits (ToHalf and ToHalf(lo=True); the shaders' SPLIT)."""
+    """x (float32) as float16 hi = float16(x) and lo = float16(SPLIT_SCALE (x - hi)): x = hi + lo / SPLIT_SCALE
+    to about 22 bits (ToHalf and ToHalf(lo=True); the shaders' SPLIT, glsl/include/split_half.glsl)."""
     x = np.asarray(x, np.float32)
     hi = x.astype(np.float16)
-    return hi, ((x - hi.astype(np.float32)) * np.float32(2048.0)).astype(np.float16)
+    return hi, ((x - hi.astype(np.float32)) * np.float32(SPLIT_SCALE)).astype(np.float16)
 
 
 def block_halves(w: np.ndarray) -> np.ndarray:

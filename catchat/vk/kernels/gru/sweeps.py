@@ -276,8 +276,8 @@ class GruForward(_Sweep):
     without cooperative matrices. stream_f32: the same streamed split in float32 on the threads'
     FMAs, W_hh from params (w_off a multiple of 4; stream.py, `stream_f32_sweep`). save_half (the
     streamed tensor-core sweep only): save holds float16 (uint32 words of halves, save_off counted in
-    halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with coop and w_half,
-    not save_half): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
+    halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with w_half, not
+    save_half; coop implied): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
     hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
     """
 
@@ -289,10 +289,10 @@ class GruForward(_Sweep):
                  persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
                  save_half: bool = False, split: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.coop, self.stream_f32, self.split = bool(coop), bool(stream_f32), bool(split)
-        if self.split and (not self.coop or w_half is None or save_half):
-            raise ValueError("GruForward: split is the streamed tensor-core sweep's: pass coop and w_half, "
-                             "float32 saves")
+        self.split = bool(split)  # the streamed tensor-core sweep's product from splits: coop
+        self.coop, self.stream_f32 = bool(coop) or self.split, bool(stream_f32)
+        if self.split and (w_half is None or save_half):
+            raise ValueError("GruForward: split reads W_hh's hi and lo copy (w_half) and writes float32 saves")
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         self.save_half = self._check_save_half(save_half)
         if T == 1 and h0 is hT and h0_off == hT_off:
