@@ -13,7 +13,7 @@ from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import half_tensor, run_ops, unpack_half
+from catchat.vk.kernels import ToHalf, half_tensor, run_ops, unpack_half
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
@@ -29,6 +29,7 @@ from catchat.vk.kernels.gru import (
     state_rows,
     w16_blocked,
 )
+from catchat.vk.kernels.gru.stream import SPLIT_SCALE
 from catchat.vk.program.wavefront import chunk_bounds
 from catchat.vk.switches import env_override
 
@@ -289,7 +290,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     """Forward and backward sweeps against reference at odd sizes, resets at t=0 and mid-window,
     clamp off and on (hit count exact), per-step and persistent; the GPU dG also reproduce
     reference's dW/db/dx via numpy."""
-    out = []
+    out = to_half_checks(dev) if dev.runs_float16 else []
     runs = [(c, 0, "") for c in CASES] + [(c, n, "") for n in persistent_counts(dev) for c in PERSISTENT_CASES]
     if dev.runs_float16:
         runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
@@ -301,7 +302,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
     if dev.runs_float16:
-        ksplit = KSPLIT_CASES + (KSPLIT_GPU_CASES if coopmat_runs(dev) else [])
+        ksplit = KSPLIT_CASES + (KSTREAM_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in ksplit for v in ("ksplit", "ksplit16")]
     # the float32 k-split (ksplit32) against the fp32 reference: the same shapes, on any device (no tensor
     # cores needed), v5's width on a GPU
@@ -351,3 +352,41 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
             out.append(compare(f"{bwd}.{name}", shape, a, e, 4 * atol * np.sqrt(T * B), rtol))  # sums over T*B rows
     return out
+
+
+# ToHalf (glsl/to_half.comp): W_hh's float16 copy for the streamed sweeps, and the split forward's hi and
+# lo (LO). (n, block columns, x offset, y offset) at odd sizes and offsets; on a GPU a whole v5 W_hh [3H, H].
+TO_HALF_CASES = [(1003, 0, 5, 3), (48 * 32, 32, 7, 16), (16 * 48 * 3, 48, 0, 1)]
+TO_HALF_GPU_CASES = [(3 * 2048 * 2048, 2048, 0, 0)]
+
+
+def to_half_checks(dev: Device) -> list[ParityResult]:
+    """ToHalf against numpy: hi = float16(x) bitwise (round to nearest even), and the lo part of the
+    split (ToHalf(lo=True)) to float32's precision as hi + lo / SPLIT_SCALE, in rows and in 16 x 16
+    blocks, at offsets, over float16's normal range."""
+    out = []
+    cases = TO_HALF_CASES + (TO_HALF_GPU_CASES if dev.info.type != "CPU" else [])
+    for n, cols, x_off, y_off in cases:
+        rng = np.random.default_rng(n + cols)
+        x = (rng.choice([-1.0, 1.0], n) * np.exp2(rng.uniform(-13, 4, n))).astype(np.float32)
+        tx = dev.tensor(np.concatenate([np.zeros(x_off, np.float32), x]))
+        ty = dev.tensor(np.zeros((y_off + n + 1) // 2, np.uint32), np.uint32)
+        got = []
+        for lo in (False, True):
+            k = ToHalf(dev, tx, ty, n, x_off=x_off, y_off=y_off, block_cols=cols, lo=lo)
+            (w,) = run_ops(dev, [tx, ty], k.ops(), [ty])
+            halves = unpack_half(w, 2 * w.size)[y_off:][:n]
+            got.append(unblock(halves, cols) if cols else halves)
+        hi, lo = got
+        shape = f"n={n}" + (f" blocks of {cols} columns" if cols else "") + f" offsets {x_off},{y_off}"
+        wrong = np.count_nonzero(hi.view(np.uint16) != split_halves(x)[0].view(np.uint16))
+        out.append(compare("to_half.hi (halves not bitwise)", shape, [wrong], [0], 0.0, 0.0))
+        back = hi.astype(np.float64) + lo.astype(np.float64) / SPLIT_SCALE
+        # 22 bits: hi's 11 and lo's 11 (lo rounded to float16); lo's subnormals' floor below that
+        out.append(compare("to_half.lo (hi + lo / 2^11)", shape, back, x, 2.0**-36, 2.0**-21))
+    return out
+
+
+def unblock(halves: np.ndarray, cols: int) -> np.ndarray:
+    """block_halves' inverse: the row-major matrix of `cols` columns from its 16 x 16 blocks."""
+    return halves.reshape(-1, cols // 16, 16, 16).transpose(0, 2, 1, 3).reshape(-1)

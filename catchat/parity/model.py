@@ -12,10 +12,12 @@ import numpy as np
 from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
 from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
+from catchat.parity.gru import unblock
 from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops, unpack_half
-from catchat.vk.kernels.gru import split_forward, stream_f32_sweep, stream_sweeps, sweep_products
+from catchat.vk.kernels.gru import split_forward, stream_f32_sweep, stream_sweeps, sweep_products, w16_blocked
+from catchat.vk.kernels.gru.stream import SPLIT_SCALE
 from catchat.vk.program import Program, StepHyper
 
 
@@ -133,6 +135,24 @@ def model_parity(dev: Device, spec: ModelSpec, T: int, B: int, hp: StepHyper, se
         out.append(compare(f"grad {name}", shape, g[name], exp, atol, rtol))
     out.append(compare("grad norm", shape, [st.grad_norm], [exp_apply["grad_norm"]], 0, 1e-5))
     out.append(compare("params after step", shape, new_params, exp_flat, PARAM_ATOL, 1e-5))
+    return out + split_copy_checks(prog, layout, new_params, shape)
+
+
+def split_copy_checks(prog: Program, layout: ParamLayout, params: np.ndarray, shape: str) -> list[ParityResult]:
+    """The split forward's W_hh copy (`whh_halves`) after the step: each layer's hi + lo / SPLIT_SCALE
+    gives its W_hh back to float32's precision ([] without the split)."""
+    w = prog.fwd.w16_split
+    if w is None:
+        return []
+    (words,) = run_ops(prog.dev, [], [], [w])
+    n, cols = 3 * layout.spec.hidden**2, layout.spec.hidden if w16_blocked() else 0
+    halves, out = unpack_half(words, 2 * words.size), []
+    for l in range(layout.spec.layers):
+        hi, lo = (halves[(2 * l + part) * n :][:n] for part in (0, 1))
+        hi, lo = (unblock(h, cols) if cols else h for h in (hi, lo))
+        back = hi.astype(np.float64) + lo.astype(np.float64) / SPLIT_SCALE
+        want = params[layout.offsets[f"layers.{l}.gru.weight_hh"] :][:n]
+        out.append(compare(f"W_hh split copy, layer {l}", shape, back, want, 2.0**-36, 2.0**-21))
     return out
 
 

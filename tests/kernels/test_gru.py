@@ -32,6 +32,8 @@ def test_parity(dev):
             "_split32": stream}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
+    to_half = len(gru_parity.TO_HALF_CASES) + (len(gru_parity.TO_HALF_GPU_CASES) if dev.info.type != "CPU" else 0)
+    assert sum(r.kernel.startswith("to_half.lo") for r in results) == (to_half if dev.runs_float16 else 0)
 
 
 def test_deterministic(dev):
