@@ -38,7 +38,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                     "tensor cores)"),
     "CATCHAT_SWEEP_STREAM32": (MEASURE, "1 streams the fp32 sweeps where the resident tiles fit too; 0 never"),
     "CATCHAT_STREAM_FLAGS": (MEASURE, "1 or 0: the streamed sweeps wait on block flags, or on the grid barrier"),
-    "CATCHAT_STREAM_DEPTH": (MEASURE, "F,B: the streamed fp16 sweeps' W_hh ring depths (forward, backward)"),
+    "CATCHAT_STREAM_DEPTH": (MEASURE, "F,B: the streamed fp16 sweeps' W_hh ring depths (forward, backward; "
+                                       "the split forward's too, default 4)"),
     "CATCHAT_STREAM_RESIDENT": (MEASURE, "F,B: W_hh fragments the streamed fp16 sweeps keep in registers"),
     "CATCHAT_STREAM_KSPLIT": (MEASURE, "0: the streamed backward without its k-split (fp16 and fp32: on where it "
                                        "applies); 1: with it"),

@@ -12,7 +12,7 @@ import numpy as np
 from catchat.model import ModelSpec, ParamLayout, init_params, spectral_u_init
 from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare
-from catchat.parity.gru import unblock
+from catchat.parity.gru import SPLIT_COPY_ATOL, SPLIT_COPY_RTOL, unblock
 from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops, unpack_half
@@ -152,7 +152,7 @@ def split_copy_checks(prog: Program, layout: ParamLayout, params: np.ndarray, sh
         hi, lo = (unblock(h, cols) if cols else h for h in (hi, lo))
         back = hi.astype(np.float64) + lo.astype(np.float64) / SPLIT_SCALE
         want = params[layout.offsets[f"layers.{l}.gru.weight_hh"] :][:n]
-        out.append(compare(f"W_hh split copy, layer {l}", shape, back, want, 2.0**-36, 2.0**-21))
+        out.append(compare(f"W_hh split copy, layer {l}", shape, back, want, SPLIT_COPY_ATOL, SPLIT_COPY_RTOL))
     return out
 
 

@@ -24,20 +24,25 @@ def test_split_halves_hold_float32s_bits_to_22():
     assert hi.dtype == lo.dtype == np.float16
     back = hi.astype(np.float64) + lo.astype(np.float64) / 2048
     assert np.abs(back - x).max() <= 2.0 ** -22 * np.abs(x).max()
-    assert np.array_equal(hi, x.astype(np.float16))
+    normal = np.abs(x) >= 2.0**-14
+    assert np.array_equal(hi[normal], x[normal].astype(np.float16)) and not hi[~normal].any()
 
 
 @pytest.mark.parametrize("cols", [0, 32])
-def test_to_half_lo_is_the_split(dev, cols):
-    """ToHalf(lo=True) writes split_halves' lo (row-major, or in 16 x 16 blocks) at its offsets."""
-    x = np.random.default_rng(1).standard_normal(16 * 32).astype(np.float32) * 0.05
+def test_to_half_parts_are_the_split(dev, cols):
+    """ToHalf's parts "hi" and "lo" write split_halves' (row-major, or in 16 x 16 blocks) at their offsets,
+    hi 0 below float16's normal range, where lo carries x."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(16 * 32) * np.exp2(rng.integers(-20, 2, 16 * 32))).astype(np.float32)
+    x[:5] = [1 + 2.0**-11, 1 + 3 * 2.0**-11, -1 - 2.0**-11, 2.0**-14 - 2.0**-26, 2.0**-14]  # ties to even; the edge
+    assert np.any(np.abs(x) < 2.0**-14) and np.any(np.abs(x) > 1)
     tx, ty = dev.tensor(np.concatenate([np.zeros(3, np.float32), x])), dev.tensor(np.zeros(4 + 256, np.uint32),
                                                                                    np.uint32)
-    k = ToHalf(dev, tx, ty, x.size, x_off=3, y_off=8, block_cols=cols, lo=True)
-    (y,) = run_ops(dev, [tx, ty], k.ops(), [ty])
-    lo = gru.split_halves(x)[1]
-    want = gru.block_halves(lo.reshape(16, 32)) if cols else lo
-    np.testing.assert_array_equal(unpack_half(y, 8 + x.size)[8:], want)
+    for part, want in zip(("hi", "lo"), gru.split_halves(x)):
+        k = ToHalf(dev, tx, ty, x.size, x_off=3, y_off=8, block_cols=cols, part=part)
+        (y,) = run_ops(dev, [tx, ty], k.ops(), [ty])
+        want = gru.block_halves(want.reshape(16, 32)) if cols else want
+        np.testing.assert_array_equal(unpack_half(y, 8 + x.size)[8:], want)
 
 
 @pytest.mark.parametrize("T,B,H,n_wg", [
@@ -80,8 +85,11 @@ def test_split_settings_and_refusals(dev, monkeypatch):
     monkeypatch.setenv(gru.SPLIT_ENV, "yes")
     with pytest.raises(UsageError, match=gru.SPLIT_ENV):
         gru.stream_split()
-    assert gru.stream_tiles(32, 2048, False, split=True) == gru.StreamTiles(1, 16, gru.stream.STREAM_DEPTH[0],
+    assert gru.stream_tiles(32, 2048, False, split=True) == gru.StreamTiles(1, 16, gru.stream.SPLIT_DEPTH,
                                                                              flags=True, lane_groups=2, split=True)
+    monkeypatch.setenv(gru.stream.DEPTH_ENV, "6,4")  # the forward's depth set: the split's too
+    assert gru.stream_tiles(32, 2048, False, split=True).depth == 6
+    monkeypatch.delenv(gru.stream.DEPTH_ENV)
     with pytest.raises(ValueError, match="forward"):
         gru.stream_tiles(32, 2048, True, split=True)
     case = gru_parity.make_case(2, 3, 16)
