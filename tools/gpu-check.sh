@@ -237,34 +237,23 @@ part bench-v5-fp32-tiled env CATCHAT_SWEEP_STREAM32=0 $py -m catchat.cli bench c
 part bench-v5-fp32-stream $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-stream.json"
 part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
-# the float32 forward on tensor cores from float16 splits (CATCHAT_STREAM32_SPLIT=1; docs/benchmarks.md "v5
-# at fp32"): the sweep parity (its split32 rows run whatever the environment says), the model parity with it
-# on (its "v5 float32 streamed (forward from float16 splits)" rows), v5 at fp32 without and with it (one
-# process each, ~45 s), its phases; then beside torch, and v3 at fp32 forced onto it (four lane groups)
+# the float32 forward on tensor cores from float16 splits (the default at fp32 where the sweeps stream;
+# CATCHAT_STREAM32_SPLIT=0 turns it off; docs/benchmarks.md "v5 at fp32"): the sweep parity (its split32
+# and to_half rows), the model parity (its "v5 float32 streamed (forward from float16 splits)" rows), v5
+# at fp32 without and with it (one process each, ~15 s), its registers and phases, then beside torch.
+# 2026-12-06, H100: forward 49.9 -> 44.7 ms a layer, 68,317 -> 71,767 tok/s; beside torch 1.30x FP32.
+# Measured and settled there: two workgroups an SM (CATCHAT_PERSISTENT=256) no faster; the ring 4 ahead
+# (1: 48.1, 2: 49.9, 4: 43.7, 6: 43.4, 8: 44.3-48.8 ms a layer), now stream.SPLIT_DEPTH
 part parity-split32 $py -m catchat.cli parity --only gru --summary --json "$out/parity-split32.json"
-part stats-v5-split $py tools/shader_stats.py configs/catchat-v5.toml --split  # its registers: two an SM?
-part parity-model-split32 env CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli parity --only model --summary \
-    --json "$out/parity-model-split32.json"
+part stats-v5-split $py tools/shader_stats.py configs/catchat-v5.toml --split
+part parity-model-split32 $py -m catchat.cli parity --only model --summary --json "$out/parity-model-split32.json"
 for v in 0 1; do
     part "bench-v5-fp32-split$v" env CATCHAT_STREAM32_SPLIT=$v $py -m catchat.cli bench configs/catchat-v5.toml \
         --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split$v.json"
 done
-# ... and its 256 work items (128 slices x 2 lane groups) as 256 workgroups, two an SM (forced: the
-# co-residency check assumes 255 registers a thread where the driver may give a 256-invocation pipeline
-# 128; its barrier_timeouts say if they were not co-resident), against the default's one an SM walking two
-part bench-v5-fp32-split1-p256 env CATCHAT_STREAM32_SPLIT=1 CATCHAT_PERSISTENT=256 $py -m catchat.cli bench \
-    configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split1-p256.json"
-# ... and its ring: 1 and 4 k-fragments' loads in flight (the default 2; CATCHAT_STREAM_DEPTH's forward)
-for d in 1 4; do
-    part "bench-v5-fp32-split1-d$d" env CATCHAT_STREAM32_SPLIT=1 CATCHAT_STREAM_DEPTH=$d,4 $py -m catchat.cli bench \
-        configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split1-d$d.json"
-done
-part phases-v5-fp32-split env CATCHAT_STREAM32_SPLIT=1 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 \
-    --reps 1
-part bench-v5-fp32-split-torch env CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
-    --warmup 1 --compare-torch --profile --json "$out/bench-v5-fp32-split-torch.json"
-part bench-v3-fp32-split env CATCHAT_SWEEP_STREAM32=1 CATCHAT_STREAM32_SPLIT=1 $py -m catchat.cli bench \
-    configs/catchat-v3.toml --steps 3 --warmup 1 --profile --json "$out/bench-v3-fp32-split.json"
+part phases-v5-fp32-split $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+part bench-v5-fp32-split-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
+    --profile --json "$out/bench-v5-fp32-split-torch.json"
 # the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
 # parity (the ksplit32 rows run whatever the environment says), v5's fp32 step on the plain split and on
 # it with rings of W_hh chunks 4, 8 (its default) and 12 deep, and its phase clocks

@@ -76,9 +76,11 @@ def test_split_needs_its_lo_parts(dev):
 
 
 def test_split_settings_and_refusals(dev, monkeypatch):
-    """CATCHAT_STREAM32_SPLIT: off unless 1, a clear error otherwise; the split is a forward on tensor
+    """CATCHAT_STREAM32_SPLIT: on unless 0, a clear error otherwise; the split is a forward on tensor
     cores with a float16 W_hh copy and float32 saves; its tiles one lane fragment a lane group."""
     monkeypatch.delenv(gru.SPLIT_ENV, raising=False)
+    assert gru.stream_split()
+    monkeypatch.setenv(gru.SPLIT_ENV, "0")
     assert not gru.stream_split()
     monkeypatch.setenv(gru.SPLIT_ENV, "1")
     assert gru.stream_split()

@@ -94,8 +94,11 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # A float32 program's forward sweeps on tensor cores from float16 splits of W_hh and h_prev (x = hi +
 # 2^-11 lo; three products into two sets of accumulators: the shaders' SPLIT; tools/split16_error.py,
 # docs/benchmarks.md "v5 at fp32"), where the float32 streamed sweeps would run (v5 at fp32) and the
-# device has cooperative matrices: CATCHAT_STREAM32_SPLIT=1 (opt-in until timed). One lane fragment a
-# lane group (16 lanes), nothing of W_hh resident; the backward stays float32 on the threads' FMAs.
+# device has cooperative matrices. One lane fragment a lane group (16 lanes), nothing of W_hh resident;
+# the backward stays float32 on the threads' FMAs. On by default: it passes the model parity at float32's
+# tolerances on the GPU, and on an H100 took v5 fp32 from 68,317 to 71,767 tokens/s (forward sweeps 49.9
+# to 44.7 ms a layer; 1.30x torch FP32, docs/results/2026-12-06-h100-catchat-v5-fp32-split.json);
+# CATCHAT_STREAM32_SPLIT=0 keeps the forward's product on the FMAs.
 SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
 SPLIT_SCALE = 2048.0  # x = hi + lo / SPLIT_SCALE (glsl/include/split_half.glsl's)
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
@@ -190,9 +193,8 @@ def ksplit32_passes(tiles: StreamTiles) -> int:
 
 
 def stream_split() -> bool:
-    """Whether a float32 program's forward runs on tensor cores from float16 splits (SPLIT_ENV; off)."""
-    return env_switch(SPLIT_ENV, "set 1 (the float32 forward from float16 splits on tensor cores) or 0, or unset it",
-                      False)
+    """Whether a float32 program's forward may run on tensor cores from float16 splits (SPLIT_ENV; on)."""
+    return env_switch(SPLIT_ENV, "set 0 (the float32 forward on the FMAs) or 1, or unset it for the default", True)
 
 
 def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool | None = None,
