@@ -93,10 +93,15 @@
 #endif
 #include "common.glsl"
 
-const uint KGS = 8u * LF;   // k-groups: one per subgroup
+#ifdef SPLIT
+const uint OUTS = LF;       // gate outputs a thread: 256 threads at any LF (two accumulator sets a lane fragment)
+#else
+const uint OUTS = 1u;
+#endif
+const uint KGS = 8u * LF / OUTS;  // k-groups: one per subgroup
 const uint RK = 4u;         // k-group slots of red after the folds
 const uint BP = 16u * LF;   // lanes, padded
-layout(local_size_x_id = 0) in;  // 256 * LF: 8 * LF subgroups of 32, a thread per gate output
+layout(local_size_x_id = 0) in;  // 256 * LF / OUTS: KGS subgroups of 32, a thread per OUTS gate outputs
 
 layout(set = 0, binding = 0) readonly buffer Gi { float gi[]; };        // [T,B,3H] at gi_off
 layout(set = 0, binding = 1) readonly buffer P { float params[]; };     // b_hh [3H] at b_off
@@ -162,8 +167,11 @@ float keep(uint t, uint b) { return 1.0 - float(resets[t * pc.B + b]); }
 
 // h16[0] for the slice's units in lane group grp: h0 after step 0's reset.
 void prologue(uint j0, uint grp, uint tid) {
-    uint b = grp * BP + tid / 16u, j = j0 + tid % 16u;
-    if (b < pc.B) H_STORE(0u, b, j, h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
+    uint j = j0 + tid % 16u;
+    [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
+        uint b = grp * BP + e * (BP / OUTS) + tid / 16u;
+        if (b < pc.B) H_STORE(0u, b, j, h0[pc.h0_off + b * pc.H + j] * keep(0u, b));
+    }
 }
 
 #ifndef F32
@@ -199,8 +207,8 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
 // SPLIT: the lo fragments beside each hi one (the header), and their products into the second set of
 // accumulators (l0..l2), added to the first as 2^-11 of them at the fold.
 #ifdef SPLIT
-#if LF != 1 || RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0
-#error "SPLIT runs one lane fragment, no resident or shared W_hh fragments, float32 saves, no probe"
+#if RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0
+#error "SPLIT runs no resident or shared W_hh fragments, float32 saves, no probe"
 #endif
 void load_w_lo(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     uint H = pc.H, lo = 3u * H * H;
@@ -209,8 +217,14 @@ void load_w_lo(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     LOAD_B(w2, w_block(2u * H + j0, 16u * kf) + lo, W_LD, true);
 }
 #define SPLIT_LOAD_W(slot, kf) load_w_lo(j0, kf, v0[slot], v1[slot], v2[slot])
+#if LF == 2  // the second lane fragment's lo operand and products (y, yl into q, m)
+#define SPLIT_LOAD_A(r, kf) load_a(a0 + H_LO, kf, xl[r]); load_a(a1 + H_LO, kf, yl[r])
+#define SPLIT_MUL(r, wr) SPLIT_MUL1(x[r], xl[r], wr, l0, l1, l2); SPLIT_MUL1(y[r], yl[r], wr, m0, m1, m2)
+#else
 #define SPLIT_LOAD_A(r, kf) load_a(a0 + H_LO, kf, xl[r])
-#define SPLIT_MUL(r, wr) mul3(x[r], v0[wr], v1[wr], v2[wr], l0, l1, l2); mul3(xl[r], w0[wr], w1[wr], w2[wr], l0, l1, l2)
+#define SPLIT_MUL(r, wr) SPLIT_MUL1(x[r], xl[r], wr, l0, l1, l2)
+#endif
+#define SPLIT_MUL1(hi, lo, wr, c0, c1, c2) mul3(hi, v0[wr], v1[wr], v2[wr], c0, c1, c2); mul3(lo, w0[wr], w1[wr], w2[wr], c0, c1, c2)
 #define SPLIT_SUM(p, l) ACC_ADD(p, ACC_SCALE(l, 1.0 / SPLIT_SCALE))
 #else
 #define SPLIT_LOAD_W(slot, kf)
@@ -278,6 +292,10 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
     uint a1 = grp * H_GROUP + shadow_frag(t % 2u, 1u, 0u, H);
     FRAG_A y[PD];
     ACC_T q0 = ACC_ZERO(), q1 = ACC_ZERO(), q2 = ACC_ZERO();  // lane fragment 1
+#ifdef SPLIT
+    FRAG_A yl[PD];
+    ACC_T m0 = ACC_ZERO(), m1 = ACC_ZERO(), m2 = ACC_ZERO();
+#endif
 #endif
     [[unroll]] for (uint i = 0u; i < PD && i < KPG; ++i) {
         if (FULL || k1 + i < n_kf) { LOAD_LANES(i, k1 + i); SPLIT_LOAD_A(i, k1 + i); }
@@ -320,9 +338,9 @@ bool product(uint t, uint j0, uint grp, uint kg, uint wait_k) {
             fold(SPLIT_SUM(p1, l1), b0 + 256u, first);
             fold(SPLIT_SUM(p2, l2), b0 + 512u, first);
 #if LF == 2
-            fold(q0, b0 + 768u, first);
-            fold(q1, b0 + 1024u, first);
-            fold(q2, b0 + 1280u, first);
+            fold(SPLIT_SUM(q0, m0), b0 + 768u, first);
+            fold(SPLIT_SUM(q1, m1), b0 + 1024u, first);
+            fold(SPLIT_SUM(q2, m2), b0 + 1280u, first);
 #endif
         }
         barrier();
@@ -430,10 +448,12 @@ void main() {
 #endif
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
-    float[5] held = float[5](0.0, 0.0, 0.0, 0.0, 0.0);  // the step's last item's gate outputs, lane held_b, unit held_j
-    uint held_b = 0u, held_j = 0u;
-    bool held_live = false;
-    float held_hp = 0.0;
+    // the step's last item's gate outputs (each thread's OUTS: lanes held_b[e], unit held_j)
+    float[OUTS][5] held;
+    uint held_b[OUTS], held_j = 0u;
+    bool held_live[OUTS];
+    float held_hp[OUTS];
+    [[unroll]] for (uint e = 0u; e < OUTS; ++e) held_live[e] = false;
 #ifdef BLOCK_FLAGS  // no grid barrier: each item's block of h16 counted into the word of the k-group reading it
     uint first_crossing = pc.t == 0u && pc.t < pc.t_end ? 1u : 0u;  // the prologue's
 #endif
@@ -460,15 +480,23 @@ void main() {
 #endif
     for (uint t = pc.t; t < pc.t_end && ok; ++t) {
         for (uint it = wg; it < n_it; it += n_wg) {
-            uint sl = it % n_sl, grp = it / n_sl, j0 = 16u * sl, j = j0 + u, b = grp * BP + bl;
-            bool live = b < pc.B;
-            vec3 gi3 = vec3(0.0), bias = vec3(0.0);
-            float hp = 0.0;
-            if (live) {  // loaded before the product: their latency hides behind it
-                uint gib = pc.gi_off + (t * pc.B + b) * 3u * H + j;
-                gi3 = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
-                bias = vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]);
-                hp = (t == 0u ? h0[pc.h0_off + b * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b) * H + j]) * keep(t, b);
+            uint sl = it % n_sl, grp = it / n_sl, j0 = 16u * sl, j = j0 + u;
+            vec3 gi3[OUTS], bias = vec3(0.0);
+            float hp[OUTS];
+            uint b[OUTS];
+            bool live[OUTS];
+            [[unroll]] for (uint e = 0u; e < OUTS; ++e) {  // loaded before the product: their latency hides behind it
+                b[e] = grp * BP + e * (BP / OUTS) + bl;
+                live[e] = b[e] < pc.B;
+                gi3[e] = vec3(0.0);
+                hp[e] = 0.0;
+                if (live[e]) {
+                    uint gib = pc.gi_off + (t * pc.B + b[e]) * 3u * H + j;
+                    gi3[e] = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
+                    bias = vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]);
+                    hp[e] = (t == 0u ? h0[pc.h0_off + b[e] * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b[e]) * H + j])
+                        * keep(t, b[e]);
+                }
             }
             PHASE(t, 0u);
 #ifdef BLOCK_FLAGS
@@ -479,18 +507,20 @@ void main() {
 #endif
             if (!ok) break;
             PHASE(t, 2u);
-            if (live) {
-                float[5] v = gate(t, b, j, u, gi3, bias, hp);
-                if (it + n_wg < n_it) {
-                    gate_writes(t, b, j, v, hp);
-                } else {  // the step's last item: written after the arrival
-                    held = v;
-                    held_b = b;
-                    held_j = j;
-                    held_hp = hp;
+            [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
+                if (live[e]) {
+                    float[5] v = gate(t, b[e], j, u, gi3[e], bias, hp[e]);
+                    if (it + n_wg < n_it) {
+                        gate_writes(t, b[e], j, v, hp[e]);
+                    } else {  // the step's last item: written after the arrival
+                        held[e] = v;
+                        held_b[e] = b[e];
+                        held_j = j;
+                        held_hp[e] = hp[e];
+                    }
                 }
+                held_live[e] = live[e];
             }
-            held_live = live;
 #ifdef BLOCK_FLAGS
             if (t + 1u < pc.t_end) {  // with the barrier red needs before the next item
                 blocks_arrive(uvec3(grp * KGS + sl / KPG, 0u, 0u), 1u);
@@ -510,7 +540,9 @@ void main() {
             ++arrived;
         }
 #endif
-        if (held_live && wg < n_it) gate_writes(t, held_b, held_j, held, held_hp);
+        [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
+            if (held_live[e] && wg < n_it) gate_writes(t, held_b[e], held_j, held[e], held_hp[e]);
+        }
     }
 #ifdef BLOCK_FLAGS
     grid_sync_done(LG * KGS);

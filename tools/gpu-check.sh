@@ -251,6 +251,12 @@ for v in 0 1; do
     part "bench-v5-fp32-split$v" env CATCHAT_STREAM32_SPLIT=$v $py -m catchat.cli bench configs/catchat-v5.toml \
         --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split$v.json"
 done
+# ... its lane fragments a workgroup: 2 (v5's 32 lanes a workgroup, W_hh loaded once a step for both) against
+# 1 (a workgroup a lane group of 16: W_hh loaded twice; 44.7 ms a layer)
+for f in 1 2; do
+    part "bench-v5-fp32-split-frags$f" env CATCHAT_STREAM32_SPLIT_FRAGS=$f $py -m catchat.cli bench \
+        configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split-frags$f.json"
+done
 part phases-v5-fp32-split $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
 part bench-v5-fp32-split-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-split-torch.json"

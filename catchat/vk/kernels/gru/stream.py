@@ -100,6 +100,11 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # to 44.7 ms a layer; 1.30x torch FP32, docs/results/2026-12-06-h100-catchat-v5-fp32-split.json);
 # CATCHAT_STREAM32_SPLIT=0 keeps the forward's product on the FMAs.
 SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
+# Its lane fragments a workgroup: 2 (v5's 32 lanes in one workgroup a slice, each W_hh fragment loaded
+# once a step for both; 256 threads of 2 gate outputs) or 1 (a workgroup a slice and lane group of 16:
+# W_hh loaded once for each; 44.7 ms a layer at v5 on an H100). CATCHAT_STREAM32_SPLIT_FRAGS=1|2.
+SPLIT_FRAGS = 2
+SPLIT_FRAGS_ENV = "CATCHAT_STREAM32_SPLIT_FRAGS"
 SPLIT_SCALE = 2048.0  # x = hi + lo / SPLIT_SCALE (glsl/include/split_half.glsl's)
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
@@ -192,6 +197,15 @@ def ksplit32_passes(tiles: StreamTiles) -> int:
                 if chunks % n == 0 and ksplit32_stage_bytes(tiles) // n <= KSPLIT32_STAGE_BYTES or n == chunks)
 
 
+def split_frags() -> int:
+    """The split forward's lane fragments a workgroup at most (SPLIT_FRAGS_ENV: 1 or 2; default SPLIT_FRAGS)."""
+    env = os.environ.get(SPLIT_FRAGS_ENV, "").strip()
+    if env in ("", "1", "2"):
+        return int(env or SPLIT_FRAGS)
+    raise UsageError(f"{SPLIT_FRAGS_ENV}={env!r}: expected 1 or 2 (lane fragments a workgroup of the split forward)",
+                     hint="unset it for the default")
+
+
 def stream_split() -> bool:
     """Whether a float32 program's forward may run on tensor cores from float16 splits (SPLIT_ENV; on)."""
     return env_switch(SPLIT_ENV, "set 0 (the float32 forward on the FMAs) or 1, or unset it for the default", True)
@@ -208,9 +222,11 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
     if split:
         if backward or f32:
             raise ValueError("the split product is the tensor-core forward's (not backward, not f32)")
-        kpg = ceil_div(H // 16, STREAM_KGROUPS)
+        kpg = ceil_div(H // 16, STREAM_KGROUPS)  # 8 k-groups at any lane_frags (`stream_threads`)
         depth = stream_depth()[0] if os.environ.get(DEPTH_ENV, "").strip() else SPLIT_DEPTH
-        return StreamTiles(1, kpg, min(kpg, depth), flags=stream_flags(), lane_groups=ceil_div(B, 16), split=True)
+        lane_frags = min(split_frags(), ceil_div(min(B, STREAM_GROUP_LANES), 16))
+        return StreamTiles(lane_frags, kpg, min(kpg, depth), flags=stream_flags(),
+                           lane_groups=ceil_div(B, 16 * lane_frags), split=True)
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
     if backward and (stream_ksplit(f32) if ksplit is None else ksplit) and ksplit_ok(B, H):
         kpw = 3 * H // 16 // ksplit_parts(lane_frags)
@@ -262,8 +278,10 @@ def _env_pair(name: str, default: tuple[int, int], least: int) -> tuple[int, int
 
 
 def stream_threads(tiles: StreamTiles) -> int:
-    """256 per lane fragment: 8 subgroups of 32 (k-groups), one thread per output of the slice."""
-    return 256 * tiles.lane_frags
+    """256 per lane fragment: 8 subgroups of 32 (k-groups), one thread per output of the slice; the split
+    forward 256 at any lane_frags (each thread lane_frags outputs: its two accumulator sets a lane fragment
+    leave no room for more threads)."""
+    return 256 if tiles.split else 256 * tiles.lane_frags
 
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
@@ -351,7 +369,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
                 **({"RES": tiles.resident} if tiles.resident else {}),
                 **({"BLOCKED_W": 1} if w16_blocked() else {}), **w16_cache(), **({"EMU": 1} if emulate else {})}
-    k_groups = STREAM_KGROUPS * tiles.lane_frags
+    k_groups = STREAM_KGROUPS * (1 if tiles.split else tiles.lane_frags)
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
     if tiles.f32:
