@@ -123,7 +123,7 @@ def split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
     """Whether a program's forward sweeps at [B, H] take their product on tensor cores from float16
     splits (stream.SPLIT_ENV): asked for, where the float32 streamed forward would run (fp32, W_hh on no
     chip), on cooperative matrices, and with the split's persistent dispatch shown co-resident."""
-    if not stream_split() or not coopmat_runs(dev) or not stream_f32_sweep(dev, B, H, False, precision):
+    if not stream_split() or not stream_f32_sweep(dev, B, H, False, precision) or not coopmat_runs(dev):
         return False
     return sweep_residency(dev, stream_tiles(B, H, False, split=True), B, H, False, resident_workgroups(dev)).ok
 
