@@ -50,7 +50,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM32_DEPTH": (MEASURE, "N: the streamed fp32 backward's register ring depth (its k-split's too)"),
     "CATCHAT_STREAM32_SPLIT": (MEASURE, "0: a float32 program's streamed forward on the FMAs, not on tensor "
                                         "cores from float16 splits of W_hh and h_prev (x = hi + 2^-11 lo)"),
-    "CATCHAT_STREAM32_SPLIT_FRAGS": (MEASURE, "1 or 2: the split forward's lane fragments a workgroup (default 2)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and backward as a wavefront over the layers, in N chunks"),

@@ -36,14 +36,15 @@
 // SAVE16 (not with F32): save holds float16 (save_off in halves), half the bytes of the largest
 // buffer a training step keeps (v5: 1.6 of 3.2 GB); the gates' own arithmetic stays float32, only
 // what the backward reads back is rounded (the twin's saves="fp16"; gru_backward_stream.comp).
-// SPLIT (not with F32, SAVE16, RES, SRES; one lane fragment): the product in float32 from float16 splits
-// on tensor cores (a float32 program's forward, CATCHAT_STREAM32_SPLIT): each layer's W_hh copy is hi
-// (w to float16's bits), then lo = float16(2^11 (w - hi)) 3H*H halves on (ToHalf's HI and LO,
-// include/split_half.glsl), and each lane group's shadow
-// its hi, then its lo 2 * BP * H halves on, written so by the gates; a product takes hi hi into one set
-// of accumulators and hi lo + lo hi into another, summed as hi + 2^-11 lo at the fold (tools/
-// split16_error.py: float32's error where the sums round to nearest, ~7x it with the tensor cores'
-// truncation, against float16's ~1,000x).
+// SPLIT (not with F32, SAVE16, RES, SRES): the product in float32 from float16 splits on tensor cores (a
+// float32 program's forward, CATCHAT_STREAM32_SPLIT): each layer's W_hh copy is hi (w to float16's bits),
+// then lo = float16(2^11 (w - hi)) 3H*H halves on (ToHalf's HI and LO, include/split_half.glsl), and each
+// lane group's shadow its hi, then its lo 2 * BP * H halves on, written so by the gates; a product takes
+// hi hi into one set of accumulators and hi lo + lo hi into another, summed as hi + 2^-11 lo at the fold
+// (tools/split16_error.py: float32's error where the sums round to nearest, ~7x it with the tensor
+// cores' truncation, against float16's ~1,000x). Two accumulator sets a lane fragment leave no
+// registers for 512 threads: the workgroup keeps 8 subgroups (k-groups) at LF 2, each multiplying both
+// lane fragments, and each thread takes OUTS = LF gate outputs (lanes bl and bl + 16).
 // F32: the same sweep in float32 on the threads' FMAs, for users who train at fp32 (v5's W_hh is 50
 // MB per layer as float32): W_hh read as vec4 along k straight from params (binding 11, w_off in
 // floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);

@@ -243,19 +243,15 @@ part phases-v5-fp32 $py tools/sweep_phases.py configs/catchat-v5.toml --steps 25
 # at fp32 without and with it (one process each, ~15 s), its registers and phases, then beside torch.
 # 2026-12-06, H100: forward 49.9 -> 44.7 ms a layer, 68,317 -> 71,767 tok/s; beside torch 1.30x FP32.
 # Measured and settled there: two workgroups an SM (CATCHAT_PERSISTENT=256) no faster; the ring 4 ahead
-# (1: 48.1, 2: 49.9, 4: 43.7, 6: 43.4, 8: 44.3-48.8 ms a layer), now stream.SPLIT_DEPTH
+# (1: 48.1, 2: 49.9, 4: 43.7, 6: 43.4, 8: 44.3-48.8 ms a layer), now stream.SPLIT_DEPTH; two lane fragments
+# a workgroup (43.5 -> 25.8 ms a layer: W_hh loaded once a step for v5's 32 lanes), now the only layout;
+# then beside torch 81,242 tok/s, 1.47x FP32
 part parity-split32 $py -m catchat.cli parity --only gru --summary --json "$out/parity-split32.json"
 part stats-v5-split $py tools/shader_stats.py configs/catchat-v5.toml --split
 part parity-model-split32 $py -m catchat.cli parity --only model --summary --json "$out/parity-model-split32.json"
 for v in 0 1; do
     part "bench-v5-fp32-split$v" env CATCHAT_STREAM32_SPLIT=$v $py -m catchat.cli bench configs/catchat-v5.toml \
         --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split$v.json"
-done
-# ... its lane fragments a workgroup: 2 (v5's 32 lanes a workgroup, W_hh loaded once a step for both) against
-# 1 (a workgroup a lane group of 16: W_hh loaded twice; 44.7 ms a layer)
-for f in 1 2; do
-    part "bench-v5-fp32-split-frags$f" env CATCHAT_STREAM32_SPLIT_FRAGS=$f $py -m catchat.cli bench \
-        configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split-frags$f.json"
 done
 part phases-v5-fp32-split $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
 part bench-v5-fp32-split-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \

@@ -45,23 +45,20 @@ def test_to_half_parts_are_the_split(dev, cols):
         np.testing.assert_array_equal(unpack_half(y, 8 + x.size)[8:], want)
 
 
-@pytest.mark.parametrize("T,B,H,n_wg,frags", [
-    (3, 5, 64, 0, 2),  # a dispatch per step, one lane fragment
-    (3, 9, 160, 1, 2),  # persistent, k-groups 2 fragments deep, partly empty
-    (2, 20, 48, 1, 2),  # two lane fragments a workgroup (each thread two gate outputs)
-    (2, 20, 48, 1, 1),  # ... or two lane groups of 16
-    (3, 32, 32, 0, 2),  # two lane fragments, a dispatch per step
-    (2, 40, 32, 1, 2),  # two lane groups of 32, the second partly empty
-    (2, 40, 32, 1, 1),  # three lane groups of 16 (lavapipe runs one workgroup at a time: a GPU runs several)
+@pytest.mark.parametrize("T,B,H,n_wg", [
+    (3, 5, 64, 0),  # a dispatch per step, one lane fragment
+    (3, 9, 160, 1),  # persistent, k-groups 2 fragments deep, partly empty
+    (2, 20, 48, 1),  # two lane fragments a workgroup (each thread two gate outputs)
+    (3, 32, 32, 0),  # two lane fragments, a dispatch per step
+    (2, 40, 32, 1),  # two lane groups of 32, the second partly empty (lavapipe runs one workgroup at a time)
 ])
-def test_split_forward_like_the_float32_twin(dev, monkeypatch, T, B, H, n_wg, frags):
-    """The split forward (lane fragments of 16 lanes, at most `frags` a workgroup), then the float32 streamed
-    backward, against the fp32 twin with the GPU's h_prev and dGh forced (each step's arithmetic compared)
-    at float32's tolerances; clamp hits exact, no barrier timeouts."""
-    monkeypatch.setenv(gru.stream.SPLIT_FRAGS_ENV, str(frags))
+def test_split_forward_like_the_float32_twin(dev, T, B, H, n_wg):
+    """The split forward (lane fragments of 16 lanes, two a workgroup), then the float32 streamed backward,
+    against the fp32 twin with the GPU's h_prev and dGh forced (each step's arithmetic compared) at
+    float32's tolerances; clamp hits exact, no barrier timeouts."""
     case = gru_parity.make_case(T, B, H)
     got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), split=True)
-    lane_frags = min(frags, -(-min(B, 32) // 16))
+    lane_frags = -(-min(B, 32) // 16)
     tiles = got["tiles"][0]
     assert tiles.split and tiles.lane_frags == lane_frags and tiles.lane_groups == -(-B // (16 * lane_frags))
     exp, _ = gru_parity.expected_gru(case, 0.02, forced=(got["hprev"], got["dgh"]))
@@ -83,7 +80,7 @@ def test_split_needs_its_lo_parts(dev):
 
 def test_split_settings_and_refusals(dev, monkeypatch):
     """CATCHAT_STREAM32_SPLIT: on unless 0, a clear error otherwise; the split is a forward on tensor
-    cores with a float16 W_hh copy and float32 saves; its tiles one lane fragment a lane group."""
+    cores with a float16 W_hh copy and float32 saves; its tiles two lane fragments a workgroup."""
     monkeypatch.delenv(gru.SPLIT_ENV, raising=False)
     assert gru.stream_split()
     monkeypatch.setenv(gru.SPLIT_ENV, "0")
@@ -95,13 +92,7 @@ def test_split_settings_and_refusals(dev, monkeypatch):
         gru.stream_split()
     assert gru.stream_tiles(32, 2048, False, split=True) == gru.StreamTiles(2, 16, gru.stream.SPLIT_DEPTH,
                                                                              flags=True, lane_groups=1, split=True)
-    monkeypatch.setenv(gru.stream.SPLIT_FRAGS_ENV, "1")  # a lane fragment a workgroup: two lane groups
-    assert gru.stream_tiles(32, 2048, False, split=True) == gru.StreamTiles(1, 16, gru.stream.SPLIT_DEPTH,
-                                                                             flags=True, lane_groups=2, split=True)
-    monkeypatch.setenv(gru.stream.SPLIT_FRAGS_ENV, "3")
-    with pytest.raises(UsageError, match=gru.stream.SPLIT_FRAGS_ENV):
-        gru.stream_tiles(32, 2048, False, split=True)
-    monkeypatch.delenv(gru.stream.SPLIT_FRAGS_ENV)
+    assert gru.stream_tiles(16, 2048, False, split=True).lane_frags == 1  # 16 lanes: one lane fragment
     monkeypatch.setenv(gru.stream.DEPTH_ENV, "6,4")  # the forward's depth set: the split's too
     assert gru.stream_tiles(32, 2048, False, split=True).depth == 6
     monkeypatch.delenv(gru.stream.DEPTH_ENV)

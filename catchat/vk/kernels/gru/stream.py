@@ -100,11 +100,10 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # to 44.7 ms a layer; 1.30x torch FP32, docs/results/2026-12-06-h100-catchat-v5-fp32-split.json);
 # CATCHAT_STREAM32_SPLIT=0 keeps the forward's product on the FMAs.
 SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
-# Its lane fragments a workgroup: 2 (v5's 32 lanes in one workgroup a slice, each W_hh fragment loaded
-# once a step for both; 256 threads of 2 gate outputs) or 1 (a workgroup a slice and lane group of 16:
-# W_hh loaded once for each; 44.7 ms a layer at v5 on an H100). CATCHAT_STREAM32_SPLIT_FRAGS=1|2.
-SPLIT_FRAGS = 2
-SPLIT_FRAGS_ENV = "CATCHAT_STREAM32_SPLIT_FRAGS"
+# Its lane fragments: up to 2 a workgroup, v5's 32 lanes in one workgroup a slice, so each W_hh hi and lo
+# fragment is loaded once a step for both (its 256 threads two gate outputs each). On an H100 at v5
+# (2026-12-06, one call) that took the forward sweep from 43.5 ms a layer (a workgroup a lane group of
+# 16, W_hh loaded twice) to 25.8, the step from 454 to 403 ms.
 SPLIT_SCALE = 2048.0  # x = hi + lo / SPLIT_SCALE (glsl/include/split_half.glsl's)
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
@@ -138,7 +137,7 @@ class StreamTiles(NamedTuple):
     k-parts), `resident` / `depth` of a column block's W_hh in it; block flags always, nothing in shared
     memory but the staged k-part of dGh. With `f32` as well, the same split in float32: `depth` is the
     ring of W_hh chunks (8 rows x 16 columns), and the k-part is staged in `ksplit32_passes` passes beside
-    each subgroup's chunk. `split` (forward, one lane fragment a lane group): the product in float32 from
+    each subgroup's chunk. `split` (forward; 8 k-groups, 256 threads at any lane_frags): the product in float32 from
     float16 hi and lo parts of W_hh and h_prev (`SPLIT_ENV`); the shadow twice as large."""
 
     lane_frags: int
@@ -197,15 +196,6 @@ def ksplit32_passes(tiles: StreamTiles) -> int:
                 if chunks % n == 0 and ksplit32_stage_bytes(tiles) // n <= KSPLIT32_STAGE_BYTES or n == chunks)
 
 
-def split_frags() -> int:
-    """The split forward's lane fragments a workgroup at most (SPLIT_FRAGS_ENV: 1 or 2; default SPLIT_FRAGS)."""
-    env = os.environ.get(SPLIT_FRAGS_ENV, "").strip()
-    if env in ("", "1", "2"):
-        return int(env or SPLIT_FRAGS)
-    raise UsageError(f"{SPLIT_FRAGS_ENV}={env!r}: expected 1 or 2 (lane fragments a workgroup of the split forward)",
-                     hint="unset it for the default")
-
-
 def stream_split() -> bool:
     """Whether a float32 program's forward may run on tensor cores from float16 splits (SPLIT_ENV; on)."""
     return env_switch(SPLIT_ENV, "set 0 (the float32 forward on the FMAs) or 1, or unset it for the default", True)
@@ -215,7 +205,7 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
                  split: bool = False) -> StreamTiles:
     """The streamed split of a [B, H] sweep. ksplit: the k-split backward where it takes the shape (None:
     as CATCHAT_STREAM_KSPLIT says); the caller falls back to ksplit=False where its sweep is not persistent.
-    split: the forward from float16 splits (`SPLIT_ENV`): one lane fragment a lane group of 16 lanes."""
+    split: the forward from float16 splits (`SPLIT_ENV`): 8 k-groups whatever the lane fragments (`stream_threads`)."""
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
@@ -224,7 +214,7 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
             raise ValueError("the split product is the tensor-core forward's (not backward, not f32)")
         kpg = ceil_div(H // 16, STREAM_KGROUPS)  # 8 k-groups at any lane_frags (`stream_threads`)
         depth = stream_depth()[0] if os.environ.get(DEPTH_ENV, "").strip() else SPLIT_DEPTH
-        lane_frags = min(split_frags(), ceil_div(min(B, STREAM_GROUP_LANES), 16))
+        lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
         return StreamTiles(lane_frags, kpg, min(kpg, depth), flags=stream_flags(),
                            lane_groups=ceil_div(B, 16 * lane_frags), split=True)
     lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
