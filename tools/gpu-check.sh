@@ -254,6 +254,12 @@ for v in 0 1; do
         --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split$v.json"
 done
 part phases-v5-fp32-split $py tools/sweep_phases.py configs/catchat-v5.toml --steps 256 --reps 1
+# ... its ring at two lane fragments a workgroup (255 registers at 4 ahead, the depth measured at one lane
+# fragment): 2, 3 and 6 ahead beside the default 4, one process each (~15 s)
+for d in 2 3 4 6; do
+    part "bench-v5-fp32-split-d$d" env CATCHAT_STREAM_DEPTH=$d,4 $py -m catchat.cli bench configs/catchat-v5.toml \
+        --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-split-d$d.json"
+done
 part bench-v5-fp32-split-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 --warmup 1 --compare-torch \
     --profile --json "$out/bench-v5-fp32-split-torch.json"
 # the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
