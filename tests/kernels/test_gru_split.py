@@ -109,7 +109,7 @@ def test_split_settings_and_refusals(dev, monkeypatch):
 @pytest.fixture
 def split_program(monkeypatch):
     """Programs at fp32 plan the split forward whatever the device (a program plans it on a GPU with
-    cooperative matrices, under CATCHAT_STREAM32_SPLIT=1), and the float32 streamed backward."""
+    cooperative matrices unless CATCHAT_STREAM32_SPLIT=0), and the float32 streamed backward."""
     from catchat.vk.kernels.gru import plan as gru_plan
 
     monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
