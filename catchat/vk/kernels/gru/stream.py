@@ -94,11 +94,11 @@ PROBE_ENV = "CATCHAT_STREAM_PROBE"
 # A float32 program's forward sweeps on tensor cores from float16 splits of W_hh and h_prev (x = hi +
 # 2^-11 lo; three products into two sets of accumulators: the shaders' SPLIT; tools/split16_error.py,
 # docs/benchmarks.md "v5 at fp32"), where the float32 streamed sweeps would run (v5 at fp32) and the
-# device has cooperative matrices. One lane fragment a lane group (16 lanes), nothing of W_hh resident;
-# the backward stays float32 on the threads' FMAs. On by default: it passes the model parity at float32's
-# tolerances on the GPU, and on an H100 took v5 fp32 from 68,317 to 71,767 tokens/s (forward sweeps 49.9
-# to 44.7 ms a layer; 1.30x torch FP32, docs/results/2026-12-06-h100-catchat-v5-fp32-split.json);
-# CATCHAT_STREAM32_SPLIT=0 keeps the forward's product on the FMAs.
+# device has cooperative matrices. Nothing of W_hh resident; the backward stays float32 on the threads'
+# FMAs. On by default: it passes the model parity at float32's tolerances on the GPU, and on an H100 took
+# v5 fp32 from 68,317 to 71,767 tokens/s at one lane fragment a workgroup (forward sweeps 49.9 to 44.7 ms a
+# layer), and to 81,242 at two (below; 1.47x torch FP32, docs/results/2026-12-06-h100-catchat-v5-fp32-
+# split2.json); CATCHAT_STREAM32_SPLIT=0 keeps the forward's product on the FMAs.
 SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
 # Its lane fragments: up to 2 a workgroup, v5's 32 lanes in one workgroup a slice, so each W_hh hi and lo
 # fragment is loaded once a step for both (its 256 threads two gate outputs each). On an H100 at v5
