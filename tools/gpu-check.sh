@@ -264,11 +264,12 @@ part bench-v5-fp32-split-torch $py -m catchat.cli bench configs/catchat-v5.toml 
     --profile --json "$out/bench-v5-fp32-split-torch.json"
 # the float32 k-split backward (glsl/gru_backward_ksplit.comp's F32; CATCHAT_STREAM_KSPLIT=1 at fp32): its
 # parity (the ksplit32 rows run whatever the environment says), v5's fp32 step on the plain split and on
-# it with rings of W_hh chunks 4, 8 (its default) and 12 deep, and its phase clocks
+# it with rings of W_hh chunks 2, 3, 4 (its default since 2026-12-06: 37.4 ms a layer against 39.0 at 8),
+# 6, 8 and 12 deep, and its phase clocks
 part parity-ksplit32-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-ksplit32-gru.json"
 part bench-v5-fp32-plain env CATCHAT_STREAM_KSPLIT=0 $py -m catchat.cli bench configs/catchat-v5.toml --steps 3 \
     --warmup 1 --profile --json "$out/bench-v5-fp32-plain.json"
-for d in 8 4 12; do
+for d in 8 4 12 2 3 6; do
     part "bench-v5-fp32-ksplit-d$d" env CATCHAT_STREAM_KSPLIT=1 CATCHAT_STREAM32_DEPTH=$d $py -m catchat.cli bench \
         configs/catchat-v5.toml --steps 3 --warmup 1 --profile --json "$out/bench-v5-fp32-ksplit-d$d.json"
 done
