@@ -37,8 +37,8 @@
 // buffer a training step keeps (v5: 1.6 of 3.2 GB); the gates' own arithmetic stays float32, only
 // what the backward reads back is rounded (the twin's saves="fp16"; gru_backward_stream.comp).
 // SPLIT (not with F32, SAVE16, RES, SRES): the product in float32 from float16 splits on tensor cores (a
-// float32 program's forward, CATCHAT_STREAM32_SPLIT): each layer's W_hh copy is hi (w to float16's bits),
-// then lo = float16(2^11 (w - hi)) 3H*H halves on (ToHalf's HI and LO, include/split_half.glsl), and each
+// float32 program's forward, CATCHAT_STREAM32_SPLIT): each layer's W_hh copy is hi = float16(w), then
+// lo = float16(2^11 (w - hi)) 3H*H halves on (ToHalf and its LO, include/split_half.glsl), and each
 // lane group's shadow its hi, then its lo 2 * BP * H halves on, written so by the gates; a product takes
 // hi hi into one set of accumulators and hi lo + lo hi into another, summed as hi + 2^-11 lo at the fold
 // (tools/split16_error.py: float32's error where the sums round to nearest, ~7x it with the tensor
@@ -154,7 +154,7 @@ shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define H_LO (2u * BP * pc.H)
 #define H_GROUP (2u * H_LO)
 void h_store(uint at, float v) {
-    h16[at] = split_hi(v);
+    h16[at] = float16_t(v);
     h16[at + H_LO] = split_lo(v);
 }
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)

@@ -1,13 +1,13 @@
 #version 450
 // y[y_off + i] = float16(x[x_off + i]) for i < n, rounded to nearest even (or, with cols, in 16 x 16 blocks): the float16 copy of W_hh
 // that the streamed sweeps multiply (glsl/gru_*_stream.comp), refreshed after every parameter
-// change. Grid-stride, so any n fits the dispatch. HI, LO: y = split_hi(x), split_lo(x) instead
-// (include/split_half.glsl: x = hi + 2^-11 lo), the two parts of the split copy the float32 forward on
-// tensor cores multiplies (gru_forward_stream.comp's SPLIT).
+// change. Grid-stride, so any n fits the dispatch. LO: y = split_lo(x) instead (include/split_half.glsl:
+// x = hi + 2^-11 lo, hi this shader's plain output), the lo part of the split copy the float32 forward
+// on tensor cores multiplies (gru_forward_stream.comp's SPLIT).
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
-#if defined(HI) || defined(LO)
+#ifdef LO
 #include "split_half.glsl"
 #endif
 
@@ -27,9 +27,7 @@ void main() {
             uint r = i / pc.cols, c = i % pc.cols;
             d = ((r / 16u) * (pc.cols / 16u) + c / 16u) * 256u + (r % 16u) * 16u + c % 16u;
         }
-#if defined(HI)
-        y[pc.y_off + d] = split_hi(x[pc.x_off + i]);
-#elif defined(LO)
+#ifdef LO
         y[pc.y_off + d] = split_lo(x[pc.x_off + i]);
 #else
         y[pc.y_off + d] = float16_t(x[pc.x_off + i]);

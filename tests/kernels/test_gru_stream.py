@@ -539,4 +539,3 @@ def test_ksplit_program_step_matches_the_plain_split(dev, streamed, monkeypatch,
     else:
         np.testing.assert_allclose(grads["1"], grads["0"], rtol=0, atol=1e-5 * np.abs(grads["0"]).max())
         assert not np.array_equal(grads["1"], grads["0"])  # the k-split ran: another order of sums
-

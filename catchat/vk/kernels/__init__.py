@@ -127,17 +127,16 @@ class ToHalf(Kernel):
     matrix with rows of block_cols (a multiple of 16) and y gets its 16 x 16 blocks
     (`stream.block_halves`' layout; a last band of fewer than 16 rows leaves the rest of its blocks
     as they were). The program's float16 copy of W_hh for the streamed sweeps, the tensor-core decode
-    step's weights and shadows; needs `Device.runs_float16`. part "hi" or "lo": the part of a split copy
-    instead (x = hi + 2^-11 lo, glsl/include/split_half.glsl; the float32 forward on tensor cores)."""
+    step's weights and shadows; needs `Device.runs_float16`. lo: the lo part of a split copy instead,
+    float16(2^11 (x - float16(x))) (x = hi + 2^-11 lo, glsl/include/split_half.glsl; the float32 forward
+    on tensor cores)."""
 
     shader = "to_half"
     WORKGROUP = 256
     MAX_WORKGROUPS = 4096  # grid-stride beyond
 
-    PARTS = {"whole": None, "hi": {"HI": 1}, "lo": {"LO": 1}}
-
     def __init__(self, dev: Device, x, y, n: int, x_off: int = 0, y_off: int = 0, block_cols: int = 0,
-                 part: str = "whole"):
+                 lo: bool = False):
         if not dev.runs_float16:
             raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
         for what, size, need in (("x", x.size(), x_off + n), ("y", 2 * y.size(), y_off + n)):
@@ -148,7 +147,7 @@ class ToHalf(Kernel):
                              f"rows ({n} elements)")
         self.push = (int(n), int(x_off), int(y_off), int(block_cols))
         super().__init__(dev, [x, y], [max(1, min(self.MAX_WORKGROUPS, ceil_div(int(n), self.WORKGROUP)))],
-                         spec=[self.WORKGROUP], push=self.push, defines=self.PARTS[part])
+                         spec=[self.WORKGROUP], push=self.push, defines={"LO": 1} if lo else None)
 
     def ops(self) -> list:
         return [self.op(*self.push)]

@@ -185,13 +185,13 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
 def whh_halves(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, split: bool):
     """Every layer's W_hh as float16 for the streamed sweeps, in 16 x 16 blocks where blocked (a fragment
     is one run of memory), and the ToHalf kernels that refresh it after every parameter change: layer l
-    at l * 3H*H halves, or with split its hi and then its lo (`ToHalf`'s parts) at 2l * 3H*H."""
-    H, parts = g.H, ("hi", "lo") if split else ("whole",)
+    at l * 3H*H halves, or with split its hi and then its lo (`ToHalf(lo=True)`) at 2l * 3H*H."""
+    H, parts = g.H, (False, True) if split else (False,)
     w = dev.tensor(g.L * len(parts) * 3 * H * H // 2, np.uint32)
     cols = H if w16_blocked() else 0
     refresh = [ToHalf(dev, b.params, w, 3 * H * H, x_off=layout.offsets[f"layers.{l}.gru.weight_hh"],
-                      y_off=(len(parts) * l + i) * 3 * H * H, block_cols=cols, part=part)
-               for l in range(g.L) for i, part in enumerate(parts)]
+                      y_off=(len(parts) * l + lo) * 3 * H * H, block_cols=cols, lo=lo)
+               for l in range(g.L) for lo in parts]
     return w, refresh
 
 

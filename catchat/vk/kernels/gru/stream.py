@@ -328,11 +328,10 @@ def w16_blocked() -> bool:
 
 
 def split_halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x (float32) as float16 hi (x to float16's bits, to nearest even; 0 below float16's normal range)
-    and lo = float16(SPLIT_SCALE (x - hi)): x = hi + lo / SPLIT_SCALE to about 22 bits (ToHalf's parts
-    "hi" and "lo"; the shaders' SPLIT, glsl/include/split_half.glsl)."""
+    """x (float32) as float16 hi = float16(x) and lo = float16(SPLIT_SCALE (x - hi)): x = hi + lo / SPLIT_SCALE
+    to about 22 bits (ToHalf and ToHalf(lo=True); the shaders' SPLIT, glsl/include/split_half.glsl)."""
     x = np.asarray(x, np.float32)
-    hi = np.where(np.abs(x) < np.float32(2.0**-14), np.float32(0.0), x).astype(np.float16)
+    hi = x.astype(np.float16)
     return hi, ((x - hi.astype(np.float32)) * np.float32(SPLIT_SCALE)).astype(np.float16)
 
 

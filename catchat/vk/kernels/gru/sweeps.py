@@ -278,7 +278,7 @@ class GruForward(_Sweep):
     streamed tensor-core sweep only): save holds float16 (uint32 words of halves, save_off counted in
     halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with w_half, not
     save_half; coop implied): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
-    hi then its lo (`ToHalf`'s parts) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
+    hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
     """
 
     shader = "gru_forward"
