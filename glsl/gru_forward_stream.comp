@@ -425,10 +425,10 @@ void gate_writes(uint t, uint b, uint j, float[5] v, float hp) {
     if (t + 1u == pc.T) hT[pc.hT_off + b * H + j] = v[0];
 }
 
-void main() {
-    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, bl = tid / 16u, H = pc.H;
-    // work items: slice sl of lane group grp, item sl + n_sl * grp; a workgroup walks items wg, wg + n_wg, ...
-    uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
+// RES, SRES (a workgroup a slice): subgroup sg's first RES k-fragments' W_hh into registers, the next
+// SRES into shared memory, once a dispatch.
+void w_on_chip(uint sg, uint wg, uint n_sl, uint n_it, uint tid) {
+    uint H = pc.H;
 #if RES > 0
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_it && (FULL || sg * KPG + i < H / 16u)) {
@@ -436,7 +436,7 @@ void main() {
         }
     }
 #endif
-#if SRES > 0  // the next SRES k-fragments' W_hh into shared memory, each subgroup its own
+#if SRES > 0  // each subgroup its own
     for (uint j = 0u; j < SRES; ++j) {
         uint kf = sg * KPG + RES + j;
         if (wg < n_it && (FULL || kf < H / 16u)) {
@@ -447,10 +447,57 @@ void main() {
     }
     barrier();
 #endif
+}
+
+// The step-t inputs of a thread's OUTS gate outputs (unit j; lanes b0, b0 + BP / OUTS, ...), read
+// before the product: lanes b, live (b < B), gi, b_hh (one unit: every output's), h_prev with the reset.
+void item_inputs(uint t, uint b0, uint j, out uint b[OUTS], out bool live[OUTS], out vec3 gi3[OUTS],
+                 out vec3 bias, out float hp[OUTS]) {
+    uint H = pc.H;
+    bias = b0 < pc.B ? vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]) : vec3(0.0);
+    [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
+        b[e] = b0 + e * (BP / OUTS);
+        live[e] = b[e] < pc.B;
+        gi3[e] = vec3(0.0);
+        hp[e] = 0.0;
+        if (live[e]) {
+            uint gib = pc.gi_off + (t * pc.B + b[e]) * 3u * H + j;
+            gi3[e] = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
+            hp[e] = (t == 0u ? h0[pc.h0_off + b[e] * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b[e]) * H + j])
+                * keep(t, b[e]);
+        }
+    }
+}
+
+// The gates of a thread's OUTS outputs (item_inputs'), written now, or held for after the grid
+// barrier's arrival where this is the step's last item (`last`).
+void item_gates(uint t, uint j, uint u, bool last, uint b[OUTS], bool live[OUTS], vec3 gi3[OUTS], vec3 bias,
+                float hp[OUTS], inout float held[OUTS][5], inout uint held_b[OUTS], inout float held_hp[OUTS],
+                inout bool held_live[OUTS]) {
+    [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
+        if (live[e]) {
+            float[5] v = gate(t, b[e], j, u, gi3[e], bias, hp[e]);
+            if (last) {
+                held[e] = v;
+                held_b[e] = b[e];
+                held_hp[e] = hp[e];
+            } else {
+                gate_writes(t, b[e], j, v, hp[e]);
+            }
+        }
+        held_live[e] = live[e];
+    }
+}
+
+void main() {
+    uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, bl = tid / 16u, H = pc.H;
+    // work items: slice sl of lane group grp, item sl + n_sl * grp; a workgroup walks items wg, wg + n_wg, ...
+    uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
+    w_on_chip(sg, wg, n_sl, n_it, tid);
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;
     // the step's last item's gate outputs (each thread's OUTS: lanes held_b[e], unit held_j)
-    float[OUTS][5] held;
+    float held[OUTS][5];
     uint held_b[OUTS], held_j = 0u;
     bool held_live[OUTS];
     float held_hp[OUTS];
@@ -482,23 +529,11 @@ void main() {
     for (uint t = pc.t; t < pc.t_end && ok; ++t) {
         for (uint it = wg; it < n_it; it += n_wg) {
             uint sl = it % n_sl, grp = it / n_sl, j0 = 16u * sl, j = j0 + u;
-            vec3 gi3[OUTS], bias = vec3(0.0);
+            vec3 gi3[OUTS], bias;
             float hp[OUTS];
             uint b[OUTS];
             bool live[OUTS];
-            [[unroll]] for (uint e = 0u; e < OUTS; ++e) {  // loaded before the product: their latency hides behind it
-                b[e] = grp * BP + e * (BP / OUTS) + bl;
-                live[e] = b[e] < pc.B;
-                gi3[e] = vec3(0.0);
-                hp[e] = 0.0;
-                if (live[e]) {
-                    uint gib = pc.gi_off + (t * pc.B + b[e]) * 3u * H + j;
-                    gi3[e] = vec3(gi[gib], gi[gib + H], gi[gib + 2u * H]);
-                    bias = vec3(params[pc.b_off + j], params[pc.b_off + H + j], params[pc.b_off + 2u * H + j]);
-                    hp[e] = (t == 0u ? h0[pc.h0_off + b[e] * H + j] : o[pc.o_off + ((t - 1u) * pc.B + b[e]) * H + j])
-                        * keep(t, b[e]);
-                }
-            }
+            item_inputs(t, grp * BP + bl, j, b, live, gi3, bias, hp);  // their latency hides behind the product
             PHASE(t, 0u);
 #ifdef BLOCK_FLAGS
             product(t, j0, grp, sg, first_crossing + t - pc.t);  // its k-group's blocks of h_prev waited for inside
@@ -508,20 +543,8 @@ void main() {
 #endif
             if (!ok) break;
             PHASE(t, 2u);
-            [[unroll]] for (uint e = 0u; e < OUTS; ++e) {
-                if (live[e]) {
-                    float[5] v = gate(t, b[e], j, u, gi3[e], bias, hp[e]);
-                    if (it + n_wg < n_it) {
-                        gate_writes(t, b[e], j, v, hp[e]);
-                    } else {  // the step's last item: written after the arrival
-                        held[e] = v;
-                        held_b[e] = b[e];
-                        held_j = j;
-                        held_hp[e] = hp[e];
-                    }
-                }
-                held_live[e] = live[e];
-            }
+            item_gates(t, j, u, it + n_wg >= n_it, b, live, gi3, bias, hp, held, held_b, held_hp, held_live);
+            held_j = j;
 #ifdef BLOCK_FLAGS
             if (t + 1u < pc.t_end) {  // with the barrier red needs before the next item
                 blocks_arrive(uvec3(grp * KGS + sl / KPG, 0u, 0u), 1u);
