@@ -209,15 +209,14 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
     if not stream_ok(B, H):
         raise ValueError(f"the streamed sweeps need H a multiple of {STREAM_UNITS} and 1 <= B <= "
                          f"{STREAM_MAX_LANES} (got B={B}, H={H})")
+    lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
+    groups = ceil_div(B, 16 * lane_frags)
     if split:
         if backward or f32:
             raise ValueError("the split product is the tensor-core forward's (not backward, not f32)")
         kpg = ceil_div(H // 16, STREAM_KGROUPS)  # 8 k-groups at any lane_frags (`stream_threads`)
-        depth = stream_depth()[0] if os.environ.get(DEPTH_ENV, "").strip() else SPLIT_DEPTH
-        lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
-        return StreamTiles(lane_frags, kpg, min(kpg, depth), flags=stream_flags(),
-                           lane_groups=ceil_div(B, 16 * lane_frags), split=True)
-    lane_frags = ceil_div(min(B, STREAM_GROUP_LANES), 16)
+        depth = stream_depth((SPLIT_DEPTH, STREAM_DEPTH[1]))[0]
+        return StreamTiles(lane_frags, kpg, min(kpg, depth), flags=stream_flags(), lane_groups=groups, split=True)
     if backward and (stream_ksplit(f32) if ksplit is None else ksplit) and ksplit_ok(B, H):
         kpw = 3 * H // 16 // ksplit_parts(lane_frags)
         if f32:  # the ring of W_hh chunks (2 row quads each) ahead
@@ -225,7 +224,6 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
                                ksplit=True)
         res = min(kpw, _env_pair(RESIDENT_ENV, STREAM_RESIDENT, 0)[1])
         return StreamTiles(lane_frags, kpw, min(kpw, stream_depth()[1]), res, flags=True, ksplit=True)
-    groups = ceil_div(B, 16 * lane_frags)
     kpg = ceil_div((3 * H if backward else H) // 16, STREAM_KGROUPS * lane_frags)
     if f32:  # the backward's ring of chunks of 2 row quads; the forward loads straight (0)
         return StreamTiles(lane_frags, kpg, min(stream32_depth(), 2 * kpg) if backward else 0, f32=True,
@@ -247,9 +245,10 @@ def stream32_depth(default: int = STREAM32_DEPTH) -> int:
                      hint=f"unset it, or set e.g. {STREAM32_DEPTH}")
 
 
-def stream_depth() -> tuple[int, int]:
-    """(forward, backward) ring depths: CATCHAT_STREAM_DEPTH=F,B, else STREAM_DEPTH."""
-    return _env_pair(DEPTH_ENV, STREAM_DEPTH, 1)
+def stream_depth(default: tuple[int, int] = STREAM_DEPTH) -> tuple[int, int]:
+    """(forward, backward) ring depths: CATCHAT_STREAM_DEPTH=F,B, else `default` (STREAM_DEPTH; the split
+    forward's SPLIT_DEPTH)."""
+    return _env_pair(DEPTH_ENV, default, 1)
 
 
 def _env_pair(name: str, default: tuple[int, int], least: int) -> tuple[int, int]:
