@@ -48,6 +48,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM_PROBE": (MEASURE, "timing probes that skip loads (1: W_hh, 2: h_prev / dGh): wrong results"),
     "CATCHAT_STREAM_WCACHE": (MEASURE, "restrict or l2: the float16 sweeps' W_hh copy readonly restrict, or past L1"),
     "CATCHAT_STREAM32_DEPTH": (MEASURE, "N: the streamed fp32 backward's register ring depth (its k-split's too)"),
+    "CATCHAT_GEMM32_SPLIT": (MEASURE, "0: a float32 program's GEMMs on the FMAs, not its large ones on tensor cores "
+                                      "from float16 splits; 1: every one split (emulated without tensor cores)"),
     "CATCHAT_STREAM32_SPLIT": (MEASURE, "0: a float32 program's streamed forward on the FMAs, not on tensor "
                                         "cores from float16 splits of W_hh and h_prev (x = hi + 2^-11 lo)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),

@@ -2,7 +2,8 @@
 """GEMM tiles at a model's shapes: milliseconds and TFLOP/s per tile choice.
 
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
-                               [--operands f32|f16|rf16|coopmat|coopmat-f16|coopmat-khr|coopmat2|coopmat2-f16|all]
+                               [--operands f32|split|f32+split|f16|rf16|coopmat|coopmat-f16|coopmat-khr|coopmat2|
+                                           coopmat2-f16|all]
                                [--reps 7] [--repeat 5]
                                [--set k=v]
 
@@ -14,7 +15,9 @@ with the weight gradient also at every --split-k. Operands are random; each cand
 compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
 else, or nothing, is reported, not ranked. Candidates are timed in interleaved rounds (median).
 --loads picks vec4 loads where aligned (the program's choice), float loads, or both. --operands
-picks the operands and kernel: f32 (train.precision fp32), rf16 (float32 operands rounded to float16
+picks the operands and kernel: f32 (train.precision fp32 on gemm.comp's FMAs), split (float32 on tensor
+cores from float16 splits, glsl/gemm_coopmat.comp's SPLIT: the fp32 program's big GEMMs where tensor cores
+run, each of gemm.split_candidates; emulated fragments elsewhere), f32+split (both, compared), rf16 (float32 operands rounded to float16
 as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
 cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of gemm.coop_candidates), f16 and
 coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat-khr (coopmat's first
@@ -22,8 +25,8 @@ four tiles on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix: glsl/ge
 same source through the newer glslc), coopmat2 and coopmat2-f16
 (the same two on workgroup-scope matrices fed by the driver, glsl/gemm_coopmat2.comp, each of
 COOP2_CANDIDATES), or all. Every kind but
-f32 multiplies the same float16 values (the random operands are drawn alike) and is compared with
-the first of them.
+f32 and split multiplies the same float16 values (the random operands are drawn alike) and is compared
+with the first of them; split rows are compared with the first float32 row (and with cuBLAS FP32).
 """
 
 from __future__ import annotations
@@ -86,12 +89,14 @@ def interleaved_seconds(dev, op_lists, reps: int) -> list[float]:
 
 
 # --operands kind -> Gemm keywords
-OPERANDS = {"f32": dict(), "rf16": dict(precision="fp16", coopmat=False),
+OPERANDS = {"f32": dict(split=False), "rf16": dict(precision="fp16", coopmat=False),
             "coopmat": dict(precision="fp16", coopmat=True, coopmat2=False), "f16": dict(half=True, coopmat=False),
             "coopmat-f16": dict(half=True, coopmat=True, coopmat2=False),
             "coopmat-khr": dict(precision="fp16", coopmat=True, coopmat2=False),
             "coopmat2": dict(precision="fp16", coopmat=True, coopmat2=True),
-            "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True)}
+            "coopmat2-f16": dict(half=True, coopmat=True, coopmat2=True), "split": dict(split=True)}
+# kinds that take float32 operands at float32's precision: compared with each other, and with cuBLAS FP32
+FLOAT32_KINDS = ("f32", "split", "f32+split")
 # glsl/gemm_coopmat.comp tiles: each --coop, else gemm.coop_candidates(dev, transposes): the program's
 # three first, then the grid (subgroups x fragments, slice depth, shared buffers) that fits; with
 # --probe the first two get probe rows. coopmat-khr: the program's three and the 128 x 128 one on 4
@@ -135,6 +140,8 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
         own = tuple(args.coop2) or COOP2_CANDIDATES
     elif operands == "coopmat-khr":  # the subgroup-fragment kernel's best tiles on either extension
         own = tuple(dataclasses.replace(t, api=api) for t in COOP_KHR_CANDIDATES for api in ("khr", "nv"))
+    elif operands == "split":  # the float32 GEMM from float16 splits: gemm.SPLIT_GRID's tiles that fit
+        own = tuple(args.coop) or tuple(gemm.split_candidates(dev, (bool(kw.get("trans_a")), bool(kw.get("trans_b")))))
     elif OPERANDS[operands].get("coopmat"):
         own = tuple(dataclasses.replace(t, api=gemm.coop_api(dev)) for t in args.coop) or tuple(
             gemm.coop_candidates(dev, (bool(kw.get("trans_a")), bool(kw.get("trans_b")))))
@@ -232,7 +239,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split-k", dest="split_k", action="append", type=int, default=[], metavar="S")
     ap.add_argument("--loads", choices=("vec4", "float", "both"), default="both",
                     help="operand loads from global memory (vec4 where aligned, the program's choice; or floats)")
-    ap.add_argument("--operands", choices=(*OPERANDS, "all"), default="f32",
+    ap.add_argument("--operands", choices=(*OPERANDS, "f32+split", "all"), default="f32",
                     help="float32; float32 rounded to float16 on gemm.comp (rf16) or tensor cores (coopmat); "
                          "float16 storage on either (f16, coopmat-f16); or all")
     ap.add_argument("--reps", type=int, default=7, help="timed runs (median)")
@@ -250,7 +257,7 @@ def main(argv=None) -> int:
     dev = open_device(args.device)
     tiles = args.tiles or [gemm.GemmTiles(*t) for t in DEFAULT_TILES]
     print(f"{args.config}: H={cfg.model.hidden} R={cfg.data.window * cfg.data.batch_lanes} on {dev.info.name}")
-    operands = tuple(OPERANDS) if args.operands == "all" else (args.operands,)
+    operands = {"all": tuple(OPERANDS), "f32+split": ("f32", "split")}.get(args.operands, (args.operands,))
     if dev.coop2_limits:
         dims = ", ".join(coop2_dimension_name(d) for d in dev.coop2_dimensions)
         print(f"cooperative matrix 2: at most {dev.coop2_limits[0]} threads, dimensions up to {dev.coop2_limits[1]}, "
@@ -288,14 +295,15 @@ def main(argv=None) -> int:
             for (g, current), sec in zip(cands, secs):
                 host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
                 got = run_ops(dev, [out], g.ops(), [out])[0]
-                ref = refs.setdefault(p != "f32", got)  # float16 rows against the first float16 one
+                ref = refs.setdefault(p in FLOAT32_KINDS, got)  # float16 rows against the first float16 one
                 diff = float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
                 kind = f"{p} " + ("vec4" if g.vec4_a or g.vec4_b else "float")
                 if g.unclamped_share() is not None:  # the workgroup-scope kernel: how much took its fast path
                     kind += f" ({g.unclamped_share():.0%} unclamped)"
                 if isinstance(g.tiles, ProbeTiles):
                     diff, kind = 0.0, f"{kind} {g.tiles.probe}"  # not the product: nothing to compare
-                program = current and p in ("f32", "coopmat2" if gemm.coopmat2_runs(dev) else "coopmat")
+                fp32 = "split" if gemm.split_gemm(dev, kw["M"], kw["N"], kw["K"]) else "f32"
+                program = current and p in (fp32, "coopmat2" if gemm.coopmat2_runs(dev) else "coopmat")
                 rows.append((sec / max(1, args.repeat), g.tiles, g.split_k, kind, diff, program))
         flop = 2.0 * kw["M"] * kw["N"] * kw["K"]
         torch_tflops = torch_rates(kw, max(1, args.reps), max(1, args.repeat)) if use_torch else {}
@@ -307,8 +315,9 @@ def main(argv=None) -> int:
             rate = flop / sec / 1e12 if sec else 0.0
             flag = "  (program's choice)" if current else ""  # at fp32, and at fp16 on tensor cores
             bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
-            vs = (f"  {rate / torch_tflops['fp16']:.2f}x cuBLAS fp16" if "fp16" in torch_tflops
-                  and not kind.startswith("f32") else "")
+            fp32 = kind.split()[0] in FLOAT32_KINDS
+            vs = (f"  {rate / torch_tflops['fp32']:.2f}x cuBLAS fp32" if fp32 and "fp32" in torch_tflops
+                  else f"  {rate / torch_tflops['fp16']:.2f}x cuBLAS fp16" if "fp16" in torch_tflops and not fp32 else "")
             print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{vs}{bad}")
             entry["rows"].append(dict(ms=sec * 1e3, tflops=rate, tiles=list(dataclasses.astuple(t)), split_k=s,
                                       kind=kind, program=bool(current), max_rel_diff=diff, ok=bool(diff <= 1e-4)))

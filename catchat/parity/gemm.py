@@ -45,7 +45,7 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
               alpha=1.0, tiles=None, vec4=False, half=False, coopmat=False, precision="fp32",
-              coopmat2=None, aligned=False) -> ParityResult:
+              coopmat2=None, aligned=False, split=False, a_scale=None) -> ParityResult:
     """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
     ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
     contiguous extents allow; aligned, multiples of 8: 16-byte groups of halves, which
@@ -54,17 +54,26 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     half: A and B in float16 (the twin multiplies the same float16 values exactly); precision
     "fp16": float32 A and B that the kernel rounds to float16 (the twin rounds them the same way,
     to nearest even); coopmat: on cooperative matrices (coopmat2 False: glsl/gemm_coopmat.comp's
-    subgroup fragments; True: glsl/gemm_coopmat2.comp's workgroup-scope matrices)."""
+    subgroup fragments; True: glsl/gemm_coopmat2.comp's workgroup-scope matrices).
+    split: float32 operands on tensor cores from float16 splits (`Gemm(split=True)`; emulated fragments
+    where the device has no tensor cores); a_scale: A's column k (along K) times a_scale[k], a [K] array
+    (operands far outside float16's range, or magnitudes that change from one k-slice to the next)."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
     q = 8 if aligned else 4 if vec4 else 0  # the leading dimensions' multiple (0: odd ones)
     pad = (lambda n, p: n + p) if not q else (lambda n, p: q * ceil_div(n, q) + q)  # noqa: E731
     a_off, b_off = (8, 16) if q else (5, 17)
     a_buf, a = _embed(rng, ar, ac, pad(ac, 3), a_off)
+    if a_scale is not None:  # A's view inside its buffer, scaled along K
+        view = a_buf[a_off:a_off + ar * pad(ac, 3)].reshape(ar, pad(ac, 3))[:, :ac]
+        view *= (a_scale[:, None] if trans_a else a_scale[None, :]).astype(np.float32)
+        a = view.copy()
     b_buf, b = _embed(rng, br, bc, pad(bc, 1), b_off)
     c_buf, c = _embed(rng, M, N, N + 2, 9)
     bias_buf = np.full(N + 20, 555.0, np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
+    if a_scale is not None:  # a bias of the products' size, not one that hides them
+        bias *= np.float32(a_scale.max())
     bias_buf[11:11 + N] = bias
     if half:
         a_buf, b_buf, a, b = (x.astype(np.float16) for x in (a_buf, b_buf, a, b))
@@ -76,7 +85,8 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     tc, tbias = dev.tensor(c_buf), dev.tensor(bias_buf)
     g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
              alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
-             vec4=vec4, half=half, coopmat=coopmat, precision=precision, coopmat2=coopmat2)
+             vec4=vec4, half=half, coopmat=None if split else coopmat, precision=precision, coopmat2=coopmat2,
+             split=split)
     (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
     exp_buf = c_buf.astype(np.float64)
     exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
@@ -84,16 +94,21 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     scale = float(np.abs(exp).max()) if exp.size else 1.0
     rounded = precision == "fp16" and not half
     khr = getattr(g.tiles, "api", "nv") == "khr"
-    name = ("gemm" + "_f16" * half + "_rf16" * rounded + "_coopmat" * g.coopmat + "2" * g.coopmat2 + "_khr" * khr
+    kernel = "_split" + "_emu" * (not coopmat_runs(dev)) if g.split else "_coopmat" * g.coopmat + "2" * g.coopmat2
+    name = ("gemm" + "_f16" * half + "_rf16" * rounded + kernel + "_khr" * khr
             + "_tA" * trans_a + "_tB" * trans_b + "+bias" * with_bias)
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
+    if a_scale is not None:
+        shape += f" A scaled {a_scale.min():.0e}..{a_scale.max():.0e} along K"
     if tiles is not None or g.coopmat2:
         t = g.tiles
         shape += f" tiles={t.bm}x{t.bn}" + (f"/{t.tm}x{t.tn}" if hasattr(t, "tm") else f" bk {t.bk}") + (
             f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
-    return compare(name, shape, got, exp_buf, GEMM_RTOL * max(scale, 1.0), GEMM_RTOL)
+    # scaled operands: errors against the output's own scale however small (elsewhere at least 1)
+    atol = GEMM_RTOL * (scale if a_scale is not None else max(scale, 1.0))
+    return compare(name, shape, got, exp_buf, atol, GEMM_RTOL)
 
 
 def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
@@ -213,6 +228,33 @@ def _coopmat_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
     return out
 
 
+def _split_cases(dev: Device, rng) -> list[ParityResult]:
+    """The float32 GEMM from float16 splits (glsl/gemm_coopmat.comp's SPLIT, emulated fragments where there
+    are no tensor cores): every transpose at odd sizes with float and vec4 loads, both tiles where they
+    fit, bias, alpha, beta, split-K; operands at 1e-30 and 1e30 (outside float16's range: the
+    per-workgroup scales), and A's magnitude jumping by 2^60 after the first 16-deep slice and falling
+    by 2^60 after it (the scales lowered mid-loop, the accumulators rescaled, the slice split again)."""
+    kw = dict(split=True)
+    out = []  # six shader variants (every transpose with bias, two with vec4 loads): ~1 min to compile on lavapipe
+    for M, N, K in ((1, 1, 1), (65, 33, 129)):
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append(gemm_case(dev, rng, M, N, K, ta, tb, 1.0, True, **kw))
+    for ta in (False, True):
+        out.append(gemm_case(dev, rng, 68, 36, 132, ta, ta, 0.0, False, vec4=True, **kw))
+    for t in (kg.SPLIT_TILE, kg.SPLIT_SMALL_TILE):
+        t = replace(t, api=kg.coop_api(dev) if coopmat_runs(dev) else "nv")
+        if t.problem(dev, (False, True), split=True) is None:
+            out.append(gemm_case(dev, rng, 130, 140, 70, False, True, 1.0, True, alpha=-0.5, tiles=t, **kw))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, True, 1.0, False, split_k=5, vec4=True, **kw))
+    k = np.arange(100)
+    for scale in (np.full(100, 1e-30), np.full(100, 1e30), np.where(k < 16, 2.0**-30, 2.0**30),
+                  np.where(k < 16, 2.0**30, 2.0**-30)):
+        for ta in (False, True):
+            out.append(gemm_case(dev, rng, 40, 24, 100, ta, ta, 0.0, True, a_scale=scale, **kw))
+    return out
+
+
 def colsum_case(dev: Device, rng, M, N, row_splits=1) -> ParityResult:
     a_buf, a = _embed(rng, M, N, N + 3, 7)
     out = np.full(N + 9, 3.0, np.float32)
@@ -254,6 +296,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if dev.runs_float16:
         out += _float16_cases(dev, rng, half=True)
     out += _float16_cases(dev, rng, half=False)
+    if coopmat_runs(dev) or dev.runs_float16:
+        out += _split_cases(dev, rng)
     for M, N, splits in ((1, 1, 1), (7, 13, 1), (300, 37, 1), (300, 37, 7), (1000, 5, 16)):
         out.append(colsum_case(dev, rng, M, N, splits))
     return out

@@ -23,20 +23,53 @@
 // Outside the matrix (any M, N, K, offset) the operands read as zero.
 // The order of the sums inside a 16-deep fragment product is the hardware's: results match the
 // float64 twin (of float16-rounded operands) to float32 accumulation error, not bit for bit.
+// SPLIT (with FLOAT_IN, STAGES = 1; train.precision "fp32" on tensor cores): each float32 operand x is
+// staged as two float16 parts, x * 2^e = hi + lo / 2^11 (hi x's top 11 bits, lo the rest, both exact
+// where x * 2^e is in float16's normal range), and the products hi*hi go into one set of accumulators,
+// hi*lo + lo*hi into a second, folded as acc + acc_lo / 2^11 in the epilogue: ~2^-22 per product, float32
+// sums. 2^e is a power of two per operand and workgroup that puts the largest |x| the workgroup has
+// staged so far in [2^13, 2^14): every slice's largest |x| (shared-memory atomicMax over the subgroups'
+// maxima, beside the barrier the loop has) lowers e when it would pass 2^15 (2x headroom); the
+// accumulators are then scaled down by the same power (exact) and the slice is loaded again at the new
+// e. So small gradients keep their bits and nothing overflows float16; the epilogue multiplies by
+// 2^-(e_a + e_b). Inf and NaN are left out of the maxima (they still reach their outputs).
+// EMU: the fragments emulated (include/sweep_frag.glsl's layout: an accumulator is 8 floats of an
+// invocation, operands read from shared memory when multiplied) on devices without cooperative
+// matrices, so lavapipe runs this kernel's staging, split and epilogue in the tests.
 #extension GL_EXT_control_flow_attributes : enable
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
+#ifndef EMU
 #ifdef KHR
 #extension GL_KHR_cooperative_matrix : require
 #else
 #extension GL_NV_cooperative_matrix : require
 #endif
+#endif
 #extension GL_KHR_shader_subgroup_basic : require
+#ifdef SPLIT
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 
 // The fragment types and operations of either extension: VK_NV_cooperative_matrix (gemm_coopmat.comp)
 // or VK_KHR_cooperative_matrix (gemm_coopmat_khr.comp, compiled by the newer glslc): the same product,
-// for the driver's code generation to be compared (tools/bench_gemm.py --operands coopmat-khr).
+// for the driver's code generation to be compared (tools/bench_gemm.py --operands coopmat-khr); or
+// emulated (EMU: the functions after the shared array).
+#ifdef EMU
+struct FragRef { uint off; uint stride; bool col; };  // an operand block in shared memory, in halves
+struct Acc { float v[8]; };
+#define ACC_T Acc
+#define FRAG_A FragRef
+#define FRAG_B FragRef
+#define ACC_ZERO emu_zero()
+#define MAT_LOAD(m, arr, off, stride, col) m = FragRef(4u * (off), 4u * (stride), col)
+#define MAT_STORE(m, arr, off, stride, col) emu_store(m, off, stride)
+#define MAT_MULADD(a, b, c) emu_mul_add(a, b, c)
+#define ACC_MUL(a, s) emu_scale(a, s)
+#define SG_SYNC() barrier()  // a virtual subgroup of 32 may be several real ones
+#define SG_WAIT() barrier()
+#else
 #ifdef KHR
 #define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
@@ -52,6 +85,17 @@
 #define MAT_LOAD(m, arr, off, stride, col) coopMatLoadNV(m, arr, off, stride, col)
 #define MAT_STORE(m, arr, off, stride, col) coopMatStoreNV(m, arr, off, stride, col)
 #define MAT_MULADD(a, b, c) coopMatMulAddNV(a, b, c)
+#endif
+#define ACC_ZERO ACC_T(0.0)
+#define ACC_MUL(a, s) ((a) * (s))
+#define SG_SYNC() subgroupMemoryBarrierShared(); subgroupBarrier()
+#define SG_WAIT() subgroupBarrier()
+#endif
+#ifdef SPLIT
+#if !defined(FLOAT_IN)
+#error SPLIT splits float32 operands (FLOAT_IN)
+#endif
+const float ACC_LO_WEIGHT = 1.0 / 2048.0;  // lo = 2^11 x what hi left out
 #endif
 
 layout(local_size_x_id = 0) in;          // WM * WN * subgroup size threads
@@ -131,8 +175,53 @@ const uint B_WORDS = BK * PB;
 const uint STAGE_WORDS = A_WORDS + B_WORDS;
 const uint PC = 16 / 2 + 2;                // epilogue scratch: a 16 x 16 float fragment, rows of 8 words + 2
 const uint SCRATCH_WORDS = WM * WN * 16 * PC;
+#ifdef SPLIT
+const uint SLICE_WORDS = 2 * STAGE_WORDS;      // the slice's hi words, then its lo words (STAGES = 1)
+const uint SCRATCH_ALL = 2 * SCRATCH_WORDS;    // acc's scratch, then acc_lo's
+#else
 const uint SLICE_WORDS = STAGES * STAGE_WORDS;
-shared uvec2 smem[SLICE_WORDS > SCRATCH_WORDS ? SLICE_WORDS : SCRATCH_WORDS];
+const uint SCRATCH_ALL = SCRATCH_WORDS;
+#endif
+shared uvec2 smem[SLICE_WORDS > SCRATCH_ALL ? SLICE_WORDS : SCRATCH_ALL];
+
+#ifdef EMU
+// Element i of the shared array counted in halves (4 a word, packFloat2x16's order).
+float emu_half(uint i) {
+    uvec2 w = smem[i >> 2u];
+    return unpackHalf2x16((i & 2u) != 0u ? w.y : w.x)[i & 1u];
+}
+
+// Element (row, col) of an operand block.
+float emu_at(FragRef m, uint row, uint col) {
+    return emu_half(m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col);
+}
+
+Acc emu_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
+
+// Invocation l of a virtual subgroup of 32 holds row l / 2, columns (l % 2) * 8 .. +7; sums in k order.
+Acc emu_mul_add(FragRef a, FragRef b, Acc c) {
+    uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
+    for (uint e = 0u; e < 8u; ++e) {
+        float s = c.v[e];
+        for (uint k = 0u; k < 16u; ++k) s += emu_at(a, row, k) * emu_at(b, k, c0 + e);
+        c.v[e] = s;
+    }
+    return c;
+}
+
+#ifdef SPLIT
+Acc emu_scale(Acc a, float s) {
+    for (uint e = 0u; e < 8u; ++e) a.v[e] *= s;
+    return a;
+}
+#endif
+
+// Row-major at word `off` with a row pitch of `stride` words (2 floats a word).
+void emu_store(Acc c, uint off, uint stride) {
+    uint lane = gl_LocalInvocationIndex % 32u, f = 2u * off + (lane / 2u) * 2u * stride + (lane % 2u) * 8u;
+    for (uint e = 0u; e < 8u; ++e) smem[(f + e) >> 1u][(f + e) & 1u] = floatBitsToUint(c.v[e]);
+}
+#endif
 
 const uint NA = BM * BK / 4;  // quads of an A / B slice
 const uint NB = BK * BN / 4;
@@ -140,6 +229,10 @@ const uint LA = (NA + NT - 1) / NT;  // ... per thread
 const uint LB = (NB + NT - 1) / NT;
 RAW ra[LA];  // the next slice, in flight from global memory
 RAW rb[LB];
+#ifdef SPLIT
+uvec4 sa[LA];  // ... split and scaled: its hi word (xy) and lo word (zw), waiting to be stored
+uvec4 sb[LB];
+#endif
 
 // Quad i of a slice -> (row, word) in its shared layout: consecutive threads walk the operand's
 // contiguous direction, 4 elements (one word) each: each warp's loads are 512 (256) contiguous bytes.
@@ -250,50 +343,182 @@ void fetch(uint tid, uint m0, uint n0, uint k0, uint k_end) {
 }
 #endif
 
+#ifdef SPLIT
+// The split's stores: hi words at the slice, lo words STAGE_WORDS later (sa, sb: `split_slice`).
+#define STORE_A(w, l) { smem[w] = sa[l].xy; smem[(w) + STAGE_WORDS] = sa[l].zw; }
+#define STORE_B(w, l) { smem[w] = sb[l].xy; smem[(w) + STAGE_WORDS] = sb[l].zw; }
+#else
+#define STORE_A(w, l) smem[w] = pack_quad(ra[l])
+#define STORE_B(w, l) smem[w] = pack_quad(rb[l])
+#endif
+
 void stage(uint tid, uint buf) {
 #ifndef PROBE_MMA_ONLY
     uint base = buf * STAGE_WORDS;
     [[unroll]] for (uint l = 0; l < LA; ++l) {
         uint i = tid + l * NT;
-        if (i < NA) { uvec2 rw = a_at(i); smem[base + rw.x * PA + rw.y] = pack_quad(ra[l]); }
+        if (i < NA) { uvec2 rw = a_at(i); STORE_A(base + rw.x * PA + rw.y, l); }
     }
     base += A_WORDS;
     [[unroll]] for (uint l = 0; l < LB; ++l) {
         uint i = tid + l * NT;
-        if (i < NB) { uvec2 rw = b_at(i); smem[base + rw.x * PB + rw.y] = pack_quad(rb[l]); }
+        if (i < NB) { uvec2 rw = b_at(i); STORE_B(base + rw.x * PB + rw.y, l); }
     }
 #endif
 }
 
 ACC_T acc[FM][FN];
 
-// acc += the slice in shared buffer `buf`, 16 deep at a time. Word offsets: a fragment's rows (or
-// columns) start on whole words (16-element steps are 4 words).
+// Fragment i of a subgroup's A rows (B columns: j) at k-offset kk of the slice whose A (B) words start at
+// word a0 (b0). Word offsets: a fragment's rows (or columns) start on whole words (16-element steps
+// are 4 words).
+#ifdef TRANS_A
+#define LOAD_FA(f, a0, i) { uint m = (wm * FM + i) * 16; MAT_LOAD(f, smem, a0 + kk * PA + m / 4, PA, true); }
+#else
+#define LOAD_FA(f, a0, i) { uint m = (wm * FM + i) * 16; MAT_LOAD(f, smem, a0 + m * PA + kk / 4, PA, false); }
+#endif
+#ifdef TRANS_B
+#define LOAD_FB(f, b0, j) { uint n = (wn * FN + j) * 16; MAT_LOAD(f, smem, b0 + n * PB + kk / 4, PB, true); }
+#else
+#define LOAD_FB(f, b0, j) { uint n = (wn * FN + j) * 16; MAT_LOAD(f, smem, b0 + kk * PB + n / 4, PB, false); }
+#endif
+
+#ifdef SPLIT
+ACC_T acc_lo[FM][FN];  // hi * lo + lo * hi, 2^11 times their weight
+#endif
+
+// acc += the slice in shared buffer `buf`, 16 deep at a time (SPLIT: acc += hi * hi, acc_lo += hi * lo +
+// lo * hi, the lo words STAGE_WORDS after the hi ones).
 void multiply(uint buf, uint wm, uint wn) {
     uint a0 = buf * STAGE_WORDS, b0 = a0 + A_WORDS;
     [[unroll]] for (uint kk = 0; kk < BK; kk += 16) {
         FRAG_A fa[FM];
         FRAG_B fb[FN];
+        [[unroll]] for (uint i = 0; i < FM; ++i) LOAD_FA(fa[i], a0, i);
+        [[unroll]] for (uint j = 0; j < FN; ++j) LOAD_FB(fb[j], b0, j);
+#ifdef SPLIT
+        FRAG_A fa_lo[FM];
+        FRAG_B fb_lo[FN];
+        [[unroll]] for (uint i = 0; i < FM; ++i) LOAD_FA(fa_lo[i], (a0 + STAGE_WORDS), i);
+        [[unroll]] for (uint j = 0; j < FN; ++j) LOAD_FB(fb_lo[j], (b0 + STAGE_WORDS), j);
         [[unroll]] for (uint i = 0; i < FM; ++i) {
-            uint m = (wm * FM + i) * 16;
-#ifdef TRANS_A
-            MAT_LOAD(fa[i], smem, a0 + kk * PA + m / 4, PA, true);
-#else
-            MAT_LOAD(fa[i], smem, a0 + m * PA + kk / 4, PA, false);
-#endif
+            [[unroll]] for (uint j = 0; j < FN; ++j) {
+                acc[i][j] = MAT_MULADD(fa[i], fb[j], acc[i][j]);
+                acc_lo[i][j] = MAT_MULADD(fa[i], fb_lo[j], acc_lo[i][j]);
+                acc_lo[i][j] = MAT_MULADD(fa_lo[i], fb[j], acc_lo[i][j]);
+            }
         }
-        [[unroll]] for (uint j = 0; j < FN; ++j) {
-            uint n = (wn * FN + j) * 16;
-#ifdef TRANS_B
-            MAT_LOAD(fb[j], smem, b0 + n * PB + kk / 4, PB, true);
 #else
-            MAT_LOAD(fb[j], smem, b0 + kk * PB + n / 4, PB, false);
-#endif
-        }
         [[unroll]] for (uint i = 0; i < FM; ++i)
             [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = MAT_MULADD(fa[i], fb[j], acc[i][j]);
+#endif
     }
 }
+
+#ifdef SPLIT
+// The operands' scales 2^ea, 2^eb (the header: per workgroup, only ever lowered) and the slices' largest
+// |x| as float32 bits, A's then B's, for two slices at a time (the one being split, the one after).
+int ea = 126, eb = 126;
+shared uint split_max[4];
+
+float pow2(int e) { return uintBitsToFloat(uint(e + 127) << 23u); }  // -126 <= e <= 127
+
+// The largest finite |x| of a quad, as bits (they order as the values do).
+uint quad_max(vec4 x) {
+    uvec4 b = floatBitsToUint(abs(x));
+    b = mix(b, uvec4(0u), greaterThanEqual(b, uvec4(0x7F800000u)));
+    return max(max(b.x, b.y), max(b.z, b.w));
+}
+
+// The raw slice's largest |x| of A and of B into split_max's `slot` (zero before: `main`).
+void note_max(uint tid, uint slot) {
+    uint ma = 0u, mb = 0u;
+    [[unroll]] for (uint l = 0; l < LA; ++l)
+        if (tid + l * NT < NA) ma = max(ma, quad_max(ra[l]));
+    [[unroll]] for (uint l = 0; l < LB; ++l)
+        if (tid + l * NT < NB) mb = max(mb, quad_max(rb[l]));
+    ma = subgroupMax(ma);
+    mb = subgroupMax(mb);
+    if (subgroupElect()) {
+        atomicMax(split_max[2u * slot], ma);
+        atomicMax(split_max[2u * slot + 1u], mb);
+    }
+}
+
+// The exponent that puts a largest |x| (bits) in [2^13, 2^14); no limit for 0.
+int scale_for(uint bits) { return bits == 0u ? 126 : clamp(140 - int(bits >> 23u), -126, 126); }
+
+// After the barrier that follows note_max(slot): lower ea or eb where the slice's largest |x| would
+// pass 2^15, scaling the accumulators down to match (powers of two: exact). True when they fell (the
+// slice split at the old scales must be split again).
+bool rescale(uint slot) {
+    int na = scale_for(split_max[2u * slot]), nb = scale_for(split_max[2u * slot + 1u]);
+    int da = ea > na + 1 ? ea - na : 0, db = eb > nb + 1 ? eb - nb : 0;
+    if (da + db == 0) return false;
+    ea -= da;
+    eb -= db;
+    for (int d = da + db; d > 0; d -= 126) {
+        float f = pow2(-min(d, 126));
+        [[unroll]] for (uint i = 0; i < FM; ++i) {
+            [[unroll]] for (uint j = 0; j < FN; ++j) {
+                acc[i][j] = ACC_MUL(acc[i][j], f);
+                acc_lo[i][j] = ACC_MUL(acc_lo[i][j], f);
+            }
+        }
+    }
+    return true;
+}
+
+// x * scale as hi (its top 11 bits, rounded half away from zero in integer arithmetic: exact in
+// float16's normal range, and nothing a compiler folds) and lo = 2^11 (x * scale - hi): their words.
+uvec4 split_quad(vec4 x, float scale) {
+    x *= scale;
+    vec4 hi = uintBitsToFloat((floatBitsToUint(x) + 0x1000u) & 0xFFFFE000u);
+    vec4 lo = (x - hi) * 2048.0;
+    return uvec4(packFloat2x16(f16vec2(hi.xy)), packFloat2x16(f16vec2(hi.zw)),
+                 packFloat2x16(f16vec2(lo.xy)), packFloat2x16(f16vec2(lo.zw)));
+}
+
+// The raw slice split at the current scales, ready for `stage`.
+void split_slice(uint tid) {
+    float s_a = pow2(ea), s_b = pow2(eb);
+    [[unroll]] for (uint l = 0; l < LA; ++l)
+        if (tid + l * NT < NA) sa[l] = split_quad(ra[l], s_a);
+    [[unroll]] for (uint l = 0; l < LB; ++l)
+        if (tid + l * NT < NB) sb[l] = split_quad(rb[l], s_b);
+}
+
+// The k loop of the split (STAGES = 1): the next slice is loaded, split and its maxima noted while the
+// current one is multiplied; the loop's second barrier also publishes the maxima.
+void split_loop(uint tid, uint wm, uint wn, uint m0, uint n0, uint k_begin, uint k_end) {
+    if (tid < 4u) split_max[tid] = 0u;
+    barrier();
+    fetch(tid, m0, n0, k_begin, k_end);
+    note_max(tid, 0u);
+    barrier();
+    rescale(0u);  // the accumulators are zero: only the scales
+    split_slice(tid);
+    uint slot = 0u;
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) {
+        stage(tid, 0);
+        barrier();
+        if (tid == 0u) split_max[2u * slot] = split_max[2u * slot + 1u] = 0u;  // everyone read it before the barrier
+        bool more = k0 + BK < k_end;  // uniform
+        if (more) fetch(tid, m0, n0, k0 + BK, k_end);
+        multiply(0, wm, wn);
+        if (more) {
+            note_max(tid, slot ^ 1u);
+            split_slice(tid);
+        }
+        barrier();  // every subgroup has read the slice before it is overwritten; the maxima are in
+        slot ^= 1u;
+        if (more && rescale(slot)) {
+            fetch(tid, m0, n0, k0 + BK, k_end);
+            split_slice(tid);
+        }
+    }
+}
+#endif
 
 // STAGES = 2: multiply the slice in `buf` while the slice at k_next (if any) goes to the other buffer,
 // then the one barrier. buf is a literal at each call (constant shared offsets).
@@ -313,8 +538,16 @@ void main() {
     uint k_end = min(pc.K, k_begin + pc.k_split);
 
     [[unroll]] for (uint i = 0; i < FM; ++i)
-        [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = ACC_T(0.0);
+        [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = ACC_ZERO;
 
+#ifdef SPLIT
+    [[unroll]] for (uint i = 0; i < FM; ++i)
+        [[unroll]] for (uint j = 0; j < FN; ++j) acc_lo[i][j] = ACC_ZERO;
+    split_loop(tid, wm, wn, m0, n0, k_begin, k_end);
+    int unscale = -(ea + eb);
+#define UNSCALED(x) ldexp(x, unscale)  // the operands' scales undone (before alpha: either may be large)
+#else
+#define UNSCALED(x) (x)
     fetch(tid, m0, n0, k_begin, k_end);
     if (STAGES == 2) {
         stage(tid, 0);
@@ -333,25 +566,32 @@ void main() {
             barrier();  // every subgroup has read the slice before it is overwritten
         }
     }
+#endif
 
     // Epilogue: each subgroup writes its fragments one at a time through its own scratch, which
-    // reuses the slices' words (every subgroup passed the loop's last barrier).
+    // reuses the slices' words (every subgroup passed the loop's last barrier); SPLIT: acc_lo's through
+    // a second scratch after every subgroup's first, folded into acc's as float32.
     uint cs = sg * 16 * PC;
     [[unroll]] for (uint i = 0; i < FM; ++i) {
         [[unroll]] for (uint j = 0; j < FN; ++j) {
             MAT_STORE(acc[i][j], smem, cs, PC, false);
-            subgroupMemoryBarrierShared();
-            subgroupBarrier();
+#ifdef SPLIT
+            MAT_STORE(acc_lo[i][j], smem, SCRATCH_WORDS + cs, PC, false);
+#endif
+            SG_SYNC();
             uint mf = m0 + (wm * FM + i) * 16, nf = n0 + (wn * FN + j) * 16;
             [[unroll]] for (uint w = lane; w < 128; w += SG) {  // 128 words of 2 floats: row w / 8
                 uint r = w / 8, c = 2 * (w % 8);
                 vec2 v = uintBitsToFloat(smem[cs + r * PC + c / 2]);
+#ifdef SPLIT
+                v += uintBitsToFloat(smem[SCRATCH_WORDS + cs + r * PC + c / 2]) * ACC_LO_WEIGHT;  // the fold
+#endif
                 uint m = mf + r;
                 [[unroll]] for (uint e = 0; e < 2; ++e) {
                     uint n = nf + c + e;
                     if (m < pc.M && n < pc.N) {
                         uint idx = pc.c_off + z * pc.c_split_stride + m * pc.ldc + n;
-                        float out_v = pc.alpha * v[e];
+                        float out_v = pc.alpha * UNSCALED(v[e]);
                         if (pc.beta != 0.0) out_v += pc.beta * C[idx];
 #ifdef HAS_BIAS
                         out_v += bias[pc.bias_off + n];
@@ -360,7 +600,7 @@ void main() {
                     }
                 }
             }
-            subgroupBarrier();  // the scratch is rewritten by the next fragment
+            SG_WAIT();  // the scratch is rewritten by the next fragment
         }
     }
 }

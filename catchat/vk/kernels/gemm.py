@@ -50,7 +50,13 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     gemm_tiles,
     pick_coop_tiles,
     products,
+    SPLIT_GRID,
+    SPLIT_SMALL_TILE,
+    SPLIT_TILE,
     short_split_k,
+    split_candidates,
+    split_gemm,
+    split_tiles,
     table_gemm_tiles,
 )
 
@@ -65,6 +71,23 @@ def _check_matrix(tensor, off: int, rows: int, cols: int, ld: int, what: str, pe
     if rows > 0 and cols > 0 and off + (rows - 1) * ld + cols > per_word * tensor.size():
         raise ValueError(f"{what}: [{rows},{cols}] at offset {off} (ld {ld}) exceeds its buffer "
                          f"of {per_word * tensor.size()} elements")
+
+
+def _split_wanted(dev: Device, split: bool | None, precision: str, half: bool, coopmat: bool | None,
+                  M: int, N: int, K: int, tiles) -> bool:
+    """Whether a Gemm runs as the split float32 GEMM: `split`, or where it is None `split_gemm`'s choice
+    for a float32 GEMM that asked for no other kernel (nor gemm.comp's tiles: the tuner's rows); a refusal
+    where split=True cannot run."""
+    if split is None:
+        return (precision == "fp32" and not half and coopmat is None and not isinstance(tiles, GemmTiles)
+                and split_gemm(dev, M, N, K))
+    if split and (half or precision != "fp32" or coopmat is False):
+        raise ValueError("a split GEMM multiplies float32 operands on cooperative matrices (precision fp32, "
+                         "not half, coopmat None or True)")
+    if split and not (coopmat_runs(dev) or dev.runs_float16):
+        raise ValueError(f"a split GEMM needs tensor cores or, emulated, float16 arithmetic; {dev.info.name} "
+                         "offers neither")
+    return bool(split)
 
 
 def _check_vector(tensor, off: int, n: int, what: str) -> None:
@@ -143,6 +166,11 @@ class Gemm(Kernel):
     (glsl/gemm_coopmat.comp, tiles `coop_tiles`; the default, faster on the H200) where it has
     VK_NV_cooperative_matrix. None (default): with precision "fp16" wherever the device can; with half
     only when asked.
+    split: a float32 GEMM on tensor cores from float16 splits (glsl/gemm_coopmat.comp's SPLIT: each
+    operand scaled by a power of two per workgroup and split as hi + 2^-11 lo, three products into two
+    float32 accumulator sets: ~2^-22 per product, float32's range; emulated fragments where the device
+    has float16 but no tensor cores: the tests). None (default): where `split_gemm` says (precision
+    "fp32", tensor cores, a large enough product, CATCHAT_GEMM32_SPLIT).
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -152,7 +180,7 @@ class Gemm(Kernel):
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
                  split_k: int = 1, tiles: GemmTiles | CoopTiles | None = None, workspace=None, vec4: bool = True,
                  half: bool = False, coopmat: bool | None = None, precision: str = "fp32",
-                 coopmat2: bool | None = None):
+                 coopmat2: bool | None = None, split: bool | None = None):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         if precision not in PRECISIONS:
             raise ValueError(f"GEMM precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -160,11 +188,12 @@ class Gemm(Kernel):
         if half and not dev.runs_float16:
             raise ValueError(f"a float16 GEMM needs float16 arithmetic and 16-bit storage, which {dev.info.name} "
                              "does not offer")
+        self.split = _split_wanted(dev, split, precision, half, coopmat, M, N, K, tiles)
         auto = coopmat is None
         tensor_cores = coopmat_runs(dev) or coopmat2_runs(dev)
         if auto:
             coopmat = rounded and tensor_cores
-        if coopmat and not ((half or rounded) and tensor_cores):
+        if coopmat and not self.split and not ((half or rounded) and tensor_cores):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True or precision fp16) "
                              f"and VK_NV_cooperative_matrix2, or VK_NV_cooperative_matrix with {COOP_SHAPE} "
                              f"fragments on subgroups of {COOP_SUBGROUP}; {dev.info.name} offers "
@@ -173,7 +202,13 @@ class Gemm(Kernel):
         k_split, self.split_k = k_ranges(K, split_k)
         trans = (self.trans_a, bool(trans_b))
         t = tiles
-        if coopmat:
+        if self.split:
+            coopmat, coopmat2 = True, False
+            t = tiles if isinstance(tiles, CoopTiles) else split_tiles(dev, M, N, self.split_k, trans)
+            if t is None:
+                raise ValueError(f"no split GEMM tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
+                                 "of shared memory")
+        elif coopmat:
             t = (tiles if isinstance(tiles, CoopTiles | Coop2Tiles)
                  else pick_coop_tiles(dev, M, N, self.split_k, trans, coopmat2, K))
             if coopmat2 and not isinstance(t, Coop2Tiles):
@@ -187,7 +222,7 @@ class Gemm(Kernel):
             if isinstance(tiles, CoopTiles | Coop2Tiles):
                 raise ValueError(f"cooperative-matrix tiles {tiles} for a GEMM that does not run on them")
             t = tiles or gemm_tiles(dev, M, N, self.split_k, K, trans)
-        problem = t.problem(dev, trans)
+        problem = t.problem(dev, trans, split=True) if self.split else t.problem(dev, trans)
         if problem:
             raise ValueError(problem)
         self.precision, self.coopmat, self.tiles = ("fp16" if half else precision), bool(coopmat), t
@@ -210,8 +245,10 @@ class Gemm(Kernel):
         defines = {}
         if half and not coopmat:
             defines["HALF"] = 1
-        if rounded:
+        if rounded or self.split:
             defines["FLOAT_IN" if coopmat else "ROUND_HALF"] = 1
+        if self.split:
+            defines.update({"SPLIT": 1, **({} if coopmat_runs(dev) else {"EMU": 1})})
         if coopmat:
             defines.update(t.defines())
         if trans_a:

@@ -12,6 +12,7 @@ from catchat.errors import VulkanUnavailable
 from catchat.vk import shaders, tiles, tune
 from catchat.vk.device import Device, coop2_dimension_name
 from catchat.vk.kernels import ceil_div, device_sms
+from catchat.vk.switches import env_switch
 
 
 def _is_gpu(dev: Device) -> bool:
@@ -102,27 +103,30 @@ class CoopTiles:
     def threads(self) -> int:
         return self.wm * self.wn * COOP_SUBGROUP
 
-    def shared_bytes(self, trans_a: bool = False, trans_b: bool = False) -> int:
+    def shared_bytes(self, trans_a: bool = False, trans_b: bool = False, split: bool = False) -> int:
         """The shader's one array of 8-byte words: `stages` float16 slices, each laid out along its
         operand's contiguous direction in rows padded by two words, or the epilogue's scratch (a
-        16 x 20 float fragment per subgroup) where that is larger."""
+        16 x 20 float fragment per subgroup) where that is larger; split (SPLIT): each slice and the
+        scratch twice (hi and lo parts; acc and acc_lo)."""
         a = self.bk * (self.bm // 4 + 2) if trans_a else self.bm * (self.bk // 4 + 2)
         b = self.bn * (self.bk // 4 + 2) if trans_b else self.bk * (self.bn // 4 + 2)
         scratch = self.wm * self.wn * 16 * 10
-        return 8 * max(self.stages * (a + b), scratch)
+        parts = 2 if split else 1
+        return 8 * parts * max(self.stages * (a + b), scratch)
 
     def spec(self) -> list[int]:
         return [self.threads, self.wm, self.wn, self.fm, self.fn, self.bk, self.stages]
 
-    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False)) -> str | None:
-        """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can)."""
+    def problem(self, dev: Device, trans: tuple[bool, bool] = (False, False), split: bool = False) -> str | None:
+        """Why these tiles cannot run glsl/gemm_coopmat.comp on dev with these transposes (None: they can);
+        split: as the float32 GEMM from float16 splits (one shared buffer)."""
         if self.bk % 16 or self.stages not in (1, 2) or self.threads > dev.info.max_workgroup_invocations \
-                or self.api not in ("nv", "khr"):
-            return f"bad cooperative-matrix tiles {self}"
+                or self.api not in ("nv", "khr") or (split and self.stages != 1):
+            return f"bad cooperative-matrix tiles {self}" + (" for a split GEMM (one shared buffer)" if split else "")
         if self.api == "khr" and not coopmat_khr_runs(dev):
             return f"{dev.info.name} does not run VK_KHR_cooperative_matrix GEMMs (or the newer glslc is missing)"
-        if self.shared_bytes(*trans) > dev.info.max_shared_memory_bytes:
-            return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans)} B of shared memory"
+        if self.shared_bytes(*trans, split) > dev.info.max_shared_memory_bytes:
+            return f"cooperative-matrix tiles {self} need {self.shared_bytes(*trans, split)} B of shared memory"
         return None
 
     def defines(self) -> dict:
@@ -185,6 +189,48 @@ def coop_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> l
     return out
 
 
+# The float32 GEMM from float16 splits (SPLIT: three products a fragment pair, two accumulator sets, so
+# 8 fragments a subgroup where the float16 GEMM has 16): 128 x 128 on 8 subgroups of 64 x 32, 32-deep
+# slices in one buffer (37 KB of shared memory with their lo parts); 64 x 64 on 4 subgroups where that
+# grid would not fill the GPU. Not tuned yet: tools/bench_gemm.py --operands split times the others.
+SPLIT_TILE = CoopTiles(2, 4, 4, 2, 32, 1)
+SPLIT_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16, 1)
+SPLIT_GRID = (SPLIT_TILE, CoopTiles(2, 4, 4, 2, 16, 1), CoopTiles(4, 2, 2, 4, 32, 1), CoopTiles(2, 2, 4, 2, 32, 1),
+              CoopTiles(2, 2, 2, 4, 32, 1), CoopTiles(4, 2, 4, 2, 16, 1), SPLIT_SMALL_TILE)
+ENV_GEMM32_SPLIT = "CATCHAT_GEMM32_SPLIT"  # "0": never; "1": every float32 GEMM (emulated fragments elsewhere)
+SPLIT_MIN_MACS = 1 << 30  # smaller float32 GEMMs (decode, per-timestep rows) stay on gemm.comp
+
+
+def split_gemm(dev: Device, M: int, N: int, K: int) -> bool:
+    """Whether a float32 GEMM of [M, N] over K runs on tensor cores from float16 splits (SPLIT): where the
+    device runs glsl/gemm_coopmat.comp, for outputs of at least 128 x 64 and 2^30 multiply-adds, unless
+    CATCHAT_GEMM32_SPLIT=0; with CATCHAT_GEMM32_SPLIT=1 every one (on emulated fragments where the device
+    has no tensor cores but float16: the tests)."""
+    forced = env_switch(ENV_GEMM32_SPLIT, "0 keeps float32 GEMMs on gemm.comp's FMAs, 1 splits every one")
+    if forced is not None:
+        return forced and (coopmat_runs(dev) or dev.runs_float16)
+    return coopmat_runs(dev) and M >= 128 and N >= 64 and M * N * K >= SPLIT_MIN_MACS
+
+
+def split_tiles(dev: Device, M: int, N: int, split_k: int = 1,
+                trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
+    """The split GEMM's tile: SPLIT_TILE where a grid of 128 x 128 tiles fills the GPU, else
+    SPLIT_SMALL_TILE, on the device's extension (`coop_api`; emulated fragments: gemm_coopmat.comp); the
+    first that fits, or None."""
+    api = coop_api(dev) if coopmat_runs(dev) else "nv"
+    for t in ((SPLIT_TILE, SPLIT_SMALL_TILE) if _fills(dev, M, N, split_k) else (SPLIT_SMALL_TILE,)):
+        t = replace(t, api=api)
+        if t.problem(dev, trans, split=True) is None:
+            return t
+    return None
+
+
+def split_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> list[CoopTiles]:
+    """SPLIT_GRID's tiles that run on dev at these transposes (tools/bench_gemm.py --operands split)."""
+    api = coop_api(dev) if coopmat_runs(dev) else "nv"
+    return [t for t in (replace(t, api=api) for t in SPLIT_GRID) if t.problem(dev, trans, split=True) is None]
+
+
 def newer_glslc_present() -> bool:
     """Whether the compiler of shaders.NEWER_SHADERS is at hand."""
     try:
@@ -197,7 +243,8 @@ def newer_glslc_present() -> bool:
 def products(dev: Device, precision: str) -> str:
     """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
     if precision != "fp16":
-        return precision
+        big = split_gemm(dev, 1 << 15, 1 << 12, 1 << 12)  # a training step's input projection, say
+        return f"{precision} (large GEMMs on tensor cores from float16 splits)" if big else precision
     if coopmat_runs(dev) or coopmat2_runs(dev):
         return "fp16 on tensor cores"
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
