@@ -448,9 +448,9 @@ part bench-v5 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmu
 # the float32 GEMM from float16 splits (CATCHAT_GEMM32_SPLIT, glsl/gemm_coopmat.comp's SPLIT): its parity rows,
 # its tiles beside gemm.comp and cuBLAS FP32 at v5's and v3's shapes, and the fp32 steps without it
 part parity-gemm-split $py -m catchat.cli parity --only gemm --summary --json "$out/parity-gemm-split.json"
-part gemm-split-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands f32+split --loads vec4 --reps 3 --repeat 3 \
+part gemm-split-v5 $py tools/bench_gemm.py configs/catchat-v5.toml --operands f32+split --loads vec4 --tiles 128,128,8,16,8 --reps 3 --repeat 3 \
     --compare-torch --json "$out/gemm-split-v5.json"
-part gemm-split-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands f32+split --loads vec4 --reps 3 --repeat 5 \
+part gemm-split-v3 $py tools/bench_gemm.py configs/catchat-v3.toml --operands f32+split --loads vec4 --tiles 128,128,8,16,8 --reps 3 --repeat 5 \
     --compare-torch --json "$out/gemm-split-v3.json"
 for v in v5 v3; do
     part "bench-$v-fp32-gemm-fma" env CATCHAT_GEMM32_SPLIT=0 $py -m catchat.cli bench "configs/catchat-$v.toml" --steps 3 \
