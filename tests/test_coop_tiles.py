@@ -73,3 +73,23 @@ def test_the_extension_follows_the_compiler_and_the_environment(monkeypatch, tmp
     monkeypatch.setenv(gemm.ENV_COOP_API, "nv")
     assert gemm.coop_api(dev) == "nv"
     assert gemm.pick_coop_tiles(dev, 32768, 6144, 1, (False, True), False) == gemm.COOP_TILE
+
+
+def test_split_gemm_tiles(no_newer_glslc, monkeypatch):
+    """The float32 GEMM from float16 splits (SPLIT): one shared buffer and twice a slice's words; 128 x 128
+    where the grid fills an H200 or, for the head's 101 columns, gives a workgroup per two SMs; 64 x 64
+    for short grids; on by default only for large float32 products on a GPU with cooperative matrices."""
+    monkeypatch.delenv(gemm.ENV_GEMM32_SPLIT, raising=False)
+    dev = FakeDevice()
+    assert gemm.SPLIT_TILE.shared_bytes(False, True, split=True) == 2 * gemm.SPLIT_TILE.shared_bytes(False, True)
+    assert gemm.SPLIT_TILE.problem(dev, (False, True), split=True) is None
+    assert "one shared buffer" in replace(gemm.SPLIT_TILE, stages=2).problem(dev, split=True)
+    assert gemm.CoopTiles(2, 4, 4, 4, 32, 1).problem(dev, split=True) is not None  # 54 KB
+    assert gemm.split_tiles(dev, 32768, 6144) == gemm.SPLIT_TILE  # nv: the newer glslc is missing here
+    assert gemm.split_tiles(dev, 32768, 101) == gemm.SPLIT_TILE
+    assert gemm.split_tiles(dev, 256, 256) == gemm.SPLIT_SMALL_TILE
+    assert all(t.stages == 1 for t in gemm.split_candidates(dev)) and gemm.SPLIT_TILE in gemm.split_candidates(dev)
+    assert gemm.split_gemm(dev, 32768, 6144, 2048) and not gemm.split_gemm(dev, 64, 6144, 2048)
+    assert gemm.products(dev, "fp32") == "fp32 (large GEMMs on tensor cores from float16 splits)"
+    monkeypatch.setenv(gemm.ENV_GEMM32_SPLIT, "0")
+    assert not gemm.split_gemm(dev, 32768, 6144, 2048) and gemm.products(dev, "fp32") == "fp32"

@@ -30,6 +30,7 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     CPU_TILE,
     ENV_COOP_API,
     ENV_COOPMAT2,
+    ENV_GEMM32_SPLIT,
     GPU_SMALL_TILE,
     GPU_SPLIT_K_TILE,
     GPU_TILE,
