@@ -252,6 +252,20 @@ def test_bench_gemm_times_every_shape_and_checks_each_candidate(capsys):
     assert sum("GemmTiles(bm=16, bn=16" in line and "TFLOP/s" in line for line in out.splitlines()) >= 8
 
 
+def test_bench_gemm_times_the_split_gemm_beside_gemm_comp(capsys):
+    """--operands f32+split: gemm.comp's program tile and the split GEMM's (emulated fragments on lavapipe:
+    one 64 x 64 tile, as --coop names) at each shape, each split row matching gemm.comp's product."""
+    import bench_gemm
+
+    assert bench_gemm.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set", "data.window=4",
+                            "--set", "data.batch_lanes=4", "--operands", "f32+split", "--loads", "vec4",
+                            "--tiles", "16,16,8,4,4", "--coop", "2,2,2,2,16,1", "--reps", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "TFLOP/s" in line]
+    assert out.count("(program's choice)") == 4 and "DIFFERS" not in out
+    assert sum(" split vec4 loads" in line and "CoopTiles(wm=2, wn=2, fm=2, fn=2, bk=16" in line for line in rows) == 4
+
+
 def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
     """tools/shader_stats.py builds the resident sweeps' pipelines outside kp (with statistics
     capture where the driver has it; lavapipe does not); a broken shader is a clean error."""

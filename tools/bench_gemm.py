@@ -15,10 +15,11 @@ with the weight gradient also at every --split-k. Operands are random; each cand
 compared with the first's (outputs NaN-poisoned before each run), so a tile that computes something
 else, or nothing, is reported, not ranked. Candidates are timed in interleaved rounds (median).
 --loads picks vec4 loads where aligned (the program's choice), float loads, or both. --operands
-picks the operands and kernel: f32 (train.precision fp32 on gemm.comp's FMAs), split (float32 on tensor
-cores from float16 splits, glsl/gemm_coopmat.comp's SPLIT: the fp32 program's big GEMMs where tensor cores
-run, each of gemm.split_candidates; emulated fragments elsewhere), f32+split (both, compared), rf16 (float32 operands rounded to float16
-as staged, gemm.comp's ROUND_HALF: fp16 on a device without tensor cores), coopmat (the same on
+picks the operands and kernel: f32 (train.precision fp32 on gemm.comp's FMAs), split (float32 on
+tensor cores from float16 splits, glsl/gemm_coopmat.comp's SPLIT: the fp32 program's big GEMMs where
+tensor cores run, each of gemm.split_candidates; emulated fragments elsewhere), f32+split (both),
+rf16 (float32 operands rounded to float16 as staged, gemm.comp's ROUND_HALF: fp16 on a device without
+tensor cores), coopmat (the same on
 cooperative matrices, glsl/gemm_coopmat.comp: fp16 on tensor cores, each of gemm.coop_candidates), f16 and
 coopmat-f16 (operands stored as float16: gemm.comp's HALF, the tensor cores), coopmat-khr (coopmat's first
 four tiles on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix: glsl/gemm_coopmat_khr.comp, the
@@ -316,8 +317,8 @@ def main(argv=None) -> int:
             flag = "  (program's choice)" if current else ""  # at fp32, and at fp16 on tensor cores
             bad = "" if diff <= 1e-4 else f"  DIFFERS: rel {diff:.1e}"  # NaN too
             fp32 = kind.split()[0] in FLOAT32_KINDS
-            vs = (f"  {rate / torch_tflops['fp32']:.2f}x cuBLAS fp32" if fp32 and "fp32" in torch_tflops
-                  else f"  {rate / torch_tflops['fp16']:.2f}x cuBLAS fp16" if "fp16" in torch_tflops and not fp32 else "")
+            base = "fp32" if fp32 else "fp16"  # cuBLAS at the row's precision
+            vs = f"  {rate / torch_tflops[base]:.2f}x cuBLAS {base}" if base in torch_tflops else ""
             print(f"  {sec * 1e3:8.3f} ms {rate:6.1f} TFLOP/s  {t}  split-K {s}  {kind} loads{flag}{vs}{bad}")
             entry["rows"].append(dict(ms=sec * 1e3, tflops=rate, tiles=list(dataclasses.astuple(t)), split_k=s,
                                       kind=kind, program=bool(current), max_rel_diff=diff, ok=bool(diff <= 1e-4)))

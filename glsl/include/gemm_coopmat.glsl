@@ -55,7 +55,7 @@
 // The fragment types and operations of either extension: VK_NV_cooperative_matrix (gemm_coopmat.comp)
 // or VK_KHR_cooperative_matrix (gemm_coopmat_khr.comp, compiled by the newer glslc): the same product,
 // for the driver's code generation to be compared (tools/bench_gemm.py --operands coopmat-khr); or
-// emulated (EMU: the functions after the shared array).
+// emulated (EMU: include/gemm_coopmat_emu.glsl, after the shared array).
 #ifdef EMU
 struct FragRef { uint off; uint stride; bool col; };  // an operand block in shared memory, in halves
 struct Acc { float v[8]; };
@@ -185,42 +185,7 @@ const uint SCRATCH_ALL = SCRATCH_WORDS;
 shared uvec2 smem[SLICE_WORDS > SCRATCH_ALL ? SLICE_WORDS : SCRATCH_ALL];
 
 #ifdef EMU
-// Element i of the shared array counted in halves (4 a word, packFloat2x16's order).
-float emu_half(uint i) {
-    uvec2 w = smem[i >> 2u];
-    return unpackHalf2x16((i & 2u) != 0u ? w.y : w.x)[i & 1u];
-}
-
-// Element (row, col) of an operand block.
-float emu_at(FragRef m, uint row, uint col) {
-    return emu_half(m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col);
-}
-
-Acc emu_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
-
-// Invocation l of a virtual subgroup of 32 holds row l / 2, columns (l % 2) * 8 .. +7; sums in k order.
-Acc emu_mul_add(FragRef a, FragRef b, Acc c) {
-    uint lane = gl_LocalInvocationIndex % 32u, row = lane / 2u, c0 = (lane % 2u) * 8u;
-    for (uint e = 0u; e < 8u; ++e) {
-        float s = c.v[e];
-        for (uint k = 0u; k < 16u; ++k) s += emu_at(a, row, k) * emu_at(b, k, c0 + e);
-        c.v[e] = s;
-    }
-    return c;
-}
-
-#ifdef SPLIT
-Acc emu_scale(Acc a, float s) {
-    for (uint e = 0u; e < 8u; ++e) a.v[e] *= s;
-    return a;
-}
-#endif
-
-// Row-major at word `off` with a row pitch of `stride` words (2 floats a word).
-void emu_store(Acc c, uint off, uint stride) {
-    uint lane = gl_LocalInvocationIndex % 32u, f = 2u * off + (lane / 2u) * 2u * stride + (lane % 2u) * 8u;
-    for (uint e = 0u; e < 8u; ++e) smem[(f + e) >> 1u][(f + e) & 1u] = floatBitsToUint(c.v[e]);
-}
+#include "gemm_coopmat_emu.glsl"
 #endif
 
 const uint NA = BM * BK / 4;  // quads of an A / B slice

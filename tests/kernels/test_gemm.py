@@ -1,8 +1,8 @@
 """GEMM and column sums (glsl/gemm.comp, glsl/colsum.comp) against numpy."""
 
 import dataclasses
-from dataclasses import replace
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest

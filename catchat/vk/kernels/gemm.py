@@ -34,6 +34,9 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     GPU_SMALL_TILE,
     GPU_SPLIT_K_TILE,
     GPU_TILE,
+    SPLIT_GRID,
+    SPLIT_SMALL_TILE,
+    SPLIT_TILE,
     Coop2Tiles,
     CoopTiles,
     GemmTiles,
@@ -51,9 +54,6 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     gemm_tiles,
     pick_coop_tiles,
     products,
-    SPLIT_GRID,
-    SPLIT_SMALL_TILE,
-    SPLIT_TILE,
     short_split_k,
     split_candidates,
     split_gemm,
@@ -202,27 +202,7 @@ class Gemm(Kernel):
         self.M, self.N, self.K, self.trans_a, self.trans_b = M, N, K, bool(trans_a), bool(trans_b)
         k_split, self.split_k = k_ranges(K, split_k)
         trans = (self.trans_a, bool(trans_b))
-        t = tiles
-        if self.split:
-            coopmat, coopmat2 = True, False
-            t = tiles if isinstance(tiles, CoopTiles) else split_tiles(dev, M, N, self.split_k, trans)
-            if t is None:
-                raise ValueError(f"no split GEMM tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
-                                 "of shared memory")
-        elif coopmat:
-            t = (tiles if isinstance(tiles, CoopTiles | Coop2Tiles)
-                 else pick_coop_tiles(dev, M, N, self.split_k, trans, coopmat2, K))
-            if coopmat2 and not isinstance(t, Coop2Tiles):
-                raise ValueError(f"no cooperative-matrix-2 tile runs on {dev.info.name}")
-            if t is None:
-                if not auto:
-                    raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
-                                     f"{dev.info.max_shared_memory_bytes} B of shared memory")
-                coopmat = False  # precision fp16 on gemm.comp's rounding loads instead
-        if not coopmat:
-            if isinstance(tiles, CoopTiles | Coop2Tiles):
-                raise ValueError(f"cooperative-matrix tiles {tiles} for a GEMM that does not run on them")
-            t = tiles or gemm_tiles(dev, M, N, self.split_k, K, trans)
+        t, coopmat = self._pick_tiles(dev, tiles, coopmat, coopmat2, auto, trans)
         problem = t.problem(dev, trans, split=True) if self.split else t.problem(dev, trans)
         if problem:
             raise ValueError(problem)
@@ -281,6 +261,33 @@ class Gemm(Kernel):
             self.reduce = _GemmSplitReduce(dev, self.work, c, M, N, self.split_k, alpha, beta, bias)
         super().__init__(dev, tensors, grid, spec=spec, push=self.push, defines=defines,
                          shader=("gemm_coopmat2" if self.coopmat2 else t.shader) if coopmat else None)
+
+    def _pick_tiles(self, dev: Device, tiles, coopmat: bool, coopmat2: bool | None, auto: bool,
+                    trans: tuple[bool, bool]):
+        """(tiles, whether on cooperative matrices): the caller's where given, else the split GEMM's
+        (`split_tiles`), the tensor-core GEMM's (`pick_coop_tiles`; with coopmat auto, gemm.comp's rounding
+        loads where none fits) or gemm.comp's (`gemm_tiles`)."""
+        M, N, K = self.M, self.N, self.K
+        if self.split:
+            t = tiles if isinstance(tiles, CoopTiles) else split_tiles(dev, M, N, self.split_k, trans)
+            if t is None:
+                raise ValueError(f"no split GEMM tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
+                                 "of shared memory")
+            return t, True
+        if coopmat:
+            t = (tiles if isinstance(tiles, CoopTiles | Coop2Tiles)
+                 else pick_coop_tiles(dev, M, N, self.split_k, trans, coopmat2, K))
+            if coopmat2 and not isinstance(t, Coop2Tiles):
+                raise ValueError(f"no cooperative-matrix-2 tile runs on {dev.info.name}")
+            if t is not None:
+                return t, True
+            if not auto:
+                raise ValueError(f"no cooperative-matrix tile fits {dev.info.name}'s "
+                                 f"{dev.info.max_shared_memory_bytes} B of shared memory")
+            # precision fp16 on gemm.comp's rounding loads instead
+        if isinstance(tiles, CoopTiles | Coop2Tiles):
+            raise ValueError(f"cooperative-matrix tiles {tiles} for a GEMM that does not run on them")
+        return tiles or gemm_tiles(dev, M, N, self.split_k, K, trans), False
 
     def unclamped_share(self) -> float | None:
         """The share of glsl/gemm_coopmat2.comp's workgroups that take its unclamped fast path (a tile

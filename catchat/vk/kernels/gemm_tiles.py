@@ -219,7 +219,8 @@ def split_tiles(dev: Device, M: int, N: int, split_k: int = 1,
     SPLIT_SMALL_TILE, on the device's extension (`coop_api`; emulated fragments: gemm_coopmat.comp); the
     first that fits, or None."""
     api = coop_api(dev) if coopmat_runs(dev) else "nv"
-    narrow = N <= SPLIT_TILE.bn and 2 * ceil_div(M, SPLIT_TILE.bm) * split_k >= device_sms(dev)
+    sms = device_sms(dev)  # 0 on a CPU device
+    narrow = sms > 0 and N <= SPLIT_TILE.bn and 2 * ceil_div(M, SPLIT_TILE.bm) * split_k >= sms
     for t in ((SPLIT_TILE, SPLIT_SMALL_TILE) if narrow or _fills(dev, M, N, split_k) else (SPLIT_SMALL_TILE,)):
         t = replace(t, api=api)
         if t.problem(dev, trans, split=True) is None:
