@@ -95,7 +95,8 @@ struct Acc { float v[8]; };
 #if !defined(FLOAT_IN)
 #error SPLIT splits float32 operands (FLOAT_IN)
 #endif
-const float ACC_LO_WEIGHT = 1.0 / 2048.0;  // lo = 2^11 x what hi left out
+#include "split_half.glsl"
+const float ACC_LO_WEIGHT = 1.0 / SPLIT_SCALE;  // lo is SPLIT_SCALE x what hi left out
 #endif
 
 layout(local_size_x_id = 0) in;          // WM * WN * subgroup size threads
@@ -434,23 +435,14 @@ bool rescale(uint slot) {
     return true;
 }
 
-// x * scale as hi (its top 11 bits, rounded half away from zero in integer arithmetic: exact in
-// float16's normal range, and nothing a compiler folds) and lo = 2^11 (x * scale - hi): their words.
-uvec4 split_quad(vec4 x, float scale) {
-    x *= scale;
-    vec4 hi = uintBitsToFloat((floatBitsToUint(x) + 0x1000u) & 0xFFFFE000u);
-    vec4 lo = (x - hi) * 2048.0;
-    return uvec4(packFloat2x16(f16vec2(hi.xy)), packFloat2x16(f16vec2(hi.zw)),
-                 packFloat2x16(f16vec2(lo.xy)), packFloat2x16(f16vec2(lo.zw)));
-}
-
-// The raw slice split at the current scales, ready for `stage`.
+// The raw slice split at the current scales (split_half.glsl's `split_normal`: the scales put it in
+// float16's normal range), ready for `stage`.
 void split_slice(uint tid) {
     float s_a = pow2(ea), s_b = pow2(eb);
     [[unroll]] for (uint l = 0; l < LA; ++l)
-        if (tid + l * NT < NA) sa[l] = split_quad(ra[l], s_a);
+        if (tid + l * NT < NA) sa[l] = split_normal(ra[l] * s_a);
     [[unroll]] for (uint l = 0; l < LB; ++l)
-        if (tid + l * NT < NB) sb[l] = split_quad(rb[l], s_b);
+        if (tid + l * NT < NB) sb[l] = split_normal(rb[l] * s_b);
 }
 
 // The k loop of the split (STAGES = 1): the next slice is loaded, split and its maxima noted while the
