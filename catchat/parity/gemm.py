@@ -243,7 +243,7 @@ def _split_cases(dev: Device, rng) -> list[ParityResult]:
     for ta in (False, True):
         out.append(gemm_case(dev, rng, 68, 36, 132, ta, ta, 0.0, False, vec4=True, **kw))
     for t in (kg.SPLIT_TILE, kg.SPLIT_SMALL_TILE):
-        t = replace(t, api=kg.coop_api(dev) if coopmat_runs(dev) else "nv")
+        t = replace(t, api=kg.coop_api(dev))
         if t.problem(dev, (False, True), split=True) is None:
             out.append(gemm_case(dev, rng, 130, 140, 70, False, True, 1.0, True, alpha=-0.5, tiles=t, **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, True, 1.0, False, split_k=5, vec4=True, **kw))

@@ -199,6 +199,7 @@ SPLIT_GRID = (SPLIT_TILE, CoopTiles(2, 4, 4, 2, 16, 1), CoopTiles(4, 2, 2, 4, 32
               CoopTiles(2, 2, 2, 4, 32, 1), CoopTiles(4, 2, 4, 2, 16, 1), SPLIT_SMALL_TILE)
 ENV_GEMM32_SPLIT = "CATCHAT_GEMM32_SPLIT"  # "0": never; "1": every float32 GEMM (emulated fragments elsewhere)
 SPLIT_MIN_MACS = 1 << 30  # smaller float32 GEMMs (decode, per-timestep rows) stay on gemm.comp
+SPLIT_MIN_SHAPE = (128, 64, SPLIT_MIN_MACS // (128 * 64))  # (M, N, K): the smallest GEMM `split_gemm` splits
 
 
 def split_gemm(dev: Device, M: int, N: int, K: int) -> bool:
@@ -209,20 +210,19 @@ def split_gemm(dev: Device, M: int, N: int, K: int) -> bool:
     forced = env_switch(ENV_GEMM32_SPLIT, "0 keeps float32 GEMMs on gemm.comp's FMAs, 1 splits every one")
     if forced is not None:
         return forced and (coopmat_runs(dev) or dev.runs_float16)
-    return coopmat_runs(dev) and M >= 128 and N >= 64 and M * N * K >= SPLIT_MIN_MACS
+    m, n, _ = SPLIT_MIN_SHAPE
+    return coopmat_runs(dev) and M >= m and N >= n and M * N * K >= SPLIT_MIN_MACS
 
 
 def split_tiles(dev: Device, M: int, N: int, split_k: int = 1,
                 trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
     """The split GEMM's tile: SPLIT_TILE where a grid of 128 x 128 tiles fills the GPU or, for at most 128
     columns (the head), gives a workgroup per two SMs (H100, v5's head: 24.6 against 17.1 TFLOP/s), else
-    SPLIT_SMALL_TILE, on the device's extension (`coop_api`; emulated fragments: gemm_coopmat.comp); the
-    first that fits, or None."""
-    api = coop_api(dev) if coopmat_runs(dev) else "nv"
-    sms = device_sms(dev)  # 0 on a CPU device
-    narrow = sms > 0 and N <= SPLIT_TILE.bn and 2 * ceil_div(M, SPLIT_TILE.bm) * split_k >= sms
-    for t in ((SPLIT_TILE, SPLIT_SMALL_TILE) if narrow or _fills(dev, M, N, split_k) else (SPLIT_SMALL_TILE,)):
-        t = replace(t, api=api)
+    SPLIT_SMALL_TILE, on the device's extension (`coop_api`: "nv" where KHR does not run, so emulated
+    fragments take gemm_coopmat.comp); the first that fits, or None."""
+    wide = _narrow_fills(dev, M, N, split_k, SPLIT_TILE) or _fills(dev, M, N, split_k)
+    for t in ((SPLIT_TILE, SPLIT_SMALL_TILE) if wide else (SPLIT_SMALL_TILE,)):
+        t = replace(t, api=coop_api(dev))
         if t.problem(dev, trans, split=True) is None:
             return t
     return None
@@ -230,7 +230,7 @@ def split_tiles(dev: Device, M: int, N: int, split_k: int = 1,
 
 def split_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> list[CoopTiles]:
     """SPLIT_GRID's tiles that run on dev at these transposes (tools/bench_gemm.py --operands split)."""
-    api = coop_api(dev) if coopmat_runs(dev) else "nv"
+    api = coop_api(dev)
     return [t for t in (replace(t, api=api) for t in SPLIT_GRID) if t.problem(dev, trans, split=True) is None]
 
 
@@ -246,8 +246,8 @@ def newer_glslc_present() -> bool:
 def products(dev: Device, precision: str) -> str:
     """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
     if precision != "fp16":
-        big = split_gemm(dev, 1 << 15, 1 << 12, 1 << 12)  # a training step's input projection, say
-        return f"{precision} (large GEMMs on tensor cores from float16 splits)" if big else precision
+        split = split_gemm(dev, *SPLIT_MIN_SHAPE)  # whether the rule splits any GEMM here
+        return f"{precision} (large GEMMs on tensor cores from float16 splits)" if split else precision
     if coopmat_runs(dev) or coopmat2_runs(dev):
         return "fp16 on tensor cores"
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
@@ -259,7 +259,7 @@ def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
     split-K count) gives at least one workgroup per two SMs, else COOP_TILE where a grid of 128 x 128
     tiles fills the GPU as the tables' large GEMM tile must (`table_gemm_tiles`), else COOP_SMALL_TILE;
     the first that fits the device's threads and shared memory, or None."""
-    if N <= COOP_NARROW_TILE.bn and 2 * ceil_div(M, COOP_NARROW_TILE.bm) * split_k >= device_sms(dev):
+    if _narrow_fills(dev, M, N, split_k, COOP_NARROW_TILE):
         order = (COOP_NARROW_TILE, COOP_SMALL_TILE)
     elif _fills(dev, M, N, split_k):
         order = (COOP_TILE, COOP_SMALL_TILE)
@@ -377,6 +377,13 @@ def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles
     if _fills(dev, M, N, split_k):
         return GemmTiles(*(row.split_k if split_k > 1 else row.large))
     return GemmTiles(*row.small)
+
+
+def _narrow_fills(dev: Device, M: int, N: int, split_k: int, tile: CoopTiles) -> bool:
+    """Whether an output of at most `tile`'s columns (the head) gives a workgroup per two SMs in `tile`s
+    (with the split-K count): the narrow-output rule of both tensor-core GEMMs (never on a CPU device)."""
+    sms = device_sms(dev)
+    return sms > 0 and N <= tile.bn and 2 * ceil_div(M, tile.bm) * split_k >= sms
 
 
 def _fills(dev: Device, M: int, N: int, split_k: int) -> bool:
