@@ -381,9 +381,9 @@ def table_gemm_tiles(dev: Device, M: int, N: int, split_k: int = 1) -> GemmTiles
 
 def _narrow_fills(dev: Device, M: int, N: int, split_k: int, tile: CoopTiles) -> bool:
     """Whether an output of at most `tile`'s columns (the head) gives a workgroup per two SMs in `tile`s
-    (with the split-K count): the narrow-output rule of both tensor-core GEMMs (never on a CPU device)."""
-    sms = device_sms(dev)
-    return sms > 0 and N <= tile.bn and 2 * ceil_div(M, tile.bm) * split_k >= sms
+    (with the split-K count): the narrow-output rule of both tensor-core GEMMs (on a CPU device, which
+    reports no SMs, always: there the first tile that fits the shared memory decides)."""
+    return N <= tile.bn and 2 * ceil_div(M, tile.bm) * split_k >= device_sms(dev)
 
 
 def _fills(dev: Device, M: int, N: int, split_k: int) -> bool:
