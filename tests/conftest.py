@@ -78,3 +78,42 @@ def straight(dev, cfg_path, tmp_path_factory):
     with Trainer(cfgmod.load(cfg_path), run, dev) as t:
         assert t.run() == "done"
     return run
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty tuning cache of this test's own, read (CATCHAT_TUNE unset), notes printed afresh."""
+    from catchat.vk import tune as tunecache
+    from catchat.vk.kernels import gemm
+
+    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(tunecache.ENV_TUNE, raising=False)
+    monkeypatch.delenv(gemm.ENV_COOPMAT2, raising=False)
+    monkeypatch.delenv(gemm.ENV_COOP_API, raising=False)
+    tunecache._said.clear()
+    return tmp_path / "cache" / "tune"
+
+
+@pytest.fixture
+def coop_dev(dev, monkeypatch, tmp_path):
+    """lavapipe described as a GPU with cooperative matrices (the NV extension: no newer glslc), and
+    programs built on it without recording their sequences (the kernels' pipelines are never made):
+    the tuning tests'."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from catchat.vk import shaders
+    from catchat.vk.kernels import gemm
+    from catchat.vk.program import driver
+
+    monkeypatch.setenv(shaders.ENV_NEWER_GLSLC, str(tmp_path / "missing-glslc"))
+    shaders.glslc_path.cache_clear()
+    monkeypatch.setattr(driver, "sq", SimpleNamespace(
+        record_forward=lambda *a: (None, None, None), record_train=lambda *a: (None, None),
+        record_apply=lambda *a: None))
+    monkeypatch.setattr(driver, "batched_ops", lambda *a: ([], None))
+    fake = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32, max_shared_memory_bytes=49152),
+                               features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(gemm.COOP_SHAPE,))
+    assert gemm.coopmat_runs(fake) and gemm.coop_api(fake) == "nv" and not gemm.coopmat2_runs(fake)
+    yield fake
+    shaders.glslc_path.cache_clear()

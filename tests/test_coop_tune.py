@@ -11,7 +11,6 @@ import dataclasses
 import io
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
@@ -19,10 +18,9 @@ from rich.console import Console
 from catchat import config as cfgmod
 from catchat.analysis import bench_command, tuner
 from catchat.model import ParamLayout
-from catchat.vk import shaders
 from catchat.vk import tune as tunecache
 from catchat.vk.kernels import gemm, gru
-from catchat.vk.program import Program, driver
+from catchat.vk.program import Program
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,34 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cfg(precision: str = "fp16"):
     return cfgmod.load(ROOT / "configs" / "tiny.toml",
                        ["model.hidden=12", "data.window=6", "data.batch_lanes=3", f"train.precision={precision}"])
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """An empty tuning cache of this test's own, read (CATCHAT_TUNE unset), notes printed afresh."""
-    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(tunecache.ENV_TUNE, raising=False)
-    monkeypatch.delenv(gemm.ENV_COOPMAT2, raising=False)
-    monkeypatch.delenv(gemm.ENV_COOP_API, raising=False)
-    tunecache._said.clear()
-    return tmp_path / "cache" / "tune"
-
-
-@pytest.fixture
-def coop_dev(dev, monkeypatch, tmp_path):
-    """lavapipe described as a GPU with cooperative matrices (the NV extension: no newer glslc), and
-    programs built on it without recording their sequences (the kernels' pipelines are never made)."""
-    monkeypatch.setenv(shaders.ENV_NEWER_GLSLC, str(tmp_path / "missing-glslc"))
-    shaders.glslc_path.cache_clear()
-    monkeypatch.setattr(driver, "sq", SimpleNamespace(
-        record_forward=lambda *a: (None, None, None), record_train=lambda *a: (None, None),
-        record_apply=lambda *a: None))
-    monkeypatch.setattr(driver, "batched_ops", lambda *a: ([], None))
-    fake = dataclasses.replace(dev, info=dataclasses.replace(dev.info, subgroup_size=32, max_shared_memory_bytes=49152),
-                               features=dev.features | {"cooperativeMatrixNV"}, coop_shapes=(gemm.COOP_SHAPE,))
-    assert gemm.coopmat_runs(fake) and gemm.coop_api(fake) == "nv" and not gemm.coopmat2_runs(fake)
-    yield fake
-    shaders.glslc_path.cache_clear()
 
 
 def _program(dev, cfg):

@@ -429,6 +429,9 @@ part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 -
     --json "$out/gen-v5.json"
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
+# fp32: the large GEMMs' split tiles (rows "split") and the sweeps', then the step tuned against the tables'
+part tune-v3-fp32 $py -m catchat.cli bench configs/catchat-v3.toml --tune --steps 3 --warmup 1 --json "$out/tune-v3-fp32.json"
+part tune-v5-fp32 $py -m catchat.cli bench configs/catchat-v5.toml --tune --steps 2 --warmup 1 --json "$out/tune-v5-fp32.json"
 # the workgroup-scope GEMM in the step (opt-in: CATCHAT_COOPMAT2=1), to set beside the default's
 part bench-v5-fp16-coop2 env CATCHAT_COOPMAT2=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
     --precision fp16 --profile

@@ -120,7 +120,7 @@ def _run_tune(cfg, dev, progress, console, say) -> dict:
     rows, path = tune(cfg, dev, progress=progress)
     table = new_table("kind", "shape", "tables' choice", "fastest", "us (tables')", "us (fastest)",
                       title=f"tuned on {dev.info.name}")
-    for r in rows:  # kinds gemm (glsl/gemm.comp), coop (the tensor-core GEMM, fp16), gru (the sweeps)
+    for r in rows:  # kinds gemm (glsl/gemm.comp), coop (the tensor-core GEMM, fp16), split (its fp32 mode), gru
         fmt = lambda us: "-" if us is None else f"{us:.1f}"  # noqa: E731
         table.add_row(r.kind, r.key, escape(str(tuple(r.fields(r.table)))) if r.table is not None else "(none fits)",
                       escape(str(tuple(r.fields(r.winner)))) if r.winner is not None else "(one candidate)",

@@ -1,9 +1,9 @@
 """Tile tuning for this GPU (`catchat bench --tune`): for every shape a program of the config asks
 tile pickers about (catchat/vk/tune.py's `recording`), time each candidate the tables list that fits
 this device (GEMM tiles; the tensor-core GEMM's grid where train.precision is "fp16" on a GPU with
-cooperative matrices; sweep tiles: register-resident, persistent and per-step), check it computes
-what the tables' choice does, and cache the fastest per device, driver and shape; the pickers use it
-from then on.
+cooperative matrices, and its float32 mode's from float16 splits for the large GEMMs at "fp32" there;
+sweep tiles: register-resident, persistent and per-step), check it computes what the tables' choice
+does, and cache the fastest per device, driver and shape; the pickers use it from then on.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class TuneRow:
 
     def fields(self, tiles) -> list | None:
         """`tiles`' fields, for printing and JSON: a CoopTiles' `dataclasses.astuple`, else the numbers."""
-        return None if tiles is None else list(astuple(tiles) if self.kind == "coop" else tiles)
+        return None if tiles is None else list(astuple(tiles) if self.kind in COOP_KINDS else tiles)
 
     def micros(self, tiles) -> float | None:
         """Microseconds measured for `tiles` (None: not measured, failed, or no such candidate)."""
@@ -49,10 +49,14 @@ class TuneRow:
         return None
 
 
+COOP_KINDS = ("coop", "split")  # the tensor-core GEMM's tiles (CoopTiles): float16 operands, float32 from splits
+GEMM_KINDS = ("gemm",) + COOP_KINDS
+
+
 def cache_form(kind: str, tiles) -> list:
     """A candidate as catchat/vk/tune.py stores it: GEMM tiles' five numbers, a CoopTiles' fields
     (`dataclasses.astuple`: the numbers and its extension), a sweep's `gru.to_cache`."""
-    if kind == "coop":
+    if kind in COOP_KINDS:
         return list(astuple(tiles))
     return [int(v) for v in tiles] if kind == "gemm" else gru.to_cache(tiles)
 
@@ -61,7 +65,8 @@ def tune_shapes(cfg, dev) -> dict:
     """(kind, key) -> shape for every tile choice the config's training and evaluation programs make
     on dev at the config's train.precision (built once under catchat/vk/tune.py's `recording`, with
     the per-timestep rows of scheduled sampling and free-running evaluation, then dropped): with
-    "fp16" on a GPU with cooperative matrices every GEMM asks `gemm.pick_coop_tiles` (kind "coop")."""
+    "fp16" on a GPU with cooperative matrices every GEMM asks `gemm.pick_coop_tiles` (kind "coop"),
+    with "fp32" there the large ones `gemm.pick_split_tiles` (kind "split", `gemm.split_gemm`)."""
     from catchat.vk.program import Program
     from catchat.vk.program.kernelsets import build_stepwise
 
@@ -75,13 +80,18 @@ def tune_shapes(cfg, dev) -> dict:
 
 def candidates_of(dev, kind: str, shape: dict) -> tuple[object, list]:
     """(the tables' choice, every candidate the tables list that fits dev) for one shape; for "coop"
-    the program's choice without the cache and the tensor-core grid (`gemm.coop_candidates`)."""
+    the program's choice without the cache and the tensor-core grid (`gemm.coop_candidates`), for
+    "split" the split GEMM's rule and SPLIT_GRID (`gemm.split_candidates`)."""
     if kind == "gemm":
         return gemm.table_gemm_tiles(dev, shape["M"], shape["N"], shape["split_k"]), gemm.gemm_candidates(dev)
     if kind == "coop":
         trans = (shape["trans_a"], shape["trans_b"])
         return (gemm.pick_coop_tiles(dev, shape["M"], shape["N"], shape["split_k"], trans, coopmat2=False),
                 gemm.coop_candidates(dev, trans))
+    if kind == "split":
+        trans = (shape["trans_a"], shape["trans_b"])
+        return (gemm.split_tiles(dev, shape["M"], shape["N"], shape["split_k"], trans),
+                gemm.split_candidates(dev, trans))
     args = (dev, shape["B"], shape["H"], shape["backward"], shape["resident"])
     return gru.table_tiles(*args), gru.sweep_candidates(*args)
 
@@ -134,7 +144,7 @@ class Measurer:
     `steps` steps), or None when the candidate failed or computed something other than the first
     candidate of its shape (the tables' choice). `precision`: the program's; glsl/gemm.comp's tiles
     ("gemm") are timed with its loads ("fp16": rounded to float16), the tensor-core GEMM's ("coop")
-    always take float16 operands."""
+    always take float16 operands and its split tiles ("split") float32 ones."""
 
     def __init__(self, dev, reps: int = 5, steps: int = 32, gemm_repeat: int = 8, precision: str = "fp32"):
         self.dev, self.reps, self.steps, self.gemm_repeat = dev, reps, steps, gemm_repeat
@@ -150,7 +160,7 @@ class Measurer:
         if key == self.shape_key:
             return
         self.shape_key, self.reference, dev = key, None, self.dev
-        if kind in ("gemm", "coop"):
+        if kind in GEMM_KINDS:
             M, N, K = shape["M"], shape["N"], shape["K"]
             self.bufs = dict(a=self._tensor(M * K), b=self._tensor(K * N), c=self._tensor(M * N),
                              work=dev.tensor(max(1, shape["split_k"] * M * N), kind="storage"))
@@ -164,10 +174,10 @@ class Measurer:
     def _kernel(self, kind: str, shape: dict, tiles):
         """(ops to time, the output tensor)."""
         b = self.bufs
-        if kind in ("gemm", "coop"):
+        if kind in GEMM_KINDS:
             M, N, K, ta, tb = shape["M"], shape["N"], shape["K"], shape["trans_a"], shape["trans_b"]
-            how = (dict(precision="fp16", coopmat=True, coopmat2=False) if kind == "coop"
-                   else dict(precision=self.precision, coopmat=False))
+            how = {"coop": dict(precision="fp16", coopmat=True, coopmat2=False),
+                   "split": dict(precision="fp32", split=True)}.get(kind, dict(precision=self.precision, coopmat=False))
             k = gemm.Gemm(self.dev, (b["a"], 0, M if ta else K), (b["b"], 0, K if tb else N), (b["c"], 0, N),
                           M, N, K, trans_a=ta, trans_b=tb, split_k=shape["split_k"], tiles=tiles, workspace=b["work"],
                           **how)
@@ -185,7 +195,7 @@ class Measurer:
             return None
         host_view(out)[:] = np.nan  # a kernel that writes nothing cannot pass as a match
         self.dev.upload([out])
-        n = self.gemm_repeat if kind in ("gemm", "coop") else 1  # a GEMM recorded n times: the submit's cost spread
+        n = self.gemm_repeat if kind in GEMM_KINDS else 1  # a GEMM recorded n times: the submit's cost spread
         sec = timed_sequence(self.dev, ops * n, self.reps) / n
         stats = self.bufs.get("stats")
         got, *st = run_ops(self.dev, [], [], [out] + ([stats] if stats is not None else []))  # one download

@@ -7,14 +7,17 @@ beside the SPIR-V cache), written atomically:
      "gemm": {"MxNxK/sS/AB": [BM, BN, BK, TM, TN]},
      "gru": {"fwd/B64/H512/wg132": ["ResidentTiles" | "tuple", [...]]},
      "coop": {"MxNxK/sS/AB": [WM, WN, FM, FN, BK, STAGES, API]},
+     "split": {"MxNxK/sS/AB": [WM, WN, FM, FN, BK, STAGES, API]},
      "measured": {"KIND/KEY": [[candidate, microseconds], ...]}}
 
 "gemm" holds glsl/gemm.comp's tiles (GemmTiles), "coop" the tensor-core GEMM's (glsl/gemm_coopmat.comp,
 CoopTiles as `dataclasses.astuple` gives them: what train.precision "fp16" runs on a GPU with
-cooperative matrices), "gru" the recurrent sweeps'. Version 1 files written before "coop" existed load
-as they are (a kind a file lacks is empty). The pickers (`gemm.gemm_tiles`, `gemm.pick_coop_tiles`,
-`gru.default_tiles`) ask `lookup` first and fall back to the tables of catchat/vk/tiles.py and
-`gemm.coop_tiles`. A file that cannot be read, is not this format, or was written
+cooperative matrices), "split" the float32 GEMM's from float16 splits (the same kernel's SPLIT mode,
+CoopTiles too: what train.precision "fp32" runs there for its large GEMMs), "gru" the recurrent sweeps'.
+Version 1 files written before "coop" or "split" existed load as they are (a kind a file lacks is
+empty). The pickers (`gemm.gemm_tiles`, `gemm.pick_coop_tiles`, `gemm.pick_split_tiles`,
+`gru.default_tiles`) ask `lookup` first and fall back to the tables of catchat/vk/tiles.py,
+`gemm.coop_tiles` and `gemm.split_tiles`. A file that cannot be read, is not this format, or was written
 under other limits (a driver update that changed them) is ignored with a warning; a cached choice
 that is no longer one of the candidates for its shape is ignored with a note (`note`). Neither is
 ever an error: the tables still give a choice. `CATCHAT_TUNE=0` ignores the cache altogether.
@@ -36,7 +39,7 @@ from catchat.vk.switches import env_override
 
 VERSION = 1
 ENV_TUNE = "CATCHAT_TUNE"
-KINDS = ("gemm", "gru", "coop")  # a file without one of them has none of that kind
+KINDS = ("gemm", "gru", "coop", "split")  # a file without one of them has none of that kind
 
 _said: set[str] = set()
 _loaded: dict = {}
@@ -151,7 +154,7 @@ def load(info) -> dict | None:
 
 
 def lookup(info, kind: str, key: str, shape: dict | None = None):
-    """The cached choice for `key` of `kind` ("gemm", "gru", "coop") on this device, or None. `shape`
+    """The cached choice for `key` of `kind` (one of KINDS) on this device, or None. `shape`
     (the key's numbers) is what `recording` collects."""
     if _asked is not None and shape is not None:
         _asked.setdefault((kind, key), shape)

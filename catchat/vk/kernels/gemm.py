@@ -53,6 +53,7 @@ from catchat.vk.kernels.gemm_tiles import (  # noqa: F401  (the tile names, re-e
     gemm_split_k,
     gemm_tiles,
     pick_coop_tiles,
+    pick_split_tiles,
     products,
     short_split_k,
     split_candidates,
@@ -265,11 +266,11 @@ class Gemm(Kernel):
     def _pick_tiles(self, dev: Device, tiles, coopmat: bool, coopmat2: bool | None, auto: bool,
                     trans: tuple[bool, bool]):
         """(tiles, whether on cooperative matrices): the caller's where given, else the split GEMM's
-        (`split_tiles`), the tensor-core GEMM's (`pick_coop_tiles`; with coopmat auto, gemm.comp's rounding
+        (`pick_split_tiles`), the tensor-core GEMM's (`pick_coop_tiles`; with coopmat auto, gemm.comp's rounding
         loads where none fits) or gemm.comp's (`gemm_tiles`)."""
         M, N, K = self.M, self.N, self.K
         if self.split:
-            t = tiles if isinstance(tiles, CoopTiles) else split_tiles(dev, M, N, self.split_k, trans)
+            t = tiles if isinstance(tiles, CoopTiles) else pick_split_tiles(dev, M, N, self.split_k, trans, K)
             if t is None:
                 raise ValueError(f"no split GEMM tile fits {dev.info.name}'s {dev.info.max_shared_memory_bytes} B "
                                  "of shared memory")

@@ -192,7 +192,8 @@ def coop_candidates(dev: Device, trans: tuple[bool, bool] = (False, False)) -> l
 # The float32 GEMM from float16 splits (SPLIT: three products a fragment pair, two accumulator sets, so
 # 8 fragments a subgroup where the float16 GEMM has 16): 128 x 128 on 8 subgroups of 64 x 32, 32-deep
 # slices in one buffer (37 KB of shared memory with their lo parts); 64 x 64 on 4 subgroups where that
-# grid would not fill the GPU. Not tuned yet: tools/bench_gemm.py --operands split times the others.
+# grid would not fill the GPU. `catchat bench --tune` times SPLIT_GRID at a fp32 program's shapes (kind
+# "split"); tools/bench_gemm.py --operands split does too, beside cuBLAS.
 SPLIT_TILE = CoopTiles(2, 4, 4, 2, 32, 1)
 SPLIT_SMALL_TILE = CoopTiles(2, 2, 2, 2, 16, 1)
 SPLIT_GRID = (SPLIT_TILE, CoopTiles(2, 4, 4, 2, 16, 1), CoopTiles(4, 2, 2, 4, 32, 1), CoopTiles(2, 2, 4, 2, 32, 1),
@@ -461,6 +462,19 @@ def tuned_coop_tiles(dev: Device, M: int, N: int, K: int, split_k: int,
     `coop_candidates` (else a note and None); while `tune.recording()` the shape is collected."""
     return _tuned(dev, "coop", (M, N, K, split_k, trans), lambda c: CoopTiles(*c),
                   lambda: coop_candidates(dev, trans), "cooperative-matrix tiles", " --precision fp16")
+
+
+def pick_split_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool, bool],
+                     K: int | None = None) -> CoopTiles | None:
+    """The split GEMM's tile: the one `catchat bench --tune` cached for this device and (M, N, K, split_k,
+    transposes) (kind "split"), where it is still one of `split_candidates` (else a note); else
+    `split_tiles`. Without K the cache is not asked; None where nothing fits."""
+    if K is not None:
+        t = _tuned(dev, "split", (M, N, K, split_k, trans), lambda c: CoopTiles(*c),
+                   lambda: split_candidates(dev, trans), "split GEMM tiles", "")
+        if t is not None:
+            return t
+    return split_tiles(dev, M, N, split_k, trans)
 
 
 def pick_coop_tiles(dev: Device, M: int, N: int, split_k: int, trans: tuple[bool, bool],
