@@ -12,12 +12,16 @@
 // v = y. It walks the tokens in chunks of WG: each thread tests one token, an ordered compaction
 // (prefix sum in shared memory) lists the matching positions in increasing order, then every
 // thread adds those rows of its column. Sums run in token order from dE's old value, as numpy's
-// add.at does, so the result is deterministic and independent of the geometry.
+// add.at does, so the result is deterministic and independent of the geometry (lavapipe's compiler
+// reassociates the adds of one UNROLL run, so there it is deterministic and within float32 rounding
+// of that order: measured, runs of 2 kept the order, 4 and 8 did not).
 // Cost: every workgroup scans all tokens: V * ceil(H/WG) * T*B token tests (log2(WG) barriers
 // per chunk of WG tokens), plus one read of each dX element; dE is read and written once.
+#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "slots.glsl"
 #include "dropout.glsl"
+#define UNROLL 8u  // rows whose loads a thread issues at once
 
 layout(local_size_x_id = 0) in;
 
@@ -45,17 +49,36 @@ layout(set = 0, binding = 2) writeonly buffer X_ { float X[]; };  // [T*B,H]
 layout(set = 0, binding = 4) readonly buffer Bias_ { float bias[]; };  // [H] at bias_off
 #endif
 
+#ifdef VEC4  // H and the offsets multiples of 4: a thread per 4 elements of a row, 16-byte loads and stores
+layout(set = 0, binding = 1) readonly buffer E4_ { vec4 E4[]; };
+layout(set = 0, binding = 2) writeonly buffer X4_ { vec4 X4[]; };
+#ifdef HAS_BIAS
+layout(set = 0, binding = 4) readonly buffer Bias4_ { vec4 bias4[]; };
+#endif
+#define T_ vec4
+#define W_ 4u
+#define E_(i) E4[(i) / 4u]
+#define X_(i) X4[(i) / 4u]
+#define BIAS_(i) bias4[(i) / 4u]
+#else
+#define T_ float
+#define W_ 1u
+#define E_(i) E[i]
+#define X_(i) X[i]
+#define BIAS_(i) bias[i]
+#endif
+
 void main() {
     uint n = pc.n_rows * pc.H;
-    uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-    for (uint e = gl_GlobalInvocationID.x; e < n; e += stride) {  // grid-stride: any T*B*H
+    uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x * W_;
+    for (uint e = gl_GlobalInvocationID.x * W_; e < n; e += stride) {  // grid-stride: any T*B*H
         uint i = e / pc.H, j = e % pc.H;
         uint v = tok[pc.tok_off + i];
-        float x = v < pc.V ? E[pc.e_off + v * pc.H + j] * row_scale(v) : 0.0;
+        T_ x = v < pc.V ? E_(pc.e_off + v * pc.H + j) * row_scale(v) : T_(0.0);
 #ifdef HAS_BIAS
-        x += bias[pc.bias_off + j];
+        x += BIAS_(pc.bias_off + j);
 #endif
-        X[pc.x_off + e] = x;
+        X_(pc.x_off + e) = x;
     }
 }
 
@@ -75,9 +98,11 @@ void main() {
     float s = row_scale(v);
     float acc = c < pc.H ? dE[pc.e_off + v * pc.H + c] : 0.0;
 
+    uint next = lx < pc.n_rows ? tok[pc.tok_off + lx] : 0u;  // the chunk's token, loaded a chunk ahead
     for (uint base = 0; base < pc.n_rows; base += WG) {
         uint i = base + lx;
-        uint match = (i < pc.n_rows && tok[pc.tok_off + i] == v) ? 1u : 0u;
+        uint match = (i < pc.n_rows && next == v) ? 1u : 0u;
+        if (i + WG < pc.n_rows) next = tok[pc.tok_off + i + WG];
         scan[0][lx] = match;
         barrier();
         uint src = 0;
@@ -91,8 +116,15 @@ void main() {
         if (match != 0u) hits[scan[src][lx] - 1u] = i;
         uint count = scan[src][WG - 1u];
         barrier();
-        if (c < pc.H)
-            for (uint h = 0; h < count; ++h) acc += dX[pc.x_off + hits[h] * pc.H + c] * s;
+        if (c < pc.H) {  // in token order; UNROLL rows' loads issued before their adds (the same sums)
+            uint h = 0u;
+            for (; h + UNROLL <= count; h += UNROLL) {
+                float d[UNROLL];
+                [[unroll]] for (uint u = 0u; u < UNROLL; ++u) d[u] = dX[pc.x_off + hits[h + u] * pc.H + c];
+                [[unroll]] for (uint u = 0u; u < UNROLL; ++u) acc += d[u] * s;
+            }
+            for (; h < count; ++h) acc += dX[pc.x_off + hits[h] * pc.H + c] * s;
+        }
         barrier();  // hits and scan are rewritten by the next chunk
     }
     if (c < pc.H) dE[pc.e_off + v * pc.H + c] = acc;

@@ -9,7 +9,10 @@
 // lane0 = hyper[HP_LANE_OFFSET]: the global index of this program's lane 0 (data parallelism; 0 alone).
 // FORWARD/BACKWARD: one workgroup owns rows [wg * rows_per_wg, ...) and thread i owns columns
 // i, i + WG, ... (COLS of them, kept in registers): row sums are one subgroup + shared reduction.
+// A workgroup loads its next row before it reduces the current one: with a workgroup per GPU slot
+// (~1,024 on an H200) rows are neither a chain of memory round trips nor a launch each.
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 #if !defined(FORWARD) && !defined(BACKWARD) && !defined(DG_REDUCE)
 #define FORWARD 1  // the variant compiled when none is named
 #endif
@@ -47,6 +50,7 @@ layout(push_constant) uniform Push {
     uint row0;  // the dispatch's first row (a multiple of rows_per_wg): rows [row0, R), partial row0 / rows_per_wg on
 } pc;
 #elif defined(DG_REDUCE)
+#define UNROLL 16u  // partials whose loads a thread issues at once
 layout(set = 0, binding = 0) readonly buffer Part { float dgpart[]; };  // [n_parts, H]
 layout(set = 0, binding = 1) buffer G { float grads[]; };               // dg [H] at g_off (+=)
 layout(push_constant) uniform Push { uint H; uint n_parts; uint g_off; } pc;
@@ -63,18 +67,34 @@ float hid_scale(uint b, uint j) {
 #endif
 
 #if defined(FORWARD)
+// Row r's inputs for the thread's columns (0 past H).
+void load_row(uint r, uint tid, out float xr[COLS], out float or_[COLS]) {
+    [[unroll]] for (uint c = 0u; c < COLS; ++c) {
+        uint j = tid + c * gl_WorkGroupSize.x;
+        bool in_h = j < pc.H;
+        xr[c] = in_h ? x[pc.x_off + r * pc.H + j] : 0.0;
+        or_[c] = in_h ? o[pc.o_off + r * pc.H + j] : 0.0;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
     uint r0 = gl_WorkGroupID.x * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
+    // The next row's loads are issued before this row's reduction, as in the backward.
+    float xn[COLS], on[COLS];
+    if (r0 < r1) load_row(r0, tid, xn, on);
     for (uint r = r0; r < r1; ++r) {  // uniform per workgroup: barriers inside are fine
         uint b = r % pc.B;
+        float xr[COLS], or_[COLS];
+        [[unroll]] for (uint c = 0u; c < COLS; ++c) { xr[c] = xn[c]; or_[c] = on[c]; }
+        if (r + 1u < r1) load_row(r + 1u, tid, xn, on);
         float y[COLS];
         float ss = 0.0;
         for (uint c = 0u; c < COLS; ++c) {
             uint j = tid + c * WG;
             y[c] = 0.0;
             if (j < pc.H) {
-                y[c] = x[pc.x_off + r * pc.H + j] + o[pc.o_off + r * pc.H + j] * hid_scale(b, j);
+                y[c] = xr[c] + or_[c] * hid_scale(b, j);
                 ss += y[c] * y[c];
             }
         }
@@ -87,15 +107,33 @@ void main() {
     }
 }
 #elif defined(BACKWARD)
+// Row r's inputs for the thread's columns (0 past H).
+void load_row(uint r, uint tid, out float xr[COLS], out float or_[COLS], out float dr[COLS], out float rs) {
+    rs = rstd[pc.rstd_off + r];
+    [[unroll]] for (uint c = 0u; c < COLS; ++c) {
+        uint j = tid + c * gl_WorkGroupSize.x;
+        bool in_h = j < pc.H;
+        xr[c] = in_h ? x[pc.x_off + r * pc.H + j] : 0.0;
+        or_[c] = in_h ? o[pc.o_off + r * pc.H + j] : 0.0;
+        dr[c] = in_h ? dout[pc.dout_off + r * pc.H + j] : 0.0;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x, WG = gl_WorkGroupSize.x;
     uint part = pc.row0 / pc.rows_per_wg + gl_WorkGroupID.x;  // the whole window's partial, whatever the dispatch
     uint r0 = part * pc.rows_per_wg, r1 = min(pc.R, r0 + pc.rows_per_wg);
     float dg[COLS];  // this workgroup's partial dg for the thread's columns, summed in row order
     for (uint c = 0u; c < COLS; ++c) dg[c] = 0.0;
+    // The next row's loads are issued before this row's reduction (its barriers), so a workgroup's
+    // rows are not a chain of memory round trips; the arithmetic is the same as one row at a time.
+    float xn[COLS], on[COLS], dn[COLS], rsn = 0.0;
+    if (r0 < r1) load_row(r0, tid, xn, on, dn, rsn);
     for (uint r = r0; r < r1; ++r) {
         uint b = r % pc.B;
-        float rs = rstd[pc.rstd_off + r];
+        float xr[COLS], or_[COLS], dr[COLS], rs = rsn;
+        [[unroll]] for (uint c = 0u; c < COLS; ++c) { xr[c] = xn[c]; or_[c] = on[c]; dr[c] = dn[c]; }
+        if (r + 1u < r1) load_row(r + 1u, tid, xn, on, dn, rsn);
         float yhat[COLS], dyhat[COLS], hs[COLS];
         float s = 0.0;
         for (uint c = 0u; c < COLS; ++c) {
@@ -103,8 +141,8 @@ void main() {
             yhat[c] = 0.0; dyhat[c] = 0.0; hs[c] = 0.0;
             if (j < pc.H) {
                 hs[c] = hid_scale(b, j);
-                float y = x[pc.x_off + r * pc.H + j] + o[pc.o_off + r * pc.H + j] * hs[c];
-                float d = dout[pc.dout_off + r * pc.H + j];
+                float y = xr[c] + or_[c] * hs[c];
+                float d = dr[c];
                 yhat[c] = y * rs;
                 dyhat[c] = d * params[pc.g_off + j];
                 dg[c] += d * yhat[c];
@@ -130,8 +168,16 @@ void main() {
 void main() {
     uint j = gl_GlobalInvocationID.x;
     if (j >= pc.H) return;
+    // The partials in workgroup order, UNROLL loads issued before their adds (the same sums: the
+    // loop of one load at a time was a chain of n_parts L2 round trips, most of the backward's time)
     float s = 0.0;
-    for (uint w = 0u; w < pc.n_parts; ++w) s += dgpart[w * pc.H + j];
+    uint w = 0u;
+    for (; w + UNROLL <= pc.n_parts; w += UNROLL) {
+        float v[UNROLL];
+        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) v[u] = dgpart[(w + u) * pc.H + j];
+        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) s += v[u];
+    }
+    for (; w < pc.n_parts; ++w) s += dgpart[w * pc.H + j];
     grads[pc.g_off + j] += s;
 }
 #endif

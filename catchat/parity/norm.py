@@ -53,6 +53,7 @@ CASES = [  # (T, B, H, layer, p, wg, rows_per_wg forward, rows_per_wg backward)
     (9, 4, 33, 2, 0.1, None, 5, None),
     (6, 5, 64, 0, 0.5, None, None, 7),
     (3, 2, 300, 1, 0.25, 128, 2, 4),  # 3 columns per thread, the last one partial
+    (40, 5, 33, 1, 0.2, None, None, 3),  # 67 partials of dg: the reduce's 16-load runs and their tail
 ]
 
 

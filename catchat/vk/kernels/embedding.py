@@ -34,7 +34,8 @@ def _sqrt_h(scale_h: int) -> float:
 
 
 class EmbeddingForward(Kernel):
-    """x0[T*B, H] = E[tok] * scale(tok) (+ bias) (one thread per output element, grid-stride).
+    """x0[T*B, H] = E[tok] * scale(tok) (+ bias) (a thread per output element, or per 4 where H and the
+    offsets are multiples of 4; grid-stride).
 
     tokens: (uint32 tensor, offset) [T*B]; table: (tensor, offset) E [V,H] (in `params`);
     out: (tensor, offset) x0 [T*B,H], overwritten; hyper: the uint32 hyper buffer [HP_WORDS].
@@ -55,12 +56,15 @@ class EmbeddingForward(Kernel):
             _check(bias[0], bias[1], H, "bias")
         self.n_rows, self.V, self.H = n_rows, V, H
         wg = _workgroup(dev)
-        groups = min(max(1, ceil_div(n_rows * H, wg)), MAX_GROUPS)
+        # 4 elements a thread (16-byte loads and stores) where every row and offset allows: op_at moves
+        # the tokens by rows and the outputs by whole rows, so H % 4 keeps them aligned
+        self.vec4 = H % 4 == 0 and all(off % 4 == 0 for off in (table[1], out[1]) + ((bias[1],) if bias else ()))
+        groups = min(max(1, ceil_div(n_rows * H, wg * (4 if self.vec4 else 1))), MAX_GROUPS)
         self.push = (n_rows, H, V, tokens[1], table[1], out[1], _sqrt_h(scale_h or H),
                      bias[1] if bias is not None else 0)
+        defines = {"FORWARD": 1, **({"HAS_BIAS": 1} if bias is not None else {}), **({"VEC4": 1} if self.vec4 else {})}
         super().__init__(dev, [tokens[0], table[0], out[0], hyper] + ([bias[0]] if bias is not None else []),
-                         [groups], spec=[wg], push=self.push,
-                         defines={"FORWARD": 1, **({"HAS_BIAS": 1} if bias is not None else {})})
+                         [groups], spec=[wg], push=self.push, defines=defines)
 
     def op(self):
         return super().op(*self.push)
