@@ -30,7 +30,7 @@ part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --step
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
 # the row kernels (norms, column sums, embedding gathers and token sums) after a change to them: their
 # parity, then the fp16 steps' profiles alone (no torch), to set beside the same parts of the code before
-part parity-rows $py -m catchat.cli parity --only norm --only embedding --only model --summary --json "$out/parity-rows.json"
+part parity-rows $py -m catchat.cli parity --only norm --only embedding --only optim --only model --summary --json "$out/parity-rows.json"
 part prof-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 4 --warmup 1 --precision fp16 --profile \
     --json "$out/prof-v3-fp16.json"
 part prof-v5-fp16 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile \
