@@ -5,9 +5,7 @@
 // Deterministic: thread (x, y) sums rows y, y + WY, ... of its chunk in order, then a fixed tree
 // over y. Split-K over rows is two dispatches of this shader: partials [S,N] into a workspace
 // (accumulate 0), then the same kernel over those S rows (accumulate 1).
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
-#define UNROLL 8u  // rows whose loads a thread issues at once
 
 layout(local_size_x_id = 0, local_size_y_id = 1) in;  // x: columns, y: row lanes (power of two)
 
@@ -28,18 +26,9 @@ void main() {
     uint r_begin = s * pc.rows_per_split;
     uint r_end = min(pc.M, r_begin + pc.rows_per_split);
 
-    // Rows r, r + WY, ... of the chunk in order; UNROLL rows' loads issued before their adds, so a
-    // thread has UNROLL loads in flight instead of one (the sums, and so the bits, are the same).
     float sum = 0.0;
-    if (n < pc.N) {
-        uint r = r_begin + ly;
-        for (; r + (UNROLL - 1u) * WY < r_end; r += UNROLL * WY) {
-            float v[UNROLL];
-            [[unroll]] for (uint u = 0u; u < UNROLL; ++u) v[u] = A[pc.a_off + (r + u * WY) * pc.lda + n];
-            [[unroll]] for (uint u = 0u; u < UNROLL; ++u) sum += v[u];
-        }
-        for (; r < r_end; r += WY) sum += A[pc.a_off + r * pc.lda + n];
-    }
+    if (n < pc.N)
+        for (uint r = r_begin + ly; r < r_end; r += WY) sum += A[pc.a_off + r * pc.lda + n];
     part[ly * WX + lx] = sum;
     barrier();
     for (uint h = WY / 2; h > 0; h /= 2) {

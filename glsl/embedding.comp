@@ -12,16 +12,12 @@
 // v = y. It walks the tokens in chunks of WG: each thread tests one token, an ordered compaction
 // (prefix sum in shared memory) lists the matching positions in increasing order, then every
 // thread adds those rows of its column. Sums run in token order from dE's old value, as numpy's
-// add.at does, so the result is deterministic and independent of the geometry (lavapipe's compiler
-// reassociates the adds of one UNROLL run, so there it is deterministic and within float32 rounding
-// of that order: measured, runs of 2 kept the order, 4 and 8 did not).
+// add.at does, so the result is deterministic and independent of the geometry.
 // Cost: every workgroup scans all tokens: V * ceil(H/WG) * T*B token tests (log2(WG) barriers
 // per chunk of WG tokens), plus one read of each dX element; dE is read and written once.
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "slots.glsl"
 #include "dropout.glsl"
-#define UNROLL 8u  // rows whose loads a thread issues at once
 
 layout(local_size_x_id = 0) in;
 
@@ -98,11 +94,9 @@ void main() {
     float s = row_scale(v);
     float acc = c < pc.H ? dE[pc.e_off + v * pc.H + c] : 0.0;
 
-    uint next = lx < pc.n_rows ? tok[pc.tok_off + lx] : 0u;  // the chunk's token, loaded a chunk ahead
     for (uint base = 0; base < pc.n_rows; base += WG) {
         uint i = base + lx;
-        uint match = (i < pc.n_rows && next == v) ? 1u : 0u;
-        if (i + WG < pc.n_rows) next = tok[pc.tok_off + i + WG];
+        uint match = (i < pc.n_rows && tok[pc.tok_off + i] == v) ? 1u : 0u;
         scan[0][lx] = match;
         barrier();
         uint src = 0;
@@ -116,15 +110,8 @@ void main() {
         if (match != 0u) hits[scan[src][lx] - 1u] = i;
         uint count = scan[src][WG - 1u];
         barrier();
-        if (c < pc.H) {  // in token order; UNROLL rows' loads issued before their adds (the same sums)
-            uint h = 0u;
-            for (; h + UNROLL <= count; h += UNROLL) {
-                float d[UNROLL];
-                [[unroll]] for (uint u = 0u; u < UNROLL; ++u) d[u] = dX[pc.x_off + hits[h + u] * pc.H + c];
-                [[unroll]] for (uint u = 0u; u < UNROLL; ++u) acc += d[u] * s;
-            }
-            for (; h < count; ++h) acc += dX[pc.x_off + hits[h] * pc.H + c] * s;
-        }
+        if (c < pc.H)
+            for (uint h = 0; h < count; ++h) acc += dX[pc.x_off + hits[h] * pc.H + c] * s;
         barrier();  // hits and scan are rewritten by the next chunk
     }
     if (c < pc.H) dE[pc.e_off + v * pc.H + c] = acc;

@@ -10,10 +10,8 @@
 // driver assume floats are never NaN/Inf unless SignedZeroInfNanPreserve is declared, so
 // isnan()/isinf() or NaN propagation through sums may be optimised away. A NaN anywhere makes
 // the result NaN; otherwise an Inf anywhere makes it +Inf (as float64 numpy would give).
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "slots.glsl"
-#define UNROLL 8u  // pass 2: partials whose loads a thread issues at once
 
 layout(local_size_x_id = 0) in;                 // WG threads, a power of two
 layout(constant_id = 1) const uint ITEMS = 8u;  // pass 1: elements per thread
@@ -84,23 +82,13 @@ void main() {
     precise float sum = 0.0;
     precise float comp = 0.0;
     uint flag = 0u;
-    // the thread's partials in order, UNROLL loads issued before their sums (one at a time, a thread
-    // of v5's ~37,000 partials waited on ~145 L2 round trips in a row)
-    for (uint i0 = t; i0 < pc.n_partials; i0 += UNROLL * WG) {
-        uint w[UNROLL];
-        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-            uint i = i0 + u * WG;
-            w[u] = i < pc.n_partials ? partials[i] : 0u;  // +0.0 past the end: the sum unchanged
-        }
-        [[unroll]] for (uint u = 0u; u < UNROLL; ++u) {
-            if (i0 + u * WG >= pc.n_partials) break;
-            uint bits = w[u];
-            flag |= nonfinite_flag(bits);
-            precise float y = uintBitsToFloat(bits) - comp;
-            precise float s = sum + y;
-            comp = (s - sum) - y;
-            sum = s;
-        }
+    for (uint i = t; i < pc.n_partials; i += WG) {
+        uint bits = partials[i];
+        flag |= nonfinite_flag(bits);
+        precise float y = uintBitsToFloat(bits) - comp;
+        precise float s = sum + y;
+        comp = (s - sum) - y;
+        sum = s;
     }
     uint word = workgroup_result(sum, flag);
     if (t == 0u) stats[ST_GRAD_NORM_SQ] = word;

@@ -8,7 +8,6 @@
 // or the norm is not finite nothing is written except stats[ST_SKIPPED] = 1 and
 // stats[ST_CLIP_SCALE] = 1.0 (by invocation 0). Finiteness is tested on the bits: drivers may
 // assume floats are finite unless told otherwise, so isnan()/isinf() are not trusted.
-#extension GL_EXT_control_flow_attributes : require
 #include "common.glsl"
 #include "slots.glsl"
 
@@ -26,11 +25,6 @@ layout(set = 0, binding = 4) readonly buffer Decay { uint decay[]; };          /
 layout(set = 0, binding = 5) readonly buffer Hyper { uint hyper[]; };         // [HP_WORDS]
 layout(set = 0, binding = 6) buffer Stats { uint stats[]; };                  // [ST_WORDS]
 layout(push_constant) uniform Push { uint n; } pc;                            // parameter count
-// the same four buffers as quads (elements 4q .. 4q + 3)
-layout(set = 0, binding = 0) buffer Params4 { vec4 params4[]; };
-layout(set = 0, binding = 1) readonly buffer Grads4 { vec4 grads4[]; };
-layout(set = 0, binding = 2) buffer M4 { vec4 m4[]; };
-layout(set = 0, binding = 3) buffer V4 { vec4 v4[]; };
 
 // Weight decay applies on [decay[1 + 2r], decay[2 + 2r]) for r < decay[0]: the few runs of decayed
 // tensors (catchat.model.ParamLayout.decay_runs), not a float per parameter (4 bytes less per element
@@ -41,24 +35,6 @@ float decay_of(uint i) {
         if (i >= decay[1u + 2u * r] && i < decay[2u + 2u * r]) return 1.0;
     }
     return 0.0;
-}
-
-struct Step { float scale; float lr_wd; float b1; float b2; float eps; float bias_corr2; float c1; float c2; };
-
-// Parameter i's update from its gradient g (before clipping): p, m, v in and out. NADAM: c1 = coef_g,
-// c2 = coef_m; else c1 = the step size.
-void update(Step st, uint i, inout float p, float graw, inout float mi, inout float vi) {
-    float g = graw * st.scale;
-    p = p * (1.0 - st.lr_wd * decay_of(i));  // decoupled weight decay first
-    mi = st.b1 * mi + (1.0 - st.b1) * g;
-    vi = st.b2 * vi + (1.0 - st.b2) * g * g;
-    float denom = sqrt(vi / st.bias_corr2) + st.eps;
-#ifdef NADAM
-    p -= st.c1 * g / denom;
-    p -= st.c2 * mi / denom;
-#else
-    p -= st.c1 * mi / denom;
-#endif
 }
 
 void main() {
@@ -94,27 +70,19 @@ void main() {
     float step_size = lr / HPF(hyper, HP_BIAS_CORR1);  // lr / (1 - b1^t)
 #endif
 
-    Step st;
-    st.scale = scale; st.lr_wd = lr_wd; st.b1 = b1; st.b2 = b2; st.eps = eps; st.bias_corr2 = bias_corr2;
-#ifdef NADAM
-    st.c1 = coef_g; st.c2 = coef_m;
-#else
-    st.c1 = step_size; st.c2 = 0.0;
-#endif
     uint stride = gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-    // Quads of parameters as 16-byte loads and stores (a thread's bytes in flight four times a float's),
-    // each element updated as alone; then the n % 4 last elements one by one.
-    uint n4 = pc.n / 4u;
-    for (uint q = gid; q < n4; q += stride) {
-        vec4 p = params4[q], g = grads4[q], mi = m4[q], vi = v4[q];
-        [[unroll]] for (uint c = 0u; c < 4u; ++c) update(st, 4u * q + c, p[c], g[c], mi[c], vi[c]);
-        params4[q] = p;
-        m4[q] = mi;
-        v4[q] = vi;
-    }
-    for (uint i = 4u * n4 + gid; i < pc.n; i += stride) {
-        float p = params[i], mi = m[i], vi = v[i];
-        update(st, i, p, grads[i], mi, vi);
+    for (uint i = gid; i < pc.n; i += stride) {
+        float g = grads[i] * scale;
+        float p = params[i] * (1.0 - lr_wd * decay_of(i));  // decoupled weight decay first
+        float mi = b1 * m[i] + (1.0 - b1) * g;
+        float vi = b2 * v[i] + (1.0 - b2) * g * g;
+        float denom = sqrt(vi / bias_corr2) + eps;
+#ifdef NADAM
+        p -= coef_g * g / denom;
+        p -= coef_m * mi / denom;
+#else
+        p -= step_size * mi / denom;
+#endif
         params[i] = p;
         m[i] = mi;
         v[i] = vi;

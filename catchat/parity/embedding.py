@@ -63,7 +63,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     out = []
     for T, B, V, H, p in ((1, 1, 1, 1, 0.0), (5, 3, 11, 7, 0.0), (9, 7, 11, 67, 0.3),
                           (33, 4, 101, 65, 0.5), (17, 16, 101, 64, 0.1),
-                          (50, 6, 3, 12, 0.2)):  # ~21 rows a token per chunk: the backward's 8-load runs
+                          (50, 6, 3, 12, 0.2)):  # ~21 rows a token in each chunk of the backward
         tokens, E, dx, dE0 = _case(rng, T, B, V, H)
         seed = int(rng.integers(0, 2**32))
         scale = row_scale(seed, V, H, p)

@@ -12,10 +12,6 @@ from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
 
 MAX_WORKGROUPS = 65535  # per dimension (lavapipe's limit; NVIDIA's is larger)
-# The forward's workgroups: about one per slot of a large GPU (H200: 132 SMs x 8 of 256 threads), each
-# walking its rows with the next row's loads in flight. A workgroup per row or two (32,768 before) spent
-# the forward launching them: v3 0.31 ms a layer for 403 MB (H200, 2026-12-05).
-ROW_WORKGROUPS = 1024
 
 
 def _row_workgroup(dev: Device, H: int, wg: int | None) -> tuple[int, int]:
@@ -41,7 +37,7 @@ class ResidualRmsNormForward(Kernel):
                  out_off: int = 0, rstd_off: int = 0, wg: int | None = None, rows_per_wg: int | None = None):
         R = int(T) * int(B)
         wg, cols = _row_workgroup(dev, H, wg)
-        rpw = rows_per_wg or max(1, ceil_div(R, ROW_WORKGROUPS))
+        rpw = rows_per_wg or max(1, ceil_div(R, 32768))
         n_wg = ceil_div(R, rpw)
         if n_wg > MAX_WORKGROUPS:
             raise ValueError(f"{n_wg} workgroups exceed {MAX_WORKGROUPS}: raise rows_per_wg")

@@ -150,7 +150,7 @@ class Optimizer(Kernel):
             raise ValueError(f"unknown optimizer {kind!r} (expected one of {OPTIMIZERS})")
         self.kind, self.n = kind, int(total)
         wg = workgroup or self.WORKGROUP
-        groups = max(1, min(ceil_div(ceil_div(self.n, 4), wg), max_groups or self.MAX_GROUPS))  # a thread a quad
+        groups = max(1, min(ceil_div(self.n, wg), max_groups or self.MAX_GROUPS))
         super().__init__(dev, [params, grads, m, v, decay, hyper, stats], [groups],
                          spec=[wg], push=(self.n,), defines={kind.upper(): 1})
 
