@@ -24,6 +24,7 @@
 // depend on each other. Word kp (< KP) counts dGh blocks, word KP + cg partial items; GROUP_STRIDE
 // spreads them over cache lines. Needs H a multiple of 16 * KP / gcd(3, KP), B <= 16 * LF (one lane
 // group), w_off a multiple of 8.
+// BIAS_SUMS: the bias gradients summed in the sweep (include/gru_backward_element.glsl).
 // F32: the same items in float32 on the threads' FMAs (gru_backward_stream.comp's F32: W_hh's rows as
 // vec4 straight from params, w_off in floats, a multiple of 4; dGh[s] from the float32 shadow `g4` in
 // include/sweep_simt.glsl's layout). A k-part of dGh[s] is 24H bytes in float32 (v5: 48 KB, all of a
@@ -269,6 +270,9 @@ void main() {
     uint n_cb = H / 16u, n_it = n_cb, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
+#ifdef BIAS_SUMS
+    bias_walk = n_it > n_wg;
+#endif
 #if RES > 0 && !defined(F32)
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_it) load_w(wg % KP, i, (wg / KP) * KP + sg, rw[i]);
@@ -314,5 +318,8 @@ void main() {
         PHASE(i, 4u);
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
+#ifdef BIAS_SUMS  // the one item's element (item wg finishes column block wg)
+    bias_finish(b, 16u * wg + u);
+#endif
     grid_sync_done(KP + n_cb / KP);
 }

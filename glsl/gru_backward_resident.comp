@@ -30,6 +30,8 @@
 // float16 (dgs16), so the product takes float16 dGh (carrying fp16's loss scale) and W_hh with
 // float32 sums; the partials go to `part` as before (directly where the 16 x 16 block is inside B
 // and H, else through a per-subgroup scratch with bounds).
+// BIAS_SUMS: the bias gradients summed in the sweep (include/gru_bias_sums.glsl): the thread's own
+// element of a resident tile in registers, any other element step by step.
 #extension GL_EXT_control_flow_attributes : require
 #ifdef COOP
 #extension GL_EXT_shader_16bit_storage : require
@@ -99,6 +101,9 @@ layout(push_constant) uniform Push {
 } pc;
 #define SYNC_BINDING 11
 #include "grid_sync.glsl"
+#ifdef BIAS_SUMS  // the bias gradients summed in the sweep (binding BIAS_SUMS)
+#include "gru_bias_sums.glsl"
+#endif
 
 #ifdef COOP
 const uint SA = NR + 8u;              // dgs16's row stride in halves (16-byte rows)
@@ -223,8 +228,9 @@ float[7] step_inputs(uint s, uint b, uint k) {
 // Element (b, k) = tile element p of step s, given mm = its row of dGh[s] @ W_hh (s < T), its
 // running gradient dhz = dhtot * z[s], in_u = step_inputs(s) and the clamp c (0 = off): finishes
 // dh into h_{s-1} (clamp, dh0) and runs the gate backward of step s-1, writing dGh[s-1] to memory
-// and to dgs. Returns dGi[s-1] (r, z, n) for the caller to write later; updates dhz.
-vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7] in_u, float c, inout uint hits) {
+// and to dgs. Returns dGi[s-1] (r, z, n) and dGh[s-1]'s n (r dan) for the caller to write later;
+// updates dhz.
+vec4 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7] in_u, float c, inout uint hits) {
     uint H = pc.H;
     float d = 0.0;
     if (s < pc.T) {
@@ -232,7 +238,7 @@ vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7]
         if (c > 0.0 && s >= 1u && abs(d) > c) { hits += 1u; d = clamp(d, -c, c); }
         if (s == 0u) dh0[pc.dh0_off + b * H + k] = d;
     }
-    if (s == 0u) return vec3(0.0);
+    if (s == 0u) return vec4(0.0);
     float r = in_u[1], z = in_u[2], n = in_u[3];
     float dht = d + in_u[0];
     dhz = dht * z;
@@ -247,10 +253,10 @@ vec3 element(uint s, uint p, uint b, uint k, float mm, inout float dhz, float[7]
         dgh[gb + q * H + k] = g[q];
         put_dgs(q * NU + u, bb, g[q]);
     }
-    return vec3(dar, daz, dan);
+    return vec4(dar, daz, dan, g.z);
 }
 
-void put_dgi(uint u, uint b, uint k, vec3 v) {
+void put_dgi(uint u, uint b, uint k, vec4 v) {
     uint H = pc.H, gb = pc.dgi_off + (u * pc.B + b) * 3u * H;
     dgi[gb + k] = v.x;
     dgi[gb + H + k] = v.y;
@@ -270,10 +276,13 @@ void element_from_memory(uint s, uint j0, uint b0, uint p, float c, inout uint h
     uint b = b0 + p / NU, k = j0 + p % NU;
     float dhz = load_state(s, b, k);
     float mm = s < pc.T ? product_row(s, b, k) : 0.0;
-    vec3 g = element(s, p, b, k, mm, dhz, step_inputs(s, b, k), c, hits);
+    vec4 g = element(s, p, b, k, mm, dhz, step_inputs(s, b, k), c, hits);
     if (s > 0u) {
         put_dgi(s - 1u, b, k, g);
         dhz_mem[b * pc.H + k] = dhz;
+#ifdef BIAS_SUMS
+        bias_add(false, s, b, k, g);  // not the thread's own: stored at once
+#endif
     }
 }
 
@@ -320,7 +329,7 @@ void main() {
                 LOAD_W();
             }
             PHASE(i, 0u);
-            vec3 g = vec3(0.0);
+            vec4 g = vec4(0.0);
             if (resident && live) g = element(s, tid, b, k, s < pc.T ? product_row(s, b, k) : 0.0, dhz, in_u, c, hits);
             for (uint p = resident ? tid + NT : tid; p < NU * TB; p += NT) {  // state from memory
                 if (live_at(j0, b0, p)) {
@@ -371,6 +380,9 @@ void main() {
             if (resident && live && s > 0u) {
                 put_dgi(s - 1u, b, k, g);
                 dhz_mem[b * pc.H + k] = dhz;
+#ifdef BIAS_SUMS
+                bias_add(true, s, b, k, g);  // the thread's own element: summed in registers
+#endif
             }
 #ifdef PERSISTENT
             if (!resident || !more) barrier();  // dgs is rewritten by the next tile
@@ -384,6 +396,9 @@ void main() {
 #endif
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
+#ifdef BIAS_SUMS
+    bias_finish(b, k);
+#endif
 #ifdef PERSISTENT
     grid_sync_done(resident ? ceil_div(pc.B, TB) : 1u);
 #endif

@@ -28,6 +28,7 @@
 // invocation 4 columns for BP / 8 lanes, summed through the same `red` slots in the same order.
 // SUBGROUP32 as there.
 // SRES (not with F32): as the forward's, a 16 x 16 block per k-fragment.
+// BIAS_SUMS: the bias gradients summed in the sweep (include/gru_backward_element.glsl).
 // SAVE16 (not with F32): save holds float16 (the forward's SAVE16), and dGh's float32 rows hold its
 // n third alone, [T,B,H] (dgh_ld = H): its r and z thirds equal dGi's, so the weight and bias
 // gradients of W_hh's first 2H rows read them from dGi's.
@@ -323,6 +324,9 @@ void main() {
     uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
     float c = HPF(hyper, HP_GRADH_CLAMP);
     uint hits = 0u;
+#ifdef BIAS_SUMS
+    bias_walk = n_it > n_wg;
+#endif
 #if RES > 0
     [[unroll]] for (uint i = 0u; i < RES; ++i) {
         if (wg < n_it && (FULL || sg * KPG + i < 3u * H / 16u)) load_w(16u * (wg % n_sl), sg * KPG + i, rw[i]);
@@ -408,6 +412,9 @@ void main() {
         held_s = 0u;
     }
     if (hits > 0u) atomicAdd(stats[ST_CLAMP_HITS], hits);
+#ifdef BIAS_SUMS  // the one item's element (item wg)
+    bias_finish((wg / n_sl) * BP + bl, 16u * (wg % n_sl) + u);
+#endif
 #ifdef BLOCK_FLAGS
     grid_sync_done(LG * KGS);
 #elif defined(PERSISTENT)

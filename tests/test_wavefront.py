@@ -184,6 +184,7 @@ def test_wavefront_backward_on_the_float32_streamed_sweeps(dev, monkeypatch):
     spec, hp = replace(SPEC, hidden=32), model_parity.MODEL_CASES[0][-1]
     prog = Program(dev, ParamLayout(spec), 8, 4)
     assert prog.bwd.layers[0].gru.stream and prog.bwd.layers[0].gru.sweep_workgroups
+    assert all(lay.gru.bias_sums is not None for lay in prog.bwd.layers)  # db_ih after the window, not by chunk
     results = model_parity.model_parity(dev, spec, 8, 4, hp, label="float32 streamed wavefront")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 

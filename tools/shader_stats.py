@@ -2,7 +2,7 @@
 """What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
-                                 [--gemm] [--coop]
+                                 [--gemm] [--coop] [--stream-backward]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
@@ -11,7 +11,8 @@ compiles their persistent variants, creates each as a pipeline with statistics c
 the driver reports (NVIDIA: register count, binary, stack, local and shared memory sizes): whether
 a tile shape spills its W_hh slice. --coop builds the sweeps with their products on tensor cores
 (what fp16 runs on a GPU with cooperative matrices): how many registers are left for a second
-workgroup per SM. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
+workgroup per SM. --stream-backward the streamed fp16 backward (v5's) with and without its bias
+sums. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
 --decode generation's fused decode layer and head at --decode-batch streams for each stream tile
@@ -70,6 +71,18 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     return fwd, bwd
 
 
+def stream_backward(dev, B: int, H: int, bias_sums: bool):
+    """The program's streamed fp16 backward sweep at [B, H] (W_hh's float16 copy, float16 saves; the
+    k-split where it takes the shape), on zero buffers, summing the bias gradients or not (BIAS_SUMS)."""
+    layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    rows = lambda w: f32(B * w * H)  # noqa: E731
+    return gru.GruBackward(dev, rows(1), u32(2 * B * H), rows(1), u32(B), f32(layout.total), u32(slots.HP_WORDS),
+                           rows(3), rows(1), f32(B * H), u32(slots.ST_WORDS), T=1, B=B, H=H, w_off=0,
+                           w_half=u32(3 * H * H // 2), coop=True, save_half=True, bias_sums=bias_sums)
+
+
 def decode_kernels(dev, cfg, B: int, tile: int):
     """Generation's fused decode layer and head for B streams at CONFIG's shape, built with stream tile
     `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
@@ -112,6 +125,8 @@ def main(argv=None) -> int:
                     help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
     ap.add_argument("--split", action="store_true",
                     help="the float32 forward from float16 splits on tensor cores (CATCHAT_STREAM32_SPLIT)")
+    ap.add_argument("--stream-backward", action="store_true",
+                    help="the streamed fp16 backward sweep with and without its bias sums (BIAS_SUMS)")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
     ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode (default 64)")
     ap.add_argument("--device", default=None)
@@ -132,6 +147,11 @@ def main(argv=None) -> int:
             print_statistics(dev, kernel, f"{kernel.shader} {kernel.tiles}: {kernel.spec[0]} threads, estimated "
                              f"{gru.resident_registers(kernel.tiles, kernel.backward)} registers per thread",
                              {"PERSISTENT": 1})
+    if args.stream_backward:
+        for sums in (False, True):
+            k = stream_backward(dev, B, H, sums)
+            print_statistics(dev, k, f"{k.shader} {k.tiles}: {k.spec[0]} threads, bias sums "
+                             f"{'on' if sums else 'off'}", {"PERSISTENT": 1})
     if args.split:
         fwd, _ = sweep_kernels(dev, B, H, split=True)
         print_statistics(dev, fwd, f"{fwd.shader} (split) {fwd.tiles}: {fwd.spec[0]} threads", {"PERSISTENT": 1})

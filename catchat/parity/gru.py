@@ -27,6 +27,7 @@ from catchat.vk.kernels.gru import (
     resident_backward,
     split_halves,
     state_rows,
+    sweep_bias_sums,
     w16_blocked,
 )
 from catchat.vk.kernels.gru.stream import SPLIT_SCALE
@@ -128,16 +129,19 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=bw_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
                       dh0_off=st_off, tiles=tiles[1], persistent=persistent[1], w_half=bw_half, coop=coop,
-                      stream_f32=stream_f32 or split, save_half=save_half)
+                      stream_f32=stream_f32 or split, save_half=save_half, bias_sums=sweep_bias_sums())
     bounds = chunk_bounds(T, chunks)
     fwd_ops = [op for t0, t1 in bounds for op in fwd.steps_ops(t0, t1)]
     bwd_ops = [op for t0, t1 in reversed(bounds) for op in bwd.steps_ops(t0, t1)]
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
                             + [t for t in (tdgh, tw16) if t is not None], (fwd_ops + bwd_ops) * (repeat - 1) + fwd_ops,
                             [tseq, tsave, thT])
+    sums = [] if bwd.bias_sums is None else [bwd.bias_sums]
     outs = run_ops(dev, [], bwd_ops, [tseq, tsave if dgh_in_save and not save_half else tdgh, tdgi, tdh0,
-                                      tstats, fwd.sync, bwd.sync])
-    hp, dgh, dgi, dh0, st, sync_f, sync_b = outs
+                                      tstats, fwd.sync, bwd.sync] + sums)
+    hp, dgh, dgi, dh0, st, sync_f, sync_b = outs[:7]
+    # the sweep's bias sums [B, 6H] over the lanes: db_ih, db_hh (None where the sweep leaves them to ColSum)
+    db = None if not sums else outs[7].reshape(B, 2, 3 * H).sum(axis=0, dtype=np.float64)
     if save_half:
         save = unpack_half(save, pad + T * B * 4 * H)[pad:].astype(np.float32).reshape(T, B, 4 * H)
         dgh = ref.whole_dgh(dgi[pad:].reshape(T, B, 3 * H), dgh[pad:].reshape(T, B, H))
@@ -147,7 +151,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     sl = np.s_[st_off:st_off + B * H]
     return dict(o=seq[o_off:].reshape(T, B, H), hprev=hp[pad:pad + T * B * H].reshape(T, B, H),
                 save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
-                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0,
+                dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0, db=db,
                 sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]),
                 tiles=(fwd.tiles, bwd.tiles))
 
@@ -351,6 +355,9 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         atol, rtol = split_tol or (BWD_ATOL, BWD_RTOL)
         for name, a, e in zip(("dx", "dw_ih", "dw_hh", "db_ih", "db_hh"), g, r[:1] + r[2:6]):
             out.append(compare(f"{bwd}.{name}", shape, a, e, 4 * atol * np.sqrt(T * B), rtol))  # sums over T*B rows
+        if got["db"] is not None:  # the streamed sweeps' own bias sums (BIAS_SUMS)
+            for name, a, e in zip(("db_ih", "db_hh"), got["db"], r[4:6]):
+                out.append(compare(f"{bwd}.{name} (sweep sums)", shape, a, e, 4 * atol * np.sqrt(T * B), rtol))
     return out
 
 

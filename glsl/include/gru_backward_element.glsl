@@ -7,6 +7,11 @@
 #ifndef CATCHAT_GRU_BACKWARD_ELEMENT_GLSL
 #define CATCHAT_GRU_BACKWARD_ELEMENT_GLSL
 
+#ifdef BIAS_SUMS  // include/gru_bias_sums.glsl: the bias gradients summed in the sweep
+#include "gru_bias_sums.glsl"
+bool bias_walk = false;  // set by main: the workgroup walks several items, so no element stays a thread's
+#endif
+
 // What step s needs from memory for element (b, k), besides the product: do, r, z, n, ghn, hprev
 // of step s-1 (the gate backward; 0 at s = 0) and 1 - reset of step s (0 at s = T). hprev gets its
 // reset here, and a row the reset cut is written back as the state it stands for.
@@ -75,5 +80,8 @@ void element_writes(uint s, uint b, uint k, vec4 dg, float dhz_next) {
     dgi[ib + H + k] = dg.y;
     dgi[ib + 2u * H + k] = dg.z;
     dhz_mem[b * H + k] = dhz_next;
+#ifdef BIAS_SUMS
+    bias_add(!bias_walk, s, b, k, dg);
+#endif
 }
 #endif

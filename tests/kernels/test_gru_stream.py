@@ -67,8 +67,36 @@ def test_streamed_program_keeps_float16_saves(dev, streamed):
     assert half.buffers.dgh_n.size() == T * B * spec.hidden and full.buffers.dgh_n is None
     for lay in half.bwd.layers:
         assert lay.gru.save_half and lay.gru.dgh_ld == spec.hidden
-        assert (lay.dw_hh.M, lay.dw_hh_n.M, lay.db_hh.N, lay.db_hh_n.N) == (32, 16, 32, 16)
+        assert (lay.dw_hh.M, lay.dw_hh_n.M) == (32, 16)
     assert all(lay.dw_hh_n is None and lay.dw_hh.M == 48 for lay in full.bwd.layers)
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_streamed_backward_sums_the_biases(dev, streamed, monkeypatch, summed):
+    """The streamed backward sweeps sum the bias gradients over the window themselves (BIAS_SUMS): each
+    layer's db_ih and db_hh are then column sums over the sweep's [B, 6H] (B rows, not T*B), and nothing
+    sums dGh's n third apart; CATCHAT_SWEEP_BIAS=0 keeps the column sums over the rows. Either way the
+    program allocates what its plan says, and the step's gradients match the twin's (the model parity,
+    on the first case's window at H = 16)."""
+    monkeypatch.setenv(gru.BIAS_ENV, "1" if summed else "0")
+    spec, T, B = ModelSpec(vocab_size=101, hidden=16, layers=2), 5, 3
+    layout, H = ParamLayout(spec), spec.hidden
+    before = dev.allocated_bytes
+    prog = Program(dev, layout, T, B, precision="fp16")
+    assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, True, dev, "fp16")
+    for lay in prog.bwd.layers:
+        if summed:
+            assert lay.gru.bias_sums.size() == 6 * B * H and lay.db_hh_n is None
+            assert [(k.M, k.N) for k in (lay.db_ih, lay.db_hh)] == [(B, 3 * H)] * 2
+        else:
+            assert lay.gru.bias_sums is None
+            assert [(k.M, k.N) for k in (lay.db_ih, lay.db_hh, lay.db_hh_n)] == [(T * B, 3 * H), (T * B, 2 * H),
+                                                                                  (T * B, H)]
+    label, base, T0, B0, hp = model_parity.MODEL_CASES[0]
+    hp = replace(hp, loss_scale=model_parity.FP16_SCALE)
+    results = model_parity.model_parity(dev, replace(base, hidden=16), T0, B0, hp, label=label, precision="fp16")
+    bias = [r for r in results if "bias" in r.kernel or "bias" in r.shape]
+    assert bias and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
 def test_mixed_sweeps_plan(dev, monkeypatch):
@@ -86,7 +114,8 @@ def test_mixed_sweeps_plan(dev, monkeypatch):
     scratch = dict(plan.kernel_scratch(train, True, dev, "fp16"))
     assert scratch["streamed sweeps' float16 W_hh"] == 2 * 3 * H * H // 2
     assert "backward sweeps' float16 dGh" in scratch and "forward sweeps' float16 h_prev" not in scratch
-    assert scratch["GRU backward sweep scratch"] == 2 * (B * H + gru.sync_words(B))
+    # dhz, the barrier's words and the bias sums [B, 6H] (the streamed backward's BIAS_SUMS)
+    assert scratch["GRU backward sweep scratch"] == 2 * (B * H + gru.sync_words(B) + 6 * B * H)
     assert not [w for w in plan.kernel_scratch(eval_only, False, dev, "fp16") if "streamed" in w[0]]
 
 
@@ -324,8 +353,8 @@ def test_shared_w_hh_fits_beside_red():
 
 def test_planned_bytes_count_the_streamed_sweeps(dev, streamed):
     """A program on the streamed sweeps allocates what its plan says: the float16 W_hh copy and the
-    shadows included, the saves at half their bytes and dGh's n third beside them (the memory check
-    before building it sees them)."""
+    shadows included, the saves at half their bytes, dGh's n third beside them and the backward's bias
+    sums (the memory check before building it sees them)."""
     T, B, H, L = 5, 3, 32, 2
     layout = ParamLayout(ModelSpec(vocab_size=101, hidden=H, layers=L))
     for training in (True, False):
@@ -336,8 +365,9 @@ def test_planned_bytes_count_the_streamed_sweeps(dev, streamed):
         stream_words = sum(w for _, w in plan.stream_scratch(prog.geometry, training, dev, "fp16"))
         assert stream_words >= L * 3 * H * H // 2  # W_hh's float16 copy, both layers, and the shadows
         saves_halved, dgh_n = L * T * B * 2 * H, T * B * H if training else 0
+        bias_sums = L * 6 * B * H if training else 0  # the streamed backward's [B, 6H] (BIAS_SUMS)
         assert Program.planned_bytes(layout, T, B, training, dev, "fp16") - Program.planned_bytes(
-            layout, T, B, training, dev) == 4 * (stream_words - saves_halved + dgh_n)
+            layout, T, B, training, dev) == 4 * (stream_words - saves_halved + dgh_n + bias_sums)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from catchat.vk.kernels.gru import (
     state_rows,
     stream_f32_sweep,
     streams_backward,
+    sweep_bias_sums,
     w16_blocked,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
@@ -236,7 +237,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         # with save16 its n third into dgh_n and its r, z thirds read from dGi (plan.py)
         sweep = GruBackward(dev, do, b.save[l], b.o[l], b.resets, b.params, b.hyper, dgi, b.dgh_n, b.dh0,
                             b.stats, T=T, B=B, H=H, w_off=whh_offset(layout, l, w16), dh0_off=l * B * H, coop=coop,
-                            w_half=w16, stream_f32=f32, save_half=g.save16)
+                            w_half=w16, stream_f32=f32, save_half=g.save16, bias_sums=sweep_bias_sums())
         # dout and dx share `dx` (allowed: each row is read before it is written)
         norm = ResidualRmsNormBackward(dev, b.x[l], b.o[l], b.params, b.hyper, b.rstd[l], b.dx, b.dx, do, b.grads,
                                        T=T, B=B, H=H, layer=l, g_off=o[p + "norm.weight"], o_off=state_rows(B, H))
@@ -244,11 +245,17 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
         dgh, rows = ((dgi, 0, 3 * H), 2 * H) if g.save16 else ((b.save[l], 0, 4 * H), 3 * H)
         # beside the sweep below (overlap_dw_hh), dW_hh's partials cannot go to x[L]: that sweep reads do there
         ws_hh = b.ws if g.overlap_dw_hh else ws_layers
-        k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows, ws=ws_hh),
-                          colsum((dgi, 0, 3 * H), "gru.bias_ih"), colsum(dgh, "gru.bias_hh", rows))
+        if sweep.bias_sums is not None:  # the sweep summed them over the steps: column sums over its B rows
+            bs = sweep.bias_sums
+            db = [ColSum(dev, (bs, q * 3 * H, 6 * H), (b.grads, o[p + name]), B, 3 * H)
+                  for q, name in enumerate(("gru.bias_ih", "gru.bias_hh"))]
+        else:
+            db = [colsum((dgi, 0, 3 * H), "gru.bias_ih"), colsum(dgh, "gru.bias_hh", rows)]
+        k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows, ws=ws_hh), *db)
         if g.save16:
             k.dw_hh_n = gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H)
-            k.db_hh_n = colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H)
+            if sweep.bias_sums is None:
+                k.db_hh_n = colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H)
         if l > 0:  # layer 0's input side goes through table0 (below)
             k.dw_ih = gemm_w((dgi, 0, 3 * H), b.x[l], "gru.weight_ih")
             k.dx = Gemm(dev, (dgi, 0, 3 * H), (b.params, o[p + "gru.weight_ih"], H), (b.dx, 0, H), R, H, 3 * H,

@@ -25,7 +25,9 @@ over the chunk's rows (side by side), the backward sweeps over its steps (side b
 db_ih over the chunk's rows, which read the chunk's dGi before the layer below overwrites it in the
 shared gi (split-K partials in x[L], whose do rows are dead by then). The rest waits for the window:
 the norms' dg reduce (the chunks wrote the whole window's partials), dW_hh and db_hh (from save[l]),
-layer 0's bias, table0 and embedding gradients (layer 0 writes gi and dx last). The chunks start on
+layer 0's bias, table0 and embedding gradients (layer 0 writes gi and dx last). Where the streamed
+sweeps sum the bias gradients themselves (BIAS_SUMS), no chunk sums db_ih: both biases' column sums
+over the sweep's [B, 6H] follow the window. The chunks start on
 the norm's row blocks (`backward_bounds`); dW_ih and db_ih summed chunk by chunk change their
 rounding, the rest gives the layer-by-layer bits. CATCHAT_WAVEFRONT_FORWARD=0 (or _BACKWARD=0) runs
 that direction layer by layer: at v3's 64 lanes the resident forward fills the GPU, two streamed
@@ -159,12 +161,15 @@ class WavefrontBackward:
             for l, t0, t1 in active:
                 if l > 0:
                     c, row = self.rows[t1 - t0][l], t0 * self.B
-                    ops += [c.dx.op_at(row)] + c.dw_ih.ops_k_at(row) + c.db_ih.ops_at(row)
+                    summed = k.layers[l].gru.bias_sums is not None  # db_ih from the sweep's sums, below
+                    ops += [c.dx.op_at(row)] + c.dw_ih.ops_k_at(row) + ([] if summed else c.db_ih.ops_at(row))
         for l in range(L - 1, -1, -1):
             lay = k.layers[l]
             ops += [lay.norm.reduce_op()] + ([] if l in beside else lay.dw_hh.ops()) + lay.db_hh.ops()
+            if l > 0 and lay.gru.bias_sums is not None:
+                ops += lay.db_ih.ops()
         t0 = k.table0
-        return ops + k.layers[0].db_ih.ops() + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()] \
+        return ops + k.layers[0].db_ih.ops() + [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()] \
             + t0.dw_ih.ops() + t0.demb.ops()
 
 

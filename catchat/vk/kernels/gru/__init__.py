@@ -13,6 +13,7 @@ Every name is importable from `catchat.vk.kernels.gru`, as the program, parity, 
 
 from catchat.vk.kernels import ceil_div, device_sms
 from catchat.vk.kernels.gru.plan import (
+    BIAS_ENV,
     COOP_ENV,
     STREAM_F32_ENV,
     SweepPlan,
@@ -27,6 +28,7 @@ from catchat.vk.kernels.gru.plan import (
     stream_f32_sweep,
     stream_sweeps,
     streams_backward,
+    sweep_bias_sums,
     sweep_candidates,
     sweep_products,
     sweep_residency,
@@ -101,7 +103,7 @@ from catchat.vk.kernels.gru.tiled import (
 )
 
 __all__ = [
-    "BACKWARD_TILES", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FLAGS_ENV",
+    "BACKWARD_TILES", "BIAS_ENV", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FLAGS_ENV",
     "FORWARD_TILES", "KSPLIT_ENV", "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES",
     "PROBE_ENV",
     "REGISTER_FILE",
@@ -113,7 +115,8 @@ __all__ = [
     "persistent_override", "pick_resident_tiles", "pick_tiles", "plan_sweep", "resident_backward",
     "resident_candidate", "resident_defines", "resident_fits", "resident_registers", "resident_resources",
     "resident_shape", "resident_workgroups", "shader_defines", "shared_bytes", "shuffle_slices", "split_forward",
-    "split_halves", "state_rows", "stream_f32_sweep", "stream_flags", "stream_ok", "stream_split", "stream_sweeps",
+    "split_halves", "state_rows", "sweep_bias_sums",
+    "stream_f32_sweep", "stream_flags", "stream_ok", "stream_split", "stream_sweeps",
     "stream_tiles", "streams_backward",
     "sweep_candidates", "sweep_products",
     "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words", "table_tiles", "tile_count", "tile_extent",

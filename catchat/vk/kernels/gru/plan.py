@@ -97,8 +97,21 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     return "stream" if streamed(False) and streamed(True) else None
 
 
+# The bias gradients summed inside the backward sweeps that own their elements for the window (the
+# streamed and the register-resident ones: the shaders' BIAS_SUMS, glsl/include/gru_bias_sums.glsl): each
+# element's (dar, daz, dan, r dan) over the steps in its thread's registers, then two column sums over
+# [B, 6H] instead of three over dGi's and dGh's [T*B] rows (v5 fp16 on an H100: 0.74-0.76 ms a layer for
+# those, docs/results/2026-12-06-h100-catchat-v5-fp16-rows.json). CATCHAT_SWEEP_BIAS=0 keeps the column
+# sums over the rows (to compare).
+BIAS_ENV = "CATCHAT_SWEEP_BIAS"
 STREAM_F32_ENV = "CATCHAT_SWEEP_STREAM32"  # =0: fp32 sweeps stay on the tiled or resident shaders; =1: streamed
 # even where the register-resident tiles fit (v3: to compare, as CATCHAT_SWEEP_COOP=stream at fp16)
+
+
+def sweep_bias_sums() -> bool:
+    """Whether the streamed and register-resident backward sweeps sum the bias gradients themselves
+    (BIAS_ENV; on unless 0)."""
+    return env_switch(BIAS_ENV, "set 0 (column sums over the rows after the sweep) or 1, or unset it", True)
 
 
 def stream_f32_sweep(dev: Device, B: int, H: int, backward: bool, precision: str) -> bool:
@@ -131,9 +144,13 @@ def split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
 def backward_scratch_words(dev: Device | None, B: int, H: int, streamed: bool = False) -> int:
     """Words a GruBackward at [B, H] allocates on dev beyond its operands, by default tiles: dhz,
     the barrier words and, when resident, the partial products (no dev: as on a CPU device);
-    streamed: a streamed backward's (its shadow is counted with the streamed sweeps' buffers)."""
+    streamed: a streamed backward's (its shadow is counted with the streamed sweeps' buffers). Both
+    the streamed and the resident ones sum the bias gradients into a [B, 6H] where that is on
+    (`sweep_bias_sums`, as the program builds them)."""
     tiles = plan_sweep(dev, B, H, True).tiles if dev is not None and not streamed else None
-    return B * H + sync_words(B) + partial_words(B, H, tiles)
+    owns = streamed or isinstance(tiles, ResidentTiles)  # each element a thread's for the window
+    bias = 6 * B * H if owns and sweep_bias_sums() else 0
+    return B * H + sync_words(B) + partial_words(B, H, tiles) + bias
 
 
 def table_tiles(dev: Device, B: int, H: int, backward: bool, resident: int):

@@ -91,6 +91,7 @@ class _Sweep(Kernel):
     stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
     split = False  # ... on tensor cores from float16 splits of W_hh and h_prev (forward; stream.SPLIT_ENV)
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
+    want_bias_sums = False  # backward: the sweep sums the bias gradients (GruBackward's bias_sums)
 
     def _whh_words(self, w_half, w_off: int) -> int:
         """The words params must hold for W_hh: w_off + 3H*H, or 0 when W_hh comes from the float16
@@ -148,7 +149,7 @@ class _Sweep(Kernel):
             spec = [nt]
             if backward:  # the partial products of dGh[s] @ W_hh, binding 12
                 self.partial = dev.tensor(partial_words(B, H, self.tiles), kind="storage")
-                tensors = tensors + [self.partial]
+                tensors = self._bias_binding(dev, tensors + [self.partial], defines)
             tensors = self._extra_bindings(tensors, defines)
         else:
             self.tiles = tuple(self.tiles)
@@ -211,6 +212,8 @@ class _Sweep(Kernel):
             self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
                    **({"SAVE16": 1} if self.save_half else {})}
+        if backward:
+            tensors = self._bias_binding(dev, tensors, defines)
         tensors = self._extra_bindings(tensors, defines)
         shader = (GruBackward if backward else GruForward).shader + ("_ksplit" if self.tiles.ksplit else "_stream")
         self._algorithms(dev, tensors, items, [nt], push, defines, shader, resident)
@@ -224,6 +227,16 @@ class _Sweep(Kernel):
             self.residency = sweep_residency(dev, self.tiles, self.B, self.H, self.backward, resident)
             resident = resident if self.residency.ok else 0
         return resident
+
+    def _bias_binding(self, dev: Device, tensors: list, defines: dict) -> list:
+        """A backward whose threads own their elements for the window (streamed, resident) sums the bias
+        gradients where asked (`want_bias_sums`): `bias_sums` [B, 6H] at the binding after the sweep's own
+        (BIAS_SUMS, defines updated in place). Readable from the host (the parity reads it)."""
+        if not self.want_bias_sums:
+            return tensors
+        self.bias_sums = dev.tensor(6 * self.B * self.H)
+        defines["BIAS_SUMS"] = len(tensors)
+        return tensors + [self.bias_sums]
 
     def _extra_bindings(self, tensors: list, defines: dict) -> list:
         """The bindings of a resident or streamed sweep's shaders (defines updated in place for any added):
@@ -359,6 +372,10 @@ class GruBackward(_Sweep):
     dGh and W_hh (float32 sums; as GruForward's coop, `coop_sweeps`; with w_half streamed, as there).
     stream_f32: as GruForward's. save_half: save as GruForward's save_half wrote it, and `dgh` (given)
     [T,B,H] at dgh_off takes dGh's n third alone: its r and z thirds are dGi's, the same numbers.
+    bias_sums (the streamed and register-resident sweeps; the tiled ones ignore it): the sweep also sums
+    the bias gradients into `self.bias_sums`, a private [B, 6H] (row b: lane b's sums over the window of
+    db_ih's r, z, n, then db_hh's), written by the window's first dispatch; None where the sweep does not
+    (BIAS_SUMS, glsl/include/gru_bias_sums.glsl).
     """
 
     shader = "gru_backward"
@@ -367,9 +384,11 @@ class GruBackward(_Sweep):
     def __init__(self, dev: Device, do, save, hprev, resets, params, hyper, dgi, dgh, dh0, stats, *, T: int,
                  B: int, H: int, w_off: int, do_off: int = 0, save_off: int = 0, hprev_off: int = 0,
                  dgi_off: int = 0, dgh_off: int = 0, dh0_off: int = 0, tiles=None, persistent: int | None = None,
-                 w_half=None, coop: bool = False, stream_f32: bool = False, save_half: bool = False):
+                 w_half=None, coop: bool = False, stream_f32: bool = False, save_half: bool = False,
+                 bias_sums: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         self.coop, self.stream_f32 = bool(coop), bool(stream_f32)
+        self.want_bias_sums, self.bias_sums = bool(bias_sums), None  # the tensor once built (`_bias_binding`)
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         self.save_half = self._check_save_half(save_half)
         if save_half:  # dGh's n third alone, [T,B,H]: its r and z thirds are dGi's
