@@ -45,7 +45,8 @@ def _embed(rng, rows: int, cols: int, ld: int, off: int, extra: int = 5) -> tupl
 
 def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, split_k=1,
               alpha=1.0, tiles=None, vec4=False, half=False, coopmat=False, precision="fp32",
-              coopmat2=None, aligned=False, split=False, a_scale=None) -> ParityResult:
+              coopmat2=None, aligned=False, split=False, a_scale=None, c_vec4=False,
+              emulate=False) -> ParityResult:
     """One GEMM against float64 numpy, operands at offsets with padded leading dimensions (odd
     ones; with vec4, multiples of 4 so that the kernel reads A and B as vec4s where their
     contiguous extents allow; aligned, multiples of 8: 16-byte groups of halves, which
@@ -57,7 +58,9 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     subgroup fragments; True: glsl/gemm_coopmat2.comp's workgroup-scope matrices).
     split: float32 operands on tensor cores from float16 splits (`Gemm(split=True)`; emulated fragments
     where the device has no tensor cores); a_scale: A's column k (along K) times a_scale[k], a [K] array
-    (operands far outside float16's range, or magnitudes that change from one k-slice to the next)."""
+    (operands far outside float16's range, or magnitudes that change from one k-slice to the next).
+    c_vec4: C and the bias at offsets and C's leading dimension in multiples of 4 (the tensor-core
+    kernel's 16-byte epilogue stores where N is one too); emulate: `Gemm(emulate=True)`."""
     ar, ac = (K, M) if trans_a else (M, K)
     br, bc = (N, K) if trans_b else (K, N)
     q = 8 if aligned else 4 if vec4 else 0  # the leading dimensions' multiple (0: odd ones)
@@ -69,12 +72,13 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
         view *= (a_scale[:, None] if trans_a else a_scale[None, :]).astype(np.float32)
         a = view.copy()
     b_buf, b = _embed(rng, br, bc, pad(bc, 1), b_off)
-    c_buf, c = _embed(rng, M, N, N + 2, 9)
+    c_off, ldc, bias_off = (12, 4 * ceil_div(N, 4) + 4, 12) if c_vec4 else (9, N + 2, 11)
+    c_buf, c = _embed(rng, M, N, ldc, c_off)
     bias_buf = np.full(N + 20, 555.0, np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     if a_scale is not None:  # a bias of the products' size, not one that hides them
         bias *= np.float32(a_scale.max())
-    bias_buf[11:11 + N] = bias
+    bias_buf[bias_off:bias_off + N] = bias
     if half:
         a_buf, b_buf, a, b = (x.astype(np.float16) for x in (a_buf, b_buf, a, b))
         ta, tb = half_tensor(dev, a_buf), half_tensor(dev, b_buf)
@@ -83,18 +87,19 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
     if precision == "fp16":  # the values the products see
         a, b = a.astype(np.float16), b.astype(np.float16)
     tc, tbias = dev.tensor(c_buf), dev.tensor(bias_buf)
-    g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, 9, N + 2), M, N, K, trans_a, trans_b,
-             alpha=alpha, beta=beta, bias=(tbias, 11) if with_bias else None, split_k=split_k, tiles=tiles,
+    g = Gemm(dev, (ta, a_off, pad(ac, 3)), (tb, b_off, pad(bc, 1)), (tc, c_off, ldc), M, N, K, trans_a, trans_b,
+             alpha=alpha, beta=beta, bias=(tbias, bias_off) if with_bias else None, split_k=split_k, tiles=tiles,
              vec4=vec4, half=half, coopmat=None if split else coopmat, precision=precision, coopmat2=coopmat2,
-             split=split)
+             split=split, emulate=emulate)
     (got,) = run_ops(dev, [ta, tb, tc, tbias], g.ops(), [tc])
     exp_buf = c_buf.astype(np.float64)
     exp = gemm_reference(a, b, c, trans_a, trans_b, alpha, beta, bias if with_bias else None)
-    exp_buf[9:9 + M * (N + 2)].reshape(M, N + 2)[:, :N] = exp
+    exp_buf[c_off:c_off + M * ldc].reshape(M, ldc)[:, :N] = exp
     scale = float(np.abs(exp).max()) if exp.size else 1.0
     rounded = precision == "fp16" and not half
     khr = getattr(g.tiles, "api", "nv") == "khr"
-    kernel = "_split" + "_emu" * (not coopmat_runs(dev)) if g.split else "_coopmat" * g.coopmat + "2" * g.coopmat2
+    emu = "_emu" * (not coopmat_runs(dev))
+    kernel = "_split" + emu if g.split else "_coopmat" * g.coopmat + "2" * g.coopmat2 + emu * (g.coopmat and emulate)
     name = ("gemm" + "_f16" * half + "_rf16" * rounded + kernel + "_khr" * khr
             + "_tA" * trans_a + "_tB" * trans_b + "+bias" * with_bias)
     shape = f"{M}x{N}x{K} alpha={alpha:g} beta={beta:g}" + (f" splitK={g.split_k}" if g.split_k > 1 else "")
@@ -106,6 +111,8 @@ def gemm_case(dev: Device, rng, M, N, K, trans_a, trans_b, beta, with_bias, spli
             f" stages {t.stages}" if hasattr(t, "stages") else "") + (f" threads {t.threads}" if g.coopmat2 else "")
     if g.vec4_a or g.vec4_b:
         shape += " vec4" + ("A" if g.vec4_a else "") + ("B" if g.vec4_b else "")
+    if "VEC4_C" in g.defines:
+        shape += " vec4C"
     # scaled operands: errors against the output's own scale however small (elsewhere at least 1)
     atol = GEMM_RTOL * (scale if a_scale is not None else max(scale, 1.0))
     return compare(name, shape, got, exp_buf, atol, GEMM_RTOL)
@@ -127,6 +134,8 @@ def _float16_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=GPU_TILE, **kw))
     if coopmat_runs(dev):
         out += _coopmat_cases(dev, rng, half=half) + _coop_pipeline_cases(dev, rng, half=half)
+    elif not half and dev.runs_float16:
+        out += _coop_emu_cases(dev, rng)
     if kg.coopmat_khr_runs(dev):
         out += _coopmat_khr_cases(dev, rng, half=half)
     if kg.coopmat2_first(dev):  # only where the program runs it (its pipelines take the NVIDIA driver ~1 min)
@@ -216,6 +225,12 @@ def _coopmat_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
             out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 0.0, False, vec4=True, tiles=kg.COOP_TILE, **kw))
     out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=kg.COOP_SMALL_TILE, **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, **kw))
+    # C and the bias aligned (16-byte epilogue stores, as the program's input projections and gradients)
+    for ta in (False, True):
+        for tb in (False, True):
+            out.append(gemm_case(dev, rng, 132, 260, 68, ta, tb, 1.0, True, vec4=True, c_vec4=True,
+                                 tiles=kg.COOP_TILE, **kw))
+    out.append(gemm_case(dev, rng, 130, 68, 41, False, True, 1.0, True, c_vec4=True, tiles=kg.COOP_SMALL_TILE, **kw))
     # the narrow-output tile and a 64-deep slice (one shared buffer, two barriers per slice): odd and
     # even slice counts, a k tail inside a slice (K = 41, 68, 96, 302 with split-K)
     for single in (kg.COOP_NARROW_TILE, kg.CoopTiles(2, 2, 4, 4, 64, 1)):
@@ -225,6 +240,23 @@ def _coopmat_cases(dev: Device, rng, half: bool) -> list[ParityResult]:
         out.append(gemm_case(dev, rng, 130, 67, 41, False, True, 1.0, True, tiles=single, **kw))
         out.append(gemm_case(dev, rng, 65, 33, 96, False, False, 1.0, True, tiles=single, **kw))
         out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 0.0, False, split_k=5, vec4=True, tiles=single, **kw))
+    return out
+
+
+def _coop_emu_cases(dev: Device, rng) -> list[ParityResult]:
+    """The tensor-core kernel on emulated fragments (`Gemm(emulate=True)`: a device without tensor cores, the
+    tests) with float32 operands rounded as staged: its staging and epilogue (a row of fragments through the
+    scratch, quads of C with and without the 16-byte stores) at odd sizes and offsets, every transpose with
+    bias and beta, one and two shared buffers, split-K."""
+    kw = dict(coopmat=True, coopmat2=False, precision="fp16", emulate=True)
+    out = []
+    for t in (kg.COOP_SMALL_TILE, kg.CoopTiles(2, 2, 2, 2, 32, 1)):
+        out.append(gemm_case(dev, rng, 65, 33, 41, False, True, 1.0, True, tiles=t, **kw))
+        out.append(gemm_case(dev, rng, 70, 68, 40, True, False, 1.0, True, vec4=True, c_vec4=True, tiles=t, **kw))
+    for ta, tb in ((False, False), (True, True)):
+        out.append(gemm_case(dev, rng, 33, 36, 50, ta, tb, 0.0, True, c_vec4=True, tiles=kg.COOP_SMALL_TILE, **kw))
+    out.append(gemm_case(dev, rng, 36, 28, 302, True, False, 1.0, False, split_k=5, vec4=True,
+                         tiles=kg.COOP_SMALL_TILE, **kw))
     return out
 
 
@@ -246,6 +278,7 @@ def _split_cases(dev: Device, rng) -> list[ParityResult]:
         t = replace(t, api=kg.coop_api(dev))
         if t.problem(dev, (False, True), split=True) is None:
             out.append(gemm_case(dev, rng, 130, 140, 70, False, True, 1.0, True, alpha=-0.5, tiles=t, **kw))
+            out.append(gemm_case(dev, rng, 130, 140, 70, True, False, 1.0, True, c_vec4=True, tiles=t, **kw))
     out.append(gemm_case(dev, rng, 36, 28, 302, True, True, 1.0, False, split_k=5, vec4=True, **kw))
     k = np.arange(100)
     for scale in (np.full(100, 1e-30), np.full(100, 1e30), np.where(k < 16, 2.0**-30, 2.0**30),

@@ -15,7 +15,8 @@
 // stays raw in registers while the previous slice is multiplied, then is rounded to float16 and
 // written as one 8-byte word. Shared memory is one array of 8-byte words (uvec2, 4 halves): rows
 // padded by 16 bytes, so fragment loads of 8 rows hit 8 distinct bank groups, and the accumulator
-// scratch of the epilogue reuses the slices' space.
+// scratch of the epilogue reuses the slices' space (a row of a subgroup's fragments at a time, written
+// out as quads of 4 columns: 16-byte stores with VEC4_C).
 // STAGES = 2: two shared slices, one barrier per slice (the next slice is stored while the current
 // one is multiplied from the other buffer; the loop is unrolled by two so that each buffer's offsets
 // are constants); STAGES = 1: one shared slice (room for deeper or wider slices), two barriers per
@@ -144,6 +145,12 @@ layout(set = 0, binding = 2) buffer C_ { float C[]; };        // [M,N] (split-K:
 #ifdef HAS_BIAS
 layout(set = 0, binding = 3) readonly buffer Bias_ { float bias[]; };  // [N]
 #endif
+#ifdef VEC4_C  // the host's promise: N, ldc, c_off, c_split_stride and bias_off multiples of 4
+layout(set = 0, binding = 2) buffer C4_ { vec4 C4[]; };
+#ifdef HAS_BIAS
+layout(set = 0, binding = 3) readonly buffer Bias4_ { vec4 bias4[]; };
+#endif
+#endif
 
 layout(push_constant) uniform Push {
     uint M, N, K;
@@ -174,7 +181,14 @@ const uint PB = BN / 4 + 2;  // Bs[k][n]
 const uint B_WORDS = BK * PB;
 #endif
 const uint STAGE_WORDS = A_WORDS + B_WORDS;
-const uint PC = 16 / 2 + 2;                // epilogue scratch: a 16 x 16 float fragment, rows of 8 words + 2
+// The epilogue's scratch, a subgroup's: FE of its FN fragments side by side (a row of them, 16 rows of
+// 16 FE floats, each row padded by two words). SPLIT: one fragment, its scratch twice (acc's, acc_lo's).
+#ifdef SPLIT
+const uint FE = 1;
+#else
+const uint FE = FN;
+#endif
+const uint PC = FE * 8 + 2;                // its row pitch in words (2 floats a word)
 const uint SCRATCH_WORDS = WM * WN * 16 * PC;
 #ifdef SPLIT
 const uint SLICE_WORDS = 2 * STAGE_WORDS;      // the slice's hi words, then its lo words (STAGES = 1)
@@ -487,6 +501,32 @@ void slice2(uint tid, uint wm, uint wn, uint m0, uint n0, uint buf, uint k_next,
     barrier();
 }
 
+// C's quad at row m, columns n .. n+3 (those inside [M, N]) from the sums v (their scales undone):
+// alpha * v (+ beta * C) (+ bias), per element as in gemm.comp; one 16-byte store with VEC4_C.
+void write_quad(uint m, uint n, uint z, vec4 v) {
+    if (m >= pc.M || n >= pc.N) return;
+    uint idx = pc.c_off + z * pc.c_split_stride + m * pc.ldc + n;
+#ifdef VEC4_C  // N a multiple of 4: the quad is whole
+    vec4 out_v = pc.alpha * v;
+    if (pc.beta != 0.0) out_v += pc.beta * C4[idx / 4];
+#ifdef HAS_BIAS
+    out_v += bias4[(pc.bias_off + n) / 4];
+#endif
+    C4[idx / 4] = out_v;
+#else
+    [[unroll]] for (uint e = 0; e < 4; ++e) {
+        if (n + e < pc.N) {
+            float out_v = pc.alpha * v[e];
+            if (pc.beta != 0.0) out_v += pc.beta * C[idx + e];
+#ifdef HAS_BIAS
+            out_v += bias[pc.bias_off + n + e];
+#endif
+            C[idx + e] = out_v;
+        }
+    }
+#endif
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint sg = tid / SG, lane = tid % SG, wm = sg / WN, wn = sg % WN;
@@ -501,7 +541,7 @@ void main() {
     [[unroll]] for (uint i = 0; i < FM; ++i)
         [[unroll]] for (uint j = 0; j < FN; ++j) acc_lo[i][j] = ACC_ZERO;
     split_loop(tid, wm, wn, m0, n0, k_begin, k_end);
-    int unscale = -(ea + eb);
+    ivec4 unscale = ivec4(-(ea + eb));
 #define UNSCALED(x) ldexp(x, unscale)  // the operands' scales undone (before alpha: either may be large)
 #else
 #define UNSCALED(x) (x)
@@ -525,39 +565,33 @@ void main() {
     }
 #endif
 
-    // Epilogue: each subgroup writes its fragments one at a time through its own scratch, which
-    // reuses the slices' words (every subgroup passed the loop's last barrier); SPLIT: acc_lo's through
-    // a second scratch after every subgroup's first, folded into acc's as float32.
+    // Epilogue: each subgroup writes a row of FE fragments at a time through its own scratch, which
+    // reuses the slices' words (every subgroup passed the loop's last barrier), then its lanes take the
+    // rows' quads of 4 columns in order (`write_quad`: the 32 lanes' stores cover 8 / FE rows of 64 FE
+    // contiguous bytes each). SPLIT: acc_lo's through a second scratch after every subgroup's first,
+    // folded into acc's as float32.
     uint cs = sg * 16 * PC;
+    const uint QR = 4 * FE;  // quads of a scratch row
     [[unroll]] for (uint i = 0; i < FM; ++i) {
-        [[unroll]] for (uint j = 0; j < FN; ++j) {
-            MAT_STORE(acc[i][j], smem, cs, PC, false);
+        [[unroll]] for (uint j = 0; j < FN; j += FE) {
+            [[unroll]] for (uint e = 0; e < FE; ++e) {
+                MAT_STORE(acc[i][j + e], smem, cs + 8 * e, PC, false);
 #ifdef SPLIT
-            MAT_STORE(acc_lo[i][j], smem, SCRATCH_WORDS + cs, PC, false);
+                MAT_STORE(acc_lo[i][j + e], smem, SCRATCH_WORDS + cs + 8 * e, PC, false);
 #endif
+            }
             SG_SYNC();
             uint mf = m0 + (wm * FM + i) * 16, nf = n0 + (wn * FN + j) * 16;
-            [[unroll]] for (uint w = lane; w < 128; w += SG) {  // 128 words of 2 floats: row w / 8
-                uint r = w / 8, c = 2 * (w % 8);
-                vec2 v = uintBitsToFloat(smem[cs + r * PC + c / 2]);
+            [[unroll]] for (uint q = lane; q < 16 * QR; q += SG) {
+                uint r = q / QR, c = 4 * (q % QR), w = cs + r * PC + c / 2;  // row r, columns c .. c+3
+                vec4 v = vec4(uintBitsToFloat(smem[w]), uintBitsToFloat(smem[w + 1]));
 #ifdef SPLIT
-                v += uintBitsToFloat(smem[SCRATCH_WORDS + cs + r * PC + c / 2]) * ACC_LO_WEIGHT;  // the fold
+                uint wl = SCRATCH_WORDS + w;
+                v += vec4(uintBitsToFloat(smem[wl]), uintBitsToFloat(smem[wl + 1])) * ACC_LO_WEIGHT;  // the fold
 #endif
-                uint m = mf + r;
-                [[unroll]] for (uint e = 0; e < 2; ++e) {
-                    uint n = nf + c + e;
-                    if (m < pc.M && n < pc.N) {
-                        uint idx = pc.c_off + z * pc.c_split_stride + m * pc.ldc + n;
-                        float out_v = pc.alpha * UNSCALED(v[e]);
-                        if (pc.beta != 0.0) out_v += pc.beta * C[idx];
-#ifdef HAS_BIAS
-                        out_v += bias[pc.bias_off + n];
-#endif
-                        C[idx] = out_v;
-                    }
-                }
+                write_quad(mf + r, nf + c, z, UNSCALED(v));
             }
-            SG_WAIT();  // the scratch is rewritten by the next fragment
+            SG_WAIT();  // the scratch is rewritten by the next row of fragments
         }
     }
 }

@@ -173,6 +173,8 @@ class Gemm(Kernel):
     float32 accumulator sets: ~2^-22 per product, float32's range; emulated fragments where the device
     has float16 but no tensor cores: the tests). None (default): where `split_gemm` says (precision
     "fp32", tensor cores, a large enough product, CATCHAT_GEMM32_SPLIT).
+    emulate (with coopmat and CoopTiles given, on a device without tensor cores): the subgroup-fragment
+    kernel on emulated fragments (EMU), as the split GEMM runs there: its staging and epilogue in the tests.
     `ops()` gives the dispatches to record in order; `op()` the single one when split_k == 1.
     """
 
@@ -182,7 +184,7 @@ class Gemm(Kernel):
                  trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, bias=None,
                  split_k: int = 1, tiles: GemmTiles | CoopTiles | None = None, workspace=None, vec4: bool = True,
                  half: bool = False, coopmat: bool | None = None, precision: str = "fp32",
-                 coopmat2: bool | None = None, split: bool | None = None):
+                 coopmat2: bool | None = None, split: bool | None = None, emulate: bool = False):
         M, N, K, split_k = int(M), int(N), int(K), max(1, int(split_k))
         if precision not in PRECISIONS:
             raise ValueError(f"GEMM precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
@@ -195,7 +197,8 @@ class Gemm(Kernel):
         tensor_cores = coopmat_runs(dev) or coopmat2_runs(dev)
         if auto:
             coopmat = rounded and tensor_cores
-        if coopmat and not self.split and not ((half or rounded) and tensor_cores):
+        emulate = bool(emulate) and bool(coopmat) and not coopmat_runs(dev)  # the tests' fragments (EMU)
+        if coopmat and not self.split and not ((half or rounded) and (tensor_cores or emulate)):
             raise ValueError(f"a cooperative-matrix GEMM needs float16 operands (half=True or precision fp16) "
                              f"and VK_NV_cooperative_matrix2, or VK_NV_cooperative_matrix with {COOP_SHAPE} "
                              f"fragments on subgroups of {COOP_SUBGROUP}; {dev.info.name} offers "
@@ -232,7 +235,7 @@ class Gemm(Kernel):
         if self.split:
             defines.update({"SPLIT": 1, **({} if coopmat_runs(dev) else {"EMU": 1})})
         if coopmat:
-            defines.update(t.defines())
+            defines.update({**t.defines(), **({"EMU": 1} if emulate else {})})
         if trans_a:
             defines["TRANS_A"] = 1
         if trans_b:
@@ -245,6 +248,11 @@ class Gemm(Kernel):
             defines["VEC4_A"] = 1
         if self.vec4_b:
             defines["VEC4_B"] = 1
+        # the subgroup-fragment kernel's epilogue stores quads of C as vec4 where every quad is whole and
+        # aligned: N, C's offset and leading dimension (split-K: its [S,M,N] workspace) and the bias's offset
+        if coopmat and not self.coopmat2 and N % 4 == 0 and (self.split_k > 1 or (
+                c[1] % 4 == 0 and c[2] % 4 == 0 and (bias is None or bias[1] % 4 == 0))):
+            defines["VEC4_C"] = 1
         self.reduce = None
         if self.split_k == 1:
             if bias is not None:

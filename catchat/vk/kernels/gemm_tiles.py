@@ -105,12 +105,13 @@ class CoopTiles:
 
     def shared_bytes(self, trans_a: bool = False, trans_b: bool = False, split: bool = False) -> int:
         """The shader's one array of 8-byte words: `stages` float16 slices, each laid out along its
-        operand's contiguous direction in rows padded by two words, or the epilogue's scratch (a
-        16 x 20 float fragment per subgroup) where that is larger; split (SPLIT): each slice and the
-        scratch twice (hi and lo parts; acc and acc_lo)."""
+        operand's contiguous direction in rows padded by two words, or the epilogue's scratch where
+        that is larger: per subgroup a row of its fn fragments (16 rows of 16 fn floats, padded by two
+        words); split (SPLIT): each slice twice (hi and lo parts), and one fragment's scratch twice (acc
+        and acc_lo)."""
         a = self.bk * (self.bm // 4 + 2) if trans_a else self.bm * (self.bk // 4 + 2)
         b = self.bn * (self.bk // 4 + 2) if trans_b else self.bk * (self.bn // 4 + 2)
-        scratch = self.wm * self.wn * 16 * 10
+        scratch = self.wm * self.wn * 16 * ((1 if split else self.fn) * 8 + 2)
         parts = 2 if split else 1
         return 8 * parts * max(self.stages * (a + b), scratch)
 
