@@ -35,6 +35,28 @@ part prof-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 4 --w
     --json "$out/prof-v3-fp16.json"
 part prof-v5-fp16 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 --profile \
     --json "$out/prof-v5-fp16.json"
+# the bias gradients summed inside the streamed and resident backward sweeps (BIAS_SUMS), the token sums
+# split into row parts and the tensor-core GEMM's epilogue by rows of fragments (VEC4_C): their parity (the
+# sweeps' "(sweep sums)" rows, the embedding's, the model's, the GEMMs'), the streamed backward's
+# registers with and without the sums, then each config's profile with the first two off
+# (CATCHAT_SWEEP_BIAS=0 CATCHAT_TOKEN_SUM_PARTS=1) to set beside prof-* and bench-*-torch; the program's
+# GEMM tiles beside cuBLAS (gemm-epi-*) to set beside the same command on the code before
+part parity-sums $py -m catchat.cli parity --only gru --only embedding --only model --only gemm --summary \
+    --json "$out/parity-sums.json"
+part stats-stream-bwd $py tools/shader_stats.py configs/catchat-v5.toml --stream-backward
+for c in v3-fp16:4 v5-fp16:2 v3-fp32:3 v5-fp32:2; do
+    cfg=${c%%-*}; rest=${c#*-}; prec=${rest%%:*}; steps=${c##*:}
+    part "prof-$cfg-$prec-before" env CATCHAT_SWEEP_BIAS=0 CATCHAT_TOKEN_SUM_PARTS=1 $py -m catchat.cli bench \
+        "configs/catchat-$cfg.toml" --steps "$steps" --warmup 1 --precision "$prec" --profile --json "$out/prof-$cfg-$prec-before.json"
+done
+for c in v3:3 v5:2; do
+    part "prof-${c%%:*}-fp32" $py -m catchat.cli bench "configs/catchat-${c%%:*}.toml" --steps "${c##*:}" --warmup 1 \
+        --precision fp32 --profile --json "$out/prof-${c%%:*}-fp32.json"
+done
+for v in v3 v5; do
+    part "gemm-epi-$v" $py tools/bench_gemm.py "configs/catchat-$v.toml" --operands coopmat --loads vec4 \
+        --coop 2,4,4,4,32,1 --coop 4,2,4,4,32,1 --reps 5 --repeat 5 --compare-torch --json "$out/gemm-epi-$v.json"
+done
 # v5's fp16 sweeps with W_hh's float16 copy read as the shaders declare it (readonly), readonly restrict,
 # and past L1 (coherent): whether a workgroup's slice is served from L1 between steps (CATCHAT_STREAM_WCACHE)
 for wc in default restrict l2; do
