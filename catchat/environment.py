@@ -37,6 +37,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_SWEEP_COOP": (MEASURE, "the fp16 sweeps' design: resident, stream, 1 (the mixed choice) or 0 (no "
                                     "tensor cores)"),
     "CATCHAT_SWEEP_STREAM32": (MEASURE, "1 streams the fp32 sweeps where the resident tiles fit too; 0 never"),
+    "CATCHAT_SWEEP_BIAS": (MEASURE, "0: the bias gradients as column sums over the rows after the backward sweep, "
+                                    "not summed in it (streamed and resident sweeps)"),
+    "CATCHAT_TOKEN_SUM_PARTS": (MEASURE, "N: the embedding's and table0's token sums in N row parts (1: one "
+                                         "dispatch; default by the device)"),
     "CATCHAT_STREAM_FLAGS": (MEASURE, "1 or 0: the streamed sweeps wait on block flags, or on the grid barrier"),
     "CATCHAT_STREAM_DEPTH": (MEASURE, "F,B: the streamed fp16 sweeps' W_hh ring depths (forward, backward; "
                                        "the split forward's too, default 4)"),

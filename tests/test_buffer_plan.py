@@ -9,6 +9,7 @@ import pytest
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
 from catchat.vk.kernels import run_ops
+from catchat.vk.kernels.embedding import PARTS_ENV
 from catchat.vk.program import Program, StepHyper, plan
 
 MiB = 2**20
@@ -88,6 +89,21 @@ def test_forward_of_few_rows_splits_its_gemms_over_k(dev, monkeypatch):
     train = Program(dev, layout, 3, B)
     train._stepwise_sequences()  # recorded on first use
     assert train.fwd.rows.head.split_k == 3 and train.stepwise.rows.head.split_k == 1
+
+
+def test_token_sums_in_parts_are_planned_and_match_the_reference(dev, monkeypatch):
+    """The embedding's and table0's token sums forced into 3 parts (a GPU's choice, `token_sum_parts`):
+    their private partials [3,V,H] and [3,V,3H] are in the planned bytes, and a training step matches
+    the reference."""
+    monkeypatch.setenv(PARTS_ENV, "3")
+    spec, T, B = ModelSpec(vocab_size=101, hidden=8, layers=2), 7, 3
+    before = dev.allocated_bytes
+    prog = Program(dev, ParamLayout(spec), T, B)
+    assert dev.allocated_bytes - before == Program.planned_bytes(ParamLayout(spec), T, B, True, dev)
+    assert prog.bwd.embedding.work.size() == 3 * 101 * 8 and prog.bwd.table0.sum.work.size() == 3 * 101 * 24
+    results = model_parity.model_parity(dev, spec, T, B, HP, label="token sums in parts")
+    bad = [str(r) for r in results if not r.ok]
+    assert not bad, "\n".join(bad)
 
 
 def test_backward_leaves_hprev_in_the_state_buffer(dev):

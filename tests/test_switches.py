@@ -3,7 +3,7 @@
 import pytest
 
 from catchat.errors import UsageError
-from catchat.vk.switches import env_choice, env_override, env_switch
+from catchat.vk.switches import env_choice, env_count, env_override, env_switch
 
 
 def test_a_switch_is_on_off_or_unset_and_anything_else_is_a_usage_error(monkeypatch):
@@ -30,6 +30,18 @@ def test_a_choice_is_one_of_its_numbers_or_the_default(monkeypatch):
         monkeypatch.setenv("CATCHAT_TEST_CHOICE", raw)
         with pytest.raises(UsageError, match=f"CATCHAT_TEST_CHOICE='{raw}' is not one of 16, 32, 64"):
             env_choice("CATCHAT_TEST_CHOICE", (16, 32, 64), 32)
+
+
+def test_a_count_is_a_whole_number_from_its_floor_or_none(monkeypatch):
+    monkeypatch.delenv("CATCHAT_TEST_COUNT", raising=False)
+    assert env_count("CATCHAT_TEST_COUNT", "hint") is None
+    for raw, got in ((" 7 ", 7), ("1", 1), ("", None)):
+        monkeypatch.setenv("CATCHAT_TEST_COUNT", raw)
+        assert env_count("CATCHAT_TEST_COUNT", "hint") == got
+    for raw in ("0", "-3", "2.5", "x"):
+        monkeypatch.setenv("CATCHAT_TEST_COUNT", raw)
+        with pytest.raises(UsageError, match=f"CATCHAT_TEST_COUNT='{raw}' is not a whole number of at least 1"):
+            env_count("CATCHAT_TEST_COUNT", "hint")
 
 
 def test_an_override_lasts_for_its_with_and_restores_set_and_unset_values(monkeypatch):

@@ -142,7 +142,7 @@ def profile_groups(prog, flop: dict | None = None) -> list[tuple[str, str, list]
         if lay.dx:
             groups.append(gemms(f"L{l} input gradient", lay.dx))
     t0 = k.table0
-    groups += [("other", "embedding + table0 token sums", [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]),
+    groups += [("other", "embedding + table0 token sums", [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()]),
                gemms("table0 backward GEMMs", t0.dw_ih, t0.demb)]
     return groups
 

@@ -1,5 +1,6 @@
-"""Embedding lookup with row dropout, forward and backward (glsl/embedding.comp), and the layer-0
-table gather/sum, against catchat.model.reference (only the row scale is assembled here)."""
+"""Embedding lookup with row dropout, forward and backward (glsl/embedding.comp), the layer-0 table
+gather/sum, and the token sums in parts (forced P, as a GPU runs them), against catchat.model.reference
+(only the row scale is assembled here)."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def run_embedding(dev: Device, tokens, E, dx, dE0, seed: int, p_emb: float, offs
     t_hyper = dev.tensor(hyper_words(seed, p_emb), np.uint32)
     fwd = EmbeddingForward(dev, (t_tok, ot), (t_E, oe), (t_x, ox), t_hyper, n, V, H)
     bwd = EmbeddingBackward(dev, (t_tok, ot), (t_dx, ox), (t_dE, oe), t_hyper, n, V, H)
-    x, dE = run_ops(dev, [t_tok, t_E, t_dE, t_x, t_dx, t_hyper], [fwd.op(), bwd.op()], [t_x, t_dE])
+    x, dE = run_ops(dev, [t_tok, t_E, t_dE, t_x, t_dx, t_hyper], [fwd.op(), *bwd.ops()], [t_x, t_dE])
     return x[ox:ox + n * H].reshape(n, H), dE[oe:].reshape(V, H)
 
 
@@ -78,6 +79,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out.append(compare("embedding_backward", shape, dE, exp_dE,
                            2e-6 * max(1.0, float(np.abs(exp_dE).max())), 1e-5))
     out += _table_checks(dev, rng)
+    out += _parts_checks(dev, rng)
     return out
 
 
@@ -96,7 +98,7 @@ def _table_checks(dev: Device, rng) -> list[ParityResult]:
     t_hyper = dev.tensor(hyper_words(seed, p), np.uint32)
     fwd = EmbeddingForward(dev, (t_tok, 0), (t_tab, 0), (t_gi, 0), t_hyper, T * B, V, W, scale_h=H, bias=(t_bias, 3))
     bwd = EmbeddingBackward(dev, (t_tok, 0), (t_dg, 0), (t_dtab, 0), t_hyper, T * B, V, W, scale_h=H)
-    gi, dtab = run_ops(dev, [t_tok, t_tab, t_bias, t_dg, t_dtab, t_hyper], [fwd.op(), bwd.op()], [t_gi, t_dtab])
+    gi, dtab = run_ops(dev, [t_tok, t_tab, t_bias, t_dg, t_dtab, t_hyper], [fwd.op(), *bwd.ops()], [t_gi, t_dtab])
     scale = np.append(row_scale(seed, V, H, p), 0.0).astype(np.float32)  # [V+1]: the last is the bad token
     tok = tokens.ravel().astype(np.intp)
     exp_gi = np.vstack([table, np.zeros((1, W), np.float32)])[tok] * scale[tok, None] + bias
@@ -105,3 +107,40 @@ def _table_checks(dev: Device, rng) -> list[ParityResult]:
     shape = f"T{T} B{B} V{V} width{W} scale_h{H} p{p:g}"
     return [compare("embedding_table_gather", shape, gi.reshape(-1, W), exp_gi, 1e-6, 1e-6),
             compare("embedding_table_sum", shape, dtab.reshape(V, W), exp_dtab[:V], 1e-5, 1e-5)]
+
+
+def run_token_sums(dev: Device, tokens, dx, dE0, seed: int, p_emb: float, parts: int, scale_h: int | None = None,
+                   offs=(3, 16, 5)) -> np.ndarray:
+    """The backward alone over `parts` parts of the rows, at element offsets `offs` (tokens, table,
+    rows); returns dE [V,width] (dE0 [V,width] plus the sums)."""
+    n, (V, W) = tokens.size, dE0.shape
+    ot, oe, ox = offs
+    t_tok = dev.tensor(np.concatenate([np.full(ot, 7, np.uint32), tokens.ravel()]), np.uint32)
+    t_dE = dev.tensor(np.concatenate([np.zeros(oe, np.float32), dE0.ravel()]))
+    t_dx = dev.tensor(np.concatenate([np.zeros(ox, np.float32), dx.ravel()]))
+    t_hyper = dev.tensor(hyper_words(seed, p_emb), np.uint32)
+    bwd = EmbeddingBackward(dev, (t_tok, ot), (t_dx, ox), (t_dE, oe), t_hyper, n, V, W, scale_h=scale_h, parts=parts)
+    (dE,) = run_ops(dev, [t_tok, t_dE, t_dx, t_hyper], bwd.ops(), [t_dE])
+    return dE[oe:].reshape(V, W)
+
+
+def _parts_checks(dev: Device, rng) -> list[ParityResult]:
+    """The token sums in P parts (forced: a GPU chooses its own P, a CPU device 1) at odd sizes: rows
+    not a multiple of P, parts of more than one chunk of tokens (1,365 rows: a GPU's chunk is 1,024),
+    more parts than rows (one row each), a few tokens of many rows (long lists of rows a chunk), the
+    table's width 3H with scale_h = H, a token >= V (no gradient)."""
+    out = []
+    for T, B, V, H, W, p, parts in ((37, 5, 101, 67, 67, 0.3, 3), (130, 21, 101, 33, 33, 0.1, 2),
+                                    (6, 5, 11, 9, 9, 0.0, 64), (60, 5, 3, 70, 70, 0.2, 4),
+                                    (53, 4, 101, 13, 39, 0.3, 5)):
+        tokens, _, dx, dE0 = _case(rng, T, B, V, W)
+        tokens[-1, -1] = V  # out of range
+        seed = int(rng.integers(0, 2**32))
+        dE = run_token_sums(dev, tokens, dx, dE0, seed, p, parts, scale_h=H)
+        scale = np.append(row_scale(seed, V, H, p), 0.0).astype(np.float32)  # [V+1]: the last is the bad token
+        exp = np.vstack([dE0, np.zeros((1, W), np.float32)])
+        reference.embedding_backward(exp, dx, tokens.astype(np.intp), scale)
+        shape = f"T{T} B{B} V{V} width{W} scale_h{H} p{p:g} parts{min(parts, T * B)}"
+        out.append(compare("embedding_backward_parts", shape, dE, exp[:V],
+                           2e-6 * max(1.0, float(np.abs(exp).max())), 1e-5))
+    return out

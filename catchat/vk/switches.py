@@ -1,8 +1,9 @@
 """On/off environment switches of the Vulkan layer (CATCHAT_STREAM_FLAGS, CATCHAT_SWEEP_STREAM32,
 CATCHAT_OVERLAP_DW, CATCHAT_WAVEFRONT_FORWARD / _BACKWARD): "1" on, "0" off, unset the program's
 choice; anything else is the user's mistake, said in one line with how to fix it. `env_choice`: a
-number from a short list (CATCHAT_DECODE_TILE, CATCHAT_DECODE_COOP_STREAMS). `env_override`:
-a variable set for the length of a `with` (what the tools and parity use to run one variant)."""
+number from a short list (CATCHAT_DECODE_TILE, CATCHAT_DECODE_COOP_STREAMS). `env_count`: a whole
+number with a floor (CATCHAT_TOKEN_SUM_PARTS). `env_override`: a variable set for the length of a
+`with` (what the tools and parity use to run one variant)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def env_choice(name: str, choices: tuple[int, ...], default: int) -> int:
         return int(raw)
     listed = ", ".join(str(c) for c in choices)
     raise UsageError(f"{name}={raw!r} is not one of {listed}", hint=f"set one of {listed}, or unset it")
+
+
+def env_count(name: str, hint: str, least: int = 1) -> int | None:
+    """The whole number `name` names, at least `least`; None where unset (or blank); a UsageError naming
+    it and `hint` for any other value."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw.isdigit() and int(raw) >= least:
+        return int(raw)
+    raise UsageError(f"{name}={raw!r} is not a whole number of at least {least}", hint=hint)
 
 
 @contextmanager

@@ -1,14 +1,17 @@
 """Embedding forward/backward with row dropout (glsl/embedding.comp) against catchat.model.reference."""
 
 from collections import Counter
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from catchat.errors import UsageError
 from catchat.model import reference
-from catchat.parity.embedding import hyper_words, parity_checks, row_scale, run_embedding
+from catchat.parity.embedding import _case, hyper_words, parity_checks, row_scale, run_embedding, run_token_sums
 from catchat.vk.device import host_view
 from catchat.vk.kernels import run_ops
-from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
+from catchat.vk.kernels.embedding import PARTS_ENV, EmbeddingBackward, EmbeddingForward, token_sum_parts
 from catchat.vk.slots import HP_SEED
 
 
@@ -16,7 +19,8 @@ def test_parity(dev):
     results = parity_checks(dev)
     # the cases counted per kernel: a case list that came out empty or short would pass all() alone
     assert Counter(r.kernel for r in results) == {"embedding_forward": 6, "embedding_backward": 6,
-                                                  "embedding_table_gather": 1, "embedding_table_sum": 1}
+                                                  "embedding_table_gather": 1, "embedding_table_sum": 1,
+                                                  "embedding_backward_parts": 5}
     assert all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
@@ -84,3 +88,67 @@ def test_backward_accumulates_across_micro_batches(dev, rng):
     for _ in range(2):
         reference.embedding_backward(exp, dx, tokens.astype(np.intp), row_scale(5, V, H, 0.0))
     assert np.allclose(dE.reshape(V, H), exp, rtol=1e-5, atol=2e-6 * np.abs(exp).max())
+
+
+def _sums_in_parts(dE0, dx, tokens, scale, parts: int) -> np.ndarray:
+    """numpy's float32 add.at over each part of ceil(R/P) rows from zero, then dE0 + part 0 + part 1 + ...
+    (P = 1: add.at from dE0): the order the kernel sums in."""
+    rows = (dx * scale[tokens][..., None]).reshape(-1, dE0.shape[1]).astype(np.float32)
+    tok = tokens.ravel().astype(np.intp)
+    if parts == 1:
+        out = dE0.copy()
+        np.add.at(out, tok, rows)
+        return out
+    step, out = -(-tok.size // parts), dE0.copy()
+    for r in range(0, tok.size, step):
+        part = np.zeros_like(dE0)
+        np.add.at(part, tok[r:r + step], rows[r:r + step])
+        out = out + part
+    return out
+
+
+@pytest.mark.parametrize("parts", [1, 3, 7])
+def test_token_sums_in_parts_add_in_part_order(dev, rng, parts):
+    """2,111 rows (a prime: parts of unequal length, of one or more chunks) of 5 tokens in P parts: the
+    sums in the kernel's stated order, bitwise on a CPU device (no FMA contraction there); one dispatch
+    for one part, two with a private [P,V,H] workspace for more."""
+    T, B, V, H, p = 2111, 1, 5, 70, 0.2
+    tokens, _, dx, dE0 = _case(rng, T, B, V, H)
+    got = run_token_sums(dev, tokens, dx, dE0, 11, p, parts)
+    exp = _sums_in_parts(dE0, dx, tokens, row_scale(11, V, H, p), parts)
+    if dev.info.type == "CPU":
+        assert np.array_equal(got.view(np.uint32), exp.view(np.uint32))
+    assert np.allclose(got, exp, rtol=1e-5, atol=2e-6 * np.abs(exp).max())
+    t = dev.tensor(np.zeros(T * B * H, np.float32))
+    k = EmbeddingBackward(dev, (t, 0), (t, 0), (t, 0), t, T * B, V, H, parts=parts)
+    assert k.parts == parts and len(k.ops()) == (1 if parts == 1 else 2)
+    assert (k.second is None) == (parts == 1)
+    if parts > 1:
+        assert k.work.size() == parts * V * H
+        with pytest.raises(ValueError, match="in parts"):
+            k.op()
+
+
+def test_parts_switch_forces_p(dev, monkeypatch):
+    """CATCHAT_TOKEN_SUM_PARTS=N forces N parts (no more than the rows, and none empty), 1 the single dispatch;
+    the memory plan counts the workspace the same way; anything but a whole number >= 1 is a UsageError."""
+    monkeypatch.delenv(PARTS_ENV, raising=False)
+    assert token_sum_parts(dev, 65536, 101, 512) == 1 or dev.info.type != "CPU"  # a CPU's, unless forced
+    for value, rows, parts in (("4", 1000, 4), ("64", 30, 30), ("4", 10, 4), ("4", 9, 3), ("1", 65536, 1)):
+        monkeypatch.setenv(PARTS_ENV, value)
+        assert token_sum_parts(dev, rows, 11, 8) == parts
+        assert EmbeddingBackward.scratch_words(dev, rows, 11, 8) == (0 if parts == 1 else parts * 11 * 8)
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv(PARTS_ENV, bad)
+        with pytest.raises(UsageError, match=PARTS_ENV):
+            token_sum_parts(dev, 1000, 11, 8)
+
+
+def test_a_gpu_sums_parts_of_2048_rows(monkeypatch):
+    """A GPU's P (no device needed: the rule reads the device's type): v3's 65,536 rows in 32 parts, v5's
+    32,768 in 16, one part below 4,096 rows, fewer parts for a large vocabulary (partials <= dX / 4)."""
+    monkeypatch.delenv(PARTS_ENV, raising=False)
+    gpu = SimpleNamespace(info=SimpleNamespace(type="discrete GPU"))
+    assert [token_sum_parts(gpu, R, 101, 512) for R in (65536, 32768, 4095, 6000, 1)] == [32, 16, 1, 2, 1]
+    assert token_sum_parts(gpu, 65536, 1000, 64) == 16
+    assert EmbeddingBackward.scratch_words(gpu, 65536, 101, 1536) == 32 * 101 * 1536

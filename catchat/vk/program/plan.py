@@ -56,6 +56,7 @@ import numpy as np
 from catchat.model import ParamLayout, spectral_u_init
 from catchat.vk import slots
 from catchat.vk.device import Device
+from catchat.vk.kernels.embedding import EmbeddingBackward
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k, short_split_k
 from catchat.vk.kernels.gru import (
     backward_scratch_words,
@@ -287,6 +288,8 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
         out += [("grad-norm partials", GradNorm.scratch_words(g.P)),
                 ("spectral projection work", SpectralProject.scratch_words(g.H, g.L)),
                 ("RMSNorm backward dg partials", g.L * ResidualRmsNormBackward.scratch_words(g.R, g.H)),
+                ("token sums' partials (embedding, table0)",
+                 sum(EmbeddingBackward.scratch_words(dev, g.R, g.V, w) for w in (g.H, 3 * g.H))),
                 ("GRU backward sweep scratch", g.L * backward_scratch_words(dev, g.B, g.H, streamed_backward(g, dev,
                                                                                                           precision)))]
     return out

@@ -83,7 +83,7 @@ def backward_groups(k: BackwardKernels, dev: Device | None = None) -> list[list]
     L = len(k.layers)
     groups = [k.layers[l].norm.ops() + sweep(l) + weight_grads(l) + k.layers[l].dx.ops() for l in range(L - 1, 0, -1)]
     t0, lay0 = k.table0, k.layers[0]
-    groups.append(lay0.norm.ops() + sweep(0) + [k.embedding.op(), t0.zero(0.0, 0.0), t0.sum.op()]
+    groups.append(lay0.norm.ops() + sweep(0) + [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()]
                   + t0.dw_ih.ops() + t0.demb.ops())
     groups.append(weight_grads(0))
     groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
