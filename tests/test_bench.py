@@ -48,6 +48,22 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     assert res["gemm_flop"]["head"] == 2.0 * R * H * V and res["gemm_flop"]["head backward"] == 4.0 * R * H * V
 
 
+def test_bench_tokens_have_a_texts_skew():
+    """The bench's windows draw tokens and targets as a text's characters occur (Zipf over the
+    vocabulary: the commonest ~19% of the rows, as a space ~16%), never the padding token 0; resets
+    are kept."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    shape = (1024, 64)
+    resets = np.ones(shape, np.uint32)
+    tokens, targets, kept = bench.text_like(rng, 101, np.zeros(shape, np.uint32), np.zeros(shape, np.uint32), resets)
+    assert kept is resets and tokens.dtype == targets.dtype == np.uint32 and tokens.shape == targets.shape == shape
+    for t in (tokens, targets):
+        share = np.bincount(t.ravel(), minlength=101) / t.size
+        assert share[0] == 0.0 and 0.17 < share[1] < 0.22 and 0.08 < share[2] < 0.11 and share[100] < 0.005
+
+
 def test_profile_groups_are_the_micro_batch(dev):
     """Every dispatch of the recorded micro-batch (forward, loss, backward) is in exactly one group."""
     cfg = small(layers=3)
