@@ -4,8 +4,8 @@
   evaluation, the step split into forward / backward / optimizer (each timed as its own recorded
   sequence) and the device memory catchat allocated. Data is random tokens with conversation
   resets, drawn with a text's skew (`text_like`): the embedding's token sums walk each token's rows,
-  so their time follows how often the commonest characters occur (with uniform tokens the token
-  sums' kernel before 2026-12-06 looked 3-4x faster than it ran on text).
+  so their time follows how often the commonest characters occur (uniform tokens hid up to ~4x of
+  the token sums' cost on text before their row parts, 2026-12-06).
 - `sweep_modes`: how each recurrent sweep runs (shader, tiles, persistent workgroups, and why).
 - `profile` (--profile): each group of the micro-batch's dispatches (sweeps, GEMMs, the rest,
   `profile_groups`) timed alone.
