@@ -37,9 +37,15 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
     # the footprint holds at least the four model-sized float32 buffers: params, grads, AdamW's m and v
     spec = cfgmod.model_spec(cfg)
     assert res["device_bytes"] >= 4 * 4 * ParamLayout(spec).total
-    # every group of the recorded micro-batch timed once, in order, the baseline submit taken off
-    groups = bench.profile_groups(Program(dev, ParamLayout(spec), cfg.data.window, cfg.data.batch_lanes))
-    assert [(kind, name) for kind, name, _ in res["profile"]] == [(kind, name) for kind, name, _ in groups]
+    # every group of the recorded micro-batch, then of the optimizer's submit, timed once, in order, the
+    # baseline submit taken off
+    prog = Program(dev, ParamLayout(spec), cfg.data.window, cfg.data.batch_lanes)
+    groups = bench.profile_groups(prog)
+    opt = bench.optimizer_groups(prog)
+    assert [(kind, name) for kind, name, _ in res["profile"]] == [(kind, name) for kind, name, _ in groups + opt]
+    assert sum(len(ops) for _, _, ops in opt) == len(sequences.optimizer_ops(prog.fwd, prog.bwd))
+    assert [name for _, name, _ in opt] == ["grad norm", "optimizer update", "spectral projection",
+                                            "table0 and W_hh copies"]  # fp32: no unscale
     # each group is timed less an empty submit's time: the sweeps (dozens of dispatches) still cost more
     assert sum(ms for kind, _, ms in res["profile"] if kind == "sweep") > 0
     # the GEMM groups' operations (their TFLOP/s in the table): each product's 2 M N K

@@ -159,6 +159,18 @@ def profile_groups(prog, flop: dict | None = None) -> list[tuple[str, str, list]
     return groups
 
 
+def optimizer_groups(prog) -> list[tuple[str, str, list]]:
+    """The step's optimizer sequence (`sequences.optimizer_ops`: a submit of its own after the micro-batches)
+    in (kind "optimizer", name, ops) groups, in recorded order; those with no dispatch left out."""
+    f, k = prog.fwd, prog.bwd
+    groups = [("optimizer", "unscale (fp16)", [u(0.0, 0.0) for u in k.unscale]),
+              ("optimizer", "grad norm", k.grad_norm()),
+              ("optimizer", "optimizer update", [k.optimizer()]),
+              ("optimizer", "spectral projection", k.spectral()),
+              ("optimizer", "table0 and W_hh copies", f.derived_ops())]
+    return [g for g in groups if g[2]]
+
+
 def gemm_flops(prog) -> dict:
     """Each GEMM group's floating-point operations per micro-batch (profile_groups' names)."""
     flop: dict = {}
@@ -167,12 +179,14 @@ def gemm_flops(prog) -> dict:
 
 
 def profile(prog, reps: int) -> list[tuple[str, str, float]]:
-    """Milliseconds of each group of profile_groups, each recorded and timed as its own sequence
-    (after a training step, so the buffers hold real values), less the time of a sequence holding
-    one trivial dispatch (submit, fence wait and host overhead: ~0.1-1 ms, which would otherwise
+    """Milliseconds of each group of profile_groups and then of optimizer_groups, each recorded and timed
+    as its own sequence (after a training step, so the buffers hold real values; the optimizer's groups
+    move the parameters again, which nothing after the profile reads), less the time of a sequence
+    holding one trivial dispatch (submit, fence wait and host overhead: ~0.1-1 ms, which would otherwise
     swamp the small groups)."""
     scratch = prog.dev.tensor(1, kind="storage")
-    groups = [("baseline", "", [Axpby(prog.dev, scratch, scratch, 1)(0.0, 0.0)])] + profile_groups(prog)
+    groups = [("baseline", "", [Axpby(prog.dev, scratch, scratch, 1)(0.0, 0.0)])] + profile_groups(prog) \
+        + optimizer_groups(prog)
     out = [(kind, name, timed_sequence(prog.dev, ops, max(reps, 5)) * 1e3) for kind, name, ops in groups]
     base = out.pop(0)[2]
     return [(kind, name, max(ms - base, 0.0)) for kind, name, ms in out]

@@ -161,8 +161,9 @@ def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
 
 
 def print_profile(console, profile: list, step_ms: float, gemm_flop: dict) -> None:
-    """--profile's table: each group of the micro-batch (catchat.analysis.bench.profile), with the
-    GEMM groups' TFLOP/s, the totals by kind, the sum beside the step's time."""
+    """--profile's table: each group of the micro-batch and of the optimizer's submit
+    (catchat.analysis.bench.profile), with the GEMM groups' TFLOP/s, the totals by kind, the sum beside
+    the step's time."""
     table = new_table("group", "ms", "kind", "TFLOP/s", title="where a micro-batch goes (each group timed alone)")
 
     def rate(flop: float, ms: float) -> str:
@@ -173,7 +174,7 @@ def print_profile(console, profile: list, step_ms: float, gemm_flop: dict) -> No
 
     for kind, name, ms in profile:
         table.add_row(name, f"{ms:.2f}", kind, rate(gemm_flop.get(name, 0.0), ms))
-    for kind in ("sweep", "gemm", "other"):
+    for kind in ("sweep", "gemm", "other", "optimizer"):
         total = sum(ms for k, _, ms in profile if k == kind)
         flop = sum(gemm_flop.values()) if kind == "gemm" else 0.0
         table.add_row(f"{kind} total", f"{total:.2f}", "", rate(flop, total))
