@@ -23,6 +23,7 @@ from catchat.analysis.timing import NoProgress, timed, timed_sequence
 from catchat.model import ParamLayout, init_params
 from catchat.precision import INIT_SCALE
 from catchat.vk.kernels import Axpby, gru
+from catchat.vk.program import sequences
 from catchat.vk.program.wavefront import recording_info
 
 
@@ -153,22 +154,15 @@ def profile_groups(prog, flop: dict | None = None) -> list[tuple[str, str, list]
                    ("other", f"L{l} bias gradients", lay.bias_grad_ops())]
         if lay.dx:
             groups.append(gemms(f"L{l} input gradient", lay.dx))
-    t0 = k.table0
-    groups += [("other", "embedding + table0 token sums", [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()]),
-               gemms("table0 backward GEMMs", t0.dw_ih, t0.demb)]
+    groups += [("other", "embedding + table0 token sums", k.token_sum_ops()),
+               gemms("table0 backward GEMMs", k.table0.dw_ih, k.table0.demb)]
     return groups
 
 
 def optimizer_groups(prog) -> list[tuple[str, str, list]]:
-    """The step's optimizer sequence (`sequences.optimizer_ops`: a submit of its own after the micro-batches)
-    in (kind "optimizer", name, ops) groups, in recorded order; those with no dispatch left out."""
-    f, k = prog.fwd, prog.bwd
-    groups = [("optimizer", "unscale (fp16)", [u(0.0, 0.0) for u in k.unscale]),
-              ("optimizer", "grad norm", k.grad_norm()),
-              ("optimizer", "optimizer update", [k.optimizer()]),
-              ("optimizer", "spectral projection", k.spectral()),
-              ("optimizer", "table0 and W_hh copies", f.derived_ops())]
-    return [g for g in groups if g[2]]
+    """The step's optimizer submit (`sequences.optimizer_groups`: a submit of its own after the
+    micro-batches) as (kind "optimizer", name, ops) groups, in recorded order."""
+    return [("optimizer", name, ops) for name, ops in sequences.optimizer_groups(prog.fwd, prog.bwd)]
 
 
 def gemm_flops(prog) -> dict:

@@ -117,6 +117,11 @@ class BackwardKernels:
     unscale: list[Axpby]  # fp16: grads and dh0 *= hyper[HP_GRAD_UNSCALE] before the grad norm; fp32: none
     overlap_dw_hh: bool = False  # Geometry.overlap_dw_hh (sequences.dw_hh_beside: where dW_hh is recorded)
 
+    def token_sum_ops(self) -> list:
+        """The embedding's and table0's token sums, in order (dtable0 zeroed before its sums)."""
+        t0 = self.table0
+        return [*self.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()]
+
 
 @dataclass
 class StepwiseKernels:

@@ -83,8 +83,7 @@ def backward_groups(k: BackwardKernels, dev: Device | None = None) -> list[list]
     L = len(k.layers)
     groups = [k.layers[l].norm.ops() + sweep(l) + weight_grads(l) + k.layers[l].dx.ops() for l in range(L - 1, 0, -1)]
     t0, lay0 = k.table0, k.layers[0]
-    groups.append(lay0.norm.ops() + sweep(0) + [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()]
-                  + t0.dw_ih.ops() + t0.demb.ops())
+    groups.append(lay0.norm.ops() + sweep(0) + k.token_sum_ops() + t0.dw_ih.ops() + t0.demb.ops())
     groups.append(weight_grads(0))
     groups[0] = k.head_dx.ops() + k.head_dw.ops() + groups[0]
     return groups
@@ -109,10 +108,19 @@ def stepwise_forward_ops(f: ForwardKernels, s: StepwiseKernels, T: int, B: int) 
     return ops
 
 
+def optimizer_groups(f: ForwardKernels, k: BackwardKernels) -> list[tuple[str, list]]:
+    """The optimizer's submit as (name, ops) groups, in order: (fp16: the unscale by 1/S), the grad norm,
+    the update (skip guard, clip, AdamW/NAdam), the spectral projection, then what follows the
+    parameters (table0, the streamed sweeps' float16 W_hh); a group with no dispatch left out."""
+    groups = [("unscale (fp16)", [u(0.0, 0.0) for u in k.unscale]), ("grad norm", k.grad_norm()),
+              ("optimizer update", [k.optimizer()]), ("spectral projection", k.spectral()),
+              ("table0 and W_hh copies", f.derived_ops())]
+    return [(name, ops) for name, ops in groups if ops]
+
+
 def optimizer_ops(f: ForwardKernels, k: BackwardKernels) -> list:
-    """(fp16: the unscale by 1/S), grad norm, the optimizer (skip guard, clip, AdamW/NAdam), spectral
-    projection, table0."""
-    return [u(0.0, 0.0) for u in k.unscale] + k.grad_norm() + [k.optimizer()] + k.spectral() + f.derived_ops()
+    """`optimizer_groups`' dispatches, in order."""
+    return [op for _, ops in optimizer_groups(f, k) for op in ops]
 
 
 # ----------------------------------------------------------------------------- sequences

@@ -36,16 +36,14 @@ backward sweeps fit it.
 
 from __future__ import annotations
 
-import os
 from math import gcd
 from typing import NamedTuple
 
-from catchat.errors import UsageError
 from catchat.model import ParamLayout
 from catchat.vk.kernels.gemm import ColSum, Gemm, gemm_split_k
 from catchat.vk.program import sequences as sq
 from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build_rows
-from catchat.vk.switches import env_switch
+from catchat.vk.switches import env_count, env_switch
 
 WAVE_ENV = "CATCHAT_WAVEFRONT"  # chunks of the window (unset or 1: the layer-by-layer forward)
 WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward with the layer-by-layer backward
@@ -54,13 +52,8 @@ WAVE_FORWARD_ENV = "CATCHAT_WAVEFRONT_FORWARD"  # 0: the layer-by-layer forward 
 
 def wave_chunks(T: int) -> int:
     """CATCHAT_WAVEFRONT's chunk count for a window of T steps (at most T), 1 when unset."""
-    raw = os.environ.get(WAVE_ENV, "").strip()
-    if not raw:
-        return 1
-    if not raw.isdigit() or int(raw) < 1:
-        raise UsageError(f"{WAVE_ENV}={raw!r} is not a number of chunks",
-                         hint="set a whole number >= 2 (chunks of the window), or unset it")
-    return min(int(raw), int(T))
+    chunks = env_count(WAVE_ENV, "set a whole number >= 2 (chunks of the window), or unset it")
+    return 1 if chunks is None else min(chunks, int(T))
 
 
 def chunk_bounds(T: int, n: int) -> list[tuple[int, int]]:
@@ -114,7 +107,7 @@ class ChunkGrads(NamedTuple):
 
     dx: Gemm  # dx += dGi @ W_ih (op_at)
     dw_ih: Gemm  # dW_ih += dGi^T x (ops_k_at; split-K partials in x[L])
-    db_ih: ColSum  # db_ih += column sums of dGi (ops_at)
+    db_ih: ColSum | None  # db_ih += column sums of dGi (ops_at); None where the sweep sums it (after the window)
 
 
 class WavefrontBackward:
@@ -137,6 +130,7 @@ class WavefrontBackward:
                          beta=1.0, precision=precision),
                     Gemm(dev, (b.gi, 0, 3 * H), (b.x[l], 0, H), (b.grads, o[p + "gru.weight_ih"], H), 3 * H, H, R,
                          trans_a=True, beta=1.0, split_k=split, workspace=b.x[L], precision=precision),
+                    None if k.layers[l].gru.bias_sums is not None else
                     ColSum(dev, (b.gi, 0, 3 * H), (b.grads, o[p + "gru.bias_ih"]), R, 3 * H, g.colsum, b.ws_cs)))
             self.rows[size] = per_layer
 
@@ -161,16 +155,14 @@ class WavefrontBackward:
             for l, t0, t1 in active:
                 if l > 0:
                     c, row = self.rows[t1 - t0][l], t0 * self.B
-                    summed = k.layers[l].gru.bias_sums is not None  # db_ih from the sweep's sums, below
-                    ops += [c.dx.op_at(row)] + c.dw_ih.ops_k_at(row) + ([] if summed else c.db_ih.ops_at(row))
+                    ops += [c.dx.op_at(row)] + c.dw_ih.ops_k_at(row) + (c.db_ih.ops_at(row) if c.db_ih else [])
         for l in range(L - 1, -1, -1):
             lay = k.layers[l]
             ops += [lay.norm.reduce_op()] + ([] if l in beside else lay.dw_hh.ops()) + lay.db_hh.ops()
-            if l > 0 and lay.gru.bias_sums is not None:
+            if l > 0 and lay.gru.bias_sums is not None:  # no chunk summed db_ih: the sweep's sums do
                 ops += lay.db_ih.ops()
         t0 = k.table0
-        return ops + k.layers[0].db_ih.ops() + [*k.embedding.ops(), t0.zero(0.0, 0.0), *t0.sum.ops()] \
-            + t0.dw_ih.ops() + t0.demb.ops()
+        return ops + k.layers[0].db_ih.ops() + k.token_sum_ops() + t0.dw_ih.ops() + t0.demb.ops()
 
 
 def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None, precision: str) -> tuple:
