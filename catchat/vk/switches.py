@@ -2,8 +2,9 @@
 CATCHAT_OVERLAP_DW, CATCHAT_WAVEFRONT_FORWARD / _BACKWARD): "1" on, "0" off, unset the program's
 choice; anything else is the user's mistake, said in one line with how to fix it. `env_choice`: a
 number from a short list (CATCHAT_DECODE_TILE, CATCHAT_DECODE_COOP_STREAMS). `env_count`: a whole
-number with a floor (CATCHAT_TOKEN_SUM_PARTS). `env_override`: a variable set for the length of a
-`with` (what the tools and parity use to run one variant)."""
+number with a floor (CATCHAT_TOKEN_SUM_PARTS, CATCHAT_STREAM32_DEPTH, CATCHAT_WAVEFRONT).
+`env_override`: a variable set for the length of a `with` (what the tools and parity use to run one
+variant)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from catchat.errors import UsageError
 from catchat.vk.kernels import ceil_div
-from catchat.vk.switches import env_switch
+from catchat.vk.switches import env_count, env_switch
 
 STREAM_UNITS = 16  # units (forward) or dh columns (backward) per slice
 STREAM_KGROUPS = 8  # k-groups (subgroups) per lane fragment
@@ -236,13 +236,8 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
 
 def stream32_depth(default: int = STREAM32_DEPTH) -> int:
     """The float32 backward's ring depth: CATCHAT_STREAM32_DEPTH, else `default`."""
-    env = os.environ.get(DEPTH32_ENV, "").strip()
-    if not env:
-        return default
-    if env.isdigit() and int(env) >= 1:
-        return int(env)
-    raise UsageError(f"{DEPTH32_ENV}={env!r} is not a count of at least 1",
-                     hint=f"unset it, or set e.g. {STREAM32_DEPTH}")
+    depth = env_count(DEPTH32_ENV, f"unset it, or set e.g. {STREAM32_DEPTH}")
+    return default if depth is None else depth
 
 
 def stream_depth(default: tuple[int, int] = STREAM_DEPTH) -> tuple[int, int]:
