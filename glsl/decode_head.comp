@@ -1,57 +1,62 @@
 #version 450
-// The head of a decode step for B streams: logits[b, v] = W_head[v] . (y * g) * rstd(y), with
-// y = ysum[L-1] (x + h of the last layer) and g its norm weight. Spread over the GPU like the layer
-// kernel (glsl/decode_layer.comp): a subgroup owns one vocabulary row v and a tile of SB streams,
-// its lanes stride over k, sum(y^2) is gathered in the same pass. The choice of the next token
-// (glsl/decode_sample.comp) reads the logits in the next dispatch.
-#extension GL_KHR_shader_subgroup_arithmetic : require
-#extension GL_KHR_shader_subgroup_basic : require
+// The head of a decode step for B streams, in KP parts of k: part p holds, for each stream b and
+// vocabulary row v, sum over its k range of (W_head[v, k] g[k]) y[b, k], and sum(y[b, k]^2) over the
+// same range, with y = ysum[L-1] (x + h of the last layer) and g its norm weight. The choice
+// (glsl/decode_sample.comp's HEAD_PARTS) adds the parts in order p = 0 .. KP-1 and scales by the rstd
+// of the sum of squares: logits[b, v] = sum_p acc_p[b, v] / sqrt(sum_p ss_p[b] / H + eps).
+// Why parts: a vocabulary row per subgroup (the kernel before) spread 101 rows over ~50 workgroups,
+// each reading every stream's y: 52 MB of L2 reads a step at v5's 64 streams, 35 us. Here workgroup
+// (p, sb) stages its SB streams' y over its k range once in shared memory (read there as a broadcast:
+// every thread reads the same element), each thread walks one vocabulary row of W_head over the range,
+// and KP x ceil(B / SB) workgroups cover the GPU: W_head and y are read about once.
 #extension GL_EXT_control_flow_attributes : require
-#include "slots.glsl"
 
-layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const uint SB = 1;  // streams per subgroup (register tile)
+layout(local_size_x_id = 0) in;  // threads >= V: a vocabulary row each
+layout(constant_id = 1) const uint SB = 1;  // streams per workgroup (registers: SB partial sums a thread)
 layout(constant_id = 2) const uint H = 1;
 layout(constant_id = 3) const uint B = 1;
+layout(constant_id = 4) const uint KR = 1;  // k steps (vec4 with VEC4, else floats) per part
 
 #include "vec4_loads.glsl"
 
 layout(set = 0, binding = 0) readonly buffer P { VT params[]; };
-layout(set = 0, binding = 1) readonly buffer Y { VT ysum[]; };   // [L, B, H]
-layout(set = 0, binding = 2) writeonly buffer Lg { float logits[]; };  // [B, V]
-layout(set = 0, binding = 3) readonly buffer Ctl { uint ctl[]; };  // [B, DS_WORDS]
+layout(set = 0, binding = 1) readonly buffer Y { VT ysum[]; };          // [L, B, H]
+layout(set = 0, binding = 2) writeonly buffer Hp { float parts[]; };   // [KP, B, V] sums, then [KP, B] ss
 
 layout(push_constant) uniform Push {
     uint L, V;
     uint w_head, g_last;  // offsets (multiples of 4 with VEC4)
-    uint rows_wgs;  // workgroups along rows: ceil(V / subgroups per workgroup)
-    float eps;
+    uint kp;              // parts: KP * KR >= H / W
 } pc;
 
+shared VT ys[SB * KR];  // ys[s * KR + i] = y[b0 + s, k0 + i] (0 past B, H)
+
 void main() {
-    uint lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize, wg = gl_WorkGroupID.x;
-    uint v = (wg % pc.rows_wgs) * gl_NumSubgroups + gl_SubgroupID;
-    uint b0 = (wg / pc.rows_wgs) * SB;
-    if (v >= pc.V) return;  // whole subgroups only
     const uint HW = H / W;
-    float acc[SB], ss[SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) { acc[s] = 0.0; ss[s] = 0.0; }
-    uint wrow = pc.w_head / W + v * HW, y0 = (pc.L - 1u) * B * HW;
-    [[unroll]] for (uint k = lane; k < HW; k += lanes) {
-        VT wk = params[wrow + k] * params[pc.g_last / W + k];
-        [[unroll]] for (uint s = 0u; s < SB; ++s) {
-            uint b = b0 + s;
-            if (b >= B) break;  // uniform in the subgroup
-            VT y = ysum[y0 + b * HW + k];
-            ss[s] += DOT(y, y);
-            acc[s] += DOT(wk, y);
+    uint tid = gl_LocalInvocationIndex, p = gl_WorkGroupID.x % pc.kp, b0 = (gl_WorkGroupID.x / pc.kp) * SB;
+    uint k0 = p * KR, y0 = (pc.L - 1u) * B * HW;
+    for (uint e = tid; e < SB * KR; e += gl_WorkGroupSize.x) {
+        uint s = e / KR, k = k0 + e % KR;
+        ys[e] = (b0 + s < B && k < HW) ? ysum[y0 + (b0 + s) * HW + k] : VT(0.0);
+    }
+    barrier();
+    if (tid < SB && b0 + tid < B) {  // this part's sum of squares of stream b0 + tid, in k order
+        float ss = 0.0;
+        [[unroll]] for (uint i = 0u; i < KR; ++i) ss += DOT(ys[tid * KR + i], ys[tid * KR + i]);
+        parts[pc.kp * B * pc.V + p * B + b0 + tid] = ss;
+    }
+    uint v = tid;
+    if (v >= pc.V) return;
+    float acc[SB];
+    [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] = 0.0;
+    uint wrow = pc.w_head / W + v * HW, g0 = pc.g_last / W;
+    [[unroll]] for (uint i = 0u; i < KR; ++i) {
+        if (k0 + i < HW) {  // the last part's tail
+            VT wk = params[wrow + k0 + i] * params[g0 + k0 + i];
+            [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] += DOT(wk, ys[s * KR + i]);
         }
     }
     [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        uint b = b0 + s;
-        if (b >= B) break;
-        float l = subgroupAdd(acc[s]) * (1.0 / sqrt(subgroupAdd(ss[s]) / float(H) + pc.eps));
-        bool live = ctl[b * DS_WORDS + DS_DONE] == 0u;  // a stopped stream keeps the logits it stopped with
-        if (lane == 0u && live) logits[b * pc.V + v] = l;
+        if (b0 + s < B) parts[(p * B + b0 + s) * pc.V + v] = acc[s];
     }
 }

@@ -1,6 +1,7 @@
 #version 450
 // The end of a decode step for stream b = workgroup: the choice of the next input token from
-// logits[b] (written by glsl/decode_head.comp, or uploaded for the first choice of a call)
+// logits[b] (with HEAD_PARTS first made here from glsl/decode_head.comp's parts; else written by the
+// batched step's head and glsl/decode_carry.comp, or uploaded for the first choice of a call)
 // (docs/generation.md; catchat.reference.sample_choice is the numpy twin, rule for rule). In order: a forced token while DS_FED < n_forced (feeding known text: nothing is emitted);
 // else stop when DS_GEN = length; else sample:
 //   allowed = not <pad>, not <bos>, not banned by n-gram blocking (stop tokens are never banned)
@@ -21,7 +22,11 @@
 
 layout(local_size_x_id = 0) in;  // >= V: thread v owns token v in the choice
 
+#ifdef HEAD_PARTS  // the fused decode steps: this dispatch adds glsl/decode_head.comp's parts into logits first
+layout(set = 0, binding = 0) buffer Lg { float logits[]; };            // [B, V]
+#else
 layout(set = 0, binding = 0) readonly buffer Lg { float logits[]; };   // [B, V]
+#endif
 layout(set = 0, binding = 1) buffer Tok { uint token[]; };             // [B] next step's input
 layout(set = 0, binding = 2) buffer Ctl { uint ctl[]; };               // [B, DS_WORDS]
 layout(set = 0, binding = 3) readonly buffer Cfg { uint cfg[]; };      // [DC_WORDS]
@@ -34,12 +39,23 @@ layout(set = 0, binding = 7) writeonly buffer Rs { uint resets[]; };   // [B]
 #else
 #define SET_TOKEN(b, t) token[b] = (t)
 #endif
+#ifdef HEAD_PARTS  // the binding after the last one
+#ifdef RESETS
+#define HP_BINDING 8
+#else
+#define HP_BINDING 7
+#endif
+layout(set = 0, binding = HP_BINDING) readonly buffer Hp { float parts[]; };  // [KP, B, V] sums, then [KP, B] ss
+#endif
 
 layout(push_constant) uniform Push {
     uint k;  // row of out written by this dispatch
     uint B, V;
     uint cap;  // rows of the n-gram history
     uint pad, bos, eos;
+    uint kp;  // HEAD_PARTS: the head's parts (0: the logits as uploaded, a call's first choice)
+    uint H;
+    float eps;
 } pc;
 
 const uint NONE = 0xFFFFFFFFu;
@@ -56,6 +72,18 @@ void main() {
     uint b = gl_WorkGroupID.x, v = gl_LocalInvocationID.x, V = pc.V;
     uint c0 = b * DS_WORDS;
     uint done = ctl[c0 + DS_DONE], fed = ctl[c0 + DS_FED], gen = ctl[c0 + DS_GEN];
+#ifdef HEAD_PARTS
+    // a live stream's logits from the head's parts, in part order (a stopped stream keeps the ones it
+    // stopped with); thread v reads back only the logit it wrote
+    if (done == 0u && pc.kp > 0u && v < V) {
+        float acc = 0.0, ss = 0.0;
+        for (uint q = 0u; q < pc.kp; ++q) {
+            acc += parts[(q * pc.B + b) * V + v];
+            ss += parts[pc.kp * pc.B * V + q * pc.B + b];
+        }
+        logits[b * V + v] = acc * (1.0 / sqrt(ss / float(pc.H) + pc.eps));
+    }
+#endif
     barrier();  // every thread has read ctl before thread 0 writes it
     if (done != 0u) {  // uniform per workgroup
         if (v == 0u) outp[pc.k * pc.B + b] = NONE;

@@ -314,8 +314,9 @@ def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
 
 
 def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch, capsys):
-    """--decode: generation's layer and head pipelines at 8, 16 and 32 streams per tile (at 20 streams
-    the 32 tile is the batch's power of two); the user's CATCHAT_DECODE_TILE is left as it was."""
+    """--decode: generation's layer pipelines at 8, 16 and 32 streams per tile (at 20 streams the 32 tile
+    is the batch's power of two) and the head's (k parts: H = 12 is 3 vec4, a part each; 16 streams a
+    workgroup); the user's CATCHAT_DECODE_TILE is left as it was."""
     import shader_stats
 
     monkeypatch.setenv("CATCHAT_DECODE_TILE", "4")
@@ -323,7 +324,8 @@ def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch,
     assert shader_stats.main(args) == 0
     out = capsys.readouterr().out
     for tile in (8, 16, 32):
-        assert f"decode_layer, 20 streams: tile {tile}, " in out and f"decode_head, 20 streams: tile {tile}, " in out
+        assert f"decode_layer, 20 streams: tile {tile}, " in out
+    assert "decode_head, 20 streams: 3 k parts of 1, 16 streams a workgroup" in out
     assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 

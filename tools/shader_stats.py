@@ -84,8 +84,8 @@ def stream_backward(dev, B: int, H: int, bias_sums: bool):
 
 
 def decode_kernels(dev, cfg, B: int, tile: int):
-    """Generation's fused decode layer and head for B streams at CONFIG's shape, built with stream tile
-    `tile` (what CATCHAT_DECODE_TILE asks for), on zero buffers."""
+    """Generation's fused decode layer for B streams at CONFIG's shape, built with stream tile `tile` (what
+    CATCHAT_DECODE_TILE asks for), and its head (k parts, no stream tile), on zero buffers."""
     from catchat.vk.kernels import decode
     from catchat.vk.switches import env_override
 
@@ -97,8 +97,7 @@ def decode_kernels(dev, cfg, B: int, tile: int):
     with env_override(decode.TILE_ENV, str(tile)):
         layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
                                    f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B)
-        head = decode.DecodeHead(dev, layout, params, ysum, f32(B * s.vocab_size), ctl, B=B)
-    return layer, head
+    return layer, decode.DecodeHead(dev, layout, params, ysum, B=B)
 
 
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
@@ -168,9 +167,11 @@ def main(argv=None) -> int:
             print_statistics(dev, g, f"{t.shader}, input projection: {t}, {t.threads} threads", {})
     if args.decode:
         for tile in (8, 16, 32):
-            for k in decode_kernels(dev, cfg, args.decode_batch, tile):
-                print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: tile {k.shape.tile}, "
-                                 f"{k.shape.workgroup} threads", {})
+            layer, head = decode_kernels(dev, cfg, args.decode_batch, tile)
+            print_statistics(dev, layer, f"{layer.shader}, {args.decode_batch} streams: tile {layer.shape.tile}, "
+                             f"{layer.shape.workgroup} threads", {})
+        print_statistics(dev, head, f"{head.shader}, {args.decode_batch} streams: {head.kp} k parts of "
+                         f"{head.k_per_part}, {head.streams} streams a workgroup", {})
     return 0
 
 

@@ -313,21 +313,34 @@ class DecodeLayerCoop(Kernel):
         return self.op(*self._push(layer, parity))
 
 
+# The head's k parts at most (glsl/decode_head.comp): KP x ceil(B / HEAD_STREAMS) workgroups, each staging
+# its streams' y over H / KP of k. 32 parts put v5's 64 streams on 128 workgroups, each thread's W_head
+# row part 16 vec4 loads in flight; the choice then adds 32 numbers per logit.
+HEAD_PARTS = 32
+HEAD_STREAMS = 16  # streams a workgroup (each thread's partial sums in registers)
+
+
 class DecodeHead(Kernel):
-    """The head for every stream: logits = W_head (RMSNorm of the last layer's x + h), a subgroup per
-    vocabulary row and stream tile, spread over the GPU (streams that stopped keep their logits)."""
+    """The head for every stream in k parts (glsl/decode_head.comp): `parts` [kp, B, V] partial sums of
+    W_head (g * y) and [kp, B] partial sums of y^2, y the last layer's x + h; the choice
+    (DecodeSample with `head=` this) adds them into the logits, in part order."""
 
     shader = "decode_head"
 
-    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, logits, ctl, *, B: int):
+    def __init__(self, dev: Device, layout: ParamLayout, params, ysum, *, B: int):
         s, o = layout.spec, layout.offsets
-        self.B, self.V = int(B), s.vocab_size
-        # two rows per workgroup: the 101 rows spread over the GPU
-        self.shape = sh = decode_shape(dev, self.V, self.B, subgroups=2)
-        self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], sh.row_wgs,
-                     float(s.norm_eps))
-        super().__init__(dev, [params, ysum, logits, ctl], [sh.workgroups(self.B)], spec=sh.spec(s.hidden, self.B),
-                         push=self.push, defines=sh.defines(s.hidden))
+        self.B, self.V, self.H = int(B), s.vocab_size, s.hidden
+        k_steps = self.H // 4 if self.H % 4 == 0 else self.H  # vec4 where the rows are whole vec4s
+        self.streams = min(self.B, HEAD_STREAMS)
+        self.k_per_part = ceil_div(k_steps, min(HEAD_PARTS, k_steps))
+        self.kp = ceil_div(k_steps, self.k_per_part)
+        self.parts = dev.tensor(self.kp * self.B * (self.V + 1))
+        sub = max(1, dev.info.subgroup_size)
+        threads = ceil_div(self.V, sub) * sub
+        self.push = (s.layers, self.V, o[head_name(s)], o[f"layers.{s.layers - 1}.norm.weight"], self.kp)
+        super().__init__(dev, [params, ysum, self.parts], [self.kp * ceil_div(self.B, self.streams)],
+                         spec=[threads, self.streams, self.H, self.B, self.k_per_part], push=self.push,
+                         defines=DecodeShape.defines(self.H))
 
     def step(self):
         return self.op(*self.push)
@@ -336,22 +349,27 @@ class DecodeHead(Kernel):
 class DecodeSample(Kernel):
     """The choice of the next token from the logits, one workgroup per stream (a thread per
     token). `choose(k)` writes its choices to row k of `out`. resets (uint32 [B], the batched decode
-    step's): beside each token written, 1 where it is <bos> (the next step starts from a zero state)."""
+    step's): beside each token written, 1 where it is <bos> (the next step starts from a zero state).
+    head (a DecodeHead): the logits of the live streams are first made from its parts (HEAD_PARTS)."""
 
     shader = "decode_sample"
 
     def __init__(self, dev: Device, layout: ParamLayout, logits, token, ctl, cfg, forced, history, out, *, B: int,
-                 history_cap: int, resets=None):
+                 history_cap: int, resets=None, head: DecodeHead | None = None):
         s = layout.spec
         if s.vocab_size > MAX_VOCAB:
             raise ValueError(f"device sampling handles vocabularies up to {MAX_VOCAB} tokens, not {s.vocab_size}")
         self.B, self.V, self.cap = int(B), s.vocab_size, int(history_cap)
         sub = max(1, dev.info.subgroup_size)
         self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
-        self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS)  # push constants after k
-        tensors = [logits, token, ctl, cfg, forced, history, out] + ([] if resets is None else [resets])
+        # push constants after k: the head's parts, H and eps are read only with HEAD_PARTS
+        self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS, head.kp if head else 0,
+                       s.hidden, float(s.norm_eps))
+        tensors = [logits, token, ctl, cfg, forced, history, out] + [t for t in (resets, head and head.parts)
+                                                                      if t is not None]
+        defines = {**({"RESETS": 1} if resets is not None else {}), **({"HEAD_PARTS": 1} if head else {})}
         super().__init__(dev, tensors, [self.B], spec=[self.workgroup], push=(0, *self._fixed),
-                         defines=None if resets is None else {"RESETS": 1})
+                         defines=defines or None)
 
     def choose(self, k: int):
         return self.op(k, *self._fixed)

@@ -136,13 +136,14 @@ def decode_step(kind: str):
 
 
 class FusedStep:
-    """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp) on the
-    step's own ping-pong state [2, L, B, H] (step k reads half k % 2) and each layer's x + h. kind
+    """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp: the logits in
+    k parts, which the choice adds up) on the step's own ping-pong state [2, L, B, H] (step k reads half
+    k % 2) and each layer's x + h. kind
     "fused16": the layers on float16 copies of the weights, which each call's start makes; "coop": the
     layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow each
     call's start makes after taking the carry."""
 
-    def __init__(self, prog, logits, ctl, kind: str = "fused"):
+    def __init__(self, prog, ctl, kind: str = "fused"):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
@@ -150,7 +151,7 @@ class FusedStep:
         layer_args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl)
         self.layer = (DecodeLayerCoop(*layer_args, B=B) if kind == "coop"
                       else DecodeLayer(*layer_args, B=B, half=kind == "fused16"))
-        self.head = DecodeHead(dev, prog.layout, b.params, self.ysum, logits, ctl, B=B)
+        self.head = self.head_parts = DecodeHead(dev, prog.layout, b.params, self.ysum, B=B)  # the choice ends it
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
@@ -181,6 +182,7 @@ class BatchedStep:
         b1 = one.buffers
         one._load_hyper({})  # eval: no dropout (uploaded with each call's start)
         self.token, self.resets = b1.tokens, b1.resets  # what the choice writes
+        self.head_parts = None  # the choice reads whole logits (DecodeCarry's)
         host_view(b1.resets)[:] = 0
         host_view(b1.stats)[:] = 0  # the persistent sweeps' barrier timeouts: back after each chunk
         self.upload, self.download = [b1.hyper, b1.resets, b1.stats], [b1.stats]
@@ -237,11 +239,13 @@ class Decoder:
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
         self.step = step = (BatchedStep(prog, self.logits, self.ctl) if self.kind == "batched"
-                            else FusedStep(prog, self.logits, self.ctl, kind=self.kind))
+                            else FusedStep(prog, self.ctl, kind=self.kind))
         self.token = step.token
+        # a call's first choice reads the logits given; a step's adds the fused head's parts into them first
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
-                         B=B, history_cap=self.cap, resets=step.resets) for out in self.outs]
+                         B=B, history_cap=self.cap, resets=step.resets, head=None if i == 0 else step.head_parts)
+            for i, out in enumerate(self.outs)]
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token] + step.upload
         self.seq_start = sq.record_decode_start(dev, inputs, step.start_ops(), samplers[0], [self.outs[0]])
         self.seq_chunks = [sq.record_decode_chunk(dev, lambda k, s=s: self._step_ops(s, k), self.K, step.end_ops(),
