@@ -15,7 +15,7 @@ layout(local_size_x_id = 0) in;  // threads >= V: a vocabulary row each
 layout(constant_id = 1) const uint SB = 1;  // streams per workgroup (registers: SB partial sums a thread)
 layout(constant_id = 2) const uint H = 1;
 layout(constant_id = 3) const uint B = 1;
-layout(constant_id = 4) const uint KR = 1;  // k steps (vec4 with VEC4, else floats) per part
+layout(constant_id = 4) const uint KR = 1;  // k steps (vec4 with VEC4, else floats) per part, held in registers
 
 #include "vec4_loads.glsl"
 
@@ -34,7 +34,12 @@ shared VT ys[SB * KR];  // ys[s * KR + i] = y[b0 + s, k0 + i] (0 past B, H)
 void main() {
     const uint HW = H / W;
     uint tid = gl_LocalInvocationIndex, p = gl_WorkGroupID.x % pc.kp, b0 = (gl_WorkGroupID.x / pc.kp) * SB;
-    uint k0 = p * KR, y0 = (pc.L - 1u) * B * HW;
+    uint k0 = p * KR, y0 = (pc.L - 1u) * B * HW, v = tid;
+    // this thread's row part of W_head g, loaded before the staging so both wait on memory at once
+    VT wk[KR];
+    uint wrow = pc.w_head / W + v * HW, g0 = pc.g_last / W;
+    [[unroll]] for (uint i = 0u; i < KR; ++i)
+        wk[i] = (v < pc.V && k0 + i < HW) ? params[wrow + k0 + i] * params[g0 + k0 + i] : VT(0.0);
     for (uint e = tid; e < SB * KR; e += gl_WorkGroupSize.x) {
         uint s = e / KR, k = k0 + e % KR;
         ys[e] = (b0 + s < B && k < HW) ? ysum[y0 + (b0 + s) * HW + k] : VT(0.0);
@@ -45,15 +50,12 @@ void main() {
         [[unroll]] for (uint i = 0u; i < KR; ++i) ss += DOT(ys[tid * KR + i], ys[tid * KR + i]);
         parts[pc.kp * B * pc.V + p * B + b0 + tid] = ss;
     }
-    uint v = tid;
     if (v >= pc.V) return;
     float acc[SB];
     [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] = 0.0;
-    uint wrow = pc.w_head / W + v * HW, g0 = pc.g_last / W;
     [[unroll]] for (uint i = 0u; i < KR; ++i) {
         if (k0 + i < HW) {  // the last part's tail
-            VT wk = params[wrow + k0 + i] * params[g0 + k0 + i];
-            [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] += DOT(wk, ys[s * KR + i]);
+            [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] += DOT(wk[i], ys[s * KR + i]);
         }
     }
     [[unroll]] for (uint s = 0u; s < SB; ++s) {

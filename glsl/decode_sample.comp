@@ -53,10 +53,10 @@ layout(push_constant) uniform Push {
     uint B, V;
     uint cap;  // rows of the n-gram history
     uint pad, bos, eos;
-    uint kp;  // HEAD_PARTS: the head's parts (0: the logits as uploaded, a call's first choice)
-    uint H;
+    uint H;     // HEAD_PARTS: the hidden size and the norm's eps
     float eps;
 } pc;
+layout(constant_id = 1) const uint KP = 1;  // HEAD_PARTS: the head's parts
 
 const uint NONE = 0xFFFFFFFFu;
 const uint STREAM_DECODE = 34u, STREAM_DECODE_LANE = 35u;  // catchat.rng
@@ -75,11 +75,11 @@ void main() {
 #ifdef HEAD_PARTS
     // a live stream's logits from the head's parts, in part order (a stopped stream keeps the ones it
     // stopped with); thread v reads back only the logit it wrote
-    if (done == 0u && pc.kp > 0u && v < V) {
+    if (done == 0u && v < V) {
         float acc = 0.0, ss = 0.0;
-        for (uint q = 0u; q < pc.kp; ++q) {
+        [[unroll]] for (uint q = 0u; q < KP; ++q) {
             acc += parts[(q * pc.B + b) * V + v];
-            ss += parts[pc.kp * pc.B * V + q * pc.B + b];
+            ss += parts[KP * pc.B * V + q * pc.B + b];
         }
         logits[b * V + v] = acc * (1.0 / sqrt(ss / float(pc.H) + pc.eps));
     }

@@ -95,13 +95,15 @@ def run_ops(dev: Device, upload, ops, download):
 
 
 class Axpby(Kernel):
-    """y = a*x + b*y + c over n floats (glsl/axpby.comp): zeroing, scaling, copying, accumulating.
+    """y = a*x + b*y + c over n floats (glsl/axpby.comp): zeroing, scaling, copying, accumulating; a
+    thread per 4 of them where n is a multiple of 4 (VEC4), else per element.
     half: x and y hold n float16 values (`pack_half`) and the arithmetic is float16; only on a
     device with `Device.runs_float16`. hyper_a: (hyper tensor, slot): a is read from that word on
     the device as the dispatch runs (the fp16 program's unscale by 1/S), the call's `a` is ignored."""
 
     shader = "axpby"
     WORKGROUP = 64
+    VEC4_WORKGROUP = 256
     HALF_ATOL = 4e-3  # float16 results against numpy's: two float16 roundings at |y| < 8 (an FMA rounds once)
 
     def __init__(self, dev: Device, x, y, n: int, half: bool = False, hyper_a=None):
@@ -110,11 +112,13 @@ class Axpby(Kernel):
             raise ValueError(f"{dev.info.name} does not offer float16 arithmetic and 16-bit storage")
         if half and hyper_a is not None:
             raise ValueError("axpby: hyper_a is a float32 variant")
-        tensors, defines = [x, y], {"HALF": 1} if half else {}
+        vec4 = not half and self.n % 4 == 0  # a thread per 4 elements (VEC4)
+        tensors, defines = [x, y], {"HALF": 1} if half else {"VEC4": 1} if vec4 else {}
         if hyper_a is not None:
             tensors.append(hyper_a[0])
             defines["HYPER_A"] = int(hyper_a[1])
-        super().__init__(dev, tensors, [ceil_div(self.n, self.WORKGROUP)], spec=[self.WORKGROUP],
+        wg = self.VEC4_WORKGROUP if vec4 else self.WORKGROUP
+        super().__init__(dev, tensors, [ceil_div(self.n // 4 if vec4 else self.n, wg)], spec=[wg],
                          push=(self.n, 0.0, 0.0, 0.0), defines=defines or None)
 
     def __call__(self, a: float, b: float, c: float = 0.0):

@@ -313,10 +313,14 @@ class DecodeLayerCoop(Kernel):
         return self.op(*self._push(layer, parity))
 
 
-# The head's k parts at most (glsl/decode_head.comp): KP x ceil(B / HEAD_STREAMS) workgroups, each staging
-# its streams' y over H / KP of k. 32 parts put v5's 64 streams on 128 workgroups, each thread's W_head
-# row part 16 vec4 loads in flight; the choice then adds 32 numbers per logit.
+# The head's k parts (glsl/decode_head.comp): KP x ceil(B / HEAD_STREAMS) workgroups, each staging its
+# streams' y over its part of k, each thread holding its row's part of W_head g in registers (at most
+# HEAD_PART_STEPS vec4). 32 parts put v5's 64 streams on 128 workgroups, a thread's 16 vec4 loads in
+# flight; the choice then adds 32 numbers per logit. H100, decode device us a step, head + choice, before
+# (a vocabulary row per subgroup) and after (`2026-12-06-h100-catchat-v{3,5}-gen-head-parts.json`): v5 at
+# 64 streams 35.3 + 6.1 -> 10.0 + 7.8, v3 14.1 + 5.8 -> 6.0 + 7.9.
 HEAD_PARTS = 32
+HEAD_PART_STEPS = 16
 HEAD_STREAMS = 16  # streams a workgroup (each thread's partial sums in registers)
 
 
@@ -332,7 +336,7 @@ class DecodeHead(Kernel):
         self.B, self.V, self.H = int(B), s.vocab_size, s.hidden
         k_steps = self.H // 4 if self.H % 4 == 0 else self.H  # vec4 where the rows are whole vec4s
         self.streams = min(self.B, HEAD_STREAMS)
-        self.k_per_part = ceil_div(k_steps, min(HEAD_PARTS, k_steps))
+        self.k_per_part = min(HEAD_PART_STEPS, ceil_div(k_steps, min(HEAD_PARTS, k_steps)))
         self.kp = ceil_div(k_steps, self.k_per_part)
         self.parts = dev.tensor(self.kp * self.B * (self.V + 1))
         sub = max(1, dev.info.subgroup_size)
@@ -362,13 +366,12 @@ class DecodeSample(Kernel):
         self.B, self.V, self.cap = int(B), s.vocab_size, int(history_cap)
         sub = max(1, dev.info.subgroup_size)
         self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
-        # push constants after k: the head's parts, H and eps are read only with HEAD_PARTS
-        self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS, head.kp if head else 0,
-                       s.hidden, float(s.norm_eps))
+        # push constants after k (H and eps are read only with HEAD_PARTS, the parts' count a spec constant)
+        self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS, s.hidden, float(s.norm_eps))
         tensors = [logits, token, ctl, cfg, forced, history, out] + [t for t in (resets, head and head.parts)
                                                                       if t is not None]
         defines = {**({"RESETS": 1} if resets is not None else {}), **({"HEAD_PARTS": 1} if head else {})}
-        super().__init__(dev, tensors, [self.B], spec=[self.workgroup], push=(0, *self._fixed),
+        super().__init__(dev, tensors, [self.B], spec=[self.workgroup, head.kp if head else 1], push=(0, *self._fixed),
                          defines=defines or None)
 
     def choose(self, k: int):
