@@ -166,7 +166,7 @@ def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, pe
     waved = grads()
     prog = Program(dev, ParamLayout(SPEC), 8, 4)
     beside = persistent == "1" and plan.OVERLAP_DEFAULT and dev.dispatches_concurrent  # beside persistent sweeps
-    assert wavefront.recording_info(prog.geometry, prog.bwd) == dict(
+    assert wavefront.recording_info(prog.dev, prog.geometry, prog.bwd) == dict(
         wavefront_forward=4, wavefront_backward=4 if persistent == "1" else 1, dw_hh_beside=beside)
     monkeypatch.delenv(wavefront.WAVE_ENV)
     np.testing.assert_allclose(waved, grads(), rtol=2e-5, atol=1e-7)
@@ -213,3 +213,31 @@ def test_the_groups_recorded_side_by_side_are_independent(dev, monkeypatch):
     monkeypatch.setattr(sequences, "side_by_side", lambda dev, groups: side_by_side(dev, groups[::-1]))
     for got, exp in zip(step(), want):
         np.testing.assert_array_equal(got, exp)
+
+
+def test_the_default_wavefront_where_two_backward_sweeps_fit_the_gpu(monkeypatch):
+    """DEFAULT_CHUNKS for a training program whose backward sweeps are persistent, with float32 saves, over
+    two layers or more, each on at most half the SMs; layer by layer otherwise (eval, float16 saves, one
+    layer, sweeps a dispatch per step or on more than half the GPU, a CPU device); CATCHAT_WAVEFRONT wins."""
+    from types import SimpleNamespace as NS
+
+    def bwd(*workgroups):
+        return NS(layers=[NS(gru=NS(sweep_workgroups=w)) for w in workgroups])
+
+    def geometry(L=3, save16=False):
+        return NS(L=L, save16=save16)
+
+    monkeypatch.setattr(wavefront, "device_sms", lambda dev: 132)
+    assert wavefront.default_chunks(None, geometry(), bwd(64, 64, 64)) == wavefront.DEFAULT_CHUNKS == 4
+    assert wavefront.default_chunks(None, geometry(L=2), bwd(66, 66)) == 4
+    for g, k in ((geometry(), None), (geometry(save16=True), bwd(64, 64, 64)), (geometry(L=1), bwd(64)),
+                 (geometry(), bwd(64, 0, 64)), (geometry(), bwd(64, 67, 64)), (geometry(), bwd(128, 128, 128))):
+        assert wavefront.default_chunks(None, g, k) == 1, (g, k)
+    monkeypatch.setattr(wavefront, "device_sms", lambda dev: 0)  # a CPU device
+    assert wavefront.default_chunks(None, geometry(), bwd(1, 1, 1)) == 1
+    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    assert wavefront.wave_chunks(1024, 4) == 4 and wavefront.wave_chunks(3, 4) == 3 and wavefront.wave_chunks(8) == 1
+    monkeypatch.setenv(wavefront.WAVE_ENV, "1")
+    assert wavefront.wave_chunks(1024, 4) == 1
+    monkeypatch.setenv(wavefront.WAVE_ENV, "8")
+    assert wavefront.wave_chunks(1024, 4) == 8

@@ -336,7 +336,10 @@ class DecodeHead(Kernel):
         self.B, self.V, self.H = int(B), s.vocab_size, s.hidden
         k_steps = self.H // 4 if self.H % 4 == 0 else self.H  # vec4 where the rows are whole vec4s
         self.streams = min(self.B, HEAD_STREAMS)
-        self.k_per_part = min(HEAD_PART_STEPS, ceil_div(k_steps, min(HEAD_PARTS, k_steps)))
+        # fewer streams than a workgroup takes: parts as long as the registers allow (fewer for the choice to
+        # add, which costs a step more than the head's spread saves at one stream); else spread over HEAD_PARTS
+        spread = ceil_div(k_steps, min(HEAD_PARTS, k_steps)) if self.B >= HEAD_STREAMS else HEAD_PART_STEPS
+        self.k_per_part = min(HEAD_PART_STEPS, spread)
         self.kp = ceil_div(k_steps, self.k_per_part)
         self.parts = dev.tensor(self.kp * self.B * (self.V + 1))
         sub = max(1, dev.info.subgroup_size)

@@ -40,6 +40,7 @@ from math import gcd
 from typing import NamedTuple
 
 from catchat.model import ParamLayout
+from catchat.vk.kernels import device_sms
 from catchat.vk.kernels.gemm import ColSum, Gemm, gemm_split_k
 from catchat.vk.program import sequences as sq
 from catchat.vk.program.kernelsets import BackwardKernels, ForwardKernels, build_rows
@@ -50,10 +51,29 @@ WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward wit
 WAVE_FORWARD_ENV = "CATCHAT_WAVEFRONT_FORWARD"  # 0: the layer-by-layer forward with the wavefront backward
 
 
-def wave_chunks(T: int) -> int:
-    """CATCHAT_WAVEFRONT's chunk count for a window of T steps (at most T), 1 when unset."""
-    chunks = env_count(WAVE_ENV, "set a whole number >= 2 (chunks of the window), or unset it")
-    return 1 if chunks is None else min(chunks, int(T))
+# The default where two backward sweeps fit the GPU at once (`default_chunks`): a training step's wavefront
+# of 4 chunks. H100, fp16, one process each in one call (docs/results/2026-12-06-h100-speedrun-fp16-wave*.json):
+# configs/speedrun.toml (L = 4) 50.8 / 50.9 ms a step layer by layer, 47.5 / 47.7 with 8 chunks, 46.0 with 4,
+# 51.0 with 16; v3 38.9 against 37.6 with 8. tools/bench_concurrency.py in the same session: two of v3's
+# 64-workgroup backward sweeps side by side take 6.9 ms against 10.9 in order; its 128-workgroup resident
+# forward sweeps do not overlap at all.
+DEFAULT_CHUNKS = 4
+
+
+def wave_chunks(T: int, default: int = 1) -> int:
+    """CATCHAT_WAVEFRONT's chunk count for a window of T steps (at most T), `default` when unset."""
+    chunks = env_count(WAVE_ENV, "set a whole number >= 2 (chunks of the window), or 1 (layer by layer)")
+    return min(default if chunks is None else chunks, int(T))
+
+
+def default_chunks(dev, g, k: BackwardKernels | None) -> int:
+    """DEFAULT_CHUNKS for a training program whose backward sweeps are persistent, with float32 saves, over
+    two layers or more, each on at most half the GPU's SMs (so two run at once); else 1 (layer by layer)."""
+    sms = device_sms(dev)
+    if k is None or g.save16 or g.L < 2 or not sms:
+        return 1
+    wgs = [lay.gru.sweep_workgroups for lay in k.layers]
+    return DEFAULT_CHUNKS if all(0 < w <= sms // 2 for w in wgs) else 1
 
 
 def chunk_bounds(T: int, n: int) -> list[tuple[int, int]]:
@@ -169,7 +189,7 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     """The batched forward's ops and the backward's (None for a forward-only program): layer by layer
     (`sequences.forward_ops`, `sequences.backward_ops`), or as wavefronts of CATCHAT_WAVEFRONT chunks (the
     backward's where its saves are float32 and its sweeps persistent, and the chunks at least two)."""
-    n = wave_chunks(g.T)
+    n = wave_chunks(g.T, default_chunks(dev, g, k))
     forward = n >= 2 and _direction_on(WAVE_FORWARD_ENV)
     fwd = Wavefront(dev, layout, b, g, precision, n).forward_ops(f) if forward else sq.forward_ops(f)
     if k is None:
@@ -187,11 +207,11 @@ def backward_wave(g, k: BackwardKernels, n: int) -> bool:
     return _direction_on(WAVE_BACKWARD_ENV) and len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) > 1
 
 
-def recording_info(g, k: BackwardKernels | None) -> dict:
+def recording_info(dev, g, k: BackwardKernels | None) -> dict:
     """How a program's step is recorded beyond its kernels (a run's start event, so that a resume under
     other settings shows in events.jsonl): the wavefront's chunks per direction (1: layer by layer) and
     whether each dW_hh runs beside the sweep below."""
-    n, training = wave_chunks(g.T), k is not None
+    n, training = wave_chunks(g.T, default_chunks(dev, g, k)), k is not None
     waved = training and backward_wave(g, k, n)
     return dict(wavefront_forward=n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1,
                 wavefront_backward=len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) if waved else 1,
