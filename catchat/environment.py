@@ -34,8 +34,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                        "usable CPUs, at most 8)"),
     # one design or kernel variant forced, to measure or to check parity
     "CATCHAT_PERSISTENT": (MEASURE, "0: a dispatch per timestep; N: persistent sweeps of N workgroups"),
-    "CATCHAT_SWEEP_COOP": (MEASURE, "the fp16 sweeps' design: resident, stream, 1 (the mixed choice) or 0 (no "
-                                    "tensor cores)"),
+    "CATCHAT_SWEEP_COOP": (MEASURE, "the fp16 sweeps' design: resident, stream, stream32 (streamed both ways "
+                                    "with float32 saves), 1 (the mixed choice) or 0 (no tensor cores)"),
     "CATCHAT_SWEEP_STREAM32": (MEASURE, "1 streams the fp32 sweeps where the resident tiles fit too; 0 never"),
     "CATCHAT_SWEEP_BIAS": (MEASURE, "0: the bias gradients as column sums over the rows after the backward sweep, "
                                     "not summed in it (streamed and resident sweeps)"),

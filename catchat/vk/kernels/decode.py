@@ -318,7 +318,7 @@ class DecodeLayerCoop(Kernel):
 # HEAD_PART_STEPS vec4). 32 parts put v5's 64 streams on 128 workgroups, a thread's 16 vec4 loads in
 # flight; the choice then adds 32 numbers per logit. H100, decode device us a step, head + choice, before
 # (a vocabulary row per subgroup) and after (`2026-12-06-h100-catchat-v{3,5}-gen-head-parts.json`): v5 at
-# 64 streams 35.3 + 6.1 -> 10.0 + 7.8, v3 14.1 + 5.8 -> 6.0 + 7.9.
+# 64 streams 35.5 + 6.1 -> 11.5 + 6.5, v3 14.3 + 5.6 -> 6.4 + 6.5 (docs/generation.md).
 HEAD_PARTS = 32
 HEAD_PART_STEPS = 16
 HEAD_STREAMS = 16  # streams a workgroup (each thread's partial sums in registers)
@@ -337,7 +337,8 @@ class DecodeHead(Kernel):
         k_steps = self.H // 4 if self.H % 4 == 0 else self.H  # vec4 where the rows are whole vec4s
         self.streams = min(self.B, HEAD_STREAMS)
         # spread over HEAD_PARTS at any batch: at one stream 8 parts of 16 vec4 (fewer for the choice to add)
-        # made v3's head 7.3 us a step against 5.4 with 32, the choice 5.6 against 6.4 (H100, gen-head-parts8)
+        # made v3's head 7.3 us a step against 5.4 with 32, the choice 5.6 against 6.4 (H100,
+        # 2026-12-06-h100-catchat-v3-gen-head-parts8-experiment.json)
         self.k_per_part = min(HEAD_PART_STEPS, ceil_div(k_steps, min(HEAD_PARTS, k_steps)))
         self.kp = ceil_div(k_steps, self.k_per_part)
         self.parts = dev.tensor(self.kp * self.B * (self.V + 1))

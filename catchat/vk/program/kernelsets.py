@@ -33,6 +33,7 @@ from catchat.vk.kernels.gru import (
     state_rows,
     stream_f32_sweep,
     streams_backward,
+    streams_forward,
     sweep_bias_sums,
     w16_blocked,
 )
@@ -172,7 +173,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     # fp32 where W_hh fits no chip: streamed on the FMAs, or the forward on tensor cores from float16 splits
     split = split_forward(dev, B, H, precision)
     f32 = stream_f32_sweep(dev, B, H, False, precision) and not split
-    w_fwd = w16 if products == "stream" else None  # "mixed": the forward keeps W_hh on chip
+    w_fwd = w16 if streams_forward(products) else None  # "mixed": the forward keeps W_hh on chip
     w_split = None
     if split:
         w_split, split_refresh = whh_halves(dev, layout, b, g, split=True)

@@ -64,6 +64,7 @@ from catchat.vk.kernels.gru import (
     stream_f32_sweep,
     stream_tiles,
     streams_backward,
+    streams_forward,
     sweep_products,
     sync_words,
 )
@@ -98,7 +99,8 @@ class Geometry:
     split_proj: int = 1  # the forward's input projections [R,3H] over K = H: only where R is a few rows
     split_logits: int = 1  # the head's logits [R,V] over K = H, likewise (generation's batched step)
     products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
-    # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone
+    # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone; "stream32"
+    # streams both with float32 saves
     overlap_dw_hh: bool = False  # layer l's dW_hh GEMM beside layer l-1's backward sweep (`overlaps_dw_hh`)
 
     @classmethod
@@ -300,7 +302,7 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
     if dev is None:
         return []
-    f16 = (g.products == "stream", streams_backward(g.products))  # per direction, on tensor cores
+    f16 = (streams_forward(g.products), streams_backward(g.products))  # per direction, on tensor cores
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16[True] else []
     split = split_forward(dev, g.B, g.H, precision)  # the float32 forward from float16 splits (hi and lo)
     if split:

@@ -47,7 +47,7 @@ def tile_row(dev: Device) -> tiles.GruRow:
 # =0: the threads' FMAs at fp16 too; =resident: the resident tiles both ways where they fit (no "mixed");
 # =stream: the streamed sweeps both ways even where the resident tiles fit; to compare (tools/gpu-check.sh)
 COOP_ENV = "CATCHAT_SWEEP_COOP"
-COOP_CHOICES = ("", "0", "1", "resident", "stream")
+COOP_CHOICES = ("", "0", "1", "resident", "stream", "stream32")
 
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
@@ -63,8 +63,13 @@ def stream_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
 
 
 def streams_backward(products: str | None) -> bool:
-    """Whether a program's backward sweeps run streamed ("stream", or "mixed": forward resident)."""
-    return products in ("stream", "mixed")
+    """Whether a program's backward sweeps run streamed ("stream", "stream32", or "mixed": forward resident)."""
+    return products in ("stream", "stream32", "mixed")
+
+
+def streams_forward(products: str | None) -> bool:
+    """Whether a program's forward sweeps run streamed ("stream", "stream32")."""
+    return products in ("stream", "stream32")
 
 
 def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
@@ -77,11 +82,14 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     - "stream" where [B, H] is a shape the streamed sweeps take and both their persistent dispatches are
       shown co-resident (one dispatch per step would give back what streaming wins: v5), or
       CATCHAT_SWEEP_COOP=stream where they fit;
+    - "stream32" with CATCHAT_SWEEP_COOP=stream32 where they fit: streamed both ways as "stream", with
+      float32 saves as "mixed" (so the backward's wavefront runs too; at v3's 64 lanes a forward sweep on
+      two lane groups takes half the GPU, so two layers' forward sweeps can run at once; to measure);
     - None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative matrices, or where neither fits (the
       threads' FMAs)."""
     choice = os.environ.get(COOP_ENV, "").strip()
     if choice not in COOP_CHOICES:
-        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1, resident or stream",
+        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1, resident, stream or stream32",
                          hint="unset it to let the program choose")
     if precision != "fp16" or choice == "0" or not coopmat_runs(dev):
         return None
@@ -91,10 +99,10 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
         return bool(stream_ok(B, H) and resident and sweep_residency(dev, stream_tiles(B, H, backward), B, H,
                                                                       backward, resident).ok)
 
-    if choice != "stream" and all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles)
-                                  for backward in (False, True)):
+    if choice not in ("stream", "stream32") and all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles)
+                                                    for backward in (False, True)):
         return "mixed" if choice != "resident" and streamed(True) else "resident"
-    return "stream" if streamed(False) and streamed(True) else None
+    return (choice or "stream") if streamed(False) and streamed(True) else None
 
 
 # The bias gradients summed inside the backward sweeps that own their elements for the window (the
