@@ -81,13 +81,14 @@ class StepRig:
 
 
 def _grad_norm_checks(dev: Device) -> list[ParityResult]:
-    """Squared norm at sizes around the workgroup (256) and pass-1 chunk (2048) boundaries, and with
-    more partials than pass-2 threads (the Kahan loop)."""
+    """Squared norm at sizes around the workgroup (256) and pass-1 chunk (2048 elements, 8192 with vec4
+    items) boundaries, and with more partials than pass-2 threads (the Kahan loop)."""
     rng = np.random.default_rng(1)
     out = []
     sizes = ((1, 0), (255, 0), (257, 3), (2047, 0), (2049, 16), (20001, 5), (600_001, 0))  # 293 partials
+    sizes += ((4, 0), (2048, 4), (8196, 8), (20000, 2), (600_000, 0))  # vec4 items (not at offset 2): 74 partials
     cases = [(n, off, DEFAULT_GEOMETRY) for n, off in sizes]
-    cases += [(n, off, SMALL_GEOMETRY) for n, off in ((1, 0), (17, 1), (1001, 0))]  # 63 partials / 8 threads
+    cases += [(n, off, SMALL_GEOMETRY) for n, off in ((1, 0), (17, 1), (1001, 0), (1000, 0))]  # 63 / 16 partials
     for n, offset, geo in cases:
         g = (rng.standard_normal(offset + n) * rng.uniform(0.1, 10.0)).astype(np.float32)
         tg, ts = dev.tensor(g), dev.tensor(slots.ST_WORDS, np.uint32)

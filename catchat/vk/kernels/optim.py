@@ -38,7 +38,8 @@ class GradNorm(Kernel):
 
     grads [>= offset + n] float32, stats [ST_WORDS] uint32 (the word is overwritten, not added to).
     Two dispatches: pass 1 writes one partial per workgroup into the kernel's own `partials`
-    [n_partials] uint32 buffer; pass 2 (one workgroup) sums them in a fixed order. Float32
+    [n_partials] uint32 buffer (ITEMS vec4 a thread where n and offset are multiples of 4, else ITEMS
+    floats); pass 2 (one workgroup) sums them in a fixed order. Float32
     throughout: ITEMS-element runs per thread, shared-memory trees, Kahan over the partials;
     relative error vs. float64 `reference.grad_norm(g)**2` is a few 1e-7 (bound ~25 eps).
     NaN anywhere -> NaN, else Inf anywhere -> +Inf (bit tests, not float tricks). A finite
@@ -50,15 +51,20 @@ class GradNorm(Kernel):
     WORKGROUP = 256
     ITEMS = 8
 
-    @classmethod
-    def items_per_thread(cls, n: int, wg: int, items: int | None = None) -> int:
-        return max(items or cls.ITEMS, ceil_div(n, wg * MAX_GROUPS_X))
+    @staticmethod
+    def lane(n: int, offset: int = 0) -> int:
+        """Elements per item of pass 1: 4 (VEC4, one 16-byte load) where n and offset are multiples of 4."""
+        return 4 if n % 4 == 0 and offset % 4 == 0 else 1
 
     @classmethod
-    def scratch_words(cls, n: int, wg: int | None = None, items: int | None = None) -> int:
+    def items_per_thread(cls, n: int, wg: int, items: int | None = None, offset: int = 0) -> int:
+        return max(items or cls.ITEMS, ceil_div(n, wg * cls.lane(n, offset) * MAX_GROUPS_X))
+
+    @classmethod
+    def scratch_words(cls, n: int, wg: int | None = None, items: int | None = None, offset: int = 0) -> int:
         """Words of the per-workgroup partials (the program's memory plan reads this)."""
         wg = wg or cls.WORKGROUP
-        return ceil_div(n, wg * cls.items_per_thread(n, wg, items))
+        return ceil_div(n, wg * cls.lane(n, offset) * cls.items_per_thread(n, wg, items, offset))
 
     def __init__(self, dev: Device, grads, stats, n: int, offset: int = 0, workgroup: int | None = None,
                  items: int | None = None):
@@ -66,11 +72,12 @@ class GradNorm(Kernel):
         if self.n < 1:
             raise ValueError("GradNorm needs n >= 1")
         wg = _check_pow2(workgroup or self.WORKGROUP)
-        self.items = self.items_per_thread(self.n, wg, items)
-        self.n_partials = self.scratch_words(self.n, wg, items)
+        self.items = self.items_per_thread(self.n, wg, items, self.offset)
+        self.n_partials = self.scratch_words(self.n, wg, items, self.offset)
         self.partials = dev.tensor(self.n_partials, np.uint32)  # [n_partials] float bits
         tensors, push = [grads, self.partials, stats], (self.n, self.offset, self.n_partials)
-        super().__init__(dev, tensors, [self.n_partials], spec=[wg, self.items], push=push)
+        super().__init__(dev, tensors, [self.n_partials], spec=[wg, self.items], push=push,
+                         defines={"VEC4": 1} if self.lane(self.n, self.offset) == 4 else None)
         self.final = Kernel(dev, tensors, [1], spec=[wg, self.items], push=push,
                             defines={"GRAD_NORM_FINAL": 1}, shader=self.shader)
 
