@@ -197,6 +197,23 @@ def test_text_does_not_depend_on_the_chunk_and_streams_in_chunks(dev, run_dir, d
         assert streamed[:len(out)].tolist() == out and (streamed[len(out):] == vocab.PAD).all()
 
 
+def test_a_calls_first_chunk_ends_a_few_choices_past_its_forced_tokens(dev, run_dir):
+    """The first text of a call reaches the host FIRST_CHOICES steps after its forced tokens, not a whole
+    chunk later: the rows come 1, then first_chunk(K, n) (even, at most K), then K at a time."""
+    from catchat.inference.generate import decode_settings
+    from catchat.vk.program import decoder as dm
+
+    assert dm.FIRST_CHOICES == 2
+    assert [dm.first_chunk(64, n) for n in (0, 1, 2, 5, 6, 100)] == [2, 2, 4, 6, 8, 64]
+    gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir), streams=2, chunk=16)
+    dec = gen._decoder_for(1)
+    forced = np.array([prompt_ids("ALICE: Hi")[:5]] * 2, np.uint32).T  # [5, 2]
+    rows = list(dec.run(decode_settings(Sampling(), 0, 40, ()), forced, None, 5 + 40))
+    assert [len(r) for r in rows] == [1, 6, 16, 16, 16]
+    made = np.concatenate(rows)[5:]  # after the forced tokens: every stream sampled from step 5 on
+    assert (made[:40] != dm.NONE).all()
+
+
 def test_state_after_generate_continues_like_feeding_the_text(dev, run_dir, decode_step):
     """generate() leaves the state just before its last token: feeding that token then gives the
     same logits as feeding the prompt and the whole output in one go."""
