@@ -58,9 +58,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                         "cores from float16 splits of W_hh and h_prev (x = hi + 2^-11 lo)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
-    "CATCHAT_WAVEFRONT": (MEASURE, "N: a training step's forward and backward as a wavefront over the layers, in "
-                                   "N chunks (1: layer by layer; default 4 where two backward sweeps fit the GPU at "
-                                   "once, else 1)"),
+    "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and a training step's backward as wavefronts over the layers, "
+                                   "in N chunks (1: layer by layer; unset: the backward in 4 where two backward "
+                                   "sweeps fit the GPU at once, the forward layer by layer)"),
     "CATCHAT_WAVEFRONT_FORWARD": (MEASURE, "0: the wavefront's forward layer by layer"),
     "CATCHAT_WAVEFRONT_BACKWARD": (MEASURE, "0: the wavefront's backward layer by layer"),
     "CATCHAT_COOP_API": (MEASURE, "nv: the tensor-core GEMM on VK_NV_cooperative_matrix instead of the KHR one"),

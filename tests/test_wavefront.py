@@ -151,6 +151,20 @@ def test_wavefront_backward_schedule(dev, monkeypatch):
         wavefront.batched_ops(dev, prog.layout, prog.buffers, prog.geometry, prog.fwd, prog.bwd, "fp32")
 
 
+def test_the_default_backward_wavefront_after_a_layer_by_layer_forward(dev, monkeypatch):
+    """What a GPU runs by default where two backward sweeps fit (`default_chunks`): the forward layer by
+    layer, the backward in 4 chunks (forced here: a CPU device's default is layer by layer), a training
+    step against the reference."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setattr(wavefront, "default_chunks", lambda dev, g, k: 1 if k is None else wavefront.DEFAULT_CHUNKS)
+    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    results = model_parity.model_parity(dev, SPEC, 8, 4, model_parity.MODEL_CASES[0][-1], label="backward wave")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    prog = Program(dev, ParamLayout(SPEC), 8, 4)
+    info = wavefront.recording_info(prog.dev, prog.geometry, prog.bwd)
+    assert (info["wavefront_forward"], info["wavefront_backward"]) == (1, 4)
+
+
 @pytest.mark.parametrize("persistent", ["1", "0"])
 def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, persistent):
     """A training step with the forward and backward as wavefronts of 4 chunks (persistent sweeps; a
@@ -227,7 +241,8 @@ def test_the_groups_recorded_side_by_side_are_independent(dev, monkeypatch):
 def test_the_default_wavefront_where_two_backward_sweeps_fit_the_gpu(monkeypatch):
     """DEFAULT_CHUNKS for a training program whose backward sweeps are persistent, with float32 saves, over
     two layers or more, each on at most half the SMs; layer by layer otherwise (eval, float16 saves, one
-    layer, sweeps a dispatch per step or on more than half the GPU, a CPU device); CATCHAT_WAVEFRONT wins."""
+    layer, sweeps a dispatch per step or on more than half the GPU, a CPU device); CATCHAT_WAVEFRONT wins.
+    The forward runs as a wavefront only where CATCHAT_WAVEFRONT asks."""
     from types import SimpleNamespace as NS
 
     def bwd(*workgroups):
@@ -250,3 +265,10 @@ def test_the_default_wavefront_where_two_backward_sweeps_fit_the_gpu(monkeypatch
     assert wavefront.wave_chunks(1024, 4) == 1
     monkeypatch.setenv(wavefront.WAVE_ENV, "8")
     assert wavefront.wave_chunks(1024, 4) == 8
+    # the forward's wavefront only where CATCHAT_WAVEFRONT asks (and CATCHAT_WAVEFRONT_FORWARD is not 0)
+    assert wavefront.forward_chunks(1024) == 8
+    monkeypatch.setenv(wavefront.WAVE_FORWARD_ENV, "0")
+    assert wavefront.forward_chunks(1024) == 1
+    monkeypatch.delenv(wavefront.WAVE_FORWARD_ENV)
+    monkeypatch.delenv(wavefront.WAVE_ENV)
+    assert wavefront.forward_chunks(1024) == 1

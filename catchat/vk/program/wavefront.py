@@ -1,4 +1,5 @@
-"""The batched forward pass as a wavefront over the layers (issue 35), opt-in: CATCHAT_WAVEFRONT=N.
+"""The batched forward pass as a wavefront over the layers (issue 35), opt-in: CATCHAT_WAVEFRONT=N; a training
+step's backward as one by default where two of its sweeps fit the GPU at once (`default_chunks`).
 
 The window is cut into N chunks of timesteps. Wave w runs chunk w - l of every layer l that has
 one, so layer l's sweep over chunk c runs beside layer l+1's over chunk c-1 instead of after the
@@ -51,12 +52,14 @@ WAVE_BACKWARD_ENV = "CATCHAT_WAVEFRONT_BACKWARD"  # 0: the wavefront forward wit
 WAVE_FORWARD_ENV = "CATCHAT_WAVEFRONT_FORWARD"  # 0: the layer-by-layer forward with the wavefront backward
 
 
-# The default where two backward sweeps fit the GPU at once (`default_chunks`): a training step's wavefront
-# of 4 chunks. H100, fp16, one process each in one call (docs/results/2026-12-06-h100-speedrun-fp16-wave*.json):
-# configs/speedrun.toml (L = 4) 50.8 / 50.9 ms a step layer by layer, 47.5 / 47.7 with 8 chunks, 46.0 with 4,
-# 51.0 with 16; v3 38.9 against 37.6 with 8. tools/bench_concurrency.py in the same session: two of v3's
-# 64-workgroup backward sweeps side by side take 6.9 ms against 10.9 in order; its 128-workgroup resident
-# forward sweeps do not overlap at all.
+# The default where two backward sweeps fit the GPU at once (`default_chunks`): a training step's backward
+# as a wavefront of 4 chunks; the forward stays layer by layer unless CATCHAT_WAVEFRONT is set
+# (`forward_chunks`). H100, fp16, one process each (docs/results/2026-12-06-h100-speedrun-fp16-wave*.json,
+# -catchat-v3-fp16-wave*.json): configs/speedrun.toml (L = 4) 50.3-51.7 ms a step layer by layer, 47.5-47.8
+# with 8 chunks, 46.0-46.4 with 4 (46.2 with the forward layer by layer), 51.0 with 16; v3 38.9-39.1 against
+# 35.7 with 4 (35.8 backward only). tools/bench_concurrency.py in the same session: two of v3's 64-workgroup
+# backward sweeps side by side take 6.9 ms against 10.9 in order; its 128-workgroup resident forward sweeps
+# do not overlap at all.
 DEFAULT_CHUNKS = 4
 
 
@@ -189,14 +192,22 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     """The batched forward's ops and the backward's (None for a forward-only program): layer by layer
     (`sequences.forward_ops`, `sequences.backward_ops`), or as wavefronts of CATCHAT_WAVEFRONT chunks (the
     backward's where its saves are float32 and its sweeps persistent, and the chunks at least two)."""
-    n = wave_chunks(g.T, default_chunks(dev, g, k))
-    forward = n >= 2 and _direction_on(WAVE_FORWARD_ENV)
-    fwd = Wavefront(dev, layout, b, g, precision, n).forward_ops(f) if forward else sq.forward_ops(f)
+    n, nf = wave_chunks(g.T, default_chunks(dev, g, k)), forward_chunks(g.T)
+    fwd = Wavefront(dev, layout, b, g, precision, nf).forward_ops(f) if nf >= 2 else sq.forward_ops(f)
     if k is None:
         return fwd, None
     if not backward_wave(g, k, n):
         return fwd, sq.backward_ops(k, dev)
     return fwd, WavefrontBackward(dev, layout, b, g, k, precision, n).backward_ops(k)
+
+
+def forward_chunks(T: int) -> int:
+    """The forward's wavefront chunks: CATCHAT_WAVEFRONT's (CATCHAT_WAVEFRONT_FORWARD not 0), else 1. Not
+    the backward's default: the register-resident forward sweeps fill the GPU, so its wavefront gained
+    nothing (docs/benchmarks.md "The wavefront by default"), and layer by layer a training program's
+    evals are the eval program's own operations."""
+    n = wave_chunks(T)
+    return n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1
 
 
 def backward_wave(g, k: BackwardKernels, n: int) -> bool:
@@ -213,6 +224,6 @@ def recording_info(dev, g, k: BackwardKernels | None) -> dict:
     whether each dW_hh runs beside the sweep below."""
     n, training = wave_chunks(g.T, default_chunks(dev, g, k)), k is not None
     waved = training and backward_wave(g, k, n)
-    return dict(wavefront_forward=n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1,
+    return dict(wavefront_forward=forward_chunks(g.T),
                 wavefront_backward=len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) if waved else 1,
                 dw_hh_beside=training and any(sq.dw_hh_beside(k, l) for l in range(1, g.L)))
