@@ -52,19 +52,19 @@ class GradNorm(Kernel):
     ITEMS = 8
 
     @staticmethod
-    def lane(n: int, offset: int = 0) -> int:
+    def item_elements(n: int, offset: int = 0) -> int:
         """Elements per item of pass 1: 4 (VEC4, one 16-byte load) where n and offset are multiples of 4."""
         return 4 if n % 4 == 0 and offset % 4 == 0 else 1
 
     @classmethod
     def items_per_thread(cls, n: int, wg: int, items: int | None = None, offset: int = 0) -> int:
-        return max(items or cls.ITEMS, ceil_div(n, wg * cls.lane(n, offset) * MAX_GROUPS_X))
+        return max(items or cls.ITEMS, ceil_div(n, wg * cls.item_elements(n, offset) * MAX_GROUPS_X))
 
     @classmethod
     def scratch_words(cls, n: int, wg: int | None = None, items: int | None = None, offset: int = 0) -> int:
         """Words of the per-workgroup partials (the program's memory plan reads this)."""
         wg = wg or cls.WORKGROUP
-        return ceil_div(n, wg * cls.lane(n, offset) * cls.items_per_thread(n, wg, items, offset))
+        return ceil_div(n, wg * cls.item_elements(n, offset) * cls.items_per_thread(n, wg, items, offset))
 
     def __init__(self, dev: Device, grads, stats, n: int, offset: int = 0, workgroup: int | None = None,
                  items: int | None = None):
@@ -77,7 +77,7 @@ class GradNorm(Kernel):
         self.partials = dev.tensor(self.n_partials, np.uint32)  # [n_partials] float bits
         tensors, push = [grads, self.partials, stats], (self.n, self.offset, self.n_partials)
         super().__init__(dev, tensors, [self.n_partials], spec=[wg, self.items], push=push,
-                         defines={"VEC4": 1} if self.lane(self.n, self.offset) == 4 else None)
+                         defines={"VEC4": 1} if self.item_elements(self.n, self.offset) == 4 else None)
         self.final = Kernel(dev, tensors, [1], spec=[wg, self.items], push=push,
                             defines={"GRAD_NORM_FINAL": 1}, shader=self.shader)
 
