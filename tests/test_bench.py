@@ -124,7 +124,8 @@ def test_catchat_bench_torch_rows(cli, monkeypatch):
         calls.append(mode)
         if mode == "amp_bf16":
             raise RuntimeError("bf16 GRU not supported here")
-        return dict(train_tokens_per_s=500.0, step_ms=36.0, eval_tokens_per_s=1000.0, device_bytes=2**30)
+        spread = dict(step_ms_min=35.0, step_ms_max=38.5) if mode == "tf32" else {}  # rows record their spread
+        return dict(train_tokens_per_s=500.0, step_ms=36.0, eval_tokens_per_s=1000.0, device_bytes=2**30, **spread)
 
     monkeypatch.setattr(torch_twin, "bench_torch", fake)
     code, text, err = cli("bench", *SMALL, "--compare-torch")
@@ -133,6 +134,7 @@ def test_catchat_bench_torch_rows(cli, monkeypatch):
     for label in ("FP32 (TF32 off)", "TF32", "AMP fp16", "AMP bf16"):
         assert f"torch {label}" in text
     assert "RuntimeError: bf16 GRU not supported here" in text and "500" in text
+    assert "36.0 (35.0-38.5)" in text
 
 
 def _tiny_cfg():

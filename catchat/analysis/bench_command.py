@@ -154,7 +154,8 @@ def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
         if "error" in t:
             table.add_row(f"torch {label}", "failed", "-", "-", "-", escape(t["error"]))
         else:
-            table.add_row(f"torch {label}", f"{t['train_tokens_per_s']:,.0f}", f"{t['step_ms']:.1f}",
+            spread = f" ({t['step_ms_min']:.1f}-{t['step_ms_max']:.1f})" if "step_ms_min" in t else ""
+            table.add_row(f"torch {label}", f"{t['train_tokens_per_s']:,.0f}", f"{t['step_ms']:.1f}{spread}",
                           f"{t['eval_tokens_per_s']:,.0f}", f"{format_bytes(t['device_bytes'])} (peak)",
                           f"{c['train_tokens_per_s'] / t['train_tokens_per_s']:.2f}x")
     console.print(table)

@@ -14,14 +14,19 @@ class NoProgress:
         pass
 
 
-def timed(fn, reps: int) -> float:
-    """Median seconds of fn() over reps runs."""
+def step_times(fn, reps: int) -> list[float]:
+    """Seconds of each of reps runs of fn() (at least one)."""
     times = []
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return times
+
+
+def timed(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs."""
+    return float(np.median(step_times(fn, reps)))
 
 
 def timed_sequence(dev, ops, reps: int, warmup: int = 1) -> float:

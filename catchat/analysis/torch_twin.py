@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from catchat import config as cfgmod
-from catchat.analysis.timing import timed
+from catchat.analysis.timing import step_times, timed
 
 TORCH_MODES = (("fp32", "FP32 (TF32 off)"), ("tf32", "TF32"), ("amp_fp16", "AMP fp16"), ("amp_bf16", "AMP bf16"))
+# PyTorch's rows warm up and time at least this many steps, whatever catchat's --warmup and --steps: its
+# AMP rows moved by 27-63% between H100 calls of `catchat bench --steps 2-4 --warmup 1` (2026-12-06) while
+# catchat's own moved by under 1%, and one warmup step leaves a fresh model's first-use costs (the caching
+# allocator's growth, the library's kernel choices) for the timed steps. Each row also records its slowest
+# and fastest step, so a call's spread shows beside the median.
+TORCH_MIN_WARMUP, TORCH_MIN_STEPS = 3, 5
 
 
 def torch_status() -> tuple[bool, str]:
@@ -106,11 +114,13 @@ def bench_torch(cfg, steps: int, warmup: int, mode: str = "fp32") -> dict:
             model(tok, h0)
         torch.cuda.synchronize()
 
-    for _ in range(warmup):
+    for _ in range(max(warmup, TORCH_MIN_WARMUP)):
         train_step()
     torch.cuda.reset_peak_memory_stats()
-    step_s = timed(train_step, steps)
+    steps = max(steps, TORCH_MIN_STEPS)
+    step_s = step_times(train_step, steps)
     peak = torch.cuda.max_memory_allocated()
     eval_s = timed(eval_step, steps)
-    return dict(train_tokens_per_s=T * B / step_s, step_ms=step_s * 1e3, eval_tokens_per_s=T * B / eval_s,
-                device_bytes=peak)
+    median = float(np.median(step_s))
+    return dict(train_tokens_per_s=T * B / median, step_ms=median * 1e3, eval_tokens_per_s=T * B / eval_s,
+                device_bytes=peak, step_ms_min=min(step_s) * 1e3, step_ms_max=max(step_s) * 1e3, steps=steps)
