@@ -208,7 +208,7 @@ def test_a_calls_first_chunk_ends_a_few_choices_past_its_forced_tokens(dev, run_
     gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir), streams=2, chunk=16)
     dec = gen._decoder_for(1)
     forced = np.array([prompt_ids("ALICE: Hi")[:5]] * 2, np.uint32).T  # [5, 2]
-    rows = list(dec.run(decode_settings(Sampling(), 0, 40, ()), forced, None, 5 + 40))
+    rows = list(dec.run(decode_settings(Sampling(), 0, 40, None), forced, None, 5 + 40))  # None: no stop token
     assert [len(r) for r in rows] == [1, 6, 16, 16, 16]
     made = np.concatenate(rows)[5:]  # after the forced tokens: every stream sampled from step 5 on
     assert (made[:40] != dm.NONE).all()
