@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 from catchat import config as cfgmod  # noqa: E402
-from catchat.analysis import bench, torch_twin, tuner  # noqa: E402
+from catchat.analysis import bench, bench_command, torch_twin, tuner  # noqa: E402
 from catchat.model import ParamLayout  # noqa: E402
 from catchat.vk.program import Program, decoder, sequences  # noqa: E402
 
@@ -33,6 +33,9 @@ def test_bench_measures_train_eval_memory_and_profile(dev):
                "build_s")
     assert set(res) == {*timings, "device_bytes", "profile", "sweeps", "gemm_flop", "recording"}
     assert res["recording"] == dict(wavefront_forward=1, wavefront_backward=1, dw_hh_beside=False)  # the defaults
+    assert bench_command.recording_line(dict(wavefront_forward=1, wavefront_backward=4, dw_hh_beside=True)) == (
+        "recorded: forward layer by layer, backward a wavefront of 4 chunks over the layers; each layer's dW_hh "
+        "beside the backward sweep below (CATCHAT_WAVEFRONT)")
     assert [k for k in timings if not math.isfinite(res[k])] == []
     # the footprint holds at least the four model-sized float32 buffers: params, grads, AdamW's m and v
     spec = cfgmod.model_spec(cfg)
@@ -95,6 +98,7 @@ def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkey
     assert "catchat" in text and "train tok/s" in text and "step: forward" in text
     assert text.count("sweep L") == 4 and "a dispatch per step" in text
     assert "sum of groups" in text and "torch comparison skipped: torch is not importable (test)" in text
+    assert "recorded: forward layer by layer, backward layer by layer (CATCHAT_WAVEFRONT)" in text
     res = json.loads(out.read_text())
     assert res["catchat"]["profile"] and len(res["catchat"]["sweeps"]) == 4
     assert res["torch_status"] == "torch is not importable (test)" and "torch" not in res

@@ -91,6 +91,7 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
         why = f" ({sw['residency']})" if sw["residency"] else ""
         kind = "resident tiles" if sw["tiles"][0] == "ResidentTiles" else "tiles"
         say(escape(f"sweep {sw['sweep']}: {sw['shader']}, {kind} {tuple(sw['tiles'][1])}, {mode}{why}"))
+    say(escape(recording_line(c["recording"])))
     if c["profile"]:
         print_profile(console, c["profile"], c["step_ms"], c.get("gemm_flop") or {})
     if json_path:
@@ -142,6 +143,17 @@ def _run_torch(cfg, steps: int, warmup: int, progress) -> dict:
         except Exception as e:  # noqa: BLE001 (a mode this torch or GPU lacks: say so, run the rest)
             torch_rows[label] = {"error": f"{e.__class__.__name__}: {e}".splitlines()[0]}
     return torch_rows
+
+
+def recording_line(r: dict) -> str:
+    """How the step's dispatches are recorded (wavefront.recording_info), in words: a wavefront's sweeps
+    overlap, so --profile's groups, each timed alone, then add up to more than the step."""
+    def way(n: int) -> str:
+        return "layer by layer" if n <= 1 else f"a wavefront of {n} chunks over the layers"
+
+    beside = "; each layer's dW_hh beside the backward sweep below" if r.get("dw_hh_beside") else ""
+    return (f"recorded: forward {way(r.get('wavefront_forward', 1))}, backward "
+            f"{way(r.get('wavefront_backward', 1))}{beside} (CATCHAT_WAVEFRONT)")
 
 
 def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
