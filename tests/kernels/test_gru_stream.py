@@ -157,6 +157,12 @@ def test_stream_planning(dev, monkeypatch):
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: tiled)
     assert gru.stream_sweeps(tc, 32, 2048, "fp16") and gru.coop_sweeps(tc, 32, 2048, "fp16")
     assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream"
+    for choice in ("1", "resident", "stream"):  # where the resident tiles do not fit, any coop choice streams
+        monkeypatch.setenv(gru.COOP_ENV, choice)
+        assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream", choice
+    monkeypatch.setenv(gru.COOP_ENV, "stream32")  # streamed with float32 saves, to measure
+    assert gru.sweep_products(tc, 32, 2048, "fp16") == "stream32" and gru.streams_forward("stream32")
+    monkeypatch.delenv(gru.COOP_ENV)
     assert gru.stream_sweeps(tc, 5, 48, "fp16")
     assert gru.stream_sweeps(tc, 33, 2048, "fp16")  # two lane groups: 132 workgroups walk 256 items
     assert not gru.stream_sweeps(tc, 65, 2048, "fp16")  # three lane groups: not a split it has
@@ -176,6 +182,8 @@ def test_stream_planning(dev, monkeypatch):
     assert gru.sweep_products(tc, 64, 512, "fp16") == "resident" and not gru.streams_backward("resident")
     monkeypatch.setenv(gru.COOP_ENV, "stream")  # to compare: streamed both ways where the resident tiles fit
     assert gru.sweep_products(tc, 64, 512, "fp16") == "stream"
+    monkeypatch.setenv(gru.COOP_ENV, "stream32")
+    assert gru.sweep_products(tc, 64, 512, "fp16") == "stream32" and gru.streams_backward("stream32")
     monkeypatch.setenv(gru.COOP_ENV, "yes")
     with pytest.raises(UsageError, match="CATCHAT_SWEEP_COOP"):
         gru.sweep_products(tc, 32, 2048, "fp16")

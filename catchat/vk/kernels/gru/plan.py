@@ -102,7 +102,7 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     if choice not in ("stream", "stream32") and all(coop_tiles_ok(plan_sweep(dev, B, H, backward, coop=True).tiles)
                                                     for backward in (False, True)):
         return "mixed" if choice != "resident" and streamed(True) else "resident"
-    return (choice or "stream") if streamed(False) and streamed(True) else None
+    return ("stream32" if choice == "stream32" else "stream") if streamed(False) and streamed(True) else None
 
 
 # The bias gradients summed inside the backward sweeps that own their elements for the window (the
