@@ -70,13 +70,18 @@ def wave_chunks(T: int, default: int = 1) -> int:
 
 
 def default_chunks(dev, g, k: BackwardKernels | None) -> int:
-    """DEFAULT_CHUNKS for a training program whose backward sweeps are persistent, with float32 saves, over
-    two layers or more, each on at most half the GPU's SMs (so two run at once); else 1 (layer by layer)."""
+    """DEFAULT_CHUNKS for a training program whose backward can run as a wavefront (`waveable`) with each
+    sweep on at most half the GPU's SMs (so two run at once); else 1 (layer by layer)."""
     sms = device_sms(dev)
-    if k is None or g.save16 or g.L < 2 or not sms:
+    if k is None or not sms or not waveable(g, k):
         return 1
-    wgs = [lay.gru.sweep_workgroups for lay in k.layers]
-    return DEFAULT_CHUNKS if all(0 < w <= sms // 2 for w in wgs) else 1
+    return DEFAULT_CHUNKS if all(lay.gru.sweep_workgroups <= sms // 2 for lay in k.layers) else 1
+
+
+def waveable(g, k: BackwardKernels) -> bool:
+    """Whether the backward can run as a wavefront at all: float32 saves (float16 saves keep dGh's n third
+    in one buffer for all layers), two layers or more, every sweep persistent."""
+    return not g.save16 and g.L >= 2 and all(lay.gru.sweep_workgroups for lay in k.layers)
 
 
 def chunk_bounds(T: int, n: int) -> list[tuple[int, int]]:
@@ -211,9 +216,9 @@ def forward_chunks(T: int) -> int:
 
 
 def backward_wave(g, k: BackwardKernels, n: int) -> bool:
-    """Whether the backward runs as a wavefront of n chunks: float32 saves, two layers or more, persistent
-    sweeps, CATCHAT_WAVEFRONT_BACKWARD not 0, and two chunks or more on the norm's row blocks."""
-    if n < 2 or g.save16 or g.L < 2 or not all(lay.gru.sweep_workgroups for lay in k.layers):
+    """Whether the backward runs as a wavefront of n chunks: `waveable`, CATCHAT_WAVEFRONT_BACKWARD not 0, and
+    two chunks or more on the norm's row blocks."""
+    if n < 2 or not waveable(g, k):
         return False
     return _direction_on(WAVE_BACKWARD_ENV) and len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) > 1
 
