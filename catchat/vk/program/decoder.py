@@ -163,7 +163,7 @@ class FusedStep:
         layer_args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl)
         self.layer = (DecodeLayerCoop(*layer_args, B=B) if kind == "coop"
                       else DecodeLayer(*layer_args, B=B, half=kind == "fused16"))
-        self.head = self.head_parts = DecodeHead(dev, prog.layout, b.params, self.ysum, B=B)  # the choice ends it
+        self.head_parts = DecodeHead(dev, prog.layout, b.params, self.ysum, B=B)  # the choice adds its parts
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
@@ -172,7 +172,7 @@ class FusedStep:
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
         layers = [(f"layer {l}", [self.layer.step(l, k % 2)]) for l in range(self.layer.L)]
-        return layers + [("head", [self.head.step()])]
+        return layers + [("head", [self.head_parts.step()])]
 
     def end_ops(self) -> list:
         return [self.to_carry(1.0, 0.0)]
