@@ -151,9 +151,9 @@ def recording_line(r: dict) -> str:
     def way(n: int) -> str:
         return "layer by layer" if n <= 1 else f"a wavefront of {n} chunks over the layers"
 
-    beside = "; each layer's dW_hh beside the backward sweep below" if r.get("dw_hh_beside") else ""
-    return (f"recorded: forward {way(r.get('wavefront_forward', 1))}, backward "
-            f"{way(r.get('wavefront_backward', 1))}{beside} (CATCHAT_WAVEFRONT)")
+    beside = "; each layer's dW_hh beside the backward sweep below" if r["dw_hh_beside"] else ""
+    return (f"recorded: forward {way(r['wavefront_forward'])}, backward {way(r['wavefront_backward'])}{beside} "
+            f"(CATCHAT_WAVEFRONT)")
 
 
 def _print_throughput(console, c: dict, torch_rows: dict, tf: float) -> None:
