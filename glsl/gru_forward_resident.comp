@@ -209,16 +209,25 @@ void put_state(uint t, uint j0, uint b0, uint p, float[6] v) {
 
 #ifdef COOP
 // Stage h_prev of the tile's lanes as float16, all k (zero to KFT * 16), into hs16; each output's
-// thread keeps its own h_prev in float32 (hp_own).
+// thread keeps its own h_prev in float32 (hp_own). Every load is issued before the first store (a
+// fixed count per thread, unrolled), so a step waits on L2 once, not once per quad; the rows'
+// padding past KFT * 16 halves is never read by a fragment load, so it is not written.
 void stage_h(uint t, uint j0, uint b0) {
-    const uint QS = SH / 4u;  // 4-half groups per staged row (the last two are padding)
-    for (uint e = gl_LocalInvocationIndex; e < TB * QS; e += NT) {
-        uint bb = e / QS, q = e % QS, b = b0 + bb;
-        vec4 v = (b < pc.B && 4u * q < pc.H) ? h_prev4(t, b, q) : vec4(0.0);
-        [[unroll]] for (uint c = 0u; c < 4u; ++c) hs16[bb * SH + 4u * q + c] = float16_t(v[c]);
+    const uint QR = 4u * KFT;                       // quads of a staged row that hold k
+    const uint NQ = (TB * QR + NT - 1u) / NT;       // quads per thread
+    uint tid = gl_LocalInvocationIndex;
+    vec4 v[NQ];
+    [[unroll]] for (uint i = 0u; i < NQ; ++i) {
+        uint e = tid + i * NT, bb = e / QR, q = e % QR, b = b0 + bb;
+        v[i] = (e < TB * QR && b < pc.B && 4u * q < pc.H) ? h_prev4(t, b, q) : vec4(0.0);
     }
-    uint p = gl_LocalInvocationIndex;
-    if (gate_live(j0, b0, p)) hp_own = h_prev4(t, b0 + p / NU, (j0 + p % NU) / 4u)[(j0 + p % NU) % 4u];
+    if (gate_live(j0, b0, tid)) hp_own = h_prev4(t, b0 + tid / NU, (j0 + tid % NU) / 4u)[(j0 + tid % NU) % 4u];
+    [[unroll]] for (uint i = 0u; i < NQ; ++i) {
+        uint e = tid + i * NT, bb = e / QR, q = e % QR;
+        if (e < TB * QR) {
+            [[unroll]] for (uint c = 0u; c < 4u; ++c) hs16[bb * SH + 4u * q + c] = float16_t(v[i][c]);
+        }
+    }
 }
 
 // The gate's and k-group's W_hh^T fragments of subgroup sg (< 12): element (k, n) of fragment f is
