@@ -34,8 +34,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                        "usable CPUs, at most 8)"),
     # one design or kernel variant forced, to measure or to check parity
     "CATCHAT_PERSISTENT": (MEASURE, "0: a dispatch per timestep; N: persistent sweeps of N workgroups"),
-    "CATCHAT_SWEEP_COOP": (MEASURE, "the fp16 sweeps' design: resident, stream, stream32 (streamed both ways "
-                                    "with float32 saves), 1 (the mixed choice) or 0 (no tensor cores)"),
+    "CATCHAT_SWEEP_COOP": (MEASURE, "the fp16 sweeps' design: resident, mixed (forward resident, backward "
+                                    "streamed), stream, stream32 (streamed both ways, float32 saves; the default "
+                                    "over 2+ layers where each sweep fits half the SMs), 1 (the default) or 0 "
+                                    "(none on tensor cores)"),
     "CATCHAT_SWEEP_STREAM32": (MEASURE, "1 streams the fp32 sweeps where the resident tiles fit too; 0 never"),
     "CATCHAT_SWEEP_BIAS": (MEASURE, "0: the bias gradients as column sums over the rows after the backward sweep, "
                                     "not summed in it (streamed and resident sweeps)"),
@@ -59,8 +61,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and a training step's backward as wavefronts over the layers, "
-                                   "in N chunks (1: layer by layer; unset: the backward in 4 where two backward "
-                                   "sweeps fit the GPU at once, the forward layer by layer)"),
+                                   "in N chunks (1: layer by layer; unset: each direction in 4 where two of its "
+                                   "sweeps fit the GPU at once, else layer by layer)"),
     "CATCHAT_WAVEFRONT_FORWARD": (MEASURE, "0: the wavefront's forward layer by layer"),
     "CATCHAT_WAVEFRONT_BACKWARD": (MEASURE, "0: the wavefront's backward layer by layer"),
     "CATCHAT_COOP_API": (MEASURE, "nv: the tensor-core GEMM on VK_NV_cooperative_matrix instead of the KHR one"),

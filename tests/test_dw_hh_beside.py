@@ -49,7 +49,7 @@ def test_dw_hh_is_recorded_beside_the_sweep_below(dev, persistent, monkeypatch):
         pytest.skip("kp without patch 0007 records every dispatch with its barrier")
     prog = Program(dev, ParamLayout(SPEC), 5, 2)
     assert prog.geometry.overlap_dw_hh
-    assert wavefront.recording_info(prog.dev, prog.geometry, prog.bwd)["dw_hh_beside"]
+    assert wavefront.recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd)["dw_hh_beside"]
     k = prog.bwd
     assert all(getattr(lay.dw_hh, "work", None) in (None, prog.buffers.ws) for lay in k.layers)
     for l, lay in enumerate(k.layers):  # tag the sweeps' and the dW_hh GEMMs' dispatches

@@ -99,7 +99,7 @@ def test_fp16_training_learns_like_fp32(dev, corpus, tmp_path):
         start = events(tmp_path / p, "start")[0]
         assert start["gemm_products"] == ("fp32" if p == "fp32" else products(dev, "fp16"))
         coop = p == "fp16" and gru.coop_sweeps(dev, cfg.data.batch_lanes, cfg.model.hidden, "fp16")
-        design = gru.sweep_products(dev, cfg.data.batch_lanes, cfg.model.hidden, "fp16")
+        design = gru.program_products(dev, cfg.data.batch_lanes, cfg.model.hidden, cfg.model.layers, "fp16", True)
         assert start["sweep_products"] == (f"fp16 on tensor cores ({design})" if coop else "fp32")
         # layer by layer, dW_hh in its layer's place: the defaults (CATCHAT_WAVEFRONT, CATCHAT_OVERLAP_DW unset)
         assert start["recording"] == dict(wavefront_forward=1, wavefront_backward=1, dw_hh_beside=False)

@@ -11,6 +11,7 @@ import pytest
 from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
+from catchat.vk.kernels.gru import plan as gru_plan  # where program_products asks
 from catchat.vk.program import Program, plan, sequences, wavefront
 
 SPEC = ModelSpec(vocab_size=101, hidden=12, layers=3)
@@ -69,7 +70,7 @@ def test_wavefront_on_the_streamed_sweeps(dev, monkeypatch, products):
     dispatch continues from the float16 shadow the chunk before wrote; a training step against the
     fp16 twin. With float32 saves ("stream32", CATCHAT_SWEEP_COOP=stream32) the backward runs as a
     wavefront too."""
-    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: products if precision == "fp16"
+    monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: products if precision == "fp16"
                         else None)
     monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
     label, _, T, B, hp = model_parity.MODEL_CASES[0]
@@ -83,7 +84,7 @@ def test_wavefront_on_the_streamed_sweeps(dev, monkeypatch, products):
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
     prog = Program(dev, ParamLayout(spec), T, B, precision="fp16")
     assert prog.geometry.save16 == (products == "stream")
-    assert wavefront.recording_info(prog.dev, prog.geometry, prog.bwd)["wavefront_backward"] == (
+    assert wavefront.recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd)["wavefront_backward"] == (
         1 if products == "stream" else 4)
 
 
@@ -161,7 +162,7 @@ def test_the_default_backward_wavefront_after_a_layer_by_layer_forward(dev, monk
     results = model_parity.model_parity(dev, SPEC, 8, 4, model_parity.MODEL_CASES[0][-1], label="backward wave")
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
     prog = Program(dev, ParamLayout(SPEC), 8, 4)
-    info = wavefront.recording_info(prog.dev, prog.geometry, prog.bwd)
+    info = wavefront.recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd)
     assert (info["wavefront_forward"], info["wavefront_backward"]) == (1, 4)
 
 
@@ -189,7 +190,7 @@ def test_wavefront_backward_matches_the_layer_by_layer_step(dev, monkeypatch, pe
     waved = grads()
     prog = Program(dev, ParamLayout(SPEC), 8, 4)
     beside = persistent == "1" and plan.OVERLAP_DEFAULT and dev.dispatches_concurrent  # beside persistent sweeps
-    assert wavefront.recording_info(prog.dev, prog.geometry, prog.bwd) == dict(
+    assert wavefront.recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd) == dict(
         wavefront_forward=4, wavefront_backward=4 if persistent == "1" else 1, dw_hh_beside=beside)
     monkeypatch.delenv(wavefront.WAVE_ENV)
     np.testing.assert_allclose(waved, grads(), rtol=2e-5, atol=1e-7)
@@ -238,37 +239,46 @@ def test_the_groups_recorded_side_by_side_are_independent(dev, monkeypatch):
         np.testing.assert_array_equal(got, exp)
 
 
-def test_the_default_wavefront_where_two_backward_sweeps_fit_the_gpu(monkeypatch):
+def test_the_default_wavefront_where_two_sweeps_fit_the_gpu(monkeypatch):
     """DEFAULT_CHUNKS for a training program whose backward sweeps are persistent, with float32 saves, over
     two layers or more, each on at most half the SMs; layer by layer otherwise (eval, float16 saves, one
     layer, sweeps a dispatch per step or on more than half the GPU, a CPU device); CATCHAT_WAVEFRONT wins.
-    The forward runs as a wavefront only where CATCHAT_WAVEFRONT asks."""
+    The forward likewise, where its sweeps stream with float32 saves ("stream32"), in training and eval
+    programs alike; elsewhere only where CATCHAT_WAVEFRONT asks."""
     from types import SimpleNamespace as NS
 
     def bwd(*workgroups):
         return NS(layers=[NS(gru=NS(sweep_workgroups=w)) for w in workgroups])
 
-    def geometry(L=3, save16=False):
-        return NS(L=L, save16=save16)
+    def fwd(*workgroups):
+        return NS(gru=[NS(sweep_workgroups=w) for w in workgroups])
 
+    def geometry(L=3, save16=False, products="mixed", T=1024):
+        return NS(L=L, save16=save16, products=products, T=T)
+
+    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    monkeypatch.delenv(wavefront.WAVE_FORWARD_ENV, raising=False)
     monkeypatch.setattr(wavefront, "device_sms", lambda dev: 132)
     assert wavefront.default_chunks(None, geometry(), bwd(64, 64, 64)) == wavefront.DEFAULT_CHUNKS == 4
     assert wavefront.default_chunks(None, geometry(L=2), bwd(66, 66)) == 4
     for g, k in ((geometry(), None), (geometry(save16=True), bwd(64, 64, 64)), (geometry(L=1), bwd(64)),
                  (geometry(), bwd(64, 0, 64)), (geometry(), bwd(64, 67, 64)), (geometry(), bwd(128, 128, 128))):
         assert wavefront.default_chunks(None, g, k) == 1, (g, k)
+    assert wavefront.forward_chunks(None, geometry(products="stream32"), fwd(64, 64, 64)) == 4
+    assert wavefront.forward_chunks(None, geometry(products="stream32", T=3), fwd(64, 64, 64)) == 3
+    for g, f in ((geometry(), fwd(64, 64, 64)), (geometry(products="resident"), fwd(64, 64, 64)),
+                 (geometry(products="stream"), fwd(64, 64, 64)), (geometry(L=1, products="stream32"), fwd(64)),
+                 (geometry(products="stream32"), fwd(64, 67, 64)), (geometry(products="stream32"), fwd(64, 0, 64))):
+        assert wavefront.forward_chunks(None, g, f) == 1, (g, f)
     monkeypatch.setattr(wavefront, "device_sms", lambda dev: 0)  # a CPU device
     assert wavefront.default_chunks(None, geometry(), bwd(1, 1, 1)) == 1
-    monkeypatch.delenv(wavefront.WAVE_ENV, raising=False)
+    assert wavefront.forward_chunks(None, geometry(products="stream32"), fwd(1, 1, 1)) == 1
     assert wavefront.wave_chunks(1024, 4) == 4 and wavefront.wave_chunks(3, 4) == 3 and wavefront.wave_chunks(8) == 1
     monkeypatch.setenv(wavefront.WAVE_ENV, "1")
     assert wavefront.wave_chunks(1024, 4) == 1
     monkeypatch.setenv(wavefront.WAVE_ENV, "8")
     assert wavefront.wave_chunks(1024, 4) == 8
-    # the forward's wavefront only where CATCHAT_WAVEFRONT asks (and CATCHAT_WAVEFRONT_FORWARD is not 0)
-    assert wavefront.forward_chunks(1024) == 8
+    # CATCHAT_WAVEFRONT chunks any forward (unless CATCHAT_WAVEFRONT_FORWARD=0)
+    assert wavefront.forward_chunks(None, geometry(products=None), fwd(0, 0, 0)) == 8
     monkeypatch.setenv(wavefront.WAVE_FORWARD_ENV, "0")
-    assert wavefront.forward_chunks(1024) == 1
-    monkeypatch.delenv(wavefront.WAVE_FORWARD_ENV)
-    monkeypatch.delenv(wavefront.WAVE_ENV)
-    assert wavefront.forward_chunks(1024) == 1
+    assert wavefront.forward_chunks(None, geometry(products="stream32"), fwd(64, 64, 64)) == 1

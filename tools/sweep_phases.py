@@ -73,9 +73,11 @@ def clocked_twins(prog, layer: int, steps: int):
     the products on tensor cores where the program's are), and the clock tensors (uint32 [steps, 8] each)."""
     dev, T, B, H = prog.dev, prog.T, prog.B, prog.spec.hidden
     kf, kb, b = prog.fwd.gru[layer], prog.bwd.layers[layer].gru, prog.buffers
-    w16 = prog.fwd.w16 if kf.stream else None  # the streamed sweeps read W_hh's float16 copy (None: float32)
-    w_fwd = prog.fwd.w16_split if kf.split else w16  # the float32 forward from float16 splits: its hi and lo
-    if not (kf.stream or isinstance(kf.tiles, gru.ResidentTiles) and isinstance(kb.tiles, gru.ResidentTiles)):
+    # the streamed sweeps read W_hh's float16 copy (None: float32; the resident ones hold their own), the
+    # float32 forward from float16 splits its hi and lo
+    w_fwd = prog.fwd.w16_split if kf.split else prog.fwd.w16 if kf.stream else None
+    w_bwd = prog.fwd.w16 if kb.stream else None
+    if not all(k.stream or isinstance(k.tiles, gru.ResidentTiles) for k in (kf, kb)):
         raise SystemExit(f"layer {layer}'s sweeps are not register-resident here (tiles {kf.tiles}, {kb.tiles}): "
                          "run on a GPU that reports its SMs, or set CATCHAT_PERSISTENT=1 with H <= 16")
     clocks = [dev.tensor(np.zeros(8 * steps, np.uint32), np.uint32) for _ in range(2)]
@@ -91,7 +93,7 @@ def clocked_twins(prog, layer: int, steps: int):
     bwd = ClockedBackward(dev, b.x[-1], b.save[layer], b.o[layer], b.resets, b.params, b.hyper,
                           b.gi, b.dgh_n, b.dh0, b.stats, T=T, B=B, H=H, w_off=w_off, do_off=do_off,
                           save_off=save_off, hprev_off=hprev_off, dgi_off=dgi_off, dgh_off=dgh_off,
-                          dh0_off=dh0_off, tiles=None if kb.stream_f32 else kb.tiles, coop=kb.coop, w_half=w16,
+                          dh0_off=dh0_off, tiles=None if kb.stream_f32 else kb.tiles, coop=kb.coop, w_half=w_bwd,
                           stream_f32=kb.stream_f32, save_half=kb.save_half, clock=clocks[1])
     return fwd, bwd, clocks
 

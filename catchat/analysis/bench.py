@@ -101,7 +101,7 @@ def bench_catchat(cfg, dev, steps: int, warmup: int, tf: float = 1.0, want_profi
     return dict(train_tokens_per_s=tokens / step_s, step_ms=step_s * 1e3, forward_ms=fwd_s * 1e3,
                 backward_ms=(micro_s - fwd_s) * 1e3, optimizer_ms=apply_s * 1e3,
                 eval_tokens_per_s=tokens / eval_s, device_bytes=train_bytes, build_s=build_s,
-                sweeps=sweep_modes(prog), recording=recording_info(prog.dev, prog.geometry, prog.bwd),
+                sweeps=sweep_modes(prog), recording=recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd),
                 profile=profile(prog, steps) if want_profile else None,
                 gemm_flop=gemm_flops(prog) if want_profile else None)
 

@@ -76,8 +76,9 @@ def plan_info(cfg: cfgmod.Config, pace, total_steps: int, tokens_per_step: int, 
 def run_info(cfg: cfgmod.Config, setup: Setup, *, pace, faults: tuple, ranks) -> dict:
     """What `catchat scan` checks a run against: the plan (`plan_info`), the products, memory, faults."""
     info = plan_info(cfg, pace, setup.total_steps, setup.tokens_per_step, setup.lanes.seqs_per_cycle)
-    info.update(gemm_products=setup.products, sweep_products=setup.prog.sweep_products,
-                recording=recording_info(setup.prog.dev, setup.prog.geometry, setup.prog.bwd), **memory_mb())
+    prog = setup.prog
+    info.update(gemm_products=setup.products, sweep_products=prog.sweep_products,
+                recording=recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd), **memory_mb())
     if faults:
         info["faults"] = [str(f) for f in faults]
     info.update(ranks.info())

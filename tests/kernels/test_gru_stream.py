@@ -12,6 +12,7 @@ from catchat.errors import UsageError
 from catchat.model import ModelSpec, ParamLayout
 from catchat.parity import model as model_parity
 from catchat.vk.kernels import gru, run_ops, unpack_half
+from catchat.vk.kernels.gru import plan as gru_plan  # where program_products asks
 from catchat.vk.program import Program, kernelsets, plan
 
 
@@ -19,7 +20,7 @@ from catchat.vk.program import Program, kernelsets, plan
 def streamed(monkeypatch):
     """Programs plan the streamed sweeps at fp16 whatever the device (emulated fragments here): the
     buffer plan's sweep products, which the kernels and the float16 saves follow."""
-    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
+    monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: "stream" if precision == "fp16"
                         else None)
 
 
@@ -105,7 +106,7 @@ def test_mixed_sweeps_plan(dev, monkeypatch):
     resident partial products; a forward-only program runs the resident forward alone. (The program
     itself runs on GPUs only: lavapipe has no resident tensor-core forward; catchat parity's "v3
     mixed" rows.)"""
-    monkeypatch.setattr(plan, "sweep_products", lambda dev, B, H, precision: "mixed" if precision == "fp16"
+    monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: "mixed" if precision == "fp16"
                         else None)
     layout, T, B, H = ParamLayout(ModelSpec(vocab_size=101, hidden=16, layers=2)), 5, 3, 16
     train = plan.Geometry.of(layout, T, B, dev, True, "fp16")
@@ -184,6 +185,25 @@ def test_stream_planning(dev, monkeypatch):
     assert gru.sweep_products(tc, 64, 512, "fp16") == "stream"
     monkeypatch.setenv(gru.COOP_ENV, "stream32")
     assert gru.sweep_products(tc, 64, 512, "fp16") == "stream32" and gru.streams_backward("stream32")
+    monkeypatch.delenv(gru.COOP_ENV)
+    # a program of two layers or more streams both ways with float32 saves where "mixed" would run and each
+    # direction's streamed sweep takes at most half the SMs (v3 at 64 lanes: 64 workgroups of 132)
+    assert gru.streams_in_halves(tc, 64, 512) and not gru.streams_in_halves(tc, 64, 2048)  # 256 slices
+    for training in (True, False):
+        assert gru.program_products(tc, 64, 512, 3, "fp16", training) == "stream32"
+        assert gru.program_products(tc, 64, 512, 2, "fp16", training) == "stream32"
+    assert gru.program_products(tc, 64, 512, 1, "fp16", True) == "mixed"  # no second layer to overlap
+    assert gru.program_products(tc, 64, 512, 1, "fp16", False) == "resident"  # an eval program: the forward alone
+    for choice, training, want in (("1", True, "stream32"), ("mixed", True, "mixed"), ("mixed", False, "resident"),
+                                   ("resident", True, "resident"), ("stream", True, "stream")):
+        monkeypatch.setenv(gru.COOP_ENV, choice)  # asked for: as asked
+        assert gru.program_products(tc, 64, 512, 3, "fp16", training) == want, choice
+    monkeypatch.delenv(gru.COOP_ENV)
+    half = dataclasses.replace(tc, info=dataclasses.replace(info, compute_units=120))  # 64 > 120 // 2
+    assert not gru.streams_in_halves(half, 64, 512) and gru.program_products(half, 64, 512, 3, "fp16", True) == "mixed"
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "0")  # a dispatch per step: nothing runs side by side
+    assert not gru.streams_in_halves(tc, 64, 512)
+    monkeypatch.delenv("CATCHAT_PERSISTENT")
     monkeypatch.setenv(gru.COOP_ENV, "yes")
     with pytest.raises(UsageError, match="CATCHAT_SWEEP_COOP"):
         gru.sweep_products(tc, 32, 2048, "fp16")

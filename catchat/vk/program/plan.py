@@ -60,12 +60,12 @@ from catchat.vk.kernels.embedding import EmbeddingBackward
 from catchat.vk.kernels.gemm import colsum_splits, gemm_split_k, short_split_k
 from catchat.vk.kernels.gru import (
     backward_scratch_words,
+    program_products,
     split_forward,
     stream_f32_sweep,
     stream_tiles,
     streams_backward,
     streams_forward,
-    sweep_products,
     sync_words,
 )
 from catchat.vk.kernels.gru.stream import shadow_words
@@ -109,7 +109,7 @@ class Geometry:
         s, T, B = layout.spec, int(T), int(B)
         H, V, R = s.hidden, s.vocab_size, T * B
         gpu = dev is not None and training
-        products = None if dev is None else program_products(dev, B, H, precision, training)
+        products = None if dev is None else program_products(dev, B, H, s.layers, precision, training)
         return cls(T, B, H, s.layers, V, layout.total,
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
@@ -316,12 +316,6 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
             tiles = stream_tiles(g.B, g.H, backward, f32, split=sp)
             out.append((what, g.L * shadow_words(tiles, g.H, backward)))
     return out
-
-
-def program_products(dev: Device, B: int, H: int, precision: str, training: bool) -> str | None:
-    """gru.sweep_products for a program: a forward-only one runs "mixed"'s forward alone ("resident")."""
-    products = sweep_products(dev, B, H, precision)
-    return "resident" if products == "mixed" and not training else products
 
 
 OVERLAP_ENV = "CATCHAT_OVERLAP_DW"  # 0: dW_hh in its layer's place; 1 or unset: beside the sweep below where it can

@@ -1,5 +1,6 @@
-"""The batched forward pass as a wavefront over the layers (issue 35), opt-in: CATCHAT_WAVEFRONT=N; a training
-step's backward as one by default where two of its sweeps fit the GPU at once (`default_chunks`).
+"""The batched forward pass as a wavefront over the layers (issue 35), and a training step's backward: each by
+default where two of its sweeps fit the GPU at once (`forward_default`, `default_chunks`), else with
+CATCHAT_WAVEFRONT=N.
 
 The window is cut into N chunks of timesteps. Wave w runs chunk w - l of every layer l that has
 one, so layer l's sweep over chunk c runs beside layer l+1's over chunk c-1 instead of after the
@@ -32,7 +33,7 @@ over the sweep's [B, 6H] follow the window. The chunks start on
 the norm's row blocks (`backward_bounds`); dW_ih and db_ih summed chunk by chunk change their
 rounding, the rest gives the layer-by-layer bits. CATCHAT_WAVEFRONT_FORWARD=0 (or _BACKWARD=0) runs
 that direction layer by layer: at v3's 64 lanes the resident forward fills the GPU, two streamed
-backward sweeps fit it.
+sweeps of either direction fit it (so two layers or more stream both: `gru.program_products`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ WAVE_FORWARD_ENV = "CATCHAT_WAVEFRONT_FORWARD"  # 0: the layer-by-layer forward 
 # with 8 chunks, 46.0-46.4 with 4 (46.2 with the forward layer by layer), 51.0 with 16; v3 38.9-39.1 against
 # 35.7 with 4 (35.8 backward only). tools/bench_concurrency.py in the same session: two of v3's 64-workgroup
 # backward sweeps side by side take 6.9 ms against 10.9 in order; its 128-workgroup resident forward sweeps
-# do not overlap at all.
+# do not overlap at all; two of its 64-workgroup streamed forward sweeps take 6.7 ms side by side against 12.2 in
+# order (-catchat-v3-fp16-concurrency-stream32.json), hence `forward_default` on those.
 DEFAULT_CHUNKS = 4
 
 
@@ -72,10 +74,23 @@ def wave_chunks(T: int, default: int = 1) -> int:
 def default_chunks(dev, g, k: BackwardKernels | None) -> int:
     """DEFAULT_CHUNKS for a training program whose backward can run as a wavefront (`waveable`) with each
     sweep on at most half the GPU's SMs (so two run at once); else 1 (layer by layer)."""
-    sms = device_sms(dev)
-    if k is None or not sms or not waveable(g, k):
+    if k is None or not waveable(g, k):
         return 1
-    return DEFAULT_CHUNKS if all(lay.gru.sweep_workgroups <= sms // 2 for lay in k.layers) else 1
+    return DEFAULT_CHUNKS if two_at_once(dev, [lay.gru for lay in k.layers]) else 1
+
+
+def forward_default(dev, g, f: ForwardKernels) -> int:
+    """DEFAULT_CHUNKS for a program whose forward sweeps stream with float32 saves ("stream32",
+    `gru.program_products`) over two layers or more, each persistent on at most half the GPU's SMs; else 1.
+    The resident forward sweeps fill the GPU, so their wavefront gained nothing (docs/benchmarks.md
+    "The wavefront by default"). Training and eval programs alike, so a run's evals are the eval program's."""
+    return DEFAULT_CHUNKS if g.products == "stream32" and g.L >= 2 and two_at_once(dev, f.gru) else 1
+
+
+def two_at_once(dev, sweeps) -> bool:
+    """Whether every sweep is persistent on at most half the GPU's SMs, so two of them run at once."""
+    sms = device_sms(dev)
+    return bool(sms) and all(0 < s.sweep_workgroups <= sms // 2 for s in sweeps)
 
 
 def waveable(g, k: BackwardKernels) -> bool:
@@ -197,7 +212,7 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     """The batched forward's ops and the backward's (None for a forward-only program): layer by layer
     (`sequences.forward_ops`, `sequences.backward_ops`), or as wavefronts of CATCHAT_WAVEFRONT chunks (the
     backward's where its saves are float32 and its sweeps persistent, and the chunks at least two)."""
-    n, nf = wave_chunks(g.T, default_chunks(dev, g, k)), forward_chunks(g.T)
+    n, nf = wave_chunks(g.T, default_chunks(dev, g, k)), forward_chunks(dev, g, f)
     fwd = Wavefront(dev, layout, b, g, precision, nf).forward_ops(f) if nf >= 2 else sq.forward_ops(f)
     if k is None:
         return fwd, None
@@ -206,12 +221,10 @@ def batched_ops(dev, layout, b, g, f: ForwardKernels, k: BackwardKernels | None,
     return fwd, WavefrontBackward(dev, layout, b, g, k, precision, n).backward_ops(k)
 
 
-def forward_chunks(T: int) -> int:
-    """The forward's wavefront chunks: CATCHAT_WAVEFRONT's (CATCHAT_WAVEFRONT_FORWARD not 0), else 1. Not
-    the backward's default: the register-resident forward sweeps fill the GPU, so its wavefront gained
-    nothing (docs/benchmarks.md "The wavefront by default"), and layer by layer a training program's
-    evals are the eval program's own operations."""
-    n = wave_chunks(T)
+def forward_chunks(dev, g, f: ForwardKernels) -> int:
+    """The forward's wavefront chunks: CATCHAT_WAVEFRONT's, else `forward_default`'s; 1 with
+    CATCHAT_WAVEFRONT_FORWARD=0."""
+    n = wave_chunks(g.T, forward_default(dev, g, f))
     return n if n >= 2 and _direction_on(WAVE_FORWARD_ENV) else 1
 
 
@@ -223,12 +236,12 @@ def backward_wave(g, k: BackwardKernels, n: int) -> bool:
     return _direction_on(WAVE_BACKWARD_ENV) and len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) > 1
 
 
-def recording_info(dev, g, k: BackwardKernels | None) -> dict:
+def recording_info(dev, g, f: ForwardKernels, k: BackwardKernels | None) -> dict:
     """How a program's step is recorded beyond its kernels (a run's start event, so that a resume under
     other settings shows in events.jsonl): the wavefront's chunks per direction (1: layer by layer) and
     whether each dW_hh runs beside the sweep below."""
     n, training = wave_chunks(g.T, default_chunks(dev, g, k)), k is not None
     waved = training and backward_wave(g, k, n)
-    return dict(wavefront_forward=forward_chunks(g.T),
+    return dict(wavefront_forward=forward_chunks(dev, g, f),
                 wavefront_backward=len(backward_bounds(g.T, n, g.B, k.layers[0].norm.rows_per_wg)) if waved else 1,
                 dw_hh_beside=training and any(sq.dw_hh_beside(k, l) for l in range(1, g.L)))

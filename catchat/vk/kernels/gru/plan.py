@@ -47,7 +47,7 @@ def tile_row(dev: Device) -> tiles.GruRow:
 # =0: the threads' FMAs at fp16 too; =resident: the resident tiles both ways where they fit (no "mixed");
 # =stream: the streamed sweeps both ways even where the resident tiles fit; to compare (tools/gpu-check.sh)
 COOP_ENV = "CATCHAT_SWEEP_COOP"
-COOP_CHOICES = ("", "0", "1", "resident", "stream", "stream32")
+COOP_CHOICES = ("", "0", "1", "resident", "mixed", "stream", "stream32")
 
 
 def coop_sweeps(dev: Device, B: int, H: int, precision: str) -> bool:
@@ -76,21 +76,18 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
     """How a program at `precision` multiplies its sweeps' products on tensor cores:
     - "mixed" where resident 16 x 16 tiles are planned for both directions (W_hh on chip: v3) and the
       streamed backward is shown co-resident: the forward on the resident tiles, the backward streamed
-      (H200, v3 at 64 lanes: resident 5.1 ms forward, 7.2 backward; streamed 5.9 and 5.1);
+      (H200, v3 at 64 lanes: resident 5.1 ms forward, 7.2 backward; streamed 5.9 and 5.1); a program of
+      two layers or more runs "stream32" there instead where it can (`program_products`);
     - "resident" where the resident tiles fit and the streamed backward does not (or
       CATCHAT_SWEEP_COOP=resident);
     - "stream" where [B, H] is a shape the streamed sweeps take and both their persistent dispatches are
       shown co-resident (one dispatch per step would give back what streaming wins: v5), or
       CATCHAT_SWEEP_COOP=stream where they fit;
     - "stream32" with CATCHAT_SWEEP_COOP=stream32 where they fit: streamed both ways as "stream", with
-      float32 saves as "mixed" (so the backward's wavefront runs too; at v3's 64 lanes a forward sweep on
-      two lane groups takes half the GPU, so two layers' forward sweeps can run at once; to measure);
+      float32 saves as "mixed", so both directions can run as wavefronts (`program_products` picks it);
     - None at fp32, with CATCHAT_SWEEP_COOP=0, without cooperative matrices, or where neither fits (the
       threads' FMAs)."""
-    choice = os.environ.get(COOP_ENV, "").strip()
-    if choice not in COOP_CHOICES:
-        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1, resident, stream or stream32",
-                         hint="unset it to let the program choose")
+    choice = coop_choice()
     if precision != "fp16" or choice == "0" or not coopmat_runs(dev):
         return None
     resident = resident_workgroups(dev)
@@ -103,6 +100,46 @@ def sweep_products(dev: Device, B: int, H: int, precision: str) -> str | None:
                                                     for backward in (False, True)):
         return "mixed" if choice != "resident" and streamed(True) else "resident"
     return ("stream32" if choice == "stream32" else "stream") if streamed(False) and streamed(True) else None
+
+
+def coop_choice() -> str:
+    """CATCHAT_SWEEP_COOP, checked against COOP_CHOICES ("" where unset)."""
+    choice = os.environ.get(COOP_ENV, "").strip()
+    if choice not in COOP_CHOICES:
+        raise UsageError(f"{COOP_ENV}={choice!r} is not 0, 1, resident, mixed, stream or stream32",
+                         hint="unset it to let the program choose")
+    return choice
+
+
+# Where "mixed" would run, a program of two layers or more streams both directions with float32 saves
+# ("stream32") when each direction's streamed sweep takes at most half the SMs, so that two layers' forward
+# sweeps run at once in the forward's wavefront as the backward's do (wavefront.forward_chunks). H100, fp16,
+# one call (docs/results/2026-12-06-h100-*-stream32*.json): a streamed forward sweep alone 6.0 ms against the
+# resident one's 4.7, but two side by side 6.72 ms against 12.18 in order; configs/catchat-v3.toml's step 32.8 ms
+# against 34.9 ("mixed", its backward already a wavefront), eval 4.27 M tok/s against 3.84 M;
+# configs/speedrun.toml (L = 4) 41.6 ms against 44.8.
+def program_products(dev: Device, B: int, H: int, L: int, precision: str, training: bool) -> str | None:
+    """`sweep_products` for a program of L layers: "stream32" where it says "mixed" unasked
+    (CATCHAT_SWEEP_COOP unset or 1), L >= 2 and both directions' streamed sweeps fit half the GPU
+    (`streams_in_halves`); else a forward-only program runs "mixed"'s forward alone ("resident")."""
+    products = sweep_products(dev, B, H, precision)
+    if products == "mixed" and L >= 2 and coop_choice() in ("", "1") and streams_in_halves(dev, B, H):
+        return "stream32"
+    return "resident" if products == "mixed" and not training else products
+
+
+def streams_in_halves(dev: Device, B: int, H: int) -> bool:
+    """Whether the streamed sweeps at [B, H] (float32 saves) are persistent and co-resident with each
+    direction's on at most half the GPU's SMs, so two layers' sweeps run at once."""
+    sms, resident = device_sms(dev), resident_workgroups(dev)
+    if not (sms and resident and stream_ok(B, H)):
+        return False
+    for backward in (False, True):
+        tiles = stream_tiles(B, H, backward)
+        if not sweep_residency(dev, tiles, B, H, backward, resident).ok \
+                or sweep_workgroups(resident, stream_items(tiles, H)) > sms // 2:
+            return False
+    return True
 
 
 # The bias gradients summed inside the backward sweeps that own their elements for the window (the
