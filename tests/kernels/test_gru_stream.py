@@ -120,9 +120,15 @@ def test_mixed_sweeps_plan(dev, monkeypatch):
     assert not [w for w in plan.kernel_scratch(eval_only, False, dev, "fp16") if "streamed" in w[0]]
 
 
-def test_stepwise_path_on_streamed_sweeps(dev, streamed):
+@pytest.mark.parametrize("products", ["stream", "stream32"])
+def test_stepwise_path_on_streamed_sweeps(dev, monkeypatch, products):
     """The per-timestep path (scheduled sampling) runs a streamed sweep's prologue before step 0:
-    at tf = 1 it equals the batched path at fp16."""
+    at tf = 1 it equals the batched path at fp16 (float16 saves, or float32 ones with both wavefronts:
+    "stream32", what two layers or more plan on a GPU where each sweep fits half of it)."""
+    monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: products if precision == "fp16"
+                        else None)
+    if products == "stream32":
+        monkeypatch.setenv("CATCHAT_WAVEFRONT", "2")
     spec = ModelSpec(vocab_size=101, hidden=16, layers=2)
     layout = ParamLayout(spec)
     flat, tokens, targets, resets, _ = model_parity.model_inputs(spec, 5, 3, seed=4)
