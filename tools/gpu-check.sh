@@ -238,9 +238,10 @@ wf 4 64 CATCHAT_WAVEFRONT=4
 wf 8-bwdonly 64 CATCHAT_WAVEFRONT=8 CATCHAT_WAVEFRONT_FORWARD=0
 part parity-wavefront-fp32 env CATCHAT_WAVEFRONT=4 CATCHAT_PERSISTENT=1 $py -m catchat.cli parity --only model --summary
 # the forward streamed too, with float32 saves (CATCHAT_SWEEP_COOP=stream32): at 64 lanes a streamed forward sweep is
-# 64 workgroups, so with the forward's wavefront (CATCHAT_WAVEFRONT=4) two layers' forward sweeps could run at once as
-# the backward's do (tools/bench_concurrency.py: two resident forward sweeps do not overlap, two 64-workgroup ones should); its model
-# parity, its pairs, then the speedrun and v3 steps against the defaults in the same call
+# 64 workgroups, so with the forward's wavefront (CATCHAT_WAVEFRONT=4) two layers' forward sweeps run at once as the
+# backward's do (tools/bench_concurrency.py: two resident forward sweeps do not overlap, two 64-workgroup ones do: 0.84);
+# its model parity, its pairs, then the speedrun and v3 steps against the defaults in the same call. Since 2026-12-06
+# (twenty-eighth session) stream32 and both wavefronts are the default there: the -mixed parts time the design before
 part parity-stream32 env CATCHAT_SWEEP_COOP=stream32 $py -m catchat.cli parity --only model --summary \
     --json "$out/parity-stream32.json"
 part concurrency-v3-stream32 env CATCHAT_SWEEP_COOP=stream32 $py tools/bench_concurrency.py configs/catchat-v3.toml \
@@ -254,6 +255,10 @@ s32 speedrun-stream32-2 speedrun CATCHAT_SWEEP_COOP=stream32 CATCHAT_WAVEFRONT=4
 s32 speedrun-stream32-bwd speedrun CATCHAT_SWEEP_COOP=stream32
 s32 v3-default catchat-v3
 s32 v3-stream32 catchat-v3 CATCHAT_SWEEP_COOP=stream32 CATCHAT_WAVEFRONT=4
+s32 speedrun-mixed speedrun CATCHAT_SWEEP_COOP=mixed
+s32 v3-mixed catchat-v3 CATCHAT_SWEEP_COOP=mixed
+part phases-v3-fp16-mixed env CATCHAT_SWEEP_COOP=mixed $py tools/sweep_phases.py configs/catchat-v3.toml \
+    --set train.precision=fp16
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \

@@ -45,7 +45,9 @@ def tile_row(dev: Device) -> tiles.GruRow:
 
 
 # =0: the threads' FMAs at fp16 too; =resident: the resident tiles both ways where they fit (no "mixed");
-# =stream: the streamed sweeps both ways even where the resident tiles fit; to compare (tools/gpu-check.sh)
+# =mixed: the resident forward and the streamed backward even where a program would stream both ("stream32");
+# =stream / =stream32: the streamed sweeps both ways even where the resident tiles fit (float16 / float32
+# saves); 1 or unset: the program's choice (`program_products`); to compare (tools/gpu-check.sh)
 COOP_ENV = "CATCHAT_SWEEP_COOP"
 COOP_CHOICES = ("", "0", "1", "resident", "mixed", "stream", "stream32")
 
@@ -113,7 +115,7 @@ def coop_choice() -> str:
 
 # Where "mixed" would run, a program of two layers or more streams both directions with float32 saves
 # ("stream32") when each direction's streamed sweep takes at most half the SMs, so that two layers' forward
-# sweeps run at once in the forward's wavefront as the backward's do (wavefront.forward_chunks). H100, fp16,
+# sweeps run at once in the forward's wavefront as the backward's do (wavefront.forward_default). H100, fp16,
 # one call (docs/results/2026-12-06-h100-*-stream32*.json): a streamed forward sweep alone 6.0 ms against the
 # resident one's 4.7, but two side by side 6.72 ms against 12.18 in order; configs/catchat-v3.toml's step 32.8 ms
 # against 34.9 ("mixed", its backward already a wavefront), eval 4.27 M tok/s against 3.84 M;
