@@ -134,7 +134,7 @@ class Program(ProgramIO):
     @property
     def sweep_products(self) -> str:
         """How the sweeps' per-step products multiply (logs, the start event): "fp16 on tensor cores" and
-        the design (`gru.sweep_products`: resident, stream or mixed) where `gru.coop_sweeps`, else "fp32"
+        the design (`gru.program_products`: resident, mixed, stream or stream32) where it has one, else "fp32"
         (the forward's on tensor cores from float16 splits where `gru.split_forward`)."""
         if self.geometry.products is not None:
             return f"fp16 on tensor cores ({self.geometry.products})"

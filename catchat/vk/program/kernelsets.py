@@ -166,7 +166,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     table0 = Gemm(dev, (b.params, o["embedding.weight"], H), (b.params, o["layers.0.gru.weight_ih"], H),
                   (b.table0, 0, 3 * H), V, 3 * H, H, trans_b=True, precision=precision)
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
-    products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.sweep_products)
+    products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.program_products)
     coop, w16, refresh = products is not None, None, []
     if streams_backward(products):  # W_hh streamed from a float16 copy ("mixed": the backward's alone)
         w16, refresh = whh_halves(dev, layout, b, g, split=False)

@@ -98,7 +98,7 @@ class Geometry:
     colsum: int = 1  # row splits of the bias gradients' column sums
     split_proj: int = 1  # the forward's input projections [R,3H] over K = H: only where R is a few rows
     split_logits: int = 1  # the head's logits [R,V] over K = H, likewise (generation's batched step)
-    products: str | None = None  # how the sweeps' products multiply (gru.sweep_products): "stream" keeps
+    products: str | None = None  # how the sweeps' products multiply (gru.program_products): "stream" keeps
     # float16 saves and dGh's n third in dgh_n (`save16`); "mixed" streams the backward alone; "stream32"
     # streams both with float32 saves
     overlap_dw_hh: bool = False  # layer l's dW_hh GEMM beside layer l-1's backward sweep (`overlaps_dw_hh`)
