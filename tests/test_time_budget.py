@@ -431,9 +431,10 @@ def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
               "eval.eval_every_seqs=100000", "eval.free_running=false", "eval.sample_chars=0", "train.time_budget_s=0",
               "train.cycles=0", "train.total_steps=3"]  # evals: the final one alone
     sets = [arg for s in shrink for arg in ("--set", s)]
+    curves = tmp_path / "evals.json"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp16:train.precision=fp16",
-                        "--budget", "0", "--seeds", "4,7", "--runs-dir", str(tmp_path), *sets],
-                       capture_output=True, text=True, timeout=180, cwd=ROOT)
+                        "--budget", "0", "--seeds", "4,7", "--runs-dir", str(tmp_path), "--evals-json", str(curves),
+                        *sets], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
     assert [(row[0], row[2]) for row in rows] == [("fp16-s4", "3"), ("fp16-s7", "3"), ("fp16", "3")], r.stdout
@@ -442,7 +443,10 @@ def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
         cfg = cfgmod.load(tmp_path / f"fp16-s{seed}" / "config.toml")
         assert cfg.train.precision == "fp16" and cfg.train.seed == seed
         assert "time_budget" not in {e["event"] for e in events(tmp_path / f"fp16-s{seed}")}
-        losses.append(events(tmp_path / f"fp16-s{seed}", "eval")[-1]["loss"])
+        evals = events(tmp_path / f"fp16-s{seed}", "eval")
+        losses.append(evals[-1]["loss"])
+        # --evals-json: each run's held-out curve, step and loss of every eval in order
+        assert json.loads(curves.read_text())[f"fp16-s{seed}"] == [[e["global_step"], e["loss"]] for e in evals]
     assert losses[0] != losses[1]  # the seeds draw different weights
     assert rows[2][1] == "train.precision=fp16, 2 seeds"
     assert rows[2][4] == f"{sum(losses) / 2:.4f} ({min(losses):.4f}-{max(losses):.4f})"

@@ -20,6 +20,10 @@ eval split when eval.eval_windows = 0), and the run's wall clock from launch to 
 row NAME with the mean of each column and the held-out loss as mean (min-max): how a claim is reported
 (one config run twice gave 1.364 and 1.378, docs/speedrun.md).
 
+--evals-json FILE writes every run's held-out evals ([global_step, nats/char], in order) to FILE as the
+rows come: the curve behind a row's last number (whether the loss was still falling at the peak lr, or
+flat until the cooldown), without opening each run's events.jsonl.
+
 --screen-steps N screens first: every variant runs N steps (no time budget, the schedule over N steps,
 into RUNS_DIR/NAME-Nsteps, a row each), then the --confirm K (default 1) with the lowest held-out loss
 run again at --budget, a row each: docs/speedrun.md's way of spending a device call (screen at 1,024
@@ -44,6 +48,7 @@ catchat's venv has none.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -101,7 +106,8 @@ def summarise(run_dir: Path) -> dict:
     tokens_per_s = statistics.median(runlog.numbers(r)["tokens_per_s"] for r in metrics.rows)
     end = next(e for e in reversed(events) if e["event"] == "end")
     return {"steps": end["global_step"], "tokens_per_s": tokens_per_s,
-            "loss": evals[-1]["loss"] if evals else float("nan")}
+            "loss": evals[-1]["loss"] if evals else float("nan"),
+            "evals": [[e["global_step"], e["loss"]] for e in evals]}
 
 
 def changes_cell(changes: list[str], engine: str, *more: str) -> str:
@@ -162,7 +168,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="first run every variant N steps, then the --confirm best at --budget")
     ap.add_argument("--confirm", type=int, default=1, metavar="K",
                     help="with --screen-steps: how many of the screened variants to run at --budget")
+    ap.add_argument("--evals-json", type=Path, default=None, metavar="FILE",
+                    help="write each run's held-out evals ([global_step, nats/char] in order) to FILE")
     args = ap.parse_args(argv)
+    args.evals = {}
     if not args.variants and not args.torch_variants:
         ap.error("name at least one variant (or --torch VARIANT)")
     if args.screen_steps < 0 or args.confirm < 1:
@@ -186,6 +195,9 @@ def run_row(args: argparse.Namespace, run: str, changes: list[str], budget: floa
                                        python), run_dir)
     s = summarise(run_dir)
     print(format_row(run, changes, s, wall_s, engine), flush=True)
+    if args.evals_json:  # every row's held-out curve so far, rewritten after each row (a cut call keeps them)
+        args.evals[run] = s["evals"]
+        args.evals_json.write_text(json.dumps(args.evals, indent=1) + "\n", encoding="utf-8")
     return s, wall_s
 
 
