@@ -257,6 +257,9 @@ s32 v3-default catchat-v3
 s32 v3-stream32 catchat-v3 CATCHAT_SWEEP_COOP=stream32 CATCHAT_WAVEFRONT=4
 s32 speedrun-mixed speedrun CATCHAT_SWEEP_COOP=mixed
 s32 v3-mixed catchat-v3 CATCHAT_SWEEP_COOP=mixed
+# the chunk count on today's default (4): with two sweeps at once the pipeline's ramp shrinks with more chunks, each
+# chunk's GEMMs and barriers grow in number
+for n in 2 8; do s32 "speedrun-wave$n" speedrun CATCHAT_WAVEFRONT=$n; s32 "v3-wave$n" catchat-v3 CATCHAT_WAVEFRONT=$n; done
 part phases-v3-fp16-mixed env CATCHAT_SWEEP_COOP=mixed $py tools/sweep_phases.py configs/catchat-v3.toml \
     --set train.precision=fp16
 # the streamed fp16 forward on 8 k-groups, a thread per two gate outputs (CATCHAT_STREAM_WIDE=1: its k-groups fold in
