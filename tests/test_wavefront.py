@@ -85,6 +85,7 @@ def test_wavefront_on_the_streamed_sweeps(dev, monkeypatch, products, wide):
     assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
     prog = Program(dev, ParamLayout(spec), T, B, precision="fp16")
     assert prog.geometry.save16 == (products == "stream")
+    assert [g.tiles.wide for g in prog.fwd.gru] == [wide == "1"] * spec.layers  # the forward the rows checked
     assert wavefront.recording_info(prog.dev, prog.geometry, prog.fwd, prog.bwd)["wavefront_backward"] == (
         1 if products == "stream" else 4)
 

@@ -348,6 +348,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
         if variant == "split32":  # the float32 forward would pass the rest
             out.append(compare(f"{fwd}.ran_split", shape, [got["tiles"][0].split], [True], 0.0, 0.0))
+        if variant == "streamwide":  # the plain forward, had CATCHAT_STREAM_WIDE been ignored, would pass the rest
+            out.append(compare(f"{fwd}.ran_wide", shape, [got["tiles"][0].wide], [True], 0.0, 0.0))
         if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
             out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
         if n_wg:

@@ -42,6 +42,13 @@ def test_parity(dev):
         + sum(isinstance(t[1], gru.ResidentTiles) for _, _, _, t, _ in gru_parity.PERSISTENT_CASES) \
         * len(gru_parity.persistent_counts(dev))
     assert resident and sums["gru_backward.db_ih (sweep sums)"] >= resident
+    # the variants whose own kernel could be silently replaced say they ran: one row per case
+    ran = Counter(r.kernel for r in results if ".ran_" in r.kernel)
+    assert ran == {k: n for k, n in {"gru_forward_streamwide.ran_wide": runs["_streamwide"],
+                                     "gru_forward_split32.ran_split": runs["_split32"],
+                                     "gru_backward_ksplit.ran_ksplit": runs["_ksplit"],
+                                     "gru_backward_ksplit16.ran_ksplit": runs["_ksplit16"],
+                                     "gru_backward_ksplit32.ran_ksplit": runs["_ksplit32"]}.items() if n}
     to_half = len(gru_parity.TO_HALF_CASES) + (len(gru_parity.TO_HALF_GPU_CASES) if dev.info.type != "CPU" else 0)
     assert sum(r.kernel.startswith("to_half.lo") for r in results) == (to_half if dev.runs_float16 else 0)
 
