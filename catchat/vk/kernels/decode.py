@@ -371,8 +371,9 @@ class DecodeSample(Kernel):
         self.workgroup = ceil_div(max(self.V, 2 * sub), sub) * sub
         # push constants after k (H and eps are read only with HEAD_PARTS, the parts' count a spec constant)
         self._fixed = (self.B, self.V, self.cap, vocab.PAD, vocab.BOS, vocab.EOS, s.hidden, float(s.norm_eps))
-        tensors = [logits, token, ctl, cfg, forced, history, out] + [t for t in (resets, head and head.parts)
-                                                                      if t is not None]
+        # the optional bindings follow in this order (decode_sample.comp's RESETS, then HEAD_PARTS)
+        tensors = [logits, token, ctl, cfg, forced, history, out] + ([resets] if resets is not None else []) \
+            + ([head.parts] if head else [])
         defines = {**({"RESETS": 1} if resets is not None else {}), **({"HEAD_PARTS": 1} if head else {})}
         super().__init__(dev, tensors, [self.B], spec=[self.workgroup, head.kp if head else 1], push=(0, *self._fixed),
                          defines=defines or None)
