@@ -72,6 +72,30 @@ def test_streamed_program_keeps_float16_saves(dev, streamed):
     assert all(lay.dw_hh_n is None and lay.dw_hh.M == 48 for lay in full.bwd.layers)
 
 
+@pytest.mark.parametrize("T, B, split_w, split_wn, in_x", [(7, 3, 2, 3, False), (12, 3, 1, 2, True)])
+def test_streamed_program_splits_dw_hh_n_on_its_own(dev, streamed, monkeypatch, T, B, split_w, split_wn, in_x):
+    """dW_hh's n third ([H, H] from dgh_n: a third of the [3H, H] output tiles) takes its own split-K
+    count (`Geometry.split_wn`; v5 at fp16 on a GPU: 2, where the [3H, H] gradients take 1 and it fell
+    to the small tile unsplit). Forced to 3 beside the others' 2, or to 2 beside 1: each GEMM gets its
+    own, the larger partials decide whether they fit x[L] (T*B = 36 rows: [2, H, H] do) or go to `ws`
+    (21 rows: [2, 3H, H] do not), and a training step matches the fp16 twin."""
+    monkeypatch.setattr(plan, "gemm_split_k", lambda dev, M, N, K: split_wn if M == N else split_w if M == 3 * N else 1)
+    spec, H = ModelSpec(vocab_size=101, hidden=16, layers=2), 16
+    prog = Program(dev, ParamLayout(spec), T, B, precision="fp16")
+    g, b = prog.geometry, prog.buffers
+    assert (g.split_w, g.split_wn, g.split_head) == (split_w, split_wn, 1) and g.split_in_x == in_x
+    assert b.ws.size() == (1 if in_x else 2 * 3 * H * H)  # there: the [2, 3H, H] partials, the larger
+    for lay in prog.bwd.layers:
+        assert (lay.dw_hh.split_k, lay.dw_hh_n.split_k) == (split_w, split_wn)
+        assert lay.dw_hh_n.work is (b.x[-1] if in_x else b.ws)
+    assert prog.bwd.layers[1].dw_ih.split_k == split_w
+    label, _, _, _, hp = model_parity.MODEL_CASES[0]
+    hp = replace(hp, loss_scale=model_parity.FP16_SCALE)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, dW_hh's n third split",
+                                        precision="fp16")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+
+
 @pytest.mark.parametrize("summed", [True, False])
 def test_streamed_backward_sums_the_biases(dev, streamed, monkeypatch, summed):
     """The streamed backward sweeps sum the bias gradients over the window themselves (BIAS_SUMS): each

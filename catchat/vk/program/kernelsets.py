@@ -230,11 +230,11 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
     for l in range(L):
         p = f"layers.{l}."
 
-        def gemm_w(dg, x, name, rows=3 * H, first=0, p=p, ws=ws_layers):
+        def gemm_w(dg, x, name, rows=3 * H, first=0, p=p, ws=ws_layers, split=g.split_w):
             """Rows [first, first + rows) of a weight gradient over all timesteps, split over K; dg
             (tensor, off, ld)."""
             return Gemm(dev, dg, (x, 0, H), (b.grads, o[p + name] + first * H, H), rows, H, R, trans_a=True,
-                        beta=1.0, split_k=g.split_w, workspace=ws, precision=pr)
+                        beta=1.0, split_k=split, workspace=ws, precision=pr)
 
         def colsum(dg, name, cols=3 * H, first=0, p=p):  # entries [first, first + cols) of a bias gradient
             return ColSum(dev, dg, (b.grads, o[p + name] + first), R, cols, g.colsum, b.ws_cs)
@@ -259,7 +259,7 @@ def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, op
             db = [colsum((dgi, 0, 3 * H), "gru.bias_ih"), colsum(dgh, "gru.bias_hh", rows)]
         k = BackwardLayer(norm, sweep, gemm_w(dgh, b.o[l], "gru.weight_hh", rows, ws=ws_hh), *db)
         if g.save16:
-            k.dw_hh_n = gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H)
+            k.dw_hh_n = gemm_w((b.dgh_n, 0, H), b.o[l], "gru.weight_hh", H, 2 * H, ws=ws_hh, split=g.split_wn)
             if sweep.bias_sums is None:
                 k.db_hh_n = colsum((b.dgh_n, 0, H), "gru.bias_hh", H, 2 * H)
         if l > 0:  # layer 0's input side goes through table0 (below)

@@ -94,6 +94,8 @@ class Geometry:
     V: int
     P: int
     split_w: int = 1  # the [3H,H] weight gradients over K = T*B
+    split_wn: int = 1  # dW_hh's n third [H,H] over K = T*B where dGh's n third is apart (`save16`): a third
+    # of the output tiles, so its own split (v5 at fp16: 2, where unsplit it fell to the small tile)
     split_head: int = 1  # the head's [V,H] weight gradient over K = T*B
     colsum: int = 1  # row splits of the bias gradients' column sums
     split_proj: int = 1  # the forward's input projections [R,3H] over K = H: only where R is a few rows
@@ -112,6 +114,7 @@ class Geometry:
         products = None if dev is None else program_products(dev, B, H, s.layers, precision, training)
         return cls(T, B, H, s.layers, V, layout.total,
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
+                   split_wn=gemm_split_k(dev, H, H, R) if gpu and products == "stream" else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
                    split_proj=short_split_k(dev, R, 3 * H, H) if dev is not None else 1,
@@ -130,8 +133,14 @@ class Geometry:
 
     @property
     def split_in_x(self) -> bool:
-        """The layers' split-K partials [split_w, 3H, H] fit in x[L] [T,B,H] (plan.py's docstring)."""
-        return self.split_w * 3 * self.H * self.H <= self.R * self.H
+        """The layers' split-K partials ([split_w, 3H, H], [split_wn, H, H]) fit in x[L] [T,B,H] (plan.py's
+        docstring)."""
+        return self.layer_split_words() <= self.R * self.H
+
+    def layer_split_words(self) -> int:
+        """Words of the largest of a layer's weight gradients' split-K partials (0 where none is split)."""
+        return max(self.split_w * 3 * self.H * self.H if self.split_w > 1 else 0,
+                   self.split_wn * self.H * self.H if self.split_wn > 1 else 0)
 
     @property
     def split_in_gi(self) -> bool:
@@ -142,7 +151,7 @@ class Geometry:
         """Words of `ws`: the weight gradients' split-K partials that fit neither x[L] nor gi, and the
         forward's (1 word when all fit, or nothing is split)."""
         in_x = self.split_in_x and not self.overlap_dw_hh
-        layers = 0 if self.split_w == 1 or in_x else self.split_w * 3 * self.H * self.H
+        layers = 0 if in_x else self.layer_split_words()
         head = 0 if self.split_head == 1 or self.split_in_gi else self.split_head * self.V * self.H
         proj = 0 if self.split_proj == 1 else self.split_proj * self.R * 3 * self.H
         logits = 0 if self.split_logits == 1 else self.split_logits * self.R * self.V
