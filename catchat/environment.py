@@ -60,8 +60,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                         "cores from float16 splits of W_hh and h_prev (x = hi + 2^-11 lo)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
-    "CATCHAT_STREAM_WIDE": (MEASURE, "1: the streamed fp16 forward on 8 k-groups, a thread per two gate outputs "
-                                     "(its k-groups fold in 2 rounds, not 4)"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and a training step's backward as wavefronts over the layers, "
                                    "in N chunks (1: layer by layer; unset: each direction in 4 where two of its "
                                    "sweeps fit the GPU at once, else layer by layer)"),

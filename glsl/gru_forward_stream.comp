@@ -45,10 +45,6 @@
 // cores' truncation, against float16's ~1,000x). Two accumulator sets a lane fragment leave no
 // registers for 512 threads: the workgroup keeps 8 subgroups (k-groups) at LF 2, each multiplying both
 // lane fragments, and each thread takes OUTS = LF gate outputs (lanes bl and bl + 16).
-// WIDE (not with F32; opt-in, to measure: CATCHAT_STREAM_WIDE): the same 8 k-groups and OUTS = LF as
-// SPLIT, on the plain float16 product: each subgroup KPG twice as deep for both lane fragments, so the
-// k-groups fold into red's slots in 2 rounds (2 barriers) instead of 4, with half the subgroups; where
-// W_hh fits the registers (v3) every k-group's fragments stay resident (RES = KPG).
 // F32: the same sweep in float32 on the threads' FMAs, for users who train at fp32 (v5's W_hh is 50
 // MB per layer as float32): W_hh read as vec4 along k straight from params (binding 11, w_off in
 // floats, a multiple of 4), h_prev from a float32 shadow `h4` (include/sweep_simt.glsl's layout);
@@ -98,7 +94,7 @@
 #endif
 #include "common.glsl"
 
-#if defined(SPLIT) || defined(WIDE)
+#ifdef SPLIT
 const uint OUTS = LF;       // gate outputs a thread: 256 threads at any LF (two accumulator sets a lane fragment)
 #else
 const uint OUTS = 1u;

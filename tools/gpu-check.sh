@@ -262,17 +262,10 @@ s32 v3-mixed catchat-v3 CATCHAT_SWEEP_COOP=mixed
 for n in 2 8; do s32 "speedrun-wave$n" speedrun CATCHAT_WAVEFRONT=$n; s32 "v3-wave$n" catchat-v3 CATCHAT_WAVEFRONT=$n; done
 part phases-v3-fp16-mixed env CATCHAT_SWEEP_COOP=mixed $py tools/sweep_phases.py configs/catchat-v3.toml \
     --set train.precision=fp16
-# the streamed fp16 forward on 8 k-groups, a thread per two gate outputs (CATCHAT_STREAM_WIDE=1: its k-groups fold in
-# 2 rounds, not 4): its sweep parity ("gru_forward_streamwide" rows) and model parity, its phases, then v3, the
-# speedrun and v5 with it beside the defaults (bench-v3-default, bench-speedrun-default, prof-v5-fp16)
-part parity-streamwide env CATCHAT_STREAM_WIDE=1 $py -m catchat.cli parity --only gru --only model --summary \
-    --json "$out/parity-streamwide.json"
-part phases-v3-fp16-wide env CATCHAT_STREAM_WIDE=1 $py tools/sweep_phases.py configs/catchat-v3.toml \
-    --set train.precision=fp16
-s32 v3-wide catchat-v3 CATCHAT_STREAM_WIDE=1
-s32 speedrun-wide speedrun CATCHAT_STREAM_WIDE=1
-part prof-v5-fp16-wide env CATCHAT_STREAM_WIDE=1 $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 \
-    --precision fp16 --profile --json "$out/prof-v5-fp16-wide.json"
+# dW_hh's n third at fp16 split over K on its own (Geometry.split_wn; v5: 2, where unsplit it ran on the small tile):
+# one training step's gradients at v5's shape against the same step with it unsplit, then v5's profile (to set
+# beside the same part on the code before)
+part check-dw-split $py tools/dw_split_check.py configs/catchat-v5.toml
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \

@@ -30,7 +30,7 @@ from catchat.vk.kernels.gru import (
     sweep_bias_sums,
     w16_blocked,
 )
-from catchat.vk.kernels.gru.stream import SPLIT_SCALE, WIDE_ENV
+from catchat.vk.kernels.gru.stream import SPLIT_SCALE
 from catchat.vk.program.wavefront import chunk_bounds
 from catchat.vk.switches import env_override
 
@@ -302,9 +302,7 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES]
     if dev.runs_float16:  # -1: one workgroup per SM; stream16: with float16 saves (the program's at fp16)
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
-        # streamwide: the forward on 8 k-groups, two gate outputs a thread (CATCHAT_STREAM_WIDE, to measure)
-        runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream
-                 for v in ("stream", "stream16", "streamwide")]
+        runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
     if dev.runs_float16:
@@ -320,10 +318,9 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        streamed = variant in ("stream", "stream16", "streamwide", "ksplit", "ksplit16")
+        streamed = variant in ("stream", "stream16", "ksplit", "ksplit16")
         coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "ksplit16")
-        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"), \
-                env_override(WIDE_ENV, "1" if variant == "streamwide" else "0"):
+        with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
                               stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves,
@@ -348,8 +345,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
         if variant == "split32":  # the float32 forward would pass the rest
             out.append(compare(f"{fwd}.ran_split", shape, [got["tiles"][0].split], [True], 0.0, 0.0))
-        if variant == "streamwide":  # the plain forward, had CATCHAT_STREAM_WIDE been ignored, would pass the rest
-            out.append(compare(f"{fwd}.ran_wide", shape, [got["tiles"][0].wide], [True], 0.0, 0.0))
         if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
             out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
         if n_wg:

@@ -105,13 +105,6 @@ SPLIT_ENV = "CATCHAT_STREAM32_SPLIT"
 # (2026-12-06, one call) that took the forward sweep from 43.5 ms a layer (a workgroup a lane group of
 # 16, W_hh loaded twice) to 25.8, the step from 454 to 403 ms.
 SPLIT_SCALE = 2048.0  # x = hi + lo / SPLIT_SCALE (glsl/include/split_half.glsl's)
-# The float16 forward on 8 k-groups at any lane fragments, each thread two gate outputs at two lane fragments
-# (the shader's WIDE, the split forward's shape on the plain product): its k-groups fold in 2 rounds of
-# barriers instead of 4. The phase clocks of v3's streamed forward (H100, 2026-12-06,
-# docs/results/2026-12-06-h100-catchat-v3-fp16-phases-stream32.txt) put the product and its folds at 4,651
-# of a step's 10,840 cycles. Opt-in until measured: CATCHAT_STREAM_WIDE=1.
-WIDE_ENV = "CATCHAT_STREAM_WIDE"
-WIDE_RESIDENT = 4  # k-fragments of a wide k-group kept in registers: all of v3's (4 x 3 fragments, 48 registers)
 # How the float16 sweeps read W_hh's copy (the shaders' W16_CACHE, to measure): unset, as a readonly
 # buffer; "restrict", readonly restrict (the driver may take the read-only cached path); "l2", coherent
 # (bypassing L1: whether W_hh's slice, 144-196 KB a workgroup, is now served from L1 between steps).
@@ -145,8 +138,7 @@ class StreamTiles(NamedTuple):
     memory but the staged k-part of dGh. With `f32` as well, the same split in float32: `depth` is the
     ring of W_hh chunks (8 rows x 16 columns), and the k-part is staged in `ksplit32_passes` passes beside
     each subgroup's chunk. `split` (forward; 8 k-groups, 256 threads at any lane_frags): the product in float32 from
-    float16 hi and lo parts of W_hh and h_prev (`SPLIT_ENV`); the shadow twice as large. `wide` (float16
-    forward): the same 8 k-groups and 256 threads on the plain product (`WIDE_ENV`)."""
+    float16 hi and lo parts of W_hh and h_prev (`SPLIT_ENV`); the shadow twice as large."""
 
     lane_frags: int
     k_per_group: int
@@ -158,7 +150,6 @@ class StreamTiles(NamedTuple):
     lane_groups: int = 1
     ksplit: bool = False
     split: bool = False
-    wide: bool = False
 
 
 def stream_ok(B: int, H: int) -> bool:
@@ -205,11 +196,6 @@ def ksplit32_passes(tiles: StreamTiles) -> int:
                 if chunks % n == 0 and ksplit32_stage_bytes(tiles) // n <= KSPLIT32_STAGE_BYTES or n == chunks)
 
 
-def stream_wide() -> bool:
-    """Whether the float16 forward runs on 8 k-groups at any lane fragments (WIDE_ENV; off)."""
-    return env_switch(WIDE_ENV, "set 1 (8 k-groups, a thread per two gate outputs) or 0, or unset it", False)
-
-
 def stream_split() -> bool:
     """Whether a float32 program's forward may run on tensor cores from float16 splits (SPLIT_ENV; on)."""
     return env_switch(SPLIT_ENV, "set 0 (the float32 forward on the FMAs) or 1, or unset it for the default", True)
@@ -231,10 +217,6 @@ def stream_tiles(B: int, H: int, backward: bool, f32: bool = False, ksplit: bool
         kpg = ceil_div(H // 16, STREAM_KGROUPS)  # 8 k-groups at any lane_frags (`stream_threads`)
         depth = stream_depth((SPLIT_DEPTH, STREAM_DEPTH[1]))[0]
         return StreamTiles(lane_frags, kpg, min(kpg, depth), flags=stream_flags(), lane_groups=groups, split=True)
-    if not (backward or f32) and stream_wide():
-        kpg = ceil_div(H // 16, STREAM_KGROUPS)
-        return StreamTiles(lane_frags, kpg, min(kpg, stream_depth()[0]), min(kpg, WIDE_RESIDENT),
-                           flags=stream_flags(), lane_groups=groups, wide=True)
     if backward and (stream_ksplit(f32) if ksplit is None else ksplit) and ksplit_ok(B, H):
         kpw = 3 * H // 16 // ksplit_parts(lane_frags)
         if f32:  # the ring of W_hh chunks (2 row quads each) ahead
@@ -282,8 +264,8 @@ def _env_pair(name: str, default: tuple[int, int], least: int) -> tuple[int, int
 def stream_threads(tiles: StreamTiles) -> int:
     """256 per lane fragment: 8 subgroups of 32 (k-groups), one thread per output of the slice; the split
     forward 256 at any lane_frags (each thread lane_frags outputs: its two accumulator sets a lane fragment
-    leave no room for more threads), and the wide forward likewise."""
-    return 256 if tiles.split or tiles.wide else 256 * tiles.lane_frags
+    leave no room for more threads)."""
+    return 256 if tiles.split else 256 * tiles.lane_frags
 
 
 def stream_shared_bytes(tiles: StreamTiles, backward: bool) -> int:
@@ -370,7 +352,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
         return {"LF": tiles.lane_frags, "KPW": tiles.k_per_group, "PD": tiles.depth,
                 **({"RES": tiles.resident} if tiles.resident else {}),
                 **({"BLOCKED_W": 1} if w16_blocked() else {}), **w16_cache(), **({"EMU": 1} if emulate else {})}
-    k_groups = STREAM_KGROUPS * (1 if tiles.split or tiles.wide else tiles.lane_frags)
+    k_groups = STREAM_KGROUPS * (1 if tiles.split else tiles.lane_frags)
     full = k_groups * tiles.k_per_group * 16 == (3 * H if backward else H)
     flags = {**({"KFLAGS": 1} if tiles.flags else {}), **({"LG": tiles.lane_groups} if tiles.lane_groups > 1 else {})}
     if tiles.f32:
@@ -378,7 +360,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
                 **({"FULL": "true"} if full else {}), **(_subgroup_stages(subgroup) if backward else {})}
     probe = _probe()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
-            **({"SPLIT": 1} if tiles.split else {}), **({"WIDE": 1} if tiles.wide else {}),
+            **({"SPLIT": 1} if tiles.split else {}),
             **({"RES": tiles.resident} if tiles.resident else {}),
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
