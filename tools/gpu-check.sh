@@ -266,6 +266,9 @@ part phases-v3-fp16-mixed env CATCHAT_SWEEP_COOP=mixed $py tools/sweep_phases.py
 # one training step's gradients at v5's shape against the same step with it unsplit, then v5's profile (to set
 # beside the same part on the code before)
 part check-dw-split $py tools/dw_split_check.py configs/catchat-v5.toml
+# the fixed price of a dependent dispatch with no work (a decode step at one stream is five of them): whether a
+# persistent decoder, one dispatch a chunk with grid barriers between a step's stages, would pay
+part dispatch-chain $py tools/dispatch_chain.py --json "$out/dispatch-chain.json"
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \
