@@ -104,6 +104,7 @@ def test_catchat_bench_prints_every_figure_and_writes_json(cli, tmp_path, monkey
     assert res["torch_status"] == "torch is not importable (test)" and "torch" not in res
     assert res["env"]["CATCHAT_TUNE"] == "0"  # the switches the run was made under (conftest sets this one)
     assert "set here: CATCHAT_TUNE=0" in text
+    assert res["gemm_products"] == "fp32" and "precision=fp32 on " in text  # lavapipe: no tensor cores
 
 
 def test_catchat_bench_precision(cli):

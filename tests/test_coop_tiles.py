@@ -90,6 +90,7 @@ def test_split_gemm_tiles(no_newer_glslc, monkeypatch):
     assert gemm.split_tiles(dev, 256, 256) == gemm.SPLIT_SMALL_TILE
     assert all(t.stages == 1 for t in gemm.split_candidates(dev)) and gemm.SPLIT_TILE in gemm.split_candidates(dev)
     assert gemm.split_gemm(dev, 32768, 6144, 2048) and not gemm.split_gemm(dev, 64, 6144, 2048)
-    assert gemm.products(dev, "fp32") == "fp32 (large GEMMs on tensor cores from float16 splits)"
+    assert gemm.products(dev, "fp32") == "fp32 (large GEMMs on tensor cores from float16 splits, " \
+        "VK_NV_cooperative_matrix)"
     monkeypatch.setenv(gemm.ENV_GEMM32_SPLIT, "0")
     assert not gemm.split_gemm(dev, 32768, 6144, 2048) and gemm.products(dev, "fp32") == "fp32"

@@ -13,6 +13,9 @@ tar xzf "$deps/kp-0.9.0.tar.gz.orig" -C "$work"
 for p in tools/kp-patches/*.patch; do patch -s -p1 -d "$work/kp-0.9.0" < "$p"; done
 tar czf "$deps/kp-0.9.0.tar.gz" -C "$work" kp-0.9.0
 echo "patched $deps/kp-0.9.0.tar.gz with $(ls tools/kp-patches/*.patch | wc -l) patches"
-# the newer glslc for glsl/gemm_coopmat2.comp (self-contained: runs on the GPU machine as it is);
-# a run there points catchat at it with CATCHAT_GLSLC_NEWER=$PWD/.device-deps/glslc-newer/glslc
+# the newer glslc (self-contained: runs on the GPU machine as it is), which compiles the KHR cooperative-matrix
+# GEMM that `make setup` gives users: setup.sh points catchat at it, so no device call measures the slower NV
+# extension by forgetting CATCHAT_GLSLC_NEWER (the 2026-12-06 H200 calls without it: v5's GEMMs 45.2 ms, 39.1 with)
 bash tools/fetch-newer-glslc.sh "$deps/glslc-newer"
+line='export CATCHAT_GLSLC_NEWER="${CATCHAT_GLSLC_NEWER:-$here/glslc-newer/glslc}"  # tools/patch-device-deps.sh'
+grep -qF "$line" "$deps/setup.sh" || printf '%s\n' "$line" >> "$deps/setup.sh"

@@ -59,6 +59,7 @@ def run_command(config_path, overrides, *, steps: int, warmup: int, tf: float, c
                f"optimizer={cfg.train.optimizer} precision={precision} on {dev.info.name} "
                f"({dev.info.type}, {dev.info.driver})"))
     res = {"config": str(config_path), "device": dev.info.name, "driver": dev.info.driver,
+           "gemm_products": precision,  # how the GEMMs multiplied, the extension named
            "env": environment.settings()}  # the switches that made this run differ from the defaults
     if res["env"]:
         say(escape(f"set here: {environment.settings_text()} (docs/environment.md)"))

@@ -246,13 +246,22 @@ def newer_glslc_present() -> bool:
 
 
 def products(dev: Device, precision: str) -> str:
-    """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers."""
+    """How a program's GEMMs multiply at `precision` on dev, for logs and bench headers: with the
+    extension the tensor-core GEMM runs on, since it moves the GEMMs' time by ~20% (`coop_api`)."""
     if precision != "fp16":
         split = split_gemm(dev, *SPLIT_MIN_SHAPE)  # whether the rule splits any GEMM here
-        return f"{precision} (large GEMMs on tensor cores from float16 splits)" if split else precision
-    if coopmat_runs(dev) or coopmat2_runs(dev):
-        return "fp16 on tensor cores"
+        return (f"{precision} (large GEMMs on tensor cores from float16 splits, {coop_extension(dev)})" if split
+                else precision)
+    if coopmat2_first(dev):
+        return "fp16 on tensor cores (VK_NV_cooperative_matrix2, workgroup scope)"
+    if coopmat_runs(dev):
+        return f"fp16 on tensor cores ({coop_extension(dev)})"
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
+
+
+def coop_extension(dev: Device) -> str:
+    """The extension of the subgroup-fragment GEMM on dev, by name (`coop_api`)."""
+    return "VK_KHR_cooperative_matrix" if coop_api(dev) == "khr" else "VK_NV_cooperative_matrix"
 
 
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
