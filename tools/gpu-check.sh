@@ -269,6 +269,13 @@ part check-dw-split $py tools/dw_split_check.py configs/catchat-v5.toml
 # the fixed price of a dependent dispatch with no work (a decode step at one stream is five of them): whether a
 # persistent decoder, one dispatch a chunk with grid barriers between a step's stages, would pay
 part dispatch-chain $py tools/dispatch_chain.py --json "$out/dispatch-chain.json"
+# v3 at fp32 with both directions streamed (the forward's product on tensor cores from float16 splits, 64 workgroups
+# a sweep at 64 lanes) as wavefronts of 4 chunks, against prof-v3-fp32 (register-resident sweeps on 128 workgroups,
+# one at a time): whether two layers' sweeps at once pay at fp32 as they did at fp16 (issue 35's fp32 target)
+part parity-fp32-stream32-wave4 env CATCHAT_SWEEP_STREAM32=1 CATCHAT_WAVEFRONT=4 $py -m catchat.cli parity --only model \
+    --summary --json "$out/parity-fp32-stream32-wave4.json"
+part bench-v3-fp32-stream32-wave4 env CATCHAT_SWEEP_STREAM32=1 CATCHAT_WAVEFRONT=4 $py -m catchat.cli bench \
+    configs/catchat-v3.toml --steps 3 --warmup 1 --profile --json "$out/bench-v3-fp32-stream32-wave4.json"
 # layer l's dW_hh beside layer l-1's backward sweep (Geometry.overlap_dw_hh, CATCHAT_OVERLAP_DW=1, where the saves
 # are float32): v3 at fp16 and fp32 and v5 at fp32 with it and without it, one process each
 ov() { part "bench-$1-$2" env "${@:4}" $py -m catchat.cli bench "configs/catchat-$1.toml" --steps "$3" --warmup 1 \
