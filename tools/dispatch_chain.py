@@ -36,17 +36,6 @@ def counts(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def timestamp_us(dev, ops) -> float:
-    """Median GPU microseconds between consecutive dispatches of one run of the chain."""
-    seq = dev.sequence(timestamps=len(ops) + 1)
-    for op in ops:
-        seq.record(op)
-    seq.eval()  # the pipelines warm
-    seq.eval()
-    ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)]
-    return float(np.median(ticks)) * dev.info.timestamp_period_ns / 1e3
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--counts", type=counts, default=counts("1,8,64,256"), help="chain lengths N")
@@ -64,7 +53,7 @@ def main() -> int:
     for n in args.counts:
         ops = [axpby(1.0, 0.0) for _ in range(n)]
         wall_ms = timed_sequence(dev, ops, args.reps) * 1e3
-        ts_us = timestamp_us(dev, ops) if n > 1 else float("nan")
+        ts_us = float(np.median(dev.op_times_us(ops, runs=2))) if n > 1 else float("nan")
         rows.append({"n": n, "wall_ms": wall_ms, "timestamp_us": ts_us})
         print(f"{n:>5} {wall_ms:>9.3f} {ts_us:>26.2f}")
     ns = np.array([r["n"] for r in rows], np.float64)

@@ -201,6 +201,17 @@ class Device:
             seq.record(self.kp.OpTensorSyncLocal(list(download)))
         return seq
 
+    def op_times_us(self, ops, runs: int = 1) -> np.ndarray:
+        """Device microseconds of each op of one recorded sequence, from GPU timestamps between them (each
+        includes its wait for the op before), on the last of `runs` runs (the ones before warm the pipelines)."""
+        seq = self.sequence(timestamps=len(ops) + 1)
+        for op in ops:
+            seq.record(op)
+        for _ in range(max(1, runs)):
+            seq.eval()
+        ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)]
+        return ticks * (self.info.timestamp_period_ns / 1e3)
+
     def run(self, call, what: str) -> None:
         """call(): a submit, wait or eval of recorded work, with kp's RuntimeError (a failed submit or
         wait: VK_ERROR_DEVICE_LOST...) turned into DeviceLost naming `what` was running."""

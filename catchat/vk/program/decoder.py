@@ -353,15 +353,10 @@ class Decoder:
         host_view(self.cfg)[:] = cfg
         host_view(self.ctl)[:] = 0
         self.dev.upload([self.cfg, self.ctl])
-        seq = self.dev.sequence(timestamps=len(ops) + 1)
-        for op in ops:
-            seq.record(op)
-        seq.eval()
-        ticks = np.diff(np.asarray(seq.get_timestamps(), np.float64))[: len(ops)].reshape(n_steps, -1)
-        period_us = self.dev.info.timestamp_period_ns / 1e3
+        us = self.dev.op_times_us(ops).reshape(n_steps, -1)
         names = list(dict.fromkeys(name for name, _ in named))
         per_step = owner.reshape(n_steps, -1)[0]
-        return {n: float(np.median(ticks[:, per_step == n].sum(axis=1))) * period_us for n in names}
+        return {n: float(np.median(us[:, per_step == n].sum(axis=1))) for n in names}
 
     def last_logits(self) -> np.ndarray:
         """The logits [B, V] each stream's last choice was made from (downloaded by every chunk)."""

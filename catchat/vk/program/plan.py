@@ -81,6 +81,12 @@ EVERY = (EVAL, STEPWISE, TRAIN)  # the forward pass's buffers: every program rea
 TRAINING = (TRAIN,)
 
 
+def saves_half(products: str | None) -> bool:
+    """Whether a program of this sweep design keeps float16 saves and dGh's n third apart in dgh_n: where
+    the streamed fp16 sweeps run with float16 saves ("stream"; "stream32" keeps float32 ones)."""
+    return products == "stream"
+
+
 @dataclass(frozen=True)
 class Geometry:
     """The sizes a Program's buffers are made of: window T, lanes B, model sizes, the flat
@@ -114,7 +120,7 @@ class Geometry:
         products = None if dev is None else program_products(dev, B, H, s.layers, precision, training)
         return cls(T, B, H, s.layers, V, layout.total,
                    split_w=gemm_split_k(dev, 3 * H, H, R) if gpu else 1,
-                   split_wn=gemm_split_k(dev, H, H, R) if gpu and products == "stream" else 1,
+                   split_wn=gemm_split_k(dev, H, H, R) if gpu and saves_half(products) else 1,
                    split_head=gemm_split_k(dev, V, H, R) if gpu else 1,
                    colsum=colsum_splits(dev, R, 3 * H) if gpu else 1,
                    split_proj=short_split_k(dev, R, 3 * H, H) if dev is not None else 1,
@@ -123,8 +129,8 @@ class Geometry:
 
     @property
     def save16(self) -> bool:
-        """The saves as float16 and dGh's n third in dgh_n: where the streamed fp16 sweeps run."""
-        return self.products == "stream"
+        """The saves as float16 and dGh's n third in dgh_n (`saves_half`)."""
+        return saves_half(self.products)
 
     @property
     def R(self) -> int:
