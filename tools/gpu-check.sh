@@ -458,6 +458,10 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
+    # the batched forward at T = 1 at fp16 (tensor-core GEMMs split over K, streamed sweeps) against the
+    # tensor-core step, at the batches where the coop step is bound by each subgroup's W loads (v5 at 64)
+    part "gen-fp16-batched-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 8,32,64 \
+        --steps 1024 --precision fp16 --decode coop,batched --compare-torch --json "$out/gen-fp16-batched-$c.json"
     # the fused step on float32 weights against float16 ones (fused16: --precision fp16's step for one stream where H >= 1024)
     # beside PyTorch's float16 model and CUDA graph
     part "gen-fused16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,4 --steps 1024 \
