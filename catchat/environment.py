@@ -68,7 +68,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_COOP_API": (MEASURE, "nv: the tensor-core GEMM on VK_NV_cooperative_matrix instead of the KHR one"),
     "CATCHAT_COOPMAT2": (MEASURE, "1: the workgroup-scope GEMM (VK_NV_cooperative_matrix2) first where it runs, "
                                   "and its parity cases; 0: never"),
-    "CATCHAT_DECODE": (MEASURE, "generation's step: fused, fused16, batched, coop (tensor cores) or auto"),
+    "CATCHAT_DECODE": (MEASURE, "generation's step: fused, fused16, batched, coop (tensor cores), persistent, "
+                                 "persistent16 (a chunk in one dispatch) or auto"),
     "CATCHAT_DECODE_TILE": (MEASURE, "the fused decode step's stream tile: 1, 2, 4, 8, 16 or 32"),
     "CATCHAT_DECODE_COOP_STREAMS": (MEASURE, "the tensor-core decode step's streams per workgroup: 16, 32 or 64"),
     "CATCHAT_DECODE_COOP_SUBGROUPS": (MEASURE, "the tensor-core decode step's subgroups per workgroup at most: 8 or "

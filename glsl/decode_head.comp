@@ -29,36 +29,6 @@ layout(push_constant) uniform Push {
     uint kp;              // parts: KP * KR >= H / W
 } pc;
 
-shared VT ys[SB * KR];  // ys[s * KR + i] = y[b0 + s, k0 + i] (0 past B, H)
+#include "decode_head_body.glsl"
 
-void main() {
-    const uint HW = H / W;
-    uint tid = gl_LocalInvocationIndex, p = gl_WorkGroupID.x % pc.kp, b0 = (gl_WorkGroupID.x / pc.kp) * SB;
-    uint k0 = p * KR, y0 = (pc.L - 1u) * B * HW, v = tid;
-    // this thread's row part of W_head g, loaded before the staging so both wait on memory at once
-    VT wk[KR];
-    uint wrow = pc.w_head / W + v * HW, g0 = pc.g_last / W;
-    [[unroll]] for (uint i = 0u; i < KR; ++i)
-        wk[i] = (v < pc.V && k0 + i < HW) ? params[wrow + k0 + i] * params[g0 + k0 + i] : VT(0.0);
-    for (uint e = tid; e < SB * KR; e += gl_WorkGroupSize.x) {
-        uint s = e / KR, k = k0 + e % KR;
-        ys[e] = (b0 + s < B && k < HW) ? ysum[y0 + (b0 + s) * HW + k] : VT(0.0);
-    }
-    barrier();
-    if (tid < SB && b0 + tid < B) {  // this part's sum of squares of stream b0 + tid, in k order
-        float ss = 0.0;
-        [[unroll]] for (uint i = 0u; i < KR; ++i) ss += DOT(ys[tid * KR + i], ys[tid * KR + i]);
-        parts[pc.kp * B * pc.V + p * B + b0 + tid] = ss;
-    }
-    if (v >= pc.V) return;
-    float acc[SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] = 0.0;
-    [[unroll]] for (uint i = 0u; i < KR; ++i) {
-        if (k0 + i < HW) {  // the last part's tail
-            [[unroll]] for (uint s = 0u; s < SB; ++s) acc[s] += DOT(wk[i], ys[s * KR + i]);
-        }
-    }
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        if (b0 + s < B) parts[(p * B + b0 + s) * pc.V + v] = acc[s];
-    }
-}
+void main() { decode_head_wg(gl_WorkGroupID.x); }

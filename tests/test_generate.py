@@ -28,11 +28,12 @@ def run_dir(dev, tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("gen"), dev)
 
 
-@pytest.fixture(params=["fused", "fused16", "batched", "coop"])
+@pytest.fixture(params=["fused", "fused16", "batched", "coop", "persistent"])
 def decode_step(request, monkeypatch):
     """Each generator test on every decode step (catchat/vk/program/decoder.py): the fused layer
-    kernels, on float32 and on float16 weights, the batched forward at T = 1, and the layers on tensor
-    cores (emulated fragments here)."""
+    kernels, on float32 and on float16 weights, the batched forward at T = 1, the layers on tensor
+    cores (emulated fragments here), and a chunk in one dispatch (persistent16 is fused16's kernels the
+    same way: test_persistent_steps_make_the_fused_steps_bits)."""
     monkeypatch.setenv("CATCHAT_DECODE", request.param)
     return request.param
 
@@ -266,6 +267,47 @@ def test_batched_step_reports_a_lost_persistent_sweep(dev, run_dir, monkeypatch)
         gen.generate(prompt_ids("BOB: "), 20, Sampling(), seed=1)
 
 
+@pytest.mark.parametrize("kind", ["persistent", "persistent16"])
+def test_persistent_steps_make_the_fused_steps_bits(dev, run_dir, monkeypatch, kind):
+    """A chunk in one dispatch runs the fused step's kernels' bodies (glsl/include/decode_*_body.glsl), so
+    the same bits: 5 streams from a prompt with a <bos> mid-way, some stopping at a stop token, one at
+    its length, two chunk lengths (a call's short first chunk, then whole ones): the same tokens, and the
+    last logits and the state left behind equal bit for bit; its profile is the step as a whole."""
+    ckpt = ck.load_checkpoint(run_dir)
+    prompt = np.concatenate([prompt_ids("ALICE: Where"), prompt_ids("BOB: The")])
+    got = {}
+    for k in (kind.replace("persistent", "fused"), kind):
+        monkeypatch.setenv("CATCHAT_DECODE", k)
+        gen = Generator.from_checkpoint(dev, ckpt, streams=5, prefill=4, chunk=6)
+        outs = gen.generate(prompt, 40, Sampling(temperature=1.5), seed=3, stop_at=(vocab.TURN,))
+        got[k] = outs, gen.logits.copy(), gen.prog.read("h0")[0].copy(), gen
+    (a, la, ha, _), (b, lb, hb, gen) = got.values()
+    assert a == b
+    assert len({len(o) for o in a}) > 1 and min(len(o) for o in a) < 40  # streams stopped at different steps
+    np.testing.assert_array_equal(lb, la)
+    np.testing.assert_array_equal(hb, ha)
+    assert gen._decoder.kind == kind and gen.layer_shape()["grid"] == 1  # lavapipe: one workgroup does it all
+    profile = gen.profile(4)
+    assert list(profile) == ["step"] and profile["step"] > 0
+
+
+def test_persistent_step_reports_a_lost_barrier(dev, run_dir, monkeypatch):
+    """A chunk whose grid barrier gave up (its stats word, as the GPU would count it) stops generation
+    with DeviceLost naming the remedy, not with garbage tokens."""
+    from catchat.errors import DeviceLost
+    from catchat.vk import slots
+    from catchat.vk.device import host_view
+
+    monkeypatch.setenv("CATCHAT_DECODE", "persistent")
+    gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir), streams=2, chunk=4)
+    stats = gen._decoder_for(1).step.chunks[0].stats
+    host_view(stats)[slots.ST_SYNC_TIMEOUTS] = 1
+    dev.upload([stats])
+    with pytest.raises(DeviceLost, match="lost its workgroups") as err:
+        gen.generate(prompt_ids("BOB: "), 20, Sampling(), seed=1)
+    assert "CATCHAT_DECODE=fused" in err.value.hint
+
+
 def test_decode_step_must_be_named(dev, run_dir, monkeypatch):
     monkeypatch.setenv("CATCHAT_DECODE", "fast")
     gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir))
@@ -435,3 +477,26 @@ def test_coop_step_needs_float16(dev, run_dir, monkeypatch):
     gen = Generator.from_checkpoint(dev, ck.load_checkpoint(run_dir))
     with pytest.raises(UsageError, match="float16 arithmetic"):
         gen.generate(prompt_ids("BOB: "), 5, Sampling(), seed=1)
+
+
+def test_persistent_grid_is_balanced_and_only_where_shown_resident():
+    """The chunk's dispatch takes at most one workgroup per SM, the fewest that give its largest stage
+    as many workgroups each, and only where all are shown co-resident (else one, which needs no other)."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from catchat.vk.kernels.decode_persistent import persistent_grid, persistent_threads
+    from catchat.vk.probe import DeviceInfo
+
+    h200 = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor="NVIDIA", driver="580",
+                      api_version="1.4", max_storage_buffer_bytes=1 << 32, max_shared_memory_bytes=49152,
+                      max_push_constant_bytes=256, max_workgroup_invocations=1024, subgroup_size=32,
+                      compute_units=132)
+    dev = SimpleNamespace(info=h200)
+    assert persistent_threads(dev, 101) == 128  # a token a thread, 4 subgroups: v3's 512 units on 128 workgroups
+    assert persistent_threads(dev, 40) == 64  # the choice's reductions want two subgroups
+    assert [persistent_grid(dev, 128, 2336, n) for n in (128, 512, 200, 133, 1)] == [128, 128, 100, 67, 1]
+    assert persistent_grid(dev, 128, 40_000, 512) == 128  # one per SM fits 40 KB of shared memory
+    assert persistent_grid(dev, 128, 60_000, 512) == 1  # more than an SM is shown to hold: not even one a SM
+    assert persistent_grid(SimpleNamespace(info=replace(h200, type="CPU")), 128, 2336, 512) == 1
+    assert persistent_grid(SimpleNamespace(info=replace(h200, compute_units=0)), 128, 2336, 512) == 1

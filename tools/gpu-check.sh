@@ -458,6 +458,10 @@ for c in v3 v5; do
     # PyTorch's model in float16 (its CUDA graph too): like against like
     part "gen-fp16-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,8,32,64 --steps 1024 \
         --precision fp16 --compare-torch --json "$out/gen-fp16-$c.json"
+    # a chunk of steps in one dispatch (the persistent steps: the fused kernels' stages with grid barriers)
+    # against the fused steps at the few streams they serve (catchat parity --only decode checks them first)
+    part "gen-persistent-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2 --steps 1024 \
+        --precision fp16 --decode fused,persistent,fused16,persistent16 --compare-torch --json "$out/gen-persistent-$c.json"
     # the batched forward at T = 1 at fp16 (tensor-core GEMMs split over K, streamed sweeps) against the
     # tensor-core step, at the batches where the coop step is bound by each subgroup's W loads (v5 at 64)
     part "gen-fp16-batched-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 8,32,64 \

@@ -234,11 +234,13 @@ class Generator:
 
     def layer_shape(self) -> dict | None:
         """How the decode step's layer kernel covers the streams (`DecodeShape`'s fields and workgroup
-        count), or None for the batched step: what a benchmark row measured."""
+        count; the persistent steps' grid), or None for the batched step: what a benchmark row measured."""
         layer = getattr(self._decoder_for(1).step, "layer", None)  # FusedStep's; BatchedStep has none
         if layer is None:
             return None
-        return {**dataclasses.asdict(layer.shape), "workgroups": layer.shape.workgroups(self.streams)}
+        grid = getattr(layer, "grid", None)  # the persistent steps' dispatch: its workgroups run every stage
+        return {**dataclasses.asdict(layer.shape), "workgroups": layer.shape.workgroups(self.streams),
+                **({"grid": grid} if grid is not None else {})}
 
     def feed(self, ids) -> np.ndarray:
         """Feed tokens [n, streams] (or [n]: the same for every stream) in order; return the last

@@ -102,6 +102,32 @@ def half_weights(dev: Device, layout: ParamLayout, params, block_cols: int = 0):
                  for name, l, ih in copies]
 
 
+def layer_args(layout: ParamLayout, layer: int, half: bool = False) -> tuple[int, ...]:
+    """A decode layer's offsets (glsl/include/decode_layer_body.glsl's DecodeLayerArgs after layer and
+    parity): W_ih (unread for layer 0) and W_hh, in params or (half) in the float16 copy's halves, b_ih,
+    b_hh, its input's (`layer_input_offset`) and its own norm weight, in params."""
+    o, s, p = layout.offsets, layout.spec, f"layers.{layer}."
+    if half:
+        w_ih, w_hh = (half_weight_offset(s.layers, s.hidden, layer, ih) for ih in (True, False))
+    else:
+        w_ih, w_hh = o[p + "gru.weight_ih"], o[p + "gru.weight_hh"]
+    return (w_ih, w_hh, o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], layer_input_offset(layout, layer),
+            o[p + "norm.weight"])
+
+
+def half_state(dev: Device, layout: ParamLayout, params, state, B: int):
+    """The float16 step's (decode_layer_body.glsl's HALF) buffers: the weights' float16 copy (`half_weights`),
+    the activations' shadows a16 (h16 of both parities, then y16: [3][L][B][H] halves), and the kernels a
+    call's start runs after taking the carry into state half 0 (the copy, then the state's shadow of
+    parity 0): (w16, a16, kernels)."""
+    from catchat.vk.kernels import ToHalf
+
+    w16, kernels = half_weights(dev, layout, params)
+    n = layout.spec.layers * int(B) * layout.spec.hidden
+    a16 = dev.tensor(ceil_div(3 * n, 2), np.uint32)
+    return w16, a16, kernels + [ToHalf(dev, state, a16, n)]
+
+
 class DecodeLayer(Kernel):
     """One layer's decode step for every stream: its input (the embedding, or RMSNorm of the layer
     below's x + h), both projections, the GRU cell, the state ping-pong, and this layer's x + h.
@@ -124,30 +150,15 @@ class DecodeLayer(Kernel):
         self.shape = sh = decode_shape(dev, self.H, self.B, subgroups=2 if self.B == 1 else 8)
         tensors, defines, self._start_kernels = [params, table0, state, ysum, token, ctl], sh.defines(self.H), []
         if self.half:
-            from catchat.vk.kernels import ToHalf
-
-            self.w16, self._start_kernels = half_weights(dev, layout, params)
-            n = self.L * self.B * self.H  # h16 of both parities, then y16: [3][L][B][H] halves
-            self.a16 = dev.tensor(ceil_div(3 * n, 2), np.uint32)
-            self._start_kernels.append(ToHalf(dev, state, self.a16, n))  # the state's shadow, parity 0
+            self.w16, self.a16, self._start_kernels = half_state(dev, layout, params, state, self.B)
             tensors, defines = tensors + [self.w16, self.a16], {**(defines or {}), "HALF": 1}
         super().__init__(dev, tensors, [sh.workgroups(self.B)], spec=sh.spec(self.H, self.B), push=self._push(0, 0),
                          defines=defines)
 
-    def _weight_offsets(self, layer: int) -> tuple[int, int]:
-        """Where `layer`'s W_ih (unread for layer 0) and W_hh start: in params, or (half) in w16's halves."""
-        o, p = self.layout.offsets, f"layers.{layer}."
-        if not self.half:
-            return o[p + "gru.weight_ih"], o[p + "gru.weight_hh"]
-        return tuple(half_weight_offset(self.L, self.H, layer, ih) for ih in (True, False))
-
     def _push(self, layer: int, parity: int) -> tuple:
-        o, s, p = self.layout.offsets, self.layout.spec, f"layers.{layer}."
-        g_prev = layer_input_offset(self.layout, layer)
-        w_ih, w_hh = self._weight_offsets(layer)
-        return (layer, parity, self.L, s.vocab_size, w_ih, w_hh,
-                o[p + "gru.bias_ih"], o[p + "gru.bias_hh"], g_prev, self.shape.row_wgs, vocab.BOS,
-                float(math.sqrt(self.H)), float(s.norm_eps), o[p + "norm.weight"])
+        w_ih, w_hh, b_ih, b_hh, g_prev, g_self = layer_args(self.layout, layer, self.half)
+        return (layer, parity, self.L, self.layout.spec.vocab_size, w_ih, w_hh, b_ih, b_hh, g_prev,
+                self.shape.row_wgs, vocab.BOS, float(math.sqrt(self.H)), float(self.layout.spec.norm_eps), g_self)
 
     def start_ops(self) -> list:
         """What a call's start records after taking the carry into state half 0: half, the float16
@@ -324,6 +335,17 @@ HEAD_PART_STEPS = 16
 HEAD_STREAMS = 16  # streams a workgroup (each thread's partial sums in registers)
 
 
+def head_parts(H: int, B: int) -> tuple[int, int, int]:
+    """How the decode head covers k (glsl/include/decode_head_body.glsl): (k steps a part: vec4 where the
+    rows are whole vec4s, else floats; parts; streams a workgroup)."""
+    k_steps = H // 4 if H % 4 == 0 else H
+    # spread over HEAD_PARTS at any batch: at one stream 8 parts of 16 vec4 (fewer for the choice to add)
+    # made v3's head 7.3 us a step against 5.4 with 32, the choice 5.6 against 6.4 (H100,
+    # 2026-12-06-h100-catchat-v3-gen-head-parts8-experiment.json)
+    k_per_part = min(HEAD_PART_STEPS, ceil_div(k_steps, min(HEAD_PARTS, k_steps)))
+    return k_per_part, ceil_div(k_steps, k_per_part), min(int(B), HEAD_STREAMS)
+
+
 class DecodeHead(Kernel):
     """The head for every stream in k parts (glsl/decode_head.comp): `parts` [kp, B, V] partial sums of
     W_head (g * y) and [kp, B] partial sums of y^2, y the last layer's x + h; the choice
@@ -334,13 +356,7 @@ class DecodeHead(Kernel):
     def __init__(self, dev: Device, layout: ParamLayout, params, ysum, *, B: int):
         s, o = layout.spec, layout.offsets
         self.B, self.V, self.H = int(B), s.vocab_size, s.hidden
-        k_steps = self.H // 4 if self.H % 4 == 0 else self.H  # vec4 where the rows are whole vec4s
-        self.streams = min(self.B, HEAD_STREAMS)
-        # spread over HEAD_PARTS at any batch: at one stream 8 parts of 16 vec4 (fewer for the choice to add)
-        # made v3's head 7.3 us a step against 5.4 with 32, the choice 5.6 against 6.4 (H100,
-        # 2026-12-06-h100-catchat-v3-gen-head-parts8-experiment.json)
-        self.k_per_part = min(HEAD_PART_STEPS, ceil_div(k_steps, min(HEAD_PARTS, k_steps)))
-        self.kp = ceil_div(k_steps, self.k_per_part)
+        self.k_per_part, self.kp, self.streams = head_parts(self.H, self.B)
         self.parts = dev.tensor(self.kp * self.B * (self.V + 1))
         sub = max(1, dev.info.subgroup_size)
         threads = ceil_div(self.V, sub) * sub

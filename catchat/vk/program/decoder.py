@@ -10,7 +10,7 @@ runs while the host reads the other's tokens. The host never sees logits inside 
 the chosen tokens (NONE where a stream emitted nothing: it was being fed known tokens, or had
 stopped).
 
-A step is one of four programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
+A step is one of six programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
 rule: at precision fp16 coop from 4 streams (2 above H = 1024) where the device has tensor cores and fused16 for one
 stream where H >= 1024; else from the H200's measurements, batched from 32 streams where H >= 1024,
 else fused):
@@ -30,6 +30,9 @@ else fused):
   the norms, the head; then DecodeCarry (glsl/decode_carry.comp: the new state and logits kept
   for the streams still live) and the choice, which writes the next step's resets beside its
   token. Each weight is read once per step for every stream: the throughput race, batch 64.
+- persistent, persistent16 (`PersistentStep`): fused's and fused16's kernels with a chunk of steps in
+  one dispatch (glsl/decode_persistent.comp: their bodies with a grid barrier between stages), the same
+  bits. Opt-in until a GPU has timed it against the L + 2 dispatches a step it replaces (batch 1).
 
     dec = Decoder(prog, chunk=64, history_cap=1024)
     for rows in dec.run(settings, forced, logits, steps):  # rows [k, B] uint32, k = 1 then K
@@ -55,6 +58,7 @@ from catchat.vk.kernels.decode import (
     DecodeSample,
     coop_decode_ok,
 )
+from catchat.vk.kernels.decode_persistent import DecodePersistent
 from catchat.vk.kernels.gemm_tiles import coopmat_runs
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
@@ -66,9 +70,10 @@ DEFAULT_CHUNK = 64  # tokens per submit on a GPU: the submit's cost (~0.5 ms on 
 # 64 steps of 0.22 ms, 15-25 ms to the first character of a call against a CUDA graph's 8.9).
 FIRST_CHOICES = 2
 CPU_CHUNK = 16  # on a CPU device a step costs ~0.5 ms: a shorter chunk keeps the first character quick
-DECODE_ENV = "CATCHAT_DECODE"  # "fused", "fused16", "batched", "coop", or unset / "auto": the decode step's program
-DECODE_KINDS = ("fused", "fused16", "batched", "coop")
-HALF_KINDS = ("fused16", "coop")  # the steps on float16 operands (float16 arithmetic and 16-bit storage)
+DECODE_ENV = "CATCHAT_DECODE"  # one of DECODE_KINDS, or unset / "auto": the decode step's program
+DECODE_KINDS = ("fused", "fused16", "batched", "coop", "persistent", "persistent16")
+HALF_KINDS = ("fused16", "coop", "persistent16")  # on float16 operands (float16 arithmetic and 16-bit storage)
+PERSISTENT_KINDS = ("persistent", "persistent16")  # a chunk in one dispatch: fused and fused16 with grid barriers
 # Where the batched step wins (H200, 2026-12-05, device us per step, docs/generation.md): v5 (H = 2048)
 # 858 against the fused step's 1,535 at 32 streams and 990 against 2,992 at 64, but 826 against 414 at
 # 8; v3 (H = 512) never (194 against 181 at 64). The fused kernel reads the weights once per tile of
@@ -228,6 +233,40 @@ class BatchedStep:
         self.one._check_sweeps(host_view(self.one.buffers.stats))
 
 
+class PersistentStep:
+    """A chunk of steps in one dispatch (DecodePersistent: the fused step's layers, head and choice with a
+    grid barrier between stages), on a state and x + h of its own as FusedStep's; kind "persistent16": on
+    float16 copies of the weights as fused16. One chunk kernel per output it chooses into."""
+
+    def __init__(self, prog, d, kind: str = "persistent"):
+        dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
+        n = s.layers * B * s.hidden
+        self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
+        self.token, self.resets, self.head_parts = dev.tensor(B, np.uint32), None, None
+        args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, d.ctl, d.logits, d.cfg,
+                d.forced, d.history)
+        first = DecodePersistent(*args, d.outs[1], B=B, history_cap=d.cap, half=kind == "persistent16")
+        self.chunks = [first, DecodePersistent(*args, d.outs[2], B=B, history_cap=d.cap, half=first.half,
+                                               shared=first.own)]
+        self.layer = first  # its layers' shape and grid (Generator.layer_shape)
+        self.upload, self.download = [], [first.stats]
+        self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
+
+    def start_ops(self) -> list:
+        return [self.from_carry(1.0, 0.0)] + self.chunks[0].start_ops()
+
+    def chunk(self, out: int, K: int):
+        """The dispatch of K steps choosing into outs[out] (1 or 2)."""
+        return self.chunks[out - 1].chunk(K)
+
+    def end_ops(self) -> list:
+        return [self.to_carry(1.0, 0.0)]
+
+    def check(self) -> None:
+        """A grid barrier that gave up made this chunk's tokens from garbage: say so."""
+        self.chunks[0].check()
+
+
 class Decoder:
     """The decode state and sequences for `prog`'s model and streams (prog: a forward-only Program)."""
 
@@ -250,22 +289,32 @@ class Decoder:
         self.forced = dev.tensor(self.forced_cap * B, u32)
         self.history = dev.tensor(self.cap * B, u32, kind="storage")
         self.outs = [dev.tensor(B, u32), dev.tensor(self.K * B, u32), dev.tensor(self.K * B, u32)]
-        self.step = step = (BatchedStep(prog, self.logits, self.ctl) if self.kind == "batched"
-                            else FusedStep(prog, self.ctl, kind=self.kind))
+        if self.kind == "batched":
+            self.step = step = BatchedStep(prog, self.logits, self.ctl)
+        elif self.kind in PERSISTENT_KINDS:
+            self.step = step = PersistentStep(prog, self, self.kind)
+        else:
+            self.step = step = FusedStep(prog, self.ctl, kind=self.kind)
         self.token = step.token
         # a call's first choice reads the logits given; a step's adds the fused head's parts into them first
+        # (the persistent steps choose inside their chunk's dispatch)
+        outs = self.outs[:1] if self.kind in PERSISTENT_KINDS else self.outs
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
                          B=B, history_cap=self.cap, resets=step.resets, head=None if i == 0 else step.head_parts)
-            for i, out in enumerate(self.outs)]
+            for i, out in enumerate(outs)]
         inputs = [self.cfg, self.forced, self.logits, self.ctl, self.token] + step.upload
         self.seq_start = sq.record_decode_start(dev, inputs, step.start_ops(), samplers[0], [self.outs[0]])
         self.seq_chunks = [self._record_chunk(1, self.K), self._record_chunk(2, self.K)]
         self.seq_first = {self.K: self.seq_chunks[0]}  # a call's first chunk by its steps (`first_chunk`)
 
     def _record_chunk(self, i: int, K: int):
-        """K steps choosing into rows 0 .. K-1 of outs[i] (with samplers[i])."""
-        return sq.record_decode_chunk(self.dev, lambda k: self._step_ops(self.samplers[i], k), K, self.step.end_ops(),
+        """K steps choosing into rows 0 .. K-1 of outs[i] (with samplers[i], or the persistent step's chunk)."""
+        if isinstance(self.step, PersistentStep):
+            ops = [self.step.chunk(i, K)]
+        else:
+            ops = [op for k in range(K) for op in self._step_ops(self.samplers[i], k)]
+        return sq.record_decode_chunk(self.dev, ops, K, self.step.end_ops(),
                                       [self.outs[i], self.logits] + self.step.download)
 
     def _chunk(self, c: int, k0: int):
@@ -343,20 +392,28 @@ class Decoder:
         current state, which they advance (GPU timestamps; each time includes the dispatch's wait for
         the one before it)."""
         n_steps = 2 * max(1, steps // 2)
+        if isinstance(self.step, PersistentStep):  # the stages are inside one dispatch: the step as a whole
+            self._profile_settings(3 * n_steps)
+            us = self.dev.op_times_us([self.step.chunk(1, n_steps)] * 3, runs=2)
+            return {"step": float(np.median(us)) / n_steps}
         named = [group for k in range(n_steps) for group in self._groups(self.samplers[1], k % self.K)]
         ops = [op for _, group in named for op in group]
         owner = np.array([name for name, group in named for _ in group])
-        cfg = np.zeros(slots.DC_WORDS, np.uint32)  # every stream live and sampling: what a call costs
-        cfg[slots.DC_LENGTH] = len(ops)
+        self._profile_settings(len(ops))
+        us = self.dev.op_times_us(ops).reshape(n_steps, -1)
+        names = list(dict.fromkeys(name for name, _ in named))
+        per_step = owner.reshape(n_steps, -1)[0]
+        return {n: float(np.median(us[:, per_step == n].sum(axis=1))) for n in names}
+
+    def _profile_settings(self, length: int) -> None:
+        """Every stream live and sampling (temperature 1) for `length` choices: what a call costs."""
+        cfg = np.zeros(slots.DC_WORDS, np.uint32)
+        cfg[slots.DC_LENGTH] = length
         cfg[slots.DC_INV_TEMP] = slots.f32_bits(1.0)
         cfg[slots.DC_TOP_P] = slots.f32_bits(1.0)
         host_view(self.cfg)[:] = cfg
         host_view(self.ctl)[:] = 0
         self.dev.upload([self.cfg, self.ctl])
-        us = self.dev.op_times_us(ops).reshape(n_steps, -1)
-        names = list(dict.fromkeys(name for name, _ in named))
-        per_step = owner.reshape(n_steps, -1)[0]
-        return {n: float(np.median(us[:, per_step == n].sum(axis=1))) for n in names}
 
     def last_logits(self) -> np.ndarray:
         """The logits [B, V] each stream's last choice was made from (downloaded by every chunk)."""

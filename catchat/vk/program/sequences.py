@@ -185,13 +185,12 @@ def record_apply(dev: Device, b: Buffers, f: ForwardKernels, k: BackwardKernels)
 
 
 # ----------------------------------------------------------------------------- decode
-def record_decode_chunk(dev: Device, step_ops, K: int, end_ops: list, download: list) -> Sequence:
-    """K decode steps (step_ops(k): step k's dispatches, the choice into row k of the chunk's output;
-    K even: a ping-pong state ends in half 0, where the next chunk starts), then end_ops (the state
-    copied to the Program's carry, so a batched prefill continues from it) and `download`."""
+def record_decode_chunk(dev: Device, ops: list, K: int, end_ops: list, download: list) -> Sequence:
+    """K decode steps (ops: their dispatches, step k's choice into row k of the chunk's output; K even:
+    a ping-pong state ends in half 0, where the next chunk starts), then end_ops (the state copied to
+    the Program's carry, so a batched prefill continues from it) and `download`."""
     if K < 2 or K % 2:
         raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
-    ops = [op for k in range(K) for op in step_ops(k)]
     return dev.recorded(ops + end_ops, [], download)
 
 

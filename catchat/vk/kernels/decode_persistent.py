@@ -1,0 +1,112 @@
+"""A chunk of decode steps in one dispatch (glsl/decode_persistent.comp): the fused step's L layers, head
+and choice (glsl/decode_layer.comp, decode_head.comp, decode_sample.comp; the same bodies, so the same
+bits) with a grid barrier between stages where the fused step has a dispatch boundary. At one stream
+each stage does little, so a step is the latency of L + 2 dependent dispatches; a barrier crossing
+costs less than a dispatch (docs/generation.md: v3 at one stream, 31.9 us a step over five dispatches on
+an H200).
+
+The grid is one workgroup per SM where every workgroup is shown co-resident (catchat/vk/occupancy.py),
+else one (a single workgroup needs no other to make progress: slow, never wrong); each runs its share of
+every stage's workgroups. A barrier that gives up counts stats[ST_SYNC_TIMEOUTS]; `check` turns that
+into an error after the chunk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from catchat.data import vocab
+from catchat.errors import DeviceLost
+from catchat.model import ParamLayout, head_name
+from catchat.vk import slots
+from catchat.vk.device import Device, host_view
+from catchat.vk.kernels import Kernel, ceil_div, device_sms
+from catchat.vk.kernels.decode import DecodeShape, half_state, head_parts, layer_args, stream_tile
+from catchat.vk.occupancy import co_residency
+
+LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
+
+
+def persistent_threads(dev: Device, V: int) -> int:
+    """Threads a workgroup: a token each in the head and the choice (>= V, at least two subgroups for the
+    choice's reductions), a whole number of subgroups (each a unit of a layer)."""
+    sub = max(1, dev.info.subgroup_size)
+    return ceil_div(max(int(V), 2 * sub), sub) * sub
+
+
+def persistent_grid(dev: Device, threads: int, shared_bytes: int, stage_workgroups: int) -> int:
+    """Workgroups of the chunk's dispatch: at most one per SM, the fewest that give the largest stage as
+    many workgroups each (v3: 128 for 128 layer workgroups; v5: 128 for 512), where they are shown
+    co-resident; else 1."""
+    sms = device_sms(dev)
+    n = ceil_div(stage_workgroups, ceil_div(stage_workgroups, sms)) if sms else 1  # balanced: as many each
+    return n if n > 1 and co_residency(dev.info, n, threads, shared_bytes).ok else 1
+
+
+class DecodePersistent(Kernel):
+    """`chunk(K)` dispatches K decode steps (choices into rows 0 .. K-1 of `out`) on FusedStep's buffers:
+    its ping-pong state, each layer's x + h, the next token; the choice's (logits, ctl, cfg, forced,
+    history); half (the "persistent16" step): the float16 weights and activation shadows that
+    `start_ops` makes, as the fused16 step's."""
+
+    shader = "decode_persistent"
+
+    def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, logits, cfg,
+                 forced, history, out, *, B: int, history_cap: int, half: bool = False, shared=None):
+        s, o = layout.spec, layout.offsets
+        self.B, self.H, self.L, self.V, self.half = int(B), s.hidden, s.layers, s.vocab_size, bool(half)
+        H, B = self.H, self.B
+        threads = persistent_threads(dev, self.V)
+        sub = max(1, dev.info.subgroup_size)
+        self.shape = sh = DecodeShape(stream_tile(B), threads, ceil_div(H, threads // sub))
+        k_per_part, kp, head_streams = head_parts(H, B)
+        # buffers the chunk kernels of one decoder share (the parts, the lay table, the half copies)
+        self.own = shared or self._buffers(dev, layout, params, state, kp)
+        vec = 4 if H % 4 == 0 else 1
+        shared_bytes = 4 * (vec * head_streams * k_per_part + 4 * threads + 8)  # ys; z, p, wg_red, wg_ured; banned
+        stage_wgs = max(sh.workgroups(B), kp * ceil_div(B, head_streams), B)
+        self.grid = persistent_grid(dev, threads, shared_bytes, stage_wgs)
+        own = self.own
+        tensors = [params, table0, state, ysum, token, ctl, own["parts"], logits, cfg, forced, history, out,
+                   own["lay"], own["sync"], own["stats"]] + ([own["w16"], own["a16"]] if self.half else [])
+        defines = {**(DecodeShape.defines(H) or {}), **({"HALF": 1} if self.half else {})}
+        self._fixed = (self.L, self.V, sh.row_wgs, vocab.BOS, float(math.sqrt(H)), float(s.norm_eps),
+                       o[head_name(s)], o[f"layers.{self.L - 1}.norm.weight"], kp, B, int(history_cap),
+                       vocab.PAD, vocab.EOS, H)
+        super().__init__(dev, tensors, [self.grid], spec=[threads, sh.tile, H, B, k_per_part, kp, head_streams],
+                         push=(*self._fixed, 2), defines=defines or None)
+
+    def _buffers(self, dev: Device, layout: ParamLayout, params, state, kp: int) -> dict:
+        lay = np.zeros((self.L, LAYER_ARGS), np.uint32)
+        for l in range(self.L):
+            lay[l, 0], lay[l, 2:] = l, layer_args(layout, l, self.half)
+        own = {"parts": dev.tensor(kp * self.B * (self.V + 1)), "lay": dev.tensor(lay, np.uint32),
+               "sync": dev.tensor(3, np.uint32), "stats": dev.tensor(slots.ST_WORDS, np.uint32), "start": []}
+        if self.half:
+            own["w16"], own["a16"], own["start"] = half_state(dev, layout, params, state, self.B)
+        dev.upload([own["lay"], own["sync"], own["stats"]])
+        return own
+
+    def start_ops(self) -> list:
+        """What a call's start records after taking the carry into state half 0 (half: the float16 copies
+        of the weights and the state's shadow of parity 0; else nothing)."""
+        return [op for k in self.own["start"] for op in k.ops()]
+
+    def chunk(self, K: int):
+        """The dispatch of K steps (even: the chunk ends on state half 0)."""
+        if K < 2 or K % 2:
+            raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
+        return self.op(*self._fixed, int(K))
+
+    @property
+    def stats(self):
+        return self.own["stats"]
+
+    def check(self) -> None:
+        """After a chunk (its stats downloaded): a barrier that gave up made its tokens from garbage."""
+        if host_view(self.own["stats"])[slots.ST_SYNC_TIMEOUTS]:
+            raise DeviceLost(f"the one-dispatch decode chunk on {self.dev.info.name} lost its workgroups (they were "
+                             "not all resident at once), so its tokens are wrong",
+                             hint="run with CATCHAT_DECODE=fused (a dispatch per stage) and report the GPU")
