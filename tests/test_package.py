@@ -6,6 +6,7 @@ kp, numpy and the other dependencies come from the venv, while -S keeps out the 
 import hook (a meta-path finder that would otherwise import catchat from the checkout).
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,6 +15,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from catchat import parity
 
 ROOT = Path(__file__).resolve().parents[1]
 # what an sdist is made from (MANIFEST.in then decides what goes in)
@@ -73,6 +76,8 @@ def test_wheel_carries_glsl_and_every_listed_variant(installed):
 
 
 def test_installed_wheel_runs_parity_without_glslc(installed, tmp_path):
+    """The installed wheel runs the whole `catchat parity` from outside the checkout without glslc: every
+    shader comes prebuilt, every check of every group passes, and the summary and record name them all."""
     site, _ = installed
     paths = sysconfig.get_paths()
     no_glslc = tmp_path / "bin"  # PATH holds nothing: no glslc, so every shader must come prebuilt
@@ -87,9 +92,17 @@ def test_installed_wheel_runs_parity_without_glslc(installed, tmp_path):
     where = run([*py, "-c", "import catchat.vk.shaders as s; print(s.GLSL_DIR); print(s.prebuilt_count())"],
                 cwd=outside, env=env).stdout.split()
     assert where[0] == str(site / "catchat" / "glsl") and int(where[1]) > 0
-    res = run([*py, "-m", "catchat", "parity", "--summary"], cwd=outside, env=env)
+    record = tmp_path / "parity.json"
+    res = run([*py, "-m", "catchat", "parity", "--summary", "--json", record], cwd=outside, env=env)
     assert " 0 failed" in res.stdout and "passed" in res.stdout, res.stdout
     assert not list(cache.rglob("*.spv")), "a shader was compiled at run time instead of coming prebuilt"
+    # the whole command passes and summarises (this suite's one run of every group; tests/test_parity_cli.py
+    # checks the command's plumbing on a few): every group in the table and in the JSON record
+    for group in parity.GROUPS:
+        assert group in res.stdout
+    r = json.loads(record.read_text())
+    assert r["groups"] == list(parity.GROUPS) and r["failed"] == 0 and f"{r['passed']} passed" in res.stdout
+    assert {c["group"] for c in r["checks"]} == set(parity.GROUPS)
 
 
 def test_installed_wheel_compiles_unlisted_variant_with_generated_slots(installed, tmp_path):
