@@ -369,8 +369,8 @@ def test_bench_generate_streams_never_stop_early(dev, monkeypatch, tmp_path, cap
 def _fake_vulkan(monkeypatch, mod):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(mod, "open_device", lambda device=None: SimpleNamespace(info=SimpleNamespace(name="fake"),
-                                                                             runs_float16=False))
+    info = SimpleNamespace(name="fake", type="CPU", subgroup_size=8, compute_units=0)  # what the decode rule reads
+    monkeypatch.setattr(mod, "open_device", lambda device=None: SimpleNamespace(info=info, runs_float16=False))
 
 
 class _FakeGenerator:

@@ -345,7 +345,9 @@ def test_decode_step_default_follows_streams_and_width():
     and the fused step on float16
     weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32 streams
     where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
-    1, v3 at any batch); a named step always wins, coop only where H is whole fragments."""
+    1, v3 at any batch); below H = 1024 where the device shows the persistent step's grid co-resident,
+    a chunk in one dispatch at 1 stream (and on float16 operands at 2 at fp16); a named step always wins,
+    coop only where H is whole fragments."""
     from catchat.vk.program.decoder import decode_kind
 
     assert decode_kind(64, 2048, {}) == decode_kind(32, 1024, {"CATCHAT_DECODE": "auto"}) == "batched"
@@ -372,6 +374,18 @@ def test_decode_step_default_follows_streams_and_width():
     assert decode_kind(64, 512, {"CATCHAT_DECODE": "coop"}) == "coop"
     with pytest.raises(UsageError, match="multiple of 16"):
         decode_kind(64, 520, {"CATCHAT_DECODE": "coop"})
+    # a chunk in one dispatch below H = 1024 where its grid is shown co-resident: 1 stream, and 2 at fp16
+    assert decode_kind(1, 512, {}, grid=True) == decode_kind(1, 1000, {}, precision="fp16", grid=True) == "persistent"
+    assert decode_kind(1, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent"
+    assert decode_kind(2, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent16"
+    assert decode_kind(2, 512, {}, precision="fp16", grid=True) == "fused"  # no float16
+    assert decode_kind(2, 512, {}, grid=True) == decode_kind(3, 512, {}, precision="fp16", float16=True,
+                                                             grid=True) == "fused"
+    assert decode_kind(4, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "coop"
+    assert decode_kind(1, 512, {}) == "fused"  # no grid shown co-resident (lavapipe, SM count unknown)
+    assert decode_kind(1, 1024, {}, grid=True) == "fused"  # the layers bound by the weights' bytes (v5)
+    assert decode_kind(1, 2048, {}, precision="fp16", float16=True, grid=True) == "fused16"
+    assert decode_kind(1, 512, {"CATCHAT_DECODE": "fused"}, grid=True) == "fused"
 
 
 # ------------------------------------------------------------------------------ catchat sample

@@ -418,7 +418,7 @@ def main(argv=None):
                  "precision": args.precision, "env": environment.settings(), "catchat": []}
     half = args.precision == "fp16"
     for B in batches:
-        for kind in kinds or [device_decode_kind(dev, B, spec.hidden, args.precision)]:
+        for kind in kinds or [device_decode_kind(dev, B, spec.hidden, spec.vocab_size, args.precision)]:
             try:
                 with decode_step(kind):
                     c = bench_catchat(spec, dev, B, args.steps, args.warmup, args.chunk, args.repeats, args.precision)

@@ -14,6 +14,7 @@ into an error after the chunk.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,6 +46,32 @@ def persistent_grid(dev: Device, threads: int, shared_bytes: int, stage_workgrou
     return n if n > 1 and co_residency(dev.info, n, threads, shared_bytes).ok else 1
 
 
+@dataclass(frozen=True)
+class PersistentPlan:
+    """How the chunk's dispatch covers B streams at hidden size H: `threads` a workgroup, the layers'
+    `shape` (a unit a subgroup), the head's `k_per_part`, `kp` parts and `head_streams` a workgroup, and
+    the `grid` of workgroups that runs every stage."""
+
+    threads: int
+    shape: DecodeShape
+    k_per_part: int
+    kp: int
+    head_streams: int
+    grid: int
+
+    @staticmethod
+    def of(dev: Device, H: int, B: int, V: int) -> PersistentPlan:
+        threads = persistent_threads(dev, V)
+        sub = max(1, dev.info.subgroup_size)
+        shape = DecodeShape(stream_tile(B), threads, ceil_div(H, threads // sub))
+        k_per_part, kp, head_streams = head_parts(H, B)
+        vec = 4 if H % 4 == 0 else 1
+        shared_bytes = 4 * (vec * head_streams * k_per_part + 4 * threads + 8)  # ys; z, p, wg_red, wg_ured; banned
+        stage_wgs = max(shape.workgroups(B), kp * ceil_div(B, head_streams), B)
+        return PersistentPlan(threads, shape, k_per_part, kp, head_streams,
+                              persistent_grid(dev, threads, shared_bytes, stage_wgs))
+
+
 class DecodePersistent(Kernel):
     """`chunk(K)` dispatches K decode steps (choices into rows 0 .. K-1 of `out`) on FusedStep's buffers:
     its ping-pong state, each layer's x + h, the next token; the choice's (logits, ctl, cfg, forced,
@@ -58,24 +85,18 @@ class DecodePersistent(Kernel):
         s, o = layout.spec, layout.offsets
         self.B, self.H, self.L, self.V, self.half = int(B), s.hidden, s.layers, s.vocab_size, bool(half)
         H, B = self.H, self.B
-        threads = persistent_threads(dev, self.V)
-        sub = max(1, dev.info.subgroup_size)
-        self.shape = sh = DecodeShape(stream_tile(B), threads, ceil_div(H, threads // sub))
-        k_per_part, kp, head_streams = head_parts(H, B)
+        plan = PersistentPlan.of(dev, H, B, self.V)
+        self.shape, self.grid, sh, kp = plan.shape, plan.grid, plan.shape, plan.kp
         # buffers the chunk kernels of one decoder share (the parts, the lay table, the half copies)
-        self.own = shared or self._buffers(dev, layout, params, state, kp)
-        vec = 4 if H % 4 == 0 else 1
-        shared_bytes = 4 * (vec * head_streams * k_per_part + 4 * threads + 8)  # ys; z, p, wg_red, wg_ured; banned
-        stage_wgs = max(sh.workgroups(B), kp * ceil_div(B, head_streams), B)
-        self.grid = persistent_grid(dev, threads, shared_bytes, stage_wgs)
-        own = self.own
+        self.own = own = shared or self._buffers(dev, layout, params, state, kp)
         tensors = [params, table0, state, ysum, token, ctl, own["parts"], logits, cfg, forced, history, out,
                    own["lay"], own["sync"], own["stats"]] + ([own["w16"], own["a16"]] if self.half else [])
         defines = {**(DecodeShape.defines(H) or {}), **({"HALF": 1} if self.half else {})}
         self._fixed = (self.L, self.V, sh.row_wgs, vocab.BOS, float(math.sqrt(H)), float(s.norm_eps),
                        o[head_name(s)], o[f"layers.{self.L - 1}.norm.weight"], kp, B, int(history_cap),
                        vocab.PAD, vocab.EOS, H)
-        super().__init__(dev, tensors, [self.grid], spec=[threads, sh.tile, H, B, k_per_part, kp, head_streams],
+        super().__init__(dev, tensors, [self.grid], spec=[plan.threads, sh.tile, H, B, plan.k_per_part, kp,
+                                                          plan.head_streams],
                          push=(*self._fixed, 2), defines=defines or None)
 
     def _buffers(self, dev: Device, layout: ParamLayout, params, state, kp: int) -> dict:

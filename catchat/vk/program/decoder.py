@@ -32,7 +32,8 @@ else fused):
   token. Each weight is read once per step for every stream: the throughput race, batch 64.
 - persistent, persistent16 (`PersistentStep`): fused's and fused16's kernels with a chunk of steps in
   one dispatch (glsl/decode_persistent.comp: their bodies with a grid barrier between stages), the same
-  bits. Opt-in until a GPU has timed it against the L + 2 dispatches a step it replaces (batch 1).
+  bits. The latency race below H = 1024, where a step's L + 2 dependent dispatches cost more than the
+  work: batch 1 (and 2 at fp16).
 
     dec = Decoder(prog, chunk=64, history_cap=1024)
     for rows in dec.run(settings, forced, logits, steps):  # rows [k, B] uint32, k = 1 then K
@@ -58,7 +59,7 @@ from catchat.vk.kernels.decode import (
     DecodeSample,
     coop_decode_ok,
 )
-from catchat.vk.kernels.decode_persistent import DecodePersistent
+from catchat.vk.kernels.decode_persistent import DecodePersistent, PersistentPlan
 from catchat.vk.kernels.gemm_tiles import coopmat_runs
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
@@ -98,6 +99,15 @@ COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 4, 2, 1024
 # 11,379 at 1 stream, 16,065 / 15,816 at 2 / 4, where the tensor-core step makes 18,786 / 36,072
 # (COOP_MIN_STREAMS_WIDE above): so still one stream.
 FUSED16_MAX_STREAMS, FUSED16_MIN_HIDDEN = 1, 1024
+# A chunk in one dispatch where a step is latency, not the weights' bytes (H100, 2026-12-06,
+# docs/results/2026-12-06-h100-catchat-v{3,5}-gen-persistent.json, chars/s and device us a step): v3 (H = 512)
+# at 1 stream persistent 42,789 (19.1 us) against fused 35,327 (33.2 over five dispatches, each paying
+# ~2.5-3.6 us: -dispatch-chain.json), persistent16 40,198; at 2 streams persistent16 60,598 (28.2) against
+# fused 52,705 (43.6), but persistent 39,297 (43.2). v5 (H = 2048) loses at both (persistent16 4,367
+# against fused16's 9,674 at 1: 128 workgroups of 4 subgroups keep fewer weight loads in flight than the
+# fused step's 1,024 of 2). So below FUSED16_MIN_HIDDEN, where the grid is shown co-resident: persistent at
+# 1 stream, persistent16 at 2 at fp16 where the device has float16.
+PERSISTENT_MAX_STREAMS, PERSISTENT16_MAX_STREAMS = 1, 2
 
 
 def default_chunk(dev) -> int:
@@ -113,14 +123,16 @@ def first_chunk(K: int, forced: int) -> int:
 
 
 def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = "fp32",
-                tensor_cores: bool = False, float16: bool = False) -> str:
+                tensor_cores: bool = False, float16: bool = False, grid: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
     "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams (COOP_MIN_STREAMS_WIDE
     above H = COOP_WIDE_HIDDEN) where the device has
     tensor cores and H is whole fragments, and fused16 up to FUSED16_MAX_STREAMS streams where H >=
-    FUSED16_MIN_HIDDEN and the device has float16 arithmetic and storage; else batched from
-    BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the
-    products' operands to float16 (the coop and fused16 steps; the batched step's GEMMs)."""
+    FUSED16_MIN_HIDDEN and the device has float16 arithmetic and storage; below FUSED16_MIN_HIDDEN, where
+    the persistent step's `grid` is shown co-resident, persistent up to PERSISTENT_MAX_STREAMS streams and
+    (fp16, float16) persistent16 up to PERSISTENT16_MAX_STREAMS; else batched from BATCHED_MIN_STREAMS
+    streams where H >= BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16
+    (the coop, fused16 and persistent16 steps; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
         wide = H > COOP_WIDE_HIDDEN
@@ -129,6 +141,11 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
             return "coop"
         if precision == "fp16" and float16 and B <= FUSED16_MAX_STREAMS and H >= FUSED16_MIN_HIDDEN:
             return "fused16"
+        if grid and H < FUSED16_MIN_HIDDEN:
+            if B <= PERSISTENT_MAX_STREAMS:
+                return "persistent"
+            if precision == "fp16" and float16 and B <= PERSISTENT16_MAX_STREAMS:
+                return "persistent16"
         return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
@@ -139,12 +156,13 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
     return raw
 
 
-def device_decode_kind(dev, B: int, H: int, precision: str) -> str:
+def device_decode_kind(dev, B: int, H: int, V: int, precision: str) -> str:
     """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores and float16 support
-    asked about at fp16, the only precision that uses them)."""
+    asked about at fp16, the only precision that uses them; the persistent step's grid for vocabulary V)."""
     half = precision == "fp16"
+    grid = B <= PERSISTENT16_MAX_STREAMS and H < FUSED16_MIN_HIDDEN and PersistentPlan.of(dev, H, B, V).grid > 1
     return decode_kind(B, H, precision=precision, tensor_cores=half and coopmat_runs(dev),
-                       float16=half and dev.runs_float16)
+                       float16=half and dev.runs_float16, grid=grid)
 
 
 def decode_step(kind: str):
@@ -279,7 +297,7 @@ class Decoder:
         self.forced_cap = max(1, int(forced_cap or self.K))
         B, V = self.B, spec.vocab_size
         u32 = np.uint32
-        self.kind = device_decode_kind(dev, B, spec.hidden, prog.precision)
+        self.kind = device_decode_kind(dev, B, spec.hidden, V, prog.precision)
         if self.kind in HALF_KINDS and not dev.runs_float16:
             raise UsageError(f"{DECODE_ENV}={self.kind} needs float16 arithmetic and 16-bit storage, which "
                              f"{dev.info.name} does not offer", f"set {DECODE_ENV} to fused, batched or auto")
