@@ -2,8 +2,9 @@
 and choice (glsl/decode_layer.comp, decode_head.comp, decode_sample.comp; the same bodies, so the same
 bits) with a grid barrier between stages where the fused step has a dispatch boundary. At one stream
 each stage does little, so a step is the latency of L + 2 dependent dispatches; a barrier crossing
-costs less than a dispatch (docs/generation.md: v3 at one stream, 31.9 us a step over five dispatches on
-an H200).
+costs less than a dispatch (H100, docs/generation.md: a dependent dispatch 2.5-3.6 us; v3 at one stream
+19.1 us a step against the fused step's 33.2 over five dispatches). Where the layers are bound by the
+weights' bytes (v5) the fused step's many more workgroups win.
 
 The grid is one workgroup per SM where every workgroup is shown co-resident (catchat/vk/occupancy.py),
 else one (a single workgroup needs no other to make progress: slow, never wrong); each runs its share of
@@ -73,10 +74,11 @@ class PersistentPlan:
 
 
 class DecodePersistent(Kernel):
-    """`chunk(K)` dispatches K decode steps (choices into rows 0 .. K-1 of `out`) on FusedStep's buffers:
-    its ping-pong state, each layer's x + h, the next token; the choice's (logits, ctl, cfg, forced,
-    history); half (the "persistent16" step): the float16 weights and activation shadows that
-    `start_ops` makes, as the fused16 step's."""
+    """`chunk(K)` dispatches K decode steps (choices into rows 0 .. K-1 of `out`) on the fused step's
+    buffers (PersistentStep's own): the ping-pong state, each layer's x + h, the next token; the
+    choice's (logits, ctl, cfg, forced, history); half (the "persistent16" step): the float16 weights and
+    activation shadows that `start_ops` makes, as the fused16 step's. `shared`: another chunk kernel's
+    `own` buffers (the head's parts, the lay table, the barrier's words, stats, the float16 copies)."""
 
     shader = "decode_persistent"
 

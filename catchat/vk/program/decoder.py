@@ -12,8 +12,9 @@ stopped).
 
 A step is one of six programs of the same model (CATCHAT_DECODE chooses; by default `decode_kind`'s
 rule: at precision fp16 coop from 4 streams (2 above H = 1024) where the device has tensor cores and fused16 for one
-stream where H >= 1024; else from the H200's measurements, batched from 32 streams where H >= 1024,
-else fused):
+stream where H >= 1024; below H = 1024 where the device shows the persistent grid co-resident, persistent
+at one stream (persistent16 at two at fp16); else from the H200's measurements, batched from 32 streams
+where H >= 1024, else fused):
 - fused (`FusedStep`): a dispatch per layer (glsl/decode_layer.comp: the norm of the layer below,
   both projections, the GRU cell, the residual in one pass over the layer's weights), the head
   and the choice, on a ping-pong state of its own. The latency race: batch 1.
@@ -254,7 +255,8 @@ class BatchedStep:
 class PersistentStep:
     """A chunk of steps in one dispatch (DecodePersistent: the fused step's layers, head and choice with a
     grid barrier between stages), on a state and x + h of its own as FusedStep's; kind "persistent16": on
-    float16 copies of the weights as fused16. One chunk kernel per output it chooses into."""
+    float16 copies of the weights as fused16. One chunk kernel per output it chooses into; `d` is the
+    Decoder whose buffers the choice reads and writes (ctl, logits, cfg, forced, history, outs)."""
 
     def __init__(self, prog, d, kind: str = "persistent"):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
