@@ -499,7 +499,7 @@ def test_persistent_grid_is_balanced_and_only_where_shown_resident():
     from dataclasses import replace
     from types import SimpleNamespace
 
-    from catchat.vk.kernels.decode_persistent import persistent_grid, persistent_threads
+    from catchat.vk.kernels.decode_persistent import PersistentPlan, persistent_grid, persistent_threads
     from catchat.vk.probe import DeviceInfo
 
     h200 = DeviceInfo(index=0, name="NVIDIA H200", type="DISCRETE_GPU", vendor="NVIDIA", driver="580",
@@ -509,6 +509,11 @@ def test_persistent_grid_is_balanced_and_only_where_shown_resident():
     dev = SimpleNamespace(info=h200)
     assert persistent_threads(dev, 101) == 128  # a token a thread, 4 subgroups: v3's 512 units on 128 workgroups
     assert persistent_threads(dev, 40) == 64  # the choice's reductions want two subgroups
+    # a unit a subgroup over one workgroup per SM: v3 4 subgroups, v5 16 (its layers bound by their loads)
+    assert [persistent_threads(dev, 101, H) for H in (512, 1024, 2048, 8192)] == [128, 256, 512, 1024]
+    v3, v5 = PersistentPlan.of(dev, 512, 1, 101), PersistentPlan.of(dev, 2048, 1, 101)
+    assert (v3.threads, v3.shape.row_wgs, v3.grid) == (128, 128, 128)
+    assert (v5.threads, v5.shape.row_wgs, v5.grid, v5.kp) == (512, 128, 128, 32)
     assert [persistent_grid(dev, 128, 2336, n) for n in (128, 512, 200, 133, 1)] == [128, 128, 100, 67, 1]
     assert persistent_grid(dev, 128, 40_000, 512) == 128  # one per SM fits 40 KB of shared memory
     assert persistent_grid(dev, 128, 60_000, 512) == 1  # more than an SM is shown to hold: not even one a SM

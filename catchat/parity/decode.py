@@ -26,7 +26,7 @@ from catchat.model import reference as ref
 from catchat.model.reference.decode import decode_step_half
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
-from catchat.vk.program.decoder import DECODE_KINDS, HALF_KINDS, decode_step
+from catchat.vk.program.decoder import DECODE_KINDS, HALF_KINDS, PERSISTENT_KINDS, decode_step
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
@@ -169,7 +169,8 @@ def _generation_case(dev, H, L, B, s: Sampling, length, seed, stops=(vocab.EOS,)
 def parity_checks(dev: Device) -> list[ParityResult]:
     """Decode steps at odd sizes and whole generations with blocking and stops, on every decode step
     (the other steps' rows named "(fused16)", "(batched)", "(coop)"; coop's odd H rounded up to 64,
-    which takes four k parts; H = 112 walks 7 k fragments through its ring of 3); every sampling rule."""
+    which takes four k parts; H = 112 walks 7 k fragments through its ring of 3; the persistent steps also
+    at H = 640, where a GPU's plan gives them wider workgroups); every sampling rule."""
     out = []
     for kind in DECODE_KINDS:
         def h_(H: int, kind: str = kind) -> int:  # coop: whole 16 x 16 fragments (odd H: 64, four k parts)
@@ -182,6 +183,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
                                         (64, 2, 17, False, 4), (37, 2, 20, False, 11), (64, 3, 70, True, 12),
                                         (96, 1, 16, False, 13), (112, 2, 5, False, 14)):
                 rows += _step_case(dev, h_(H), L, B, tied, seed, kind)
+            if kind in PERSISTENT_KINDS:  # on a GPU, workgroups of 8 subgroups (a unit each over one per SM)
+                rows += _step_case(dev, 640, 2, 1, False, 15, kind)
             rows += _generation_case(dev, h_(40), 2, 3, Sampling(temperature=1.0, ngram_block=3), 60, 7, kind=kind)
             rows += _generation_case(dev, h_(40), 2, 2, Sampling(temperature=0.8, top_k=8, top_p=0.9), 50, 8,
                                      stops=(vocab.EOS, vocab.NEWLINE), kind=kind)

@@ -31,11 +31,18 @@ from catchat.vk.occupancy import co_residency
 LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
 
 
-def persistent_threads(dev: Device, V: int) -> int:
-    """Threads a workgroup: a token each in the head and the choice (>= V, at least two subgroups for the
-    choice's reductions), a whole number of subgroups (each a unit of a layer)."""
+def persistent_threads(dev: Device, V: int, H: int = 0) -> int:
+    """Threads a workgroup, a whole number of subgroups: a token each in the head and the choice (>= V, at
+    least two subgroups for the choice's reductions), and where the SM count is known enough subgroups
+    (a power of two, at most the device's workgroup size) for a unit each over one workgroup per SM, so a
+    layer's weight loads are all in flight at once as in the fused step (v3 on an H200: 4; v5: 16)."""
     sub = max(1, dev.info.subgroup_size)
-    return ceil_div(max(int(V), 2 * sub), sub) * sub
+    threads = ceil_div(max(int(V), 2 * sub), sub) * sub
+    sms = device_sms(dev)
+    if sms and H:
+        per_sm = 1 << max(0, (ceil_div(int(H), sms) - 1).bit_length())
+        threads = max(threads, min(per_sm, dev.info.max_workgroup_invocations // sub) * sub)
+    return threads
 
 
 def persistent_grid(dev: Device, threads: int, shared_bytes: int, stage_workgroups: int) -> int:
@@ -62,7 +69,7 @@ class PersistentPlan:
 
     @staticmethod
     def of(dev: Device, H: int, B: int, V: int) -> PersistentPlan:
-        threads = persistent_threads(dev, V)
+        threads = persistent_threads(dev, V, H)
         sub = max(1, dev.info.subgroup_size)
         shape = DecodeShape(stream_tile(B), threads, ceil_div(H, threads // sub))
         k_per_part, kp, head_streams = head_parts(H, B)

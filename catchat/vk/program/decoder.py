@@ -106,8 +106,9 @@ FUSED16_MAX_STREAMS, FUSED16_MIN_HIDDEN = 1, 1024
 # ~2.5-3.6 us: -dispatch-chain.json), persistent16 40,198; at 2 streams persistent16 60,598 (28.2) against
 # fused 52,705 (43.6), but persistent 39,297 (43.2). v5 (H = 2048) loses at both (persistent16 4,367
 # against fused16's 9,674 at 1: 128 workgroups of 4 subgroups keep fewer weight loads in flight than the
-# fused step's 1,024 of 2). So below FUSED16_MIN_HIDDEN, where the grid is shown co-resident: persistent at
-# 1 stream, persistent16 at 2 at fp16 where the device has float16.
+# fused step's 1,024 of 2; its workgroups have 16 subgroups since, not yet timed: gpu-check gen-persistent-v5).
+# So below FUSED16_MIN_HIDDEN, where the grid is shown co-resident: persistent at 1 stream, persistent16 at 2
+# at fp16 where the device has float16.
 PERSISTENT_MAX_STREAMS, PERSISTENT16_MAX_STREAMS = 1, 2
 
 
