@@ -15,7 +15,7 @@ into an error after the chunk.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -80,12 +80,30 @@ class PersistentPlan:
                               persistent_grid(dev, threads, shared_bytes, stage_wgs))
 
 
+@dataclass
+class PersistentBuffers:
+    """What a decoder's chunk kernels share beside its state: the head's parts [KP, B, V] then [KP, B],
+    the layers' offsets (`lay`, [L, LAYER_ARGS]), the grid barrier's words, the stats its timeouts are
+    counted in, and (half) the float16 weights and activation shadows with the kernels that make them."""
+
+    parts: object
+    lay: object
+    sync: object
+    stats: object
+    w16: object = None
+    a16: object = None
+    start: list = field(default_factory=list)
+
+    def half_tensors(self) -> list:
+        return [self.w16, self.a16] if self.w16 is not None else []
+
+
 class DecodePersistent(Kernel):
     """`chunk(K)` dispatches K decode steps (choices into rows 0 .. K-1 of `out`) on the fused step's
     buffers (PersistentStep's own): the ping-pong state, each layer's x + h, the next token; the
     choice's (logits, ctl, cfg, forced, history); half (the "persistent16" step): the float16 weights and
     activation shadows that `start_ops` makes, as the fused16 step's. `shared`: another chunk kernel's
-    `own` buffers (the head's parts, the lay table, the barrier's words, stats, the float16 copies)."""
+    `own` PersistentBuffers."""
 
     shader = "decode_persistent"
 
@@ -98,8 +116,8 @@ class DecodePersistent(Kernel):
         self.shape, self.grid, sh, kp = plan.shape, plan.grid, plan.shape, plan.kp
         # buffers the chunk kernels of one decoder share (the parts, the lay table, the half copies)
         self.own = own = shared or self._buffers(dev, layout, params, state, kp)
-        tensors = [params, table0, state, ysum, token, ctl, own["parts"], logits, cfg, forced, history, out,
-                   own["lay"], own["sync"], own["stats"]] + ([own["w16"], own["a16"]] if self.half else [])
+        tensors = [params, table0, state, ysum, token, ctl, own.parts, logits, cfg, forced, history, out,
+                   own.lay, own.sync, own.stats] + own.half_tensors()
         defines = {**(DecodeShape.defines(H) or {}), **({"HALF": 1} if self.half else {})}
         self._fixed = (self.L, self.V, sh.row_wgs, vocab.BOS, float(math.sqrt(H)), float(s.norm_eps),
                        o[head_name(s)], o[f"layers.{self.L - 1}.norm.weight"], kp, B, int(history_cap),
@@ -108,35 +126,34 @@ class DecodePersistent(Kernel):
                                                           plan.head_streams],
                          push=(*self._fixed, 2), defines=defines or None)
 
-    def _buffers(self, dev: Device, layout: ParamLayout, params, state, kp: int) -> dict:
+    def _buffers(self, dev: Device, layout: ParamLayout, params, state, kp: int) -> PersistentBuffers:
         lay = np.zeros((self.L, LAYER_ARGS), np.uint32)
         for l in range(self.L):
             lay[l, 0], lay[l, 2:] = l, layer_args(layout, l, self.half)
-        own = {"parts": dev.tensor(kp * self.B * (self.V + 1)), "lay": dev.tensor(lay, np.uint32),
-               "sync": dev.tensor(3, np.uint32), "stats": dev.tensor(slots.ST_WORDS, np.uint32), "start": []}
+        own = PersistentBuffers(dev.tensor(kp * self.B * (self.V + 1)), dev.tensor(lay, np.uint32),
+                                dev.tensor(3, np.uint32), dev.tensor(slots.ST_WORDS, np.uint32))
         if self.half:
-            own["w16"], own["a16"], own["start"] = half_state(dev, layout, params, state, self.B)
-        dev.upload([own["lay"], own["sync"], own["stats"]])
+            own.w16, own.a16, own.start = half_state(dev, layout, params, state, self.B)
+        dev.upload([own.lay, own.sync, own.stats])
         return own
 
     def start_ops(self) -> list:
         """What a call's start records after taking the carry into state half 0 (half: the float16 copies
         of the weights and the state's shadow of parity 0; else nothing)."""
-        return [op for k in self.own["start"] for op in k.ops()]
+        return [op for k in self.own.start for op in k.ops()]
 
     def chunk(self, K: int):
-        """The dispatch of K steps (even: the chunk ends on state half 0)."""
-        if K < 2 or K % 2:
-            raise ValueError(f"a decode chunk needs an even number of steps >= 2, got {K}")
+        """The dispatch of K steps (even, as sequences.record_decode_chunk checks: the chunk ends on state
+        half 0)."""
         return self.op(*self._fixed, int(K))
 
     @property
     def stats(self):
-        return self.own["stats"]
+        return self.own.stats
 
     def check(self) -> None:
         """After a chunk (its stats downloaded): a barrier that gave up made its tokens from garbage."""
-        if host_view(self.own["stats"])[slots.ST_SYNC_TIMEOUTS]:
+        if host_view(self.own.stats)[slots.ST_SYNC_TIMEOUTS]:
             raise DeviceLost(f"the one-dispatch decode chunk on {self.dev.info.name} lost its workgroups (they were "
                              "not all resident at once), so its tokens are wrong",
                              hint="run with CATCHAT_DECODE=fused (a dispatch per stage) and report the GPU")

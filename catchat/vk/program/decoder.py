@@ -162,9 +162,8 @@ def device_decode_kind(dev, B: int, H: int, V: int, precision: str) -> str:
     """`decode_kind` for a Generator of B streams at precision on dev (its tensor cores and float16 support
     asked about at fp16, the only precision that uses them; the persistent step's grid for vocabulary V)."""
     half = precision == "fp16"
-    grid = B <= PERSISTENT16_MAX_STREAMS and H < FUSED16_MIN_HIDDEN and PersistentPlan.of(dev, H, B, V).grid > 1
     return decode_kind(B, H, precision=precision, tensor_cores=half and coopmat_runs(dev),
-                       float16=half and dev.runs_float16, grid=grid)
+                       float16=half and dev.runs_float16, grid=PersistentPlan.of(dev, H, B, V).grid > 1)
 
 
 def decode_step(kind: str):
@@ -172,35 +171,45 @@ def decode_step(kind: str):
     return env_override(DECODE_ENV, kind)
 
 
-class FusedStep:
-    """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp: the logits in
-    k parts, which the choice adds up) on the step's own ping-pong state [2, L, B, H] (step k reads half
-    k % 2) and each layer's x + h. kind
-    "fused16": the layers on float16 copies of the weights, which each call's start makes; "coop": the
-    layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow each
-    call's start makes after taking the carry."""
+class OwnStateStep:
+    """What the decode kernels' steps (fused, fused16, coop, persistent, persistent16) keep of their own:
+    a ping-pong state [2, L, B, H] (step k reads half k % 2), each layer's x + h and the next token, the
+    state taken from the Program's carry at a call's start (`start_ops`, then the kernels' own start,
+    `self.layer.start_ops()`) and given back after each chunk (`end_ops`)."""
 
-    def __init__(self, prog, ctl, kind: str = "fused"):
+    def __init__(self, prog):
         dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
         n = s.layers * B * s.hidden
         self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
         self.token, self.resets, self.upload, self.download = dev.tensor(B, np.uint32), None, [], []
-        layer_args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl)
-        self.layer = (DecodeLayerCoop(*layer_args, B=B) if kind == "coop"
-                      else DecodeLayer(*layer_args, B=B, half=kind == "fused16"))
-        self.head_parts = DecodeHead(dev, prog.layout, b.params, self.ysum, B=B)  # the choice adds its parts
         self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
 
     def start_ops(self) -> list:
         return [self.from_carry(1.0, 0.0)] + self.layer.start_ops()
 
+    def end_ops(self) -> list:
+        return [self.to_carry(1.0, 0.0)]
+
+
+class FusedStep(OwnStateStep):
+    """A dispatch per layer and one for the head (glsl/decode_layer.comp, decode_head.comp: the logits in
+    k parts, which the choice adds up) on the step's own state (OwnStateStep). kind
+    "fused16": the layers on float16 copies of the weights, which each call's start makes; "coop": the
+    layers on tensor cores (glsl/decode_layer_coop.comp), whose float16 weights and state shadow each
+    call's start makes after taking the carry."""
+
+    def __init__(self, prog, ctl, kind: str = "fused"):
+        super().__init__(prog)
+        dev, b, B = prog.dev, prog.buffers, prog.B
+        layer_args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, ctl)
+        self.layer = (DecodeLayerCoop(*layer_args, B=B) if kind == "coop"
+                      else DecodeLayer(*layer_args, B=B, half=kind == "fused16"))
+        self.head_parts = DecodeHead(dev, prog.layout, b.params, self.ysum, B=B)  # the choice adds its parts
+
     def groups(self, k: int) -> list[tuple[str, list]]:
         """Step k's dispatches before the choice, by name."""
         layers = [(f"layer {l}", [self.layer.step(l, k % 2)]) for l in range(self.layer.L)]
         return layers + [("head", [self.head_parts.step()])]
-
-    def end_ops(self) -> list:
-        return [self.to_carry(1.0, 0.0)]
 
     def check(self) -> None:
         """Nothing to check after a chunk: no persistent dispatches."""
@@ -253,35 +262,26 @@ class BatchedStep:
         self.one._check_sweeps(host_view(self.one.buffers.stats))
 
 
-class PersistentStep:
+class PersistentStep(OwnStateStep):
     """A chunk of steps in one dispatch (DecodePersistent: the fused step's layers, head and choice with a
-    grid barrier between stages), on a state and x + h of its own as FusedStep's; kind "persistent16": on
-    float16 copies of the weights as fused16. One chunk kernel per output it chooses into; `d` is the
-    Decoder whose buffers the choice reads and writes (ctl, logits, cfg, forced, history, outs)."""
+    grid barrier between stages), on its own state (OwnStateStep); kind "persistent16": on float16 copies
+    of the weights as fused16. One chunk kernel per output it chooses into; `d` is the Decoder whose
+    buffers the choice reads and writes (ctl, logits, cfg, forced, history, outs)."""
 
     def __init__(self, prog, d, kind: str = "persistent"):
-        dev, b, s, B = prog.dev, prog.buffers, prog.spec, prog.B
-        n = s.layers * B * s.hidden
-        self.state, self.ysum = dev.tensor(2 * n), dev.tensor(n)
-        self.token, self.resets, self.head_parts = dev.tensor(B, np.uint32), None, None
+        super().__init__(prog)
+        dev, b, B = prog.dev, prog.buffers, prog.B
         args = (dev, prog.layout, b.params, b.table0, self.state, self.ysum, self.token, d.ctl, d.logits, d.cfg,
                 d.forced, d.history)
         first = DecodePersistent(*args, d.outs[1], B=B, history_cap=d.cap, half=kind == "persistent16")
         self.chunks = [first, DecodePersistent(*args, d.outs[2], B=B, history_cap=d.cap, half=first.half,
                                                shared=first.own)]
-        self.layer = first  # its layers' shape and grid (Generator.layer_shape)
-        self.upload, self.download = [], [first.stats]
-        self.from_carry, self.to_carry = Axpby(dev, b.h0, self.state, n), Axpby(dev, self.state, b.h0, n)
-
-    def start_ops(self) -> list:
-        return [self.from_carry(1.0, 0.0)] + self.chunks[0].start_ops()
+        self.layer = first  # its layers' shape and grid (Generator.layer_shape), and its start
+        self.head_parts, self.download = None, [first.stats]
 
     def chunk(self, out: int, K: int):
         """The dispatch of K steps choosing into outs[out] (1 or 2)."""
         return self.chunks[out - 1].chunk(K)
-
-    def end_ops(self) -> list:
-        return [self.to_carry(1.0, 0.0)]
 
     def check(self) -> None:
         """A grid barrier that gave up made this chunk's tokens from garbage: say so."""
@@ -319,7 +319,7 @@ class Decoder:
         self.token = step.token
         # a call's first choice reads the logits given; a step's adds the fused head's parts into them first
         # (the persistent steps choose inside their chunk's dispatch)
-        outs = self.outs[:1] if self.kind in PERSISTENT_KINDS else self.outs
+        outs = self.outs[:1] if isinstance(step, PersistentStep) else self.outs
         self.samplers = samplers = [
             DecodeSample(dev, prog.layout, self.logits, self.token, self.ctl, self.cfg, self.forced, self.history, out,
                          B=B, history_cap=self.cap, resets=step.resets, head=None if i == 0 else step.head_parts)
