@@ -355,15 +355,22 @@ def test_tiny_with_a_time_budget_stops_in_time_and_resumes_with_what_is_left(tmp
                         *TINY_FAST)
         assert first.returncode == 0, first.stdout + first.stderr
         assert f"training for {budget:g} s of wall-clock time" in first.stdout
-        return run, ck.load_checkpoint(run, with_optimizer=True).state["budget"]["elapsed_s"]
+        saved = ck.load_checkpoint(run, with_optimizer=True)
+        return run, saved.state["budget"]["elapsed_s"], saved.global_step
 
-    budget = 30.0  # the first 4 steps take ~7.5 s alone (4x)
-    run, used = first_part(budget)
-    assert 0 < used
-    if used > budget / 2:  # a loaded machine (~19 s at load 3.5, ~35 s at 5 on 2 cores): a budget 4x what
-        budget = float(math.ceil(4 * used))  # its first part took, so that the resumed part has room to train
-        run, used = first_part(budget)
-    assert 0 < used < budget
+    # The first 4 steps take ~7.5 s alone, ~19 s at load 3.5 and ~35 s at 5 on 2 cores. A first part that
+    # took more than half its budget (or whose budget ran out before its 4 steps) leaves the resumed part
+    # too little to train, so the budget becomes 4x what the first part took and it runs again (on a
+    # machine whose load keeps rising, up to four times): what is checked is the budget's arithmetic
+    # across two processes, not this machine's speed.
+    budget = 30.0
+    for _ in range(4):
+        run, used, steps = first_part(budget)
+        assert 0 < used
+        if used <= budget / 2 and steps == 4:
+            break
+        budget = float(math.ceil(4 * max(used, budget / 2)))
+    assert 0 < used <= budget / 2 and steps == 4, (used, budget, steps)
     second = catchat("train", config, "--run-dir", run, "--resume", *TINY_FAST)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"time budget of {budget:g} s is kept" in second.stdout
