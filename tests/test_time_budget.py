@@ -259,7 +259,12 @@ def test_budgeted_run_ends_in_time_at_lr_min_with_checkpoint_and_eval(dev, scene
     r = rows(run)
     last = int(r[-1]["global_step"])
     slack = overrun_allowance_s(run)
-    assert took <= 6.0 + slack and took > 6.0 * 0.7, took  # inside the budget (+ timing noise), most of it used
+    plan = events(run, "time_budget")[0]
+    # inside the budget (+ about a step), and most of it used: the trainer stops early only by what it
+    # keeps for the last checkpoint and eval and a step its estimate may miss (all from this run: a
+    # loaded machine's slower steps and evals move them, not the test's margin)
+    kept = plan["eval_estimate_s"] + plan["checkpoint_estimate_s"]
+    assert 6.0 - slack - kept < took <= 6.0 + slack, (took, slack, plan)
     assert float(r[-1]["lr"]) == cfg.schedule.lr_min and float(r[-1]["progress"]) == 1.0
     assert all(float(x["progress"]) < 1.0 for x in r[:-1])
     elapsed = [float(x["elapsed_s"]) for x in r]
@@ -270,7 +275,6 @@ def test_budgeted_run_ends_in_time_at_lr_min_with_checkpoint_and_eval(dev, scene
     assert events(run, "eval")[-1]["global_step"] == last
     end = events(run, "end")[-1]
     assert end["reason"] == "done" and end["time_budget_s"] == 6.0 and end["elapsed_s"] <= 6.0 + slack
-    plan = events(run, "time_budget")[0]
     assert plan["eval_estimate_s"] > 0 and plan["training_s"] > 0
     from catchat.analysis.scan import scan_run
 
@@ -292,7 +296,8 @@ def test_budgeted_resume_keeps_the_clock_and_a_finished_run_stays_finished(dev, 
         assert t.cfg.train.time_budget_s == 8.0 and t.cfg.train.total_steps == 0
         assert t.run() == "done"
     took = time.monotonic() - start
-    assert took <= 8.0 - first["elapsed_s"] + 1.0, (took, first)  # the rest of the budget, not all of it
+    # the rest of the budget, not all of it (+ about a step, as above)
+    assert took <= 8.0 - first["elapsed_s"] + overrun_allowance_s(run), (took, first)
     r = rows(run)
     resumed = [x for x in r if int(x["global_step"]) > 3]
     assert float(resumed[0]["elapsed_s"]) > first["elapsed_s"]  # the clock went on from the checkpoint's
