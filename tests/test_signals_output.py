@@ -115,6 +115,37 @@ def test_a_terminal_that_hangs_up(cfg_path, tmp_path):
     assert ck.load_checkpoint(run).global_step == end["global_step"] == rows_logged(run)
 
 
+def test_a_signal_that_lands_inside_the_progress_bars_lock_does_not_wait_for_it():
+    """The handler says "stopping" from a thread of its own: a signal that lands while the main thread
+    holds a lock the printing needs (the progress bar's, whose refresh thread may hold the console's
+    and wait for it) returns at once, and the message comes once the lock is let go. Printing from
+    the handler itself deadlocked a hung-up terminal's run (test_a_terminal_that_hangs_up, once)."""
+    import threading
+
+    from catchat.training.signals import StopSignals
+
+    held, said = threading.Lock(), []
+
+    def report(kind, **fields):
+        if not held.acquire(timeout=5):  # said from the main thread, inside its own lock: would wait forever
+            said.append(("deadlock", {}))
+            return
+        said.append((kind, fields))
+        held.release()
+
+    stops = StopSignals(report)
+    with held:  # the main thread inside the bar's lock when the signal comes
+        stops.handle(signal.SIGHUP, None)
+        assert stops.caught == "SIGHUP" and said == []
+    for _ in range(1000):
+        if said:
+            break
+        time.sleep(0.01)
+    assert said == [("stopping", {"signal": "SIGHUP"})]
+    with pytest.raises(KeyboardInterrupt):  # a second signal stops at once
+        stops.handle(signal.SIGINT, None)
+
+
 def test_under_nohup_sighup_is_left_ignored(cfg_path, tmp_path):
     """Started with SIGHUP ignored (nohup): the run was asked to outlive its terminal, and does."""
     run = tmp_path / "run"

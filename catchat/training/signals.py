@@ -6,6 +6,7 @@ trains, unless the run was started with it ignored (nohup)."""
 from __future__ import annotations
 
 import signal
+import threading
 from contextlib import contextmanager
 
 
@@ -20,7 +21,11 @@ class StopSignals:
         if self.caught is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now
         self.caught = signal.Signals(signum).name
-        self.report("stopping", signal=self.caught)
+        # Said from a thread of its own, not here: the handler runs on the main thread wherever it was,
+        # perhaps inside the progress bar's lock while the bar's refresh thread holds the console's and
+        # waits for that one; printing here would then wait forever (a hung-up terminal's SIGHUP did).
+        threading.Thread(target=self.report, args=("stopping",), kwargs={"signal": self.caught},
+                         name="catchat-stopping", daemon=True).start()
 
     @contextmanager
     def installed(self):
