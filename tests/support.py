@@ -97,6 +97,19 @@ checkpoint_every_seqs = 0
     return root / "run"
 
 
+def shared_spirv_cache(root: Path) -> Path:
+    """root, a CATCHAT_CACHE of a test's own (its tuning cache starts empty), whose spirv/ is the SPIR-V
+    cache every other test uses (shaders.cache_dir(), read before CATCHAT_CACHE points here): the
+    shaders a tuning test compiles are compiled once for the suite, not once a test."""
+    from catchat.vk import shaders
+
+    spirv = shaders.cache_dir()
+    spirv.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "spirv").symlink_to(spirv, target_is_directory=True)
+    return root
+
+
 def sha256_of(path: Path) -> str:
     import hashlib
 

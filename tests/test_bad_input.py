@@ -1,6 +1,8 @@
 """Bad input through the real CLI (issue 8): damaged checkpoints, bad corpora, bad configs and flags.
 Each must give one clear error line (plus a fix line), the right exit code and no traceback;
-what must work (non-ASCII text, CRLF, a file of hundreds of MB in bounded memory) works."""
+what must work (non-ASCII text, CRLF, a file of hundreds of MB in bounded memory) works. The tables
+of inputs (one message each) run the command in this process (`catchat_here`); the other tests, as
+a user runs it (a subprocess)."""
 
 import json
 import os
@@ -39,6 +41,16 @@ def trained(dev, tmp_path_factory):
     (root / "cfg.toml").write_text(cfgmod.resolved_toml(cfg))
     Trainer(cfg, root / "run", dev).run(stop_after_steps=2)
     return root
+
+
+@pytest.fixture
+def catchat_here(cli):
+    """`catchat ARGS` in this process (conftest.py's cli: the same main(), so the same exit code, stdout
+    and stderr), as a CompletedProcess: a table's many inputs without a process start-up each (~0.6 s)."""
+    def run(*args):
+        code, out, err = cli(*args)
+        return subprocess.CompletedProcess(list(args), code, out, err)
+    return run
 
 
 @pytest.fixture
@@ -95,10 +107,10 @@ def test_missing_optimizer_file(run, trained):
     ("[" * 100000, "state.json is not a valid catchat state file (nested too deeply)"),
     ("\x00\xff\xfe garbage", "state.json is not a valid catchat state file"),
 ])
-def test_corrupted_state_file_is_named(run, content, needle):
+def test_corrupted_state_file_is_named(catchat_here, run, content, needle):
     rdir, c = run
     (c / "state.json").write_bytes(content.encode("latin-1"))
-    assert_clean_error(catchat("eval", rdir), 2, needle)
+    assert_clean_error(catchat_here("eval", rdir), 2, needle)
 
 
 def test_state_file_missing_or_wrong_entries_on_resume(run, trained):
@@ -123,12 +135,12 @@ def test_state_file_missing_or_wrong_entries_on_resume(run, trained):
     (lambda s: s.update(format_version=9), "format_version must be 1, got 9"),
     (lambda s: s["sha256"].update({"model.safetensors": "xyz"}), "its sha256 entry is not a map"),
 ])
-def test_edited_state_fields_are_refused_and_change_nothing(run, trained, change, needle):
+def test_edited_state_fields_are_refused_and_change_nothing(catchat_here, run, trained, change, needle):
     """Issue 17 item 6: every field of state.json is checked; a refused resume writes nothing."""
     rdir, c = run
     _edit_state(c, change)
     before = snapshot(rdir)
-    assert_clean_error(catchat("train", trained / "cfg.toml", "--run-dir", rdir, "--resume"), 2, needle)
+    assert_clean_error(catchat_here("train", trained / "cfg.toml", "--run-dir", rdir, "--resume"), 2, needle)
     assert snapshot(rdir) == before
 
 
@@ -230,9 +242,9 @@ def build_cli(tmp_path, *sources, extra=()):
      ['shape.jsonl line 2: turns[0] needs a "text"']),
     ("utf.jsonl", b'{"text": "fine"}\n{"text": "\xff"}\n', ["utf.jsonl line 2 is not valid UTF-8"]),
 ])
-def test_bad_corpus_sources(tmp_path, name, data, needles):
+def test_bad_corpus_sources(catchat_here, tmp_path, name, data, needles):
     (tmp_path / name).write_bytes(data)
-    assert_clean_error(build_cli(tmp_path, tmp_path / name), 2, *needles)
+    assert_clean_error(catchat_here("corpus", "build", tmp_path / name, "-o", tmp_path / "out"), 2, *needles)
     assert not (tmp_path / "out").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
@@ -367,10 +379,10 @@ GOOD = "[train]\ntotal_steps = 10\n"
     ("\x00\x01\x02", [], 2, ["is not valid TOML"]),
     ("[train]\nlr = 0.1\n", [], 2, ["neither train.total_steps nor train.cycles is set"]),
 ])
-def test_bad_configs_and_flags(tmp_path, config, args, code, needles):
+def test_bad_configs_and_flags(catchat_here, tmp_path, config, args, code, needles):
     cfg = tmp_path / "c.toml"
     cfg.write_text(config)
-    r = catchat("train", cfg, "--run-dir", tmp_path / "run", *args)
+    r = catchat_here("train", cfg, "--run-dir", tmp_path / "run", *args)
     assert_clean_error(r, code, *needles)
     assert not (tmp_path / "run").exists()
 

@@ -17,6 +17,8 @@ from catchat.analysis import bench, bench_command, torch_twin, tuner  # noqa: E4
 from catchat.model import ParamLayout  # noqa: E402
 from catchat.vk.program import Program, decoder, sequences  # noqa: E402
 
+from support import shared_spirv_cache  # noqa: E402
+
 
 def small(layers: int = 2):
     return cfgmod.load(ROOT / "configs" / "tiny.toml",
@@ -156,7 +158,7 @@ def test_tune_caches_the_fastest_candidate_and_the_pickers_use_it(dev, tmp_path,
     from catchat.vk import tune as tunecache
     from catchat.vk.kernels import gemm, gru
 
-    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CATCHAT_CACHE", str(shared_spirv_cache(tmp_path / "cache")))  # own tuning cache
     monkeypatch.delenv("CATCHAT_TUNE", raising=False)  # conftest's no_tuned_tiles: this test tunes
     monkeypatch.delenv("CATCHAT_PERSISTENT", raising=False)
     cfg = _tiny_cfg()
@@ -205,7 +207,7 @@ def test_tune_measures_for_real_and_a_corrupt_cache_is_only_a_warning(cli, tmp_p
     from catchat.analysis import bench_command
     from catchat.vk import tune as tunecache
 
-    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CATCHAT_CACHE", str(shared_spirv_cache(tmp_path / "cache")))  # own tuning cache
     monkeypatch.delenv("CATCHAT_TUNE", raising=False)  # conftest's no_tuned_tiles: this test tunes
     # whatever the two steps' times on a loaded machine, the tuned tiles stay (the check has its own test)
     monkeypatch.setattr(bench_command, "STEP_MARGIN", float("inf"))

@@ -66,16 +66,16 @@ def train_cli(cfg_path, run, *args, crash=None):
     return catchat("train", cfg_path, "--run-dir", run, *args, env=env)
 
 
-def set_up(kind, dev, cfg_path, run) -> tuple:
-    """Bring the run to the scenario's starting point; returns the arguments of the command to kill."""
+def set_up(kind, cfg_path, run, exact_run_at=None) -> tuple:
+    """Bring the run to the scenario's starting point; returns the arguments of the command to kill.
+    "branch" (the exact config only): the run stopped at 24, trained once a session (conftest.py)."""
     if kind == "fresh":
         return ()
     if kind == "tail":
         assert train_cli(cfg_path, run, crash="save.written#5").returncode == -9
         return ("--resume",)
     if kind == "branch":
-        with Trainer(cfgmod.load(cfg_path), run, dev) as t:
-            t.run(stop_after_steps=24)
+        exact_run_at(24, run)
         return ("--resume", run / "checkpoints" / "step-0000021")
     assert train_cli(cfg_path, run, crash="save.written#1").returncode == -9  # "attempt"
     return ()
@@ -112,8 +112,8 @@ def check_invariants(run, straight, foreign: dict) -> None:
 
 
 @pytest.mark.parametrize("kind,point", SCENARIOS, ids=[f"{k}-{p}" for k, p in SCENARIOS])
-def test_kill_anywhere(dev, cfg_path, straight, tmp_path, kind, point):
-    kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point)
+def test_kill_anywhere(dev, cfg_path, straight, exact_run_at, tmp_path, kind, point):
+    kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point, exact_run_at)
 
 
 _VARIANT_RUNS: dict = {}
@@ -142,13 +142,13 @@ def test_kill_anywhere_variants(dev, variant_run, tmp_path, variant, kind, point
     kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point)
 
 
-def kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point):
+def kill_and_continue(dev, cfg_path, straight, tmp_path, kind, point, exact_run_at=None):
     """Bring a run to the scenario, kill it at `point`, check it, continue it: bitwise the straight run."""
     run = tmp_path / "run"
     (run / "user").mkdir(parents=True)
     (run / "user" / "notes.md").write_text("my notes on this run\n")
     foreign = snapshot(run / "user")
-    args = set_up(kind, dev, cfg_path, run)
+    args = set_up(kind, cfg_path, run, exact_run_at)
     r = train_cli(cfg_path, run, *args, crash=point)
     assert r.returncode == -9, f"{point} was never reached: {r.stdout + r.stderr}"
     check_invariants(run, straight, foreign)

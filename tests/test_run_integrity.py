@@ -61,12 +61,12 @@ def crash(cfg_path, run, point, *args, code=-signal.SIGKILL):
 
 
 # ------------------------------------------------------------------------------ branches (items 3, 4, 14)
-def test_branch_moves_the_newer_history_aside_and_resume_stays_on_it(dev, cfg_path, straight, tmp_path):
+def test_branch_moves_the_newer_history_aside_and_resume_stays_on_it(cfg_path, straight, exact_run_at, tmp_path):
     """Resuming from an older checkpoint is a branch: the newer checkpoints, rows and events move to
     branches/NN-after-step-S (nothing deleted), `latest` names the branch point at once, so a kill
     right after start-up and a plain --resume continue the new branch, not the abandoned one."""
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 24)  # checkpoints 21, 24 (keep_last 2); an eval at 24
+    exact_run_at(24, run)  # checkpoints 21, 24 (keep_last 2); an eval at 24
     abandoned_rows = (run / "metrics.csv").read_text().splitlines()[22:]
     crash(cfg_path, run, "resume.trimmed", "--resume", run / "checkpoints" / "step-0000021")
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-0000021"
@@ -88,11 +88,11 @@ def test_branch_moves_the_newer_history_aside_and_resume_stays_on_it(dev, cfg_pa
     assert catchat("scan", run).returncode == 0
 
 
-def test_keep_last_prunes_only_the_live_branch(dev, cfg_path, straight, tmp_path):
+def test_keep_last_prunes_only_the_live_branch(dev, cfg_path, straight, exact_run_at, tmp_path):
     """keep_last after branching back: the new branch's checkpoints are kept, the resume source goes
     only once keep_last newer ones of its own branch are on disk; the abandoned ones stay aside."""
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 24)  # live: 21, 24
+    exact_run_at(24, run)  # live: 21, 24
     side = run / "branches" / "01-after-step-0000021" / "checkpoints"
     r = catchat("train", cfg_path, "--run-dir", run, "--resume", run / "checkpoints" / "step-0000021",
                 "--stop-after-steps", EVERY)
@@ -109,9 +109,9 @@ def test_keep_last_prunes_only_the_live_branch(dev, cfg_path, straight, tmp_path
     assert losses(run) == losses(straight)[:27]
 
 
-def test_resume_from_a_pruned_checkpoint_is_refused(dev, cfg_path, tmp_path):
+def test_resume_from_a_pruned_checkpoint_is_refused(cfg_path, exact_run_at, tmp_path):
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 24)
+    exact_run_at(24, run)
     before = snapshot(run)
     assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume", run / "checkpoints" / "step-0000018"),
                        2, "no checkpoint at")
@@ -139,9 +139,9 @@ def test_ctrl_c_during_resume_start_up_loses_nothing(dev, cfg_path, straight, tm
     (("--set", "data.batch_lanes=2"), "carried state (2, 4, 12) does not match data.batch_lanes"),
     (("--set", "train.optimizer=nadam"), "was trained with adamw"),
 ])
-def test_a_refused_resume_writes_nothing(dev, cfg_path, tmp_path, args, needle):
+def test_a_refused_resume_writes_nothing(cfg_path, exact_run_at, tmp_path, args, needle):
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 5)
+    exact_run_at(5, run)
     crash(cfg_path, run, "save.latest#1", "--resume")  # killed before pruning: step-0000003 stays there
     assert live_checkpoints(run) == ["step-0000003", "step-0000005", "step-0000006"]
     before = snapshot(run)
@@ -157,9 +157,9 @@ def test_a_failed_start_leaves_no_new_run_directory(cfg_path, tmp_path):
     assert not run.exists()
 
 
-def test_leftovers_of_a_killed_process_are_cleaned_at_start(dev, cfg_path, tmp_path):
+def test_leftovers_of_a_killed_process_are_cleaned_at_start(cfg_path, exact_run_at, tmp_path):
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 6)
+    exact_run_at(6, run)
     leftovers = [run / "checkpoints" / ".step-0000009.k2j4", run / "checkpoints" / ".step-0000003.old.77",
                  run / "branches" / ".tmp-02-after-step-0000003"]
     for d in leftovers:
@@ -190,7 +190,7 @@ def test_a_fresh_start_keeps_an_earlier_attempts_telemetry(dev, cfg_path, straig
 
 
 # ------------------------------------------------------------------------------ another run's checkpoint
-def test_a_checkpoint_of_another_run(dev, cfg_path, straight, tmp_path):
+def test_a_checkpoint_of_another_run(cfg_path, straight, exact_run_at, tmp_path):
     """It may start a new run directory (the resume event says foreign); a run directory with its
     own history refuses it and writes nothing."""
     other = straight / "checkpoints" / "step-0000027"
@@ -201,7 +201,7 @@ def test_a_checkpoint_of_another_run(dev, cfg_path, straight, tmp_path):
     assert steps_of(tmp_path / "fork") == [28, 29, 30]
     assert losses(tmp_path / "fork") == losses(straight)[27:]
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 4)
+    exact_run_at(4, run)
     before = snapshot(run)
     assert_clean_error(catchat("train", cfg_path, "--run-dir", run, "--resume", other), 2,
                        "belongs to another run", "new --run-dir")
@@ -291,11 +291,11 @@ def test_consecutive_skipped_steps_stop_the_run(cfg_path, tmp_path):
 
 
 # ------------------------------------------------------------------------------ damaged telemetry (item 10)
-def test_resume_over_damaged_telemetry_keeps_what_it_cannot_read(dev, cfg_path, straight, tmp_path):
+def test_resume_over_damaged_telemetry_keeps_what_it_cannot_read(cfg_path, straight, exact_run_at, tmp_path):
     """Invalid UTF-8 and a 200 KiB line in metrics.csv, a wrong-typed event: resume, scan and plot
     go on; the damaged lines stay where they were (scan names them), the good rows are untouched."""
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 6)
+    exact_run_at(6, run)
     lines = (run / "metrics.csv").read_bytes().splitlines(keepends=True)
     damaged = [b"\xff\xfe not utf-8\n", b"9" * 200_000 + b"\n"]
     (run / "metrics.csv").write_bytes(b"".join(lines[:3] + damaged + lines[3:]))
@@ -331,13 +331,13 @@ def _equal_but_for(run, straight, missing: set[int]):
 
 
 @pytest.mark.parametrize("where, missing", [("end", range(7, 13)), ("middle", range(3, 5))])
-def test_resume_notices_metrics_cut_from_outside(dev, cfg_path, straight, tmp_path, where, missing):
+def test_resume_notices_metrics_cut_from_outside(cfg_path, straight, exact_run_at, tmp_path, where, missing):
     """metrics.csv lost rows of steps the checkpoint has done (cut at the end, or from the middle, while
     the run was stopped): --resume says so in one stderr line, records a metrics_gap event, and trains
     on bitwise; `catchat scan` then warns of a known gap instead of failing on an unexplained one. A
     later resume does not report the recorded gap again."""
     run = tmp_path / "run"
-    train_to(dev, cfg_path, run, 12)  # latest step-0000012, rows 1..12
+    exact_run_at(12, run)  # latest step-0000012, rows 1..12
     _cut_rows(run, set(missing))
     lo, hi = missing[0], missing[-1]
     if where == "middle":  # unexplained: a defect (a cut at the end shows only once a resume goes past it)
