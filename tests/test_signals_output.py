@@ -124,23 +124,21 @@ def test_a_signal_that_lands_inside_the_progress_bars_lock_does_not_wait_for_it(
 
     from catchat.training.signals import StopSignals
 
-    held, said = threading.Lock(), []
+    held, said, spoke = threading.Lock(), [], threading.Event()
 
     def report(kind, **fields):
-        if not held.acquire(timeout=5):  # said from the main thread, inside its own lock: would wait forever
-            said.append(("deadlock", {}))
+        if threading.current_thread() is threading.main_thread():  # inside its own lock: would wait forever
+            said.append(("said inside the lock", {}))
             return
-        said.append((kind, fields))
-        held.release()
+        with held:
+            said.append((kind, fields))
+        spoke.set()
 
     stops = StopSignals(report)
     with held:  # the main thread inside the bar's lock when the signal comes
         stops.handle(signal.SIGHUP, None)
         assert stops.caught == "SIGHUP" and said == []
-    for _ in range(1000):
-        if said:
-            break
-        time.sleep(0.01)
+    assert spoke.wait(timeout=60)  # only against a hang: the lock is free now
     assert said == [("stopping", {"signal": "SIGHUP"})]
     with pytest.raises(KeyboardInterrupt):  # a second signal stops at once
         stops.handle(signal.SIGINT, None)
