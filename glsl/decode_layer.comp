@@ -81,5 +81,5 @@ layout(push_constant) uniform Push {
 
 void main() {
     decode_layer_wg(gl_WorkGroupID.x, DecodeLayerArgs(pc.layer, pc.parity, pc.w_ih, pc.w_hh, pc.b_ih, pc.b_hh,
-                                                      pc.g_prev, pc.g_self));
+                                                      pc.g_prev, pc.g_self), LAYER_FULL);
 }

@@ -38,13 +38,38 @@ float gru_cell(float ai0, float ai1, float ai2, float ah0, float ah1, float ah2,
     return (1.0 - z) * n + z * hold;
 }
 
-void decode_layer_wg(uint wg, DecodeLayerArgs a) {
+// Unit j's new state of stream b from its pre-activation sums (gh already zero after a <bos>) and the
+// biases, stored with x + h (HALF: their float16 shadows); a stopped stream keeps its state.
+void unit_out(uint l, uint newh, uint b, uint j, vec3 gi, vec3 gh, vec3 bi, vec3 bh, float x, float hold,
+              float keep, bool done, float g_self) {
+    float h = done ? hold : gru_cell(gi.x + bi.x, gi.y + bi.y, gi.z + bi.z, gh.x + bh.x, gh.y + bh.y, gh.z + bh.z,
+                                     hold * keep);
+    state1[st(newh, l, b) + j] = h;
+    ysum1[(l * B + b) * H + j] = x + h;
+#ifdef HALF
+    a16s[st(newh, l, b) + j] = float16_t(h);
+    a16s[y16_at(l, b) + j] = float16_t((x + h) * g_self);
+#endif
+}
+
+vec3 bias3(uint at, uint j) { return vec3(params1[at + j], params1[at + H + j], params1[at + 2u * H + j]); }
+
+// What a layer step's workgroup does (the persistent decoder splits a step's products; the fused step
+// runs LAYER_FULL): LAYER_FULL both sums and the gates; LAYER_HIDDEN only W_hh times the state entering,
+// stored in ghp for the next step (DECODE_DEFER); LAYER_INPUT the input's sums and the gates with ghp's.
+// Each sum is taken in the same order whichever mode runs it, so the modes make the same bits.
+const uint LAYER_FULL = 0u, LAYER_HIDDEN = 1u, LAYER_INPUT = 2u;
+
+// ghp: [L, B, 3, H] each layer's W_hh sums for its next step, before the <bos> reset (DECODE_DEFER)
+uint ghp_at(uint l, uint b, uint g, uint j) { return ((l * B + b) * 3u + g) * H + j; }
+
+void decode_layer_wg(uint wg, DecodeLayerArgs a, uint mode) {
     uint nsub = gl_NumSubgroups, lane = gl_SubgroupInvocationID, lanes = gl_SubgroupSize;
     uint j = (wg % pc.units_wgs) * nsub + gl_SubgroupID;
     uint b0 = (wg / pc.units_wgs) * SB;
     if (j >= H) return;  // whole subgroups only: the subgroup operations below stay uniform
     uint l = a.layer, oldh = a.parity, newh = 1u - a.parity;
-    bool first = l == 0u;
+    bool first = l == 0u, hidden = mode != LAYER_INPUT, inputs = mode != LAYER_HIDDEN && !first;
     const uint HW = H / W;  // k steps of W floats
 
     float ai[3][SB], ah[3][SB], ss[SB], keep[SB];
@@ -55,38 +80,45 @@ void decode_layer_wg(uint wg, DecodeLayerArgs a) {
         [[unroll]] for (uint g = 0u; g < 3u; ++g) { ai[g][s] = 0.0; ah[g][s] = 0.0; }
     }
     // what the end needs, loaded before the k loop so its latency hides behind the dot products
-    float bi0 = params1[a.b_ih + j], bi1 = params1[a.b_ih + H + j], bi2 = params1[a.b_ih + 2u * H + j];
-    float bh0 = params1[a.b_hh + j], bh1 = params1[a.b_hh + H + j], bh2 = params1[a.b_hh + 2u * H + j];
-    float gj = first ? 0.0 : params1[a.g_prev + j];
-#ifdef HALF
-    float g_self = params1[a.g_self + j];
-#endif
-    float hold_j[SB], y_j[SB];
+    vec3 bi = vec3(0.0), bh = vec3(0.0), ghd[SB];
+    float gj = 0.0, g_self = 0.0, hold_j[SB], y_j[SB];
     bool done[SB];
-    [[unroll]] for (uint s = 0u; s < SB; ++s) {
-        uint b = min(b0 + s, B - 1u);
-        hold_j[s] = state1[st(oldh, l, b) + j];
-        y_j[s] = first ? 0.0 : ysum1[((l - 1u) * B + b) * H + j];
-        done[s] = ctl[b * DS_WORDS + DS_DONE] != 0u;
+    if (mode != LAYER_HIDDEN) {
+        bi = bias3(a.b_ih, j); bh = bias3(a.b_hh, j);
+        gj = first ? 0.0 : params1[a.g_prev + j];
+#ifdef HALF
+        g_self = params1[a.g_self + j];
+#endif
+        [[unroll]] for (uint s = 0u; s < SB; ++s) {
+            uint b = min(b0 + s, B - 1u);
+            hold_j[s] = state1[st(oldh, l, b) + j];
+            y_j[s] = first ? 0.0 : ysum1[((l - 1u) * B + b) * H + j];
+            done[s] = ctl[b * DS_WORDS + DS_DONE] != 0u;
+#ifdef DECODE_DEFER
+            if (mode == LAYER_INPUT) ghd[s] = vec3(ghp[ghp_at(l, b, 0u, j)], ghp[ghp_at(l, b, 1u, j)], ghp[ghp_at(l, b, 2u, j)]);
+#endif
+        }
     }
     uint wh = a.w_hh / W + j * HW, wi = a.w_ih / W + j * HW;
     [[unroll]] for (uint k = lane; k < HW; k += lanes) {
-        VT wh0 = WLOAD(wh + k), wh1 = WLOAD(wh + H * HW + k), wh2 = WLOAD(wh + 2u * H * HW + k);
-        VT wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0);
+        VT wh0 = VT(0.0), wh1 = VT(0.0), wh2 = VT(0.0), wi0 = VT(0.0), wi1 = VT(0.0), wi2 = VT(0.0);
+        if (hidden) { wh0 = WLOAD(wh + k); wh1 = WLOAD(wh + H * HW + k); wh2 = WLOAD(wh + 2u * H * HW + k); }
 #ifndef HALF
-        VT gk = first ? VT(0.0) : params[a.g_prev / W + k];  // the norm weight at k (HALF: folded into y16)
+        VT gk = inputs ? params[a.g_prev / W + k] : VT(0.0);  // the norm weight at k (HALF: folded into y16)
 #endif
-        if (!first) { wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k); }
+        if (inputs) { wi0 = WLOAD(wi + k); wi1 = WLOAD(wi + H * HW + k); wi2 = WLOAD(wi + 2u * H * HW + k); }
         [[unroll]] for (uint s = 0u; s < SB; ++s) {
             uint b = b0 + s;
             if (b >= B) break;  // uniform in the subgroup
+            if (hidden) {
 #ifdef HALF
-            VT hold = VT(a16[st(oldh, l, b) / W + k]) * keep[s];
+                VT hold = VT(a16[st(oldh, l, b) / W + k]);
 #else
-            VT hold = state[st(oldh, l, b) / W + k] * keep[s];
+                VT hold = state[st(oldh, l, b) / W + k];
 #endif
-            ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
-            if (!first) {
+                ah[0][s] += DOT(wh0, hold); ah[1][s] += DOT(wh1, hold); ah[2][s] += DOT(wh2, hold);
+            }
+            if (inputs) {
                 VT y = ysum[((l - 1u) * B + b) * HW + k];
                 ss[s] += DOT(y, y);
 #ifdef HALF
@@ -101,27 +133,52 @@ void decode_layer_wg(uint wg, DecodeLayerArgs a) {
     [[unroll]] for (uint s = 0u; s < SB; ++s) {
         uint b = b0 + s;
         if (b >= B) break;
-        float gh0 = subgroupAdd(ah[0][s]), gh1 = subgroupAdd(ah[1][s]), gh2 = subgroupAdd(ah[2][s]);
-        float gi0, gi1, gi2, x;
+        vec3 gh = vec3(0.0);
+        if (hidden) gh = vec3(subgroupAdd(ah[0][s]), subgroupAdd(ah[1][s]), subgroupAdd(ah[2][s]));
+#ifdef DECODE_DEFER
+        if (mode == LAYER_HIDDEN) {
+            if (lane == 0u) { ghp[ghp_at(l, b, 0u, j)] = gh.x; ghp[ghp_at(l, b, 1u, j)] = gh.y; ghp[ghp_at(l, b, 2u, j)] = gh.z; }
+            continue;
+        }
+        if (mode == LAYER_INPUT) gh = ghd[s];
+#endif
+        gh = keep[s] != 0.0 ? gh : vec3(0.0);  // after a <bos> the state entering is zero
+        vec3 gi;
+        float x;
         if (first) {
-            layer0_input(token[b], j, a.g_prev, gi0, gi1, gi2, x);
+            layer0_input(token[b], j, a.g_prev, gi.x, gi.y, gi.z, x);
         } else {
             float rstd = 1.0 / sqrt(subgroupAdd(ss[s]) / float(H) + pc.eps);
-            gi0 = subgroupAdd(ai[0][s]) * rstd; gi1 = subgroupAdd(ai[1][s]) * rstd;
-            gi2 = subgroupAdd(ai[2][s]) * rstd;
+            gi = vec3(subgroupAdd(ai[0][s]) * rstd, subgroupAdd(ai[1][s]) * rstd, subgroupAdd(ai[2][s]) * rstd);
             x = y_j[s] * rstd * gj;
         }
-        if (lane == 0u) {
-            float h = done[s] ? hold_j[s]
-                              : gru_cell(gi0 + bi0, gi1 + bi1, gi2 + bi2, gh0 + bh0, gh1 + bh1, gh2 + bh2,
-                                         hold_j[s] * keep[s]);
-            state1[st(newh, l, b) + j] = h;
-            ysum1[(l * B + b) * H + j] = x + h;
-#ifdef HALF
-            a16s[st(newh, l, b) + j] = float16_t(h);
-            a16s[y16_at(l, b) + j] = float16_t((x + h) * g_self);
-#endif
-        }
+        if (lane == 0u) unit_out(l, newh, b, j, gi, gh, bi, bh, x, hold_j[s], keep[s], done[s], g_self);
     }
 }
+
+#ifdef DECODE_DEFER
+// Layer 0 of stream b from its deferred W_hh sums (ghp), by one workgroup, a unit a thread at a time: the
+// persistent decoder's last head workgroup runs it right after the choice, so a step's first layer
+// costs no crossing of its own. The same arithmetic as LAYER_FULL at layer 0.
+void decode_layer0_deferred(uint b, DecodeLayerArgs a) {
+    uint newh = 1u - a.parity, tok = token[b];
+    float keep = tok != pc.bos ? 1.0 : 0.0;
+    bool done = ctl[b * DS_WORDS + DS_DONE] != 0u;
+    const uint T = gl_WorkGroupSize.x, U = (H + T - 1u) / T;
+    [[unroll]] for (uint u = 0u; u < U; ++u) {
+        uint j = gl_LocalInvocationIndex + u * T;
+        if (j >= H) break;
+        vec3 gh = vec3(ghp[ghp_at(0u, b, 0u, j)], ghp[ghp_at(0u, b, 1u, j)], ghp[ghp_at(0u, b, 2u, j)]);
+        gh = keep != 0.0 ? gh : vec3(0.0);
+        vec3 gi;
+        float x, g_self = 0.0;
+#ifdef HALF
+        g_self = params1[a.g_self + j];
+#endif
+        layer0_input(tok, j, a.g_prev, gi.x, gi.y, gi.z, x);
+        unit_out(0u, newh, b, j, gi, gh, bias3(a.b_ih, j), bias3(a.b_hh, j), x, state1[st(a.parity, 0u, b) + j],
+                 keep, done, g_self);
+    }
+}
+#endif
 #endif

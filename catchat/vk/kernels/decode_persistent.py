@@ -1,10 +1,12 @@
 """A chunk of decode steps in one dispatch (glsl/decode_persistent.comp): the fused step's L layers, head
 and choice (glsl/decode_layer.comp, decode_head.comp, decode_sample.comp; the same bodies, so the same
-bits) with a grid barrier between stages where the fused step has a dispatch boundary. At one stream
-each stage does little, so a step is the latency of L + 2 dependent dispatches; a barrier crossing
-costs less than a dispatch (H100, docs/generation.md: a dependent dispatch 2.5-3.6 us; v3 at one stream
-19.1 us a step against the fused step's 33.2 over five dispatches). Where the layers are bound by the
-weights' bytes (v5) the fused step's many more workgroups win.
+bits) in L grid crossings a step where the fused step has L + 2 dispatch boundaries. At one stream
+each stage does little, so a step is the latency of its dependent stages; a crossing costs less than
+a dispatch (H100, docs/generation.md: a dependent dispatch 2.5-3.6 us; v3 at one stream 19.1 us a step
+with a crossing a stage against the fused step's 33.2 over five dispatches). Each layer's W_hh sums are
+taken a step ahead in the waits (`ghp`), and the head's last workgroup makes the choices and layer 0,
+so a step has one crossing a layer above the first and one for the head. Where the layers are bound
+by the weights' bytes (v5) the fused step's many more workgroups win.
 
 The grid is one workgroup per SM where every workgroup is shown co-resident (catchat/vk/occupancy.py),
 else one (a single workgroup needs no other to make progress: slow, never wrong); each runs its share of
@@ -29,6 +31,7 @@ from catchat.vk.kernels.decode import DecodeShape, half_state, head_parts, layer
 from catchat.vk.occupancy import co_residency
 
 LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
+SYNC_WORDS = 5  # grid_sync.glsl's abort flag and finished count, then groups: the grid's, the head's arrivals and release
 
 
 def persistent_threads(dev: Device, V: int, H: int = 0) -> int:
@@ -84,12 +87,14 @@ class PersistentPlan:
 class PersistentBuffers:
     """What a decoder's chunk kernels share beside its state: the head's parts [KP, B, V] then [KP, B],
     the layers' offsets (`lay`, [L, LAYER_ARGS]), the grid barrier's words, the stats its timeouts are
-    counted in, and (half) the float16 weights and activation shadows with the kernels that make them."""
+    counted in, each layer's W_hh sums taken a step ahead (`ghp`, [L, B, 3, H]), and (half) the float16
+    weights and activation shadows with the kernels that make them."""
 
     parts: object
     lay: object
     sync: object
     stats: object
+    ghp: object
     w16: object = None
     a16: object = None
     start: list = field(default_factory=list)
@@ -117,7 +122,7 @@ class DecodePersistent(Kernel):
         # buffers the chunk kernels of one decoder share (the parts, the lay table, the half copies)
         self.own = own = shared or self._buffers(dev, layout, params, state, kp)
         tensors = [params, table0, state, ysum, token, ctl, own.parts, logits, cfg, forced, history, out,
-                   own.lay, own.sync, own.stats] + own.half_tensors()
+                   own.lay, own.sync, own.stats, own.ghp] + own.half_tensors()
         defines = {**(DecodeShape.defines(H) or {}), **({"HALF": 1} if self.half else {})}
         self._fixed = (self.L, self.V, sh.row_wgs, vocab.BOS, float(math.sqrt(H)), float(s.norm_eps),
                        o[head_name(s)], o[f"layers.{self.L - 1}.norm.weight"], kp, B, int(history_cap),
@@ -131,7 +136,8 @@ class DecodePersistent(Kernel):
         for l in range(self.L):
             lay[l, 0], lay[l, 2:] = l, layer_args(layout, l, self.half)
         own = PersistentBuffers(dev.tensor(kp * self.B * (self.V + 1)), dev.tensor(lay, np.uint32),
-                                dev.tensor(3, np.uint32), dev.tensor(slots.ST_WORDS, np.uint32))
+                                dev.tensor(SYNC_WORDS, np.uint32), dev.tensor(slots.ST_WORDS, np.uint32),
+                                dev.tensor(self.L * self.B * 3 * self.H))
         if self.half:
             own.w16, own.a16, own.start = half_state(dev, layout, params, state, self.B)
         dev.upload([own.lay, own.sync, own.stats])
