@@ -121,7 +121,9 @@ void layer_share(uint g, uint among, uint l, uint parity, uint mode) {
 // ahead), then the head's parts, whose last workgroup makes the choices and layer 0 of step k + 1 (from
 // W_hh sums the layers' spare time took) and releases the rest. W_hh sums of layer l for step k + 1
 // fill the wait after layer l + 1's arrival, the last layer's the head's (by every workgroup but the
-// last, which is busy); a chunk's first step takes layer 0 whole and the rest's sums first.
+// last, which is busy; at L <= 2 before the head's arrival); a chunk's first step takes layer 0 whole
+// and the rest's sums first. Sums a workgroup takes in a wait are read only after that workgroup's
+// next arrival (a layer's or the head's), so every reader sees them.
 void main() {
     uint grid = gl_NumWorkGroups.x, g = gl_WorkGroupID.x;
     uint head_wgs = pc.kp * ((B + HSB - 1u) / HSB);
@@ -143,7 +145,11 @@ void main() {
             decode_head_wg(w);
             barrier();  // the next part's staging reuses ys
         }
-        if (more && pc.L == 1u) layer_share(g, grid, 0u, 1u - par, LAYER_HIDDEN);  // layer 0 needs them now
+        // The last layer's W_hh sums: where no crossing lies between the release and that layer's next
+        // stage (L <= 2: layer 0 is the last workgroup's at once, layer 1 the next step's first stage),
+        // before the arrival; else in the wait for the release, by all but the last workgroup.
+        bool ahead = more && pc.L >= 3u;
+        if (more && !ahead) layer_share(g, grid, pc.L - 1u, 1u - par, LAYER_HIDDEN);
         uint rank = head_arrive(k);
         if (rank == grid - 1u) {
             for (uint b = 0u; b < B; ++b) {
@@ -156,9 +162,9 @@ void main() {
                 for (uint b = 0u; b < B; ++b) decode_layer0_deferred(b, layer_args(0u, 1u - par));
             }
             group_arrive(HEAD_RELEASE);
-            if (grid == 1u && more && pc.L > 1u) layer_share(0u, 1u, pc.L - 1u, 1u - par, LAYER_HIDDEN);
+            if (grid == 1u && ahead) layer_share(0u, 1u, pc.L - 1u, 1u - par, LAYER_HIDDEN);
         } else {
-            if (more && pc.L > 1u) layer_share(rank, grid - 1u, pc.L - 1u, 1u - par, LAYER_HIDDEN);
+            if (ahead) layer_share(rank, grid - 1u, pc.L - 1u, 1u - par, LAYER_HIDDEN);
             ok = group_wait(k + 1u, HEAD_RELEASE, 1u);
         }
     }
