@@ -31,7 +31,8 @@ from catchat.vk.kernels.decode import DecodeShape, half_state, head_parts, layer
 from catchat.vk.occupancy import co_residency
 
 LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
-SYNC_WORDS = 5  # grid_sync.glsl's abort flag and finished count, then groups: the grid's, the head's arrivals and release
+# grid_sync.glsl's abort flag and finished count, then groups: the grid's, the head's arrivals and release
+SYNC_WORDS = 5
 
 
 def persistent_threads(dev: Device, V: int, H: int = 0) -> int:
