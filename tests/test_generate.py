@@ -286,7 +286,8 @@ def test_persistent_steps_make_the_fused_steps_bits(dev, run_dir, monkeypatch, k
     assert len({len(o) for o in a}) > 1 and min(len(o) for o in a) < 40  # streams stopped at different steps
     np.testing.assert_array_equal(lb, la)
     np.testing.assert_array_equal(hb, ha)
-    assert gen._decoder.kind == kind and gen.layer_shape()["grid"] == 1  # lavapipe: one workgroup does it all
+    grid = gen.layer_shape()["grid"]  # lavapipe: one workgroup does it all; a GPU's grid (an H100's: 5) crosses
+    assert gen._decoder.kind == kind and (grid == 1 if dev.info.type == "CPU" else grid >= 1)
     profile = gen.profile(4)
     assert list(profile) == ["step"] and profile["step"] > 0
 
@@ -341,13 +342,12 @@ def test_fused_step_text_does_not_depend_on_the_stream_tile(dev, run_dir, monkey
 
 
 def test_decode_step_default_follows_streams_and_width():
-    """Unset (or auto): at fp16 the tensor-core step from 4 streams where it runs (from 2 above H = 1024),
-    and the fused step on float16
-    weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32 streams
-    where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere (batch
-    1, v3 at any batch); below H = 1024 where the device shows the persistent step's grid co-resident,
-    a chunk in one dispatch at 1 stream (and on float16 operands at 2 at fp16); a named step always wins,
-    coop only where H is whole fragments."""
+    """Unset (or auto): at fp16 the tensor-core step from 4 streams where it runs (from 2 above H = 1024);
+    then, where the device shows the persistent step's grid co-resident, a chunk in one dispatch up to 2
+    streams (on float16 weights at fp16 where H >= 1024 and the device has float16); then the fused step on
+    float16 weights at 1 stream where H >= 1024 and the device has float16; else the batched step from 32
+    streams where H >= 1024 (v5 on the H200: 3x the fused step's speed at 64), the fused step elsewhere; a
+    named step always wins, coop only where H is whole fragments."""
     from catchat.vk.program.decoder import decode_kind
 
     assert decode_kind(64, 2048, {}) == decode_kind(32, 1024, {"CATCHAT_DECODE": "auto"}) == "batched"
@@ -374,17 +374,21 @@ def test_decode_step_default_follows_streams_and_width():
     assert decode_kind(64, 512, {"CATCHAT_DECODE": "coop"}) == "coop"
     with pytest.raises(UsageError, match="multiple of 16"):
         decode_kind(64, 520, {"CATCHAT_DECODE": "coop"})
-    # a chunk in one dispatch below H = 1024 where its grid is shown co-resident: 1 stream, and 2 at fp16
+    # a chunk in one dispatch up to 2 streams where its grid is shown co-resident: on float16 weights at fp16
+    # where H >= 1024 and the device has float16, else on the float32 weights
     assert decode_kind(1, 512, {}, grid=True) == decode_kind(1, 1000, {}, precision="fp16", grid=True) == "persistent"
     assert decode_kind(1, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent"
-    assert decode_kind(2, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent16"
-    assert decode_kind(2, 512, {}, precision="fp16", grid=True) == "fused"  # no float16
-    assert decode_kind(2, 512, {}, grid=True) == decode_kind(3, 512, {}, precision="fp16", float16=True,
-                                                             grid=True) == "fused"
+    assert decode_kind(2, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent"
+    assert decode_kind(2, 512, {}, grid=True) == decode_kind(2, 2048, {}, grid=True) == "persistent"
+    assert decode_kind(3, 512, {}, precision="fp16", float16=True, grid=True) == "fused"
     assert decode_kind(4, 512, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "coop"
     assert decode_kind(1, 512, {}) == "fused"  # no grid shown co-resident (lavapipe, SM count unknown)
-    assert decode_kind(1, 1024, {}, grid=True) == "fused"  # the layers bound by the weights' bytes (v5)
-    assert decode_kind(1, 2048, {}, precision="fp16", float16=True, grid=True) == "fused16"
+    assert decode_kind(1, 1024, {}, grid=True) == decode_kind(1, 2048, {}, precision="fp16", grid=True) == "persistent"
+    assert decode_kind(1, 2048, {}, precision="fp16", float16=True, grid=True) == "persistent16"
+    assert decode_kind(1, 1024, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "persistent16"
+    assert decode_kind(2, 2048, {}, precision="fp16", float16=True, grid=True) == "persistent16"  # no tensor cores
+    assert decode_kind(2, 2048, {}, precision="fp16", tensor_cores=True, float16=True, grid=True) == "coop"
+    assert decode_kind(1, 2048, {}, precision="fp16", float16=True) == "fused16"  # no grid
     assert decode_kind(1, 512, {"CATCHAT_DECODE": "fused"}, grid=True) == "fused"
 
 

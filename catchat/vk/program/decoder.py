@@ -100,16 +100,16 @@ COOP_MIN_STREAMS, COOP_MIN_STREAMS_WIDE, COOP_WIDE_HIDDEN = 4, 2, 1024
 # 11,379 at 1 stream, 16,065 / 15,816 at 2 / 4, where the tensor-core step makes 18,786 / 36,072
 # (COOP_MIN_STREAMS_WIDE above): so still one stream.
 FUSED16_MAX_STREAMS, FUSED16_MIN_HIDDEN = 1, 1024
-# A chunk in one dispatch where a step is latency, not the weights' bytes (H100, 2026-12-06,
-# docs/results/2026-12-06-h100-catchat-v{3,5}-gen-persistent.json, chars/s and device us a step): v3 (H = 512)
-# at 1 stream persistent 42,789 (19.1 us) against fused 35,327 (33.2 over five dispatches, each paying
-# ~2.5-3.6 us: -dispatch-chain.json), persistent16 40,198; at 2 streams persistent16 60,598 (28.2) against
-# fused 52,705 (43.6), but persistent 39,297 (43.2). v5 (H = 2048) loses at both (persistent16 4,367
-# against fused16's 9,674 at 1: 128 workgroups of 4 subgroups keep fewer weight loads in flight than the
-# fused step's 1,024 of 2; its workgroups have 16 subgroups since, not yet timed: gpu-check gen-persistent-v5).
-# So below FUSED16_MIN_HIDDEN, where the grid is shown co-resident: persistent at 1 stream, persistent16 at 2
-# at fp16 where the device has float16.
-PERSISTENT_MAX_STREAMS, PERSISTENT16_MAX_STREAMS = 1, 2
+# A chunk in one dispatch, in L grid crossings a step (H100, 2026-12-07, one call with torch's float16 graph:
+# docs/results/2026-12-07-h100-catchat-v{3,5}-gen-persistent.json; chars/s, device us a step): v3 (H = 512)
+# at 1 stream persistent 45,826 (16.9 us) against persistent16 42,443 (18.3) and fused 35,716 (32.9);
+# at 2 streams persistent 61,892 (23.6) against persistent16 56,412 and fused 53,132. v5 (H = 2048) at
+# 1 stream persistent16 12,284 (73.9) against fused16 11,474 (91.5), and at fp32 persistent 10,026 (93.5)
+# against fused 8,655 (119.7); at 2 streams persistent 16,756 against fused 13,674 (at fp16 the
+# tensor-core step starts there: COOP_MIN_STREAMS_WIDE). So where the grid is shown co-resident, a
+# chunk up to PERSISTENT_MAX_STREAMS streams: on float16 weights (persistent16) at fp16 where H >=
+# FUSED16_MIN_HIDDEN (the weights' bytes bound the layers) and the device has float16, else persistent.
+PERSISTENT_MAX_STREAMS = 2
 
 
 def default_chunk(dev) -> int:
@@ -128,26 +128,24 @@ def decode_kind(B: int = 1, H: int = 0, environ=os.environ, *, precision: str = 
                 tensor_cores: bool = False, float16: bool = False, grid: bool = False) -> str:
     """The decode step a Decoder of B streams at hidden size H records: CATCHAT_DECODE, else (unset or
     "auto") at precision fp16 the tensor-core step from COOP_MIN_STREAMS streams (COOP_MIN_STREAMS_WIDE
-    above H = COOP_WIDE_HIDDEN) where the device has
-    tensor cores and H is whole fragments, and fused16 up to FUSED16_MAX_STREAMS streams where H >=
-    FUSED16_MIN_HIDDEN and the device has float16 arithmetic and storage; below FUSED16_MIN_HIDDEN, where
-    the persistent step's `grid` is shown co-resident, persistent up to PERSISTENT_MAX_STREAMS streams and
-    (fp16, float16) persistent16 up to PERSISTENT16_MAX_STREAMS; else batched from BATCHED_MIN_STREAMS
-    streams where H >= BATCHED_MIN_HIDDEN, else fused. Only fp16 rounds the products' operands to float16
-    (the coop, fused16 and persistent16 steps; the batched step's GEMMs)."""
+    above H = COOP_WIDE_HIDDEN) where the device has tensor cores and H is whole fragments; then, where the
+    persistent step's `grid` is shown co-resident, a chunk in one dispatch up to PERSISTENT_MAX_STREAMS
+    streams (persistent16 at fp16 where H >= FUSED16_MIN_HIDDEN and the device has float16 arithmetic and
+    storage, else persistent); then fused16 up to FUSED16_MAX_STREAMS streams where H >= FUSED16_MIN_HIDDEN
+    and the device has float16; else batched from BATCHED_MIN_STREAMS streams where H >= BATCHED_MIN_HIDDEN,
+    else fused. Only fp16 rounds the products' operands to float16 (the coop, fused16 and persistent16
+    steps; the batched step's GEMMs)."""
     raw = environ.get(DECODE_ENV, "").strip() or "auto"
     if raw == "auto":
         wide = H > COOP_WIDE_HIDDEN
         if (precision == "fp16" and tensor_cores and coop_decode_ok(H)
                 and B >= (COOP_MIN_STREAMS_WIDE if wide else COOP_MIN_STREAMS)):
             return "coop"
-        if precision == "fp16" and float16 and B <= FUSED16_MAX_STREAMS and H >= FUSED16_MIN_HIDDEN:
+        half_weights = precision == "fp16" and float16 and H >= FUSED16_MIN_HIDDEN
+        if grid and B <= PERSISTENT_MAX_STREAMS:
+            return "persistent16" if half_weights else "persistent"
+        if half_weights and B <= FUSED16_MAX_STREAMS:
             return "fused16"
-        if grid and H < FUSED16_MIN_HIDDEN:
-            if B <= PERSISTENT_MAX_STREAMS:
-                return "persistent"
-            if precision == "fp16" and float16 and B <= PERSISTENT16_MAX_STREAMS:
-                return "persistent16"
         return "batched" if B >= BATCHED_MIN_STREAMS and H >= BATCHED_MIN_HIDDEN else "fused"
     if raw not in DECODE_KINDS:
         raise UsageError(f"{DECODE_ENV}={raw!r} is not a decode step",
