@@ -462,6 +462,14 @@ for c in v3 v5; do
     # against the fused steps at the few streams they serve (catchat parity --only decode checks them first)
     part "gen-persistent-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2 --steps 1024 \
         --precision fp16 --decode fused,persistent,fused16,persistent16 --compare-torch --json "$out/gen-persistent-$c.json"
+    # the chunk's length at one and two streams (the persistent steps' default kinds): the wall clock per step
+    # at 64 steps a submit was ~5 us above the device's (2026-12-07, H100); whether a submit or a chunk's own
+    # start pays it, 256 steps a submit shows (beside the graph at 256 steps a replay, like for like)
+    for k in 64 256; do
+        part "gen-chunk$k-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2 --steps 2048 \
+            --precision fp16 --decode persistent,persistent16 --chunk $k --compare-torch --graph-chunk $k \
+            --json "$out/gen-chunk$k-$c.json"
+    done
     # the batched forward at T = 1 at fp16 (tensor-core GEMMs split over K, streamed sweeps) against the
     # tensor-core step, at the batches where the coop step is bound by each subgroup's W loads (v5 at 64)
     part "gen-fp16-batched-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 8,32,64 \
