@@ -292,6 +292,28 @@ def test_persistent_steps_make_the_fused_steps_bits(dev, run_dir, monkeypatch, k
     assert list(profile) == ["step"] and profile["step"] > 0
 
 
+def test_a_long_persistent_chunk_stays_within_lavapipes_loop_limit(dev, run_dir, monkeypatch):
+    """lavapipe ends a shader's loops after 65,535 iterations in all: a chunk of 256 steps at 2 streams,
+    which one workgroup runs whole on a CPU device, stopped making tokens after ~249 steps. On a CPU
+    device the decoder now takes fewer steps a dispatch (the same text: the draws do not depend on the
+    chunk), and refuses where two steps would pass the limit."""
+    from catchat.vk.kernels.decode_persistent import CPU_LOOP_LIMIT, PersistentPlan
+
+    ckpt = ck.load_checkpoint(run_dir)
+    got = {}
+    for kind in ("fused", "persistent"):
+        monkeypatch.setenv("CATCHAT_DECODE", kind)
+        gen = Generator.from_checkpoint(dev, ckpt, streams=2, chunk=256)
+        got[kind] = gen.generate(prompt_ids("ALICE: Where"), 300, Sampling(temperature=1.5), seed=3, stop_at=())
+    assert got["persistent"] == got["fused"] and max(len(o) for o in got["fused"]) == 300  # (<eos> may end one)
+    K = gen._decoder.K
+    assert (K < 256 and K % 2 == 0) if dev.info.type == "CPU" else K == 256
+    plan, shape = PersistentPlan.of(dev, 64, 2, 101), (64, 2, 101, 2, 8, 1)  # H, B, V, L, lanes, history
+    assert 2 <= plan.cpu_chunk_steps(256, *shape) * plan.loop_iterations(*shape) <= CPU_LOOP_LIMIT // 2
+    with pytest.raises(UsageError, match="CATCHAT_DECODE=fused"):
+        PersistentPlan.of(dev, 2048, 1, 101).cpu_chunk_steps(256, 2048, 1, 101, 3, 8, 1)
+
+
 def test_persistent_step_reports_a_lost_barrier(dev, run_dir, monkeypatch):
     """A chunk whose grid barrier gave up (its stats word, as the GPU would count it) stops generation
     with DeviceLost naming the remedy, not with garbage tokens."""

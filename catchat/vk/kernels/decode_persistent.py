@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from catchat.data import vocab
-from catchat.errors import DeviceLost
+from catchat.errors import DeviceLost, UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk import slots
 from catchat.vk.device import Device, host_view
@@ -34,6 +34,11 @@ from catchat.vk.occupancy import co_residency
 LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
 # grid_sync.glsl's abort flag and finished count, then groups: the grid's, the head's arrivals and release
 SYNC_WORDS = 5
+# lavapipe ends a shader invocation's loops once they have run 65,535 iterations in all, every loop of the
+# shader counted together (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS): past it a loop exits as if done. On a CPU
+# device one workgroup runs a whole chunk, so its steps must stay under that, or the chunk's last steps
+# silently make nothing (seen: tiny.toml at 2 streams stopped after 249 of 256 steps).
+CPU_LOOP_LIMIT = 65535
 
 
 def persistent_threads(dev: Device, V: int, H: int = 0) -> int:
@@ -71,6 +76,32 @@ class PersistentPlan:
     kp: int
     head_streams: int
     grid: int
+
+    def loop_iterations(self, H: int, B: int, V: int, L: int, lanes: int, history_cap: int) -> int:
+        """An upper bound on one invocation's loop iterations a step where one workgroup runs every stage
+        (a CPU device): each layer's unit workgroups walked twice (its W_hh sums, its input's) with a k
+        loop each, the head's parts, and each stream's choice (its reductions over subgroups, two passes
+        over the vocabulary for top-k and top-p, its n-gram scan of the history). Measured on lavapipe at
+        tiny.toml's shape it is 2-4x the count the loop limit saw."""
+        lanes = max(1, lanes)
+        k_loop = 1 + ceil_div(H // 4 if H % 4 == 0 else H, lanes)
+        layers = 2 * L * self.shape.workgroups(B) * k_loop
+        head = self.kp * ceil_div(B, self.head_streams) * (1 + ceil_div(self.head_streams * self.k_per_part,
+                                                                       self.threads))
+        choice = B * (8 * ceil_div(self.threads, lanes) + 2 * V + 8 * ceil_div(history_cap, self.threads))
+        return layers + head + choice + 16
+
+    def cpu_chunk_steps(self, K: int, H: int, B: int, V: int, L: int, lanes: int, history_cap: int) -> int:
+        """The steps a chunk may take on a CPU device: at most K, even, and their loop iterations within half
+        of CPU_LOOP_LIMIT (the estimate's margin on top of its own). Refused where two steps would pass
+        the limit itself (v5's width on lavapipe): the fused step there has no such limit."""
+        per_step = self.loop_iterations(H, B, V, L, lanes, history_cap)
+        if 2 * per_step > CPU_LOOP_LIMIT:
+            raise UsageError(f"a one-dispatch decode chunk (B = {B}, H = {H}) runs about {per_step:,} loop "
+                             f"iterations a step, and a CPU device (lavapipe) ends a dispatch's loops after "
+                             f"{CPU_LOOP_LIMIT:,}", "set CATCHAT_DECODE=fused (or auto) on this device")
+        steps = max(2, min(int(K), CPU_LOOP_LIMIT // 2 // per_step))
+        return steps - steps % 2
 
     @staticmethod
     def of(dev: Device, H: int, B: int, V: int) -> PersistentPlan:

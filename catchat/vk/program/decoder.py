@@ -302,6 +302,9 @@ class Decoder:
         if self.kind in HALF_KINDS and not dev.runs_float16:
             raise UsageError(f"{DECODE_ENV}={self.kind} needs float16 arithmetic and 16-bit storage, which "
                              f"{dev.info.name} does not offer", f"set {DECODE_ENV} to fused, batched or auto")
+        if self.kind in PERSISTENT_KINDS and dev.info.type == "CPU":  # lavapipe's loop limit (the text is the same)
+            self.K = PersistentPlan.of(dev, spec.hidden, B, V).cpu_chunk_steps(
+                self.K, spec.hidden, B, V, spec.layers, dev.info.subgroup_size, self.cap)
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
