@@ -479,6 +479,24 @@ def test_too_little_device_memory_is_refused_before_allocating(dev):
     assert small.allocated_bytes == 0
 
 
+def test_a_window_past_lavapipes_loop_limit_is_refused_before_allocating(dev):
+    """lavapipe ends a shader's loops after 65,535 iterations in all (the column sums over 262,144 rows
+    came out wrong there without an error), so a CPU device refuses windows of more than
+    CPU_MAX_WINDOW_TOKENS tokens up front, naming the keys to lower; nothing is allocated."""
+    from catchat.vk.device import CPU_MAX_WINDOW_TOKENS
+
+    cpu = dataclasses.replace(dev, info=dataclasses.replace(dev.info, type="CPU"), allocated_bytes=0)
+    layout = ParamLayout(ModelSpec(vocab_size=101, hidden=8, layers=1))
+    with pytest.raises(UsageError) as info:
+        Program(cpu, layout, 1024, CPU_MAX_WINDOW_TOKENS // 1024 + 1)
+    assert "132,096 tokens a window" in str(info.value) and "lavapipe" in str(info.value)
+    assert "data.batch_lanes" in info.value.hint and "data.micro_batches" in info.value.hint
+    assert cpu.allocated_bytes == 0
+    gpu = dataclasses.replace(dev, info=dataclasses.replace(dev.info, type="discrete GPU"))
+    gpu.check_loop_limit(CPU_MAX_WINDOW_TOKENS + 1)  # no such limit there
+    cpu.check_loop_limit(CPU_MAX_WINDOW_TOKENS)
+
+
 @pytest.mark.parametrize("spec,T,B", [(ModelSpec(101, 12, 2), 16, 4),
                                       (ModelSpec(101, 33, 3, tie_embeddings=True), 20, 7),
                                       (ModelSpec(101, 64, 1), 64, 32)])

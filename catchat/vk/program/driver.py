@@ -108,6 +108,7 @@ class Program(ProgramIO):
         dev.check_device_memory(planned_bytes(layout, T, B, training, dev, precision, grad_groups),
                                 f"the model (H={self.spec.hidden}, L={self.spec.layers}) at T={self.T}, B={self.B}"
                                 + (" with training buffers" if training else ""))
+        dev.check_loop_limit(self.T * self.B, f"the program at T={self.T}, B={self.B}")
         self.geometry = g = Geometry.of(layout, self.T, self.B, dev, training, precision)
         self.buffers = b = allocate(dev, layout, g, training)
         if b.initialised():
