@@ -20,11 +20,13 @@ from catchat.vk.probe import DeviceInfo, probe_devices
 ENV_DEVICE = "CATCHAT_DEVICE"
 MEMORY_HINT = ("lower model.hidden, data.batch_lanes or data.window in the config "
                "(for `catchat sample`: --num)")
-# lavapipe ends a shader invocation's loops once they have run 65,535 iterations in all (gallivm's
+# lavapipe ends a shader invocation's loops once they have run this many iterations in all (gallivm's
 # LP_MAX_TGSI_LOOP_ITERATIONS, every loop of the shader counted together), and a loop past it exits as if
-# done: measured there, the bias gradients' column sums over 262,144 rows and a GEMM over K = 1,048,576
-# came out wrong without an error. So a CPU device takes at most this many tokens a window (lanes x
-# window), twice the shipped configs' 65,536 and half the smallest failure seen.
+# done, without an error: measured there, the bias gradients' column sums over 262,144 rows, a GEMM over
+# K = 1,048,576 and a one-dispatch decode chunk of 256 steps at 2 streams came out wrong (Device.loop_limit).
+LAVAPIPE_LOOP_LIMIT = 65535
+# So a CPU device takes at most this many tokens a window (lanes x window): twice the shipped configs'
+# 65,536 and half the smallest failure seen.
 CPU_MAX_WINDOW_TOKENS = 131_072
 _KP_DTYPES = (np.float32, np.uint32, np.int32)
 # module attributes of the kp that `make setup` builds, one per patch in tools/kp-patches/
@@ -187,13 +189,19 @@ class Device:
                 f"{what} needs {format_bytes(nbytes)} of device memory; {self.info.name} has "
                 f"{format_bytes(heap)}", hint=MEMORY_HINT)
 
+    @property
+    def loop_limit(self) -> int | None:
+        """Loop iterations a shader invocation may run in all before its loops end early: lavapipe's
+        (LAVAPIPE_LOOP_LIMIT) on a CPU device, None (no such limit) on a GPU."""
+        return LAVAPIPE_LOOP_LIMIT if self.info.type == "CPU" else None
+
     def check_loop_limit(self, window_tokens: int, what: str = "this program") -> None:
-        """Refuse a window of more than CPU_MAX_WINDOW_TOKENS tokens on a CPU device (lavapipe's loop limit)."""
-        if self.info.type == "CPU" and window_tokens > CPU_MAX_WINDOW_TOKENS:
+        """Refuse a window of more than CPU_MAX_WINDOW_TOKENS tokens where the device has a loop limit."""
+        if self.loop_limit is not None and window_tokens > CPU_MAX_WINDOW_TOKENS:
             raise UsageError(f"{what} has {window_tokens:,} tokens a window (lanes x window); on a CPU device "
-                             f"(lavapipe, which ends a shader's loops after 65,535 iterations) at most "
-                             f"{CPU_MAX_WINDOW_TOKENS:,}", "lower data.batch_lanes or data.window (data.micro_batches "
-                             "keeps the tokens a step), or train on a GPU")
+                             f"(lavapipe, which ends a shader's loops after {self.loop_limit:,} iterations) at "
+                             f"most {CPU_MAX_WINDOW_TOKENS:,}", "lower data.batch_lanes or data.window "
+                             "(data.micro_batches keeps the tokens a step), or train on a GPU")
 
     def upload(self, tensors) -> None:
         """Copy tensors' host data to the device now (new tensors hold garbage there until then)."""

@@ -34,11 +34,6 @@ from catchat.vk.occupancy import co_residency
 LAYER_ARGS = 8  # words per layer in the shader's lay table (DecodeLayerArgs: layer, parity, then six offsets)
 # grid_sync.glsl's abort flag and finished count, then groups: the grid's, the head's arrivals and release
 SYNC_WORDS = 5
-# lavapipe ends a shader invocation's loops once they have run 65,535 iterations in all, every loop of the
-# shader counted together (gallivm's LP_MAX_TGSI_LOOP_ITERATIONS): past it a loop exits as if done. On a CPU
-# device one workgroup runs a whole chunk, so its steps must stay under that, or the chunk's last steps
-# silently make nothing (seen: tiny.toml at 2 streams stopped after 249 of 256 steps).
-CPU_LOOP_LIMIT = 65535
 
 
 def persistent_threads(dev: Device, V: int, H: int = 0) -> int:
@@ -62,6 +57,20 @@ def persistent_grid(dev: Device, threads: int, shared_bytes: int, stage_workgrou
     sms = device_sms(dev)
     n = ceil_div(stage_workgroups, ceil_div(stage_workgroups, sms)) if sms else 1  # balanced: as many each
     return n if n > 1 and co_residency(dev.info, n, threads, shared_bytes).ok else 1
+
+
+def steps_within_loop_limit(K: int, per_step: int, limit: int) -> int:
+    """The steps a chunk may take where a dispatch's loops end after `limit` iterations in all
+    (Device.loop_limit: lavapipe, where one workgroup runs the whole chunk and past the limit its last
+    steps silently make nothing): at most K, even, their `per_step` loop iterations (an upper bound,
+    PersistentPlan.loop_iterations) within half the limit. Refused where two steps would pass the limit
+    itself (v5's width on lavapipe); the fused step has no such limit."""
+    if 2 * per_step > limit:
+        raise UsageError(f"a one-dispatch decode chunk runs about {per_step:,} loop iterations a step, and this "
+                         f"device (lavapipe) ends a dispatch's loops after {limit:,}",
+                         "set CATCHAT_DECODE=fused (or auto) on this device")
+    steps = max(2, min(int(K), limit // 2 // per_step))
+    return steps - steps % 2
 
 
 @dataclass(frozen=True)
@@ -90,18 +99,6 @@ class PersistentPlan:
                                                                        self.threads))
         choice = B * (8 * ceil_div(self.threads, lanes) + 2 * V + 8 * ceil_div(history_cap, self.threads))
         return layers + head + choice + 16
-
-    def cpu_chunk_steps(self, K: int, H: int, B: int, V: int, L: int, lanes: int, history_cap: int) -> int:
-        """The steps a chunk may take on a CPU device: at most K, even, and their loop iterations within half
-        of CPU_LOOP_LIMIT (the estimate's margin on top of its own). Refused where two steps would pass
-        the limit itself (v5's width on lavapipe): the fused step there has no such limit."""
-        per_step = self.loop_iterations(H, B, V, L, lanes, history_cap)
-        if 2 * per_step > CPU_LOOP_LIMIT:
-            raise UsageError(f"a one-dispatch decode chunk (B = {B}, H = {H}) runs about {per_step:,} loop "
-                             f"iterations a step, and a CPU device (lavapipe) ends a dispatch's loops after "
-                             f"{CPU_LOOP_LIMIT:,}", "set CATCHAT_DECODE=fused (or auto) on this device")
-        steps = max(2, min(int(K), CPU_LOOP_LIMIT // 2 // per_step))
-        return steps - steps % 2
 
     @staticmethod
     def of(dev: Device, H: int, B: int, V: int) -> PersistentPlan:

@@ -60,7 +60,7 @@ from catchat.vk.kernels.decode import (
     DecodeSample,
     coop_decode_ok,
 )
-from catchat.vk.kernels.decode_persistent import DecodePersistent, PersistentPlan
+from catchat.vk.kernels.decode_persistent import DecodePersistent, PersistentPlan, steps_within_loop_limit
 from catchat.vk.kernels.gemm_tiles import coopmat_runs
 from catchat.vk.program import sequences as sq
 from catchat.vk.switches import env_override
@@ -302,9 +302,10 @@ class Decoder:
         if self.kind in HALF_KINDS and not dev.runs_float16:
             raise UsageError(f"{DECODE_ENV}={self.kind} needs float16 arithmetic and 16-bit storage, which "
                              f"{dev.info.name} does not offer", f"set {DECODE_ENV} to fused, batched or auto")
-        if self.kind in PERSISTENT_KINDS and dev.info.type == "CPU":  # lavapipe's loop limit (the text is the same)
-            self.K = PersistentPlan.of(dev, spec.hidden, B, V).cpu_chunk_steps(
-                self.K, spec.hidden, B, V, spec.layers, dev.info.subgroup_size, self.cap)
+        if self.kind in PERSISTENT_KINDS and dev.loop_limit:  # lavapipe's (the text does not depend on the chunk)
+            per_step = PersistentPlan.of(dev, spec.hidden, B, V).loop_iterations(
+                spec.hidden, B, V, spec.layers, dev.info.subgroup_size, self.cap)
+            self.K = steps_within_loop_limit(self.K, per_step, dev.loop_limit)
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
         self.cfg = dev.tensor(slots.DC_WORDS, u32)
