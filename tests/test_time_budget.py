@@ -438,15 +438,16 @@ def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path)
 
 def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
     """--budget 0: no time budget, each variant runs the config's steps (how fp16 is compared with FP32
-    at a fixed step count); --seeds: a run per seed and a mean row."""
+    at a fixed step count); --seeds: a run per seed and a mean row; --jobs 2: the two seeds at once, their
+    rows in order. --jobs is refused where a row would be timed."""
     shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
               "eval.eval_every_seqs=100000", "eval.free_running=false", "eval.sample_chars=0", "train.time_budget_s=0",
               "train.cycles=0", "train.total_steps=3"]  # evals: the final one alone
     sets = [arg for s in shrink for arg in ("--set", s)]
     curves = tmp_path / "evals.json"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp16:train.precision=fp16",
-                        "--budget", "0", "--seeds", "4,7", "--runs-dir", str(tmp_path), "--evals-json", str(curves),
-                        *sets], capture_output=True, text=True, timeout=180, cwd=ROOT)
+                        "--budget", "0", "--seeds", "4,7", "--jobs", "2", "--runs-dir", str(tmp_path),
+                        "--evals-json", str(curves), *sets], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
     assert [(row[0], row[2]) for row in rows] == [("fp16-s4", "3"), ("fp16-s7", "3"), ("fp16", "3")], r.stdout
@@ -462,6 +463,12 @@ def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
     assert losses[0] != losses[1]  # the seeds draw different weights
     assert rows[2][1] == "train.precision=fp16, 2 seeds"
     assert rows[2][4] == f"{sum(losses) / 2:.4f} ({min(losses):.4f}-{max(losses):.4f})"
+    tool = [sys.executable, str(ROOT / "tools" / "speedrun.py"), "x", "--jobs", "2", "--runs-dir", str(tmp_path / "no")]
+    for extra, said in ((["--budget", "300"], "--budget 0"),  # timed by the tool
+                        (["--budget", "0"], "train.time_budget_s = 300")):  # timed by configs/speedrun.toml itself
+        refused = subprocess.run([*tool, *extra], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert not (tmp_path / "no").exists()
 
 
 def test_speedrun_tool_screens_then_confirms_the_best(tmp_path):

@@ -43,11 +43,23 @@ catchat's venv has none.
     python tools/speedrun.py coop --torch torch                     # 300 s each, one table
     python tools/speedrun.py coop --torch torch --budget 0 --set train.time_budget_s=0 \
         --set train.total_steps=2048                                # the same 2,048 steps each
+
+--jobs N runs up to N rows at once, for rows planned in steps only (--budget 0 and no train.time_budget_s:
+refused otherwise, since rows at once share the GPU and a timed row's score depends on its speed; their
+wall column is then their own time while sharing). The rows print in the order given once each has run.
+What it buys: PyTorch's rows leave most of the GPU idle (cuDNN's GRU a step at a time), so under CUDA's
+multi-process service (`nvidia-cuda-mps-control -d` first) two ran at 92-94% of one's tokens/s each on an
+H100 (docs/results/2026-12-07-h100-speedrun-torch-mps-probe.txt): three seeds of 2,048 steps in about the
+time of one. Without the service CUDA time-slices processes, and catchat's Vulkan rows are not served by it.
+
+    python tools/speedrun.py --torch t2048 --seeds 3,4,5 --jobs 3 --budget 0 --set train.time_budget_s=0 \
+        --set train.cycles=0 --set train.total_steps=2048
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import os
@@ -61,6 +73,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from catchat import config as cfgmod  # noqa: E402
+from catchat.errors import UsageError  # noqa: E402
 from catchat.run import runlog  # noqa: E402
 
 
@@ -170,6 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="with --screen-steps: how many of the screened variants to run at --budget")
     ap.add_argument("--evals-json", type=Path, default=None, metavar="FILE",
                     help="write each run's held-out evals ([global_step, nats/char] in order) to FILE")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N",
+                    help="rows planned in steps only: run up to N at once (the GPU shared)")
     args = ap.parse_args(argv)
     args.evals = {}
     if not args.variants and not args.torch_variants:
@@ -182,23 +198,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              for run, _ in seed_runs(*parse_variant(v), args.seeds)]
     if len(set(names)) != len(names):
         ap.error(f"variant names must differ (each is a directory of --runs-dir): {', '.join(names)}")
+    if args.jobs < 1:
+        ap.error("--jobs takes how many rows run at once, at least 1")
+    if args.jobs > 1:
+        check_untimed(ap, args)
     return args
 
 
-def run_row(args: argparse.Namespace, run: str, changes: list[str], budget: float, engine: str = "catchat",
-            extra: tuple[str, ...] = ()) -> tuple[dict, float]:
-    """Train one run (RUNS_DIR/run: the common --set changes, then `changes`, then `extra`) at `budget`
-    and print its row; (its summary, its wall clock)."""
-    run_dir = args.runs_dir / run
+def check_untimed(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--jobs > 1 shares the GPU between rows, so no row may be timed: --budget 0, no screen (its confirm
+    runs at --budget), and no variant whose config keeps a train.time_budget_s."""
+    fix = "give --budget 0 and --set train.time_budget_s=0 (rows planned in steps), or leave out --jobs"
+    if args.budget or args.screen_steps:
+        ap.error(f"--jobs runs rows at once on one GPU, which would slow a timed row: {fix}")
+    for text in args.variants + args.torch_variants:
+        name, changes = parse_variant(text)
+        try:
+            budget = cfgmod.load(args.config, args.common + changes).train.time_budget_s
+        except UsageError as e:
+            ap.error(str(e))
+        if budget:
+            ap.error(f"--jobs: {name} keeps train.time_budget_s = {budget:g} from its config: {fix}")
+
+
+def train_run(args: argparse.Namespace, run: str, changes: list[str], budget: float, engine: str = "catchat",
+              extra: tuple[str, ...] = ()) -> float:
+    """Train one run (RUNS_DIR/run: the common --set changes, then `changes`, then `extra`) at `budget`;
+    its wall clock."""
     python = args.torch_python if engine == "torch" else sys.executable
-    wall_s = run_variant(train_command(engine, args.config, budget, run_dir, args.common + changes + list(extra),
-                                       python), run_dir)
-    s = summarise(run_dir)
+    run_dir = args.runs_dir / run
+    return run_variant(train_command(engine, args.config, budget, run_dir, args.common + changes + list(extra),
+                                     python), run_dir)
+
+
+def print_row(args: argparse.Namespace, run: str, changes: list[str], wall_s: float,
+              engine: str = "catchat") -> tuple[dict, float]:
+    """Print a finished run's row (and record its evals); (its summary, its wall clock)."""
+    s = summarise(args.runs_dir / run)
     print(format_row(run, changes, s, wall_s, engine), flush=True)
     if args.evals_json:  # every row's held-out curve so far, rewritten after each row (a cut call keeps them)
         args.evals[run] = s["evals"]
         args.evals_json.write_text(json.dumps(args.evals, indent=1) + "\n", encoding="utf-8")
     return s, wall_s
+
+
+def run_row(args: argparse.Namespace, run: str, changes: list[str], budget: float, engine: str = "catchat",
+            extra: tuple[str, ...] = ()) -> tuple[dict, float]:
+    """Train one run at `budget` and print its row; (its summary, its wall clock)."""
+    return print_row(args, run, changes, train_run(args, run, changes, budget, engine, extra), engine)
 
 
 def screen_then_confirm(args: argparse.Namespace) -> None:
@@ -222,13 +269,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.screen_steps:
         screen_then_confirm(args)
         return
-    for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)):
-        for text in texts:
-            name, changes = parse_variant(text)
-            rows = [run_row(args, run, run_changes, args.budget, engine)
+    variants = [(engine, *parse_variant(text))
+                for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)) for text in texts]
+    # every run queued at once; with --jobs 1 they train one after another in this order
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    try:
+        walls = {(engine, run): pool.submit(train_run, args, run, run_changes, args.budget, engine)
+                 for engine, name, changes in variants
+                 for run, run_changes in seed_runs(name, changes, args.seeds)}
+        for engine, name, changes in variants:
+            rows = [print_row(args, run, run_changes, walls[engine, run].result(), engine)
                     for run, run_changes in seed_runs(name, changes, args.seeds)]
             if args.seeds:
                 print(format_seeds_row(name, changes, rows, engine), flush=True)
+    finally:  # a failed run ends the table: the runs not started yet are dropped
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 if __name__ == "__main__":
