@@ -32,3 +32,28 @@ def test_only_runs_the_named_groups_and_refuses_unknown_ones(cli, tmp_path):
     assert [g["group"] for g in r["summary"]] == ["axpby", "norm"]
     code, _, err = cli("parity", "--only", "gem")
     assert code == 2 and "gem is not a parity group" in err and "Traceback" not in err
+
+
+def test_scaled_error_is_the_largest_difference_over_the_largest_magnitude():
+    r = compare("g", "1", [1.0, -3.9], [1.0, -4.0], 0, 0)
+    assert r.scale == 4.0 and abs(r.scaled_error() - 0.1 / 4.0) < 1e-12
+    assert compare("g", "1", [float("nan")], [1.0], 0, 0).scaled_error() == float("inf")
+
+
+def test_full_shape_tool_checks_a_config_at_its_own_window_and_lanes():
+    """tools/full_shape_parity.py (docs/architecture.md "lavapipe's loop limit"): the whole model at the
+    config's shape (shrunk here) against the reference; past --max-error it says FAIL and exits 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    tool = [sys.executable, str(root / "tools" / "full_shape_parity.py"), "configs/tiny.toml",
+            "--set", "data.batch_lanes=3", "--set", "data.window=5"]
+    r = subprocess.run(tool, capture_output=True, text=True, timeout=120, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "H=64 L=2 T=5 B=3 fp32" in r.stdout and "OK: largest" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if "of its size" in line]
+    assert any(line.startswith("grad head.weight") for line in rows) and all(line.endswith(" ok") for line in rows)
+    strict = subprocess.run([*tool, "--max-error", "0"], capture_output=True, text=True, timeout=120, cwd=root)
+    assert strict.returncode == 1 and "FAIL: largest" in strict.stdout, strict.stdout + strict.stderr

@@ -36,6 +36,13 @@ class ParityResult:
     atol: float
     rtol: float
     ok: bool
+    scale: float = 0.0  # the largest |expected|: what a difference is small against
+
+    def scaled_error(self) -> float:
+        """The largest difference as a fraction of the largest |expected| (inf where either is not finite)."""
+        if not (np.isfinite(self.max_abs) and np.isfinite(self.scale)):
+            return float("inf")
+        return self.max_abs / self.scale if self.scale > 0 else self.max_abs
 
     def __str__(self) -> str:
         return (f"{self.kernel} [{self.shape}] max_abs={self.max_abs:.2e} max_rel={self.max_rel:.2e} "
@@ -52,7 +59,8 @@ def compare(kernel: str, shape: str, got, expected, atol: float, rtol: float) ->
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float((diff / np.maximum(np.abs(exp), 1e-30)).max()) if diff.size else 0.0
     ok = bool(np.all(np.isfinite(got)) and np.all(diff <= atol + rtol * np.abs(exp)))
-    return ParityResult(kernel, shape, max_abs, max_rel, atol, rtol, ok)
+    scale = float(np.abs(exp).max()) if exp.size else 0.0
+    return ParityResult(kernel, shape, max_abs, max_rel, atol, rtol, ok, scale)
 
 
 def exact(kernel: str, shape: str, got: np.ndarray, expected: np.ndarray) -> ParityResult:
