@@ -40,9 +40,10 @@ def test_scaled_error_is_the_largest_difference_over_the_largest_magnitude():
     assert compare("g", "1", [float("nan")], [1.0], 0, 0).scaled_error() == float("inf")
 
 
-def test_full_shape_tool_checks_a_config_at_its_own_window_and_lanes():
+def test_full_shape_tool_checks_a_config_at_its_own_window_and_lanes(dev):
     """tools/full_shape_parity.py (docs/architecture.md "lavapipe's loop limit"): the whole model at the
-    config's shape (shrunk here) against the reference; past --max-error it says FAIL and exits 1."""
+    config's shape (shrunk here) against the reference; past --max-error it says FAIL and exits 1; a
+    shape the device cannot hold is refused in `catchat train`'s words (exit 2)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -57,3 +58,7 @@ def test_full_shape_tool_checks_a_config_at_its_own_window_and_lanes():
     assert any(line.startswith("grad head.weight") for line in rows) and all(line.endswith(" ok") for line in rows)
     strict = subprocess.run([*tool, "--max-error", "0"], capture_output=True, text=True, timeout=120, cwd=root)
     assert strict.returncode == 1 and "FAIL: largest" in strict.stdout, strict.stdout + strict.stderr
+    if dev.info.type == "CPU":  # lavapipe's 128 MiB storage buffers: v5's width at 2 layers does not fit
+        wide = [*tool, "--set", "model.hidden=2048", "--set", "model.layers=2"]
+        big = subprocess.run(wide, capture_output=True, text=True, timeout=120, cwd=root)
+        assert big.returncode == 2 and "fix:" in big.stderr and "Traceback" not in big.stderr, big.stderr

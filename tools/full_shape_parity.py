@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catchat import config as cfgmod  # noqa: E402
+from catchat.errors import CatchatError  # noqa: E402
 from catchat.parity import model as model_parity  # noqa: E402
 from catchat.training.step import step_hyper  # noqa: E402
 from catchat.vk.device import open_device  # noqa: E402
@@ -47,8 +48,12 @@ def main() -> int:
     print(f"{args.config}: H={spec.hidden} L={spec.layers} T={T} B={B} {args.precision} on {dev.info.name}",
           flush=True)
     start = time.perf_counter()
-    results = model_parity.model_parity(dev, spec, T, B, hp, seed=5, label=Path(args.config).stem,
-                                        precision=args.precision, wide=True)
+    try:
+        results = model_parity.model_parity(dev, spec, T, B, hp, seed=5, label=Path(args.config).stem,
+                                            precision=args.precision, wide=True)
+    except CatchatError as e:  # e.g. a shape past the device's memory or buffer size: the same words as `catchat train`
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     worst = 0.0
     for r in results:
         err = r.scaled_error()
