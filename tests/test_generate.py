@@ -310,9 +310,9 @@ def test_a_long_persistent_chunk_stays_within_lavapipes_loop_limit(dev, run_dir,
     assert got["persistent"] == got["fused"] and max(len(o) for o in got["fused"]) == 300  # (<eos> may end one)
     K = gen._decoder.K
     assert (K < 256 and K % 2 == 0) if dev.loop_limit else K == 256
-    per_step = PersistentPlan.of(dev, 64, 2, 101).loop_iterations(64, 2, 101, 2, 8, 1)  # H, B, V, L, lanes, history
+    per_step = PersistentPlan.of(dev, 64, 2, 101).loop_iterations(2, 1)  # H, B, V; L, history
     assert 2 <= steps_within_loop_limit(256, per_step, LAVAPIPE_LOOP_LIMIT) * per_step <= LAVAPIPE_LOOP_LIMIT // 2
-    v5_step = PersistentPlan.of(dev, 2048, 1, 101).loop_iterations(2048, 1, 101, 3, 8, 1)
+    v5_step = PersistentPlan.of(dev, 2048, 1, 101).loop_iterations(3, 1)
     with pytest.raises(UsageError, match="CATCHAT_DECODE=fused"):
         steps_within_loop_limit(256, v5_step, LAVAPIPE_LOOP_LIMIT)
 

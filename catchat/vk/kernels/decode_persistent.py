@@ -75,9 +75,9 @@ def steps_within_loop_limit(K: int, per_step: int, limit: int) -> int:
 
 @dataclass(frozen=True)
 class PersistentPlan:
-    """How the chunk's dispatch covers B streams at hidden size H: `threads` a workgroup, the layers'
-    `shape` (a unit a subgroup), the head's `k_per_part`, `kp` parts and `head_streams` a workgroup, and
-    the `grid` of workgroups that runs every stage."""
+    """How the chunk's dispatch covers B streams at hidden size H and vocabulary V (`lanes` a subgroup):
+    `threads` a workgroup, the layers' `shape` (a unit a subgroup), the head's `k_per_part`, `kp` parts
+    and `head_streams` a workgroup, and the `grid` of workgroups that runs every stage."""
 
     threads: int
     shape: DecodeShape
@@ -85,14 +85,18 @@ class PersistentPlan:
     kp: int
     head_streams: int
     grid: int
+    H: int
+    B: int
+    V: int
+    lanes: int
 
-    def loop_iterations(self, H: int, B: int, V: int, L: int, lanes: int, history_cap: int) -> int:
+    def loop_iterations(self, L: int, history_cap: int) -> int:
         """An upper bound on one invocation's loop iterations a step where one workgroup runs every stage
         (a CPU device): each layer's unit workgroups walked twice (its W_hh sums, its input's) with a k
         loop each, the head's parts, and each stream's choice (its reductions over subgroups, two passes
         over the vocabulary for top-k and top-p, its n-gram scan of the history). Measured on lavapipe at
         tiny.toml's shape it is 2-4x the count the loop limit saw."""
-        lanes = max(1, lanes)
+        H, B, V, lanes = self.H, self.B, self.V, self.lanes
         k_loop = 1 + ceil_div(H // 4 if H % 4 == 0 else H, lanes)
         layers = 2 * L * self.shape.workgroups(B) * k_loop
         head = self.kp * ceil_div(B, self.head_streams) * (1 + ceil_div(self.head_streams * self.k_per_part,
@@ -110,7 +114,7 @@ class PersistentPlan:
         shared_bytes = 4 * (vec * head_streams * k_per_part + 4 * threads + 8)  # ys; z, p, wg_red, wg_ured; banned
         stage_wgs = max(shape.workgroups(B), kp * ceil_div(B, head_streams), B)
         return PersistentPlan(threads, shape, k_per_part, kp, head_streams,
-                              persistent_grid(dev, threads, shared_bytes, stage_wgs))
+                              persistent_grid(dev, threads, shared_bytes, stage_wgs), H, B, V, sub)
 
 
 @dataclass

@@ -303,8 +303,7 @@ class Decoder:
             raise UsageError(f"{DECODE_ENV}={self.kind} needs float16 arithmetic and 16-bit storage, which "
                              f"{dev.info.name} does not offer", f"set {DECODE_ENV} to fused, batched or auto")
         if self.kind in PERSISTENT_KINDS and dev.loop_limit:  # lavapipe's (the text does not depend on the chunk)
-            per_step = PersistentPlan.of(dev, spec.hidden, B, V).loop_iterations(
-                spec.hidden, B, V, spec.layers, dev.info.subgroup_size, self.cap)
+            per_step = PersistentPlan.of(dev, spec.hidden, B, V).loop_iterations(spec.layers, self.cap)
             self.K = steps_within_loop_limit(self.K, per_step, dev.loop_limit)
         self.logits = dev.tensor(B * V)
         self.ctl = dev.tensor(B * slots.DS_WORDS, u32)
