@@ -487,6 +487,7 @@ def test_speedrun_tool_screens_then_confirms_the_best(tmp_path):
     best = min(rows[:2], key=lambda row: float(row[4]))[0].removesuffix("-3steps")
     assert len(rows) == 3 and (rows[2][0], rows[2][2]) == (best, "2"), r.stdout
     assert events(tmp_path / best, "eval")[-1]["loss"] == pytest.approx(float(rows[2][4]), abs=1e-4)
-    refused = subprocess.run([*tool, "--screen-steps", "3", "--seeds", "3,4"], capture_output=True, text=True,
-                             timeout=60, cwd=ROOT)
-    assert refused.returncode == 2 and "--screen-steps" in refused.stderr
+    for extra in (["--seeds", "3,4"], ["--jobs", "2", "--budget", "0"]):  # the screen runs one at a time
+        refused = subprocess.run([*tool, "--screen-steps", "3", *extra], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT)
+        assert refused.returncode == 2 and "--screen-steps" in refused.stderr

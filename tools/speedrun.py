@@ -192,8 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("name at least one variant (or --torch VARIANT)")
     if args.screen_steps < 0 or args.confirm < 1:
         ap.error("--screen-steps takes a number of steps (0: no screen) and --confirm at least 1")
-    if args.screen_steps and (args.seeds or args.torch_variants):
-        ap.error("--screen-steps screens catchat variants of one seed: leave out --seeds and --torch")
+    if args.screen_steps and (args.seeds or args.torch_variants or args.jobs != 1):
+        ap.error("--screen-steps screens catchat variants of one seed, one at a time: leave out --seeds, --torch "
+                 "and --jobs")
     names = [run for v in args.variants + args.torch_variants
              for run, _ in seed_runs(*parse_variant(v), args.seeds)]
     if len(set(names)) != len(names):
@@ -206,10 +207,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_untimed(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--jobs > 1 shares the GPU between rows, so no row may be timed: --budget 0, no screen (its confirm
-    runs at --budget), and no variant whose config keeps a train.time_budget_s."""
+    """--jobs > 1 shares the GPU between rows, so no row may be timed: --budget 0, and no variant whose
+    config keeps a train.time_budget_s."""
     fix = "give --budget 0 and --set train.time_budget_s=0 (rows planned in steps), or leave out --jobs"
-    if args.budget or args.screen_steps:
+    if args.budget:
         ap.error(f"--jobs runs rows at once on one GPU, which would slow a timed row: {fix}")
     for text in args.variants + args.torch_variants:
         name, changes = parse_variant(text)
@@ -269,17 +270,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.screen_steps:
         screen_then_confirm(args)
         return
-    variants = [(engine, *parse_variant(text))
-                for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants)) for text in texts]
-    # every run queued at once; with --jobs 1 they train one after another in this order
+    variants = [(engine, name, changes, seed_runs(name, changes, args.seeds))
+                for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants))
+                for name, changes in map(parse_variant, texts)]
+    # every run queued at once (run names are distinct: parse_args); with --jobs 1 one after another, in order
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
     try:
-        walls = {(engine, run): pool.submit(train_run, args, run, run_changes, args.budget, engine)
-                 for engine, name, changes in variants
-                 for run, run_changes in seed_runs(name, changes, args.seeds)}
-        for engine, name, changes in variants:
-            rows = [print_row(args, run, run_changes, walls[engine, run].result(), engine)
-                    for run, run_changes in seed_runs(name, changes, args.seeds)]
+        walls = {run: pool.submit(train_run, args, run, run_changes, args.budget, engine)
+                 for engine, _, _, runs in variants for run, run_changes in runs}
+        for engine, name, changes, runs in variants:
+            rows = [print_row(args, run, run_changes, walls[run].result(), engine) for run, run_changes in runs]
             if args.seeds:
                 print(format_seeds_row(name, changes, rows, engine), flush=True)
     finally:  # a failed run ends the table: the runs not started yet are dropped
