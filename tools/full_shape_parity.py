@@ -43,7 +43,7 @@ def main() -> int:
     args = ap.parse_args()
     cfg = cfgmod.load(args.config, args.overrides)
     spec, T, B = cfgmod.model_spec(cfg), cfg.data.window, cfg.data.batch_lanes
-    hp = step_hyper(cfg, cfg.train.lr, loss_scale=1024.0 if args.precision == "fp16" else 1.0)
+    hp = step_hyper(cfg, cfg.train.lr, loss_scale=model_parity.FP16_SCALE if args.precision == "fp16" else 1.0)
     dev = open_device()
     print(f"{args.config}: H={spec.hidden} L={spec.layers} T={T} B={B} {args.precision} on {dev.info.name}",
           flush=True)
@@ -51,9 +51,9 @@ def main() -> int:
     try:
         results = model_parity.model_parity(dev, spec, T, B, hp, seed=5, label=Path(args.config).stem,
                                             precision=args.precision, wide=True)
-    except CatchatError as e:  # e.g. a shape past the device's memory or buffer size: the same words as `catchat train`
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except CatchatError as e:  # e.g. a shape past the device's memory or buffer size: `catchat train`'s words and code
+        print(f"{e.label}: {e}", file=sys.stderr)
+        return e.exit_code
     worst = 0.0
     for r in results:
         err = r.scaled_error()
