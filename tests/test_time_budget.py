@@ -6,6 +6,7 @@ stopped and resumed, ending inside the budget with lr_min, a checkpoint and an e
 import csv
 import json
 import math
+import os
 import random
 import subprocess
 import sys
@@ -439,16 +440,26 @@ def test_speedrun_tool_prints_a_row_per_variant_each_run_in_its_budget(tmp_path)
 def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
     """--budget 0: no time budget, each variant runs the config's steps (how fp16 is compared with FP32
     at a fixed step count); --seeds: a run per seed and a mean row; --jobs 2: the two seeds at once, their
-    rows in order. --jobs is refused where a row would be timed."""
+    rows in order, under --mps (here a stand-in for nvidia-cuda-mps-control that logs its calls: started
+    before the rows, stopped after). --jobs is refused where a row would be timed, --mps without --jobs
+    or where the control program is not on PATH."""
     shrink = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
               "eval.eval_every_seqs=100000", "eval.free_running=false", "eval.sample_chars=0", "train.time_budget_s=0",
               "train.cycles=0", "train.total_steps=3"]  # evals: the final one alone
     sets = [arg for s in shrink for arg in ("--set", s)]
     curves = tmp_path / "evals.json"
+    bin_dir, mps_log = tmp_path / "bin", tmp_path / "mps.log"
+    bin_dir.mkdir()
+    control = bin_dir / "nvidia-cuda-mps-control"  # logs its arguments, then what it reads; `-d` returns at once
+    control.write_text(f'#!/bin/sh\necho "args:$*" >> {mps_log}\n[ "$1" = -d ] || cat >> {mps_log}\n')
+    control.chmod(0o755)
+    with_bin = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "speedrun.py"), "fp16:train.precision=fp16",
-                        "--budget", "0", "--seeds", "4,7", "--jobs", "2", "--runs-dir", str(tmp_path),
-                        "--evals-json", str(curves), *sets], capture_output=True, text=True, timeout=180, cwd=ROOT)
+                        "--budget", "0", "--seeds", "4,7", "--jobs", "2", "--mps", "--runs-dir", str(tmp_path),
+                        "--evals-json", str(curves), *sets], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                       env=with_bin)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert mps_log.read_text().splitlines() == ["args:-d", "args:", "quit"]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in r.stdout.splitlines()[2:]]
     assert [(row[0], row[2]) for row in rows] == [("fp16-s4", "3"), ("fp16-s7", "3"), ("fp16", "3")], r.stdout
     losses = []
@@ -469,6 +480,15 @@ def test_speedrun_tool_without_a_budget_runs_the_configs_own_length(tmp_path):
         refused = subprocess.run([*tool, *extra], capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert refused.returncode == 2 and said in refused.stderr, refused.stderr
         assert not (tmp_path / "no").exists()
+    untimed = ["--budget", "0", "--set", "train.time_budget_s=0", "--set", "train.total_steps=3"]
+    no_control = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    for cmd, env, said in (([*tool[:3], "--mps", *untimed], with_bin, "give --jobs N"),
+                           ([*tool, "--mps", *untimed], no_control, "nvidia-cuda-mps-control")):
+        refused = subprocess.run([*cmd, "--runs-dir", str(tmp_path / "no")], capture_output=True, text=True,
+                                 timeout=60, cwd=ROOT, env=env)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert not (tmp_path / "no").exists()
+    assert mps_log.read_text().splitlines() == ["args:-d", "args:", "quit"]  # neither refusal started it
 
 
 def test_speedrun_tool_screens_then_confirms_the_best(tmp_path):

@@ -359,11 +359,11 @@ part speedrun-steps-catchat $py tools/speedrun.py c2048 c2048-lf:data.lane_order
     c2048-sh:data.lane_order=shuffle $steps2048
 part speedrun-steps-torch $py tools/speedrun.py --torch t2048 $steps2048
 # ... three seeds of each on today's recipe: catchat's one after another (~95 s a row at 4 layers), PyTorch's
-# all at once under CUDA's multi-process service (started and stopped here: its rows share the GPU at
-# 92-94% of one row's speed each, docs/speedrun.md; ~7 min, PART_TIMEOUT=560)
+# all at once under CUDA's multi-process service (--mps starts and stops it: three rows ran at the speed of
+# one alone on an H100, docs/speedrun.md; ~7 min, PART_TIMEOUT=560)
 part speedrun-seeds-catchat $py tools/speedrun.py c2048 --seeds 3,4,5 $steps2048 --evals-json "$out/evals-c2048.json"
-part speedrun-seeds-torch bash -c "nvidia-cuda-mps-control -d; $py tools/speedrun.py --torch t2048 --seeds 3,4,5 \
-    --jobs 3 $steps2048 --evals-json $out/evals-t2048.json; rc=\$?; echo quit | nvidia-cuda-mps-control; exit \$rc"
+part speedrun-seeds-torch $py tools/speedrun.py --torch t2048 --seeds 3,4,5 --jobs 3 --mps $steps2048 \
+    --evals-json "$out/evals-t2048.json"
 # issue 36 item 2's recipe rows, screened at 1,024 steps each (~1 min a row; PART_TIMEOUT=400): the config,
 # weight decay off, tied embeddings, a 512 window at 128 lanes (the same tokens a step), L = 4
 steps1024="${steps2048/total_steps=2048/total_steps=1024}"

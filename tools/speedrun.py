@@ -49,10 +49,13 @@ refused otherwise, since rows at once share the GPU and a timed row's score depe
 wall column is then their own time while sharing). The rows print in the order given once each has run.
 What it buys: PyTorch's rows leave most of the GPU idle (cuDNN's GRU a step at a time), so under CUDA's
 multi-process service (`nvidia-cuda-mps-control -d` first) two ran at 92-94% of one's tokens/s each on an
-H100 (docs/results/2026-12-07-h100-speedrun-torch-mps-probe.txt): three seeds of 2,048 steps in about the
-time of one. Without the service CUDA time-slices processes, and catchat's Vulkan rows are not served by it.
+H100 (docs/results/2026-12-07-h100-speedrun-torch-mps-probe.txt), and three at once each at the speed of
+one alone (-2048steps-torch-s345.txt): three seeds of 2,048 steps in the time of one. Without the service
+CUDA time-slices processes, and catchat's Vulkan rows are not served by it. --mps starts the service
+(`nvidia-cuda-mps-control -d`) before the first row and stops it after the last; one already running is
+used and left running.
 
-    python tools/speedrun.py --torch t2048 --seeds 3,4,5 --jobs 3 --budget 0 --set train.time_budget_s=0 \
+    python tools/speedrun.py --torch t2048 --seeds 3,4,5 --jobs 3 --mps --budget 0 --set train.time_budget_s=0 \
         --set train.cycles=0 --set train.total_steps=2048
 """
 
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import math
 import os
@@ -71,6 +75,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MPS_CONTROL = "nvidia-cuda-mps-control"
 sys.path.insert(0, str(ROOT))
 
 from catchat import config as cfgmod  # noqa: E402
@@ -186,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="write each run's held-out evals ([global_step, nats/char] in order) to FILE")
     ap.add_argument("--jobs", type=int, default=1, metavar="N",
                     help="rows planned in steps only: run up to N at once (the GPU shared)")
+    ap.add_argument("--mps", action="store_true",
+                    help="with --jobs: run the rows under CUDA's multi-process service (started and stopped here)")
     args = ap.parse_args(argv)
     args.evals = {}
     if not args.variants and not args.torch_variants:
@@ -203,7 +210,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--jobs takes how many rows run at once, at least 1")
     if args.jobs > 1:
         check_untimed(ap, args)
+    if args.mps and args.jobs == 1:
+        ap.error("--mps lets rows run at once share the GPU: give --jobs N (N > 1) with it")
+    if args.mps and not shutil.which(MPS_CONTROL):
+        ap.error(f"--mps needs {MPS_CONTROL} (NVIDIA's driver utilities) on PATH; without --mps the rows "
+                 "share the GPU by time slices")
     return args
+
+
+@contextlib.contextmanager
+def mps_service(enabled: bool):
+    """CUDA's multi-process service for the rows' lifetime (--mps): started with `-d` and stopped with
+    `quit` after the last row where this started it; where `-d` fails (one already running, or no GPU)
+    its words are printed and the rows go on without a service of their own."""
+    if not enabled:
+        yield
+        return
+    start = subprocess.run([MPS_CONTROL, "-d"], capture_output=True, text=True)
+    if start.returncode:
+        said = " ".join((start.stdout + start.stderr).split()) or f"exit status {start.returncode}"
+        print(f"# --mps: `{MPS_CONTROL} -d` said: {said}; left as it is", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        if start.returncode == 0:
+            subprocess.run([MPS_CONTROL], input="quit\n", capture_output=True, text=True)
 
 
 def check_untimed(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -273,7 +304,13 @@ def main(argv: list[str] | None = None) -> None:
     variants = [(engine, name, changes, seed_runs(name, changes, args.seeds))
                 for engine, texts in (("catchat", args.variants), ("torch", args.torch_variants))
                 for name, changes in map(parse_variant, texts)]
-    # every run queued at once (run names are distinct: parse_args); with --jobs 1 one after another, in order
+    # run names are distinct (parse_args); with --jobs 1 one after another, in order
+    with mps_service(args.mps):
+        run_table(args, variants)
+
+
+def run_table(args: argparse.Namespace, variants: list) -> None:
+    """Every run queued at once, up to --jobs at a time; the rows printed in the order given."""
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
     try:
         walls = {run: pool.submit(train_run, args, run, run_changes, args.budget, engine)
