@@ -20,7 +20,8 @@
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
 // WSH (opt-in, where its buffers fit): W's blocks of each k fragment staged once per workgroup in
-// shared memory for all its subgroups, below; without it each subgroup loads its own.
+// shared memory for all its subgroups, through a ring of WPD stages (below); without it each subgroup
+// loads its own.
 // PROBE (timing only, wrong results; without WSH, on real fragments): 1 = no W loads (constant W
 // fragments), 2 = no h16 / y16 loads: what a step costs without those bytes (tools/gpu-check.sh).
 // Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
@@ -50,6 +51,9 @@
 #endif
 #ifndef PROBE
 #define PROBE 0
+#endif
+#ifndef WPD
+#define WPD 2   // WSH: stages of its ring (W words in registers, then shared memory; h16 / y16 fragments)
 #endif
 #if PROBE == 1
 #define LOAD_W(m, off, stride, col) m = FRAG_B(float16_t(0.001))
@@ -205,43 +209,55 @@ void main() {
         }
     }
 #else
-    // every subgroup stages (uniform loop and barriers); the live ones multiply
-    const uint NB = first ? 3u : 6u, WORDS = KS * 6u * 64u;
-    uvec2 held[(WORDS + 32u * NSUB - 1u) / (32u * NSUB)];  // this thread's words of the next fragment
-#define STAGE_LOAD(i) { \
-        [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
+    // every subgroup stages (uniform loop and barriers); the live ones multiply. A ring of WPD stages:
+    // at iteration i, fragment i + WPD - 1's W words (this thread's share, into registers) and its h16 /
+    // y16 fragments are loaded, and fragment i + 1's words stored into the other shared buffer, so a W
+    // load has WPD - 2 iterations more than the one it is issued in to land (WPD = 2: the next fragment's
+    // loads, as first built, then without the activations' loads ahead)
+    const uint NB = first ? 3u : 6u, WORDS = KS * 6u * 64u, HELD = (WORDS + 32u * NSUB - 1u) / (32u * NSUB);
+    uvec2 held[WPD * HELD];  // stage s's words at [s HELD, (s + 1) HELD)
+    FRAG_A rh[WPD], ry[WPD];
+#define STAGE_LOAD(s, i) { \
+        [[unroll]] for (uint c = 0u; c < HELD; ++c) { \
             uint w = tid + c * 32u * NSUB, q = w / 64u, g6 = q % 6u; \
             if (w < WORDS && g6 < NB) { \
-                held[c] = w16v[w_at(l, g6 >= 3u, r0 + (g6 % 3u) * KF, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } }
-#define STAGE_STORE(buf) { \
-        [[unroll]] for (uint c = 0u; c < held.length(); ++c) { \
+                held[(s) * HELD + c] = w16v[w_at(l, g6 >= 3u, r0 + (g6 % 3u) * KF, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } \
+        if (live) { \
+            LOAD_A(rh[s], h16_block(oldh, l, fb, k_lo + (i)), 16u, false); \
+            if (!first) LOAD_A(ry[s], y16_block(l - 1u, fb, k_lo + (i)), 16u, false); } }
+#define STAGE_STORE(s, buf) { \
+        [[unroll]] for (uint c = 0u; c < HELD; ++c) { \
             uint w = tid + c * 32u * NSUB; \
-            if (w < WORDS && (w / 64u) % 6u < NB) wsh[(buf) * WORDS + w] = held[c]; } }
-    STAGE_LOAD(0u);
-    STAGE_STORE(0u);
+            if (w < WORDS && (w / 64u) % 6u < NB) wsh[(buf) * WORDS + w] = held[(s) * HELD + c]; } }
+    RING_LOOP for (uint s = 0u; s + 1u < WPD; ++s)
+        if (s < NK) STAGE_LOAD(s, s);
+    STAGE_STORE(0u, 0u);
     barrier();
-    for (uint i = 0u; i < NK; ++i) {
-        uint buf = i % 2u;
-        if (i + 1u < NK) STAGE_LOAD(i + 1u);  // in flight while this fragment multiplies
-        if (live) {
-            uint q = buf * KS * 6u + kh * 6u;
-            FRAG_A ah; FRAG_B w0, w1, w2;
-            LOAD_A(ah, h16_block(oldh, l, fb, k_lo + i), 16u, false);
-            LOAD_B_SHARED(w0, WSH_OFF(q), WSH_LD, true);
-            LOAD_B_SHARED(w1, WSH_OFF(q + 1u), WSH_LD, true);
-            LOAD_B_SHARED(w2, WSH_OFF(q + 2u), WSH_LD, true);
-            gh0 = MUL_ADD(ah, w0, gh0); gh1 = MUL_ADD(ah, w1, gh1); gh2 = MUL_ADD(ah, w2, gh2);
-            if (!first) {
-                FRAG_A ay; FRAG_B v0, v1, v2;
-                LOAD_A(ay, y16_block(l - 1u, fb, k_lo + i), 16u, false);
-                LOAD_B_SHARED(v0, WSH_OFF(q + 3u), WSH_LD, true);
-                LOAD_B_SHARED(v1, WSH_OFF(q + 4u), WSH_LD, true);
-                LOAD_B_SHARED(v2, WSH_OFF(q + 5u), WSH_LD, true);
-                gi0 = MUL_ADD(ay, v0, gi0); gi1 = MUL_ADD(ay, v1, gi1); gi2 = MUL_ADD(ay, v2, gi2);
+    for (uint i = 0u; i < NK; i += WPD) {
+        RING_LOOP for (uint s = 0u; s < WPD; ++s) {  // stage s holds fragment f = i + s (f % WPD == s)
+            uint f = i + s;
+            if (f < NK) {  // uniform: every subgroup reaches the barrier
+                if (f + WPD - 1u < NK) STAGE_LOAD((s + WPD - 1u) % WPD, f + WPD - 1u);  // the stage used at f - 1
+                if (live) {
+                    uint q = (f % 2u) * KS * 6u + kh * 6u;
+                    FRAG_B w0, w1, w2;
+                    LOAD_B_SHARED(w0, WSH_OFF(q), WSH_LD, true);
+                    LOAD_B_SHARED(w1, WSH_OFF(q + 1u), WSH_LD, true);
+                    LOAD_B_SHARED(w2, WSH_OFF(q + 2u), WSH_LD, true);
+                    gh0 = MUL_ADD(rh[s], w0, gh0); gh1 = MUL_ADD(rh[s], w1, gh1); gh2 = MUL_ADD(rh[s], w2, gh2);
+                    if (!first) {
+                        FRAG_B v0, v1, v2;
+                        LOAD_B_SHARED(v0, WSH_OFF(q + 3u), WSH_LD, true);
+                        LOAD_B_SHARED(v1, WSH_OFF(q + 4u), WSH_LD, true);
+                        LOAD_B_SHARED(v2, WSH_OFF(q + 5u), WSH_LD, true);
+                        gi0 = MUL_ADD(ry[s], v0, gi0); gi1 = MUL_ADD(ry[s], v1, gi1); gi2 = MUL_ADD(ry[s], v2, gi2);
+                    }
+                }
+                // fragment f + 1's words into the buffer read at f - 1 (a barrier since)
+                if (f + 1u < NK) STAGE_STORE((s + 1u) % WPD, (f + 1u) % 2u);
+                barrier();
             }
         }
-        if (i + 1u < NK) STAGE_STORE(1u - buf);  // the buffer read an iteration ago: a barrier since
-        barrier();
     }
 #endif
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)

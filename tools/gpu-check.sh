@@ -11,6 +11,8 @@ mkdir -p "$out"; cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
+# group NAME PART...: PARTS naming NAME runs those parts too (the parts of one measurement, one name to give)
+group() { local name=$1; shift; if [[ " ${PARTS:-} " == *" $name "* ]]; then PARTS="$PARTS $*"; fi; }
 # a part's text starts with its command line; the parts run are summed up last (tools/gpu_summary.py)
 ran=""
 part() {
@@ -514,6 +516,22 @@ done
 for p in 0 1 2; do
     part "gen-coop-probe$p-v5" env CATCHAT_DECODE_COOP_PROBE=$p $py tools/bench_generate.py configs/catchat-v5.toml \
         --batches 64 --steps 512 --decode coop --json "$out/gen-coop-probe$p-v5.json"
+done
+# W staged once a workgroup through a ring of 2-6 stages (CATCHAT_DECODE_COOP_WSH_STAGES; 8 subgroups a
+# workgroup, where its two buffers fit beside the k parts' slots): each W byte loaded once per workgroup,
+# up to 5 k fragments ahead, against the default step (16 subgroups, each stream fragment's subgroups
+# loading their own W, one fragment ahead) at v5's 32 and 64 streams; the decode parity of each ring first
+# (64 streams a workgroup, so WSH runs at the parity's shapes). PARTS="gen-coop-wsh-ring-v5" (~4 min)
+group gen-coop-wsh-ring-v5 gen-coop-wsh-ring-base-v5 parity-decode-wsh{2,3,4,6} gen-coop-wsh{2,3,4,6}-v5
+part gen-coop-wsh-ring-base-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 --steps 1024 \
+    --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v5.json"
+for st in 2 3 4 6; do
+    ring="CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=$st"
+    part "parity-decode-wsh$st" env CATCHAT_DECODE_COOP_STREAMS=64 $ring $py -m catchat.cli parity --only decode \
+        --summary --json "$out/parity-decode-wsh$st.json"
+    part "gen-coop-wsh$st-v5" env CATCHAT_DECODE_COOP_SUBGROUPS=8 $ring $py tools/bench_generate.py \
+        configs/catchat-v5.toml --batches 32,64 --steps 1024 --precision fp16 --decode coop \
+        --json "$out/gen-coop-wsh$st-v5.json"
 done
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

@@ -177,22 +177,26 @@ def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
 
 def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
     """CATCHAT_DECODE_COOP_WSHARED=1 (W's blocks staged once per workgroup in shared memory, two
-    buffers): the same tokens, logits and state bit for bit as each subgroup loading them (the same
-    products in the same order): 16 streams a workgroup at H = 96 (2 k parts of 3 fragments) and 32
-    at H = 48 (20 streams: 2 stream fragments, one part); where the buffers do not fit the device's
-    shared memory (64 streams a workgroup here: lavapipe has 32 KB), the plain step."""
+    buffers, through a ring of CATCHAT_DECODE_COOP_WSH_STAGES stages): the same tokens, logits and state
+    bit for bit as each subgroup loading them (the same products in the same order): 16 streams a
+    workgroup at H = 96 (2 k parts of 3 fragments) and 32 at H = 48 (20 streams: 2 stream fragments,
+    one part), with rings of 2, 3 and 5 stages (a part's 3 fragments: a ring cut short, one as long as
+    the walk and one longer); where the buffers do not fit the device's shared memory (64 streams a
+    workgroup here: lavapipe has 32 KB), the plain step."""
     from catchat.vk.kernels import decode as dk
 
     limit = dev.info.max_shared_memory_bytes
-    for H, L, B, streams, fits in ((96, 2, 16, "16", True), (48, 2, 20, "32", True),
-                                   (64, 2, 40, "64", dk.coop_shared_bytes(3, 2, True) <= limit)):
+    for H, L, B, streams, fits, rings in ((96, 2, 16, "16", True, ("2", "3", "5")), (48, 2, 20, "32", True, ("3",)),
+                                          (64, 2, 40, "64", dk.coop_shared_bytes(3, 2, True) <= limit, ("2",))):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)
-        got = {}
-        for wsh in ("0", "1"):
-            monkeypatch.setenv(dk.WSHARED_ENV, wsh)
-            gen, got[wsh] = _generate(dev, H, L, B)
-            assert gen._decoder.step.layer.wshared == (wsh == "1" and fits)
-        _assert_same_bits(got["0"], got["1"])
+        monkeypatch.setenv(dk.WSHARED_ENV, "0")
+        plain = _generate(dev, H, L, B)[1]
+        monkeypatch.setenv(dk.WSHARED_ENV, "1")
+        for stages in rings:
+            monkeypatch.setenv(dk.WSH_STAGES_ENV, stages)
+            gen, staged = _generate(dev, H, L, B)
+            assert gen._decoder.step.layer.wshared == fits
+            _assert_same_bits(plain, staged)
 
 
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):

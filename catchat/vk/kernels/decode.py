@@ -207,6 +207,12 @@ def coop_subgroups(H: int) -> int:
 # buffers fit beside the k parts' slots (at 64 streams a workgroup: v5). Opt-in until a GPU has timed
 # it (gpu-check gen-coop-wsh-v5); the same results either way.
 WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
+# CATCHAT_DECODE_COOP_WSH_STAGES=2..8: with WSH, the stages of its ring (decode_layer_coop.comp's WPD):
+# each k fragment's W words loaded into registers that many - 1 iterations ahead (with its h16 / y16
+# fragments), stored into the shared buffers the iteration before they multiply. 2 (the default): one
+# ahead, as WSH was first timed; deeper rings put more distinct W bytes in flight per SM, what the
+# probes say bounds a layer (docs/generation.md); the same results at any depth.
+WSH_STAGES_ENV = "CATCHAT_DECODE_COOP_WSH_STAGES"
 # CATCHAT_DECODE_COOP_PROBE=1 or 2: timing probes of the tensor-core step that skip its W loads (1) or its
 # h16 / y16 loads (2), on real fragments without WSH (decode_layer_coop.comp's PROBE): wrong results,
 # for tools/gpu-check.sh to tell which bytes bound a step. 0 or unset: none.
@@ -299,7 +305,8 @@ class DecodeLayerCoop(Kernel):
         self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
                         and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
         probe = coop_probe(coopmat_runs(dev), self.wshared)
-        defines = {**sh.defines(), **({"WSH": 1} if self.wshared else {}),
+        stages = env_choice(WSH_STAGES_ENV, tuple(range(2, 9)), 2)
+        defines = {**sh.defines(), **({"WSH": 1, "WPD": stages} if self.wshared else {}),
                    **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
