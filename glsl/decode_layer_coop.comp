@@ -108,24 +108,31 @@ layout(push_constant) uniform Push {
 #define B_BUF w16
 #define ACC_SHARED acc
 #define FRAG_ONLY
+#define ACC_FLOATS (ACC_PARTS * SF * 6 * 256)
 #ifdef WSH
 // WSH: each k fragment's W blocks staged once per workgroup in shared memory (two buffers: the next
 // fragment's copied while this one's are multiplied), where without it each stream fragment's
-// subgroup loads them itself (SF times the bytes from L2). Words of 4 halves, as the GEMM keeps its
-// tiles; a block is 64 words. Fragments load from it in words (real) or halves (emulated).
+// subgroup loads them itself (SF times the bytes from L2). The buffers share acc's memory: they are
+// read only during the k walk, whose last barrier comes before the parts' sums are stored, so the
+// two fit where one after the other would not (16 subgroups at v5: 24 KB each). A block is 128 of
+// acc's 32-bit words, each two halves as the W words carry them (bit copies: float16 weights are
+// finite, so no word is a float NaN); fragments load from them in words (real) or halves (emulated).
 layout(set = 0, binding = 6) readonly buffer W16v { uvec2 w16v[]; };
-shared uvec2 wsh[2 * KS * 6 * 64];
-#define B_SHARED wsh
-#define B_SHARED_AT(i) unpackHalf2x16(wsh[(i) / 4u][((i) % 4u) / 2u])[(i) % 2u]
+#define WSH_FLOATS (2 * KS * 6 * 128)
+#define B_SHARED acc
+#define B_SHARED_AT(i) unpackHalf2x16(floatBitsToUint(acc[(i) / 2u]))[(i) % 2u]
 #ifdef EMU
 #define WSH_OFF(q) ((q) * 256u)
 #define WSH_LD 16u
 #else
-#define WSH_OFF(q) ((q) * 64u)
-#define WSH_LD 4u
+#define WSH_OFF(q) ((q) * 128u)
+#define WSH_LD 8u
 #endif
+#else
+#define WSH_FLOATS 0
 #endif
-shared float acc[ACC_PARTS * SF * 6 * 256];  // [k part - 1][SF][6 products][16 x 16]; then the whole sums
+// [k part - 1][SF][6 products][16 x 16]; then the whole sums (with WSH, before them: W's two buffers)
+shared float acc[ACC_FLOATS > WSH_FLOATS ? ACC_FLOATS : WSH_FLOATS];
 shared float ss_part[SF * 16 * 4];   // [stream][4 quarters]: sums of y^2 of the layer below
 shared float yy[SF * 16 * 16];       // [stream][unit]: (x + h)^2 of this slice, summed per stream
 #include "sweep_frag.glsl"
@@ -228,7 +235,10 @@ void main() {
 #define STAGE_STORE(s, buf) { \
         [[unroll]] for (uint c = 0u; c < HELD; ++c) { \
             uint w = tid + c * 32u * NSUB; \
-            if (w < WORDS && (w / 64u) % 6u < NB) wsh[(buf) * WORDS + w] = held[(s) * HELD + c]; } }
+            if (w < WORDS && (w / 64u) % 6u < NB) { \
+                uint at = 2u * ((buf) * WORDS + w); \
+                acc[at] = uintBitsToFloat(held[(s) * HELD + c].x); \
+                acc[at + 1u] = uintBitsToFloat(held[(s) * HELD + c].y); } } }
     RING_LOOP for (uint s = 0u; s + 1u < WPD; ++s)
         if (s < NK) STAGE_LOAD(s, s);
     STAGE_STORE(0u, 0u);

@@ -517,21 +517,24 @@ for p in 0 1 2; do
     part "gen-coop-probe$p-v5" env CATCHAT_DECODE_COOP_PROBE=$p $py tools/bench_generate.py configs/catchat-v5.toml \
         --batches 64 --steps 512 --decode coop --json "$out/gen-coop-probe$p-v5.json"
 done
-# W staged once a workgroup through a ring of 2-6 stages (CATCHAT_DECODE_COOP_WSH_STAGES; 8 subgroups a
-# workgroup, where its two buffers fit beside the k parts' slots): each W byte loaded once per workgroup,
-# up to 5 k fragments ahead, against the default step (16 subgroups, each stream fragment's subgroups
-# loading their own W, one fragment ahead) at v5's 32 and 64 streams; the decode parity of each ring first
-# (64 streams a workgroup, so WSH runs at the parity's shapes). PARTS="gen-coop-wsh-ring-v5" (~4 min)
-group gen-coop-wsh-ring-v5 gen-coop-wsh-ring-base-v5 parity-decode-wsh{2,3,4,6} gen-coop-wsh{2,3,4,6}-v5
+# W staged once a workgroup through a ring of 2-6 stages (CATCHAT_DECODE_COOP_WSHARED=1 with
+# CATCHAT_DECODE_COOP_WSH_STAGES; its two buffers in the k parts' slots' bytes): each W byte loaded once
+# per workgroup, up to 5 k fragments ahead, at 8 and 16 subgroups a workgroup, against the default step
+# (16 subgroups, each stream fragment's subgroups loading their own W, one fragment ahead) at v5's 32 and
+# 64 streams; the decode parity of each (64 streams a workgroup, so WSH runs at the parity's shapes)
+# before its timing. PARTS="gen-coop-wsh-ring-v5" (~5 min)
+rings="8:2 8:4 8:6 16:2 16:3 16:4"
+group gen-coop-wsh-ring-v5 gen-coop-wsh-ring-base-v5 \
+    $(for r in $rings; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v5"; done)
 part gen-coop-wsh-ring-base-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 --steps 1024 \
     --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v5.json"
-for st in 2 3 4 6; do
-    ring="CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=$st"
-    part "parity-decode-wsh$st" env CATCHAT_DECODE_COOP_STREAMS=64 $ring $py -m catchat.cli parity --only decode \
-        --summary --json "$out/parity-decode-wsh$st.json"
-    part "gen-coop-wsh$st-v5" env CATCHAT_DECODE_COOP_SUBGROUPS=8 $ring $py tools/bench_generate.py \
-        configs/catchat-v5.toml --batches 32,64 --steps 1024 --precision fp16 --decode coop \
-        --json "$out/gen-coop-wsh$st-v5.json"
+for r in $rings; do
+    sg=${r%:*}; st=${r#*:}; v="sg$sg-r$st"
+    ring="CATCHAT_DECODE_COOP_SUBGROUPS=$sg CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=$st"
+    part "parity-decode-wsh-$v" env CATCHAT_DECODE_COOP_STREAMS=64 $ring $py -m catchat.cli parity --only decode \
+        --summary --json "$out/parity-decode-wsh-$v.json"
+    part "gen-coop-wsh-$v-v5" env $ring $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 \
+        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v-v5.json"
 done
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"

@@ -177,18 +177,23 @@ def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
 
 def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
     """CATCHAT_DECODE_COOP_WSHARED=1 (W's blocks staged once per workgroup in shared memory, two
-    buffers, through a ring of CATCHAT_DECODE_COOP_WSH_STAGES stages): the same tokens, logits and state
-    bit for bit as each subgroup loading them (the same products in the same order): 16 streams a
-    workgroup at H = 96 (2 k parts of 3 fragments) and 32 at H = 48 (20 streams: 2 stream fragments,
-    one part), with rings of 2, 3 and 5 stages (a part's 3 fragments: a ring cut short, one as long as
-    the walk and one longer); where the buffers do not fit the device's shared memory (64 streams a
-    workgroup here: lavapipe has 32 KB), the plain step."""
+    buffers in the k parts' slots' bytes, through a ring of CATCHAT_DECODE_COOP_WSH_STAGES stages):
+    the same tokens, logits and state bit for bit as each subgroup loading them (the same products in
+    the same order): 16 streams a workgroup at H = 96 (2 k parts of 3 fragments), 32 at H = 48 (20
+    streams: 2 stream fragments, one part), 64 at H = 64 (40 streams: 3 fragments, 2 parts) and 16
+    subgroups at H = 128 (3 fragments, 4 parts in turn: SEQ), with rings of 2 to 5 stages (a part's 2
+    or 3 fragments: rings shorter than the walk, as long and longer); where the buffers do not fit the
+    device's shared memory, the plain step."""
     from catchat.vk.kernels import decode as dk
 
     limit = dev.info.max_shared_memory_bytes
-    for H, L, B, streams, fits, rings in ((96, 2, 16, "16", True, ("2", "3", "5")), (48, 2, 20, "32", True, ("3",)),
-                                          (64, 2, 40, "64", dk.coop_shared_bytes(3, 2, True) <= limit, ("2",))):
-        monkeypatch.setenv(dk.COOP_STREAMS_ENV, streams)
+    for H, L, B, streams, subgroups, rings in ((96, 2, 16, 16, 8, "25"), (48, 2, 20, 32, 8, "3"),
+                                                (64, 2, 40, 64, 8, "2"), (128, 2, 40, 64, 16, "3")):
+        monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
+        monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, str(subgroups))
+        shape = dk.CoopShape.of(H, B, streams, subgroups)
+        assert shape.seq == (subgroups == 16)
+        fits = dk.coop_shared_bytes(shape.sf, shape.ks, True, shape.seq) <= limit
         monkeypatch.setenv(dk.WSHARED_ENV, "0")
         plain = _generate(dev, H, L, B)[1]
         monkeypatch.setenv(dk.WSHARED_ENV, "1")
@@ -197,6 +202,10 @@ def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
             gen, staged = _generate(dev, H, L, B)
             assert gen._decoder.step.layer.wshared == fits
             _assert_same_bits(plain, staged)
+    # the buffers in the slots' bytes: at v5's 64 streams WSH costs no shared memory at 8 or 16 subgroups
+    for sg in (8, 16):
+        v5 = dk.CoopShape.of(2048, 64, 64, sg)
+        assert dk.coop_shared_bytes(v5.sf, v5.ks, True, v5.seq) == dk.coop_shared_bytes(v5.sf, v5.ks, False, v5.seq)
 
 
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):

@@ -204,8 +204,8 @@ def coop_subgroups(H: int) -> int:
 
 # CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
 # (decode_layer_coop.comp's WSH) instead of loaded by each stream fragment's subgroup, where its two
-# buffers fit beside the k parts' slots (at 64 streams a workgroup: v5). Opt-in until a GPU has timed
-# it (gpu-check gen-coop-wsh-v5); the same results either way.
+# buffers fit (in the k parts' slots' bytes, used after them: 8 or 16 subgroups at v5's 64 streams).
+# Opt-in until a GPU has timed it (gpu-check gen-coop-wsh-ring-v5); the same results either way.
 WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
 # CATCHAT_DECODE_COOP_WSH_STAGES=2..8: with WSH, the stages of its ring (decode_layer_coop.comp's WPD):
 # each k fragment's W words loaded into registers that many - 1 iterations ahead (with its h16 / y16
@@ -229,10 +229,11 @@ def coop_probe(real_fragments: bool, wshared: bool) -> int:
 
 
 def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:
-    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ), the
-    norm's and the y^2 sums, and with WSH two buffers of KS x 6 W blocks."""
+    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ) or, with
+    WSH, two buffers of KS x 6 W blocks in the same bytes (used before the slots), whichever is larger;
+    and the norm's and the y^2 sums."""
     acc = (1 if seq else max(1, ks - 1)) * sf * 6 * 256 * 4
-    return acc + sf * 16 * 4 * 4 + sf * 256 * 4 + (2 * ks * 6 * 512 if wshared else 0)
+    return max(acc, 2 * ks * 6 * 512 if wshared else 0) + sf * 16 * 4 * 4 + sf * 256 * 4
 
 
 def coop_decode_ok(H: int) -> bool:
