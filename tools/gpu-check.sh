@@ -524,8 +524,11 @@ done
 # 64 streams; the decode parity of each (64 streams a workgroup, so WSH runs at the parity's shapes)
 # before its timing. PARTS="gen-coop-wsh-ring-v5" (~5 min)
 rings="8:2 8:4 8:6 16:2 16:3 16:4"
-group gen-coop-wsh-ring-v5 gen-coop-wsh-ring-base-v5 \
+group gen-coop-wsh-ring-v5 shader-stats-decode-coop-v5 gen-coop-wsh-ring-base-v5 \
     $(for r in $rings; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v5"; done)
+# each variant's registers and local memory (does a deeper ring spill at 16 subgroups' 128 registers?)
+part shader-stats-decode-coop-v5 $py tools/shader_stats.py configs/catchat-v5.toml \
+    --decode-coop 16:0,8:0,$(for r in $rings; do printf '%s,' "$r"; done | sed 's/,$//')
 part gen-coop-wsh-ring-base-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 --steps 1024 \
     --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v5.json"
 for r in $rings; do

@@ -2,7 +2,7 @@
 """What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
-                                 [--gemm] [--coop] [--stream-backward]
+                                 [--gemm] [--coop] [--stream-backward] [--decode] [--decode-coop SG:STAGES,...]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
@@ -16,9 +16,11 @@ sums. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
 --decode generation's fused decode layer and head at --decode-batch streams for each stream tile
-(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?). Drivers
-without the extension
-(lavapipe) still compile and create the pipelines.
+(CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?);
+--decode-coop SG:STAGES,... the tensor-core decode layer at --decode-batch streams with SG subgroups a
+workgroup (8 or 16), each subgroup loading its own W (STAGES 0) or W staged through a ring of STAGES
+(CATCHAT_DECODE_COOP_WSH_STAGES): how many registers a deeper ring takes, and whether it spills.
+Drivers without the extension (lavapipe) still compile and create the pipelines.
 """
 
 from __future__ import annotations
@@ -100,6 +102,39 @@ def decode_kernels(dev, cfg, B: int, tile: int):
     return layer, decode.DecodeHead(dev, layout, params, ysum, B=B)
 
 
+def decode_coop_kernel(dev, cfg, B: int, subgroups: int, stages: int):
+    """Generation's tensor-core decode layer for B streams at CONFIG's shape with `subgroups` a workgroup
+    at most, W staged through a ring of `stages` (0: each subgroup loads its own), on zero buffers."""
+    from contextlib import ExitStack
+
+    from catchat.vk.kernels import decode
+    from catchat.vk.switches import env_override
+
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    s = layout.spec
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    with ExitStack() as env:
+        for name, value in ((decode.COOP_SUBGROUPS_ENV, subgroups), (decode.WSHARED_ENV, int(stages > 0)),
+                            (decode.WSH_STAGES_ENV, max(stages, 2))):
+            env.enter_context(env_override(name, str(value)))
+        return decode.DecodeLayerCoop(dev, layout, f32(layout.total), f32(s.vocab_size * 3 * s.hidden),
+                                      f32(2 * s.layers * B * s.hidden), f32(s.layers * B * s.hidden), u32(B),
+                                      u32(B * slots.DS_WORDS), B=B)
+
+
+def parse_coop_variants(text: str) -> list[tuple[int, int]]:
+    """SG:STAGES,... for --decode-coop: (subgroups 8 or 16, ring stages 0 or 2-8) pairs."""
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 or p[0] not in (8, 16) or p[1] not in (0, *range(2, 9)) for p in pairs):
+        raise argparse.ArgumentTypeError(f"{text!r}: give SG:STAGES pairs, SG 8 or 16, STAGES 0 (no staging) "
+                                         "or 2-8, e.g. 16:0,8:4")
+    return pairs
+
+
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
     """Create `kernel`'s pipeline (with `defines` over its own) with statistics capture; print them."""
     spirv = compile_shader(kernel.shader, {**kernel.defines, **defines})
@@ -127,7 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-backward", action="store_true",
                     help="the streamed fp16 backward sweep with and without its bias sums (BIAS_SUMS)")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
-    ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode (default 64)")
+    ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode(-coop) (default 64)")
+    ap.add_argument("--decode-coop", type=parse_coop_variants, default=[], metavar="SG:STAGES,...",
+                    help="the tensor-core decode layer at SG subgroups, W staged through STAGES (0: not staged)")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -172,6 +209,11 @@ def main(argv=None) -> int:
                              f"{layer.shape.workgroup} threads", {})
         print_statistics(dev, head, f"{head.shader}, {args.decode_batch} streams: {head.kp} k parts of "
                          f"{head.k_per_part}, {head.streams} streams a workgroup", {})
+    for sg, stages in args.decode_coop:
+        k = decode_coop_kernel(dev, cfg, args.decode_batch, sg, stages)
+        staged = f"W staged, a ring of {stages}" if k.wshared else "W loaded by each subgroup"
+        print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: {k.shape.workgroup} threads "
+                         f"({sg} subgroups at most), {staged}", {})
     return 0
 
 
