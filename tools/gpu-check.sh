@@ -11,7 +11,8 @@ mkdir -p "$out"; cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 wanted() { [ -z "${PARTS:-}" ] || [[ " $PARTS " == *" $1 "* ]]; }
-# group NAME PART...: PARTS naming NAME runs those parts too (the parts of one measurement, one name to give)
+# group NAME PART...: PARTS naming NAME runs those parts too (the parts of one measurement, one name to give);
+# a group adds to PARTS where it is declared, so it comes before the parts it names
 group() { local name=$1; shift; if [[ " ${PARTS:-} " == *" $name "* ]]; then PARTS="$PARTS $*"; fi; }
 # a part's text starts with its command line; the parts run are summed up last (tools/gpu_summary.py)
 ran=""
@@ -526,6 +527,9 @@ done
 rings="8:2 8:4 8:6 16:2 16:3 16:4"
 group gen-coop-wsh-ring-v5 shader-stats-decode-coop-v5 gen-coop-wsh-ring-base-v5 \
     $(for r in $rings; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v5"; done)
+rings3="8:2 8:4 8:6"  # v3's group (below): declared here, before the parity parts it names
+group gen-coop-wsh-ring-v3 gen-coop-wsh-ring-base-v3 \
+    $(for r in $rings3; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v3"; done)
 # each variant's registers and local memory (does a deeper ring spill at 16 subgroups' 128 registers?)
 part shader-stats-decode-coop-v5 $py tools/shader_stats.py configs/catchat-v5.toml \
     --decode-coop 16:0,8:0,$(for r in $rings; do printf '%s,' "$r"; done | sed 's/,$//')
@@ -538,6 +542,16 @@ for r in $rings; do
         --summary --json "$out/parity-decode-wsh-$v.json"
     part "gen-coop-wsh-$v-v5" env $ring $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 \
         --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v-v5.json"
+done
+# ... and at v3 (32 streams a workgroup, 8 subgroups: 4 k parts; its layers' weights sit in L2, so a
+# ring buys less than at v5), after the parity of the same rings above. PARTS="gen-coop-wsh-ring-v3"
+part gen-coop-wsh-ring-base-v3 $py tools/bench_generate.py configs/catchat-v3.toml --batches 32,64 --steps 1024 \
+    --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v3.json"
+for r in $rings3; do
+    v="sg${r%:*}-r${r#*:}"
+    ring="CATCHAT_DECODE_COOP_SUBGROUPS=${r%:*} CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=${r#*:}"
+    part "gen-coop-wsh-$v-v3" env $ring $py tools/bench_generate.py configs/catchat-v3.toml --batches 32,64 \
+        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v-v3.json"
 done
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
