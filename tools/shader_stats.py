@@ -85,20 +85,26 @@ def stream_backward(dev, B: int, H: int, bias_sums: bool):
                            w_half=u32(3 * H * H // 2), coop=True, save_half=True, bias_sums=bias_sums)
 
 
+def decode_buffers(dev, cfg, B: int):
+    """Zero buffers a decode layer for B streams at CONFIG's shape binds: (layout, params, table0, state,
+    ysum, token, ctl), as the Decoder lays them out."""
+    layout = ParamLayout(cfgmod.model_spec(cfg))
+    s = layout.spec
+    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
+    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    return (layout, f32(layout.total), f32(s.vocab_size * 3 * s.hidden), f32(2 * s.layers * B * s.hidden),
+            f32(s.layers * B * s.hidden), u32(B), u32(B * slots.DS_WORDS))
+
+
 def decode_kernels(dev, cfg, B: int, tile: int):
     """Generation's fused decode layer for B streams at CONFIG's shape, built with stream tile `tile` (what
     CATCHAT_DECODE_TILE asks for), and its head (k parts, no stream tile), on zero buffers."""
     from catchat.vk.kernels import decode
     from catchat.vk.switches import env_override
 
-    layout = ParamLayout(cfgmod.model_spec(cfg))
-    s = layout.spec
-    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
-    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
-    params, ysum, ctl = f32(layout.total), f32(s.layers * B * s.hidden), u32(B * slots.DS_WORDS)
+    layout, params, table0, state, ysum, token, ctl = decode_buffers(dev, cfg, B)
     with env_override(decode.TILE_ENV, str(tile)):
-        layer = decode.DecodeLayer(dev, layout, params, f32(s.vocab_size * 3 * s.hidden),
-                                   f32(2 * s.layers * B * s.hidden), ysum, u32(B), ctl, B=B)
+        layer = decode.DecodeLayer(dev, layout, params, table0, state, ysum, token, ctl, B=B)
     return layer, decode.DecodeHead(dev, layout, params, ysum, B=B)
 
 
@@ -110,17 +116,12 @@ def decode_coop_kernel(dev, cfg, B: int, subgroups: int, stages: int):
     from catchat.vk.kernels import decode
     from catchat.vk.switches import env_override
 
-    layout = ParamLayout(cfgmod.model_spec(cfg))
-    s = layout.spec
-    f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
-    u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
+    layout, *buffers = decode_buffers(dev, cfg, B)
     with ExitStack() as env:
         for name, value in ((decode.COOP_SUBGROUPS_ENV, subgroups), (decode.WSHARED_ENV, int(stages > 0)),
                             (decode.WSH_STAGES_ENV, max(stages, 2))):
             env.enter_context(env_override(name, str(value)))
-        return decode.DecodeLayerCoop(dev, layout, f32(layout.total), f32(s.vocab_size * 3 * s.hidden),
-                                      f32(2 * s.layers * B * s.hidden), f32(s.layers * B * s.hidden), u32(B),
-                                      u32(B * slots.DS_WORDS), B=B)
+        return decode.DecodeLayerCoop(dev, layout, *buffers, B=B)
 
 
 def parse_coop_variants(text: str) -> list[tuple[int, int]]:
