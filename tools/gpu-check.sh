@@ -521,37 +521,34 @@ done
 # W staged once a workgroup through a ring of 2-6 stages (CATCHAT_DECODE_COOP_WSHARED=1 with
 # CATCHAT_DECODE_COOP_WSH_STAGES; its two buffers in the k parts' slots' bytes): each W byte loaded once
 # per workgroup, up to 5 k fragments ahead, at 8 and 16 subgroups a workgroup, against the default step
-# (16 subgroups, each stream fragment's subgroups loading their own W, one fragment ahead) at v5's 32 and
-# 64 streams; the decode parity of each (64 streams a workgroup, so WSH runs at the parity's shapes)
-# before its timing. PARTS="gen-coop-wsh-ring-v5" (~5 min)
-rings="8:2 8:4 8:6 16:2 16:3 16:4"
-group gen-coop-wsh-ring-v5 shader-stats-decode-coop-v5 gen-coop-wsh-ring-base-v5 \
-    $(for r in $rings; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v5"; done)
-rings3="8:2 8:4 8:6"  # v3's group (below): declared here, before the parity parts it names
-group gen-coop-wsh-ring-v3 gen-coop-wsh-ring-base-v3 \
-    $(for r in $rings3; do echo "parity-decode-wsh-sg${r%:*}-r${r#*:} gen-coop-wsh-sg${r%:*}-r${r#*:}-v3"; done)
+# (v5: 16 subgroups, each stream fragment's subgroups loading their own W, one fragment ahead) at 32 and
+# 64 streams; the decode parity of each ring (64 streams a workgroup, so WSH runs at the parity's shapes)
+# before the timings. PARTS="gen-coop-wsh-ring-v5" (~5 min) or "gen-coop-wsh-ring-v3" (v3: 32 streams a
+# workgroup, 8 subgroups; its layers' weights sit in L2, so a ring buys less than at v5; ~2 min)
+rings_v5="8:2 8:4 8:6 16:2 16:3 16:4"; rings_v3="8:2 8:4 8:6"  # SUBGROUPS:STAGES; v3's are among v5's
+ring_name() { echo "sg${1%:*}-r${1#*:}"; }
+ring_env() { echo "CATCHAT_DECODE_COOP_SUBGROUPS=${1%:*} CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=${1#*:}"; }
+for c in v5 v3; do
+    rings=rings_$c
+    group "gen-coop-wsh-ring-$c" $([ $c = v5 ] && echo shader-stats-decode-coop-v5) "gen-coop-wsh-ring-base-$c" \
+        $(for r in ${!rings}; do echo "parity-decode-wsh-$(ring_name "$r") gen-coop-wsh-$(ring_name "$r")-$c"; done)
+done
 # each variant's registers and local memory (does a deeper ring spill at 16 subgroups' 128 registers?)
 part shader-stats-decode-coop-v5 $py tools/shader_stats.py configs/catchat-v5.toml \
-    --decode-coop 16:0,8:0,$(for r in $rings; do printf '%s,' "$r"; done | sed 's/,$//')
-part gen-coop-wsh-ring-base-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 --steps 1024 \
-    --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v5.json"
-for r in $rings; do
-    sg=${r%:*}; st=${r#*:}; v="sg$sg-r$st"
-    ring="CATCHAT_DECODE_COOP_SUBGROUPS=$sg CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=$st"
-    part "parity-decode-wsh-$v" env CATCHAT_DECODE_COOP_STREAMS=64 $ring $py -m catchat.cli parity --only decode \
-        --summary --json "$out/parity-decode-wsh-$v.json"
-    part "gen-coop-wsh-$v-v5" env $ring $py tools/bench_generate.py configs/catchat-v5.toml --batches 32,64 \
-        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v-v5.json"
+    --decode-coop "16:0,8:0,${rings_v5// /,}"
+for r in $rings_v5; do
+    part "parity-decode-wsh-$(ring_name "$r")" env CATCHAT_DECODE_COOP_STREAMS=64 $(ring_env "$r") \
+        $py -m catchat.cli parity --only decode --summary --json "$out/parity-decode-wsh-$(ring_name "$r").json"
 done
-# ... and at v3 (32 streams a workgroup, 8 subgroups: 4 k parts; its layers' weights sit in L2, so a
-# ring buys less than at v5), after the parity of the same rings above. PARTS="gen-coop-wsh-ring-v3"
-part gen-coop-wsh-ring-base-v3 $py tools/bench_generate.py configs/catchat-v3.toml --batches 32,64 --steps 1024 \
-    --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-v3.json"
-for r in $rings3; do
-    v="sg${r%:*}-r${r#*:}"
-    ring="CATCHAT_DECODE_COOP_SUBGROUPS=${r%:*} CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=${r#*:}"
-    part "gen-coop-wsh-$v-v3" env $ring $py tools/bench_generate.py configs/catchat-v3.toml --batches 32,64 \
-        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v-v3.json"
+for c in v5 v3; do
+    rings=rings_$c
+    part "gen-coop-wsh-ring-base-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 32,64 \
+        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-$c.json"
+    for r in ${!rings}; do
+        v="$(ring_name "$r")-$c"
+        part "gen-coop-wsh-$v" env $(ring_env "$r") $py tools/bench_generate.py "configs/catchat-$c.toml" \
+            --batches 32,64 --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v.json"
+    done
 done
 part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
     --json "$out/gen-v5.json"
