@@ -306,8 +306,8 @@ class DecodeLayerCoop(Kernel):
         self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
                         and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
         probe = coop_probe(coopmat_runs(dev), self.wshared)
-        stages = env_choice(WSH_STAGES_ENV, tuple(range(2, 9)), 2)
-        defines = {**sh.defines(), **({"WSH": 1, "WPD": stages} if self.wshared else {}),
+        ring = {"WSH": 1, "WPD": env_choice(WSH_STAGES_ENV, tuple(range(2, 9)), 2)} if self.wshared else {}
+        defines = {**sh.defines(), **ring,
                    **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
