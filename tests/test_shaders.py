@@ -242,6 +242,27 @@ def test_wheel_layout_serves_prebuilt_variants_without_glslc(glsl_tree, tmp_path
     assert not (tmp_path / "empty-cache").exists()
 
 
+def test_wheel_build_and_run_time_share_the_user_cache(glsl_tree, tmp_path, monkeypatch):
+    """The wheel build compiles through the user cache: a variant the runtime compiled is copied, not
+    compiled again, and one the build compiled is in the cache for the runtime; the bytes are glslc's."""
+    (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
+    (glsl_tree / "s.comp").write_text(GOOD)
+    listed = tmp_path / "variants.txt"
+    listed.write_text("s\ns EXTRA=2\n")
+    first = shaders.compile_shader("s")  # the runtime compiles one of the two
+    compiled = []
+    real = shaders.glslc
+    monkeypatch.setattr(shaders, "glslc", lambda path, defines, out: (compiled.append(dict(defines)),
+                                                                       real(path, defines, out)))
+    build = _build_spirv().build
+    assert build(tmp_path / "pkg", listed) == 2 and compiled == [{"EXTRA": "2"}]
+    spv = {p.name: p.read_bytes() for p in (tmp_path / "pkg" / "spirv").glob("*.spv")}
+    assert spv[f"s-{shaders.variant_key(glsl_tree / 's.comp', {})}.spv"] == first
+    assert shaders.compile_shader("s", {"EXTRA": 2}) in spv.values() and len(compiled) == 1  # from the cache
+    assert build(tmp_path / "pkg2", listed) == 2 and len(compiled) == 1  # a second build compiles nothing
+    assert {p.name: p.read_bytes() for p in (tmp_path / "pkg2" / "spirv").glob("*.spv")} == spv
+
+
 def test_checkout_without_glslc_says_so(glsl_tree, monkeypatch):
     (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
     (glsl_tree / "s.comp").write_text(GOOD)

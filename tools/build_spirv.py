@@ -11,8 +11,9 @@ model's sizes and the device (tiles, subgroup size, SMs), so they cannot all be 
 time. tools/spirv-variants.txt lists those that the shipped workloads use (doctor, parity, and
 each config's training, eval and generation), recorded by `record` on each device kind we have run
 (lavapipe with configs/tiny.toml; an H200 with all three configs, 2026-12; re-run it on a new kind
-of GPU to add its variants). `build` (setup.py's build_py runs
-it) compiles every listed variant with glslc into the wheel, and copies the GLSL too, so a variant
+of GPU to add its variants). `build` (setup.py's build_py runs it) compiles every listed variant
+with glslc into the wheel (through the user cache, as the runtime does: a variant compiled on this
+machine before is copied, one compiled for the wheel is kept there), and copies the GLSL too, so a variant
 not on the list is compiled into the user cache at run time, where glslc is installed. The list
 holds variants, not keys: keys are computed here at build time (and again at run time), so a change
 of the key scheme or of a generated include needs no re-record. Generated includes (slots.glsl,
@@ -62,7 +63,10 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
         path = shaders.GLSL_DIR / f"{name}.comp"
         if not path.exists():
             raise SystemExit(f"{variants_file.name}: no shader {name!r} (glsl/{name}.comp)")
-        shaders.glslc(path, defines, spirv_out / f"{name}-{shaders.variant_key(path, defines)}.spv")
+        key = shaders.variant_key(path, defines)
+        # through the user cache: a variant this machine has compiled (same sources, defines, flags and
+        # glslc) is copied, and one compiled here is kept for the runtime, which compiles none of them again
+        shutil.copyfile(shaders.compile_cached(path, defines, key), spirv_out / f"{name}-{key}.spv")
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         list(pool.map(one, variants))

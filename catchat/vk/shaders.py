@@ -200,23 +200,31 @@ def compile_shader(name: str, defines: dict[str, object] | None = None, key: str
     if prebuilt.exists():
         return prebuilt.read_bytes()
     try:
-        version = glslc_version(name in NEWER_SHADERS)
+        return compile_cached(path, defines, key).read_bytes()
     except VulkanUnavailable as exc:
-        if PREBUILT_DIR.is_dir():  # a wheel: say which variant it lacks
+        if PREBUILT_DIR.is_dir():  # a wheel without glslc: say which variant it lacks
             raise VulkanUnavailable(
                 f"shader variant `{format_variant(name, defines)}` is not among the {prebuilt_count()} "
                 f"prebuilt in this installation, and compiling it needs glslc, which is not on PATH",
                 hint=exc.hint) from None
         raise
+
+
+def compile_cached(path: Path, defines: dict[str, object], key: str) -> Path:
+    """The user cache's file of the variant (`key`: its variant_key) with this glslc's version in its
+    name, compiled into the cache first where it is not there: the one place glslc's output is kept,
+    shared by the runtime and a wheel's build (tools/build_spirv.py)."""
+    name = path.stem
+    version = glslc_version(name in NEWER_SHADERS)
     cache_key = hashlib.sha256(f"{key}\0{version}".encode()).hexdigest()[:32]
     out = cache_dir() / f"{name}-{cache_key}.spv"
     if out.exists():
-        return out.read_bytes()
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")  # unique per compiling thread
     glslc(path, defines, tmp)
     os.replace(tmp, out)  # atomic: a concurrent reader never sees half a file
-    return out.read_bytes()
+    return out
 
 
 _pool: ThreadPoolExecutor | None = None
