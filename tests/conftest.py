@@ -181,7 +181,7 @@ SLOW_TESTS = {
     "test_faults.py::test_sigint_at_a_random_moment_then_resume_is_bitwise_identical": 7,
     "test_signals_output.py::test_ctrl_c_at_any_moment_through_the_launcher": 7,
     "test_kill_anywhere.py::test_kill_anywhere": 6,
-    "kernels/test_gru_stream.py::test_ksplit_program_step_matches_the_plain_split": 6,
+    "kernels/test_gru_stream_f32.py::test_ksplit_program_step_matches_the_plain_split": 6,
 }
 # Last, when the other worker has little or nothing left: a test whose cost grows with the machine's
 # load. The tiny.toml budget run takes ~30 s where its first 4 steps take under half its 30 s budget,

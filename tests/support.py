@@ -218,3 +218,20 @@ def resume_cli(cfg_path, run):
     return r
 
 
+def streamed_like_the_twin(dev, T: int, B: int, H: int, n_wg: int, f32: bool = False, repeat: int = 1) -> dict:
+    """The streamed sweeps (persistent over n_wg workgroups, 0: a dispatch per step) at [T, B, H]
+    under the knobs set, `repeat` times, against the twin: on tensor cores with the GPU's operands
+    forced, or `f32` in float32 on the threads' FMAs against the float32 twin; what the GPU gave."""
+    from catchat.parity import gru as gru_parity
+
+    case = gru_parity.make_case(T, B, H)
+    got = gru_parity.run_gru_gpu(dev, case, 0.02, persistent=(n_wg, n_wg), w_half=not f32, coop=not f32,
+                                 stream_f32=f32, repeat=repeat)
+    exp, _ = gru_parity.expected_gru(case, 0.02) if f32 else \
+        gru_parity.expected_gru(case, 0.02, recurrent="fp16", forced=(got["hprev"], got["dgh"]))
+    for k in ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0"):
+        tol = (gru_parity.FWD_ATOL, gru_parity.FWD_RTOL) if k in ("o", "hprev", "save", "hT") or not f32 else \
+            (gru_parity.BWD_ATOL, gru_parity.BWD_RTOL)
+        np.testing.assert_allclose(got[k], exp[k], *tol, err_msg=k)
+    assert got["hits"] == repeat * exp["hits"] and got["sync_timeouts"] == 0  # hits add up over the repeats
+    return got
