@@ -372,7 +372,8 @@ part speedrun-seeds-torch $py tools/speedrun.py --torch t2048 --seeds 3,4,5 --jo
 steps1024="${steps2048/total_steps=2048/total_steps=1024}"
 part speedrun-screen $py tools/speedrun.py s1024 s1024-wd0:train.weight_decay=0 s1024-tied:model.tie_embeddings=true \
     s1024-w512:data.window=512,data.batch_lanes=128 s1024-l4:model.layers=4 $steps1024
-# ... and 128 lanes of 1,024 with two sweep workgroups per SM (twice the tokens a step)
+# ... and 128 lanes of 1,024 with two sweep workgroups per SM (twice the tokens a step; 2026-12-07, H100:
+# 1.4519 at 1,024 steps against 64 lanes' 1.3942 at the same tokens, 0.75x their tokens/s)
 part speedrun-screen-b128 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py s1024-b128:data.batch_lanes=128 $steps1024
 # the config at the speedrun's own 300 s, one process (and one part: ~320 s, PART_TIMEOUT=400) each, at
 # seeds 3 (its own), 4 and 5 (a seed moves a 300 s score by ~0.01). 2026-12-06, H100: 4 layers 1.3958,
@@ -392,7 +393,8 @@ part speedrun-screen-recipe $py tools/speedrun.py l4:$s4 l4-lr2:$s4,train.lr=2e-
     l4-cd40:$s4,schedule.cooldown_fraction=0.4 l4-dh10:$s4,train.dropout_hidden=0.1 $steps1024
 part speedrun-300-dh20-s4 $py tools/speedrun.py dh20-s4:$s4,train.dropout_hidden=0.2 $budget300
 # 128 lanes with two sweep workgroups an SM forced (bench-speedrun-b128 first: worth its 300 s if its
-# tokens/s are well above 64 lanes'): twice the tokens a step, at the config's lr and at 4e-3
+# tokens/s are well above 64 lanes'; they were 0.75x on an H100, 2026-12-07, so these were not run):
+# twice the tokens a step, at the config's lr and at 4e-3
 part speedrun-300-b128-s4 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py b128-s4:$s4,data.batch_lanes=128 $budget300
 part speedrun-300-b128-lr4-s4 env CATCHAT_PERSISTENT=256 $py tools/speedrun.py \
     b128-lr4-s4:$s4,data.batch_lanes=128,train.lr=4e-3 $budget300

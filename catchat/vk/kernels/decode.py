@@ -205,7 +205,8 @@ def coop_subgroups(H: int) -> int:
 # CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
 # (decode_layer_coop.comp's WSH) instead of loaded by each stream fragment's subgroup, where its two
 # buffers fit (in the k parts' slots' bytes, used after them: 8 or 16 subgroups at v5's 64 streams).
-# Opt-in until a GPU has timed it (gpu-check gen-coop-wsh-ring-v5); the same results either way.
+# Opt-in: slower than the default at every ring on an H100 (docs/generation.md, 2026-12-07: 105-114 us a
+# v5 layer at 16 subgroups against 75); the same results either way.
 WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
 # CATCHAT_DECODE_COOP_WSH_STAGES=2..8: with WSH, the stages of its ring (decode_layer_coop.comp's WPD):
 # each k fragment's W words loaded into registers that many - 1 iterations ahead (with its h16 / y16
