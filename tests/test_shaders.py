@@ -244,7 +244,8 @@ def test_wheel_layout_serves_prebuilt_variants_without_glslc(glsl_tree, tmp_path
 
 def test_wheel_build_and_run_time_share_the_user_cache(glsl_tree, tmp_path, monkeypatch):
     """The wheel build compiles through the user cache: a variant the runtime compiled is copied, not
-    compiled again, and one the build compiled is in the cache for the runtime; the bytes are glslc's."""
+    compiled again, and one the build compiled is in the cache for the runtime; the bytes are glslc's. Where
+    the cache cannot be written, the build compiles into the wheel."""
     (glsl_tree / "include" / "k.glsl").write_text("#define K 1.0\n")
     (glsl_tree / "s.comp").write_text(GOOD)
     listed = tmp_path / "variants.txt"
@@ -261,6 +262,11 @@ def test_wheel_build_and_run_time_share_the_user_cache(glsl_tree, tmp_path, monk
     assert shaders.compile_shader("s", {"EXTRA": 2}) in spv.values() and len(compiled) == 1  # from the cache
     assert build(tmp_path / "pkg2", listed) == 2 and len(compiled) == 1  # a second build compiles nothing
     assert {p.name: p.read_bytes() for p in (tmp_path / "pkg2" / "spirv").glob("*.spv")} == spv
+    # a cache that cannot be written (here a file where its directory would be): compiled into the wheel
+    (tmp_path / "not-a-dir").write_text("")
+    monkeypatch.setenv("CATCHAT_CACHE", str(tmp_path / "not-a-dir"))
+    assert build(tmp_path / "pkg3", listed) == 2 and len(compiled) == 3
+    assert {p.name: p.read_bytes() for p in (tmp_path / "pkg3" / "spirv").glob("*.spv")} == spv
 
 
 def test_checkout_without_glslc_says_so(glsl_tree, monkeypatch):

@@ -13,7 +13,8 @@ each config's training, eval and generation), recorded by `record` on each devic
 (lavapipe with configs/tiny.toml; an H200 with all three configs, 2026-12; re-run it on a new kind
 of GPU to add its variants). `build` (setup.py's build_py runs it) compiles every listed variant
 with glslc into the wheel (through the user cache, as the runtime does: a variant compiled on this
-machine before is copied, one compiled for the wheel is kept there), and copies the GLSL too, so a variant
+machine before is copied, one compiled for the wheel is kept there; where the cache cannot be written,
+straight into the wheel), and copies the GLSL too, so a variant
 not on the list is compiled into the user cache at run time, where glslc is installed. The list
 holds variants, not keys: keys are computed here at build time (and again at run time), so a change
 of the key scheme or of a generated include needs no re-record. Generated includes (slots.glsl,
@@ -64,9 +65,19 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
         if not path.exists():
             raise SystemExit(f"{variants_file.name}: no shader {name!r} (glsl/{name}.comp)")
         key = shaders.variant_key(path, defines)
-        # through the user cache: a variant this machine has compiled (same sources, defines, flags and
-        # glslc) is copied, and one compiled here is kept for the runtime, which compiles none of them again
-        shutil.copyfile(shaders.compile_cached(path, defines, key), spirv_out / f"{name}-{key}.spv")
+        out = spirv_out / f"{name}-{key}.spv"
+        if cache_ok:  # a variant this machine compiled (same sources, defines, flags, glslc) is copied
+            shutil.copyfile(shaders.compile_cached(path, defines, key), out)
+        else:
+            shaders.glslc(path, defines, out)
+
+    # through the user cache, where it can be written (not in a packager's sandbox without a home): one
+    # compiled here is kept for the runtime, which then compiles none of the wheel's variants again
+    try:
+        shaders.cache_dir().mkdir(parents=True, exist_ok=True)
+        cache_ok = os.access(shaders.cache_dir(), os.W_OK)
+    except OSError:
+        cache_ok = False
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         list(pool.map(one, variants))
