@@ -58,6 +58,13 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
     for src in sorted(shaders.GLSL_DIR.glob("*.comp")) + sorted(shaders.INCLUDE_DIR.glob("*.glsl")):
         shutil.copy2(src, glsl_out / src.relative_to(shaders.GLSL_DIR))
     variants = read_variants(variants_file)
+    # through the user cache, where it can be written (not in a packager's sandbox without a home): one
+    # compiled here is kept for the runtime, which then compiles none of the wheel's variants again
+    try:
+        shaders.cache_dir().mkdir(parents=True, exist_ok=True)
+        cache_ok = os.access(shaders.cache_dir(), os.W_OK)
+    except OSError:
+        cache_ok = False
 
     def one(variant):
         name, defines = variant
@@ -70,14 +77,6 @@ def build(dest: Path, variants_file: Path = VARIANTS) -> int:
             shutil.copyfile(shaders.compile_cached(path, defines, key), out)
         else:
             shaders.glslc(path, defines, out)
-
-    # through the user cache, where it can be written (not in a packager's sandbox without a home): one
-    # compiled here is kept for the runtime, which then compiles none of the wheel's variants again
-    try:
-        shaders.cache_dir().mkdir(parents=True, exist_ok=True)
-        cache_ok = os.access(shaders.cache_dir(), os.W_OK)
-    except OSError:
-        cache_ok = False
 
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         list(pool.map(one, variants))

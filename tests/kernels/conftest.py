@@ -4,7 +4,7 @@ emulated fragments): test_gru_stream.py (fp16) and test_gru_stream_f32.py (fp32,
 import pytest
 
 from catchat.vk.kernels.gru import plan as gru_plan  # where program_products asks
-from catchat.vk.program import kernelsets
+from catchat.vk.program import kernelsets, plan
 
 
 @pytest.fixture
@@ -19,7 +19,5 @@ def streamed(monkeypatch):
 def float32_streamed(monkeypatch):
     """Programs plan the float32 streamed sweeps at fp32 whatever the device (a program plans them on a
     GPU only)."""
-    from catchat.vk.program import plan
-
     monkeypatch.setattr(kernelsets, "stream_f32_sweep", lambda *a: True)
     monkeypatch.setattr(plan, "stream_f32_sweep", lambda *a: True)
