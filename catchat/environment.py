@@ -74,8 +74,6 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_DECODE_COOP_STREAMS": (MEASURE, "the tensor-core decode step's streams per workgroup: 16, 32 or 64"),
     "CATCHAT_DECODE_COOP_SUBGROUPS": (MEASURE, "the tensor-core decode step's subgroups per workgroup at most: 8 or "
                                                "16 (more k parts at once)"),
-    "CATCHAT_DECODE_COOP_WSHARED": (MEASURE, "1: the tensor-core decode step stages W in shared memory"),
-    "CATCHAT_DECODE_COOP_WSH_STAGES": (MEASURE, "with CATCHAT_DECODE_COOP_WSHARED=1: its ring's stages, 2 to 8"),
     "CATCHAT_DECODE_COOP_PROBE": (MEASURE, "timing probes of the tensor-core decode step (1: no W loads, "
                                             "2: no h16 / y16 loads): wrong results"),
     # fault injection and the tests' hooks

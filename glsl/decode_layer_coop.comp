@@ -19,10 +19,7 @@
 // takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
-// WSH (opt-in, where its buffers fit): W's blocks of each k fragment staged once per workgroup in
-// shared memory for all its subgroups, through a ring of WPD stages (below); without it each subgroup
-// loads its own.
-// PROBE (timing only, wrong results; without WSH, on real fragments): 1 = no W loads (constant W
+// PROBE (timing only, wrong results; on real fragments): 1 = no W loads (constant W
 // fragments), 2 = no h16 / y16 loads: what a step costs without those bytes (tools/gpu-check.sh).
 // Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
 // 16] for y16 (SP = B rounded up to 16; rows past B are zeros the host wrote and stay zero: a row of
@@ -51,9 +48,6 @@
 #endif
 #ifndef PROBE
 #define PROBE 0
-#endif
-#ifndef WPD
-#define WPD 2   // WSH: stages of its ring (W words in registers, then shared memory; h16 / y16 fragments)
 #endif
 #if PROBE == 1
 #define LOAD_W(m, off, stride, col) m = FRAG_B(float16_t(0.001))
@@ -109,30 +103,8 @@ layout(push_constant) uniform Push {
 #define ACC_SHARED acc
 #define FRAG_ONLY
 #define ACC_FLOATS (ACC_PARTS * SF * 6 * 256)
-#ifdef WSH
-// WSH: each k fragment's W blocks staged once per workgroup in shared memory (two buffers: the next
-// fragment's copied while this one's are multiplied), where without it each stream fragment's
-// subgroup loads them itself (SF times the bytes from L2). The buffers share acc's memory: they are
-// read only during the k walk, whose last barrier comes before the parts' sums are stored, so the
-// two fit where one after the other would not (16 subgroups at v5: 24 KB each). A block is 128 of
-// acc's 32-bit words, each two halves as the W words carry them (bit copies: float16 weights are
-// finite, so no word is a float NaN); fragments load from them in words (real) or halves (emulated).
-layout(set = 0, binding = 6) readonly buffer W16v { uvec2 w16v[]; };
-#define WSH_FLOATS (2 * KS * 6 * 128)
-#define B_SHARED acc
-#define B_SHARED_AT(i) unpackHalf2x16(floatBitsToUint(acc[(i) / 2u]))[(i) % 2u]
-#ifdef EMU
-#define WSH_OFF(q) ((q) * 256u)
-#define WSH_LD 16u
-#else
-#define WSH_OFF(q) ((q) * 128u)
-#define WSH_LD 8u
-#endif
-#else
-#define WSH_FLOATS 0
-#endif
-// [k part - 1][SF][6 products][16 x 16]; then the whole sums (with WSH, before them: W's two buffers)
-shared float acc[ACC_FLOATS > WSH_FLOATS ? ACC_FLOATS : WSH_FLOATS];
+// [k part - 1][SF][6 products][16 x 16]; then the whole sums
+shared float acc[ACC_FLOATS];
 shared float ss_part[SF * 16 * 4];   // [stream][4 quarters]: sums of y^2 of the layer below
 shared float yy[SF * 16 * 16];       // [stream][unit]: (x + h)^2 of this slice, summed per stream
 #include "sweep_frag.glsl"
@@ -185,7 +157,6 @@ void main() {
     uint r0 = u, r1 = u + KF, r2 = u + 2u * KF;  // row blocks of the 3 gates' units j0..j0+15
     ACC_T gh0 = ACC_ZERO(), gh1 = ACC_ZERO(), gh2 = ACC_ZERO();
     ACC_T gi0 = ACC_ZERO(), gi1 = ACC_ZERO(), gi2 = ACC_ZERO();
-#ifndef WSH
     FRAG_A rh[PD], ry[PD];
     FRAG_B rw[PD * 6u];  // stage s: W_hh's 3 gates at 6 s, W_ih's at 6 s + 3
 #define LOAD_STAGE(s, kf) { \
@@ -215,61 +186,6 @@ void main() {
             }
         }
     }
-#else
-    // every subgroup stages (uniform loop and barriers); the live ones multiply. A ring of WPD stages:
-    // at iteration i, fragment i + WPD - 1's W words (this thread's share, into registers) and its h16 /
-    // y16 fragments are loaded, and fragment i + 1's words stored into the other shared buffer, so a W
-    // load has WPD - 2 iterations more than the one it is issued in to land (WPD = 2: the next fragment's
-    // loads, as first built, then without the activations' loads ahead)
-    const uint NB = first ? 3u : 6u, WORDS = KS * 6u * 64u, HELD = (WORDS + 32u * NSUB - 1u) / (32u * NSUB);
-    uvec2 held[WPD * HELD];  // stage s's words at [s HELD, (s + 1) HELD)
-    FRAG_A rh[WPD], ry[WPD];
-#define STAGE_LOAD(s, i) { \
-        [[unroll]] for (uint c = 0u; c < HELD; ++c) { \
-            uint w = tid + c * 32u * NSUB, q = w / 64u, g6 = q % 6u; \
-            if (w < WORDS && g6 < NB) { \
-                held[(s) * HELD + c] = w16v[w_at(l, g6 >= 3u, r0 + (g6 % 3u) * KF, (q / 6u) * NK + (i)) / 4u + w % 64u]; } } \
-        if (live) { \
-            LOAD_A(rh[s], h16_block(oldh, l, fb, k_lo + (i)), 16u, false); \
-            if (!first) LOAD_A(ry[s], y16_block(l - 1u, fb, k_lo + (i)), 16u, false); } }
-#define STAGE_STORE(s, buf) { \
-        [[unroll]] for (uint c = 0u; c < HELD; ++c) { \
-            uint w = tid + c * 32u * NSUB; \
-            if (w < WORDS && (w / 64u) % 6u < NB) { \
-                uint at = 2u * ((buf) * WORDS + w); \
-                acc[at] = uintBitsToFloat(held[(s) * HELD + c].x); \
-                acc[at + 1u] = uintBitsToFloat(held[(s) * HELD + c].y); } } }
-    RING_LOOP for (uint s = 0u; s + 1u < WPD; ++s)
-        if (s < NK) STAGE_LOAD(s, s);
-    STAGE_STORE(0u, 0u);
-    barrier();
-    for (uint i = 0u; i < NK; i += WPD) {
-        RING_LOOP for (uint s = 0u; s < WPD; ++s) {  // stage s holds fragment f = i + s (f % WPD == s)
-            uint f = i + s;
-            if (f < NK) {  // uniform: every subgroup reaches the barrier
-                if (f + WPD - 1u < NK) STAGE_LOAD((s + WPD - 1u) % WPD, f + WPD - 1u);  // the stage used at f - 1
-                if (live) {
-                    uint q = (f % 2u) * KS * 6u + kh * 6u;
-                    FRAG_B w0, w1, w2;
-                    LOAD_B_SHARED(w0, WSH_OFF(q), WSH_LD, true);
-                    LOAD_B_SHARED(w1, WSH_OFF(q + 1u), WSH_LD, true);
-                    LOAD_B_SHARED(w2, WSH_OFF(q + 2u), WSH_LD, true);
-                    gh0 = MUL_ADD(rh[s], w0, gh0); gh1 = MUL_ADD(rh[s], w1, gh1); gh2 = MUL_ADD(rh[s], w2, gh2);
-                    if (!first) {
-                        FRAG_B v0, v1, v2;
-                        LOAD_B_SHARED(v0, WSH_OFF(q + 3u), WSH_LD, true);
-                        LOAD_B_SHARED(v1, WSH_OFF(q + 4u), WSH_LD, true);
-                        LOAD_B_SHARED(v2, WSH_OFF(q + 5u), WSH_LD, true);
-                        gi0 = MUL_ADD(ry[s], v0, gi0); gi1 = MUL_ADD(ry[s], v1, gi1); gi2 = MUL_ADD(ry[s], v2, gi2);
-                    }
-                }
-                // fragment f + 1's words into the buffer read at f - 1 (a barrier since)
-                if (f + 1u < NK) STAGE_STORE((s + 1u) % WPD, (f + 1u) % 2u);
-                barrier();
-            }
-        }
-    }
-#endif
     // the k parts meet: parts 1.. store into their own slots, part 0 adds them in order (deterministic)
     // and stores the whole into the first slots, which the gates read
     // (a part's 3 or 6 sums: stored at word a of acc, or added from there)

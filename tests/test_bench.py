@@ -338,24 +338,22 @@ def test_shader_stats_builds_the_decode_kernels_at_each_stream_tile(monkeypatch,
     assert os.environ["CATCHAT_DECODE_TILE"] == "4"
 
 
-def test_shader_stats_builds_the_tensor_core_decode_layer_per_ring(monkeypatch, capsys):
-    """--decode-coop SG:STAGES,...: the tensor-core decode layer with each subgroup loading its own W (0)
-    or W staged through a ring, at 8 or 16 subgroups; the user's variables are left as they were; a
-    malformed list is refused by argparse (exit 2)."""
+def test_shader_stats_builds_the_tensor_core_decode_layer_per_subgroup_count(monkeypatch, capsys):
+    """--decode-coop SG,...: the tensor-core decode layer at at most 8 or 16 subgroups a workgroup; the user's
+    variable is left as it was; a malformed list is refused by argparse (exit 2)."""
     import pytest
     import shader_stats
 
-    monkeypatch.setenv("CATCHAT_DECODE_COOP_WSH_STAGES", "5")
-    monkeypatch.delenv("CATCHAT_DECODE_COOP_WSHARED", raising=False)
-    args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=32", "--decode-batch", "40"]
-    assert shader_stats.main([*args, "--decode-coop", "8:0,8:3,16:2"]) == 0
+    monkeypatch.setenv("CATCHAT_DECODE_COOP_SUBGROUPS", "8")
+    args = [str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=128", "--decode-batch", "40"]
+    assert shader_stats.main([*args, "--decode-coop", "8,16"]) == 0
     out = capsys.readouterr().out
     layers = [line for line in out.splitlines() if line.startswith("decode_layer_coop, 40 streams: ")]
-    assert [line.split(" threads ")[1] for line in layers] == [
-        "(8 subgroups at most), W loaded by each subgroup", "(8 subgroups at most), W staged, a ring of 3",
-        "(16 subgroups at most), W staged, a ring of 2"], out
-    assert os.environ["CATCHAT_DECODE_COOP_WSH_STAGES"] == "5" and "CATCHAT_DECODE_COOP_WSHARED" not in os.environ
-    for bad in ("8:1", "12:0", "8", "x:y"):
+    # H = 128: 8 k fragments, 2 stream fragments a workgroup: 4 parts at 8 subgroups, 8 at 16
+    assert [line.split(": ", 1)[1] for line in layers] == [
+        "256 threads (8 subgroups at most), 4 k parts", "512 threads (16 subgroups at most), 8 k parts"], out
+    assert os.environ["CATCHAT_DECODE_COOP_SUBGROUPS"] == "8"
+    for bad in ("8:0", "12", "", "x"):
         with pytest.raises(SystemExit) as e:
             shader_stats.main([*args, "--decode-coop", bad])
         assert e.value.code == 2

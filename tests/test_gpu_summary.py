@@ -68,15 +68,14 @@ def test_gpu_check_writes_the_command_and_ends_with_the_table(tmp_path):
 
 
 def test_a_group_runs_its_parts_in_the_scripts_order(tmp_path):
-    """PARTS naming a group (tools/gpu-check.sh's `group`) runs the parts it names and no others: v3's W
-    ring runs the decode parity of its rings (declared with v5's, earlier in the script) before its
-    timings; the whole script's other parts stay out."""
-    env = {**os.environ, "PYTHON": "echo", "PARTS": "gen-coop-wsh-ring-v3"}
+    """PARTS naming a group (tools/gpu-check.sh's `group`) runs the parts it names and no others, in the
+    script's order (the training records: v5's fp32 bench, declared after the speedrun's, runs after it);
+    a group and one of its parts named both run the part once."""
+    env = {**os.environ, "PYTHON": "echo", "PARTS": "records-train bench-v3"}
     r = subprocess.run(["bash", str(ROOT / "tools" / "gpu-check.sh"), str(tmp_path)], env=env, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     ran = [line[3:] for line in r.stdout.splitlines() if line.startswith("== ")]
-    rings = ("sg8-r2", "sg8-r4", "sg8-r6")
-    assert ran == ([f"parity-decode-wsh-{v}" for v in rings] + ["gen-coop-wsh-ring-base-v3"]
-                   + [f"gen-coop-wsh-{v}-v3" for v in rings]), ran
-    assert "CATCHAT_DECODE_COOP_WSH_STAGES=6" in (tmp_path / "gen-coop-wsh-sg8-r6-v3.txt").read_text()
+    assert ran == ["bench-v3", "bench-v3-fp16-torch", "bench-v5-fp16-torch", "bench-speedrun",
+                   "bench-v5-fp32-stream"], ran
+    assert "--compare-torch" in (tmp_path / "bench-v5-fp32-stream.txt").read_text()

@@ -21,6 +21,10 @@ part() {
     ( time timeout "${PART_TIMEOUT:-300}" "$@" ) >> "$out/$name.txt" 2>&1; echo "rc=$?" >> "$out/$name.txt"
     tail -3 "$out/$name.txt"; ran="$ran $name"
 }
+# the issues' headline records, each beside PyTorch in one run: PARTS="records-train" (v3 fp32 and fp16,
+# v5 fp16 and fp32, the speedrun's step; ~7 min) and PARTS="records-gen" (generation at batches 1 and 64; ~3 min)
+group records-train bench-v3 bench-v3-fp16-torch bench-v5-fp16-torch bench-speedrun bench-v5-fp32-stream
+group records-gen gen-v3 gen-v5
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -449,9 +453,6 @@ xq fp32
 xq fp16
 # the decode steps' parity (the tensor-core step's against its float16-operand twin included)
 part parity-decode $py -m catchat.cli parity --only decode --summary --json "$out/parity-decode.json"
-# ... with W staged in shared memory at 64 streams a workgroup (CATCHAT_DECODE_COOP_WSHARED=1; a race shows on a GPU only)
-part parity-decode-wsh env CATCHAT_DECODE_COOP_STREAMS=64 CATCHAT_DECODE_COOP_WSHARED=1 $py -m catchat.cli parity \
-    --only decode --summary --json "$out/parity-decode-wsh.json"
 # ... with up to 16 subgroups a workgroup (CATCHAT_DECODE_COOP_SUBGROUPS=16: twice the k parts, meeting in turn)
 part parity-decode-sg16 env CATCHAT_DECODE_COOP_SUBGROUPS=16 $py -m catchat.cli parity --only decode --summary \
     --json "$out/parity-decode-sg16.json"
@@ -493,9 +494,6 @@ for c in v3 v5; do
     # fused16 and coop each batch of 1-8 should take (decode.FUSED16_MAX_STREAMS, COOP_MIN_STREAMS)
     part "gen-small-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,2,4,8 --steps 1024 \
         --precision fp16 --decode fused,fused16,coop --compare-torch --json "$out/gen-small-$c.json"
-    # ... with W staged in shared memory (where it fits: 64 streams a workgroup, so v5 at 64 streams)
-    part "gen-coop-wsh-$c" env CATCHAT_DECODE_COOP_WSHARED=1 $py tools/bench_generate.py "configs/catchat-$c.toml" \
-        --batches 32,64 --steps 1024 --decode coop --json "$out/gen-coop-wsh-$c.json"
     # ... with up to 16 subgroups a workgroup (twice the k parts walking a layer at once)
     part "gen-coop-sg16-$c" env CATCHAT_DECODE_COOP_SUBGROUPS=16 $py tools/bench_generate.py \
         "configs/catchat-$c.toml" --batches 8,32,64 --steps 1024 --precision fp16 --json "$out/gen-coop-sg16-$c.json"
@@ -513,47 +511,19 @@ for c in v3 v5; do
     part "gen-batched-perstep-$c" env CATCHAT_PERSISTENT=0 $py tools/bench_generate.py "configs/catchat-$c.toml" \
         --batches 32,64 --steps 1024 --decode batched --json "$out/gen-batched-perstep-$c.json"
 done
-# v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
 # what bounds the tensor-core decode step at v5's 64 streams (0.59x torch's float16 graph): its layers'
 # device time with and without their W loads (probe 1) and their h16 / y16 loads (probe 2); wrong tokens
 for p in 0 1 2; do
     part "gen-coop-probe$p-v5" env CATCHAT_DECODE_COOP_PROBE=$p $py tools/bench_generate.py configs/catchat-v5.toml \
         --batches 64 --steps 512 --decode coop --json "$out/gen-coop-probe$p-v5.json"
 done
-# W staged once a workgroup through a ring of 2-6 stages (CATCHAT_DECODE_COOP_WSHARED=1 with
-# CATCHAT_DECODE_COOP_WSH_STAGES; its two buffers in the k parts' slots' bytes): each W byte loaded once
-# per workgroup, up to 5 k fragments ahead, at 8 and 16 subgroups a workgroup, against the default step
-# (v5: 16 subgroups, each stream fragment's subgroups loading their own W, one fragment ahead) at 32 and
-# 64 streams; the decode parity of each ring (64 streams a workgroup, so WSH runs at the parity's shapes)
-# before the timings. PARTS="gen-coop-wsh-ring-v5" (~5 min) or "gen-coop-wsh-ring-v3" (v3: 32 streams a
-# workgroup, 8 subgroups; its layers' weights sit in L2, so a ring buys less than at v5; ~2 min)
-rings_v5="8:2 8:4 8:6 16:2 16:3 16:4"; rings_v3="8:2 8:4 8:6"  # SUBGROUPS:STAGES; v3's are among v5's
-ring_name() { echo "sg${1%:*}-r${1#*:}"; }
-ring_env() { echo "CATCHAT_DECODE_COOP_SUBGROUPS=${1%:*} CATCHAT_DECODE_COOP_WSHARED=1 CATCHAT_DECODE_COOP_WSH_STAGES=${1#*:}"; }
-for c in v5 v3; do
-    rings=rings_$c
-    group "gen-coop-wsh-ring-$c" $([ $c = v5 ] && echo shader-stats-decode-coop-v5) "gen-coop-wsh-ring-base-$c" \
-        $(for r in ${!rings}; do echo "parity-decode-wsh-$(ring_name "$r") gen-coop-wsh-$(ring_name "$r")-$c"; done)
+# the tensor-core decode layer's registers and local memory at 16 and 8 subgroups a workgroup (v5, 64 streams)
+part shader-stats-decode-coop-v5 $py tools/shader_stats.py configs/catchat-v5.toml --decode-coop 16,8
+# v3 and v5 generation beside PyTorch (eager and CUDA graph), batch 1 and 64
+for c in v3 v5; do
+    part "gen-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 1,64 --compare-torch \
+        --json "$out/gen-$c.json"
 done
-# each variant's registers and local memory (does a deeper ring spill at 16 subgroups' 128 registers?)
-part shader-stats-decode-coop-v5 $py tools/shader_stats.py configs/catchat-v5.toml \
-    --decode-coop "16:0,8:0,${rings_v5// /,}"
-for r in $rings_v5; do
-    part "parity-decode-wsh-$(ring_name "$r")" env CATCHAT_DECODE_COOP_STREAMS=64 $(ring_env "$r") \
-        $py -m catchat.cli parity --only decode --summary --json "$out/parity-decode-wsh-$(ring_name "$r").json"
-done
-for c in v5 v3; do
-    rings=rings_$c
-    part "gen-coop-wsh-ring-base-$c" $py tools/bench_generate.py "configs/catchat-$c.toml" --batches 32,64 \
-        --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-ring-base-$c.json"
-    for r in ${!rings}; do
-        v="$(ring_name "$r")-$c"
-        part "gen-coop-wsh-$v" env $(ring_env "$r") $py tools/bench_generate.py "configs/catchat-$c.toml" \
-            --batches 32,64 --steps 1024 --precision fp16 --decode coop --json "$out/gen-coop-wsh-$v.json"
-    done
-done
-part gen-v5 $py tools/bench_generate.py configs/catchat-v5.toml --batches 1,64 --compare-torch \
-    --json "$out/gen-v5.json"
 part tune-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --tune --precision fp16 --steps 4 --warmup 1 \
     --compare-torch --json "$out/tune-v3-fp16.json"
 # fp32: the large GEMMs' split tiles (rows "split") and the sweeps', then the step tuned against the tables'

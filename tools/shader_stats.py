@@ -2,7 +2,7 @@
 """What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
-                                 [--gemm] [--coop] [--stream-backward] [--decode] [--decode-coop SG:STAGES,...]
+                                 [--gemm] [--coop] [--stream-backward] [--decode] [--decode-coop SG,...]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
@@ -17,9 +17,9 @@ shapes) as the program builds them, with vec4 and with float loads; --coop-gemm 
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
 --decode generation's fused decode layer and head at --decode-batch streams for each stream tile
 (CATCHAT_DECODE_TILE: 6 partial sums per stream in registers: where does a tile spill?);
---decode-coop SG:STAGES,... the tensor-core decode layer at --decode-batch streams with SG subgroups a
-workgroup (8 or 16), each subgroup loading its own W (STAGES 0) or W staged through a ring of STAGES
-(CATCHAT_DECODE_COOP_WSH_STAGES): how many registers a deeper ring takes, and whether it spills.
+--decode-coop SG,... the tensor-core decode layer at --decode-batch streams with at most SG subgroups a
+workgroup (8 or 16: CATCHAT_DECODE_COOP_SUBGROUPS): how many registers its ring of loads takes, and
+whether it spills.
 Drivers without the extension (lavapipe) still compile and create the pipelines.
 """
 
@@ -108,32 +108,23 @@ def decode_kernels(dev, cfg, B: int, tile: int):
     return layer, decode.DecodeHead(dev, layout, params, ysum, B=B)
 
 
-def decode_coop_kernel(dev, cfg, B: int, subgroups: int, stages: int):
+def decode_coop_kernel(dev, cfg, B: int, subgroups: int):
     """Generation's tensor-core decode layer for B streams at CONFIG's shape with `subgroups` a workgroup
-    at most, W staged through a ring of `stages` (0: each subgroup loads its own), on zero buffers."""
-    from contextlib import ExitStack
-
+    at most, on zero buffers."""
     from catchat.vk.kernels import decode
     from catchat.vk.switches import env_override
 
     layout, *buffers = decode_buffers(dev, cfg, B)
-    with ExitStack() as env:
-        for name, value in ((decode.COOP_SUBGROUPS_ENV, subgroups), (decode.WSHARED_ENV, int(stages > 0)),
-                            (decode.WSH_STAGES_ENV, max(stages, 2))):
-            env.enter_context(env_override(name, str(value)))
+    with env_override(decode.COOP_SUBGROUPS_ENV, str(subgroups)):
         return decode.DecodeLayerCoop(dev, layout, *buffers, B=B)
 
 
-def parse_coop_variants(text: str) -> list[tuple[int, int]]:
-    """SG:STAGES,... for --decode-coop: (subgroups 8 or 16, ring stages 0 or 2-8) pairs."""
-    try:
-        pairs = [tuple(int(x) for x in item.split(":")) for item in text.split(",")]
-    except ValueError:
-        pairs = []
-    if not pairs or any(len(p) != 2 or p[0] not in (8, 16) or p[1] not in (0, *range(2, 9)) for p in pairs):
-        raise argparse.ArgumentTypeError(f"{text!r}: give SG:STAGES pairs, SG 8 or 16, STAGES 0 (no staging) "
-                                         "or 2-8, e.g. 16:0,8:4")
-    return pairs
+def parse_subgroups(text: str) -> list[int]:
+    """SG,... for --decode-coop: subgroup counts, each 8 or 16."""
+    counts = [item.strip() for item in text.split(",")]
+    if not all(c in ("8", "16") for c in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give subgroup counts, each 8 or 16, e.g. 16,8")
+    return [int(c) for c in counts]
 
 
 def print_statistics(dev, kernel, title: str, defines: dict) -> None:
@@ -164,8 +155,8 @@ def main(argv=None) -> int:
                     help="the streamed fp16 backward sweep with and without its bias sums (BIAS_SUMS)")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
     ap.add_argument("--decode-batch", type=int, default=64, help="streams for --decode(-coop) (default 64)")
-    ap.add_argument("--decode-coop", type=parse_coop_variants, default=[], metavar="SG:STAGES,...",
-                    help="the tensor-core decode layer at SG subgroups, W staged through STAGES (0: not staged)")
+    ap.add_argument("--decode-coop", type=parse_subgroups, default=[], metavar="SG,...",
+                    help="the tensor-core decode layer at at most SG subgroups a workgroup (8 or 16)")
     ap.add_argument("--device", default=None)
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
@@ -210,11 +201,10 @@ def main(argv=None) -> int:
                              f"{layer.shape.workgroup} threads", {})
         print_statistics(dev, head, f"{head.shader}, {args.decode_batch} streams: {head.kp} k parts of "
                          f"{head.k_per_part}, {head.streams} streams a workgroup", {})
-    for sg, stages in args.decode_coop:
-        k = decode_coop_kernel(dev, cfg, args.decode_batch, sg, stages)
-        staged = f"W staged, a ring of {stages}" if k.wshared else "W loaded by each subgroup"
+    for sg in args.decode_coop:
+        k = decode_coop_kernel(dev, cfg, args.decode_batch, sg)
         print_statistics(dev, k, f"{k.shader}, {args.decode_batch} streams: {k.shape.workgroup} threads "
-                         f"({sg} subgroups at most), {staged}", {})
+                         f"({sg} subgroups at most), {k.shape.ks} k parts", {})
     return 0
 
 

@@ -143,7 +143,7 @@ def test_coop_step_with_16_subgroups(dev, monkeypatch):
     v3 = dk.CoopShape.of(512, 64, 32, dk.coop_subgroups(512))
     assert (v3.sf, v3.ks, v3.seq) == (2, 8, True)
     assert v5.defines() == {"SF": 4, "KS": 4, "SEQ": 1, "PD": 2}
-    assert dk.coop_shared_bytes(4, 4, False, True) < 32 * 1024 < dk.coop_shared_bytes(4, 4, False)
+    assert dk.coop_shared_bytes(4, 4, True) < 32 * 1024 < dk.coop_shared_bytes(4, 4)
     # H = 128: 8 k fragments; 16 streams a workgroup -> 8 parts of 1, 32 -> 2 x 8, 64 -> 3 fragments x 4
     for streams, shape in ((16, (1, 8, True)), (32, (2, 8, True)), (64, (3, 4, True))):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
@@ -175,59 +175,19 @@ def test_coop_step_parts_in_turn_are_the_same_sums(dev, monkeypatch):
     _assert_same_bits(*got)
 
 
-def test_coop_step_with_w_in_shared_memory_is_the_same_step(dev, monkeypatch):
-    """CATCHAT_DECODE_COOP_WSHARED=1 (W's blocks staged once per workgroup in shared memory, two
-    buffers in the k parts' slots' bytes, through a ring of CATCHAT_DECODE_COOP_WSH_STAGES stages):
-    the same tokens, logits and state bit for bit as each subgroup loading them (the same products in
-    the same order): 16 streams a workgroup at H = 96 (2 k parts of 3 fragments), 32 at H = 48 (20
-    streams: 2 stream fragments, one part), 64 at H = 64 (40 streams: 3 fragments, 2 parts) and 16
-    subgroups at H = 128 (3 fragments, 4 parts in turn: SEQ), with rings of 2 to 5 stages (a part's 2
-    or 3 fragments: rings shorter than the walk, as long and longer). Every shape here fits 32 KB of
-    shared memory (lavapipe's; a GPU's 48), so each staged run is the staged kernel; where the buffers
-    do not fit, the plain step runs instead."""
-    from catchat.vk.kernels import decode as dk
-
-    limit = dev.info.max_shared_memory_bytes
-    for H, L, B, streams, subgroups, rings in ((96, 2, 16, 16, 8, "25"), (48, 2, 20, 32, 8, "3"),
-                                                (64, 2, 40, 64, 8, "2"), (128, 2, 40, 64, 16, "3")):
-        monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
-        monkeypatch.setenv(dk.COOP_SUBGROUPS_ENV, str(subgroups))
-        shape = dk.CoopShape.of(H, B, streams, subgroups)
-        assert shape.seq == (subgroups == 16)
-        assert dk.coop_shared_bytes(shape.sf, shape.ks, True, shape.seq) <= limit
-        monkeypatch.setenv(dk.WSHARED_ENV, "0")
-        plain = _generate(dev, H, L, B)[1]
-        monkeypatch.setenv(dk.WSHARED_ENV, "1")
-        for stages in rings:
-            monkeypatch.setenv(dk.WSH_STAGES_ENV, stages)
-            gen, staged = _generate(dev, H, L, B)
-            assert gen._decoder.step.layer.wshared
-            _assert_same_bits(plain, staged)
-    # the buffers in the slots' bytes: at v5's 64 streams WSH costs no shared memory at 8 or 16 subgroups
-    for sg in (8, 16):
-        v5 = dk.CoopShape.of(2048, 64, 64, sg)
-        assert dk.coop_shared_bytes(v5.sf, v5.ks, True, v5.seq) == dk.coop_shared_bytes(v5.sf, v5.ks, False, v5.seq)
-    # asked for where its buffers would not fit: the plain step, the same bits
-    monkeypatch.setattr(dk, "coop_shared_bytes", lambda *a, **k: limit + 1)
-    gen, fallback = _generate(dev, H, L, B)
-    assert not gen._decoder.step.layer.wshared
-    _assert_same_bits(plain, fallback)
-
-
 def test_coop_probe_is_a_measurement_of_real_fragments_only(monkeypatch):
     """CATCHAT_DECODE_COOP_PROBE (1: no W loads, 2: no h16 / y16 loads; wrong results) runs only on real
-    fragments without W staged in shared memory; anything else is refused by name."""
+    fragments; on emulated ones, or a value outside 0-2, it is refused by name."""
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode
 
     monkeypatch.delenv(decode.PROBE_ENV, raising=False)
-    assert decode.coop_probe(real_fragments=False, wshared=False) == 0
+    assert decode.coop_probe(real_fragments=False) == 0
     for value in ("1", "2"):
         monkeypatch.setenv(decode.PROBE_ENV, value)
-        assert decode.coop_probe(real_fragments=True, wshared=False) == int(value)
-        for real, wshared in ((False, False), (True, True)):
-            with pytest.raises(UsageError, match=decode.PROBE_ENV):
-                decode.coop_probe(real_fragments=real, wshared=wshared)
+        assert decode.coop_probe(real_fragments=True) == int(value)
+        with pytest.raises(UsageError, match=decode.PROBE_ENV):
+            decode.coop_probe(real_fragments=False)
     monkeypatch.setenv(decode.PROBE_ENV, "3")
     with pytest.raises(UsageError, match="is not one of 0, 1, 2"):
-        decode.coop_probe(real_fragments=True, wshared=False)
+        decode.coop_probe(real_fragments=True)

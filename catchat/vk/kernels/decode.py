@@ -21,7 +21,7 @@ from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
-from catchat.vk.switches import env_choice, env_switch
+from catchat.vk.switches import env_choice
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
 
@@ -202,39 +202,25 @@ def coop_subgroups(H: int) -> int:
     return env_choice(COOP_SUBGROUPS_ENV, (8, 16), 16 if H > COOP_STREAMS_L2_HIDDEN else 8)
 
 
-# CATCHAT_DECODE_COOP_WSHARED=1: each k fragment's W blocks staged once per workgroup in shared memory
-# (decode_layer_coop.comp's WSH) instead of loaded by each stream fragment's subgroup, where its two
-# buffers fit (in the k parts' slots' bytes, used after them: 8 or 16 subgroups at v5's 64 streams).
-# Opt-in: slower than the default at every ring on an H100 (docs/generation.md, 2026-12-07: 105-114 us a
-# v5 layer at 16 subgroups against 75); the same results either way.
-WSHARED_ENV = "CATCHAT_DECODE_COOP_WSHARED"
-# CATCHAT_DECODE_COOP_WSH_STAGES=2..8: with WSH, the stages of its ring (decode_layer_coop.comp's WPD):
-# each k fragment's W words loaded into registers that many - 1 iterations ahead (with its h16 / y16
-# fragments), stored into the shared buffers the iteration before they multiply. 2 (the default): one
-# ahead, as WSH was first timed; deeper rings put more distinct W bytes in flight per SM, what the
-# probes say bounds a layer (docs/generation.md); the same results at any depth.
-WSH_STAGES_ENV = "CATCHAT_DECODE_COOP_WSH_STAGES"
 # CATCHAT_DECODE_COOP_PROBE=1 or 2: timing probes of the tensor-core step that skip its W loads (1) or its
-# h16 / y16 loads (2), on real fragments without WSH (decode_layer_coop.comp's PROBE): wrong results,
+# h16 / y16 loads (2), on real fragments (decode_layer_coop.comp's PROBE): wrong results,
 # for tools/gpu-check.sh to tell which bytes bound a step. 0 or unset: none.
 PROBE_ENV = "CATCHAT_DECODE_COOP_PROBE"
 
 
-def coop_probe(real_fragments: bool, wshared: bool) -> int:
-    """CATCHAT_DECODE_COOP_PROBE (0, 1 or 2), refused where the fragments are emulated or W is staged."""
+def coop_probe(real_fragments: bool) -> int:
+    """CATCHAT_DECODE_COOP_PROBE (0, 1 or 2), refused where the fragments are emulated."""
     probe = env_choice(PROBE_ENV, (0, 1, 2), 0)
-    if probe and (not real_fragments or wshared):
-        raise UsageError(f"{PROBE_ENV}={probe} probes the tensor-core decode step on real fragments without "
-                         f"W staged in shared memory", hint=f"unset {PROBE_ENV} (or {WSHARED_ENV})")
+    if probe and not real_fragments:
+        raise UsageError(f"{PROBE_ENV}={probe} probes the tensor-core decode step on real fragments, which "
+                         f"this device does not have", hint=f"unset {PROBE_ENV}")
     return probe
 
 
-def coop_shared_bytes(sf: int, ks: int, wshared: bool, seq: bool = False) -> int:
-    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ) or, with
-    WSH, two buffers of KS x 6 W blocks in the same bytes (used before the slots), whichever is larger;
-    and the norm's and the y^2 sums."""
-    acc = (1 if seq else max(1, ks - 1)) * sf * 6 * 256 * 4
-    return max(acc, 2 * ks * 6 * 512 if wshared else 0) + sf * 16 * 4 * 4 + sf * 256 * 4
+def coop_shared_bytes(sf: int, ks: int, seq: bool = False) -> int:
+    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ), the
+    norm's and the y^2 sums."""
+    return (1 if seq else max(1, ks - 1)) * sf * 6 * 256 * 4 + sf * 16 * 4 * 4 + sf * 256 * 4
 
 
 def coop_decode_ok(H: int) -> bool:
@@ -304,12 +290,8 @@ class DecodeLayerCoop(Kernel):
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
-        self.wshared = (env_switch(WSHARED_ENV, "set 1 (W staged in shared memory) or 0", False)
-                        and coop_shared_bytes(sh.sf, sh.ks, True, sh.seq) <= dev.info.max_shared_memory_bytes)
-        probe = coop_probe(coopmat_runs(dev), self.wshared)
-        ring = {"WSH": 1, "WPD": env_choice(WSH_STAGES_ENV, tuple(range(2, 9)), 2)} if self.wshared else {}
-        defines = {**sh.defines(), **ring,
-                   **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
+        probe = coop_probe(coopmat_runs(dev))
+        defines = {**sh.defines(), **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)
