@@ -299,8 +299,8 @@ def test_bench_gemm_times_the_split_gemm_beside_gemm_comp(capsys):
 
 def test_bench_gemm_direct_tiles_are_whole_tiles_of_float16_words():
     """--direct (glsl/gemm_coopmat.comp's DIRECT: fragments straight from global memory, an experiment timed on
-    a GPU, where the rows are compared with the staged kernel's product): the first two tiles as DIRECT 1 and 2,
-    only where every tile of the shape is whole; each compiles on either extension (where its compiler is at
+    a GPU, where the rows are compared with the staged kernel's product): each tile as DIRECT 1 and 2, only
+    where every tile of the shape is whole; each compiles on either extension (where its compiler is at
     hand) at every transpose with the operands in words of 4 halves, and is refused by the compiler without."""
     import bench_gemm
 
@@ -310,9 +310,11 @@ def test_bench_gemm_direct_tiles_are_whole_tiles_of_float16_words():
 
     own = (gemm.COOP_TILE, gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
     got = bench_gemm.directs(own, dict(M=32768, N=6144, K=2048))
-    assert [(t.bm, t.bn, t.direct) for t in got] == [(128, 256, 1), (128, 256, 2), (256, 128, 1), (256, 128, 2)]
+    assert [(t.bm, t.bn, t.direct) for t in got] == [(128, 256, 1), (128, 256, 2), (256, 128, 1), (256, 128, 2),
+                                                     (64, 64, 1), (64, 64, 2)]
     assert got[1].defines() == {"DIRECT": 2}
-    assert [(t.bm, t.bn) for t in bench_gemm.directs(own, dict(M=32768, N=128 * 3, K=2048))] == [(256, 128)] * 2
+    assert [(t.bm, t.bn) for t in bench_gemm.directs(own, dict(M=32768, N=128 * 3, K=2048))] == [
+        (256, 128), (256, 128), (64, 64), (64, 64)]
     assert bench_gemm.directs(own, dict(M=32768, N=6144, K=2040)) == []
     names = ["gemm_coopmat"] + (["gemm_coopmat_khr"] if gemm_tiles.newer_glslc_present() else [])
     for name in names:

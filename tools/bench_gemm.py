@@ -146,9 +146,9 @@ class DirectTiles(gemm.CoopTiles):
 
 
 def directs(own: tuple, kw: dict) -> list:
-    """The first two tensor-core tiles of `own` as DIRECT 1 and 2, where every tile of the shape is whole
-    (M and N multiples of the tile, K of 16)."""
-    return [DirectTiles(*dataclasses.astuple(t), direct=d) for t in own[:2] if type(t) is gemm.CoopTiles
+    """The tensor-core tiles of `own` as DIRECT 1 and 2, where every tile of the shape is whole (M and N
+    multiples of the tile, K of 16)."""
+    return [DirectTiles(*dataclasses.astuple(t), direct=d) for t in own if type(t) is gemm.CoopTiles
             and kw["M"] % t.bm == 0 and kw["N"] % t.bn == 0 and kw["K"] % 16 == 0 for d in (1, 2)]
 
 
@@ -276,8 +276,8 @@ def main(argv=None) -> int:
                     help="also time each tensor-core tile without its operand loads (PROBE_NO_GLOBAL) and "
                          "without its shared stores too (PROBE_MMA_ONLY): where the time goes")
     ap.add_argument("--direct", action="store_true",
-                    help="with --operands coopmat-f16: also the first two tiles with their fragments loaded "
-                         "straight from global memory (DIRECT 1 and 2; whole tiles only)")
+                    help="with --operands coopmat-f16: also each tile with its fragments loaded straight from "
+                         "global memory (DIRECT 1 and 2; whole tiles only)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every row (and torch's) to FILE")
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)
