@@ -4,7 +4,7 @@
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
                                [--operands f32|split|f32+split|f16|rf16|coopmat|coopmat-f16|coopmat-khr|coopmat2|
                                            coopmat2-f16|all]
-                               [--reps 7] [--repeat 5]
+                               [--reps 7] [--repeat 5] [--probe] [--direct] [--compare-torch] [--json F]
                                [--set k=v]
 
 The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
