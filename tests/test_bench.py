@@ -297,34 +297,6 @@ def test_bench_gemm_times_the_split_gemm_beside_gemm_comp(capsys):
     assert sum(" split vec4 loads" in line and "CoopTiles(wm=2, wn=2, fm=2, fn=2, bk=16" in line for line in rows) == 4
 
 
-def test_bench_gemm_direct_tiles_are_whole_tiles_of_float16_words():
-    """--direct (glsl/gemm_coopmat.comp's DIRECT: fragments straight from global memory, an experiment timed on
-    a GPU, where the rows are compared with the staged kernel's product): each tile as DIRECT 1 and 2, only
-    where every tile of the shape is whole; each compiles on either extension (where its compiler is at
-    hand) at every transpose with the operands in words of 4 halves, and is refused by the compiler without."""
-    import bench_gemm
-
-    from catchat.errors import ShaderCompileError
-    from catchat.vk import shaders
-    from catchat.vk.kernels import gemm, gemm_tiles
-
-    own = (gemm.COOP_TILE, gemm.COOP_NARROW_TILE, gemm.COOP_SMALL_TILE)
-    got = bench_gemm.directs(own, dict(M=32768, N=6144, K=2048))
-    assert [(t.bm, t.bn, t.direct) for t in got] == [(128, 256, 1), (128, 256, 2), (256, 128, 1), (256, 128, 2),
-                                                     (64, 64, 1), (64, 64, 2)]
-    assert got[1].defines() == {"DIRECT": 2}
-    assert [(t.bm, t.bn) for t in bench_gemm.directs(own, dict(M=32768, N=128 * 3, K=2048))] == [
-        (256, 128), (256, 128), (64, 64), (64, 64)]
-    assert bench_gemm.directs(own, dict(M=32768, N=6144, K=2040)) == []
-    names = ["gemm_coopmat"] + (["gemm_coopmat_khr"] if gemm_tiles.newer_glslc_present() else [])
-    for name in names:
-        for direct, trans in ((1, {}), (2, {"TRANS_A": 1}), (2, {"TRANS_B": 1})):
-            assert shaders.compile_shader(name, {"DIRECT": direct, "VEC4_A": 1, "VEC4_B": 1, **trans})[:4] == \
-                b"\x03\x02\x23\x07"  # SPIR-V's magic number, little-endian
-        with pytest.raises(ShaderCompileError, match="DIRECT loads real fragments"):
-            shaders.compile_shader(name, {"DIRECT": 2, "VEC4_A": 1})
-
-
 def test_shader_stats_creates_the_resident_pipelines(monkeypatch, capsys):
     """tools/shader_stats.py builds the resident sweeps' pipelines outside kp (with statistics
     capture where the driver has it; lavapipe does not); a broken shader is a clean error."""

@@ -4,7 +4,7 @@
     python tools/bench_gemm.py configs/catchat-v3.toml [--tiles BM,BN,BK,TM,TN ...] [--split-k S ...]
                                [--operands f32|split|f32+split|f16|rf16|coopmat|coopmat-f16|coopmat-khr|coopmat2|
                                            coopmat2-f16|all]
-                               [--reps 7] [--repeat 5] [--probe] [--direct] [--compare-torch] [--json F]
+                               [--reps 7] [--repeat 5]
                                [--set k=v]
 
 The shapes are the training step's big GEMMs at CONFIG (rows R = window x lanes):
@@ -132,26 +132,6 @@ def probes(own: tuple) -> list:
             for p in ("PROBE_NO_GLOBAL", "PROBE_MMA_ONLY")]
 
 
-@dataclasses.dataclass(frozen=True)
-class DirectTiles(gemm.CoopTiles):
-    """A tensor-core tile compiled with glsl/gemm_coopmat.comp's DIRECT (an experiment): fragments loaded
-    straight from the float16 operands in global memory, no shared staging; `direct` 1 (one step at a
-    time) or 2 (the next step's fragments in flight). Whole tiles only (`directs`); its output is the
-    product, compared like any row."""
-
-    direct: int = 2
-
-    def defines(self) -> dict:
-        return {**super().defines(), "DIRECT": self.direct}
-
-
-def directs(own: tuple, kw: dict) -> list:
-    """The tensor-core tiles of `own` as DIRECT 1 and 2, where every tile of the shape is whole (M and N
-    multiples of the tile, K of 16)."""
-    return [DirectTiles(*dataclasses.astuple(t), direct=d) for t in own if type(t) is gemm.CoopTiles
-            and kw["M"] % t.bm == 0 and kw["N"] % t.bn == 0 and kw["K"] % 16 == 0 for d in (1, 2)]
-
-
 def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
     """(Gemm, is the program's choice) per tile, split and load choice for one shape; the program's
     first (None: its own pick)."""
@@ -170,10 +150,7 @@ def candidates(dev, name: str, kw: dict, operands: str, tiles, args) -> list:
         own = tiles
     if args.probe and OPERANDS[operands].get("coopmat") and not OPERANDS[operands].get("coopmat2"):
         own = tuple(own) + tuple(probes(own))
-    if args.direct and operands == "coopmat-f16" and gemm.coopmat_runs(dev):  # real fragments only
-        own = tuple(own) + tuple(directs(own, kw))
-    grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads
-            if v or not isinstance(t, DirectTiles)]  # DIRECT reads words of 4 halves
+    grid = [(t, s, v) for t in [None] + list(own) for s in dict.fromkeys(splits) for v in loads]
     cands, seen = [], set()  # no repeats
     for t, s, vec4 in grid:
         start = time.perf_counter()
@@ -275,9 +252,6 @@ def main(argv=None) -> int:
     ap.add_argument("--probe", action="store_true",
                     help="also time each tensor-core tile without its operand loads (PROBE_NO_GLOBAL) and "
                          "without its shared stores too (PROBE_MMA_ONLY): where the time goes")
-    ap.add_argument("--direct", action="store_true",
-                    help="with --operands coopmat-f16: also each tile with its fragments loaded straight from "
-                         "global memory (DIRECT 1 and 2; whole tiles only)")
     ap.add_argument("--json", default=None, metavar="FILE", help="write every row (and torch's) to FILE")
     args = ap.parse_args(argv)
     cfg = cfgmod.load(args.config, args.overrides)

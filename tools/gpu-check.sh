@@ -111,14 +111,6 @@ part gemm-coop-v3-torch $py tools/bench_gemm.py configs/catchat-v3.toml --operan
     --repeat 20 --compare-torch --probe --json "$out/gemm-coop-v3.json"
 part gemm-coop-v5-torch $py tools/bench_gemm.py configs/catchat-v5.toml --operands coopmat --loads vec4 --reps 5 \
     --repeat 6 --compare-torch --probe --json "$out/gemm-coop-v5.json"
-# fragments straight from global memory (DIRECT 1 and 2: no shared staging, float16 operands, whole tiles)
-# beside the staged kernel on the same float16 operands, its probes and cuBLAS: PARTS="gemm-direct" (~3 min)
-group gemm-direct gemm-direct-v5 gemm-direct-v3
-for c in v5:6 v3:20; do
-    part "gemm-direct-${c%%:*}" $py tools/bench_gemm.py "configs/catchat-${c%%:*}.toml" --operands coopmat-f16 \
-        --loads vec4 --coop 2,4,4,4,32,1 --coop 4,2,4,4,32,1 --coop 2,2,4,4,32,1 --direct --probe --reps 5 \
-        --repeat "${c##*:}" --compare-torch --json "$out/gemm-direct-${c%%:*}.json"
-done
 # the workgroup-scope GEMM (VK_NV_cooperative_matrix2, glsl/gemm_coopmat2.comp) beside cuBLAS: every
 # candidate of bench_gemm.COOP2_CANDIDATES, float32 operands rounded (the program's) and float16 ones
 # the subgroup-fragment kernel on VK_KHR_cooperative_matrix beside VK_NV_cooperative_matrix, with probes

@@ -34,11 +34,6 @@
 // accumulators are then scaled down by the same power (exact) and the slice is loaded again at the new
 // e. So small gradients keep their bits and nothing overflows float16; the epilogue multiplies by
 // 2^-(e_a + e_b). Inf and NaN are left out of the maxima (they still reach their outputs).
-// DIRECT (an experiment, tools/bench_gemm.py --direct only): no staging at all; each subgroup loads its
-// fragments straight from the float16 operands in global memory (L1 / L2), DIRECT = 1 one 16-deep step at
-// a time, 2 with the next step's fragments in flight during the products (a ring of two). Only where
-// every tile is whole (M % BM, N % BN and the k ranges % 16 zero) and the operands are float16 words of
-// 4 (VEC4_A, VEC4_B); what it skips is the staging's shared stores and barriers.
 // EMU: the fragments emulated (include/sweep_frag.glsl's layout: an accumulator is 8 floats of an
 // invocation, operands read from shared memory when multiplied) on devices without cooperative
 // matrices, so lavapipe runs this kernel's staging, split and epilogue in the tests.
@@ -496,53 +491,6 @@ void split_loop(uint tid, uint wm, uint wn, uint m0, uint n0, uint k_begin, uint
 }
 #endif
 
-#ifdef DIRECT
-#if defined(FLOAT_IN) || defined(SPLIT) || defined(EMU) || !defined(VEC4_A) || !defined(VEC4_B)
-#error DIRECT loads real fragments from float16 operands in words of 4 (VEC4_A, VEC4_B)
-#endif
-// Fragment i of the subgroup's A rows (j of its B columns) at k, from the operands' 4-half words.
-#ifdef TRANS_A
-#define GLOAD_FA(f, i, k) MAT_LOAD(f, A, (pc.a_off + (k) * pc.lda + m0 + (wm * FM + (i)) * 16) / 4, pc.lda / 4, true)
-#else
-#define GLOAD_FA(f, i, k) MAT_LOAD(f, A, (pc.a_off + (m0 + (wm * FM + (i)) * 16) * pc.lda + (k)) / 4, pc.lda / 4, false)
-#endif
-#ifdef TRANS_B
-#define GLOAD_FB(f, j, k) MAT_LOAD(f, B, (pc.b_off + (n0 + (wn * FN + (j)) * 16) * pc.ldb + (k)) / 4, pc.ldb / 4, true)
-#else
-#define GLOAD_FB(f, j, k) MAT_LOAD(f, B, (pc.b_off + (k) * pc.ldb + n0 + (wn * FN + (j)) * 16) / 4, pc.ldb / 4, false)
-#endif
-#define DIRECT_LOAD(s, k) { \
-    [[unroll]] for (uint i = 0; i < FM; ++i) GLOAD_FA(ga[s][i], i, k); \
-    [[unroll]] for (uint j = 0; j < FN; ++j) GLOAD_FB(gb[s][j], j, k); }
-#define DIRECT_MUL(s) { \
-    [[unroll]] for (uint i = 0; i < FM; ++i) \
-        [[unroll]] for (uint j = 0; j < FN; ++j) acc[i][j] = MAT_MULADD(ga[s][i], gb[s][j], acc[i][j]); }
-// acc += op(A) op(B) over [k_begin, k_end), 16 deep a step, fragments from global memory; DIRECT = 2: a
-// ring of two (unrolled by two so each stage's index is a constant).
-void direct_loop(uint wm, uint wn, uint m0, uint n0, uint k_begin, uint k_end) {
-#if DIRECT == 1
-    FRAG_A ga[1][FM];
-    FRAG_B gb[1][FN];
-    for (uint k = k_begin; k < k_end; k += 16) {
-        DIRECT_LOAD(0, k);
-        DIRECT_MUL(0);
-    }
-#else
-    FRAG_A ga[2][FM];
-    FRAG_B gb[2][FN];
-    DIRECT_LOAD(0, k_begin);
-    for (uint k = k_begin; k < k_end; k += 32) {
-        bool more = k + 16 < k_end;
-        if (more) DIRECT_LOAD(1, k + 16);
-        DIRECT_MUL(0);
-        if (!more) break;
-        if (k + 32 < k_end) DIRECT_LOAD(0, k + 32);
-        DIRECT_MUL(1);
-    }
-#endif
-}
-#endif
-
 // STAGES = 2: multiply the slice in `buf` while the slice at k_next (if any) goes to the other buffer,
 // then the one barrier. buf is a literal at each call (constant shared offsets).
 void slice2(uint tid, uint wm, uint wn, uint m0, uint n0, uint buf, uint k_next, uint k_end) {
@@ -597,9 +545,6 @@ void main() {
 #define UNSCALED(x) ldexp(x, unscale)  // the operands' scales undone (before alpha: either may be large)
 #else
 #define UNSCALED(x) (x)
-#ifdef DIRECT
-    direct_loop(wm, wn, m0, n0, k_begin, k_end);  // the epilogue's scratch is the subgroup's own: no barrier
-#else
     fetch(tid, m0, n0, k_begin, k_end);
     if (STAGES == 2) {
         stage(tid, 0);
@@ -618,7 +563,6 @@ void main() {
             barrier();  // every subgroup has read the slice before it is overwritten
         }
     }
-#endif
 #endif
 
     // Epilogue: each subgroup writes a row of FE fragments at a time through its own scratch, which
