@@ -217,12 +217,6 @@ def coop_probe(real_fragments: bool) -> int:
     return probe
 
 
-def coop_shared_bytes(sf: int, ks: int, seq: bool = False) -> int:
-    """Shared memory of decode_layer_coop.comp: the k parts' slots (one per fragment with SEQ), the
-    norm's and the y^2 sums."""
-    return (1 if seq else max(1, ks - 1)) * sf * 6 * 256 * 4 + sf * 16 * 4 * 4 + sf * 256 * 4
-
-
 def coop_decode_ok(H: int) -> bool:
     """Whether glsl/decode_layer_coop.comp takes hidden size H (whole 16 x 16 fragments)."""
     return H % 16 == 0
