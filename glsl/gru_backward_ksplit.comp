@@ -44,7 +44,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #ifndef EMU
 #extension GL_KHR_memory_scope_semantics : require
-#extension GL_NV_cooperative_matrix : require
+#include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #endif

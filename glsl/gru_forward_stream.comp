@@ -64,7 +64,7 @@
 #endif
 #if !defined(EMU) && !defined(F32)
 #extension GL_KHR_memory_scope_semantics : require
-#extension GL_NV_cooperative_matrix : require
+#include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #include "phase_clock.glsl"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pytest
 
+from catchat.errors import UsageError
 from catchat.vk import shaders
 from catchat.vk.device import coop2_dimension_name
 from catchat.vk.kernels import gemm, gemm_tiles
@@ -208,3 +209,54 @@ def test_the_share_of_workgroups_on_the_unclamped_path():
     assert fake(256, 256, 1000, t, split_k=3).unclamped_share() == 2 / 3  # 352, 352, then 296
     assert fake(256, 256, 1024, t, offsets=(5, 264, 16, 520)).unclamped_share() == 0.0
     assert fake(256, 256, 1024, t, coopmat2=False).unclamped_share() is None
+
+
+def test_the_sweeps_fragments_on_either_extension(newer_glslc, monkeypatch):
+    """CATCHAT_SWEEP_API puts include/sweep_frag.glsl's real fragments (the streamed sweeps, the tensor-core
+    decode step) on VK_KHR_cooperative_matrix where that runs (the KHR define), never emulated ones; NV
+    where the device lacks it; anything but nv or khr is the user's mistake, said in one line."""
+    dev = FakeDevice()
+    monkeypatch.delenv(gemm_tiles.ENV_SWEEP_API, raising=False)
+    assert gemm_tiles.sweep_api(dev) == gemm_tiles.SWEEP_API_DEFAULT
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "khr")
+    assert gemm_tiles.sweep_api(dev) == "khr"
+    assert gemm_tiles.frag_defines(dev, emulate=False) == {"KHR": 1}
+    assert gemm_tiles.frag_defines(dev, emulate=True) == {}
+    no_khr = replace(dev, features=dev.features - {"cooperativeMatrixKHR"})
+    assert gemm_tiles.sweep_api(no_khr) == "nv" and gemm_tiles.frag_defines(no_khr, emulate=False) == {}
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "nv")
+    assert gemm_tiles.sweep_api(dev) == "nv" and gemm_tiles.frag_defines(dev, emulate=False) == {}
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "KHR")
+    with pytest.raises(UsageError, match="CATCHAT_SWEEP_API='KHR' is not nv or khr"):
+        gemm_tiles.sweep_api(dev)
+
+
+def capabilities(spirv: bytes) -> set[int]:
+    """The OpCapability operands of a SPIR-V module."""
+    words, at, out = np.frombuffer(spirv, np.uint32), 5, set()
+    while at < len(words):
+        count, op = int(words[at]) >> 16, int(words[at]) & 0xFFFF
+        if op == 17:  # OpCapability
+            out.add(int(words[at + 1]))
+        at += count
+    return out
+
+
+@pytest.mark.parametrize("name, defines", [
+    ("gru_forward_stream", "BLOCKED_W=1 FULL=true KFLAGS=1 KPG=2 LF=2 LG=2 PD=2 PERSISTENT=1 RES=2 SAVE16=1"),
+    ("gru_forward_stream", "BLOCKED_W=1 FULL=true KFLAGS=1 KPG=16 LF=2 PD=4 PERSISTENT=1 SPLIT=1"),
+    ("gru_backward_ksplit", "BIAS_SUMS=15 BLOCKED_W=1 KPW=24 LF=2 PD=4 PERSISTENT=1 RES=12 SAVE16=1"),
+    ("gru_backward_stream", "BIAS_SUMS=14 BLOCKED_W=1 FULL=true KFLAGS=1 KPG=6 LF=2 LG=2 PD=4 PERSISTENT=1 RES=6"),
+    ("decode_layer_coop", "KS=4 PD=2 SEQ=1 SF=4"),
+])
+def test_the_sweeps_compile_on_either_extension(name, defines):
+    """The streamed sweeps and the decode step (variants an H200 runs, tools/spirv-variants.txt) compile for
+    VK_NV_cooperative_matrix with Debian 12's glslc (SPIR-V 1.3) and, with KHR, for VK_KHR_cooperative_matrix
+    with the newer one (1.6): each with its own capability and not the other's."""
+    nv_cap, khr_cap = 5357, 6022  # CooperativeMatrixNV, CooperativeMatrixKHR
+    base = dict(pair.split("=") for pair in defines.split())
+    for extra, minor, cap, other in (({}, 3, nv_cap, khr_cap), ({"KHR": 1}, 6, khr_cap, nv_cap)):
+        spirv = shaders.compile_shader(name, {**base, **extra})
+        words = np.frombuffer(spirv[:8], np.uint32)
+        assert words[0] == 0x07230203 and (words[1] >> 8) & 0xFF == minor
+        assert cap in capabilities(spirv) and other not in capabilities(spirv)

@@ -25,6 +25,11 @@ part() {
 # v5 fp16 and fp32, the speedrun's step; ~7 min) and PARTS="records-gen" (generation at batches 1 and 64; ~3 min)
 group records-train bench-v3 bench-v3-fp16-torch bench-v5-fp16-torch bench-speedrun bench-v5-fp32-stream
 group records-gen gen-v3 gen-v5
+# the sweeps' and the tensor-core decode step's fragments on VK_KHR_cooperative_matrix beside the NV ones
+# (CATCHAT_SWEEP_API): the sweep, decode and model parity with KHR, then each fp16 step's profile and v5's and
+# v3's fp16 generation both ways, one after the other (~6 min)
+group sweep-api parity-sweep-khr prof-v5-fp16-nv prof-v5-fp16-khr prof-v3-fp16-nv prof-v3-fp16-khr \
+    prof-speedrun-fp16-nv prof-speedrun-fp16-khr gen16-v5-nv gen16-v5-khr gen16-v3-nv gen16-v3-khr
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -35,6 +40,21 @@ part bench-v3-fp16-torch $py -m catchat.cli bench configs/catchat-v3.toml --step
 part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 \
     --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
+part parity-sweep-khr env CATCHAT_SWEEP_API=khr $py -m catchat.cli parity --only gru --only decode --only model \
+    --summary --json "$out/parity-sweep-khr.json"
+for c in catchat-v5:2 catchat-v3:4 speedrun:4; do
+    cfg=${c%%:*}; for api in nv khr; do
+        part "prof-${cfg#catchat-}-fp16-$api" env CATCHAT_SWEEP_API=$api $py -m catchat.cli bench "configs/$cfg.toml" \
+            --steps "${c##*:}" --warmup 1 --precision fp16 --profile --set "data.corpus=$corpus" \
+            --json "$out/prof-${cfg#catchat-}-fp16-$api.json"
+    done
+done
+for c in v5 v3; do
+    for api in nv khr; do
+        part "gen16-$c-$api" env CATCHAT_SWEEP_API=$api $py tools/bench_generate.py "configs/catchat-$c.toml" \
+            --batches 1,64 --steps 1024 --precision fp16 --json "$out/gen16-$c-$api.json"
+    done
+done
 # the row kernels (norms, column sums, embedding gathers and token sums) after a change to them: their
 # parity, then the fp16 steps' profiles alone (no torch), to set beside the same parts of the code before
 part parity-rows $py -m catchat.cli parity --only norm --only embedding --only optim --only model --summary --json "$out/parity-rows.json"

@@ -121,8 +121,9 @@ def sweep_modes(prog) -> list[dict]:
             why = f"CATCHAT_PERSISTENT={forced}"
         elif why is None and not k.sweep_workgroups:
             why = gru.per_step_reason(prog.dev)  # why persistent sweeps are off on this device
-        shader = k.shader + ((" (product on tensor cores from float16 splits)" if k.split else
-                              " (product on tensor cores)") if k.coop else "")
+        on = "tensor cores, VK_KHR_cooperative_matrix" if getattr(k, "khr", False) else "tensor cores"
+        shader = k.shader + ((f" (product on {on} from float16 splits)" if k.split else
+                              f" (product on {on})") if k.coop else "")
         out.append(dict(sweep=name, shader=shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,
                         residency=why))
     return out

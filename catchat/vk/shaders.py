@@ -18,8 +18,9 @@ wherever the GLSL is, with or without glslc. `compile_shader` looks in turn:
    catchat/vk/slots.py either way). A variant that is not prebuilt needs glslc.
 
 A compile error names the shader file, the line and glslc's message. NEWER_SHADERS (GL_NV_cooperative_matrix2,
-SPIR-V 1.6) compile with a newer glslc than Debian 12's: $CATCHAT_GLSLC_NEWER, else the one `make setup`
-fetched (tools/fetch-newer-glslc.sh) into the cache; where it is missing their kernels are not used.
+GL_KHR_cooperative_matrix; SPIR-V 1.6) and any variant defining KHR compile with a newer glslc than
+Debian 12's: $CATCHAT_GLSLC_NEWER, else the one `make setup` fetched (tools/fetch-newer-glslc.sh) into
+the cache; where it is missing their kernels are not used.
 
 `compile_async` runs the same lookup on a thread pool of one thread per core: a program's kernels
 submit their variants as they are built and make their pipelines on first use (`Kernel.algo`), so
@@ -102,8 +103,14 @@ def glslc_version(newer: bool = False) -> str:
     return out.stdout.splitlines()[0].strip()
 
 
-def _flags(name: str) -> tuple[str, ...]:
-    flags = NEWER_FLAGS if name in NEWER_SHADERS else FLAGS
+def needs_newer(name: str, defines: dict[str, object]) -> bool:
+    """Whether a variant compiles with the newer glslc: NEWER_SHADERS, and any variant defining KHR (the
+    sweeps' and the decode step's fragments on VK_KHR_cooperative_matrix, include/sweep_frag.glsl)."""
+    return name in NEWER_SHADERS or "KHR" in defines
+
+
+def _flags(name: str, defines: dict[str, object]) -> tuple[str, ...]:
+    flags = NEWER_FLAGS if needs_newer(name, defines) else FLAGS
     return tuple(f for f in flags if f != "-O") if name in UNOPTIMISED_SHADERS else flags
 
 
@@ -170,7 +177,7 @@ def variant_key(path: Path, defines: dict[str, object]) -> str:
         h.update(name.encode() + b"\0" + data + b"\0")
     for k in sorted(defines):
         h.update(f"-D{k}={defines[k]}\0".encode())
-    h.update(("\0".join(_flags(path.stem))).encode())
+    h.update(("\0".join(_flags(path.stem, defines))).encode())
     return h.hexdigest()[:32]
 
 
@@ -215,7 +222,7 @@ def compile_cached(path: Path, defines: dict[str, object], key: str) -> Path:
     name, compiled into the cache first where it is not there: the one place glslc's output is kept,
     shared by the runtime and a wheel's build (tools/build_spirv.py)."""
     name = path.stem
-    version = glslc_version(name in NEWER_SHADERS)
+    version = glslc_version(needs_newer(name, defines))
     cache_key = hashlib.sha256(f"{key}\0{version}".encode()).hexdigest()[:32]
     out = cache_dir() / f"{name}-{cache_key}.spv"
     if out.exists():
@@ -267,8 +274,8 @@ def glslc(path: Path, defines: dict[str, object], out: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="catchat-glsl-") as generated:
         for name, text in GENERATED_INCLUDES.items():
             Path(generated, name).write_text(text())
-        cmd = [glslc_path(path.stem in NEWER_SHADERS), *_flags(path.stem), "-I", str(INCLUDE_DIR), "-I", generated,
-               *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
+        cmd = [glslc_path(needs_newer(path.stem, defines)), *_flags(path.stem, defines), "-I", str(INCLUDE_DIR),
+               "-I", generated, *(f"-D{k}={v}" for k, v in sorted(defines.items())), str(path), "-o", str(out)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise _compile_error(path.stem, res.stderr)

@@ -271,7 +271,7 @@ class DecodeLayerCoop(Kernel):
 
     def __init__(self, dev: Device, layout: ParamLayout, params, table0, state, ysum, token, ctl, *, B: int):
         from catchat.vk.kernels import ToHalf
-        from catchat.vk.kernels.gemm_tiles import coopmat_runs
+        from catchat.vk.kernels.gemm_tiles import coopmat_runs, frag_defines
 
         s = layout.spec
         self.layout, self.B, self.H, self.L = layout, int(B), s.hidden, s.layers
@@ -285,7 +285,9 @@ class DecodeLayerCoop(Kernel):
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
         probe = coop_probe(coopmat_runs(dev))
-        defines = {**sh.defines(), **({} if coopmat_runs(dev) else {"EMU": 1}), **({"PROBE": probe} if probe else {})}
+        emulate = not coopmat_runs(dev)
+        defines = {**sh.defines(), **({"EMU": 1} if emulate else {}), **({"PROBE": probe} if probe else {}),
+                   **frag_defines(dev, emulate)}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from catchat.errors import VulkanUnavailable
+from catchat.errors import UsageError, VulkanUnavailable
 from catchat.vk import shaders, tiles, tune
 from catchat.vk.device import Device, coop2_dimension_name
 from catchat.vk.kernels import ceil_div, device_sms
@@ -259,6 +259,22 @@ def products(dev: Device, precision: str) -> str:
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
 
 
+def sweep_api(dev: Device) -> str:
+    """The extension of the sweeps' and the tensor-core decode step's fragments (include/sweep_frag.glsl)
+    on dev: "khr" where CATCHAT_SWEEP_API says so (or SWEEP_API_DEFAULT does) and VK_KHR_cooperative_matrix
+    runs with the newer glslc (`coopmat_khr_runs`), else "nv"."""
+    raw = os.environ.get(ENV_SWEEP_API, "").strip() or SWEEP_API_DEFAULT
+    if raw not in ("nv", "khr"):
+        raise UsageError(f"{ENV_SWEEP_API}={raw!r} is not nv or khr",
+                         hint="set nv (VK_NV_cooperative_matrix) or khr (VK_KHR_cooperative_matrix), or unset it")
+    return "khr" if raw == "khr" and coopmat_khr_runs(dev) else "nv"
+
+
+def frag_defines(dev: Device, emulate: bool) -> dict:
+    """The define that puts include/sweep_frag.glsl's real fragments on VK_KHR_cooperative_matrix (`sweep_api`)."""
+    return {"KHR": 1} if not emulate and sweep_api(dev) == "khr" else {}
+
+
 def coop_extension(dev: Device) -> str:
     """The extension of the subgroup-fragment GEMM on dev, by name (`coop_api`)."""
     return "VK_KHR_cooperative_matrix" if coop_api(dev) == "khr" else "VK_NV_cooperative_matrix"
@@ -332,6 +348,11 @@ COOP2_FEATURES = frozenset({"cooperativeMatrixKHR", "cooperativeMatrixWorkgroupS
 # (tools/bench_gemm.py --operands coopmat-khr --probe; the products alone: 344-393 against 235-254).
 # CATCHAT_COOP_API=nv keeps the NV extension.
 ENV_COOP_API = "CATCHAT_COOP_API"
+# The streamed sweeps and the tensor-core decode step on either extension: CATCHAT_SWEEP_API=nv|khr. The
+# GEMM's products alone ran 344-393 TFLOP/s on KHR against 235-254 on NV (same source, H200); the sweeps'
+# products are the same 16 x 16 fragments, so they are built for both and measured (tools/gpu-check.sh).
+ENV_SWEEP_API = "CATCHAT_SWEEP_API"
+SWEEP_API_DEFAULT = "nv"
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on

@@ -36,6 +36,7 @@ from catchat.vk import slots
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, LazyAlgorithm
 from catchat.vk.kernels.gemm import coopmat_runs
+from catchat.vk.kernels.gemm_tiles import frag_defines
 from catchat.vk.kernels.gru.plan import (
     plan_sweep,
     resident_workgroups,
@@ -211,7 +212,8 @@ class _Sweep(Kernel):
             self.tiles = self.tiles._replace(resident=0, shared=0)
             self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
-                   **({"SAVE16": 1} if self.save_half else {})}
+                   **({"SAVE16": 1} if self.save_half else {}), **frag_defines(dev, emulate or f32)}
+        self.khr = "KHR" in defines  # fragments on VK_KHR_cooperative_matrix (bench's sweep lines say so)
         if backward:
             tensors = self._bias_binding(dev, tensors, defines)
         tensors = self._extra_bindings(tensors, defines)
