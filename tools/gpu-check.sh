@@ -30,6 +30,10 @@ group records-gen gen-v3 gen-v5
 # v3's fp16 generation both ways, one after the other (~6 min)
 group sweep-api parity-sweep-khr prof-v5-fp16-nv prof-v5-fp16-khr prof-v3-fp16-nv prof-v3-fp16-khr \
     prof-speedrun-fp16-nv prof-speedrun-fp16-khr gen16-v5-nv gen16-v5-khr gen16-v3-nv gen16-v3-khr
+# the KHR fragments' knobs, tuned on NV until now: the sweeps' parity group, the streamed sweeps' resident
+# fragments and ring depths (tools/stream_variants.py: parity at v5's shape, then v5's fp16 step), and the
+# tensor-core decode step's subgroups and streams a workgroup at v5's 64 streams (~5 min)
+group sweep-khr-knobs parity-gru stream-variants-khr gen16-v5-sg8 gen16-v5-streams32 gen16-v5-khr
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -40,6 +44,14 @@ part bench-v3-fp16-torch $py -m catchat.cli bench configs/catchat-v3.toml --step
 part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --steps 2 --warmup 1 --precision fp16 \
     --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
+part parity-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-gru.json"
+part gen16-v5-sg8 env CATCHAT_DECODE_COOP_SUBGROUPS=8 $py tools/bench_generate.py configs/catchat-v5.toml \
+    --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-sg8.json"
+part gen16-v5-streams32 env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py configs/catchat-v5.toml \
+    --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-streams32.json"
+part stream-variants-khr $py tools/stream_variants.py configs/catchat-v5.toml --variant 2,12/2,4 --variant 3,12/2,4 \
+    --variant 4,12/2,4 --variant 2,16/2,4 --variant 2,20/2,4 --variant 2,12/3,4 --variant 2,12/2,6 \
+    --variant 2,12/2,4/0,3 --json "$out/stream-variants-khr.json"
 part parity-sweep-khr env CATCHAT_SWEEP_API=khr $py -m catchat.cli parity --only gru --only decode --only model \
     --summary --json "$out/parity-sweep-khr.json"
 for c in catchat-v5:2 catchat-v3:4 speedrun:4; do

@@ -352,7 +352,7 @@ ENV_COOP_API = "CATCHAT_COOP_API"
 # GEMM's products alone ran 344-393 TFLOP/s on KHR against 235-254 on NV (same source, H200); the sweeps'
 # products are the same 16 x 16 fragments, so they are built for both and measured (tools/gpu-check.sh).
 ENV_SWEEP_API = "CATCHAT_SWEEP_API"
-SWEEP_API_DEFAULT = "nv"
+SWEEP_API_DEFAULT = "khr"
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on
