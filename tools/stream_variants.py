@@ -8,8 +8,9 @@ sweeps' parity at v5's shape against the twin, then
     python tools/stream_variants.py configs/catchat-v5.toml --variant 0,0/4,8 --variant 2,12/2,4/0,3/1 [--json F]
 
 A variant is RESIDENT/DEPTH[/SHARED[/FLAGS]], the first three "forward,backward" (glsl/gru_*_stream.comp's
-RES, PD and SRES; SHARED is cut to what fits beside `red`, default 0,0), FLAGS 0 or 1 (KFLAGS, default
-0). The
+RES, PD and SRES; SHARED is cut to what fits beside `red`, default 0,0), FLAGS 0 or 1 (KFLAGS; default
+the program's, on: until 2026-12-07 the default here was 0, so the forward rows of earlier files ran
+the grid barrier, ~1.2 ms a layer slower at v5 than the program). The
 parity is the sweep group's check (catchat/parity/gru.py: the GPU's own rounded operands forced into
 the float32 twin) at [T=4, B=32, H=2048] and [6, 32, 256], persistent over the device's SMs.
 """
@@ -38,7 +39,7 @@ KEYS = ("o", "hprev", "save", "hT", "dgi", "dgh", "dh0")
 
 def knobs(variant: str) -> dict:
     resident, depth, *rest = variant.split("/")
-    shared, flags = (rest + ["0,0", "0"][len(rest):])[:2]
+    shared, flags = (rest + ["0,0", ""][len(rest):])[:2]  # flags "": the program's own choice (stream_flags)
     return {gru.RESIDENT_ENV: resident, gru.DEPTH_ENV: depth, gru.SHARED_ENV: shared, gru.FLAGS_ENV: flags}
 
 

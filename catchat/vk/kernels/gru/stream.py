@@ -48,8 +48,10 @@ BLOCKED_ENV = "CATCHAT_STREAM_BLOCKED"
 # sweep (forward, backward: the shaders' RES; only where a workgroup has one slice);
 # CATCHAT_STREAM_RESIDENT=F,B sets them (to measure; tools/gpu-check.sh). v5 on the H200: 2 of 8
 # (forward: 6 fragments, 24 registers) and 12 of 24 (backward: 48 registers) took v5's fp16 step from
-# 130.1 to 117.2 ms, among 0..4 and 0..20 tried.
-STREAM_RESIDENT = (2, 12)
+# 130.1 to 117.2 ms, among 0..4 and 0..20 tried. With the fragments on VK_KHR_cooperative_matrix (H100,
+# 2026-12-07, tools/stream_variants.py in one call): backward 12 / 16 / 20 gave 11.55 / 11.12 / 10.75 ms a
+# layer and the step 108.0 / 108.0 / 105.6 ms; forward 3 and 4 were slower (12.55, 13.45 against 11.72).
+STREAM_RESIDENT = (2, 20)
 RESIDENT_ENV = "CATCHAT_STREAM_RESIDENT"
 # W_hh fragments of each subgroup's next k-fragments (after the resident ones) kept in shared memory
 # for the whole dispatch (forward, backward: the shaders' SRES; one slice per workgroup, as RES), in
