@@ -260,3 +260,16 @@ def test_the_sweeps_compile_on_either_extension(name, defines):
         words = np.frombuffer(spirv[:8], np.uint32)
         assert words[0] == 0x07230203 and (words[1] >> 8) & 0xFF == minor
         assert cap in capabilities(spirv) and other not in capabilities(spirv)
+
+
+def test_doctor_names_the_extension_each_tensor_core_kernel_runs_on(newer_glslc, monkeypatch):
+    """`catchat doctor`'s half-precision line says which extension the GEMMs and the sweeps use (they are
+    chosen apart: CATCHAT_COOP_API, CATCHAT_SWEEP_API), and nothing of the kind without cooperative matrices."""
+    dev = FakeDevice()
+    monkeypatch.delenv(gemm_tiles.ENV_COOP_API, raising=False)
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "nv")
+    assert gemm_tiles.tensor_core_extensions(dev) == ("tensor-core GEMMs on VK_KHR_cooperative_matrix, "
+                                                      "sweeps on VK_NV_cooperative_matrix")
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "khr")
+    assert gemm_tiles.tensor_core_extensions(dev).endswith("sweeps on VK_KHR_cooperative_matrix")
+    assert gemm_tiles.tensor_core_extensions(replace(dev, coop_shapes=())) is None

@@ -43,10 +43,16 @@ def half_precision_check(dev, label: str) -> Check:
     """Which half-precision features the device was created with, and the float16 axpby against numpy
     where it has float16 arithmetic and storage."""
     names = {"shaderFloat16": "float16 arithmetic", "storageBuffer16BitAccess": "16-bit storage",
-             "shaderInt8": "int8 arithmetic", "cooperativeMatrixNV": "cooperative matrices (NV)"}
+             "shaderInt8": "int8 arithmetic", "cooperativeMatrixNV": "cooperative matrices (NV)",
+             "cooperativeMatrixKHR": "cooperative matrices (KHR)"}
     have = [v for k, v in names.items() if k in dev.features] or ["none"]
     if dev.coop_shapes:
         have.append(f"cooperative-matrix shapes {', '.join(dev.coop_shapes)}")
+    from catchat.vk.kernels.gemm_tiles import tensor_core_extensions
+
+    used = tensor_core_extensions(dev)
+    if used:
+        have.append(used)
     if "cooperativeMatrixWorkgroupScope" in dev.features:
         dims = ", ".join(coop2_dimension_name(d) for d in dev.coop2_dimensions) or "no dimensions"
         have.append(f"workgroup-scope cooperative matrices (NV 2: {dims})")

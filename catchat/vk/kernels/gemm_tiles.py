@@ -280,6 +280,15 @@ def coop_extension(dev: Device) -> str:
     return "VK_KHR_cooperative_matrix" if coop_api(dev) == "khr" else "VK_NV_cooperative_matrix"
 
 
+def tensor_core_extensions(dev: Device) -> str | None:
+    """Which extension the tensor-core GEMMs and the sweeps' fragments run on here (`catchat doctor`),
+    None where the device has no cooperative matrices."""
+    if not coopmat_runs(dev):
+        return None
+    sweeps = "VK_KHR_cooperative_matrix" if sweep_api(dev) == "khr" else "VK_NV_cooperative_matrix"
+    return f"tensor-core GEMMs on {coop_extension(dev)}, sweeps on {sweeps}"
+
+
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
                trans: tuple[bool, bool] = (False, False)) -> CoopTiles | None:
     """The tile for an [M, N] output: COOP_NARROW_TILE for at most 128 columns where its grid (with the
