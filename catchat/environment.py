@@ -66,8 +66,9 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "CATCHAT_WAVEFRONT_FORWARD": (MEASURE, "0: the wavefront's forward layer by layer"),
     "CATCHAT_WAVEFRONT_BACKWARD": (MEASURE, "0: the wavefront's backward layer by layer"),
     "CATCHAT_COOP_API": (MEASURE, "nv: the tensor-core GEMM on VK_NV_cooperative_matrix instead of the KHR one"),
-    "CATCHAT_SWEEP_API": (MEASURE, "nv or khr: the streamed sweeps' and the tensor-core decode step's fragments on "
-                                   "VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix (khr where it runs)"),
+    "CATCHAT_SWEEP_API": (MEASURE, "nv or khr: the tensor-core sweeps' and decode step's fragments on "
+                                   "VK_NV_cooperative_matrix or VK_KHR_cooperative_matrix (unset: khr where it runs, "
+                                   "but the register-resident sweeps nv until measured)"),
     "CATCHAT_COOPMAT2": (MEASURE, "1: the workgroup-scope GEMM (VK_NV_cooperative_matrix2) first where it runs, "
                                   "and its parity cases; 0: never"),
     "CATCHAT_DECODE": (MEASURE, "generation's step: fused, fused16, batched, coop (tensor cores), persistent, "

@@ -37,7 +37,7 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
-#extension GL_NV_cooperative_matrix : require
+#include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #include "phase_clock.glsl"
@@ -155,7 +155,7 @@ float product_row(uint s, uint b, uint k) {
 #ifdef COOP
 // Subgroup sg's W_hh fragments: wf[i * 3 + q] holds rows q * H + j0 .. +15 (gate q's units) by
 // columns 16 * (sg * COOP_NF + i) .. +15, as float16, staged one at a time through wst.
-void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[3u * COOP_NF]) {
+void load_w_frags(uint j0, uint sg, out CM_B wf[3u * COOP_NF]) {
     uint lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
     [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
         [[unroll]] for (uint q = 0u; q < 3u; ++q) {
@@ -167,7 +167,7 @@ void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
             }
             subgroupMemoryBarrierShared();
             subgroupBarrier();
-            coopMatLoadNV(wf[i * 3u + q], wst, base, 16u, false);
+            CM_LOAD(wf[i * 3u + q], wst, base, 16u, false);
             subgroupBarrier();  // the scratch is rewritten by the next fragment
         }
     }
@@ -298,7 +298,7 @@ void main() {
 #ifdef COOP
     for (uint e = tid; e < TB * SA; e += NT) dgs16[e] = float16_t(0.0);
     uint sg = tid / 32u, lane = tid % 32u;
-    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[3u * COOP_NF];
+    CM_B wf[3u * COOP_NF];
 #define LOAD_W() { load_w_frags(j0, sg, wf); barrier(); }
 #else
     for (uint e = tid; e < NR * RS; e += NT) dgs[e] = vec4(0.0);
@@ -346,16 +346,16 @@ void main() {
                 [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
                     uint k0 = 16u * (sg * COOP_NF + i);
                     if (k0 >= pc.H) break;  // uniform in the subgroup
-                    fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+                    CM_ACC acc = CM_ACC(0.0);
                     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-                        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-                        coopMatLoadNV(a, dgs16, 16u * q, SA, false);  // (lane bb, row q * 16 + u)
-                        acc = coopMatMulAddNV(a, wf[i * 3u + q], acc);
+                        CM_A a;
+                        CM_LOAD(a, dgs16, 16u * q, SA, false);  // (lane bb, row q * 16 + u)
+                        acc = CM_MULADD(a, wf[i * 3u + q], acc);
                     }
                     if (b0 + 16u <= pc.B && k0 + 16u <= pc.H && pc.H % 4u == 0u) {
-                        coopMatStoreNV(acc, part, row0 * pc.H + k0, pc.H, false);
+                        CM_STORE(acc, part, row0 * pc.H + k0, pc.H, false);
                     } else {
-                        coopMatStoreNV(acc, pst, sg * 256u, 16u, false);
+                        CM_STORE(acc, pst, sg * 256u, 16u, false);
                         subgroupMemoryBarrierShared();
                         subgroupBarrier();
                         for (uint e = lane; e < 256u; e += 32u) {

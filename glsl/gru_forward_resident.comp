@@ -30,7 +30,7 @@
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
-#extension GL_NV_cooperative_matrix : require
+#include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
 #endif
 #include "phase_clock.glsl"
@@ -233,7 +233,7 @@ void stage_h(uint t, uint j0, uint b0) {
 // The gate's and k-group's W_hh^T fragments of subgroup sg (< 12): element (k, n) of fragment f is
 // W_hh[g*H + j0 + n, 16*(kgroup*COOP_KF + f) + k] as float16, staged one at a time through hs16
 // (before the sweep's first staging of h_prev; barriers around it, the caller's).
-void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[COOP_KF]) {
+void load_w_frags(uint j0, uint sg, out CM_B wf[COOP_KF]) {
     uint g = sg % 3u, kgroup = sg / 3u, lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
     [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
         uint k0 = 16u * (kgroup * COOP_KF + f);
@@ -244,7 +244,7 @@ void load_w_frags(uint j0, uint sg, out fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
         }
         subgroupMemoryBarrierShared();
         subgroupBarrier();
-        coopMatLoadNV(wf[f], hs16, base, 16u, true);
+        CM_LOAD(wf[f], hs16, base, 16u, true);
         subgroupBarrier();  // the scratch is rewritten by the next fragment
     }
 }
@@ -303,7 +303,7 @@ void main() {
     vec3 bias = vec3(0.0), gi3 = vec3(0.0);
 #ifdef COOP
     uint sg = tid / 32u;
-    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> wf[COOP_KF];
+    CM_B wf[COOP_KF];
 #define LOAD_W() { if (sg < 12u) load_w_frags(j0, sg, wf); barrier(); }
 #else
 #define LOAD_W() load_w(j0, u, s)
@@ -328,13 +328,13 @@ void main() {
             PHASE(t, 1u);
 #ifdef COOP
             if (sg < 12u) {  // gate sg % 3, k-group sg / 3: a 16 x 16 partial of the [16 lanes x 48] product
-                fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+                CM_ACC acc = CM_ACC(0.0);
                 [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
-                    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-                    coopMatLoadNV(a, hs16, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
-                    acc = coopMatMulAddNV(a, wf[f], acc);
+                    CM_A a;
+                    CM_LOAD(a, hs16, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
+                    acc = CM_MULADD(a, wf[f], acc);
                 }
-                coopMatStoreNV(acc, red, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU, false);
+                CM_STORE(acc, red, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU, false);
             }
 #else
             matmul(u, s, sl, kg);

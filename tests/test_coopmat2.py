@@ -224,6 +224,11 @@ def test_the_sweeps_fragments_on_either_extension(newer_glslc, monkeypatch):
     assert gemm_tiles.frag_defines(dev, emulate=True) == {}
     no_khr = replace(dev, features=dev.features - {"cooperativeMatrixKHR"})
     assert gemm_tiles.sweep_api(no_khr) == "nv" and gemm_tiles.frag_defines(no_khr, emulate=False) == {}
+    resident = gemm_tiles.RESIDENT_SWEEP_API_DEFAULT  # the resident sweeps follow the variable, else their default
+    assert gemm_tiles.frag_defines(dev, False, resident) == {"KHR": 1}
+    monkeypatch.delenv(gemm_tiles.ENV_SWEEP_API)
+    assert gemm_tiles.frag_defines(dev, False, resident) == ({"KHR": 1} if resident == "khr" else {})
+    monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "khr")
     monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "nv")
     assert gemm_tiles.sweep_api(dev) == "nv" and gemm_tiles.frag_defines(dev, emulate=False) == {}
     monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "KHR")
@@ -248,9 +253,12 @@ def capabilities(spirv: bytes) -> set[int]:
     ("gru_backward_ksplit", "BIAS_SUMS=15 BLOCKED_W=1 KPW=24 LF=2 PD=4 PERSISTENT=1 RES=12 SAVE16=1"),
     ("gru_backward_stream", "BIAS_SUMS=14 BLOCKED_W=1 FULL=true KFLAGS=1 KPG=6 LF=2 LG=2 PD=4 PERSISTENT=1 RES=6"),
     ("decode_layer_coop", "KS=4 PD=2 SEQ=1 SF=4"),
+    ("gru_forward_resident",
+     "COOP=1 COOP_KF=2 HV4=1 KS=16 KV=2 LB=4 LOG2SL=4 NTR=3 NU=16 PERSISTENT=1 RU=2 SL=16 TB=16"),
+    ("gru_backward_resident", "BIAS_SUMS=13 COOP=1 COOP_NF=2 CPT=2 LB=8 LOG2SL=1 NTR=1 NU=16 PERSISTENT=1 SL=2 TB=16"),
 ])
 def test_the_sweeps_compile_on_either_extension(name, defines):
-    """The streamed sweeps and the decode step (variants an H200 runs, tools/spirv-variants.txt) compile for
+    """The sweeps and the decode step (variants an H200 runs, tools/spirv-variants.txt) compile for
     VK_NV_cooperative_matrix with Debian 12's glslc (SPIR-V 1.3) and, with KHR, for VK_KHR_cooperative_matrix
     with the newer one (1.6): each with its own capability and not the other's."""
     nv_cap, khr_cap = 5357, 6022  # CooperativeMatrixNV, CooperativeMatrixKHR
@@ -268,8 +276,13 @@ def test_doctor_names_the_extension_each_tensor_core_kernel_runs_on(newer_glslc,
     dev = FakeDevice()
     monkeypatch.delenv(gemm_tiles.ENV_COOP_API, raising=False)
     monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "nv")
-    assert gemm_tiles.tensor_core_extensions(dev) == ("tensor-core GEMMs on VK_KHR_cooperative_matrix, "
-                                                      "sweeps on VK_NV_cooperative_matrix")
+    assert gemm_tiles.tensor_core_extensions(dev) == (
+        "tensor-core GEMMs on VK_KHR_cooperative_matrix, streamed sweeps and decode on VK_NV_cooperative_matrix, "
+        "register-resident sweeps on VK_NV_cooperative_matrix")
     monkeypatch.setenv(gemm_tiles.ENV_SWEEP_API, "khr")
-    assert gemm_tiles.tensor_core_extensions(dev).endswith("sweeps on VK_KHR_cooperative_matrix")
+    assert gemm_tiles.tensor_core_extensions(dev).endswith("register-resident sweeps on VK_KHR_cooperative_matrix")
+    monkeypatch.delenv(gemm_tiles.ENV_SWEEP_API)  # the defaults: KHR where measured faster, NV where not yet run
+    assert gemm_tiles.tensor_core_extensions(dev) == (
+        "tensor-core GEMMs on VK_KHR_cooperative_matrix, streamed sweeps and decode on VK_KHR_cooperative_matrix, "
+        "register-resident sweeps on VK_NV_cooperative_matrix")
     assert gemm_tiles.tensor_core_extensions(replace(dev, coop_shapes=())) is None

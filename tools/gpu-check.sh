@@ -34,6 +34,10 @@ group sweep-api parity-sweep-khr prof-v5-fp16-nv prof-v5-fp16-khr prof-v3-fp16-n
 # fragments and ring depths (tools/stream_variants.py: parity at v5's shape, then v5's fp16 step), and the
 # tensor-core decode step's subgroups and streams a workgroup at v5's 64 streams (~5 min)
 group sweep-khr-knobs parity-gru stream-variants-khr gen16-v5-sg8 gen16-v5-streams32 gen16-v5-khr
+# the register-resident tensor-core sweeps (v3's forward-only programs at fp16) on VK_KHR_cooperative_matrix,
+# NV by default until measured (gemm_tiles.RESIDENT_SWEEP_API_DEFAULT): the sweep parity with KHR, then v3's
+# fp16 step and eval both ways (its eval runs the resident forward; ~2 min)
+group resident-khr parity-gru-khr prof-v3-fp16-nv prof-v3-fp16-khr
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -45,6 +49,7 @@ part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --step
     --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
 part parity-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-gru.json"
+part parity-gru-khr env CATCHAT_SWEEP_API=khr $py -m catchat.cli parity --only gru --summary --json "$out/parity-gru-khr.json"
 part gen16-v5-sg8 env CATCHAT_DECODE_COOP_SUBGROUPS=8 $py tools/bench_generate.py configs/catchat-v5.toml \
     --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-sg8.json"
 part gen16-v5-streams32 env CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py configs/catchat-v5.toml \

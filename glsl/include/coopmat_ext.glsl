@@ -1,8 +1,27 @@
-// The cooperative-matrix extension of a shader on include/sweep_frag.glsl's fragments, included where
-// its #extension lines are: VK_KHR_cooperative_matrix with KHR (compiled by the newer glslc,
-// catchat.vk.shaders), else VK_NV_cooperative_matrix (Debian 12's glslc).
+// The cooperative-matrix extension of a shader on 16 x 16 float16 fragments with float32 sums, included
+// where its #extension lines are: VK_KHR_cooperative_matrix with KHR (compiled by the newer glslc,
+// catchat.vk.shaders.needs_newer), else VK_NV_cooperative_matrix (Debian 12's glslc). Its types and
+// operations on either extension: CM_A, CM_B (the product's A and B operands; one type on NV, which does
+// not type a fragment's use), CM_ACC (float32 accumulators), CM_LOAD / CM_STORE (col: column-major) and
+// CM_MULADD. include/sweep_frag.glsl builds the sweeps' fragments on them.
+#ifndef CATCHAT_COOPMAT_EXT_GLSL
+#define CATCHAT_COOPMAT_EXT_GLSL
 #ifdef KHR
 #extension GL_KHR_cooperative_matrix : require
+#define CM_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
+#define CM_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
+#define CM_ACC coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define CM_LAYOUT(col) ((col) ? gl_CooperativeMatrixLayoutColumnMajor : gl_CooperativeMatrixLayoutRowMajor)
+#define CM_LOAD(m, arr, off, stride, col) coopMatLoad(m, arr, off, stride, CM_LAYOUT(col))
+#define CM_STORE(m, arr, off, stride, col) coopMatStore(m, arr, off, stride, CM_LAYOUT(col))
+#define CM_MULADD(a, b, c) coopMatMulAdd(a, b, c)
 #else
 #extension GL_NV_cooperative_matrix : require
+#define CM_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define CM_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
+#define CM_ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define CM_LOAD(m, arr, off, stride, col) coopMatLoadNV(m, arr, off, stride, col)
+#define CM_STORE(m, arr, off, stride, col) coopMatStoreNV(m, arr, off, stride, col)
+#define CM_MULADD(a, b, c) coopMatMulAddNV(a, b, c)
+#endif
 #endif

@@ -1,8 +1,8 @@
 // 16 x 16 fragments of the streamed sweeps (glsl/gru_*_stream.comp): float16 A and B operands
 // loaded from storage buffers, float32 accumulators summed through shared memory. Real ones are
-// VK_NV_cooperative_matrix fragments (tensor cores, subgroups of 32), or with KHR the same on
-// VK_KHR_cooperative_matrix (compiled by the newer glslc; the includer enables the extension with
-// include/coopmat_ext.glsl). With EMU they are emulated
+// cooperative-matrix fragments (tensor cores, subgroups of 32) on VK_NV_cooperative_matrix, or with KHR
+// on VK_KHR_cooperative_matrix: include/coopmat_ext.glsl's types, which the includer enables before
+// this file. With EMU they are emulated
 // for devices without cooperative matrices (lavapipe: the tests run the sweeps' logic there):
 // an operand fragment is only where its 16 x 16 block lies (offset, stride, layout), read when it
 // is multiplied (the sweeps never write an operand between its load and its product), and an
@@ -94,37 +94,21 @@ Acc acc_load(uint off, uint stride) {
 #define ACC_STORE_BUF(m, BUF, off, stride) { \
     uint l_ = gl_LocalInvocationIndex % 32u, at_ = (off) + (l_ / 2u) * (stride) + (l_ % 2u) * 8u; \
     for (uint e_ = 0u; e_ < 8u; ++e_) BUF[at_ + e_] = (m).v[e_]; }
-#elif defined(KHR)  // VK_KHR_cooperative_matrix (the newer glslc): the same products, the driver's other code path
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define FRAG_LAYOUT(col) ((col) ? gl_CooperativeMatrixLayoutColumnMajor : gl_CooperativeMatrixLayoutRowMajor)
-#define LOAD_A(m, off, stride, col) coopMatLoad(m, A_BUF, off, stride, FRAG_LAYOUT(col))
-#define LOAD_B(m, off, stride, col) coopMatLoad(m, B_BUF, off, stride, FRAG_LAYOUT(col))
-#define LOAD_B_SHARED(m, off, stride, col) coopMatLoad(m, B_SHARED, off, stride, FRAG_LAYOUT(col))
-#define LOAD_A_SHARED(m, off, stride, col) coopMatLoad(m, A_SHARED, off, stride, FRAG_LAYOUT(col))
+#else  // real fragments, on the extension include/coopmat_ext.glsl enabled (its CM_ types and operations)
+#define FRAG_A CM_A
+#define FRAG_B CM_B
+#define ACC_T CM_ACC
+#define LOAD_A(m, off, stride, col) CM_LOAD(m, A_BUF, off, stride, col)
+#define LOAD_B(m, off, stride, col) CM_LOAD(m, B_BUF, off, stride, col)
+#define LOAD_B_SHARED(m, off, stride, col) CM_LOAD(m, B_SHARED, off, stride, col)
+#define LOAD_A_SHARED(m, off, stride, col) CM_LOAD(m, A_SHARED, off, stride, col)
 #define ACC_ZERO() ACC_T(0.0)
-#define MUL_ADD(a, b, c) coopMatMulAdd(a, b, c)
+#define MUL_ADD(a, b, c) CM_MULADD(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
 #define ACC_SCALE(a, s) ((a) * float(s))
-#define ACC_STORE(m, off, stride) coopMatStore(m, ACC_SHARED, off, stride, gl_CooperativeMatrixLayoutRowMajor)
-#define ACC_LOAD(m, off, stride) coopMatLoad(m, ACC_SHARED, off, stride, gl_CooperativeMatrixLayoutRowMajor)
-#define ACC_STORE_BUF(m, BUF, off, stride) coopMatStore(m, BUF, off, stride, gl_CooperativeMatrixLayoutRowMajor)
-#else
-#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAG_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-#define LOAD_A(m, off, stride, col) coopMatLoadNV(m, A_BUF, off, stride, col)
-#define LOAD_B(m, off, stride, col) coopMatLoadNV(m, B_BUF, off, stride, col)
-#define LOAD_B_SHARED(m, off, stride, col) coopMatLoadNV(m, B_SHARED, off, stride, col)
-#define LOAD_A_SHARED(m, off, stride, col) coopMatLoadNV(m, A_SHARED, off, stride, col)
-#define ACC_ZERO() ACC_T(0.0)
-#define MUL_ADD(a, b, c) coopMatMulAddNV(a, b, c)
-#define ACC_ADD(a, b) ((a) + (b))
-#define ACC_SCALE(a, s) ((a) * float(s))
-#define ACC_STORE(m, off, stride) coopMatStoreNV(m, ACC_SHARED, off, stride, false)
-#define ACC_LOAD(m, off, stride) coopMatLoadNV(m, ACC_SHARED, off, stride, false)
-#define ACC_STORE_BUF(m, BUF, off, stride) coopMatStoreNV(m, BUF, off, stride, false)
+#define ACC_STORE(m, off, stride) CM_STORE(m, ACC_SHARED, off, stride, false)
+#define ACC_LOAD(m, off, stride) CM_LOAD(m, ACC_SHARED, off, stride, false)
+#define ACC_STORE_BUF(m, BUF, off, stride) CM_STORE(m, BUF, off, stride, false)
 #endif
 
 #ifndef FRAG_ONLY  // the sweeps' layouts (an includer with its own, e.g. decode_layer_coop.comp, defines FRAG_ONLY)

@@ -259,20 +259,21 @@ def products(dev: Device, precision: str) -> str:
     return "fp16 emulated (no tensor cores: VK_NV_cooperative_matrix; no faster than fp32)"
 
 
-def sweep_api(dev: Device) -> str:
-    """The extension of the sweeps' and the tensor-core decode step's fragments (include/sweep_frag.glsl)
-    on dev: "khr" where CATCHAT_SWEEP_API says so (or SWEEP_API_DEFAULT does) and VK_KHR_cooperative_matrix
-    runs with the newer glslc (`coopmat_khr_runs`), else "nv"."""
-    raw = os.environ.get(ENV_SWEEP_API, "").strip() or SWEEP_API_DEFAULT
+def sweep_api(dev: Device, default: str | None = None) -> str:
+    """The extension of the sweeps' and the tensor-core decode step's fragments (include/coopmat_ext.glsl)
+    on dev: "khr" where CATCHAT_SWEEP_API says so (or `default` does) and VK_KHR_cooperative_matrix runs
+    with the newer glslc (`coopmat_khr_runs`), else "nv". default: SWEEP_API_DEFAULT unless given."""
+    raw = os.environ.get(ENV_SWEEP_API, "").strip() or default or SWEEP_API_DEFAULT
     if raw not in ("nv", "khr"):
         raise UsageError(f"{ENV_SWEEP_API}={raw!r} is not nv or khr",
                          hint="set nv (VK_NV_cooperative_matrix) or khr (VK_KHR_cooperative_matrix), or unset it")
     return "khr" if raw == "khr" and coopmat_khr_runs(dev) else "nv"
 
 
-def frag_defines(dev: Device, emulate: bool) -> dict:
-    """The define that puts include/sweep_frag.glsl's real fragments on VK_KHR_cooperative_matrix (`sweep_api`)."""
-    return {"KHR": 1} if not emulate and sweep_api(dev) == "khr" else {}
+def frag_defines(dev: Device, emulate: bool, default: str | None = None) -> dict:
+    """The define that puts a shader's real fragments (include/coopmat_ext.glsl) on VK_KHR_cooperative_matrix
+    (`sweep_api`; `default` where CATCHAT_SWEEP_API is unset)."""
+    return {"KHR": 1} if not emulate and sweep_api(dev, default) == "khr" else {}
 
 
 def coop_extension(dev: Device) -> str:
@@ -285,8 +286,11 @@ def tensor_core_extensions(dev: Device) -> str | None:
     None where the device has no cooperative matrices."""
     if not coopmat_runs(dev):
         return None
-    sweeps = "VK_KHR_cooperative_matrix" if sweep_api(dev) == "khr" else "VK_NV_cooperative_matrix"
-    return f"tensor-core GEMMs on {coop_extension(dev)}, sweeps on {sweeps}"
+    def name(api: str) -> str:
+        return "VK_KHR_cooperative_matrix" if api == "khr" else "VK_NV_cooperative_matrix"
+
+    return (f"tensor-core GEMMs on {coop_extension(dev)}, streamed sweeps and decode on {name(sweep_api(dev))}, "
+            f"register-resident sweeps on {name(sweep_api(dev, RESIDENT_SWEEP_API_DEFAULT))}")
 
 
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,
@@ -361,7 +365,11 @@ ENV_COOP_API = "CATCHAT_COOP_API"
 # GEMM's products alone ran 344-393 TFLOP/s on KHR against 235-254 on NV (same source, H200); the sweeps'
 # products are the same 16 x 16 fragments, so they are built for both and measured (tools/gpu-check.sh).
 ENV_SWEEP_API = "CATCHAT_SWEEP_API"
-SWEEP_API_DEFAULT = "khr"
+SWEEP_API_DEFAULT = "khr"  # the streamed sweeps and the decode step: KHR measured faster (H100, 2026-12-07)
+# The register-resident sweeps on tensor cores (gru_*_resident.comp COOP: v3's forward-only programs at fp16)
+# build on either extension too, but their KHR variants have not run on a GPU: NV unless CATCHAT_SWEEP_API=khr
+# asks, until their parity and timing (tools/gpu-check.sh group resident-khr) say otherwise.
+RESIDENT_SWEEP_API_DEFAULT = "nv"
 ENV_COOPMAT2 = "CATCHAT_COOPMAT2"  # "1": workgroup scope first where it runs; "0": never
 # H200 (driver 580.159.04, tools/bench_gemm.py --operands coopmat2 / coopmat2-f16 at v5): 128 x 256 on 256
 # threads over 32-deep slices is the fastest with float32 operands converted (94-113 TFLOP/s), 128 x 128 on

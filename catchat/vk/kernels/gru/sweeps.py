@@ -36,7 +36,7 @@ from catchat.vk import slots
 from catchat.vk.device import Device, pack_push
 from catchat.vk.kernels import Kernel, LazyAlgorithm
 from catchat.vk.kernels.gemm import coopmat_runs
-from catchat.vk.kernels.gemm_tiles import frag_defines
+from catchat.vk.kernels.gemm_tiles import RESIDENT_SWEEP_API_DEFAULT, frag_defines
 from catchat.vk.kernels.gru.plan import (
     plan_sweep,
     resident_workgroups,
@@ -135,6 +135,9 @@ class _Sweep(Kernel):
                                  f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) and resident tiles of "
                                  f"{COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
+        if self.coop:  # the resident tensor-core sweeps: NV until their KHR variants are measured
+            defines = {**defines, **frag_defines(dev, False, RESIDENT_SWEEP_API_DEFAULT)}
+        self.khr = "KHR" in defines
         if self.w_half is not None:
             if not dev.runs_float16:
                 raise ValueError(f"W_hh in float16 needs float16 arithmetic and 16-bit storage, which "
