@@ -235,7 +235,7 @@ def test_stream_planning(dev, monkeypatch):
     # the split and resources at v5
     fwd, bwd = gru.stream_tiles(32, 2048, False), gru.stream_tiles(32, 2048, True)
     assert (fwd, bwd) == (gru.StreamTiles(2, 8, 2, 2, flags=True),
-                          gru.StreamTiles(2, 24, 4, 12, flags=True, ksplit=gru.stream.KSPLIT_DEFAULT))
+                          gru.StreamTiles(2, 24, 4, 20, flags=True, ksplit=gru.stream.KSPLIT_DEFAULT))
     assert gru.stream_tiles(16, 2048, False) == gru.StreamTiles(1, 16, 2, 2, flags=True)  # one lane fragment
     assert gru.stream_tiles(3, 48, True).resident == 2  # no more than a k-group's fragments
     assert gru.stream_tiles(3, 32, True).depth == 1  # no deeper than a k-group's fragments

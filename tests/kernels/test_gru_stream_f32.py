@@ -95,7 +95,7 @@ def test_float32_stream_planning(dev, monkeypatch):
 
 def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
     """The backward's k-split (the default; CATCHAT_STREAM_KSPLIT=0 turns it off) where B fits one lane
-    group and H whole column groups of 8 * lane_frags blocks (v5: 16 k-parts of 24 fragments, 12
+    group and H whole column groups of 8 * lane_frags blocks (v5: 16 k-parts of 24 fragments, 20
     resident); never the forward, nor float32; a value other than 0 or 1 is refused."""
     assert gru.ksplit_ok(32, 2048) and gru.ksplit_ok(32, 512) and gru.ksplit_ok(9, 128)
     assert not gru.ksplit_ok(20, 128) and not gru.ksplit_ok(40, 256) and not gru.ksplit_ok(3, 48)
@@ -106,7 +106,7 @@ def test_ksplit_takes_one_lane_group_of_whole_column_groups(monkeypatch):
     assert not gru.stream_tiles(32, 2048, True).ksplit
     monkeypatch.setenv(gru.KSPLIT_ENV, "1")
     t = gru.stream_tiles(32, 2048, True)
-    assert (t.ksplit, t.lane_frags, t.k_per_group, t.resident, t.flags) == (True, 2, 24, 12, True)
+    assert (t.ksplit, t.lane_frags, t.k_per_group, t.resident, t.flags) == (True, 2, 24, 20, True)
     assert not gru.stream_tiles(32, 2048, False).ksplit
     assert not gru.stream_tiles(32, 2048 - 16, True).ksplit  # H not whole column groups: the plain split
     monkeypatch.setenv(gru.KSPLIT_ENV, "yes")
