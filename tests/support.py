@@ -20,6 +20,16 @@ SCENE = "ALICE: Where is the cat?\nBOB: Asleep on the mat, as ever.\nALICE: Then
 DIALOGUE = [("ALICE", "Where is the cat?"), ("BOB", "Asleep on the mat, as ever."), ("ALICE", "Then let it sleep.")]
 
 
+def load_tool(name: str):
+    """tools/NAME.py as a module (the tools are scripts beside the package, not part of it)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "tools" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def build_scene_corpus(root: Path) -> Path:
     """24 plain-text scenes of different lengths, 20% held out: root/corpus."""
     src = root / "src"

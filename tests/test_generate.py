@@ -5,7 +5,6 @@ Lesson 9 of design.md: the predecessor's --temperature flag was silently ignored
 sampling flag here is checked to change (or, for top-k 1 vs greedy, not change) the text.
 """
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from catchat.inference.generate import Generator, Sampling, check_speaker, check
 from catchat.model import reference as ref
 from catchat.run import checkpoint as ck
 
-from support import make_tiny_run
+from support import load_tool, make_tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -498,9 +497,7 @@ def test_sample_missing_checkpoint(cli, tmp_path):
 
 # ------------------------------------------------------------------------------ the benchmark tool
 def test_bench_generate_runs(dev, tmp_path, capsys, monkeypatch):
-    spec = importlib.util.spec_from_file_location("bench_generate", ROOT / "tools" / "bench_generate.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_tool("bench_generate")
     monkeypatch.setattr(mod, "open_device", lambda device=None: dev)
     out = tmp_path / "r.json"
     mod.main([str(ROOT / "configs" / "tiny.toml"), "--set", "model.hidden=16", "--set", "model.layers=1",

@@ -2,21 +2,19 @@
 (a bench JSON named on the part's command line, a parity JSON, speedrun rows, plain text), and
 gpu-check's part() writing the command line and running the summary over the parts it ran."""
 
-import importlib.util
 import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from support import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("gpu_summary", ROOT / "tools" / "gpu_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gpu_summary")
 
 
 def part_text(cmd: str, body: str, rc: int = 0, wall: str = "1m2.500s") -> str:

@@ -1,7 +1,6 @@
 """Shader build: every shader compiles, the cache key sees includes and defines, errors are precise,
 prebuilt SPIR-V (a wheel's) is found by the same key without glslc."""
 
-import importlib.util
 import threading
 from pathlib import Path
 
@@ -9,6 +8,8 @@ import pytest
 
 from catchat.errors import ShaderCompileError, VulkanUnavailable
 from catchat.vk import shaders
+
+from support import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -212,10 +213,7 @@ def _no_glslc(monkeypatch):
 
 
 def _build_spirv():
-    spec = importlib.util.spec_from_file_location("build_spirv", ROOT / "tools" / "build_spirv.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("build_spirv")
 
 
 def test_wheel_layout_serves_prebuilt_variants_without_glslc(glsl_tree, tmp_path, monkeypatch):

@@ -3,20 +3,15 @@
 state hold (two accumulators at round-to-nearest as close as float32; truncating sums worse; one
 accumulator worse than two; every split far closer than one float16 product)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import load_tool
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("split16_error", ROOT / "tools" / "split16_error.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("split16_error")
 
 
 def test_toward_zero_truncates_both_signs():

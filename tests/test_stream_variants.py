@@ -2,20 +2,14 @@
 its rows compare with what `catchat train` runs (a forward timed without the block flags the program uses
 read 1.2 ms a layer slow at v5 until 2026-12-07)."""
 
-import importlib.util
-from pathlib import Path
-
 from catchat.vk.kernels import gru
 from catchat.vk.switches import env_override
 
-ROOT = Path(__file__).resolve().parent.parent
+from support import load_tool
 
 
 def tool():
-    spec = importlib.util.spec_from_file_location("stream_variants", ROOT / "tools" / "stream_variants.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("stream_variants")
 
 
 def test_a_variant_without_flags_keeps_the_programs_block_flags():

@@ -4,7 +4,6 @@ train`'s, the refusals, the schedule, the reset segments, the dropout masks and 
 training steps equal catchat's numpy reference in float64, the eval scores what catchat's eval scores (the
 reference and the Vulkan program) on the same weights, and a run's loss falls; tools/speedrun.py's rows."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -27,7 +26,7 @@ from catchat.rng import step_seed
 from catchat.training.feed import Feed
 from catchat.training.step import step_lr
 
-from support import build_scene_corpus, small_config
+from support import build_scene_corpus, load_tool, small_config
 
 ROOT = Path(__file__).resolve().parent.parent
 SHRINK = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.window=16", "eval.eval_windows=1",
@@ -35,10 +34,7 @@ SHRINK = ["model.hidden=12", "model.layers=1", "data.batch_lanes=4", "data.windo
 
 
 def speedrun_tool():
-    spec = importlib.util.spec_from_file_location("speedrun_tool", ROOT / "tools" / "speedrun.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("speedrun")
 
 
 def events(run, kind=None):
