@@ -49,6 +49,9 @@ part bench-v5-fp16-torch $py -m catchat.cli bench configs/catchat-v5.toml --step
     --compare-torch --profile --json "$out/bench-v5-fp16.json"
 part bench-v3-fp16 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 --warmup 1 --precision fp16 --profile
 part parity-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-gru.json"
+# which elements of a 16 x 16 fragment each invocation holds on VK_KHR_cooperative_matrix, and how many loads a
+# fragment of catchat's stored blocks costs an invocation (a weights copy in that order: one 16-byte load)
+part coopmat-layout $py tools/coopmat_layout.py --json "$out/coopmat-layout.json"
 part parity-gru-khr env CATCHAT_SWEEP_API=khr $py -m catchat.cli parity --only gru --summary --json "$out/parity-gru-khr.json"
 part gen16-v5-sg8 env CATCHAT_DECODE_COOP_SUBGROUPS=8 $py tools/bench_generate.py configs/catchat-v5.toml \
     --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-sg8.json"

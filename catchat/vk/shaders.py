@@ -54,7 +54,7 @@ FLAGS = ("-fshader-stage=compute", f"--target-env={TARGET_ENV}", "-O", "-Werror"
 # Shaders that need SPIR-V 1.6 and a glslang newer than Debian 12's (GL_NV_cooperative_matrix2,
 # GL_KHR_cooperative_matrix):
 # compiled by NEWER_GLSLC for Vulkan 1.3, and run only where the device has what they use.
-NEWER_SHADERS = frozenset({"gemm_coopmat2", "gemm_coopmat_khr"})
+NEWER_SHADERS = frozenset({"gemm_coopmat2", "gemm_coopmat_khr", "coopmat_layout"})
 NEWER_FLAGS = ("-fshader-stage=compute", "--target-env=vulkan1.3", "-O", "-Werror")
 # Shaders compiled without spirv-opt's -O: Debian 12's crashes on the sum of two cooperative-matrix
 # accumulators (glsl/gru_*_stream.comp, decode_layer_coop.comp). The driver optimises the SPIR-V it is given anyway.
