@@ -286,6 +286,7 @@ def tensor_core_extensions(dev: Device) -> str | None:
     None where the device has no cooperative matrices."""
     if not coopmat_runs(dev):
         return None
+
     def name(api: str) -> str:
         return "VK_KHR_cooperative_matrix" if api == "khr" else "VK_NV_cooperative_matrix"
 
