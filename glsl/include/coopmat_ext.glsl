@@ -3,7 +3,8 @@
 // catchat.vk.shaders.needs_newer), else VK_NV_cooperative_matrix (Debian 12's glslc). Its types and
 // operations on either extension: CM_A, CM_B (the product's A and B operands; one type on NV, which does
 // not type a fragment's use), CM_ACC (float32 accumulators), CM_LOAD / CM_STORE (col: column-major) and
-// CM_MULADD. include/sweep_frag.glsl builds the sweeps' fragments on them.
+// CM_MULADD. include/sweep_frag.glsl builds the sweeps' fragments on them, include/gemm_coopmat.glsl the
+// tensor-core GEMM's.
 #ifndef CATCHAT_COOPMAT_EXT_GLSL
 #define CATCHAT_COOPMAT_EXT_GLSL
 #ifdef KHR

@@ -42,21 +42,18 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #ifndef EMU
-#ifdef KHR
-#extension GL_KHR_cooperative_matrix : require
-#else
-#extension GL_NV_cooperative_matrix : require
-#endif
+#include "coopmat_ext.glsl"
 #endif
 #extension GL_KHR_shader_subgroup_basic : require
 #ifdef SPLIT
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #endif
 
-// The fragment types and operations of either extension: VK_NV_cooperative_matrix (gemm_coopmat.comp)
-// or VK_KHR_cooperative_matrix (gemm_coopmat_khr.comp, compiled by the newer glslc): the same product,
-// for the driver's code generation to be compared (tools/bench_gemm.py --operands coopmat-khr); or
-// emulated (EMU: include/gemm_coopmat_emu.glsl, after the shared array).
+// The fragment types and operations of either extension (include/coopmat_ext.glsl's CM_ ones):
+// VK_NV_cooperative_matrix (gemm_coopmat.comp) or VK_KHR_cooperative_matrix (gemm_coopmat_khr.comp,
+// compiled by the newer glslc): the same product, for the driver's code generation to be compared
+// (tools/bench_gemm.py --operands coopmat-khr); or emulated (EMU: include/gemm_coopmat_emu.glsl, after
+// the shared array).
 #ifdef EMU
 struct FragRef { uint off; uint stride; bool col; };  // an operand block in shared memory, in halves
 struct Acc { float v[8]; };
@@ -71,22 +68,12 @@ struct Acc { float v[8]; };
 #define SG_SYNC() barrier()  // a virtual subgroup of 32 may be several real ones
 #define SG_WAIT() barrier()
 #else
-#ifdef KHR
-#define ACC_T coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define FRAG_A coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA>
-#define FRAG_B coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB>
-#define LAYOUT(col) ((col) ? gl_CooperativeMatrixLayoutColumnMajor : gl_CooperativeMatrixLayoutRowMajor)
-#define MAT_LOAD(m, arr, off, stride, col) coopMatLoad(m, arr, off, stride, LAYOUT(col))
-#define MAT_STORE(m, arr, off, stride, col) coopMatStore(m, arr, off, stride, LAYOUT(col))
-#define MAT_MULADD(a, b, c) coopMatMulAdd(a, b, c)
-#else
-#define ACC_T fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
-#define FRAG_A fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define FRAG_B fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
-#define MAT_LOAD(m, arr, off, stride, col) coopMatLoadNV(m, arr, off, stride, col)
-#define MAT_STORE(m, arr, off, stride, col) coopMatStoreNV(m, arr, off, stride, col)
-#define MAT_MULADD(a, b, c) coopMatMulAddNV(a, b, c)
-#endif
+#define ACC_T CM_ACC
+#define FRAG_A CM_A
+#define FRAG_B CM_B
+#define MAT_LOAD(m, arr, off, stride, col) CM_LOAD(m, arr, off, stride, col)
+#define MAT_STORE(m, arr, off, stride, col) CM_STORE(m, arr, off, stride, col)
+#define MAT_MULADD(a, b, c) CM_MULADD(a, b, c)
 #define ACC_ZERO ACC_T(0.0)
 #define ACC_MUL(a, s) ((a) * (s))
 #define SG_SYNC() subgroupMemoryBarrierShared(); subgroupBarrier()
