@@ -121,7 +121,7 @@ def sweep_modes(prog) -> list[dict]:
             why = f"CATCHAT_PERSISTENT={forced}"
         elif why is None and not k.sweep_workgroups:
             why = gru.per_step_reason(prog.dev)  # why persistent sweeps are off on this device
-        on = "tensor cores, VK_KHR_cooperative_matrix" if getattr(k, "khr", False) else "tensor cores"
+        on = "tensor cores, VK_KHR_cooperative_matrix" if "KHR" in k.defines else "tensor cores"
         shader = k.shader + ((f" (product on {on} from float16 splits)" if k.split else
                               f" (product on {on})") if k.coop else "")
         out.append(dict(sweep=name, shader=shader, tiles=gru.to_cache(k.tiles), workgroups=k.sweep_workgroups,

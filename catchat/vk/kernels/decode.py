@@ -284,8 +284,8 @@ class DecodeLayerCoop(Kernel):
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
-        probe = coop_probe(coopmat_runs(dev))
         emulate = not coopmat_runs(dev)
+        probe = coop_probe(not emulate)
         defines = {**sh.defines(), **({"EMU": 1} if emulate else {}), **({"PROBE": probe} if probe else {}),
                    **frag_defines(dev, emulate)}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],

@@ -276,9 +276,14 @@ def frag_defines(dev: Device, emulate: bool, default: str | None = None) -> dict
     return {"KHR": 1} if not emulate and sweep_api(dev, default) == "khr" else {}
 
 
+def extension_name(api: str) -> str:
+    """The cooperative-matrix extension an api ("nv" or "khr": `coop_api`, `sweep_api`) names."""
+    return "VK_KHR_cooperative_matrix" if api == "khr" else "VK_NV_cooperative_matrix"
+
+
 def coop_extension(dev: Device) -> str:
     """The extension of the subgroup-fragment GEMM on dev, by name (`coop_api`)."""
-    return "VK_KHR_cooperative_matrix" if coop_api(dev) == "khr" else "VK_NV_cooperative_matrix"
+    return extension_name(coop_api(dev))
 
 
 def tensor_core_extensions(dev: Device) -> str | None:
@@ -286,12 +291,9 @@ def tensor_core_extensions(dev: Device) -> str | None:
     None where the device has no cooperative matrices."""
     if not coopmat_runs(dev):
         return None
-
-    def name(api: str) -> str:
-        return "VK_KHR_cooperative_matrix" if api == "khr" else "VK_NV_cooperative_matrix"
-
-    return (f"tensor-core GEMMs on {coop_extension(dev)}, streamed sweeps and decode on {name(sweep_api(dev))}, "
-            f"register-resident sweeps on {name(sweep_api(dev, RESIDENT_SWEEP_API_DEFAULT))}")
+    return (f"tensor-core GEMMs on {coop_extension(dev)}, streamed sweeps and decode on "
+            f"{extension_name(sweep_api(dev))}, register-resident sweeps on "
+            f"{extension_name(sweep_api(dev, RESIDENT_SWEEP_API_DEFAULT))}")
 
 
 def coop_tiles(dev: Device, M: int, N: int, split_k: int = 1,

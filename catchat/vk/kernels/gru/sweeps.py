@@ -137,7 +137,6 @@ class _Sweep(Kernel):
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
         if self.coop:  # the resident tensor-core sweeps: NV until their KHR variants are measured
             defines = {**defines, **frag_defines(dev, False, RESIDENT_SWEEP_API_DEFAULT)}
-        self.khr = "KHR" in defines
         if self.w_half is not None:
             if not dev.runs_float16:
                 raise ValueError(f"W_hh in float16 needs float16 arithmetic and 16-bit storage, which "
@@ -216,7 +215,6 @@ class _Sweep(Kernel):
             self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
                    **({"SAVE16": 1} if self.save_half else {}), **frag_defines(dev, emulate or f32)}
-        self.khr = "KHR" in defines  # fragments on VK_KHR_cooperative_matrix (bench's sweep lines say so)
         if backward:
             tensors = self._bias_binding(dev, tensors, defines)
         tensors = self._extra_bindings(tensors, defines)
