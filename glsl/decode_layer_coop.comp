@@ -19,6 +19,7 @@
 // takes elements (stream, unit) of the gates: the state h (float32, ping-pong halves as in
 // decode_layer.comp), x + h, and for the step after and the layer above the float16 shadows
 // h16_new and y16 = float16((x + h) * g_l), and this slice's sum of (x + h)^2 per stream.
+// FRAG_W: w16's blocks in their fragments' own order (glsl/frag_order.comp, made after ToHalf's copy).
 // PROBE (timing only, wrong results; on real fragments): 1 = no W loads (constant W
 // fragments), 2 = no h16 / y16 loads: what a step costs without those bytes (tools/gpu-check.sh).
 // Shadows: act16 = [2 parities][L][SP/16 stream fragments][H/16][16 x 16] then [L][SP/16][H/16][16 x
@@ -51,6 +52,8 @@
 #endif
 #if PROBE == 1
 #define LOAD_W(m, off, stride, col) m = FRAG_B(float16_t(0.001))
+#elif defined(FRAG_W)  // the copy in fragment order (glsl/frag_order.comp with COL): one 16-byte load an invocation
+#define LOAD_W(m, off, stride, col) LOAD_B_FRAG(m, off)
 #else
 #define LOAD_W(m, off, stride, col) LOAD_B(m, off, stride, col)
 #endif
@@ -85,6 +88,10 @@ layout(set = 0, binding = 3) buffer Y { float ysum[]; };              // [L, B, 
 layout(set = 0, binding = 4) readonly buffer Tok { uint token[]; };   // [B] this step's input
 layout(set = 0, binding = 5) readonly buffer Ctl { uint ctl[]; };     // [B, DS_WORDS]
 layout(set = 0, binding = 6) readonly buffer W16 { float16_t w16[]; };  // blocked float16 W_hh, W_ih
+#if defined(FRAG_W) && !defined(EMU)
+layout(set = 0, binding = 6) readonly buffer W16Q { uvec4 w16q[]; };   // the same, 8 halves a word
+#define B_BUF_Q w16q
+#endif
 layout(set = 0, binding = 7) buffer A16 { float16_t act16[]; };        // h16 and y16 shadows
 layout(set = 0, binding = 8) buffer Ssq { float ssq[]; };             // [L, H/16, B] sums of y^2
 

@@ -30,6 +30,8 @@
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
 // barrier between steps; else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
+// FRAG_W (with BLOCKED_W; not with F32, SPLIT, SRES): W_hh's copy in its fragments' own order
+// (glsl/frag_order.comp with COL), each fragment one 16-byte load an invocation (LOAD_B_FRAG).
 // SRES (not with F32): the W_hh fragments of each subgroup's SRES k-fragments after the RES
 // resident ones are copied into shared memory (`wsm`) once per dispatch and read from there, in
 // what `red` leaves of the workgroup's 48 KB (a workgroup per slice, as RES).
@@ -125,6 +127,10 @@ layout(set = 0, binding = 11) readonly buffer W32 { vec4 w4[]; };       // param
 #else
 layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
 layout(set = 0, binding = 11) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
+#if defined(FRAG_W) && !defined(EMU)
+layout(set = 0, binding = 11) W16_QUAL buffer W16Q { uvec4 w16q[]; };   // the same, 8 halves a word
+#define B_BUF_Q w16q
+#endif
 #endif
 layout(push_constant) uniform Push {
     uint t; uint T; uint B; uint H;
@@ -184,9 +190,15 @@ void load_w(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     w2 = w0;
 #else
     uint H = pc.H;
+#ifdef FRAG_W
+    LOAD_B_FRAG(w0, w_block(j0, 16u * kf));
+    LOAD_B_FRAG(w1, w_block(H + j0, 16u * kf));
+    LOAD_B_FRAG(w2, w_block(2u * H + j0, 16u * kf));
+#else
     LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
     LOAD_B(w1, w_block(H + j0, 16u * kf), W_LD, true);
     LOAD_B(w2, w_block(2u * H + j0, 16u * kf), W_LD, true);
+#endif
 #endif
 }
 
@@ -207,6 +219,9 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
 
 // SPLIT: the lo fragments beside each hi one (the header), and their products into the second set of
 // accumulators (l0..l2), added to the first as 2^-11 of them at the fold.
+#if defined(FRAG_W) && (defined(SPLIT) || SRES > 0 || !defined(BLOCKED_W))
+#error "FRAG_W needs BLOCKED_W, and runs no split product and no shared W_hh fragments"
+#endif
 #ifdef SPLIT
 #if RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0
 #error "SPLIT runs no resident or shared W_hh fragments, float32 saves, no probe"

@@ -38,6 +38,14 @@ group sweep-khr-knobs parity-gru stream-variants-khr gen16-v5-sg8 gen16-v5-strea
 # NV by default until measured (gemm_tiles.RESIDENT_SWEEP_API_DEFAULT): the sweep parity with KHR, then v3's
 # fp16 step and eval both ways (its eval runs the resident forward; ~2 min)
 group resident-khr parity-gru-khr prof-v3-fp16-nv prof-v3-fp16-khr
+# the tensor-core W copies in fragment order (CATCHAT_FRAG_W: the streamed forward's W_hh, the decode step's
+# weights; glsl/frag_order.comp) against blocks: each fp16 step's profile and v5's and v3's fp16 generation
+# both ways, v5's decode shapes again with it on, and the fragment mapping (~4 min); then frag-w-parity: the
+# sweep, decode and model parity with it on (~5 min)
+group frag-w coopmat-layout prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v3-fp16-frag0 prof-v3-fp16-frag1 \
+    prof-speedrun-fp16-frag0 prof-speedrun-fp16-frag1 gen16-v5-frag0 gen16-v5-frag1 gen16-v3-frag0 gen16-v3-frag1 \
+    gen16-v5-frag1-sg8 gen16-v5-frag1-streams32
+group frag-w-parity parity-frag
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -75,6 +83,24 @@ for c in v5 v3; do
             --batches 1,64 --steps 1024 --precision fp16 --json "$out/gen16-$c-$api.json"
     done
 done
+part parity-frag env CATCHAT_FRAG_W=1 $py -m catchat.cli parity --only gru --only decode --only model --summary \
+    --json "$out/parity-frag.json"
+for f in 0 1; do
+    for c in catchat-v5:2 catchat-v3:4 speedrun:4; do
+        cfg=${c%%:*}
+        part "prof-${cfg#catchat-}-fp16-frag$f" env CATCHAT_FRAG_W=$f $py -m catchat.cli bench "configs/$cfg.toml" \
+            --steps "${c##*:}" --warmup 1 --precision fp16 --profile --set "data.corpus=$corpus" \
+            --json "$out/prof-${cfg#catchat-}-fp16-frag$f.json"
+    done
+    for c in v5 v3; do
+        part "gen16-$c-frag$f" env CATCHAT_FRAG_W=$f $py tools/bench_generate.py "configs/catchat-$c.toml" \
+            --batches 1,64 --steps 1024 --precision fp16 --json "$out/gen16-$c-frag$f.json"
+    done
+done
+part gen16-v5-frag1-sg8 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_SUBGROUPS=8 $py tools/bench_generate.py \
+    configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-sg8.json"
+part gen16-v5-frag1-streams32 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py \
+    configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-streams32.json"
 # the row kernels (norms, column sums, embedding gathers and token sums) after a change to them: their
 # parity, then the fp16 steps' profiles alone (no torch), to set beside the same parts of the code before
 part parity-rows $py -m catchat.cli parity --only norm --only embedding --only optim --only model --summary --json "$out/parity-rows.json"

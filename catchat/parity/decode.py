@@ -26,7 +26,9 @@ from catchat.model import reference as ref
 from catchat.model.reference.decode import decode_step_half
 from catchat.parity import ParityResult, compare
 from catchat.vk.device import Device
+from catchat.vk.kernels.gru.stream import FRAG_W_ENV, w_frag_order
 from catchat.vk.program.decoder import DECODE_KINDS, HALF_KINDS, PERSISTENT_KINDS, decode_step
+from catchat.vk.switches import env_override
 
 ATOL, RTOL = 5e-6, 3e-5  # measured worst: 2.4e-6 abs (lavapipe, tied head, B=70), 9.5e-7 on the H200
 MARGIN = 1e-5
@@ -192,6 +194,20 @@ def parity_checks(dev: Device) -> list[ParityResult]:
             rows += _generation_case(dev, h_(40), 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10, kind=kind)
         tag = "" if kind == "fused" else f" ({kind})"
         out += [replace(r, kernel=r.kernel.replace("decode ", f"decode{tag} ", 1)) for r in rows]
+    out += _coop_other_order(dev)
     for B, seed in ((1, 5), (67, 6)):
         out += _choice_case(dev, B, seed)
     return out
+
+
+def _coop_other_order(dev: Device) -> list[ParityResult]:
+    """The tensor-core step with its weights' blocks in the order the default does not use (`w_frag_order`:
+    fragment order or blocks), at a few of the shapes above: partial stream tiles, three layers, a long k walk."""
+    frag = not w_frag_order()
+    with decode_step("coop"), env_override(FRAG_W_ENV, "1" if frag else "0"):
+        rows = []
+        for H, L, B, tied, seed in ((48, 3, 3, False, 2), (64, 3, 70, True, 12), (112, 2, 5, False, 14)):
+            rows += _step_case(dev, H, L, B, tied, seed, "coop")
+        rows += _generation_case(dev, 48, 2, 17, Sampling(temperature=1.0, top_k=20), 20, 10, kind="coop")
+    tag = " (coop, W in fragment order)" if frag else " (coop, W in blocks)"
+    return [replace(r, kernel=r.kernel.replace("decode ", f"decode{tag} ", 1)) for r in rows]

@@ -13,7 +13,7 @@ from catchat.model import reference as ref
 from catchat.parity import ParityResult, compare, make_hyper
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import ToHalf, half_tensor, run_ops, unpack_half
+from catchat.vk.kernels import FragOrder, ToHalf, half_tensor, run_ops, unpack_half
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru import (
     BACKWARD_TILES,
@@ -68,7 +68,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
                 w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False,
-                chunks: int = 1, split: bool = False):
+                chunks: int = 1, split: bool = False, w_frag: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -91,7 +91,9 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     recorded as that many pieces of the window (`steps_ops`: the layer wavefront's), the forward's in
     order and the backward's from the top chunk down. split: the forward streamed on tensor cores from
     float16 splits (W_hh's blocked hi and lo 8 halves in), the backward float32 streamed, as a float32
-    program runs them under CATCHAT_STREAM32_SPLIT; compare with the fp32 twin (forced).
+    program runs them under CATCHAT_STREAM32_SPLIT; compare with the fp32 twin (forced). w_frag (streamed):
+    the forward reads a copy of its own, 256 halves in, put in fragment order on the GPU (`FragOrder`) before
+    it runs; the backward the blocked copy.
     """
     layout, layer = case["layout"], case["layer"]
     T, B, H = case["x"].shape
@@ -121,10 +123,15 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
         w_off, w = (8, block_halves(case["p"]["weight_hh"]) if w16_blocked() else case["p"]["weight_hh"]) if coop \
             else (5, case["p"]["weight_hh"])
         tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), w.ravel()]))
-    fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=w_off,
+    fw_off, fw_half, frag_ops = w_off, tw16, []
+    if w_frag:  # the forward's copy: the blocks 256 halves in, in fragment order in place
+        fw_off, blocks = 256, block_halves(case["p"]["weight_hh"])
+        fw_half = half_tensor(dev, np.concatenate([np.zeros(fw_off), blocks.ravel()]))
+        frag_ops = FragOrder(dev, fw_half, blocks.size // 256, fw_off, fw_off, col=True).ops()
+    fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=fw_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
-                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=tw16,
-                     coop=coop, stream_f32=stream_f32, save_half=save_half, split=split)
+                     hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=fw_half,
+                     coop=coop, stream_f32=stream_f32, save_half=save_half, split=split, w_frag=w_frag)
     bw_off, bw_half = (layout.offsets[f"layers.{layer}.gru.weight_hh"], None) if split else (w_off, tw16)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=bw_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
@@ -134,8 +141,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     fwd_ops = [op for t0, t1 in bounds for op in fwd.steps_ops(t0, t1)]
     bwd_ops = [op for t0, t1 in reversed(bounds) for op in bwd.steps_ops(t0, t1)]
     seq, save, hT = run_ops(dev, [tgi, tp, th0, tres, tdo, hyper, tstats, tseq, tsave, thT, tdgi, tdh0]
-                            + [t for t in (tdgh, tw16) if t is not None], (fwd_ops + bwd_ops) * (repeat - 1) + fwd_ops,
-                            [tseq, tsave, thT])
+                            + [t for t in (tdgh, tw16, fw_half if w_frag else None) if t is not None],
+                            frag_ops + (fwd_ops + bwd_ops) * (repeat - 1) + fwd_ops, [tseq, tsave, thT])
     sums = [] if bwd.bias_sums is None else [bwd.bias_sums]
     outs = run_ops(dev, [], bwd_ops, [tseq, tsave if dgh_in_save and not save_half else tdgh, tdgi, tdh0,
                                       tstats, fwd.sync, bwd.sync] + sums)
@@ -303,6 +310,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if dev.runs_float16:  # -1: one workgroup per SM; stream16: with float16 saves (the program's at fp16)
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
+        # stream16f: the forward's W_hh in fragment order (FragOrder), at a lane group's worth and past it
+        runs += [(c, device_sms(dev) if n < 0 else n, "stream16f") for c, n in stream[2:]]
     stream32 = STREAM_F32_CASES + (STREAM_F32_GPU_CASES if dev.info.type != "CPU" else [])
     runs += [(c, device_sms(dev) if n < 0 else n, "stream32") for c, n in stream32]
     if dev.runs_float16:
@@ -318,13 +327,13 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     for i, ((T, B, H, tiles, clamp), n_wg, variant) in enumerate(runs):
         case = make_case(T, B, H)
         in_save = i % 3 != 2  # every third case writes dGh to a buffer of its own (as the tuner does)
-        streamed = variant in ("stream", "stream16", "ksplit", "ksplit16")
-        coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "ksplit16")
+        streamed = variant in ("stream", "stream16", "stream16f", "ksplit", "ksplit16")
+        coop, half_saves = variant == "coop" or streamed, variant in ("stream16", "stream16f", "ksplit16")
         with env_override(KSPLIT_ENV, "1" if variant.startswith("ksplit") else "0"):
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
                               stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves,
-                              split=variant == "split32")
+                              split=variant == "split32", w_frag=variant == "stream16f")
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop \

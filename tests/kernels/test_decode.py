@@ -9,12 +9,13 @@ from catchat.inference.generate import Sampling
 from catchat.model import ModelSpec
 from catchat.model import reference as ref
 from catchat.parity import decode as decode_parity
+from catchat.vk.kernels.gru.stream import w_frag_order
+from catchat.vk.program.decoder import decode_step
 
 
 def _generate(dev, H: int, L: int, B: int, kind: str = "coop"):
     """12 tokens a stream of a seeded generation on `kind`'s step (the environment the test set):
     (the generator, (its tokens, its last logits, its carried state))."""
-    from catchat.vk.program.decoder import decode_step
 
     with decode_step(kind):
         gen, _ = decode_parity._generator(dev, ModelSpec(hidden=H, layers=L), B, 7)
@@ -33,6 +34,20 @@ def _assert_same_bits(a, b):
 def test_parity(dev):
     results = decode_parity.parity_checks(dev)
     assert results and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    # the tensor-core step ran with its weights in both orders (blocks, fragment order)
+    other = "(coop, W in fragment order)" if not w_frag_order() else "(coop, W in blocks)"
+    assert sum(other in r.kernel for r in results) >= 4
+
+
+def test_coop_step_reads_the_weights_in_the_order_they_were_written(dev, monkeypatch):
+    """Fragment order read as blocks (or the reverse) is another matrix: the step's twin catches it."""
+    from catchat.vk.kernels import FragOrder
+
+    monkeypatch.setenv("CATCHAT_FRAG_W", "1")
+    monkeypatch.setattr(FragOrder, "ops", lambda self: [])  # the copy left in blocks
+    with decode_step("coop"):
+        rows = decode_parity._step_case(dev, 48, 2, 3, False, 2, "coop")
+    assert rows and not all(r.ok for r in rows)
 
 
 def test_non_finite_logits_stop_the_stream_on_both_sides(dev):
@@ -110,7 +125,6 @@ def test_coop_step_holds_its_twin_at_every_streams_per_workgroup(dev, monkeypatc
     refused; unset, by H."""
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     for streams, shape in ((16, (1, 4, 3)), (32, (2, 4, 2)), (64, (3, 2, 1))):
         monkeypatch.setenv(dk.COOP_STREAMS_ENV, str(streams))
@@ -132,7 +146,6 @@ def test_coop_step_with_16_subgroups(dev, monkeypatch):
     workgroups) and 8 up to it; CATCHAT_DECODE_COOP_SUBGROUPS sets it."""
     from catchat.errors import UsageError
     from catchat.vk.kernels import decode as dk
-    from catchat.vk.program.decoder import decode_step
 
     assert (dk.coop_subgroups(2048), dk.coop_subgroups(1024), dk.coop_subgroups(512)) == (16, 8, 8)
     v5, v3 = dk.CoopShape.of(2048, 64, 64, 16), dk.CoopShape.of(512, 64, 32, 8)

@@ -24,7 +24,8 @@ def test_parity(dev):
     runs = {"": len(gru_parity.CASES) + len(gru_parity.PERSISTENT_CASES) * len(gru_parity.persistent_counts(dev)),
             "_f16w": len(gru_parity.HALF_W_CASES) if dev.runs_float16 else 0,
             "_coop": len(gru_parity.COOP_CASES) if coopmat_runs(dev) else 0,
-            "_stream": stream, "_stream16": stream, "_ksplit": ksplit, "_ksplit16": ksplit,
+            "_stream": stream, "_stream16": stream, "_stream16f": max(0, stream - 2), "_ksplit": ksplit,
+            "_ksplit16": ksplit,
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0),
             "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
@@ -35,7 +36,7 @@ def test_parity(dev):
     # every streamed and register-resident backward sums the bias gradients itself (BIAS_SUMS), checked
     # against the reference's: all the streamed cases, and at least those given resident backward tiles
     sums = Counter(r.kernel for r in results if r.kernel.endswith("(sweep sums)"))
-    streamed = ("_stream", "_stream16", "_ksplit", "_ksplit16", "_stream32", "_ksplit32", "_split32")
+    streamed = ("_stream", "_stream16", "_stream16f", "_ksplit", "_ksplit16", "_stream32", "_ksplit32", "_split32")
     assert {k: n for k, n in sums.items() if not k.startswith(("gru_backward.", "gru_backward_coop."))} == {
         f"gru_backward{v}.{b} (sweep sums)": runs[v] for v in streamed if runs[v] for b in ("db_ih", "db_hh")}
     resident = sum(isinstance(t[1], gru.ResidentTiles) for _, _, _, t, _ in gru_parity.CASES) \

@@ -18,11 +18,14 @@ from catchat.vk.program import Program, plan
 from support import streamed_like_the_twin
 
 
-def test_program_trains_on_streamed_sweeps(dev, streamed):
+@pytest.mark.parametrize("frag", ["0", "1"])
+def test_program_trains_on_streamed_sweeps(dev, streamed, monkeypatch, frag):
     """A whole fp16 training step on the streamed sweeps against the fp16 twin (loss, logits, every
     gradient, the step) at the model parity's fp16 tolerances, on its first case's window (T=7, B=3)
     at the smallest H the streamed sweeps take; and W_hh's float16 copy follows the parameters
-    through the step."""
+    through the step. frag: the forward's own copy in fragment order beside it (CATCHAT_FRAG_W), which
+    follows them too (emulated fragments: each 16 x 16 block transposed, the forward's operand row-major)."""
+    monkeypatch.setenv("CATCHAT_FRAG_W", frag)
     label, base, T, B, hp = model_parity.MODEL_CASES[0]
     spec = replace(base, hidden=16)
     hp = replace(hp, loss_scale=model_parity.FP16_SCALE)
@@ -34,6 +37,7 @@ def test_program_trains_on_streamed_sweeps(dev, streamed):
     before = dev.allocated_bytes
     prog = Program(dev, layout, T, B, precision="fp16")
     assert prog.fwd.gru[0].stream and prog.bwd.layers[1].gru.stream and prog.fwd.w16 is not None
+    assert all(g.w_frag == (frag == "1") for g in prog.fwd.gru)
     assert dev.allocated_bytes - before == Program.planned_bytes(layout, T, B, True, dev, "fp16")
     prog.set_params(flat)
     prog.set_optimizer_state(np.zeros_like(flat), np.zeros_like(flat))
@@ -47,6 +51,10 @@ def test_program_trains_on_streamed_sweeps(dev, streamed):
         n = w.size
         assert not np.array_equal(w, layout.view(flat, f"layers.{l}.gru.weight_hh").ravel())  # the step moved it
         np.testing.assert_array_equal(halves[l * n:(l + 1) * n], w.astype(np.float16))
+        if frag == "1":  # H = 16: W_hh's 3 blocks are its rows of 16 in order, each transposed here
+            at = (spec.layers + l) * n
+            blocks = w.astype(np.float16).reshape(3, 16, 16).transpose(0, 2, 1).ravel()
+            np.testing.assert_array_equal(halves[at:at + n], blocks)
 
 
 def test_streamed_program_keeps_float16_saves(dev, streamed):
@@ -385,10 +393,12 @@ def test_shared_w_hh_fits_beside_red():
     assert stream.stream_shared_bytes(stream.fit_shared(bwd, True, 48 * 1024), True) <= 48 * 1024
 
 
-def test_planned_bytes_count_the_streamed_sweeps(dev, streamed):
+@pytest.mark.parametrize("frag", ["0", "1"])
+def test_planned_bytes_count_the_streamed_sweeps(dev, streamed, monkeypatch, frag):
     """A program on the streamed sweeps allocates what its plan says: the float16 W_hh copy and the
-    shadows included, the saves at half their bytes, dGh's n third beside them and the backward's bias
-    sums (the memory check before building it sees them)."""
+    shadows included (and the forward's copy in fragment order, frag), the saves at half their bytes, dGh's
+    n third beside them and the backward's bias sums (the memory check before building it sees them)."""
+    monkeypatch.setenv("CATCHAT_FRAG_W", frag)
     T, B, H, L = 5, 3, 32, 2
     layout = ParamLayout(ModelSpec(vocab_size=101, hidden=H, layers=L))
     for training in (True, False):

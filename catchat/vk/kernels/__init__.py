@@ -155,3 +155,37 @@ class ToHalf(Kernel):
 
     def ops(self) -> list:
         return [self.op(*self.push)]
+
+
+class FragOrder(Kernel):
+    """A blocked float16 copy's 16 x 16 blocks rewritten in their fragments' own order
+    (glsl/frag_order.comp): n_blocks blocks of w (uint32 words of float16 pairs) from src_off to dst_off
+    (halves, multiples of 256; the same offset, or regions that do not overlap), each block as the
+    32 invocations' elements of the B operand that loading it gives (column-major with col, else
+    row-major), invocation i's 8 at 8 i, so a consumer loads a fragment with one 16-byte load an
+    invocation (include/sweep_frag.glsl's LOAD_B_FRAG). On emulated fragments (no cooperative matrices,
+    e.g. lavapipe) fragment order is the operand row-major, as the emulation reads it."""
+
+    shader = "frag_order"
+    WORKGROUP = 256  # 8 subgroups of 32
+    MAX_WORKGROUPS = 1024  # each subgroup walks blocks beyond
+
+    def __init__(self, dev: Device, w, n_blocks: int, src_off: int, dst_off: int, col: bool):
+        from catchat.vk.kernels.gemm_tiles import coopmat_runs, frag_defines
+
+        n, src, dst = int(n_blocks), int(src_off), int(dst_off)
+        if src % 256 or dst % 256:
+            raise ValueError(f"frag_order: offsets must be multiples of 256 halves (got {src}, {dst})")
+        if src != dst and src < dst + 256 * n and dst < src + 256 * n:
+            raise ValueError("frag_order: the source and destination overlap without being the same blocks")
+        if 2 * w.size() < max(src, dst) + 256 * n:
+            raise ValueError(f"frag_order: w holds {2 * w.size()} halves, needs {max(src, dst) + 256 * n}")
+        emulate = not coopmat_runs(dev)
+        self.push = (n, src, dst)
+        defines = {**({"COL": "true"} if col else {}), **({"EMU": 1} if emulate else {}),
+                   **frag_defines(dev, emulate)}
+        super().__init__(dev, [w], [max(1, min(self.MAX_WORKGROUPS, ceil_div(n, self.WORKGROUP // 32)))],
+                         spec=[self.WORKGROUP], push=self.push, defines=defines)
+
+    def ops(self) -> list:
+        return [self.op(*self.push)]

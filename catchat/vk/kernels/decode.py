@@ -21,6 +21,7 @@ from catchat.errors import UsageError
 from catchat.model import ParamLayout, head_name
 from catchat.vk.device import Device
 from catchat.vk.kernels import Kernel, ceil_div
+from catchat.vk.kernels.gru.stream import w_frag_order
 from catchat.vk.switches import env_choice
 
 MAX_VOCAB = 256  # the stop-token mask has 256 bits (slots.DC_STOP)
@@ -88,18 +89,25 @@ def half_weight_offset(L: int, H: int, layer: int, input_side: bool) -> int:
     return (L + layer - 1 if input_side else layer) * 3 * H * H
 
 
-def half_weights(dev: Device, layout: ParamLayout, params, block_cols: int = 0):
+def half_weights(dev: Device, layout: ParamLayout, params, block_cols: int = 0, frag: bool = False):
     """The float16 copy of every decode layer's W_hh and W_ih (`half_weight_offset`'s layout; 16 x 16
-    blocks where block_cols): (its uint32 tensor, the ToHalf kernels that refresh it from params)."""
-    from catchat.vk.kernels import ToHalf
+    blocks where block_cols, and with frag those blocks then in place in the fragment order of a
+    column-major B operand, `FragOrder`): (its uint32 tensor, the kernels that refresh it from params)."""
+    from catchat.vk.kernels import FragOrder, ToHalf
 
     s, o = layout.spec, layout.offsets
     L, H, hh = s.layers, s.hidden, 3 * s.hidden * s.hidden
     w16 = dev.tensor(ceil_div((2 * L - 1) * hh, 2), np.uint32)
     copies = [(f"layers.{l}.gru.weight_hh", l, False) for l in range(L)]
     copies += [(f"layers.{l}.gru.weight_ih", l, True) for l in range(1, L)]
-    return w16, [ToHalf(dev, params, w16, hh, o[name], half_weight_offset(L, H, l, ih), block_cols=block_cols)
-                 for name, l, ih in copies]
+    kernels = [ToHalf(dev, params, w16, hh, o[name], half_weight_offset(L, H, l, ih), block_cols=block_cols)
+               for name, l, ih in copies]
+    if frag:
+        if not block_cols:
+            raise ValueError("half_weights: fragment order rewrites 16 x 16 blocks (give block_cols)")
+        kernels += [FragOrder(dev, w16, hh // 256, half_weight_offset(L, H, l, ih), half_weight_offset(L, H, l, ih),
+                              col=True) for _, l, ih in copies]
+    return w16, kernels
 
 
 def layer_args(layout: ParamLayout, layer: int, half: bool = False) -> tuple[int, ...]:
@@ -265,7 +273,8 @@ class DecodeLayerCoop(Kernel):
     (glsl/decode_layer_coop.comp; emulated fragments where the device has none): W_hh and W_ih as
     float16 blocks (`w16`, made by `start_ops`), the state's and the layer inputs' float16 shadows
     (`act16`), and each slice's sums of y^2 (`ssq`) beside the float32 state and x + h that
-    DecodeLayer keeps. A workgroup per slice of 16 units and tile of up to 64 streams."""
+    DecodeLayer keeps. A workgroup per slice of 16 units and tile of up to 64 streams. With
+    `stream.w_frag_order()` the weights' blocks are in fragment order (`FragOrder`; the shader's FRAG_W)."""
 
     shader = "decode_layer_coop"
 
@@ -280,14 +289,15 @@ class DecodeLayerCoop(Kernel):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
         self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups(H))
         sp = ceil_div(self.B, 16) * 16
-        self.w16, self._weights = half_weights(dev, layout, params, block_cols=H)
+        self.frag = w_frag_order()  # the weights' blocks in fragment order (FRAG_W)
+        self.w16, self._weights = half_weights(dev, layout, params, block_cols=H, frag=self.frag)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
         emulate = not coopmat_runs(dev)
         probe = coop_probe(not emulate)
         defines = {**sh.defines(), **({"EMU": 1} if emulate else {}), **({"PROBE": probe} if probe else {}),
-                   **frag_defines(dev, emulate)}
+                   **({"FRAG_W": 1} if self.frag else {}), **frag_defines(dev, emulate)}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)

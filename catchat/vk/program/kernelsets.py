@@ -23,7 +23,7 @@ import numpy as np
 from catchat.model import ParamLayout, head_name
 from catchat.vk import slots
 from catchat.vk.device import Device
-from catchat.vk.kernels import Axpby, ToHalf
+from catchat.vk.kernels import Axpby, FragOrder, ToHalf
 from catchat.vk.kernels.embedding import EmbeddingBackward, EmbeddingForward
 from catchat.vk.kernels.gemm import ColSum, Gemm
 from catchat.vk.kernels.gru import (
@@ -36,6 +36,7 @@ from catchat.vk.kernels.gru import (
     streams_forward,
     sweep_bias_sums,
     w16_blocked,
+    w_frag_order,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
@@ -168,8 +169,9 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.program_products)
     coop, w16, refresh = products is not None, None, []
+    frag = streams_forward(products) and w_frag_order()  # the forward's copy in fragment order, beside
     if streams_backward(products):  # W_hh streamed from a float16 copy ("mixed": the backward's alone)
-        w16, refresh = whh_halves(dev, layout, b, g, split=False)
+        w16, refresh = whh_halves(dev, layout, b, g, split=False, frag=frag)
     # fp32 where W_hh fits no chip: streamed on the FMAs, or the forward on tensor cores from float16 splits
     split = split_forward(dev, B, H, precision)
     f32 = stream_f32_sweep(dev, B, H, False, precision) and not split
@@ -179,9 +181,10 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
         w_split, split_refresh = whh_halves(dev, layout, b, g, split=True)
         w_fwd, refresh = w_split, refresh + split_refresh
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
-                      w_off=whh_offset(layout, l, w_fwd, split), b_off=o[f"layers.{l}.gru.bias_hh"],
+                      w_off=whh_offset(layout, l, w_fwd, split, frag), b_off=o[f"layers.{l}.gru.bias_hh"],
                       h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats,
-                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split)
+                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split,
+                      w_frag=frag and w_fwd is not None)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)
@@ -189,25 +192,30 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     return ForwardKernels(rows, gru, table0, ce, reduce, Axpby(dev, b.hT, b.h0, g.L * B * H), w16, refresh, w_split)
 
 
-def whh_halves(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, split: bool):
+def whh_halves(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, split: bool, frag: bool = False):
     """Every layer's W_hh as float16 for the streamed sweeps, in 16 x 16 blocks where blocked (a fragment
-    is one run of memory), and the ToHalf kernels that refresh it after every parameter change: layer l
-    at l * 3H*H halves, or with split its hi and then its lo (`ToHalf(lo=True)`) at 2l * 3H*H."""
-    H, parts = g.H, (False, True) if split else (False,)
-    w = dev.tensor(g.L * len(parts) * 3 * H * H // 2, np.uint32)
+    is one run of memory), and the kernels that refresh it after every parameter change: layer l at
+    l * 3H*H halves, or with split its hi and then its lo (`ToHalf(lo=True)`) at 2l * 3H*H. frag (not
+    split; blocked): then every layer's blocks again in the forward's fragment order (`FragOrder`, col),
+    layer l's at (L + l) * 3H*H (`whh_offset`)."""
+    H, parts, n = g.H, (False, True) if split else (False,), 3 * g.H * g.H
+    w = dev.tensor((g.L * len(parts) + (g.L if frag else 0)) * n // 2, np.uint32)
     cols = H if w16_blocked() else 0
-    refresh = [ToHalf(dev, b.params, w, 3 * H * H, x_off=layout.offsets[f"layers.{l}.gru.weight_hh"],
-                      y_off=(len(parts) * l + lo) * 3 * H * H, block_cols=cols, lo=lo)
+    refresh = [ToHalf(dev, b.params, w, n, x_off=layout.offsets[f"layers.{l}.gru.weight_hh"],
+                      y_off=(len(parts) * l + lo) * n, block_cols=cols, lo=lo)
                for l in range(g.L) for lo in parts]
+    if frag:
+        refresh += [FragOrder(dev, w, n // 256, l * n, (g.L + l) * n, col=True) for l in range(g.L)]
     return w, refresh
 
 
-def whh_offset(layout: ParamLayout, layer: int, w16, split: bool = False) -> int:
+def whh_offset(layout: ParamLayout, layer: int, w16, split: bool = False, frag: bool = False) -> int:
     """Where a sweep reads layer `layer`'s W_hh: in params (words), or in the float16 copy w16 (halves;
-    with split, the hi and lo copy: `whh_halves`)."""
+    with split, the hi and lo copy; with frag, the forward's copy in fragment order: `whh_halves`)."""
     if w16 is None:
         return layout.offsets[f"layers.{layer}.gru.weight_hh"]
-    return (2 if split else 1) * layer * 3 * layout.spec.hidden ** 2
+    first = layout.spec.layers if frag else 0
+    return ((2 if split else 1) * layer + first) * 3 * layout.spec.hidden ** 2
 
 
 def build_backward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, optimizer: str,

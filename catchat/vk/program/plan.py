@@ -67,6 +67,7 @@ from catchat.vk.kernels.gru import (
     streams_backward,
     streams_forward,
     sync_words,
+    w_frag_order,
 )
 from catchat.vk.kernels.gru.stream import shadow_words
 from catchat.vk.kernels.norm import ResidualRmsNormBackward
@@ -319,6 +320,8 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
         return []
     f16 = (streams_forward(g.products), streams_backward(g.products))  # per direction, on tensor cores
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16[True] else []
+    if f16[True] and f16[False] and w_frag_order():  # the forward's own copy in fragment order (FragOrder)
+        out.append(("forward sweeps' float16 W_hh in fragment order", g.L * 3 * g.H * g.H // 2))
     split = split_forward(dev, g.B, g.H, precision)  # the float32 forward from float16 splits (hi and lo)
     if split:
         out.append(("forward sweeps' float16 split W_hh", g.L * 3 * g.H * g.H))

@@ -68,6 +68,7 @@ from catchat.vk.kernels.gru.stream import (
     BLOCKED_ENV,
     DEPTH_ENV,
     FLAGS_ENV,
+    FRAG_W_ENV,
     KSPLIT_ENV,
     PROBE_ENV,
     RESIDENT_ENV,
@@ -85,6 +86,7 @@ from catchat.vk.kernels.gru.stream import (
     stream_split,
     stream_tiles,
     w16_blocked,
+    w_frag_order,
 )
 from catchat.vk.kernels.gru.sweeps import (
     GruBackward,
@@ -107,6 +109,7 @@ from catchat.vk.kernels.gru.tiled import (
 
 __all__ = [
     "BACKWARD_TILES", "BIAS_ENV", "BLOCKED_ENV", "COOP_ENV", "COOP_THREADS", "COOP_UNITS", "DEPTH_ENV", "FLAGS_ENV",
+    "FRAG_W_ENV",
     "FORWARD_TILES", "KSPLIT_ENV", "GruBackward", "GruForward", "PERSISTENT_BACKWARD_TILES", "PERSISTENT_FORWARD_TILES",
     "PROBE_ENV",
     "REGISTER_FILE",
@@ -123,5 +126,5 @@ __all__ = [
     "stream_tiles", "streams_backward", "streams_forward", "streams_in_halves",
     "sweep_candidates", "sweep_products",
     "sweep_residency", "sweep_shader", "sweep_workgroups", "sync_words", "table_tiles", "tile_count", "tile_extent",
-    "tile_row", "tiled_tiles", "to_cache", "w16_blocked",
+    "tile_row", "tiled_tiles", "to_cache", "w16_blocked", "w_frag_order",
 ]

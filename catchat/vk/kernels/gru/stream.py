@@ -318,6 +318,21 @@ def w16_cache() -> dict:
     return WCACHE_DEFINES[value]
 
 
+# The tensor-core W copies in their fragments' own order (glsl/frag_order.comp; the shaders' FRAG_W): the
+# streamed forward's W_hh and the tensor-core decode step's W_hh and W_ih, each fragment one 16-byte load
+# an invocation instead of several narrower ones. CATCHAT_FRAG_W=0 or 1 sets it (to compare); the
+# forward's copy is its own, beside the blocked one the backward reads (3H*H halves a layer more).
+FRAG_W_ENV = "CATCHAT_FRAG_W"
+FRAG_W_DEFAULT = False  # until measured on a GPU (tools/gpu-check.sh group frag-w)
+
+
+def w_frag_order() -> bool:
+    """Whether the tensor-core W copies are in fragment order (FRAG_W_ENV, else FRAG_W_DEFAULT); needs
+    them blocked (`w16_blocked`)."""
+    return env_switch(FRAG_W_ENV, "set 1 (fragment order) or 0 (blocks), or unset it for the default",
+                      FRAG_W_DEFAULT) and w16_blocked()
+
+
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"

@@ -63,6 +63,7 @@ from catchat.vk.kernels.gru.stream import (
     stream_shared_bytes,
     stream_threads,
     stream_tiles,
+    w16_blocked,
 )
 from catchat.vk.kernels.gru.tiled import _check_tiles, shader_defines
 
@@ -91,6 +92,7 @@ class _Sweep(Kernel):
     stream = False  # W_hh streamed (stream.py): on tensor cores (coop with a float16 W_hh), or stream_f32
     stream_f32 = False  # ... in float32 on the threads' FMAs, W_hh from params
     split = False  # ... on tensor cores from float16 splits of W_hh and h_prev (forward; stream.SPLIT_ENV)
+    w_frag = False  # ... W_hh's float16 copy in fragment order (forward; glsl/frag_order.comp, FRAG_W)
     vec4_offset = 0  # forward: o's offset (the resident shader reads o[t-1] rows as vec4)
     want_bias_sums = False  # backward: the sweep sums the bias gradients (GruBackward's bias_sums)
 
@@ -208,13 +210,16 @@ class _Sweep(Kernel):
                 tensors = tensors + [self.partial]
         else:  # the h_prev shadow at 8 (the resident shader's second view of o), W_hh at 11
             tensors = tensors[:8] + [self.shadow] + tensors[9:] + [w]
+        if self.w_frag:  # fragments from the copy in their order only: none staged through shared memory
+            self.tiles = self.tiles._replace(shared=0)
         items = stream_items(self.tiles, H)
         if (self.tiles.resident or self.tiles.shared) and 0 < sweep_workgroups(resident, items) < items:
             # W_hh kept on chip needs one item (one slice) per workgroup
             self.tiles = self.tiles._replace(resident=0, shared=0)
             self.shared_bytes = stream_shared_bytes(self.tiles, backward)
         defines = {**stream_defines(self.tiles, H, backward, emulate, info.subgroup_size),
-                   **({"SAVE16": 1} if self.save_half else {}), **frag_defines(dev, emulate or f32)}
+                   **({"SAVE16": 1} if self.save_half else {}), **({"FRAG_W": 1} if self.w_frag else {}),
+                   **frag_defines(dev, emulate or f32)}
         if backward:
             tensors = self._bias_binding(dev, tensors, defines)
         tensors = self._extra_bindings(tensors, defines)
@@ -295,6 +300,8 @@ class GruForward(_Sweep):
     halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with w_half, not
     save_half; coop implied): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
     hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
+    w_frag (the streamed tensor-core sweep, not split): w_half's blocks at w_off are in fragment order
+    (`FragOrder` with col; stream.FRAG_W_ENV), each fragment one 16-byte load an invocation.
     """
 
     shader = "gru_forward"
@@ -303,9 +310,12 @@ class GruForward(_Sweep):
                  w_off: int, b_off: int, gi_off: int = 0, h0_off: int = 0, o_off: int = 0,
                  hprev_off: int = 0, save_off: int = 0, hT_off: int = 0, tiles=None, stats=None,
                  persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
-                 save_half: bool = False, split: bool = False):
+                 save_half: bool = False, split: bool = False, w_frag: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
         self.split = bool(split)  # the streamed tensor-core sweep's product from splits: coop
+        self.w_frag = bool(w_frag)
+        if self.w_frag and (self.split or not coop or w_half is None or stream_f32 or not w16_blocked()):
+            raise ValueError("GruForward: w_frag is the streamed tensor-core sweep's (coop, blocked w_half, no split)")
         self.coop, self.stream_f32 = bool(coop) or self.split, bool(stream_f32)
         if self.split and (w_half is None or save_half):
             raise ValueError("GruForward: split reads W_hh's hi and lo copy (w_half) and writes float32 saves")
