@@ -51,6 +51,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                        "applies); 1: with it"),
     "CATCHAT_STREAM_SHARED": (MEASURE, "F,B: W_hh fragments the streamed fp16 sweeps keep in shared memory"),
     "CATCHAT_STREAM_BLOCKED": (MEASURE, "0: the streamed sweeps read W_hh row-major instead of in blocks"),
+    "CATCHAT_FRAG_H": (MEASURE, "1 or 0: the streamed tensor-core forward's h_prev shadow in its fragments' own "
+                                "order (one 16-byte load an invocation), or in blocks"),
     "CATCHAT_FRAG_W": (MEASURE, "1 or 0: the streamed forward's W_hh and the tensor-core decode step's weights "
                                 "in their fragments' own order (one 16-byte load an invocation), or in blocks"),
     "CATCHAT_STREAM_PROBE": (MEASURE, "timing probes that skip loads (1: W_hh, 2: h_prev / dGh): wrong results"),

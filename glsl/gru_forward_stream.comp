@@ -32,6 +32,10 @@
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
 // FRAG_W (with BLOCKED_W; not with F32, SPLIT, SRES): W_hh's copy in its fragments' own order
 // (glsl/frag_order.comp with COL), each fragment one 16-byte load an invocation (LOAD_B_FRAG).
+// FRAG_H (not with F32, SPLIT): h16's blocks in the order of a row-major A fragment's elements, so the
+// product loads each with one 16-byte load an invocation (LOAD_A_FRAG); the gates write each element
+// where that order puts it (a_pos: each workgroup asks its own subgroup 0 at the start, by loading the
+// numbers 0..255 as an A fragment from shared memory; emulated fragments: the block as it is).
 // SRES (not with F32): the W_hh fragments of each subgroup's SRES k-fragments after the RES
 // resident ones are copied into shared memory (`wsm`) once per dispatch and read from there, in
 // what `red` leaves of the workgroup's 48 KB (a workgroup per slice, as RES).
@@ -126,6 +130,10 @@ layout(set = 0, binding = 8) SWEEP_COHERENT buffer H4 { vec4 h4[]; };   // [2][H
 layout(set = 0, binding = 11) readonly buffer W32 { vec4 w4[]; };       // params again: W_hh [3H,H] at w_off
 #else
 layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16 { float16_t h16[]; };  // [2][BP][H] in blocks (shadow_at)
+#if defined(FRAG_H) && !defined(EMU)
+layout(set = 0, binding = 8) SWEEP_COHERENT buffer H16Q { uvec4 h16q[]; };   // the same, 8 halves a word
+#define A_BUF_Q h16q
+#endif
 layout(set = 0, binding = 11) W16_QUAL buffer W16 { float16_t w16[]; }; // W_hh [3H,H] at w_off (halves)
 #if defined(FRAG_W) && !defined(EMU)
 layout(set = 0, binding = 11) W16_QUAL buffer W16Q { uvec4 w16q[]; };   // the same, 8 halves a word
@@ -164,6 +172,28 @@ void h_store(uint at, float v) {
     h16[at + H_LO] = split_lo(v);
 }
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
+#elif defined(FRAG_H)
+#define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
+shared uint a_pos[256];  // element (row, col) of a block: its place in fragment order
+shared float16_t a_ids[256];
+uint frag_h_at(uint at) { return at - at % 256u + a_pos[at % 256u]; }
+#define H_STORE(p, b, j, v) h16[frag_h_at(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
+// a_pos from the driver's own A fragment (every thread calls it, first thing)
+void a_pos_init(uint tid) {
+    for (uint i = tid; i < 256u; i += gl_WorkGroupSize.x) {
+        a_ids[i] = float16_t(i);  // whole numbers to 2048 are exact in float16
+        a_pos[i] = i;
+    }
+    barrier();
+#ifndef EMU
+    if (tid < 32u) {
+        FRAG_A m;
+        CM_LOAD(m, a_ids, 0u, 16u, false);
+        [[unroll]] for (uint e = 0u; e < 8u; ++e) a_pos[uint(m[e])] = tid * 8u + e;
+    }
+    barrier();
+#endif
+}
 #else
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
 #define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)
@@ -207,7 +237,11 @@ void load_a(uint a, uint kf, out FRAG_A x) {
 #if PROBE == 2  // timing probe: no h_prev loads (a constant fragment)
     x = FRAG_A(float16_t(1.0));
 #else
+#ifdef FRAG_H
+    LOAD_A_FRAG(x, a + 256u * kf);
+#else
     LOAD_A(x, a + 256u * kf, 16u, false);
+#endif
 #endif
 }
 
@@ -221,6 +255,9 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
 // accumulators (l0..l2), added to the first as 2^-11 of them at the fold.
 #if defined(FRAG_W) && (defined(SPLIT) || SRES > 0 || !defined(BLOCKED_W))
 #error "FRAG_W needs BLOCKED_W, and runs no split product and no shared W_hh fragments"
+#endif
+#if defined(FRAG_H) && defined(SPLIT)
+#error "FRAG_H runs no split product"
 #endif
 #ifdef SPLIT
 #if RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0
@@ -508,6 +545,9 @@ void main() {
     uint tid = gl_LocalInvocationIndex, sg = tid / 32u, u = tid % 16u, bl = tid / 16u, H = pc.H;
     // work items: slice sl of lane group grp, item sl + n_sl * grp; a workgroup walks items wg, wg + n_wg, ...
     uint n_sl = H / 16u, n_it = n_sl * LG, wg = gl_WorkGroupID.x, n_wg = gl_NumWorkGroups.x;
+#ifdef FRAG_H
+    a_pos_init(tid);
+#endif
     w_on_chip(sg, wg, n_sl, n_it, tid);
     uint arrived = 0u, waited = 0u;  // grid barrier crossings arrived at, waited for
     bool ok = true;

@@ -38,13 +38,14 @@ group sweep-khr-knobs parity-gru stream-variants-khr gen16-v5-sg8 gen16-v5-strea
 # NV by default until measured (gemm_tiles.RESIDENT_SWEEP_API_DEFAULT): the sweep parity with KHR, then v3's
 # fp16 step and eval both ways (its eval runs the resident forward; ~2 min)
 group resident-khr parity-gru-khr prof-v3-fp16-nv prof-v3-fp16-khr
-# the tensor-core W copies in fragment order (CATCHAT_FRAG_W: the streamed forward's W_hh, the decode step's
-# weights; glsl/frag_order.comp) against blocks: each fp16 step's profile and v5's and v3's fp16 generation
-# both ways, v5's decode shapes again with it on, and the fragment mapping (~4 min); then frag-w-parity: the
-# sweep, decode and model parity with it on (~5 min)
-group frag-w coopmat-layout prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v3-fp16-frag0 prof-v3-fp16-frag1 \
-    prof-speedrun-fp16-frag0 prof-speedrun-fp16-frag1 gen16-v5-frag0 gen16-v5-frag1 gen16-v3-frag0 gen16-v3-frag1 \
-    gen16-v5-frag1-sg8 gen16-v5-frag1-streams32
+# the tensor-core operands in fragment order (glsl/frag_order.comp; CATCHAT_FRAG_W: the streamed forward's
+# W_hh and the decode step's weights, CATCHAT_FRAG_H: the streamed forward's h_prev shadow) against blocks:
+# each fp16 step's profile with neither (frag0), W (frag1) and both (frag2), v5's and v3's fp16 generation
+# without and with W, v5's decode shapes again with it, and the fragment mapping (~5 min); then frag-w-parity:
+# the sweep, decode and model parity with both on (~5 min)
+group frag-w coopmat-layout prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v5-fp16-frag2 prof-v3-fp16-frag0 \
+    prof-v3-fp16-frag1 prof-v3-fp16-frag2 prof-speedrun-fp16-frag0 prof-speedrun-fp16-frag1 prof-speedrun-fp16-frag2 \
+    gen16-v5-frag0 gen16-v5-frag1 gen16-v3-frag0 gen16-v3-frag1 gen16-v5-frag1-sg8 gen16-v5-frag1-streams32
 group frag-w-parity parity-frag
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
@@ -83,15 +84,16 @@ for c in v5 v3; do
             --batches 1,64 --steps 1024 --precision fp16 --json "$out/gen16-$c-$api.json"
     done
 done
-part parity-frag env CATCHAT_FRAG_W=1 $py -m catchat.cli parity --only gru --only decode --only model --summary \
-    --json "$out/parity-frag.json"
-for f in 0 1; do
+part parity-frag env CATCHAT_FRAG_W=1 CATCHAT_FRAG_H=1 $py -m catchat.cli parity --only gru --only decode --only model \
+    --summary --json "$out/parity-frag.json"
+for f in 0 1 2; do
     for c in catchat-v5:2 catchat-v3:4 speedrun:4; do
         cfg=${c%%:*}
-        part "prof-${cfg#catchat-}-fp16-frag$f" env CATCHAT_FRAG_W=$f $py -m catchat.cli bench "configs/$cfg.toml" \
-            --steps "${c##*:}" --warmup 1 --precision fp16 --profile --set "data.corpus=$corpus" \
-            --json "$out/prof-${cfg#catchat-}-fp16-frag$f.json"
+        part "prof-${cfg#catchat-}-fp16-frag$f" env CATCHAT_FRAG_W=$((f > 0)) CATCHAT_FRAG_H=$((f > 1)) $py -m \
+            catchat.cli bench "configs/$cfg.toml" --steps "${c##*:}" --warmup 1 --precision fp16 --profile \
+            --set "data.corpus=$corpus" --json "$out/prof-${cfg#catchat-}-fp16-frag$f.json"
     done
+    [ $f = 2 ] && continue
     for c in v5 v3; do
         part "gen16-$c-frag$f" env CATCHAT_FRAG_W=$f $py tools/bench_generate.py "configs/catchat-$c.toml" \
             --batches 1,64 --steps 1024 --precision fp16 --json "$out/gen16-$c-frag$f.json"

@@ -14,7 +14,8 @@
 // shared float16_t array) where B operands also come from shared memory (LOAD_B_SHARED), A_SHARED
 // likewise for A operands (LOAD_A_SHARED). ACC_STORE_BUF stores an accumulator into a float buffer.
 // LOAD_B_FRAG loads a B operand from a copy in fragment order (glsl/frag_order.comp: one 16-byte load an
-// invocation), at off halves of B_BUF, whose uvec4 view the includer names B_BUF_Q.
+// invocation), at off halves of B_BUF, whose uvec4 view the includer names B_BUF_Q; LOAD_A_FRAG an A
+// operand likewise from A_BUF_Q (a row-major load's order; emulated: the block as it is).
 #ifndef CATCHAT_SWEEP_FRAG_GLSL
 #define CATCHAT_SWEEP_FRAG_GLSL
 
@@ -29,6 +30,7 @@ struct Acc { float v[8]; };
 #define LOAD_B_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 #define LOAD_A_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 #define LOAD_B_FRAG(m, off) m = FragRef(off, 16u, false, false)  // fragment order: the operand row-major
+#define LOAD_A_FRAG(m, off) m = FragRef(off, 16u, false, false)
 
 Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
 
@@ -108,6 +110,10 @@ Acc acc_load(uint off, uint stride) {
 // invocation i's 8 elements at 8 i of the block (subgroups of 32 in invocation order, as everywhere here)
 #define LOAD_B_FRAG(m, off) { \
     uvec4 q_ = B_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u]; f16vec2 p_; \
+    p_ = unpackFloat2x16(q_.x); m[0] = p_.x; m[1] = p_.y; p_ = unpackFloat2x16(q_.y); m[2] = p_.x; m[3] = p_.y; \
+    p_ = unpackFloat2x16(q_.z); m[4] = p_.x; m[5] = p_.y; p_ = unpackFloat2x16(q_.w); m[6] = p_.x; m[7] = p_.y; }
+#define LOAD_A_FRAG(m, off) { \
+    uvec4 q_ = A_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u]; f16vec2 p_; \
     p_ = unpackFloat2x16(q_.x); m[0] = p_.x; m[1] = p_.y; p_ = unpackFloat2x16(q_.y); m[2] = p_.x; m[3] = p_.y; \
     p_ = unpackFloat2x16(q_.z); m[4] = p_.x; m[5] = p_.y; p_ = unpackFloat2x16(q_.w); m[6] = p_.x; m[7] = p_.y; }
 #define ACC_ZERO() ACC_T(0.0)

@@ -333,6 +333,20 @@ def w_frag_order() -> bool:
                       FRAG_W_DEFAULT) and w16_blocked()
 
 
+# The streamed forward's h_prev shadow in the order of its A fragments' elements (the shader's FRAG_H): each
+# h_prev fragment one 16-byte load an invocation, the gates writing each element where the driver's order
+# puts it. CATCHAT_FRAG_H=0 or 1 sets it (to compare).
+FRAG_H_ENV = "CATCHAT_FRAG_H"
+FRAG_H_DEFAULT = False  # until measured on a GPU (tools/gpu-check.sh group frag-w)
+
+
+def h_frag_order() -> bool:
+    """Whether the streamed tensor-core forward keeps h_prev's shadow in fragment order (FRAG_H_ENV, else
+    FRAG_H_DEFAULT)."""
+    return env_switch(FRAG_H_ENV, "set 1 (fragment order) or 0 (blocks), or unset it for the default",
+                      FRAG_H_DEFAULT)
+
+
 def w16_blocked() -> bool:
     """Whether the float16 W_hh copy is blocked (BLOCKED_ENV; on unless set to 0)."""
     return os.environ.get(BLOCKED_ENV, "").strip() != "0"
@@ -359,7 +373,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     where every k-group has KPG fragments (no bound checks in the product loop); BLOCKED_W (W_hh's
     copy in blocks); PROBE (timing probes); W16_CACHE (how W_hh's copy is read); EMU (emulated fragments);
     KFLAGS (block flags instead of the grid barrier; the shaders ignore it in a dispatch per step); LG
-    (lane groups, past 32 lanes).
+    (lane groups, past 32 lanes); FRAG_H (the forward's h_prev shadow in fragment order, `h_frag_order`).
     f32 tiles: LF, KPG, PD, FULL, F32, KFLAGS, LG, and SUBGROUP32 where the backward runs on subgroups
     32 wide (its stage synced by subgroup barriers)."""
     if tiles.ksplit and tiles.f32:
@@ -378,6 +392,7 @@ def stream_defines(tiles: StreamTiles, H: int, backward: bool, emulate: bool, su
     probe = _probe()
     return {"LF": tiles.lane_frags, "KPG": tiles.k_per_group, "PD": tiles.depth, **flags,
             **({"SPLIT": 1} if tiles.split else {}),
+            **({"FRAG_H": 1} if not (backward or tiles.split) and h_frag_order() else {}),
             **({"RES": tiles.resident} if tiles.resident else {}),
             **({"SRES": tiles.shared} if tiles.shared else {}),
             **({"FULL": "true"} if full else {}),
