@@ -35,7 +35,7 @@
 // FRAG_H (not with F32, SPLIT): h16's blocks in the order of a row-major A fragment's elements, so the
 // product loads each with one 16-byte load an invocation (LOAD_A_FRAG); the gates write each element
 // where that order puts it (a_pos: each workgroup asks its own subgroup 0 at the start, by loading the
-// numbers 0..255 as an A fragment from shared memory; emulated fragments: the block as it is).
+// numbers 0..255 as an A fragment from shared memory; emulated fragments: the block as it is, or EMU_A_PERM).
 // SRES (not with F32): the W_hh fragments of each subgroup's SRES k-fragments after the RES
 // resident ones are copied into shared memory (`wsm`) once per dispatch and read from there, in
 // what `red` leaves of the workgroup's 48 KB (a workgroup per slice, as RES).
@@ -162,6 +162,12 @@ shared float red[RK * LF * 3u * 256u];  // RED(((slot * LF + lf) * 3 + g) * 256 
 shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define B_SHARED wsm
 #endif
+#ifdef FRAG_H
+shared uint a_pos[256];  // element (row, col) of a block, row * 16 + col: its place in fragment order
+#if defined(EMU) && defined(EMU_A_PERM)
+#define A_FRAG_POS(i) a_pos[i]  // the emulated fragments read h16 in that order too
+#endif
+#endif
 #include "sweep_frag.glsl"
 #ifdef SPLIT  // a lane group's shadow: hi, then lo (H_LO halves on)
 #include "split_half.glsl"
@@ -174,26 +180,37 @@ void h_store(uint at, float v) {
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
 #elif defined(FRAG_H)
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
-shared uint a_pos[256];  // element (row, col) of a block: its place in fragment order
-shared float16_t a_ids[256];
 uint frag_h_at(uint at) { return at - at % 256u + a_pos[at % 256u]; }
 #define H_STORE(p, b, j, v) h16[frag_h_at(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
-// a_pos from the driver's own A fragment (every thread calls it, first thing)
+#ifdef EMU
+// emulated fragments: the block as it is, or with EMU_A_PERM (a test's: lavapipe compiles the emulated
+// product's lookups slowly) a stand-in for a driver's order, so a real permutation runs: PTX's
+// mma.m16n8k16 A layout (invocation (row % 8) * 4 + (col % 8) / 2, element col % 2 + 2 (row / 8) + 4 (col / 8))
 void a_pos_init(uint tid) {
     for (uint i = tid; i < 256u; i += gl_WorkGroupSize.x) {
-        a_ids[i] = float16_t(i);  // whole numbers to 2048 are exact in float16
+#ifdef EMU_A_PERM
+        uint r = i / 16u, c = i % 16u;
+        a_pos[i] = ((r % 8u) * 4u + (c % 8u) / 2u) * 8u + c % 2u + 2u * (r / 8u) + 4u * (c / 8u);
+#else
         a_pos[i] = i;
+#endif
     }
     barrier();
-#ifndef EMU
+}
+#else
+shared float16_t a_ids[256];
+// a_pos from the driver's own A fragment: the numbers 0..255 loaded as one (every thread calls it, first thing)
+void a_pos_init(uint tid) {
+    for (uint i = tid; i < 256u; i += gl_WorkGroupSize.x) a_ids[i] = float16_t(i);  // exact in float16
+    barrier();
     if (tid < 32u) {
         FRAG_A m;
         CM_LOAD(m, a_ids, 0u, 16u, false);
         [[unroll]] for (uint e = 0u; e < 8u; ++e) a_pos[uint(m[e])] = tid * 8u + e;
     }
     barrier();
-#endif
 }
+#endif
 #else
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
 #define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)

@@ -15,7 +15,8 @@
 // likewise for A operands (LOAD_A_SHARED). ACC_STORE_BUF stores an accumulator into a float buffer.
 // LOAD_B_FRAG loads a B operand from a copy in fragment order (glsl/frag_order.comp: one 16-byte load an
 // invocation), at off halves of B_BUF, whose uvec4 view the includer names B_BUF_Q; LOAD_A_FRAG an A
-// operand likewise from A_BUF_Q (a row-major load's order; emulated: the block as it is).
+// operand likewise from A_BUF_Q (a row-major load's order; emulated: the includer's A_FRAG_POS order where it
+// defines one, else the block as it is).
 #ifndef CATCHAT_SWEEP_FRAG_GLSL
 #define CATCHAT_SWEEP_FRAG_GLSL
 
@@ -30,13 +31,22 @@ struct Acc { float v[8]; };
 #define LOAD_B_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 #define LOAD_A_SHARED(m, off, stride, col) m = FragRef(off, stride, col, true)
 #define LOAD_B_FRAG(m, off) m = FragRef(off, 16u, false, false)  // fragment order: the operand row-major
+#ifdef A_FRAG_POS  // the includer's order of an A fragment's elements (logical i = row * 16 + col -> place)
+#define LOAD_A_FRAG(m, off) m = FragRef(off, 0u, false, false)  // stride 0: in that order
+#else
 #define LOAD_A_FRAG(m, off) m = FragRef(off, 16u, false, false)
+#endif
 
 Acc acc_zero() { return Acc(float[8](0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)); }
 
 // Element (row, col) of an operand block: row-major at off + row * stride + col, column-major at
 // off + col * stride + row.
-uint frag_index(FragRef m, uint row, uint col) { return m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col; }
+uint frag_index(FragRef m, uint row, uint col) {
+#ifdef A_FRAG_POS
+    if (m.stride == 0u) return m.off + A_FRAG_POS(row * 16u + col);
+#endif
+    return m.col ? m.off + col * m.stride + row : m.off + row * m.stride + col;
+}
 
 float b_at(FragRef b, uint row, uint col) {
 #ifdef B_SHARED

@@ -270,6 +270,33 @@ def test_streamed_sweep_refuses_misaligned_w16(dev):
                        w_half=w16, hprev_off=0, o_off=3 * 16)
 
 
+def test_streamed_forward_reads_h_prev_in_the_order_its_gates_wrote(dev, monkeypatch):
+    """FRAG_H: the gates write each element of h_prev's shadow where an A fragment's order puts it and the
+    product reads the blocks in that order. Emulated with EMU_A_PERM, the order is a real permutation
+    (PTX's mma layout), so a writer and a reader that disagreed would multiply another h_prev."""
+    from catchat.parity import gru as gru_parity
+    from catchat.vk.kernels.gru import stream, sweeps
+
+    monkeypatch.setenv(stream.FRAG_H_ENV, "1")
+    plain = stream.stream_defines
+    defines = []
+
+    def perm(tiles, H, backward, emulate, subgroup=0):
+        d = plain(tiles, H, backward, emulate, subgroup)
+        d = {**d, "EMU_A_PERM": 1} if "FRAG_H" in d and emulate else d
+        defines.append(d)
+        return d
+
+    monkeypatch.setattr(sweeps, "stream_defines", perm)
+    case = gru_parity.make_case(3, 20, 32)  # two lane fragments, two k-groups
+    got = gru_parity.run_gru_gpu(dev, case, 0.0, persistent=(1, 1), w_half=True, coop=True, save_half=True)
+    exp, _ = gru_parity.expected_gru(case, 0.0, recurrent="fp16", forced=(got["hprev"], got["dgh"], got["save"]),
+                                     saves="fp16")
+    for k in ("o", "hprev", "hT", "dgi", "dh0"):
+        np.testing.assert_allclose(got[k], exp[k], atol=gru_parity.FWD_ATOL, rtol=gru_parity.FWD_RTOL, err_msg=k)
+    assert any("EMU_A_PERM" in d for d in defines) == (not gru_parity.coopmat_runs(dev))
+
+
 @pytest.mark.parametrize("depth", ["1,1", "3,3"])
 def test_streamed_sweeps_refill_their_ring(dev, monkeypatch, depth):
     """Rings shallower than a k-group (fragments loaded mid-loop into a slot just multiplied, a
