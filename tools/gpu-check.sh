@@ -47,6 +47,10 @@ group frag-w coopmat-layout prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v5-fp16-f
     prof-v3-fp16-frag1 prof-v3-fp16-frag2 prof-speedrun-fp16-frag0 prof-speedrun-fp16-frag1 prof-speedrun-fp16-frag2 \
     gen16-v5-frag0 gen16-v5-frag1 gen16-v3-frag0 gen16-v3-frag1 gen16-v5-frag1-sg8 gen16-v5-frag1-streams32
 group frag-w-parity parity-frag
+# the same in one call where device time is short (~7 min): v5's step three ways, v3's two, v5's generation
+# both ways, the mapping, then the sweep parity with both on and the decode parity with W on
+group frag-one prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v5-fp16-frag2 gen16-v5-frag0 gen16-v5-frag1 \
+    prof-v3-fp16-frag0 prof-v3-fp16-frag2 coopmat-layout parity-frag-gru parity-frag-decode
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -103,6 +107,10 @@ part gen16-v5-frag1-sg8 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_SUBGROUPS=8 $py
     configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-sg8.json"
 part gen16-v5-frag1-streams32 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py \
     configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-streams32.json"
+part parity-frag-gru env CATCHAT_FRAG_W=1 CATCHAT_FRAG_H=1 $py -m catchat.cli parity --only gru --summary \
+    --json "$out/parity-frag-gru.json"
+part parity-frag-decode env CATCHAT_FRAG_W=1 $py -m catchat.cli parity --only decode --summary \
+    --json "$out/parity-frag-decode.json"
 # the row kernels (norms, column sums, embedding gathers and token sums) after a change to them: their
 # parity, then the fp16 steps' profiles alone (no torch), to set beside the same parts of the code before
 part parity-rows $py -m catchat.cli parity --only norm --only embedding --only optim --only model --summary --json "$out/parity-rows.json"
