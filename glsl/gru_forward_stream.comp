@@ -30,12 +30,9 @@
 // Persistent (PERSISTENT): workgroups walk the slices (slice wg, wg + n_wg, ...) and meet at a grid
 // barrier between steps; else one dispatch per step, a workgroup per slice.
 // Needs H a multiple of 16 and w_off a multiple of 8 (16-byte fragment rows).
-// FRAG_W (with BLOCKED_W; not with F32, SPLIT, SRES): W_hh's copy in its fragments' own order
-// (glsl/frag_order.comp with COL), each fragment one 16-byte load an invocation (LOAD_B_FRAG).
-// FRAG_H (not with F32, SPLIT): h16's blocks in the order of a row-major A fragment's elements, so the
-// product loads each with one 16-byte load an invocation (LOAD_A_FRAG); the gates write each element
-// where that order puts it (a_pos: each workgroup asks its own subgroup 0 at the start, by loading the
-// numbers 0..255 as an A fragment from shared memory; emulated fragments: the block as it is, or EMU_A_PERM).
+// FRAG_W (with BLOCKED_W; not with F32, SPLIT, SRES) / FRAG_H (not with F32, SPLIT): W_hh's copy (glsl/frag_order.comp,
+// COL) / h16's blocks (the gates writing each element there, include/a_order.glsl) in their fragments' own
+// order, each fragment one 16-byte load an invocation (include/sweep_frag.glsl's LOAD_W_BLOCK, LOAD_SHADOW).
 // SRES (not with F32): the W_hh fragments of each subgroup's SRES k-fragments after the RES
 // resident ones are copied into shared memory (`wsm`) once per dispatch and read from there, in
 // what `red` leaves of the workgroup's 48 KB (a workgroup per slice, as RES).
@@ -163,10 +160,7 @@ shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define B_SHARED wsm
 #endif
 #ifdef FRAG_H
-shared uint a_pos[256];  // element (row, col) of a block, row * 16 + col: its place in fragment order
-#if defined(EMU) && defined(EMU_A_PERM)
-#define A_FRAG_POS(i) a_pos[i]  // the emulated fragments read h16 in that order too
-#endif
+#include "a_order.glsl"
 #endif
 #include "sweep_frag.glsl"
 #ifdef SPLIT  // a lane group's shadow: hi, then lo (H_LO halves on)
@@ -178,39 +172,9 @@ void h_store(uint at, float v) {
     h16[at + H_LO] = split_lo(v);
 }
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
-#elif defined(FRAG_H)
+#elif defined(FRAG_H)  // each element where its A fragment's order puts it (include/a_order.glsl)
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
-uint frag_h_at(uint at) { return at - at % 256u + a_pos[at % 256u]; }
-#define H_STORE(p, b, j, v) h16[frag_h_at(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
-#ifdef EMU
-// emulated fragments: the block as it is, or with EMU_A_PERM (a test's: lavapipe compiles the emulated
-// product's lookups slowly) a stand-in for a driver's order, so a real permutation runs: PTX's
-// mma.m16n8k16 A layout (invocation (row % 8) * 4 + (col % 8) / 2, element col % 2 + 2 (row / 8) + 4 (col / 8))
-void a_pos_init(uint tid) {
-    for (uint i = tid; i < 256u; i += gl_WorkGroupSize.x) {
-#ifdef EMU_A_PERM
-        uint r = i / 16u, c = i % 16u;
-        a_pos[i] = ((r % 8u) * 4u + (c % 8u) / 2u) * 8u + c % 2u + 2u * (r / 8u) + 4u * (c / 8u);
-#else
-        a_pos[i] = i;
-#endif
-    }
-    barrier();
-}
-#else
-shared float16_t a_ids[256];
-// a_pos from the driver's own A fragment: the numbers 0..255 loaded as one (every thread calls it, first thing)
-void a_pos_init(uint tid) {
-    for (uint i = tid; i < 256u; i += gl_WorkGroupSize.x) a_ids[i] = float16_t(i);  // exact in float16
-    barrier();
-    if (tid < 32u) {
-        FRAG_A m;
-        CM_LOAD(m, a_ids, 0u, 16u, false);
-        [[unroll]] for (uint e = 0u; e < 8u; ++e) a_pos[uint(m[e])] = tid * 8u + e;
-    }
-    barrier();
-}
-#endif
+#define H_STORE(p, b, j, v) h16[a_frag_at(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
 #else
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
 #define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)
@@ -237,15 +201,9 @@ void load_w(uint j0, uint kf, out FRAG_B w0, out FRAG_B w1, out FRAG_B w2) {
     w2 = w0;
 #else
     uint H = pc.H;
-#ifdef FRAG_W
-    LOAD_B_FRAG(w0, w_block(j0, 16u * kf));
-    LOAD_B_FRAG(w1, w_block(H + j0, 16u * kf));
-    LOAD_B_FRAG(w2, w_block(2u * H + j0, 16u * kf));
-#else
-    LOAD_B(w0, w_block(j0, 16u * kf), W_LD, true);
-    LOAD_B(w1, w_block(H + j0, 16u * kf), W_LD, true);
-    LOAD_B(w2, w_block(2u * H + j0, 16u * kf), W_LD, true);
-#endif
+    LOAD_W_BLOCK(w0, w_block(j0, 16u * kf), true);
+    LOAD_W_BLOCK(w1, w_block(H + j0, 16u * kf), true);
+    LOAD_W_BLOCK(w2, w_block(2u * H + j0, 16u * kf), true);
 #endif
 }
 
@@ -254,11 +212,7 @@ void load_a(uint a, uint kf, out FRAG_A x) {
 #if PROBE == 2  // timing probe: no h_prev loads (a constant fragment)
     x = FRAG_A(float16_t(1.0));
 #else
-#ifdef FRAG_H
-    LOAD_A_FRAG(x, a + 256u * kf);
-#else
-    LOAD_A(x, a + 256u * kf, 16u, false);
-#endif
+    LOAD_SHADOW(x, a + 256u * kf);
 #endif
 }
 
@@ -270,11 +224,8 @@ void mul3(FRAG_A x, FRAG_B w0, FRAG_B w1, FRAG_B w2, inout ACC_T c0, inout ACC_T
 
 // SPLIT: the lo fragments beside each hi one (the header), and their products into the second set of
 // accumulators (l0..l2), added to the first as 2^-11 of them at the fold.
-#if defined(FRAG_W) && (defined(SPLIT) || SRES > 0 || !defined(BLOCKED_W))
-#error "FRAG_W needs BLOCKED_W, and runs no split product and no shared W_hh fragments"
-#endif
-#if defined(FRAG_H) && defined(SPLIT)
-#error "FRAG_H runs no split product"
+#if (defined(FRAG_W) && (defined(SPLIT) || SRES > 0 || !defined(BLOCKED_W))) || (defined(FRAG_H) && defined(SPLIT))
+#error "FRAG_W needs BLOCKED_W; neither FRAG_W nor FRAG_H runs the split product, nor FRAG_W shared W_hh fragments"
 #endif
 #ifdef SPLIT
 #if RES > 0 || SRES > 0 || defined(SAVE16) || PROBE != 0

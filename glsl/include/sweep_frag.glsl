@@ -144,6 +144,11 @@ uint shadow_at(uint p, uint b, uint c, uint cols) {
     return ((p * LF + b / 16u) * (cols / 16u) + c / 16u) * 256u + (b % 16u) * 16u + c % 16u;
 }
 uint shadow_frag(uint p, uint lf, uint kf, uint cols) { return ((p * LF + lf) * (cols / 16u) + kf) * 256u; }
+#ifdef FRAG_H  // a shadow block in its A fragment's order (include/a_order.glsl), else row-major
+#define LOAD_SHADOW(m, off) LOAD_A_FRAG(m, off)
+#else
+#define LOAD_SHADOW(m, off) LOAD_A(m, off, 16u, false)
+#endif
 
 // W_hh's 16 x 16 block at rows r0, columns c0 (multiples of 16) in the float16 copy w16 at pc.w_off:
 // where it starts, and W_LD, the stride of its rows. BLOCKED_W: the copy holds W_hh as 16 x 16
@@ -156,6 +161,11 @@ uint w_block(uint r0, uint c0) { return pc.w_off + ((r0 / 16u) * (pc.H / 16u) + 
 #else
 uint w_block(uint r0, uint c0) { return pc.w_off + r0 * pc.H + c0; }
 #define W_LD pc.H
+#endif
+#ifdef FRAG_W  // the copy's blocks in the fragment order of the load they were made for (glsl/frag_order.comp)
+#define LOAD_W_BLOCK(m, off, col) LOAD_B_FRAG(m, off)
+#else
+#define LOAD_W_BLOCK(m, off, col) LOAD_B(m, off, W_LD, col)
 #endif
 
 #ifdef B_SHARED
