@@ -1,7 +1,8 @@
 """glsl/frag_order.comp (`FragOrder`): a blocked float16 copy rewritten in its fragments' own order. On emulated
 fragments (lavapipe) that order is the operand row-major: a row-major load's block as it was, a column-major
-load's transposed. What the real fragments' order does to the sweeps and the decode step is their parity's
-(test_gru.py's stream16f rows, test_decode.py's rows in the other order)."""
+load's transposed; on real ones each block keeps its own halves. Whether the sweeps and the decode step read
+the driver's order as it was written is their parity's (test_gru.py's stream16f rows, test_decode.py's rows in
+the other order)."""
 
 import numpy as np
 import pytest
@@ -13,8 +14,6 @@ from catchat.vk.kernels.gemm_tiles import coopmat_runs
 @pytest.mark.parametrize("col", [False, True])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_blocks_in_fragment_order_and_nothing_else_touched(dev, col, in_place):
-    if coopmat_runs(dev):
-        pytest.skip("the driver's order on real fragments is the parity's to check")
     n = 5  # blocks, over a workgroup's 8 subgroups: some walk none
     rng = np.random.default_rng(3)
     x = rng.standard_normal(256 + 2 * n * 256 + 256).astype(np.float16)
@@ -23,7 +22,10 @@ def test_blocks_in_fragment_order_and_nothing_else_touched(dev, col, in_place):
     (got,) = run_ops(dev, [t], FragOrder(dev, t, n, src, dst, col).ops(), [t])
     got = unpack_half(got, x.size)
     blocks = x[src:src + n * 256].reshape(n, 16, 16)
-    np.testing.assert_array_equal(got[dst:dst + n * 256], (blocks.transpose(0, 2, 1) if col else blocks).ravel())
+    if coopmat_runs(dev):  # the driver's order: each block's own halves, placed as it holds them
+        np.testing.assert_array_equal(np.sort(got[dst:dst + n * 256].reshape(n, 256)), np.sort(blocks.reshape(n, 256)))
+    else:
+        np.testing.assert_array_equal(got[dst:dst + n * 256], (blocks.transpose(0, 2, 1) if col else blocks).ravel())
     rest = np.ones(x.size, bool)
     rest[dst:dst + n * 256] = False
     if not in_place:
