@@ -60,12 +60,7 @@ void main() {
         CM_LOAD(m, w, pc.src_off + b * 256u, 16u, COL);
         subgroupMemoryBarrierBuffer();  // every invocation's reads of the block before any write to it
         subgroupBarrier();
-        uvec4 q;
-        q.x = packFloat2x16(f16vec2(m[0], m[1]));
-        q.y = packFloat2x16(f16vec2(m[2], m[3]));
-        q.z = packFloat2x16(f16vec2(m[4], m[5]));
-        q.w = packFloat2x16(f16vec2(m[6], m[7]));
-        wq[pc.dst_off / 8u + b * 32u + lane] = q;
+        wq[pc.dst_off / 8u + b * 32u + lane] = CM_TO_WORDS(m);
     }
 #endif
 }

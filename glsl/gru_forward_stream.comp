@@ -159,8 +159,11 @@ shared float red[RK * LF * 3u * 256u];  // RED(((slot * LF + lf) * 3 + g) * 256 
 shared float16_t wsm[KGS * SRES * 3u * 256u];
 #define B_SHARED wsm
 #endif
-#ifdef FRAG_H
+#ifdef FRAG_H  // h16's element at `at` where its A fragment's order puts it (H_STORE)
 #include "a_order.glsl"
+#define H_AT(at) a_frag_at(at)
+#else
+#define H_AT(at) (at)
 #endif
 #include "sweep_frag.glsl"
 #ifdef SPLIT  // a lane group's shadow: hi, then lo (H_LO halves on)
@@ -172,12 +175,9 @@ void h_store(uint at, float v) {
     h16[at + H_LO] = split_lo(v);
 }
 #define H_STORE(p, b, j, v) h_store(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H), v)
-#elif defined(FRAG_H)  // each element where its A fragment's order puts it (include/a_order.glsl)
-#define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
-#define H_STORE(p, b, j, v) h16[a_frag_at(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
 #else
 #define H_GROUP (2u * BP * pc.H)  // halves of a lane group's shadow
-#define H_STORE(p, b, j, v) h16[((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H)] = float16_t(v)
+#define H_STORE(p, b, j, v) h16[H_AT(((b) / BP) * H_GROUP + shadow_at(p, (b) % BP, j, pc.H))] = float16_t(v)
 #endif
 #endif
 

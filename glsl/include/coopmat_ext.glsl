@@ -4,7 +4,8 @@
 // operations on either extension: CM_A, CM_B (the product's A and B operands; one type on NV, which does
 // not type a fragment's use), CM_ACC (float32 accumulators), CM_LOAD / CM_STORE (col: column-major) and
 // CM_MULADD. include/sweep_frag.glsl builds the sweeps' fragments on them, include/gemm_coopmat.glsl the
-// tensor-core GEMM's.
+// tensor-core GEMM's. CM_TO_WORDS / CM_FROM_WORDS: an invocation's 8 halves of a float16 fragment as one
+// uvec4, in the order the driver numbers them (fragment order: glsl/frag_order.comp).
 #ifndef CATCHAT_COOPMAT_EXT_GLSL
 #define CATCHAT_COOPMAT_EXT_GLSL
 #ifdef KHR
@@ -25,4 +26,9 @@
 #define CM_STORE(m, arr, off, stride, col) coopMatStoreNV(m, arr, off, stride, col)
 #define CM_MULADD(a, b, c) coopMatMulAddNV(a, b, c)
 #endif
+#define CM_TO_WORDS(m) uvec4(packFloat2x16(f16vec2(m[0], m[1])), packFloat2x16(f16vec2(m[2], m[3])), \
+                             packFloat2x16(f16vec2(m[4], m[5])), packFloat2x16(f16vec2(m[6], m[7])))
+#define CM_FROM_WORDS(m, words) { uvec4 q_ = (words); f16vec2 p_; \
+    p_ = unpackFloat2x16(q_.x); m[0] = p_.x; m[1] = p_.y; p_ = unpackFloat2x16(q_.y); m[2] = p_.x; m[3] = p_.y; \
+    p_ = unpackFloat2x16(q_.z); m[4] = p_.x; m[5] = p_.y; p_ = unpackFloat2x16(q_.w); m[6] = p_.x; m[7] = p_.y; }
 #endif

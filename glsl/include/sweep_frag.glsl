@@ -118,14 +118,8 @@ Acc acc_load(uint off, uint stride) {
 #define LOAD_B_SHARED(m, off, stride, col) CM_LOAD(m, B_SHARED, off, stride, col)
 #define LOAD_A_SHARED(m, off, stride, col) CM_LOAD(m, A_SHARED, off, stride, col)
 // invocation i's 8 elements at 8 i of the block (subgroups of 32 in invocation order, as everywhere here)
-#define LOAD_B_FRAG(m, off) { \
-    uvec4 q_ = B_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u]; f16vec2 p_; \
-    p_ = unpackFloat2x16(q_.x); m[0] = p_.x; m[1] = p_.y; p_ = unpackFloat2x16(q_.y); m[2] = p_.x; m[3] = p_.y; \
-    p_ = unpackFloat2x16(q_.z); m[4] = p_.x; m[5] = p_.y; p_ = unpackFloat2x16(q_.w); m[6] = p_.x; m[7] = p_.y; }
-#define LOAD_A_FRAG(m, off) { \
-    uvec4 q_ = A_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u]; f16vec2 p_; \
-    p_ = unpackFloat2x16(q_.x); m[0] = p_.x; m[1] = p_.y; p_ = unpackFloat2x16(q_.y); m[2] = p_.x; m[3] = p_.y; \
-    p_ = unpackFloat2x16(q_.z); m[4] = p_.x; m[5] = p_.y; p_ = unpackFloat2x16(q_.w); m[6] = p_.x; m[7] = p_.y; }
+#define LOAD_B_FRAG(m, off) CM_FROM_WORDS(m, B_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u])
+#define LOAD_A_FRAG(m, off) CM_FROM_WORDS(m, A_BUF_Q[(off) / 8u + gl_LocalInvocationIndex % 32u])
 #define ACC_ZERO() ACC_T(0.0)
 #define MUL_ADD(a, b, c) CM_MULADD(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))

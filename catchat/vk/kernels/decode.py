@@ -100,14 +100,11 @@ def half_weights(dev: Device, layout: ParamLayout, params, block_cols: int = 0, 
     w16 = dev.tensor(ceil_div((2 * L - 1) * hh, 2), np.uint32)
     copies = [(f"layers.{l}.gru.weight_hh", l, False) for l in range(L)]
     copies += [(f"layers.{l}.gru.weight_ih", l, True) for l in range(1, L)]
-    kernels = [ToHalf(dev, params, w16, hh, o[name], half_weight_offset(L, H, l, ih), block_cols=block_cols)
-               for name, l, ih in copies]
-    if frag:
-        if not block_cols:
-            raise ValueError("half_weights: fragment order rewrites 16 x 16 blocks (give block_cols)")
-        kernels += [FragOrder(dev, w16, hh // 256, half_weight_offset(L, H, l, ih), half_weight_offset(L, H, l, ih),
-                              col=True) for _, l, ih in copies]
-    return w16, kernels
+    if frag and not block_cols:
+        raise ValueError("half_weights: fragment order rewrites 16 x 16 blocks (give block_cols)")
+    at = [(o[name], half_weight_offset(L, H, l, ih)) for name, l, ih in copies]  # (params, copy)
+    kernels = [ToHalf(dev, params, w16, hh, src, dst, block_cols=block_cols) for src, dst in at]
+    return w16, kernels + ([FragOrder(dev, w16, hh // 256, dst, dst, col=True) for _, dst in at] if frag else [])
 
 
 def layer_args(layout: ParamLayout, layer: int, half: bool = False) -> tuple[int, ...]:
@@ -289,15 +286,15 @@ class DecodeLayerCoop(Kernel):
             raise ValueError(f"the tensor-core decode step needs H a multiple of 16, got {H}")
         self.shape = sh = CoopShape.of(H, self.B, coop_streams(H), coop_subgroups(H))
         sp = ceil_div(self.B, 16) * 16
-        self.frag = w_frag_order()  # the weights' blocks in fragment order (FRAG_W)
-        self.w16, self._weights = half_weights(dev, layout, params, block_cols=H, frag=self.frag)
+        frag = w_frag_order()  # the weights' blocks in fragment order (FRAG_W)
+        self.w16, self._weights = half_weights(dev, layout, params, block_cols=H, frag=frag)
         self.act16 = dev.tensor(3 * L * sp * H // 2, np.uint32)  # zeros: the rows past B stay zero
         self.ssq = dev.tensor(L * (H // 16) * self.B)
         dev.upload([self.act16])
         emulate = not coopmat_runs(dev)
         probe = coop_probe(not emulate)
         defines = {**sh.defines(), **({"EMU": 1} if emulate else {}), **({"PROBE": probe} if probe else {}),
-                   **({"FRAG_W": 1} if self.frag else {}), **frag_defines(dev, emulate)}
+                   **({"FRAG_W": 1} if frag else {}), **frag_defines(dev, emulate)}
         super().__init__(dev, [params, table0, state, ysum, token, ctl, self.w16, self.act16, self.ssq],
                          [sh.workgroups(self.B)], spec=[sh.workgroup, H, self.B], push=self._push(0, 0),
                          defines=defines)

@@ -36,13 +36,12 @@ from catchat.vk.kernels.gru import (
     streams_forward,
     sweep_bias_sums,
     w16_blocked,
-    w_frag_order,
 )
 from catchat.vk.kernels.loss import CrossEntropy, LossReduce
 from catchat.vk.kernels.norm import ResidualRmsNormBackward, ResidualRmsNormForward
 from catchat.vk.kernels.optim import GradNorm, Optimizer, SpectralProject
 from catchat.vk.kernels.sampling import TfSelect
-from catchat.vk.program.plan import Buffers, Geometry
+from catchat.vk.program.plan import Buffers, Geometry, forward_w_frag
 
 
 @dataclass
@@ -169,7 +168,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     # o[l]'s row 0 is hprev[0], rows 1.. the outputs (plan.py)
     products = g.products  # fp16 on tensor cores: the sweeps' products too (gru.program_products)
     coop, w16, refresh = products is not None, None, []
-    frag = streams_forward(products) and w_frag_order()  # the forward's copy in fragment order, beside
+    frag = forward_w_frag(products)  # the forward's own copy in fragment order, beside the blocked one
     if streams_backward(products):  # W_hh streamed from a float16 copy ("mixed": the backward's alone)
         w16, refresh = whh_halves(dev, layout, b, g, split=False, frag=frag)
     # fp32 where W_hh fits no chip: streamed on the FMAs, or the forward on tensor cores from float16 splits
@@ -183,8 +182,7 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w_fwd, split, frag), b_off=o[f"layers.{l}.gru.bias_hh"],
                       h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats,
-                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split,
-                      w_frag=frag and w_fwd is not None)
+                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split, w_frag=frag)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)

@@ -313,6 +313,13 @@ def kernel_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
     return out
 
 
+def forward_w_frag(products: str | None) -> bool:
+    """Whether a program's streamed forward reads a W_hh copy of its own in fragment order (`w_frag_order`;
+    kernelsets.whh_halves' frag): both directions streamed on tensor cores, the backward reading the blocked
+    copy beside it."""
+    return streams_forward(products) and streams_backward(products) and w_frag_order()
+
+
 def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: str) -> list[tuple[str, int]]:
     """The streamed sweeps' own buffers: at fp16 the float16 copy of W_hh, and each direction's shadow
     (h_prev forward, dGh backward) in the sweep's type: float16 on tensor cores, float32 on the FMAs."""
@@ -320,7 +327,7 @@ def stream_scratch(g: Geometry, training: bool, dev: Device | None, precision: s
         return []
     f16 = (streams_forward(g.products), streams_backward(g.products))  # per direction, on tensor cores
     out = [("streamed sweeps' float16 W_hh", g.L * 3 * g.H * g.H // 2)] if f16[True] else []
-    if f16[True] and f16[False] and w_frag_order():  # the forward's own copy in fragment order (FragOrder)
+    if forward_w_frag(g.products):
         out.append(("forward sweeps' float16 W_hh in fragment order", g.L * 3 * g.H * g.H // 2))
     split = split_forward(dev, g.B, g.H, precision)  # the float32 forward from float16 splits (hi and lo)
     if split:
