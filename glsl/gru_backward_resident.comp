@@ -29,16 +29,19 @@
 // i)), their 3 W_hh fragments each held as float16 for the whole sweep. dGh[s-1] is staged as
 // float16 (dgs16), so the product takes float16 dGh (carrying fp16's loss scale) and W_hh with
 // float32 sums; the partials go to `part` as before (directly where the 16 x 16 block is inside B
-// and H, else through a per-subgroup scratch with bounds).
+// and H, else through a per-subgroup scratch with bounds). EMU (with COOP): emulated fragments
+// (include/resident_frag.glsl), for devices without cooperative matrices; they store past B or H by element.
 // BIAS_SUMS: the bias gradients summed in the sweep (include/gru_bias_sums.glsl): the thread's own
 // element of a resident tile in registers, any other element step by step.
 #extension GL_EXT_control_flow_attributes : require
 #ifdef COOP
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef EMU
 #extension GL_KHR_memory_scope_semantics : require
 #include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
+#endif
 #endif
 #include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
@@ -110,6 +113,9 @@ const uint SA = NR + 8u;              // dgs16's row stride in halves (16-byte r
 shared float16_t dgs16[TB * SA];      // dgs16[bb * SA + r] = dGh[s-1, b0 + bb, row r of the tile] (0 outside)
 shared float16_t wst[16u * 256u];     // per subgroup: a W_hh fragment being loaded (sweep start)
 shared float pst[16u * 256u];         // per subgroup: a partial block bound for `part` past B or H
+#define A_SHARED dgs16
+#define ACC_SHARED pst
+#include "resident_frag.glsl"
 
 // Row r (gate r / NU, unit r % NU) of the tile's dGh[s-1] for tile lane bb.
 void put_dgs(uint r, uint bb, float v) { dgs16[bb * SA + r] = float16_t(v); }
@@ -155,11 +161,14 @@ float product_row(uint s, uint b, uint k) {
 #ifdef COOP
 // Subgroup sg's W_hh fragments: wf[i * 3 + q] holds rows q * H + j0 .. +15 (gate q's units) by
 // columns 16 * (sg * COOP_NF + i) .. +15, as float16, staged one at a time through wst.
-void load_w_frags(uint j0, uint sg, out CM_B wf[3u * COOP_NF]) {
+void load_w_frags(uint j0, uint sg, out FRAG_B wf[3u * COOP_NF]) {
     uint lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
     [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
         [[unroll]] for (uint q = 0u; q < 3u; ++q) {
             uint k0 = 16u * (sg * COOP_NF + i);
+#ifdef EMU
+            wf[i * 3u + q] = W_FRAG_REF(q * pc.H + j0, k0, false);
+#else
             for (uint e = lane; e < 256u; e += 32u) {
                 uint rr = e / 16u, cc = e % 16u, j = j0 + rr;
                 float v = (j < pc.H && k0 + cc < pc.H) ? params[pc.w_off + (q * pc.H + j) * pc.H + k0 + cc] : 0.0;
@@ -169,6 +178,7 @@ void load_w_frags(uint j0, uint sg, out CM_B wf[3u * COOP_NF]) {
             subgroupBarrier();
             CM_LOAD(wf[i * 3u + q], wst, base, 16u, false);
             subgroupBarrier();  // the scratch is rewritten by the next fragment
+#endif
         }
     }
 }
@@ -298,7 +308,7 @@ void main() {
 #ifdef COOP
     for (uint e = tid; e < TB * SA; e += NT) dgs16[e] = float16_t(0.0);
     uint sg = tid / 32u, lane = tid % 32u;
-    CM_B wf[3u * COOP_NF];
+    FRAG_B wf[3u * COOP_NF];
 #define LOAD_W() { load_w_frags(j0, sg, wf); barrier(); }
 #else
     for (uint e = tid; e < NR * RS; e += NT) dgs[e] = vec4(0.0);
@@ -346,15 +356,21 @@ void main() {
                 [[unroll]] for (uint i = 0u; i < COOP_NF; ++i) {
                     uint k0 = 16u * (sg * COOP_NF + i);
                     if (k0 >= pc.H) break;  // uniform in the subgroup
-                    CM_ACC acc = CM_ACC(0.0);
+                    ACC_T acc = ACC_ZERO();
                     [[unroll]] for (uint q = 0u; q < 3u; ++q) {
-                        CM_A a;
-                        CM_LOAD(a, dgs16, 16u * q, SA, false);  // (lane bb, row q * 16 + u)
-                        acc = CM_MULADD(a, wf[i * 3u + q], acc);
+                        FRAG_A a;
+                        LOAD_A_SHARED(a, 16u * q, SA, false);  // (lane bb, row q * 16 + u)
+                        acc = MUL_ADD(a, wf[i * 3u + q], acc);
                     }
                     if (b0 + 16u <= pc.B && k0 + 16u <= pc.H && pc.H % 4u == 0u) {
-                        CM_STORE(acc, part, row0 * pc.H + k0, pc.H, false);
+                        ACC_STORE_BUF(acc, part, row0 * pc.H + k0, pc.H);
                     } else {
+#ifdef EMU  // this invocation's 8 elements: row lane / 2, columns (lane % 2) * 8 ..
+                        for (uint e = 0u; e < 8u; ++e) {
+                            uint bb = lane / 2u, k = k0 + (lane % 2u) * 8u + e;
+                            if (b0 + bb < pc.B && k < pc.H) part[(row0 + bb) * pc.H + k] = acc.v[e];
+                        }
+#else
                         CM_STORE(acc, pst, sg * 256u, 16u, false);
                         subgroupMemoryBarrierShared();
                         subgroupBarrier();
@@ -363,6 +379,7 @@ void main() {
                             if (b0 + bb < pc.B && k < pc.H) part[(row0 + bb) * pc.H + k] = pst[sg * 256u + e];
                         }
                         subgroupBarrier();
+#endif
                     }
                 }
             }

@@ -25,13 +25,16 @@
 // them, in k-group order: deterministic). h_prev is staged as float16 (rounded to nearest even), so
 // the product takes float16 h_prev and W_hh with float32 sums (the twin rounds the same operands);
 // the gates' own h_prev (z * h_prev) stays float32, read by each output's thread while staging.
+// EMU (with COOP): emulated fragments (include/resident_frag.glsl), for devices without cooperative matrices.
 #extension GL_EXT_control_flow_attributes : require
 #ifdef COOP
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#ifndef EMU
 #extension GL_KHR_memory_scope_semantics : require
 #include "coopmat_ext.glsl"
 #extension GL_KHR_shader_subgroup_basic : require
+#endif
 #endif
 #include "phase_clock.glsl"
 // (defaults: a small valid tile, so the shader compiles on its own)
@@ -110,6 +113,9 @@ const uint SH = 16u * KFT + 8u;        // hs16's row stride in halves (16-byte r
 // hs16[bb * SH + k] = h_prev[b0 + bb, k] as float16 (0 past B, H); first W_hh's fragments' scratch
 shared float16_t hs16[TB * SH > 3072u ? TB * SH : 3072u];
 float hp_own;                          // the thread's own output's h_prev (float32), for its gate
+#define A_SHARED hs16
+#define ACC_SHARED red
+#include "resident_frag.glsl"
 #else
 shared vec4 hs[TB * RS];            // hs[bb * RS + q] = h_prev[b0 + bb, 4q .. 4q+3] (0 past B, H)
 
@@ -233,10 +239,13 @@ void stage_h(uint t, uint j0, uint b0) {
 // The gate's and k-group's W_hh^T fragments of subgroup sg (< 12): element (k, n) of fragment f is
 // W_hh[g*H + j0 + n, 16*(kgroup*COOP_KF + f) + k] as float16, staged one at a time through hs16
 // (before the sweep's first staging of h_prev; barriers around it, the caller's).
-void load_w_frags(uint j0, uint sg, out CM_B wf[COOP_KF]) {
+void load_w_frags(uint j0, uint sg, out FRAG_B wf[COOP_KF]) {
     uint g = sg % 3u, kgroup = sg / 3u, lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
     [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
         uint k0 = 16u * (kgroup * COOP_KF + f);
+#ifdef EMU
+        wf[f] = W_FRAG_REF(g * pc.H + j0, k0, true);
+#else
         for (uint e = lane; e < 256u; e += 32u) {
             uint n = e / 16u, k = e % 16u, j = j0 + n;
             float v = (j < pc.H && k0 + k < pc.H) ? params[pc.w_off + (g * pc.H + j) * pc.H + k0 + k] : 0.0;
@@ -246,6 +255,7 @@ void load_w_frags(uint j0, uint sg, out CM_B wf[COOP_KF]) {
         subgroupBarrier();
         CM_LOAD(wf[f], hs16, base, 16u, true);
         subgroupBarrier();  // the scratch is rewritten by the next fragment
+#endif
     }
 }
 #else
@@ -303,7 +313,7 @@ void main() {
     vec3 bias = vec3(0.0), gi3 = vec3(0.0);
 #ifdef COOP
     uint sg = tid / 32u;
-    CM_B wf[COOP_KF];
+    FRAG_B wf[COOP_KF];
 #define LOAD_W() { if (sg < 12u) load_w_frags(j0, sg, wf); barrier(); }
 #else
 #define LOAD_W() load_w(j0, u, s)
@@ -328,13 +338,13 @@ void main() {
             PHASE(t, 1u);
 #ifdef COOP
             if (sg < 12u) {  // gate sg % 3, k-group sg / 3: a 16 x 16 partial of the [16 lanes x 48] product
-                CM_ACC acc = CM_ACC(0.0);
+                ACC_T acc = ACC_ZERO();
                 [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
-                    CM_A a;
-                    CM_LOAD(a, hs16, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
-                    acc = CM_MULADD(a, wf[f], acc);
+                    FRAG_A a;
+                    LOAD_A_SHARED(a, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
+                    acc = MUL_ADD(a, wf[f], acc);
                 }
-                CM_STORE(acc, red, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU, false);
+                ACC_STORE(acc, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU);
             }
 #else
             matmul(u, s, sl, kg);

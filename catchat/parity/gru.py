@@ -237,16 +237,18 @@ HALF_W_CASES = [
 ]
 
 
-# Both sweeps' products on tensor cores (COOP; a GPU with cooperative matrices only): 16 x 16 resident
-# tiles at H a multiple of 64 (whole k-groups), H = 72 (a partial k-fragment and n-fragment, k-groups
-# of 2 with one short, a partial unit tile: the backward's bounded partial stores), lanes past B
-# (B = 20: a partial lane tile), v3's H; per-step and persistent
+# Both sweeps' products on tensor cores (COOP; emulated fragments where the device has none): 16 x 16
+# resident tiles at H a multiple of 64 (whole k-groups), H = 72 (a partial k-fragment and n-fragment,
+# k-groups of 2 with one short, a partial unit tile: the backward's bounded partial stores), lanes past B
+# (B = 20: a partial lane tile); per-step and persistent; on a GPU also v3's H
 COOP_TILES = (R(16, 16, 2, 2, 4), RB(16, 16, 2, 2, 8))
 COOP_CASES = [
     ((5, 16, 64, COOP_TILES, 0.0), 0),
     ((7, 20, 72, COOP_TILES, 0.02), 0),
-    ((6, 16, 512, COOP_TILES, 0.0), 0),
     ((7, 20, 72, COOP_TILES, 0.0), 1),
+]
+COOP_GPU_CASES = [
+    ((6, 16, 512, COOP_TILES, 0.0), 0),
     ((6, 32, 512, COOP_TILES, 0.0), 1),
 ]
 
@@ -305,8 +307,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     runs = [(c, 0, "") for c in CASES] + [(c, n, "") for n in persistent_counts(dev) for c in PERSISTENT_CASES]
     if dev.runs_float16:
         runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
-    if coopmat_runs(dev):
-        runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES]
+    if coopmat_runs(dev) or dev.runs_float16:  # emulated where the device has no cooperative matrices
+        runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES + (COOP_GPU_CASES if coopmat_runs(dev) else [])]
     if dev.runs_float16:  # -1: one workgroup per SM; stream16: with float16 saves (the program's at fp16)
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]

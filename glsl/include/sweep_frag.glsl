@@ -10,7 +10,8 @@
 // l / 2, columns (l % 2) * 8 .. +7), so no subgroup operation is needed and any real subgroup size
 // works. The sums of a product run in k order in float32 (the hardware's order is its own).
 // The includer defines A_BUF and B_BUF (float16_t arrays the A and B operands are loaded from) and
-// ACC_SHARED (the shared float array accumulators are stored to and loaded from); and B_SHARED (a
+// ACC_SHARED (the shared float array accumulators are stored to and loaded from); emulated, B_AT_REF(b, row,
+// col) where the includer reads B operands itself (then B_BUF is never read); and B_SHARED (a
 // shared float16_t array) where B operands also come from shared memory (LOAD_B_SHARED), A_SHARED
 // likewise for A operands (LOAD_A_SHARED). ACC_STORE_BUF stores an accumulator into a float buffer.
 // LOAD_B_FRAG loads a B operand from a copy in fragment order (glsl/frag_order.comp: one 16-byte load an
@@ -49,6 +50,9 @@ uint frag_index(FragRef m, uint row, uint col) {
 }
 
 float b_at(FragRef b, uint row, uint col) {
+#ifdef B_AT_REF  // the includer reads B operands its own way (e.g. from float32 weights, rounded)
+    return B_AT_REF(b, row, col);
+#else
 #ifdef B_SHARED
 #ifndef B_SHARED_AT  // element i of B_SHARED, counted in halves (the includer may pack them)
 #define B_SHARED_AT(i) float(B_SHARED[i])
@@ -56,6 +60,7 @@ float b_at(FragRef b, uint row, uint col) {
     if (b.sh) return B_SHARED_AT(frag_index(b, row, col));
 #endif
     return float(B_BUF[frag_index(b, row, col)]);
+#endif
 }
 
 #ifdef A_SHARED

@@ -23,7 +23,8 @@ def test_parity(dev):
               if dev.runs_float16 else 0)
     runs = {"": len(gru_parity.CASES) + len(gru_parity.PERSISTENT_CASES) * len(gru_parity.persistent_counts(dev)),
             "_f16w": len(gru_parity.HALF_W_CASES) if dev.runs_float16 else 0,
-            "_coop": len(gru_parity.COOP_CASES) if coopmat_runs(dev) else 0,
+            "_coop": (len(gru_parity.COOP_CASES) + (len(gru_parity.COOP_GPU_CASES) if coopmat_runs(dev) else 0)
+                      if coopmat_runs(dev) or dev.runs_float16 else 0),
             "_stream": stream, "_stream16": stream, "_stream16f": max(0, stream - 2), "_ksplit": ksplit,
             "_ksplit16": ksplit,
             "_stream32": len(gru_parity.STREAM_F32_CASES) + (len(gru_parity.STREAM_F32_GPU_CASES)
@@ -117,8 +118,10 @@ def test_pick_tiles_scales(dev):
 
 def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, monkeypatch):
     """Both sweeps' products on tensor cores (COOP): the shaders compile at v3's tiles and at partial
-    fragments (H = 72); a device without cooperative matrices refuses coop=True with the reason, and
+    fragments (H = 72); a device without cooperative matrices or float16 (to emulate them) refuses coop=True
+    with the reason, and
     a program uses them at fp16 where the device has them, unless turned off (CATCHAT_SWEEP_COOP=0)."""
+    from catchat.vk.device import FLOAT16_FEATURES
     from catchat.vk.kernels.gemm import COOP_SHAPE, coopmat_runs
     from catchat.vk.shaders import compile_shader
 
@@ -133,9 +136,10 @@ def test_tensor_core_sweeps_compile_and_are_refused_where_they_cannot_run(dev, m
         gru.resident_defines(gru.ResidentTiles(8, 16, 2, 2, 4), 64, 512, 32, coop=True)
     assert max(gru.coop_shared_bytes(512), gru.coop_shared_bytes(512, backward=True)) <= 48 * 1024
     case = gru_parity.make_case(3, 16, 64)
-    if not coopmat_runs(dev):
+    if not coopmat_runs(dev):  # emulated fragments need float16; without either the sweep is refused
+        bare = dataclasses.replace(dev, features=dev.features - FLOAT16_FEATURES)
         with pytest.raises(ValueError, match="tensor-core sweep needs cooperative matrices"):
-            gru_parity.run_gru_gpu(dev, case, tiles=tiles, coop=True)
+            gru_parity.run_gru_gpu(bare, case, tiles=tiles, coop=True)
     monkeypatch.delenv(gru.COOP_ENV, raising=False)
     planned = all(gru.coop_tiles_ok(gru.plan_sweep(dev, 16, 64, bw, coop=True).tiles) for bw in (False, True))
     assert gru.coop_sweeps(dev, 16, 64, "fp16") == (coopmat_runs(dev) and planned)

@@ -131,14 +131,14 @@ class _Sweep(Kernel):
         if self.w_half is not None and isinstance(plan.tiles, ResidentTiles):
             raise ValueError("W_hh in float16 runs on the tiled sweeps: pass tiled (6-number) tiles")
         resident, self.tiles, self.residency = plan.resident, plan.tiles, plan.residency
-        if self.coop:
-            if not coopmat_runs(dev) or not coop_tiles_ok(self.tiles):
-                raise ValueError(f"a tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
-                                 f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) and resident tiles of "
-                                 f"{COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
+        emulate = self.coop and not coopmat_runs(dev)  # emulated fragments (EMU: lavapipe, for the tests)
+        if self.coop and ((emulate and not dev.runs_float16) or not coop_tiles_ok(self.tiles)):
+            raise ValueError(f"a tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
+                             f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) or float16 to emulate "
+                             f"them, and resident tiles of {COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
         shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
         if self.coop:  # the resident tensor-core sweeps: NV until their KHR variants are measured
-            defines = {**defines, **frag_defines(dev, False, RESIDENT_SWEEP_API_DEFAULT)}
+            defines = {**defines, **({"EMU": 1} if emulate else frag_defines(dev, False, RESIDENT_SWEEP_API_DEFAULT))}
         if self.w_half is not None:
             if not dev.runs_float16:
                 raise ValueError(f"W_hh in float16 needs float16 arithmetic and 16-bit storage, which "
