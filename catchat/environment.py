@@ -62,6 +62,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
                                       "from float16 splits; 1: every one split (emulated without tensor cores)"),
     "CATCHAT_STREAM32_SPLIT": (MEASURE, "0: a float32 program's streamed forward on the FMAs, not on tensor "
                                         "cores from float16 splits of W_hh and h_prev (x = hi + 2^-11 lo)"),
+    "CATCHAT_RESIDENT_SPLIT": (MEASURE, "1: a float32 program's register-resident forward sweeps (v3) on tensor cores "
+                                        "from float16 splits of W_hh and h_prev, not on the FMAs (0, the default)"),
     "CATCHAT_STREAM32_SUBGROUP": (MEASURE, "0: the streamed fp32 backward's stages synced by workgroup barriers"),
     "CATCHAT_OVERLAP_DW": (MEASURE, "0: layer l's dW_hh in its place, not beside layer l-1's backward sweep"),
     "CATCHAT_WAVEFRONT": (MEASURE, "N: the forward and a training step's backward as wavefronts over the layers, "

@@ -167,7 +167,7 @@ void load_w_frags(uint j0, uint sg, out FRAG_B wf[3u * COOP_NF]) {
         [[unroll]] for (uint q = 0u; q < 3u; ++q) {
             uint k0 = 16u * (sg * COOP_NF + i);
 #ifdef EMU
-            wf[i * 3u + q] = W_FRAG_REF(q * pc.H + j0, k0, false);
+            wf[i * 3u + q] = W_FRAG_REF(q * pc.H + j0, k0, false, false);
 #else
             for (uint e = lane; e < 256u; e += 32u) {
                 uint rr = e / 16u, cc = e % 16u, j = j0 + rr;

@@ -26,6 +26,10 @@
 // the product takes float16 h_prev and W_hh with float32 sums (the twin rounds the same operands);
 // the gates' own h_prev (z * h_prev) stays float32, read by each output's thread while staging.
 // EMU (with COOP): emulated fragments (include/resident_frag.glsl), for devices without cooperative matrices.
+// SPLIT (with COOP; a float32 program's forward, CATCHAT_RESIDENT_SPLIT): the product in float32 from float16
+// splits, x = hi + lo / SPLIT_SCALE (include/split_half.glsl), as the streamed forward's SPLIT: W_hh^T's hi
+// and lo fragments held for the sweep (wf, wl), h_prev staged as hi then lo (hs16 twice), hi hi into one
+// accumulator and hi lo + lo hi into another, folded as acc + accl / SPLIT_SCALE before the k-groups meet.
 #extension GL_EXT_control_flow_attributes : require
 #ifdef COOP
 #extension GL_EXT_shader_16bit_storage : require
@@ -110,8 +114,16 @@ shared float red[KG * 3u * TB * NU];  // red[((kg * 3 + g) * TB + bb) * NU + u]:
 #ifdef COOP
 const uint KFT = 4u * COOP_KF;         // k-fragments staged (>= H / 16)
 const uint SH = 16u * KFT + 8u;        // hs16's row stride in halves (16-byte rows, padded)
-// hs16[bb * SH + k] = h_prev[b0 + bb, k] as float16 (0 past B, H); first W_hh's fragments' scratch
-shared float16_t hs16[TB * SH > 3072u ? TB * SH : 3072u];
+#ifdef SPLIT
+#include "split_half.glsl"
+const uint LO_AT = TB * SH;            // h_prev's lo part, after its hi
+#define HS_HALVES (2u * TB * SH)
+#else
+#define HS_HALVES (TB * SH)
+#endif
+// hs16[bb * SH + k] = h_prev[b0 + bb, k] as float16 (0 past B, H); SPLIT: its hi there and its lo at LO_AT
+// + bb * SH + k; first W_hh's fragments' scratch
+shared float16_t hs16[HS_HALVES > 3072u ? HS_HALVES : 3072u];
 float hp_own;                          // the thread's own output's h_prev (float32), for its gate
 #define A_SHARED hs16
 #define ACC_SHARED red
@@ -231,25 +243,41 @@ void stage_h(uint t, uint j0, uint b0) {
     [[unroll]] for (uint i = 0u; i < NQ; ++i) {
         uint e = tid + i * NT, bb = e / QR, q = e % QR;
         if (e < TB * QR) {
-            [[unroll]] for (uint c = 0u; c < 4u; ++c) hs16[bb * SH + 4u * q + c] = float16_t(v[i][c]);
+            [[unroll]] for (uint c = 0u; c < 4u; ++c) {
+                hs16[bb * SH + 4u * q + c] = float16_t(v[i][c]);
+#ifdef SPLIT
+                hs16[LO_AT + bb * SH + 4u * q + c] = split_lo(v[i][c]);
+#endif
+            }
         }
     }
 }
 
 // The gate's and k-group's W_hh^T fragments of subgroup sg (< 12): element (k, n) of fragment f is
-// W_hh[g*H + j0 + n, 16*(kgroup*COOP_KF + f) + k] as float16, staged one at a time through hs16
-// (before the sweep's first staging of h_prev; barriers around it, the caller's).
-void load_w_frags(uint j0, uint sg, out FRAG_B wf[COOP_KF]) {
+// W_hh[g*H + j0 + n, 16*(kgroup*COOP_KF + f) + k] as float16 (lo: SPLIT's lo part of it), staged one at a
+// time through hs16 (before the sweep's first staging of h_prev; barriers around it, the caller's).
+#if defined(SPLIT) || defined(EMU)  // the part to load (lo), an argument only where it is read
+#define LO_PARAM , bool lo
+#define LO_ARG(lo) , lo
+#else
+#define LO_PARAM
+#define LO_ARG(lo)
+#endif
+void load_w_frags(uint j0, uint sg LO_PARAM, out FRAG_B wf[COOP_KF]) {
     uint g = sg % 3u, kgroup = sg / 3u, lane = gl_LocalInvocationIndex % 32u, base = sg * 256u;
     [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
         uint k0 = 16u * (kgroup * COOP_KF + f);
 #ifdef EMU
-        wf[f] = W_FRAG_REF(g * pc.H + j0, k0, true);
+        wf[f] = W_FRAG_REF(g * pc.H + j0, k0, true, lo);
 #else
         for (uint e = lane; e < 256u; e += 32u) {
             uint n = e / 16u, k = e % 16u, j = j0 + n;
             float v = (j < pc.H && k0 + k < pc.H) ? params[pc.w_off + (g * pc.H + j) * pc.H + k0 + k] : 0.0;
+#ifdef SPLIT
+            hs16[base + e] = lo ? split_lo(v) : float16_t(v);  // column-major (k, n) at n * 16 + k
+#else
             hs16[base + e] = float16_t(v);  // column-major (k, n) at n * 16 + k
+#endif
         }
         subgroupMemoryBarrierShared();
         subgroupBarrier();
@@ -314,7 +342,12 @@ void main() {
 #ifdef COOP
     uint sg = tid / 32u;
     FRAG_B wf[COOP_KF];
-#define LOAD_W() { if (sg < 12u) load_w_frags(j0, sg, wf); barrier(); }
+#ifdef SPLIT
+    FRAG_B wl[COOP_KF];
+#define LOAD_W() { if (sg < 12u) { load_w_frags(j0, sg LO_ARG(false), wf); load_w_frags(j0, sg LO_ARG(true), wl); } barrier(); }
+#else
+#define LOAD_W() { if (sg < 12u) load_w_frags(j0, sg LO_ARG(false), wf); barrier(); }
+#endif
 #else
 #define LOAD_W() load_w(j0, u, s)
 #endif
@@ -339,11 +372,23 @@ void main() {
 #ifdef COOP
             if (sg < 12u) {  // gate sg % 3, k-group sg / 3: a 16 x 16 partial of the [16 lanes x 48] product
                 ACC_T acc = ACC_ZERO();
+#ifdef SPLIT
+                ACC_T accl = ACC_ZERO();
+#endif
                 [[unroll]] for (uint f = 0u; f < COOP_KF; ++f) {
                     FRAG_A a;
                     LOAD_A_SHARED(a, 16u * ((sg / 3u) * COOP_KF + f), SH, false);
                     acc = MUL_ADD(a, wf[f], acc);
+#ifdef SPLIT
+                    FRAG_A al;
+                    LOAD_A_SHARED(al, LO_AT + 16u * ((sg / 3u) * COOP_KF + f), SH, false);
+                    accl = MUL_ADD(a, wl[f], accl);
+                    accl = MUL_ADD(al, wf[f], accl);
+#endif
                 }
+#ifdef SPLIT
+                acc = ACC_ADD(acc, ACC_SCALE(accl, 1.0 / SPLIT_SCALE));
+#endif
                 ACC_STORE(acc, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU);
             }
 #else

@@ -68,7 +68,7 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
                 w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False,
-                chunks: int = 1, split: bool = False, w_frag: bool = False):
+                chunks: int = 1, split: bool = False, w_frag: bool = False, resident_split: bool = False):
     """Forward sweep, then backward sweep on the GPU, with the program's buffer layout; returns a
     dict of host arrays.
 
@@ -91,7 +91,9 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     recorded as that many pieces of the window (`steps_ops`: the layer wavefront's), the forward's in
     order and the backward's from the top chunk down. split: the forward streamed on tensor cores from
     float16 splits (W_hh's blocked hi and lo 8 halves in), the backward float32 streamed, as a float32
-    program runs them under CATCHAT_STREAM32_SPLIT; compare with the fp32 twin (forced). w_frag (streamed):
+    program runs them under CATCHAT_STREAM32_SPLIT; compare with the fp32 twin (forced). resident_split: the
+    forward register-resident on tensor cores from float16 splits of params' W_hh (CATCHAT_RESIDENT_SPLIT), the
+    backward as the tiles say; compared as split. w_frag (streamed):
     the forward reads a copy of its own, 256 halves in, put in fragment order on the GPU (`FragOrder`) before
     it runs; the backward the blocked copy.
     """
@@ -131,7 +133,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=fw_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=fw_half,
-                     coop=coop, stream_f32=stream_f32, save_half=save_half, split=split, w_frag=w_frag)
+                     coop=coop or resident_split, stream_f32=stream_f32, save_half=save_half,
+                     split=split or resident_split, w_frag=w_frag)
     bw_off, bw_half = (layout.offsets[f"layers.{layer}.gru.weight_hh"], None) if split else (w_off, tw16)
     bwd = GruBackward(dev, tdo, tsave, tseq, tres, tp, hyper, tdgi, tdgh, tdh0, tstats, T=T, B=B, H=H,
                       w_off=bw_off, do_off=pad, save_off=pad, hprev_off=pad, dgi_off=pad, dgh_off=pad,
@@ -160,7 +163,7 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
                 save=save, hT=hT[sl].reshape(B, H), dgi=dgi[pad:].reshape(T, B, 3 * H), dgh=dgh,
                 dh0=dh0[sl].reshape(B, H), hits=int(st[slots.ST_CLAMP_HITS]) - stats0, db=db,
                 sync_timeouts=int(st[slots.ST_SYNC_TIMEOUTS]), sync=np.concatenate([sync_f, sync_b]),
-                tiles=(fwd.tiles, bwd.tiles))
+                tiles=(fwd.tiles, bwd.tiles), ran_split="SPLIT" in fwd.defines)
 
 
 def half_weights(case):
@@ -251,6 +254,11 @@ COOP_GPU_CASES = [
     ((6, 16, 512, COOP_TILES, 0.0), 0),
     ((6, 32, 512, COOP_TILES, 0.0), 1),
 ]
+# The register-resident float32 forward from float16 splits (rsplit32: COOP with SPLIT), the backward on
+# the FMAs' resident tiles: the COOP cases' shapes (v3's on a GPU; H = 512 is where its shared memory is largest)
+RSPLIT_TILES = (COOP_TILES[0], RB(16, 16, 2, 2, 8))
+RSPLIT_CASES = [((T, B, H, RSPLIT_TILES, clamp), n) for (T, B, H, _, clamp), n in COOP_CASES]
+RSPLIT_GPU_CASES = [((T, B, H, RSPLIT_TILES, clamp), n) for (T, B, H, _, clamp), n in COOP_GPU_CASES]
 
 
 # The streamed sweeps (coop with a float16 W_hh: stream.py; emulated fragments where the device has no
@@ -307,8 +315,11 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     runs = [(c, 0, "") for c in CASES] + [(c, n, "") for n in persistent_counts(dev) for c in PERSISTENT_CASES]
     if dev.runs_float16:
         runs += [(c, n, "f16w") for c, n in HALF_W_CASES]
-    if coopmat_runs(dev) or dev.runs_float16:  # emulated where the device has no cooperative matrices
-        runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES + (COOP_GPU_CASES if coopmat_runs(dev) else [])]
+    if coopmat_runs(dev) or dev.runs_float16:  # resident tensor-core sweeps, emulated without cooperative matrices
+        gpu = coopmat_runs(dev)
+        runs += [(c, n and device_sms(dev), "coop") for c, n in COOP_CASES + (COOP_GPU_CASES if gpu else [])]
+        # the register-resident float32 forward from float16 splits, the backward on the FMAs
+        runs += [(c, n and device_sms(dev), "rsplit32") for c, n in RSPLIT_CASES + (RSPLIT_GPU_CASES if gpu else [])]
     if dev.runs_float16:  # -1: one workgroup per SM; stream16: with float16 saves (the program's at fp16)
         stream = STREAM_CASES + (STREAM_GPU_CASES if coopmat_runs(dev) else [])
         runs += [(c, device_sms(dev) if n < 0 else n, v) for c, n in stream for v in ("stream", "stream16")]
@@ -335,18 +346,19 @@ def parity_checks(dev: Device) -> list[ParityResult]:
             got = run_gru_gpu(dev, case, clamp, tiles, persistent=(n_wg, n_wg), dgh_in_save=in_save,
                               w_half=variant == "f16w" or streamed, coop=coop,
                               stream_f32=variant in ("stream32", "ksplit32"), save_half=half_saves,
-                              split=variant == "split32", w_frag=variant == "stream16f")
+                              split=variant == "split32", w_frag=variant == "stream16f",
+                              resident_split=variant == "rsplit32")
         if variant == "f16w":
             case = half_weights(case)
         forced = ((got["hprev"], got["dgh"]) + ((got["save"],) if half_saves else ())) if coop \
-            else (got["hprev"], got["dgh"]) if variant == "split32" else None
+            else (got["hprev"], got["dgh"]) if variant in ("split32", "rsplit32") else None
         exp, cache = expected_gru(case, clamp, recurrent="fp16" if coop else "fp32", forced=forced,
                                   saves="fp16" if half_saves else "fp32")
         shape = f"T={T} B={B} H={H} tiles={'auto' if tiles == AUTO else tiles} clamp={clamp}" \
             + (f" persistent={n_wg}" if n_wg else "") + ("" if in_save or half_saves else " dGh apart")
         fwd, bwd = (f"gru_forward_{variant}", f"gru_backward_{variant}") if variant else ("gru_forward", "gru_backward")
         # the split's own tolerance where tensor cores truncate its sums; emulated fragments sum to nearest
-        split_tol = (SPLIT_ATOL, SPLIT_RTOL) if variant == "split32" and coopmat_runs(dev) else None
+        split_tol = (SPLIT_ATOL, SPLIT_RTOL) if variant in ("split32", "rsplit32") and coopmat_runs(dev) else None
         for k in ("o", "hprev", "save", "hT"):
             # float16 saves: the twin's gates, a float32 ulp from the GPU's, may round to the next half
             tol = (SAVE16_ATOL, SAVE16_RTOL) if half_saves and k == "save" else split_tol or (FWD_ATOL, FWD_RTOL)
@@ -354,8 +366,8 @@ def parity_checks(dev: Device) -> list[ParityResult]:
         for k in ("dgi", "dgh", "dh0"):
             out.append(compare(f"{bwd}.{k}", shape, got[k], exp[k], *(split_tol or (BWD_ATOL, BWD_RTOL))))
         out.append(compare(f"{bwd}.clamp_hits", shape, [got["hits"]], [exp["hits"]], 0.0, 0.0))
-        if variant == "split32":  # the float32 forward would pass the rest
-            out.append(compare(f"{fwd}.ran_split", shape, [got["tiles"][0].split], [True], 0.0, 0.0))
+        if variant in ("split32", "rsplit32"):  # the float32 forward would pass the rest
+            out.append(compare(f"{fwd}.ran_split", shape, [got["ran_split"]], [True], 0.0, 0.0))
         if variant.startswith("ksplit"):  # the plain split where the k-split could not run would pass the rest
             out.append(compare(f"{bwd}.ran_ksplit", shape, [got["tiles"][1].ksplit], [True], 0.0, 0.0))
         if n_wg:

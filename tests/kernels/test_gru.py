@@ -31,14 +31,17 @@ def test_parity(dev):
                                                              if dev.info.type != "CPU" else 0),
             "_ksplit32": len(gru_parity.KSPLIT_CASES) + (len(gru_parity.KSPLIT_GPU_CASES)
                                                              if dev.info.type != "CPU" else 0),
-            "_split32": stream}
+            "_split32": stream,
+            "_rsplit32": (len(gru_parity.RSPLIT_CASES) + (len(gru_parity.RSPLIT_GPU_CASES) if coopmat_runs(dev) else 0)
+                          if coopmat_runs(dev) or dev.runs_float16 else 0)}
     assert Counter(r.kernel for r in results if r.kernel.endswith(".o")) == {
         f"gru_forward{v}.o": n for v, n in runs.items() if n}
     # every streamed and register-resident backward sums the bias gradients itself (BIAS_SUMS), checked
     # against the reference's: all the streamed cases, and at least those given resident backward tiles
     sums = Counter(r.kernel for r in results if r.kernel.endswith("(sweep sums)"))
     streamed = ("_stream", "_stream16", "_stream16f", "_ksplit", "_ksplit16", "_stream32", "_ksplit32", "_split32")
-    assert {k: n for k, n in sums.items() if not k.startswith(("gru_backward.", "gru_backward_coop."))} == {
+    assert {k: n for k, n in sums.items() if not k.startswith(("gru_backward.", "gru_backward_coop.",
+                                                                               "gru_backward_rsplit32."))} == {
         f"gru_backward{v}.{b} (sweep sums)": runs[v] for v in streamed if runs[v] for b in ("db_ih", "db_hh")}
     resident = sum(isinstance(t[1], gru.ResidentTiles) for _, _, _, t, _ in gru_parity.CASES) \
         + sum(isinstance(t[1], gru.ResidentTiles) for _, _, _, t, _ in gru_parity.PERSISTENT_CASES) \
@@ -47,6 +50,7 @@ def test_parity(dev):
     # the variants whose own kernel could be silently replaced say they ran: one row per case
     ran = Counter(r.kernel for r in results if ".ran_" in r.kernel)
     assert ran == {k: n for k, n in {"gru_forward_split32.ran_split": runs["_split32"],
+                                     "gru_forward_rsplit32.ran_split": runs["_rsplit32"],
                                      "gru_backward_ksplit.ran_ksplit": runs["_ksplit"],
                                      "gru_backward_ksplit16.ran_ksplit": runs["_ksplit16"],
                                      "gru_backward_ksplit32.ran_ksplit": runs["_ksplit32"]}.items() if n}
@@ -61,7 +65,8 @@ def test_deterministic(dev):
     a = gru_parity.run_gru_gpu(dev, case, 0.05, tiles)
     b = gru_parity.run_gru_gpu(dev, case, 0.05, tiles)
     for k in a:
-        if k in ("hits", "sync_timeouts", "tiles") or a[k] is None:  # db: None where the tiled sweep leaves it
+        # db: None where the tiled sweep leaves it
+        if k in ("hits", "sync_timeouts", "tiles", "ran_split") or a[k] is None:
             assert a[k] == b[k]
         else:
             assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32)), k

@@ -99,10 +99,40 @@ def test_split_settings_and_refusals(dev, monkeypatch):
         gru.stream_tiles(32, 2048, True, split=True)
     case = gru_parity.make_case(2, 3, 16)
     t = dev.tensor
-    with pytest.raises(ValueError, match="split"):
-        gru.GruForward(dev, t(2 * 3 * 48), t(case["flat"]), t(2 * 3 * 16), t(6, np.uint32), t(4 * 3 * 16),
-                       t(4 * 3 * 16), t(2 * 3 * 64), t(2 * 3 * 16), T=2, B=3, H=16, w_off=0, b_off=0, coop=True,
-                       split=True, hprev_off=0, o_off=3 * 16)
+    args = (dev, t(2 * 3 * 48), t(case["flat"]), t(2 * 3 * 16), t(6, np.uint32), t(4 * 3 * 16), t(4 * 3 * 16),
+            t(2 * 3 * 64), t(2 * 3 * 16))
+    with pytest.raises(ValueError, match="split writes float32 saves"):
+        gru.GruForward(*args, T=2, B=3, H=16, w_off=0, b_off=0, coop=True, split=True, save_half=True,
+                       w_half=t(2 * 3 * 16 * 16), hprev_off=0, o_off=3 * 16)
+    # without a float16 copy: the register-resident split, which takes 16 x 16 resident tiles alone
+    with pytest.raises(ValueError, match="resident tiles of 16 units x 16 lanes"):
+        gru.GruForward(*args, T=2, B=3, H=16, w_off=0, b_off=0, split=True, hprev_off=0, o_off=3 * 16,
+                       tiles=gru.ResidentTiles(8, 4, 1, 1, 4))
+    with pytest.raises(ValueError, match="tensor-core forward"):
+        gru.resident_defines(gru.ResidentTiles(16, 16, 2, 2, 4), 16, 64, 32, split=True)  # not coop
+
+
+def test_resident_split_is_asked_for(dev, monkeypatch):
+    """CATCHAT_RESIDENT_SPLIT: off unless 1, a clear error otherwise; where asked, a float32 program on
+    cooperative matrices whose tensor-core forward plans 16 x 16 resident tiles takes it, within the shared
+    memory its hi and lo h_prev need."""
+    from catchat.vk.kernels.gru import plan as gru_plan
+
+    tiles = gru.ResidentTiles(16, 16, 2, 2, 4)
+    monkeypatch.setattr(gru_plan, "coopmat_runs", lambda d: True)
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda d, B, H, backward, coop=False: gru.SweepPlan(tiles, 132, None))
+    monkeypatch.delenv(gru.RESIDENT_SPLIT_ENV, raising=False)
+    assert not gru.resident_split_forward(dev, 64, 512, "fp32")  # off by default until measured
+    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "1")
+    big = dataclasses.replace(dev, info=dataclasses.replace(dev.info, max_shared_memory_bytes=48 * 1024))
+    assert gru.resident_split_forward(big, 64, 512, "fp32") and not gru.resident_split_forward(big, 64, 512, "fp16")
+    assert gru.coop_shared_bytes(512, split=True) <= 48 * 1024 < gru.coop_shared_bytes(640, split=True)
+    assert not gru.resident_split_forward(big, 64, 640, "fp32")  # its shared memory would not fit
+    monkeypatch.setattr(gru_plan, "plan_sweep", lambda *a, **k: gru.SweepPlan((8, 8, 4, 1, 1, 64), 0, None))
+    assert not gru.resident_split_forward(big, 64, 512, "fp32")  # tiled sweeps: no tensor-core kernel for them
+    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "yes")
+    with pytest.raises(UsageError, match=gru.RESIDENT_SPLIT_ENV):
+        gru.resident_split_forward(big, 64, 512, "fp32")
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from catchat.vk.kernels.gemm import ColSum, Gemm
 from catchat.vk.kernels.gru import (
     GruBackward,
     GruForward,
+    resident_split_forward,
     split_forward,
     state_rows,
     stream_f32_sweep,
@@ -179,10 +180,13 @@ def build_forward(dev: Device, layout: ParamLayout, b: Buffers, g: Geometry, pre
     if split:
         w_split, split_refresh = whh_halves(dev, layout, b, g, split=True)
         w_fwd, refresh = w_split, refresh + split_refresh
+    # fp32 where W_hh fits on chip: the resident forward on tensor cores from float16 splits, where asked
+    rsplit = not split and resident_split_forward(dev, B, H, precision)
     gru = [GruForward(dev, b.gi, b.params, b.h0, b.resets, b.o[l], b.o[l], b.save[l], b.hT, T=T, B=B, H=H,
                       w_off=whh_offset(layout, l, w_fwd, split, frag), b_off=o[f"layers.{l}.gru.bias_hh"],
                       h0_off=l * B * H, o_off=state_rows(B, H), hprev_off=0, hT_off=l * B * H, stats=b.stats,
-                      coop=coop, w_half=w_fwd, stream_f32=f32, save_half=g.save16, split=split, w_frag=frag)
+                      coop=coop or rsplit, w_half=w_fwd, stream_f32=f32, save_half=g.save16,
+                      split=split or rsplit, w_frag=frag)
            for l in range(g.L)]
     ce = CrossEntropy(dev, (b.logits, 0), (b.targets, 0), (b.row_loss, 0), (b.row_flags, 0), b.hyper, g.R, V,
                       want_grad=False)

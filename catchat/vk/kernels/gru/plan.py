@@ -16,6 +16,7 @@ from catchat.vk.kernels import ceil_div, device_sms
 from catchat.vk.kernels.gemm import coopmat_runs
 from catchat.vk.kernels.gru.resident import (
     ResidentTiles,
+    coop_shared_bytes,
     coop_tiles_ok,
     partial_words,
     pick_resident_tiles,
@@ -186,6 +187,25 @@ def split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
     if not stream_split() or not stream_f32_sweep(dev, B, H, False, precision) or not coopmat_runs(dev):
         return False
     return sweep_residency(dev, stream_tiles(B, H, False, split=True), B, H, False, resident_workgroups(dev)).ok
+
+
+# A float32 program's register-resident forward sweeps (v3 at fp32) on tensor cores from float16 splits of
+# W_hh and h_prev (gru_forward_resident.comp's COOP with SPLIT: the streamed forward's split, W_hh's hi and lo
+# fragments held for the sweep): the FMA forward's product phase was ~2x its FMAs' time (docs/benchmarks.md
+# "The step kernel"). Off until measured on a GPU; CATCHAT_RESIDENT_SPLIT=1 asks for it.
+RESIDENT_SPLIT_ENV = "CATCHAT_RESIDENT_SPLIT"
+
+
+def resident_split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
+    """Whether a program's forward sweeps at [B, H] run register-resident on tensor cores from float16
+    splits (RESIDENT_SPLIT_ENV): asked for, at fp32, on cooperative matrices, where the tensor-core forward
+    plans its 16 x 16 resident tiles and the split's shared memory fits."""
+    on = env_switch(RESIDENT_SPLIT_ENV, "set 1 (the resident fp32 forward from float16 splits) or 0, or unset it",
+                    False)
+    if not on or precision != "fp32" or not coopmat_runs(dev):
+        return False
+    return (coop_tiles_ok(plan_sweep(dev, B, H, False, coop=True).tiles)
+            and coop_shared_bytes(H, split=True) <= dev.info.max_shared_memory_bytes)
 
 
 def backward_scratch_words(dev: Device | None, B: int, H: int, streamed: bool = False) -> int:

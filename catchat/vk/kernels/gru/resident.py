@@ -117,13 +117,16 @@ def pick_resident_tiles(B: int, H: int, workgroups: int, max_threads: int, max_s
 
 
 def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: int = 0,
-                     backward: bool = False, coop: bool = False) -> dict:
+                     backward: bool = False, coop: bool = False, split: bool = False) -> dict:
     """Compile-time defines of gru_{forward,backward}_resident.comp (see their headers). off: the
     element offset of o, read as vec4 rows by the forward shader: vec4 loads need it and H to be
-    multiples of 4. coop: the sweep's product on tensor cores (COOP; `coop_tiles_ok`)."""
+    multiples of 4. coop: the sweep's product on tensor cores (COOP; `coop_tiles_ok`). split (the
+    forward, with coop): that product in float32 from float16 splits (SPLIT)."""
     t = tiles
     if coop and not coop_tiles_ok(t):
         raise ValueError(f"the tensor-core sweeps take tiles of {COOP_UNITS} x {COOP_UNITS}, not {t}")
+    if split and (backward or not coop):
+        raise ValueError("the resident sweep's product from float16 splits is the tensor-core forward's (coop)")
     if backward:
         if min(t.cols, t.lanes, t.per_thread, t.batch, t.sl) < 1 or t.batch % 4 or t.sl != next_pow2(t.sl):
             raise ValueError(f"bad resident backward tiles {t}: batch must be a multiple of 4, slices a power of two")
@@ -138,7 +141,7 @@ def resident_defines(tiles: ResidentTiles, B: int, H: int, subgroup: int, off: i
         coop_defs = {"COOP": 1, "COOP_NF": ceil_div(ceil_div(H, 16), COOP_THREADS // 32)} if coop else {}
         return {**common, "CPT": t.per_thread, **coop_defs}
     vec4_rows = {"HV4": 1} if H % 4 == 0 and off % 4 == 0 else {}
-    coop_defs = {"COOP": 1, "COOP_KF": ceil_div(ceil_div(H, 16), 4)} if coop else {}
+    coop_defs = {"COOP": 1, "COOP_KF": ceil_div(ceil_div(H, 16), 4), **({"SPLIT": 1} if split else {})} if coop else {}
     return {**common, "RU": t.per_thread, "KV": t.kv, "KS": ks, **vec4_rows, **coop_defs}
 
 
@@ -152,25 +155,25 @@ def coop_tiles_ok(t) -> bool:
     return isinstance(t, ResidentTiles) and t.cols == COOP_UNITS and t.lanes == COOP_UNITS
 
 
-def coop_shared_bytes(H: int, backward: bool = False) -> int:
-    """Shared memory of a tensor-core sweep. Forward: h_prev as float16 [16][16*4*COOP_KF + 8] (at
-    least the 12 subgroups' 16 x 16 staging of W_hh) and the 4 k-groups' float32 partials
-    [4][3][16][16]. Backward: dGh as float16 [16][48 + 8], and per subgroup a float16 and a float32
-    16 x 16 scratch."""
+def coop_shared_bytes(H: int, backward: bool = False, split: bool = False) -> int:
+    """Shared memory of a tensor-core sweep. Forward: h_prev as float16 [16][16*4*COOP_KF + 8] (split:
+    twice, hi and lo; at least the 12 subgroups' 16 x 16 staging of W_hh) and the 4 k-groups' float32
+    partials [4][3][16][16]. Backward: dGh as float16 [16][48 + 8], and per subgroup a float16 and a
+    float32 16 x 16 scratch."""
     if backward:
         return 2 * 16 * (3 * COOP_UNITS + 8) + 16 * 256 * (2 + 4)
     sh = 16 * 4 * ceil_div(ceil_div(H, 16), 4) + 8
-    return 2 * max(16 * sh, 12 * 256) + 4 * 4 * 3 * 256
+    return 2 * max((2 if split else 1) * 16 * sh, 12 * 256) + 4 * 4 * 3 * 256
 
 
 def resident_resources(tiles: ResidentTiles, B: int, H: int, backward: bool, subgroup: int,
-                       coop: bool = False) -> tuple[int, int, int, int]:
+                       coop: bool = False, split: bool = False) -> tuple[int, int, int, int]:
     """(tiles, threads, shared bytes, registers per thread or 0 where unknown) of a resident sweep's
     workgroups: the FMA kernels' (`resident_shape`, `resident_registers`), or with coop the
-    tensor-core kernels' (COOP_THREADS, `coop_shared_bytes`; their registers are not modelled)."""
+    tensor-core kernels' (COOP_THREADS, `coop_shared_bytes`, split as there; their registers are not modelled)."""
     _, n_tiles, nt, nbytes = resident_shape(tiles, B, H, backward, subgroup)
     if coop and coop_tiles_ok(tiles):
-        return n_tiles, COOP_THREADS, coop_shared_bytes(H, backward), 0
+        return n_tiles, COOP_THREADS, coop_shared_bytes(H, backward, split), 0
     return n_tiles, nt, nbytes, resident_registers(tiles, backward)
 
 

@@ -69,12 +69,12 @@ from catchat.vk.kernels.gru.tiled import _check_tiles, shader_defines
 
 
 def sweep_shader(tiles, B: int, H: int, subgroup: int, backward: bool, off: int = 0,
-                 coop: bool = False) -> tuple[str, dict]:
+                 coop: bool = False, split: bool = False) -> tuple[str, dict]:
     """The shader and compile-time defines of a sweep at these tiles: gru_*_resident.comp for
-    ResidentTiles (`resident_defines`; off and coop as there), else the tiled gru_*.comp."""
+    ResidentTiles (`resident_defines`; off, coop and split as there), else the tiled gru_*.comp."""
     name = (GruBackward if backward else GruForward).shader
     if isinstance(tiles, ResidentTiles):
-        return name + "_resident", resident_defines(tiles, B, H, subgroup, off, backward, coop)
+        return name + "_resident", resident_defines(tiles, B, H, subgroup, off, backward, coop, split)
     return name, shader_defines(tiles, H, backward)
 
 
@@ -135,8 +135,10 @@ class _Sweep(Kernel):
         if self.coop and ((emulate and not dev.runs_float16) or not coop_tiles_ok(self.tiles)):
             raise ValueError(f"a tensor-core sweep needs cooperative matrices (VK_NV_cooperative_matrix, "
                              f"{dev.info.name}: {', '.join(dev.coop_shapes) or 'none'}) or float16 to emulate "
-                             f"them, and resident tiles of {COOP_UNITS} units x {COOP_UNITS} lanes (planned: {self.tiles})")
-        shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop)
+                             f"them, and resident tiles of {COOP_UNITS} units x {COOP_UNITS} lanes "
+                             f"(planned: {self.tiles})")
+        shader, defines = sweep_shader(self.tiles, B, H, info.subgroup_size, backward, self.vec4_offset, self.coop,
+                                       self.split)
         if self.coop:  # the resident tensor-core sweeps: NV until their KHR variants are measured
             defines = {**defines, **({"EMU": 1} if emulate else frag_defines(dev, False, RESIDENT_SWEEP_API_DEFAULT))}
         if self.w_half is not None:
@@ -146,7 +148,7 @@ class _Sweep(Kernel):
             defines, tensors = {**defines, "HALF_W": 1}, tensors + [self.w_half]
         if isinstance(self.tiles, ResidentTiles):
             _, nt, self.shared_bytes, _ = resident_resources(self.tiles, B, H, backward, info.subgroup_size,
-                                                             self.coop)
+                                                             self.coop, self.split)
             if nt > info.max_workgroup_invocations or self.shared_bytes > info.max_shared_memory_bytes:
                 raise ValueError(f"resident tiles {self.tiles} at H={H}: {nt} threads, {self.shared_bytes} bytes "
                                  f"of shared memory (limits {info.max_workgroup_invocations}, "
@@ -299,7 +301,9 @@ class GruForward(_Sweep):
     streamed tensor-core sweep only): save holds float16 (uint32 words of halves, save_off counted in
     halves; SAVE16), half the bytes; the gates' arithmetic stays float32. split (with w_half, not
     save_half; coop implied): the streamed sweep's product in float32 from float16 splits, w_half holding W_hh's
-    hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward).
+    hi then its lo (`ToHalf(lo=True)`) 3H*H halves on (stream.SPLIT_ENV; a float32 program's forward). split
+    without w_half: the register-resident tensor-core sweep's product from float16 splits of params' W_hh
+    (16 x 16 resident tiles; `resident_split_forward`, a float32 program's forward where W_hh fits on chip).
     w_frag (the streamed tensor-core sweep, not split): w_half's blocks at w_off are in fragment order
     (`FragOrder` with col; stream.FRAG_W_ENV), each fragment one 16-byte load an invocation.
     """
@@ -312,13 +316,13 @@ class GruForward(_Sweep):
                  persistent: int | None = None, w_half=None, coop: bool = False, stream_f32: bool = False,
                  save_half: bool = False, split: bool = False, w_frag: bool = False):
         self.T, self.B, self.H = T, B, H = int(T), int(B), int(H)
-        self.split = bool(split)  # the streamed tensor-core sweep's product from splits: coop
+        self.split = bool(split)  # the tensor-core sweep's product from splits (streamed with w_half): coop
         self.w_frag = bool(w_frag)
         if self.w_frag and (self.split or not coop or w_half is None or stream_f32 or not w16_blocked()):
             raise ValueError("GruForward: w_frag is the streamed tensor-core sweep's (coop, blocked w_half, no split)")
         self.coop, self.stream_f32 = bool(coop) or self.split, bool(stream_f32)
-        if self.split and (w_half is None or save_half):
-            raise ValueError("GruForward: split reads W_hh's hi and lo copy (w_half) and writes float32 saves")
+        if self.split and save_half:
+            raise ValueError("GruForward: split writes float32 saves")
         self.w_half, w_words = w_half, self._whh_words(w_half, w_off)
         self.save_half = self._check_save_half(save_half)
         if T == 1 and h0 is hT and h0_off == hT_off:
