@@ -1,7 +1,8 @@
 """The float32 forward on tensor cores from float16 splits (CATCHAT_STREAM32_SPLIT; gru_forward_stream.comp's
 SPLIT, ToHalf's LO): x = hi + 2^-11 lo, three products into two sets of accumulators. Lavapipe runs it with
 emulated fragments (sums to nearest: float32's error), so a program is forced onto it here; on a GPU
-`catchat parity`'s "split32" rows compare it with the fp32 twin."""
+`catchat parity`'s "split32" rows compare it with the fp32 twin. The register-resident forward's split
+(CATCHAT_RESIDENT_SPLIT, gru_forward_resident.comp's COOP with SPLIT) likewise: its "rsplit32" rows."""
 
 import dataclasses
 
@@ -187,3 +188,24 @@ def test_shader_stats_builds_the_split_forward(capsys):
     assert mod.main([str(root / "configs" / "tiny.toml"), "--split", "--set", "model.hidden=64"]) == 0
     out = capsys.readouterr().out
     assert "gru_forward_stream (split)" in out and "lane_frags=2" in out and "256 threads" in out
+
+
+def test_program_trains_with_the_resident_split_forward(dev, monkeypatch):
+    """A whole fp32 training step with the register-resident forward from float16 splits (COOP with SPLIT,
+    CATCHAT_RESIDENT_SPLIT=1; emulated fragments here) and the FMAs' resident backward against the fp32 twin
+    at the model parity's fp32 tolerances. One workgroup a sweep (CATCHAT_PERSISTENT=1: lavapipe runs one at a
+    time) at 16 lanes and 16 units, so both plan resident 16 x 16 tiles, as v3's do on a GPU."""
+    from catchat.vk.kernels.gru import plan as gru_plan
+
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "1")
+    monkeypatch.setattr(gru_plan, "coopmat_runs", lambda d: True)  # where the split is asked for: a GPU's
+    case_label, base, T, _, hp = model_parity.MODEL_CASES[0]
+    spec, B = dataclasses.replace(base, hidden=16), 16
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{case_label}, resident split forward")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    prog = Program(dev, ParamLayout(spec), T, B)
+    assert all(k.split and k.coop and not k.stream and k.defines.get("SPLIT") and k.defines.get("EMU")
+               for k in prog.fwd.gru)
+    assert all(not layer.gru.coop and isinstance(layer.gru.tiles, gru.ResidentTiles) for layer in prog.bwd.layers)
+    assert prog.sweep_products == "fp32 (the forward's from float16 splits on tensor cores)"

@@ -136,7 +136,8 @@ class Program(ProgramIO):
     def sweep_products(self) -> str:
         """How the sweeps' per-step products multiply (logs, the start event): "fp16 on tensor cores" and
         the design (`gru.program_products`: resident, mixed, stream or stream32) where it has one, else "fp32"
-        (the forward's on tensor cores from float16 splits where `gru.split_forward`)."""
+        (the forward's on tensor cores from float16 splits where `gru.split_forward` or
+        `gru.resident_split_forward`)."""
         if self.geometry.products is not None:
             return f"fp16 on tensor cores ({self.geometry.products})"
         return "fp32 (the forward's from float16 splits on tensor cores)" if self.fwd.gru[0].split else "fp32"
