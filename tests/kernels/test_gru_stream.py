@@ -1,6 +1,7 @@
 """The streamed tensor-core sweeps (glsl/gru_*_stream.comp, catchat/vk/kernels/gru/stream.py) in a
-program and in its plan. Their sweep-level parity is in test_gru.py's test_parity (variant
-"stream"); here lavapipe runs them with emulated fragments, so the program is forced onto them."""
+program and in its plan, and the register-resident ones (gru_*_resident.comp's COOP) in a program. Their
+sweep-level parity is in test_gru.py's test_parity (variants "stream", "coop"); here lavapipe runs them
+with emulated fragments, so the program is forced onto them."""
 
 import dataclasses
 from dataclasses import replace
@@ -126,12 +127,32 @@ def test_streamed_backward_sums_the_biases(dev, streamed, monkeypatch, summed):
     assert bias and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
 
 
+@pytest.mark.parametrize("products", ["resident", "mixed"])
+def test_program_trains_on_resident_tensor_core_sweeps(dev, monkeypatch, products):
+    """A whole fp16 training step on the register-resident tensor-core sweeps ("resident": both directions;
+    "mixed": the resident forward, the streamed backward, v3's eval and its plan on an H200) against the
+    fp16 twin at the model parity's fp16 tolerances, on emulated fragments. One workgroup a sweep
+    (CATCHAT_PERSISTENT=1: lavapipe runs one at a time) at 16 lanes and 16 units, so the resident sweeps
+    plan their 16 x 16 tiles, as v3's do on a GPU."""
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: products if precision == "fp16"
+                        else None)
+    label, base, T, _, hp = model_parity.MODEL_CASES[0]
+    spec, B = replace(base, hidden=16), 16
+    hp = replace(hp, loss_scale=model_parity.FP16_SCALE)
+    results = model_parity.model_parity(dev, spec, T, B, hp, label=f"{label}, {products}", precision="fp16")
+    assert len(results) > 10 and all(r.ok for r in results), "\n".join(str(r) for r in results if not r.ok)
+    prog = Program(dev, ParamLayout(spec), T, B, precision="fp16")
+    assert all(k.coop and not k.stream and k.defines.get("EMU") and gru.coop_tiles_ok(k.tiles) for k in prog.fwd.gru)
+    backward = [layer.gru for layer in prog.bwd.layers]
+    assert all(k.coop and (k.stream if products == "mixed" else gru.coop_tiles_ok(k.tiles)) for k in backward)
+
+
 def test_mixed_sweeps_plan(dev, monkeypatch):
     """"mixed" (the resident forward, the streamed backward: v3 on an H200) keeps float32 saves with dGh
     over them, plans W_hh's float16 copy and the backward's dGh shadow but no h_prev shadow, and no
-    resident partial products; a forward-only program runs the resident forward alone. (The program
-    itself runs on GPUs only: lavapipe has no resident tensor-core forward; catchat parity's "v3
-    mixed" rows.)"""
+    resident partial products; a forward-only program runs the resident forward alone (a program on them:
+    the test above, and catchat parity's "v3 mixed" rows on a GPU)."""
     monkeypatch.setattr(gru_plan, "sweep_products", lambda dev, B, H, precision: "mixed" if precision == "fp16"
                         else None)
     layout, T, B, H = ParamLayout(ModelSpec(vocab_size=101, hidden=16, layers=2)), 5, 3, 16
