@@ -2,7 +2,8 @@
 """What the driver's compiler made of the register-resident sweep shaders and the GEMMs: registers.
 
     python tools/shader_stats.py configs/catchat-v3.toml [--forward C,L,P,K,B,S ...] [--backward C,L,P,K,B,S ...]
-                                 [--gemm] [--coop] [--stream-backward] [--decode] [--decode-coop SG,...]
+                                 [--gemm] [--coop] [--resident-split] [--stream-backward] [--decode]
+                                 [--decode-coop SG,...]
 
 Builds a layer's forward and backward sweep kernels at CONFIG's B x H as the program would on
 this device (or with the given ResidentTiles fields: cols, lanes, per_thread, kv, batch, sl),
@@ -11,7 +12,9 @@ compiles their persistent variants, creates each as a pipeline with statistics c
 the driver reports (NVIDIA: register count, binary, stack, local and shared memory sizes): whether
 a tile shape spills its W_hh slice. --coop builds the sweeps with their products on tensor cores
 (what fp16 runs on a GPU with cooperative matrices): how many registers are left for a second
-workgroup per SM. --stream-backward the streamed fp16 backward (v5's) with and without its bias
+workgroup per SM. --resident-split the register-resident fp32 forward from float16 splits on tensor cores
+(CATCHAT_RESIDENT_SPLIT's: W_hh's hi and lo fragments held, 512 threads: does it stay within 128 registers
+a thread?). --stream-backward the streamed fp16 backward (v5's) with and without its bias
 sums. --gemm adds the step's four big GEMMs (tools/bench_gemm.py's
 shapes) as the program builds them, with vec4 and with float loads; --coop-gemm the tensor-core
 GEMM's candidate tiles at the input projection (registers, local memory: does a tile spill?);
@@ -53,10 +56,11 @@ def parse_tiles(text: str) -> gru.ResidentTiles:
 
 
 def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, coop: bool = False,
-                  split: bool = False):
+                  split: bool = False, resident_split: bool = False):
     """A one-step forward and backward sweep kernel at [B, H] on zero buffers (tiles None: the
     program's choice on this device; coop: products on tensor cores; split: the forward is the float32
-    one from float16 splits, CATCHAT_STREAM32_SPLIT's)."""
+    one from float16 splits, CATCHAT_STREAM32_SPLIT's; resident_split: the same register-resident,
+    CATCHAT_RESIDENT_SPLIT's, on the tensor-core forward's tiles)."""
     layout = ParamLayout(ModelSpec(vocab_size=11, hidden=H, layers=1))
     f32 = lambda n: dev.tensor(np.zeros(n, np.float32))  # noqa: E731
     u32 = lambda n: dev.tensor(np.zeros(n, np.uint32), np.uint32)  # noqa: E731
@@ -65,7 +69,9 @@ def sweep_kernels(dev, B: int, H: int, forward_tiles=None, backward_tiles=None, 
     w_off, b_off = layout.offsets["layers.0.gru.weight_hh"], layout.offsets["layers.0.gru.bias_hh"]
     hprev, save = rows(1), rows(4)
     split_w = {"w_off": 0, "w_half": u32(3 * H * H), "split": True} if split else \
-        {"w_off": w_off, "coop": coop}  # split: W_hh's hi and lo copy
+        {"w_off": w_off, "coop": coop, "split": resident_split}  # split: W_hh's hi and lo copy
+    if resident_split and forward_tiles is None:
+        forward_tiles = gru.plan_sweep(dev, B, H, False, coop=True).tiles
     fwd = gru.GruForward(dev, rows(3), params, state, resets, rows(1), hprev, save, f32(B * H), T=1, B=B, H=H,
                          b_off=b_off, tiles=forward_tiles, stats=stats, **split_w)
     bwd = gru.GruBackward(dev, rows(1), save, hprev, resets, params, u32(slots.HP_WORDS), rows(3), rows(3),
@@ -151,6 +157,8 @@ def main(argv=None) -> int:
                     help="the tensor-core GEMM's candidate tiles (tools/bench_gemm.py) at the input projection, fp16")
     ap.add_argument("--split", action="store_true",
                     help="the float32 forward from float16 splits on tensor cores (CATCHAT_STREAM32_SPLIT)")
+    ap.add_argument("--resident-split", action="store_true",
+                    help="the register-resident fp32 forward from float16 splits (CATCHAT_RESIDENT_SPLIT)")
     ap.add_argument("--stream-backward", action="store_true",
                     help="the streamed fp16 backward sweep with and without its bias sums (BIAS_SUMS)")
     ap.add_argument("--decode", action="store_true", help="generation's decode layer and head per stream tile")
@@ -180,9 +188,10 @@ def main(argv=None) -> int:
             k = stream_backward(dev, B, H, sums)
             print_statistics(dev, k, f"{k.shader} {k.tiles}: {k.spec[0]} threads, bias sums "
                              f"{'on' if sums else 'off'}", {"PERSISTENT": 1})
-    if args.split:
-        fwd, _ = sweep_kernels(dev, B, H, split=True)
-        print_statistics(dev, fwd, f"{fwd.shader} (split) {fwd.tiles}: {fwd.spec[0]} threads", {"PERSISTENT": 1})
+    for name, kw in (("split", {"split": True}), ("resident split", {"resident_split": True})):
+        if getattr(args, name.replace(" ", "_")):
+            fwd, _ = sweep_kernels(dev, B, H, **kw)
+            print_statistics(dev, fwd, f"{fwd.shader} ({name}) {fwd.tiles}: {fwd.spec[0]} threads", {"PERSISTENT": 1})
     if args.gemm:
         for name, (kw, _) in bench_gemm.shapes(cfg, dev).items():
             for vec4 in (True, False):

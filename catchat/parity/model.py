@@ -16,7 +16,14 @@ from catchat.parity.gru import SPLIT_COPY_ATOL, SPLIT_COPY_RTOL, unblock
 from catchat.rng import step_seed
 from catchat.vk.device import Device
 from catchat.vk.kernels import run_ops, unpack_half
-from catchat.vk.kernels.gru import program_products, split_forward, stream_f32_sweep, stream_sweeps, w16_blocked
+from catchat.vk.kernels.gru import (
+    program_products,
+    resident_split_forward,
+    split_forward,
+    stream_f32_sweep,
+    stream_sweeps,
+    w16_blocked,
+)
 from catchat.vk.kernels.gru.stream import SPLIT_SCALE
 from catchat.vk.program import Program, StepHyper
 
@@ -266,4 +273,6 @@ def parity_checks(dev: Device) -> list[ParityResult]:
     if all(stream_f32_sweep(dev, 64, v3.hidden, backward, "fp32") for backward in (False, True)):
         # v3's shape streamed in float32 (CATCHAT_SWEEP_STREAM32=1: two lane groups)
         out += model_parity(dev, v3, 4, 64, MODEL_CASES[0][4], label="v3 float32 streamed")
+    if resident_split_forward(dev, 64, v3.hidden, "fp32"):  # CATCHAT_RESIDENT_SPLIT=1 on a GPU: v3's shape
+        out += model_parity(dev, v3, 4, 64, MODEL_CASES[0][4], label="v3 float32 (resident split forward)")
     return out

@@ -175,9 +175,10 @@ def test_program_trains_with_the_split_forward(dev, split_program):
             np.testing.assert_array_equal(halves[(2 * l + part) * n:][:n], gru.block_halves(want).ravel())
 
 
-def test_shader_stats_builds_the_split_forward(capsys):
+def test_shader_stats_builds_the_split_forwards(capsys, monkeypatch):
     """tools/shader_stats.py --split: the split forward's pipeline at a config's B and H (its registers where
-    the driver reports statistics: a GPU run says whether two workgroups an SM fit)."""
+    the driver reports statistics: a GPU run says whether two workgroups an SM fit); --resident-split the
+    register-resident one's on the tensor-core forward's tiles (one workgroup here: CATCHAT_PERSISTENT=1)."""
     import importlib.util
     from pathlib import Path
 
@@ -188,6 +189,11 @@ def test_shader_stats_builds_the_split_forward(capsys):
     assert mod.main([str(root / "configs" / "tiny.toml"), "--split", "--set", "model.hidden=64"]) == 0
     out = capsys.readouterr().out
     assert "gru_forward_stream (split)" in out and "lane_frags=2" in out and "256 threads" in out
+    monkeypatch.setenv("CATCHAT_PERSISTENT", "1")
+    assert mod.main([str(root / "configs" / "tiny.toml"), "--resident-split", "--set", "model.hidden=16",
+                     "--set", "data.batch_lanes=16"]) == 0
+    out = capsys.readouterr().out
+    assert "gru_forward_resident (resident split) ResidentTiles(cols=16, lanes=16" in out and "512 threads" in out
 
 
 def test_program_trains_with_the_resident_split_forward(dev, monkeypatch):
