@@ -65,6 +65,26 @@ def make_case(T, B, H, seed=0, layer=1, wscale=2.0, xscale=1.0):
     return dict(layout=layout, flat=flat, p=p, x=x, h0=h0, resets=resets, do=do, gi=gi, layer=layer)
 
 
+def whh_copies(dev: Device, whh: np.ndarray, w_off: int, split: bool, w_half: bool, coop: bool, w_frag: bool):
+    """The float16 copies of W_hh a `run_gru_gpu` case reads: (w_off, the copy both sweeps read or None,
+    the forward's offset, the forward's copy, the ops that put it in fragment order). split: W_hh's hi then
+    lo, each blocked, 8 halves in; w_half: W_hh as float16 5 halves in (8 and blocked for the streamed
+    sweeps, coop); w_frag: the forward's own copy, the blocks 256 halves in, in fragment order in place."""
+    tw16 = None
+    if split:
+        w_off = 8
+        hi, lo = (block_halves(w) if w16_blocked() else w for w in split_halves(whh))
+        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), hi.ravel(), lo.ravel()]))
+    elif w_half:
+        w_off, w = (8, block_halves(whh) if w16_blocked() else whh) if coop else (5, whh)
+        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), w.ravel()]))
+    if not w_frag:
+        return w_off, tw16, w_off, tw16, []
+    blocks = block_halves(whh)
+    fw_half = half_tensor(dev, np.concatenate([np.zeros(256), blocks.ravel()]))
+    return w_off, tw16, 256, fw_half, FragOrder(dev, fw_half, blocks.size // 256, 256, 256, col=True).ops()
+
+
 def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: int = 16,
                 stats0: int = 5, persistent=(0, 0), repeat: int = 1, dgh_in_save: bool = True,
                 w_half: bool = False, coop: bool = False, stream_f32: bool = False, save_half: bool = False,
@@ -116,20 +136,8 @@ def run_gru_gpu(dev: Device, case, clamp: float = 0.0, tiles=(None, None), pad: 
     tdgi, tdh0 = f32(T * B * 3 * H), dev.tensor(2 * B * H)
     tdgh = f32(T * B * H) if save_half else None if dgh_in_save else f32(T * B * 3 * H)
     o_off = pad + state_rows(B, H)
-    tw16 = None
-    if split:  # W_hh's hi then lo, each blocked, 8 halves in
-        w_off = 8
-        hi, lo = (block_halves(w) if w16_blocked() else w for w in split_halves(case["p"]["weight_hh"]))
-        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), hi.ravel(), lo.ravel()]))
-    elif w_half:  # the layer's W_hh as float16 into its own buffer: 5 halves in (8, blocked, for the streamed sweeps)
-        w_off, w = (8, block_halves(case["p"]["weight_hh"]) if w16_blocked() else case["p"]["weight_hh"]) if coop \
-            else (5, case["p"]["weight_hh"])
-        tw16 = half_tensor(dev, np.concatenate([np.zeros(w_off), w.ravel()]))
-    fw_off, fw_half, frag_ops = w_off, tw16, []
-    if w_frag:  # the forward's copy: the blocks 256 halves in, in fragment order in place
-        fw_off, blocks = 256, block_halves(case["p"]["weight_hh"])
-        fw_half = half_tensor(dev, np.concatenate([np.zeros(fw_off), blocks.ravel()]))
-        frag_ops = FragOrder(dev, fw_half, blocks.size // 256, fw_off, fw_off, col=True).ops()
+    w_off, tw16, fw_off, fw_half, frag_ops = whh_copies(dev, case["p"]["weight_hh"], w_off, split, w_half, coop,
+                                                        w_frag)
     fwd = GruForward(dev, tgi, tp, th0, tres, tseq, tseq, tsave, thT, T=T, B=B, H=H, w_off=fw_off,
                      b_off=b_off, gi_off=pad, h0_off=st_off, o_off=o_off, hprev_off=pad, save_off=pad,
                      hT_off=st_off, tiles=tiles[0], stats=tstats, persistent=persistent[0], w_half=fw_half,
