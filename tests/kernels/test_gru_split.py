@@ -122,10 +122,12 @@ def test_resident_split_is_asked_for(dev, monkeypatch):
     tiles = gru.ResidentTiles(16, 16, 2, 2, 4)
     monkeypatch.setattr(gru_plan, "coopmat_runs", lambda d: True)
     monkeypatch.setattr(gru_plan, "plan_sweep", lambda d, B, H, backward, coop=False: gru.SweepPlan(tiles, 132, None))
-    monkeypatch.delenv(gru.RESIDENT_SPLIT_ENV, raising=False)
-    assert not gru.resident_split_forward(dev, 64, 512, "fp32")  # off by default until measured
-    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "1")
     big = dataclasses.replace(dev, info=dataclasses.replace(dev.info, max_shared_memory_bytes=48 * 1024))
+    monkeypatch.delenv(gru.RESIDENT_SPLIT_ENV, raising=False)  # unset: the default (off until measured)
+    assert gru.resident_split_forward(big, 64, 512, "fp32") == gru_plan.RESIDENT_SPLIT_DEFAULT
+    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "0")
+    assert not gru.resident_split_forward(big, 64, 512, "fp32")
+    monkeypatch.setenv(gru.RESIDENT_SPLIT_ENV, "1")
     assert gru.resident_split_forward(big, 64, 512, "fp32") and not gru.resident_split_forward(big, 64, 512, "fp16")
     assert gru.coop_shared_bytes(512, split=True) <= 48 * 1024 < gru.coop_shared_bytes(640, split=True)
     assert not gru.resident_split_forward(big, 64, 640, "fp32")  # its shared memory would not fit

@@ -192,8 +192,9 @@ def split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
 # A float32 program's register-resident forward sweeps (v3 at fp32) on tensor cores from float16 splits of
 # W_hh and h_prev (gru_forward_resident.comp's COOP with SPLIT: the streamed forward's split, W_hh's hi and lo
 # fragments held for the sweep): the FMA forward's product phase was ~2x its FMAs' time (docs/benchmarks.md
-# "The step kernel"). Off until measured on a GPU; CATCHAT_RESIDENT_SPLIT=1 asks for it.
+# "The step kernel"). Off until measured on a GPU (RESIDENT_SPLIT_DEFAULT); CATCHAT_RESIDENT_SPLIT=1 asks for it.
 RESIDENT_SPLIT_ENV = "CATCHAT_RESIDENT_SPLIT"
+RESIDENT_SPLIT_DEFAULT = False
 
 
 def resident_split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
@@ -201,7 +202,7 @@ def resident_split_forward(dev: Device, B: int, H: int, precision: str) -> bool:
     splits (RESIDENT_SPLIT_ENV): asked for, at fp32, on cooperative matrices, where the tensor-core forward
     plans its 16 x 16 resident tiles and the split's shared memory fits."""
     on = env_switch(RESIDENT_SPLIT_ENV, "set 1 (the resident fp32 forward from float16 splits) or 0, or unset it",
-                    False)
+                    RESIDENT_SPLIT_DEFAULT)
     if not on or precision != "fp32" or not coopmat_runs(dev):
         return False
     return (coop_tiles_ok(plan_sweep(dev, B, H, False, coop=True).tiles)
