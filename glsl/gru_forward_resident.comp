@@ -386,10 +386,8 @@ void main() {
                     accl = MUL_ADD(al, wf[f], accl);
 #endif
                 }
-#if defined(SPLIT) && defined(EMU)
-                acc = ACC_ADD(acc, ACC_SCALE(accl, 1.0 / SPLIT_SCALE));
-#elif defined(SPLIT)  // element by element: Debian 12's glslc (2023.2) crashes optimizing acc + accl here
-                for (int i = 0; i < acc.length(); ++i) acc[i] += accl[i] * (1.0 / SPLIT_SCALE);
+#ifdef SPLIT
+                ACC_ADD_SCALED(acc, accl, 1.0 / SPLIT_SCALE);
 #endif
                 ACC_STORE(acc, (((sg / 3u) * 3u + sg % 3u) * TB) * NU, NU);
             }

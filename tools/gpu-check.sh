@@ -52,12 +52,10 @@ group frag-w-parity parity-frag
 group frag-one prof-v5-fp16-frag0 prof-v5-fp16-frag1 prof-v5-fp16-frag2 gen16-v5-frag0 gen16-v5-frag1 \
     prof-v3-fp16-frag0 prof-v3-fp16-frag2 coopmat-layout parity-frag-gru parity-frag-decode
 # the register-resident fp32 forward from float16 splits (CATCHAT_RESIDENT_SPLIT=1, off until measured) and
-# the resident tensor-core sweeps since their emulated fragments: the sweep parity with the split asked for
-# (its rows rsplit32 and coop run whatever it), the model parity with it on, the registers of the resident
-# sweeps on tensor cores and of the split forward, then v3's fp32 step without and with it, and with it beside
-# torch; ~5 min
-group resident-split parity-rsplit-gru parity-rsplit-model stats-v3-rsplit prof-v3-fp32-rsplit0 prof-v3-fp32-rsplit1 \
-    bench-v3-fp32-rsplit1-torch
+# the resident tensor-core sweeps since their emulated fragments: the sweep parity (its rows rsplit32 and
+# coop run whatever the switch), the model parity with it on, the registers of the resident sweeps on tensor
+# cores and of the split forward, then v3's fp32 step's profile without it and with it beside torch; ~4 min
+group resident-split parity-gru parity-rsplit-model stats-v3-rsplit prof-v3-fp32 bench-v3-fp32-rsplit1-torch
 part doctor $py -m catchat.cli doctor
 part parity $py -m catchat.cli parity --json "$out/parity.json"
 part pytest $py -m pytest -q -p no:cacheprovider tests/test_ordering.py tests/test_device.py tests/test_program.py \
@@ -114,14 +112,9 @@ part gen16-v5-frag1-sg8 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_SUBGROUPS=8 $py
     configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-sg8.json"
 part gen16-v5-frag1-streams32 env CATCHAT_FRAG_W=1 CATCHAT_DECODE_COOP_STREAMS=32 $py tools/bench_generate.py \
     configs/catchat-v5.toml --batches 64 --steps 1024 --precision fp16 --json "$out/gen16-v5-frag1-streams32.json"
-part parity-rsplit-gru $py -m catchat.cli parity --only gru --summary --json "$out/parity-rsplit-gru.json"
 part parity-rsplit-model env CATCHAT_RESIDENT_SPLIT=1 $py -m catchat.cli parity --only model --summary \
     --json "$out/parity-rsplit-model.json"
 part stats-v3-rsplit $py tools/shader_stats.py configs/catchat-v3.toml --coop --resident-split
-for f in 0 1; do
-    part "prof-v3-fp32-rsplit$f" env CATCHAT_RESIDENT_SPLIT=$f $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 \
-        --warmup 1 --precision fp32 --profile --json "$out/prof-v3-fp32-rsplit$f.json"
-done
 part bench-v3-fp32-rsplit1-torch env CATCHAT_RESIDENT_SPLIT=1 $py -m catchat.cli bench configs/catchat-v3.toml --steps 3 \
     --warmup 1 --precision fp32 --compare-torch --profile --json "$out/bench-v3-fp32-rsplit1.json"
 part parity-frag-gru env CATCHAT_FRAG_W=1 CATCHAT_FRAG_H=1 $py -m catchat.cli parity --only gru --summary \

@@ -109,6 +109,7 @@ Acc acc_load(uint off, uint stride) {
 #define MUL_ADD(a, b, c) mul_add(a, b, c)
 #define ACC_ADD(a, b) acc_add(a, b)
 #define ACC_SCALE(a, s) acc_scale(a, s)
+#define ACC_ADD_SCALED(a, b, s) a = acc_add(a, acc_scale(b, s))
 #define ACC_STORE(m, off, stride) acc_store(m, off, stride)
 #define ACC_LOAD(m, off, stride) m = acc_load(off, stride)
 #define ACC_STORE_BUF(m, BUF, off, stride) { \
@@ -129,6 +130,9 @@ Acc acc_load(uint off, uint stride) {
 #define MUL_ADD(a, b, c) CM_MULADD(a, b, c)
 #define ACC_ADD(a, b) ((a) + (b))
 #define ACC_SCALE(a, s) ((a) * float(s))
+// a += b * s element by element (both of one type, so one layout): the same sums as ACC_ADD(a, ACC_SCALE(b, s)),
+// which Debian 12's glslc (2023.2) crashed optimizing on NV fragments in gru_forward_resident.comp's SPLIT
+#define ACC_ADD_SCALED(a, b, s) for (int i_ = 0; i_ < (a).length(); ++i_) (a)[i_] += (b)[i_] * float(s)
 #define ACC_STORE(m, off, stride) CM_STORE(m, ACC_SHARED, off, stride, false)
 #define ACC_LOAD(m, off, stride) CM_LOAD(m, ACC_SHARED, off, stride, false)
 #define ACC_STORE_BUF(m, BUF, off, stride) CM_STORE(m, BUF, off, stride, false)
